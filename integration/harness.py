@@ -171,6 +171,7 @@ class Server:
         binary = stategate_bin()
         if not binary.exists():
             raise RuntimeError(f"stategate binary not found at {binary} (cargo build, or set STATEGATE_BIN)")
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir.parent / f"stategate-{self.data_dir.name}.log"
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([str(binary), "serve"], env=self.env(), stdin=subprocess.DEVNULL,
@@ -270,7 +271,7 @@ def tf_base_env() -> dict:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "STATEGATE_"))}
     e.update(
         PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        TF_CLI_CONFIG_FILE=os.environ.get("TF_CLI_CONFIG_FILE") or str(rc),
+        TF_CLI_CONFIG_FILE=str(rc),  # always our own empty config: same client setup everywhere
         TF_IN_AUTOMATION="1",
         CHECKPOINT_DISABLE="1",
         # keep client retries on 5xx short so failure tests stay fast

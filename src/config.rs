@@ -1,0 +1,379 @@
+//! Configuration: one TOML file, every key overridable by a `STATEGATE_*` variable.
+//!
+//! Precedence is defaults < file < environment, so a container can be configured
+//! with env alone and a laptop with nothing at all.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is invalid: {message}")]
+    Parse { path: String, message: String },
+    #[error("environment variable {var}={value:?} is invalid: {message}")]
+    Env {
+        var: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Local,
+    S3,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Config {
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    pub access_key_id: String,
+    /// Never logged; `Debug` of the whole config is never printed.
+    pub secret_access_key: String,
+    /// Key prefix for stategate's own objects inside the bucket.
+    pub prefix: String,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        S3Config {
+            endpoint: String::new(),
+            bucket: String::new(),
+            region: "us-east-1".into(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            prefix: "stategate/".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// Local store directory; defaults to `<data_dir>/blobs`.
+    pub path: Option<PathBuf>,
+    pub s3: S3Config,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Local,
+            path: None,
+            s3: S3Config::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset → every cluster route answers 503.
+    pub state_enc_key: Option<String>,
+    /// A lease without heartbeat for this long may be stolen.
+    pub lease_stale_seconds: u64,
+    /// Advice to clients on how often to heartbeat.
+    pub heartbeat_seconds: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            state_enc_key: None,
+            lease_stale_seconds: 300,
+            heartbeat_seconds: 60,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// The URL clients use to reach this server; used by `workspace env`.
+    pub public_url: Option<String>,
+    pub data_dir: PathBuf,
+    /// Base64 DEK. When unset the key file is used (created on first start).
+    pub dek: Option<String>,
+    /// Defaults to `<data_dir>/dek`.
+    pub dek_file: Option<PathBuf>,
+    /// Largest state body accepted, in bytes.
+    pub max_state_bytes: u64,
+    /// Seconds in-flight requests get to finish on SIGTERM.
+    pub shutdown_grace_seconds: u64,
+    pub store: StoreConfig,
+    pub cluster: ClusterConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            public_url: None,
+            data_dir: default_data_dir(),
+            dek: None,
+            dek_file: None,
+            max_state_bytes: 64 * 1024 * 1024,
+            shutdown_grace_seconds: 10,
+            store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
+        }
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    match std::env::var_os("XDG_DATA_HOME") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("stategate"),
+        _ => match std::env::var_os("HOME") {
+            Some(home) if !home.is_empty() => PathBuf::from(home).join(".local/share/stategate"),
+            _ => PathBuf::from("stategate-data"),
+        },
+    }
+}
+
+/// Environment variables and the config key each one sets.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("STATEGATE_LISTEN", "listen"),
+    ("STATEGATE_PUBLIC_URL", "public_url"),
+    ("STATEGATE_DATA_DIR", "data_dir"),
+    ("STATEGATE_DEK", "dek"),
+    ("STATEGATE_DEK_FILE", "dek_file"),
+    ("STATEGATE_MAX_STATE_BYTES", "max_state_bytes"),
+    ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
+    ("STATEGATE_STORE", "store.kind"),
+    ("STATEGATE_STORE_PATH", "store.path"),
+    ("STATEGATE_S3_ENDPOINT", "store.s3.endpoint"),
+    ("STATEGATE_S3_BUCKET", "store.s3.bucket"),
+    ("STATEGATE_S3_REGION", "store.s3.region"),
+    ("STATEGATE_S3_ACCESS_KEY_ID", "store.s3.access_key_id"),
+    (
+        "STATEGATE_S3_SECRET_ACCESS_KEY",
+        "store.s3.secret_access_key",
+    ),
+    ("STATEGATE_S3_PREFIX", "store.s3.prefix"),
+    ("ADJ_STATE_ENC_KEY", "cluster.state_enc_key"),
+    (
+        "STATEGATE_CLUSTER_LEASE_STALE_SECONDS",
+        "cluster.lease_stale_seconds",
+    ),
+    (
+        "STATEGATE_CLUSTER_HEARTBEAT_SECONDS",
+        "cluster.heartbeat_seconds",
+    ),
+];
+
+impl Config {
+    /// Loads defaults, then the file (if any), then the process environment.
+    pub fn load(file: Option<&std::path::Path>) -> Result<Config, ConfigError> {
+        let mut config = match file {
+            Some(path) => {
+                let display = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: display.clone(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: display,
+                    message: e.message().to_string(),
+                })?
+            }
+            None => Config::default(),
+        };
+        config.apply_env(|name| std::env::var(name).ok())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Applies overrides from an environment lookup (a function so tests need no process env).
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        for (var, key) in ENV_VARS {
+            let Some(value) = get(var) else { continue };
+            if value.is_empty() && *var != "ADJ_STATE_ENC_KEY" {
+                continue;
+            }
+            self.set(key, &value).map_err(|message| ConfigError::Env {
+                var,
+                value: if key.contains("secret") || key.contains("dek") || key.contains("key") {
+                    "<redacted>".into()
+                } else {
+                    value.clone()
+                },
+                message,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        fn num(value: &str) -> Result<u64, String> {
+            value
+                .parse()
+                .map_err(|_| "expected a whole number".to_string())
+        }
+        let opt = |v: &str| (!v.is_empty()).then(|| v.to_string());
+        match key {
+            "listen" => {
+                self.listen = value
+                    .parse()
+                    .map_err(|_| "expected ip:port, e.g. 127.0.0.1:8080".to_string())?
+            }
+            "public_url" => self.public_url = opt(value),
+            "data_dir" => self.data_dir = PathBuf::from(value),
+            "dek" => self.dek = opt(value),
+            "dek_file" => self.dek_file = Some(PathBuf::from(value)),
+            "max_state_bytes" => self.max_state_bytes = num(value)?,
+            "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
+            "store.kind" => {
+                self.store.kind = match value {
+                    "local" => StoreKind::Local,
+                    "s3" => StoreKind::S3,
+                    _ => return Err("expected \"local\" or \"s3\"".into()),
+                }
+            }
+            "store.path" => self.store.path = Some(PathBuf::from(value)),
+            "store.s3.endpoint" => self.store.s3.endpoint = value.into(),
+            "store.s3.bucket" => self.store.s3.bucket = value.into(),
+            "store.s3.region" => self.store.s3.region = value.into(),
+            "store.s3.access_key_id" => self.store.s3.access_key_id = value.into(),
+            "store.s3.secret_access_key" => self.store.s3.secret_access_key = value.into(),
+            "store.s3.prefix" => self.store.s3.prefix = value.into(),
+            "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value),
+            "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
+            "cluster.heartbeat_seconds" => self.cluster.heartbeat_seconds = num(value)?,
+            other => unreachable!("unmapped config key {other}"),
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_state_bytes == 0 {
+            return Err(ConfigError::Invalid("max_state_bytes must be > 0".into()));
+        }
+        if self.store.kind == StoreKind::S3 {
+            let s3 = &self.store.s3;
+            for (name, value) in [
+                ("store.s3.endpoint (STATEGATE_S3_ENDPOINT)", &s3.endpoint),
+                ("store.s3.bucket (STATEGATE_S3_BUCKET)", &s3.bucket),
+                (
+                    "store.s3.access_key_id (STATEGATE_S3_ACCESS_KEY_ID)",
+                    &s3.access_key_id,
+                ),
+                (
+                    "store.s3.secret_access_key (STATEGATE_S3_SECRET_ACCESS_KEY)",
+                    &s3.secret_access_key,
+                ),
+            ] {
+                if value.is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "store.kind is \"s3\" but {name} is not set"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn dek_path(&self) -> PathBuf {
+        self.dek_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("dek"))
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("stategate.db")
+    }
+
+    pub fn local_store_path(&self) -> PathBuf {
+        self.store
+            .path
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("blobs"))
+    }
+
+    /// Base URL for client-facing addresses.
+    pub fn base_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => format!("http://{}", self.listen),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with_env(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut c = Config::default();
+        c.apply_env(|k| env.get(k).cloned())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn defaults_are_loopback_and_local() {
+        let c = Config::default();
+        assert!(c.listen.ip().is_loopback());
+        assert_eq!(c.store.kind, StoreKind::Local);
+    }
+
+    #[test]
+    fn env_overrides() {
+        let c = with_env(&[
+            ("STATEGATE_LISTEN", "0.0.0.0:9000"),
+            ("STATEGATE_DATA_DIR", "/tmp/x"),
+            ("STATEGATE_MAX_STATE_BYTES", "10"),
+        ])
+        .unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.db_path(), PathBuf::from("/tmp/x/stategate.db"));
+        assert_eq!(c.max_state_bytes, 10);
+    }
+
+    #[test]
+    fn bad_env_is_a_clear_error_and_secrets_are_redacted() {
+        let table: &[(&str, &str, &str)] = &[
+            ("STATEGATE_LISTEN", "nope", "ip:port"),
+            ("STATEGATE_STORE", "ftp", "local"),
+            ("STATEGATE_MAX_STATE_BYTES", "-1", "whole number"),
+        ];
+        for (var, value, needle) in table {
+            let err = with_env(&[(var, value)]).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains(var), "{err}");
+        }
+        let err = with_env(&[("STATEGATE_STORE", "s3")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("STATEGATE_S3_ENDPOINT"), "{err}");
+    }
+
+    #[test]
+    fn toml_file_parses_and_rejects_unknown_keys() {
+        let c: Config = toml::from_str(
+            "listen = \"127.0.0.1:1\"\n[store]\nkind = \"s3\"\n[store.s3]\nendpoint = \"http://x\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.store.kind, StoreKind::S3);
+        assert_eq!(c.store.s3.prefix, "stategate/");
+        assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,282 @@
+//! pingora glue: the `ProxyHttp` implementation that answers stategate's own
+//! routes in `request_filter` and (later) forwards everything else upstream.
+//!
+//! This layer parses, authenticates, reads bounded bodies and writes responses.
+//! It never touches SQL or blobs directly; it calls `tofu` with plain values.
+
+pub mod auth;
+pub mod router;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::{ProxyHttp, Session};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::tofu::{protocol::verify_content_md5, TofuBackend, MAX_LOCK_BODY};
+use router::{Endpoint, TfAction};
+
+/// Everything a request handler needs.
+pub struct App {
+    pub tofu: TofuBackend,
+    pub max_state_bytes: u64,
+    pub metrics: Metrics,
+}
+
+/// The pingora service.
+pub struct Gateway {
+    app: Arc<App>,
+}
+
+impl Gateway {
+    pub fn new(app: Arc<App>) -> Self {
+        Gateway { app }
+    }
+}
+
+/// A finished local response.
+pub struct Reply {
+    pub status: u16,
+    pub body: Bytes,
+    pub content_type: &'static str,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    fn json(status: u16, body: impl Into<Bytes>) -> Reply {
+        Reply {
+            status,
+            body: body.into(),
+            content_type: "application/json",
+            headers: Vec::new(),
+        }
+    }
+
+    fn empty() -> Reply {
+        Reply::json(200, Bytes::new())
+    }
+}
+
+/// Per-request facts for the summary log line.
+#[derive(Default)]
+pub struct RequestCtx {
+    route: &'static str,
+    workspace: Option<String>,
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> Self::CTX {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        let started = Instant::now();
+        let header = session.req_header();
+        let method = header.method.as_str().to_string();
+        let path = header.uri.path().to_string();
+        let query = header.uri.query().map(str::to_string);
+
+        let endpoint = router::route(&method, &path, query.as_deref());
+        ctx.route = endpoint.as_ref().map_or("invalid", Endpoint::name);
+        if let Ok(Endpoint::Tf { workspace, .. }) = &endpoint {
+            ctx.workspace = Some(workspace.clone());
+        }
+        let (reply, body_in, keepalive) = match endpoint {
+            Ok(endpoint) => self.handle(session, endpoint).await,
+            Err(e) => (error_reply(&e), 0, false),
+        };
+        let bytes_out = reply.body.len();
+        let status = reply.status;
+        write_reply(session, reply, keepalive).await?;
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.app.metrics.observe(ctx.route, status, ms / 1000.0);
+        tracing::info!(
+            method = %method,
+            route = ctx.route,
+            workspace = ctx.workspace.as_deref().unwrap_or("-"),
+            status,
+            bytes_in = body_in,
+            bytes_out,
+            ms = format_args!("{ms:.1}"),
+            "request"
+        );
+        Ok(true)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
+        // request_filter answers every request today; forwarding arrives with the S3 pass-through.
+        Err(Error::explain(
+            ErrorType::HTTPStatus(404),
+            "no upstream configured",
+        ))
+    }
+}
+
+impl Gateway {
+    /// Returns the reply, the request body size read, and whether the connection may be reused.
+    async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> (Reply, usize, bool) {
+        match endpoint {
+            Endpoint::Health => (Reply::json(200, r#"{"status":"ok"}"#), 0, true),
+            Endpoint::Metrics => (
+                Reply {
+                    status: 200,
+                    body: self.app.metrics.render().into(),
+                    content_type: "text/plain; version=0.0.4",
+                    headers: Vec::new(),
+                },
+                0,
+                true,
+            ),
+            Endpoint::Upstream => (
+                error_reply(&ApiError::NotFound(
+                    "no such route (stategate serves /api/v1/tf/state/<workspace>)".into(),
+                )),
+                0,
+                false,
+            ),
+            Endpoint::Tf { workspace, action } => {
+                match self.handle_tf(session, &workspace, action).await {
+                    Ok((reply, read)) => (reply, read, true),
+                    Err((e, read, body_consumed)) => (error_reply(&e), read, body_consumed),
+                }
+            }
+        }
+    }
+
+    async fn handle_tf(
+        &self,
+        session: &mut Session,
+        workspace: &str,
+        action: TfAction,
+    ) -> Result<(Reply, usize), (ApiError, usize, bool)> {
+        let tofu = &self.app.tofu;
+        let auth = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        if !auth::is_authorized(auth, &tofu.expected_bearer(workspace)) {
+            return Err((ApiError::Unauthorized, 0, false));
+        }
+        let limit = match action {
+            TfAction::Write { .. } => self.app.max_state_bytes,
+            TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
+            TfAction::Get | TfAction::Delete => 0,
+        };
+        let body = read_body(session, limit).await.map_err(|e| (e, 0, false))?;
+        let read = body.len();
+        let fail = |e: ApiError| (e, read, true);
+        let reply = match action {
+            TfAction::Get => match tofu.get(workspace).await.map_err(fail)? {
+                Some(state) => Reply::json(200, state),
+                None => error_reply(&ApiError::NotFound(format!(
+                    "workspace {workspace:?} has no state yet"
+                ))),
+            },
+            TfAction::Write { lock_id } => {
+                let md5 = session
+                    .req_header()
+                    .headers
+                    .get("content-md5")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                verify_content_md5(md5.as_deref(), &body).map_err(fail)?;
+                tofu.write(workspace, lock_id, body).await.map_err(fail)?;
+                Reply::empty()
+            }
+            TfAction::Lock => {
+                tofu.lock(workspace, &body).await.map_err(fail)?;
+                Reply::empty()
+            }
+            TfAction::Unlock => {
+                tofu.unlock(workspace, &body).await.map_err(fail)?;
+                Reply::empty()
+            }
+            TfAction::Delete => {
+                tofu.delete(workspace).await.map_err(fail)?;
+                Reply::empty()
+            }
+        };
+        Ok((reply, read))
+    }
+}
+
+fn error_reply(e: &ApiError) -> Reply {
+    let status = e.http_status();
+    match e.log_detail() {
+        Some(detail) if status >= 500 => tracing::error!(status, error = detail, "request failed"),
+        _ => {}
+    }
+    Reply::json(status, e.body())
+}
+
+/// Reads the request body, refusing more than `limit` bytes without buffering past it.
+/// Answers `Expect: 100-continue` once the request has passed the checks before it.
+async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, ApiError> {
+    let headers = &session.req_header().headers;
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let expects_continue = headers
+        .get(http::header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    if expects_continue {
+        session
+            .as_downstream_mut()
+            .write_continue_response()
+            .await
+            .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
+    }
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    while let Some(chunk) = session.read_request_body().await.map_err(|_| {
+        ApiError::BadRequest("request body could not be read (connection closed?)".into())
+    })? {
+        if body.len() as u64 + chunk.len() as u64 > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// Writes a local response. When the request body was not consumed, the connection
+/// is closed afterwards rather than drained (the body may be huge).
+async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -> Result<()> {
+    let mut header = ResponseHeader::build(reply.status, Some(4))?;
+    header.insert_header(http::header::CONTENT_TYPE, reply.content_type)?;
+    header.insert_header(http::header::CONTENT_LENGTH, reply.body.len().to_string())?;
+    header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
+    for (name, value) in reply.headers {
+        header.insert_header(name, value)?;
+    }
+    if !keepalive {
+        session.set_keepalive(None);
+        header.insert_header(http::header::CONNECTION, "close")?;
+    }
+    let is_head = session.req_header().method == http::Method::HEAD;
+    let empty = reply.body.is_empty() || is_head;
+    session
+        .write_response_header(Box::new(header), empty)
+        .await?;
+    if !empty {
+        session.write_response_body(Some(reply.body), true).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! Parses a request line into a typed [`Endpoint`]. Pure: no I/O, no state.
+//!
+//! Anything that is not one of stategate's own routes is [`Endpoint::Upstream`]:
+//! today answered 404, later forwarded to the S3 store unchanged.
+
+use crate::error::ApiError;
+
+/// Longest workspace name accepted.
+pub const MAX_WORKSPACE_LEN: usize = 128;
+
+const TF_PREFIX: &str = "/api/v1/tf/state/";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Health,
+    Metrics,
+    Tf {
+        workspace: String,
+        action: TfAction,
+    },
+    /// Not ours.
+    Upstream,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TfAction {
+    Get,
+    Write { lock_id: Option<String> },
+    Lock,
+    Unlock,
+    Delete,
+}
+
+impl TfAction {
+    /// A short stable name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TfAction::Get => "tf.get",
+            TfAction::Write { .. } => "tf.write",
+            TfAction::Lock => "tf.lock",
+            TfAction::Unlock => "tf.unlock",
+            TfAction::Delete => "tf.delete",
+        }
+    }
+}
+
+impl Endpoint {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Endpoint::Health => "healthz",
+            Endpoint::Metrics => "metrics",
+            Endpoint::Tf { action, .. } => action.name(),
+            Endpoint::Upstream => "upstream",
+        }
+    }
+}
+
+/// Workspace names: 1–128 of `[A-Za-z0-9._-]`, starting with a letter or digit.
+/// Nothing percent-encoded, no slashes, so a name can never mean a path.
+pub fn validate_workspace(name: &str) -> Result<(), ApiError> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_WORKSPACE_LEN
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "invalid workspace name: use 1-{MAX_WORKSPACE_LEN} characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )))
+    }
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, ApiError> {
+    if path == "/healthz" {
+        return match method {
+            "GET" | "HEAD" => Ok(Endpoint::Health),
+            _ => Err(not_allowed(method, "GET, HEAD")),
+        };
+    }
+    if path == "/metrics" {
+        return match method {
+            "GET" => Ok(Endpoint::Metrics),
+            _ => Err(not_allowed(method, "GET")),
+        };
+    }
+    let Some(rest) = path.strip_prefix(TF_PREFIX) else {
+        return Ok(Endpoint::Upstream);
+    };
+    let (workspace, is_lock_path) = match rest.split_once('/') {
+        None => (rest, false),
+        Some((ws, "lock")) => (ws, true),
+        Some(_) => {
+            return Err(ApiError::NotFound(
+                "no such route; the state address is /api/v1/tf/state/<workspace>".into(),
+            ))
+        }
+    };
+    validate_workspace(workspace)?;
+    let action = match (is_lock_path, method) {
+        (false, "GET") => TfAction::Get,
+        (false, "POST") => TfAction::Write {
+            lock_id: query_param(query, "ID").filter(|id| !id.is_empty()),
+        },
+        (false, "LOCK") => TfAction::Lock,
+        (false, "UNLOCK") => TfAction::Unlock,
+        (false, "DELETE") => TfAction::Delete,
+        (false, _) => return Err(not_allowed(method, "GET, POST, LOCK, UNLOCK, DELETE")),
+        // The GitLab/Gitea convention for proxies that drop WebDAV verbs.
+        (true, "POST" | "LOCK") => TfAction::Lock,
+        (true, "DELETE" | "UNLOCK") => TfAction::Unlock,
+        (true, _) => return Err(not_allowed(method, "POST, DELETE, LOCK, UNLOCK")),
+    };
+    Ok(Endpoint::Tf {
+        workspace: workspace.to_string(),
+        action,
+    })
+}
+
+fn not_allowed(method: &str, allowed: &'static str) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.chars().take(32).collect(),
+        allowed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tf(ws: &str, action: TfAction) -> Endpoint {
+        Endpoint::Tf {
+            workspace: ws.into(),
+            action,
+        }
+    }
+
+    #[test]
+    fn routes() {
+        let table: Vec<(&str, &str, Option<&str>, Endpoint)> = vec![
+            ("GET", "/healthz", None, Endpoint::Health),
+            ("GET", "/metrics", None, Endpoint::Metrics),
+            (
+                "GET",
+                "/api/v1/tf/state/prod",
+                None,
+                tf("prod", TfAction::Get),
+            ),
+            (
+                "POST",
+                "/api/v1/tf/state/prod",
+                None,
+                tf("prod", TfAction::Write { lock_id: None }),
+            ),
+            (
+                "POST",
+                "/api/v1/tf/state/prod",
+                Some("ID=a%2Db&x=1"),
+                tf(
+                    "prod",
+                    TfAction::Write {
+                        lock_id: Some("a-b".into()),
+                    },
+                ),
+            ),
+            (
+                "POST",
+                "/api/v1/tf/state/prod",
+                Some("ID="),
+                tf("prod", TfAction::Write { lock_id: None }),
+            ),
+            (
+                "LOCK",
+                "/api/v1/tf/state/prod",
+                None,
+                tf("prod", TfAction::Lock),
+            ),
+            (
+                "UNLOCK",
+                "/api/v1/tf/state/prod",
+                None,
+                tf("prod", TfAction::Unlock),
+            ),
+            (
+                "DELETE",
+                "/api/v1/tf/state/prod",
+                None,
+                tf("prod", TfAction::Delete),
+            ),
+            (
+                "POST",
+                "/api/v1/tf/state/prod/lock",
+                None,
+                tf("prod", TfAction::Lock),
+            ),
+            (
+                "DELETE",
+                "/api/v1/tf/state/prod/lock",
+                None,
+                tf("prod", TfAction::Unlock),
+            ),
+            (
+                "LOCK",
+                "/api/v1/tf/state/my_ws.v2-x/lock",
+                None,
+                tf("my_ws.v2-x", TfAction::Lock),
+            ),
+            ("GET", "/bucket/key", None, Endpoint::Upstream),
+            ("PUT", "/", None, Endpoint::Upstream),
+        ];
+        for (method, path, query, expected) in table {
+            assert_eq!(
+                route(method, path, query).unwrap(),
+                expected,
+                "{method} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejections() {
+        let long = format!("/api/v1/tf/state/{}", "a".repeat(1024));
+        let table: Vec<(&str, &str, u16)> = vec![
+            ("GET", "/api/v1/tf/state/", 400),
+            ("GET", "/api/v1/tf/state/..", 400),
+            ("GET", "/api/v1/tf/state/%2e%2e", 400),
+            ("GET", "/api/v1/tf/state/a%2Fb", 400),
+            ("GET", "/api/v1/tf/state/.hidden", 400),
+            ("GET", "/api/v1/tf/state/a b", 400),
+            ("GET", "/api/v1/tf/state/a\u{1}b", 400),
+            ("GET", "/api/v1/tf/state/ü", 400),
+            ("GET", &long, 400),
+            ("GET", "/api/v1/tf/state/a/b", 404),
+            ("GET", "/api/v1/tf/state/a/lock/x", 404),
+            ("PUT", "/api/v1/tf/state/a", 405),
+            ("PATCH", "/api/v1/tf/state/a", 405),
+            ("GET", "/api/v1/tf/state/a/lock", 405),
+            ("POST", "/healthz", 405),
+        ];
+        for (method, path, status) in table {
+            let err = route(method, path, None).unwrap_err();
+            assert_eq!(err.http_status(), status, "{method} {path}: {err}");
+        }
+    }
+}

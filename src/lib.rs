@@ -1,0 +1,11 @@
+//! stategate: a safe home for OpenTofu/Terraform state in front of an S3-compatible store.
+//! See ARCHITECTURE.md for the map.
+
+pub mod config;
+pub mod crypto;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod server;
+pub mod store;
+pub mod tofu;

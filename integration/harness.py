@@ -160,10 +160,13 @@ class Server:
             STATEGATE_PUBLIC_URL=self.url,
             STATEGATE_DATA_DIR=str(self.data_dir),
             STATEGATE_STORE=self.store,
-            RUST_LOG=os.environ.get("STATEGATE_E2E_LOG", "info"),
+            STATEGATE_LOG=os.environ.get("STATEGATE_E2E_LOG", "info"),
+            STATEGATE_SHUTDOWN_GRACE_SECONDS="1",
         )
         if self.store == "s3":
             e.update({k: v for k, v in self.s3_env.items() if k.startswith("STATEGATE_S3_")})
+            # each server gets its own corner of the shared test bucket
+            e["STATEGATE_S3_PREFIX"] = f"e2e-{self.data_dir.parent.name}-{self.data_dir.name}/"
         e.update(self.extra_env)
         return e
 
@@ -226,17 +229,11 @@ class Server:
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
         assert p.returncode == 0, f"stategate workspace env {name} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
         env = {}
-        for line in p.stdout.splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            toks = shlex.split(line)
-            if toks and toks[0] == "export":
-                toks = toks[1:]
-            for t in toks:
-                if "=" in t:
-                    k, v = t.split("=", 1)
-                    env[k] = v
+        # shell syntax: `export K='v'` lines (a quoted value may span lines)
+        for t in shlex.split(p.stdout, comments=True):
+            if t != "export" and "=" in t:
+                k, v = t.split("=", 1)
+                env[k] = v
         for k in ("TF_HTTP_ADDRESS", "TF_HTTP_PASSWORD"):
             assert k in env, f"`stategate workspace env` printed no {k}:\n{p.stdout}"
         return Workspace(name, env)

@@ -18,8 +18,8 @@ pub struct StateMeta {
 /// Only the fields we need; everything else in the state is skipped without allocation.
 #[derive(Deserialize)]
 struct StateProbe {
-    version: Option<serde_json::Number>,
-    serial: Option<serde_json::Number>,
+    version: Option<serde::de::IgnoredAny>,
+    serial: Option<serde_json::Value>,
     lineage: Option<String>,
     encrypted_data: Option<serde::de::IgnoredAny>,
     encryption_version: Option<String>,

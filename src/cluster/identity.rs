@@ -1,0 +1,536 @@
+//! Who is calling: orgs, principals (email, org, role) and their bearer tokens, and
+//! the clusters registered to each org.
+//!
+//! A token is 32 random bytes, shown once at creation and stored only as its SHA-256
+//! (hex), so a copy of the database holds no usable credential. Every function here
+//! takes a plain `&Connection`: the server runs them through `Db`, the admin CLI the
+//! same way, and unit tests on an in-memory database.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
+use base64::Engine;
+use rusqlite::{params, Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+
+use crate::store::{insert_audit, AuditEntry, DbError};
+
+/// Tables of the cluster API. Applied with the core schema by `Db::open`.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS orgs (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    name        TEXT NOT NULL UNIQUE,
+    created_at  TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS principals (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    email       TEXT NOT NULL UNIQUE,
+    org_id      INTEGER NOT NULL REFERENCES orgs(id),
+    role        TEXT NOT NULL CHECK (role IN ('admin', 'member')),
+    created_at  TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS principal_tokens (
+    token_sha256 TEXT PRIMARY KEY,       -- hex SHA-256 of the bearer token; the token itself is never stored
+    principal_id INTEGER NOT NULL REFERENCES principals(id),
+    created_at   TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS clusters (
+    id          TEXT PRIMARY KEY,        -- lowercase hyphenated UUID
+    org_id      INTEGER NOT NULL REFERENCES orgs(id),
+    name        TEXT,
+    created_at  TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS cluster_leases (
+    cluster_id   TEXT PRIMARY KEY REFERENCES clusters(id),
+    holder_id    INTEGER NOT NULL REFERENCES principals(id),
+    operation    TEXT NOT NULL,
+    host         TEXT NOT NULL,
+    acquired_at  INTEGER NOT NULL,       -- Unix seconds, from the server's clock
+    heartbeat_at INTEGER NOT NULL
+) WITHOUT ROWID;
+"#;
+
+/// Prefix of every principal token (makes leaked tokens easy to grep for).
+pub const TOKEN_PREFIX: &str = "sgp_";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Member => "member",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "admin" => Some(Role::Admin),
+            "member" => Some(Role::Member),
+            _ => None,
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub id: i64,
+    pub email: String,
+    pub org_id: i64,
+    pub org: String,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterRow {
+    pub id: String,
+    pub org: String,
+    pub name: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Exists(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("no randomness available from the OS: {0}")]
+    Random(String),
+}
+
+impl From<rusqlite::Error> for AdminError {
+    fn from(e: rusqlite::Error) -> Self {
+        AdminError::Db(DbError::Sqlite(e))
+    }
+}
+
+/// Hex SHA-256 of a presented token: the only form a token is stored or looked up in.
+pub fn token_hash(token: &[u8]) -> String {
+    hex::encode(Sha256::digest(token))
+}
+
+/// A fresh token: `sgp_` + 43 characters of base64url (32 random bytes).
+pub fn new_token() -> Result<String, AdminError> {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).map_err(|e| AdminError::Random(e.to_string()))?;
+    Ok(format!("{TOKEN_PREFIX}{}", BASE64URL.encode(bytes)))
+}
+
+/// The principal a token belongs to. Looked up by hash: the token never reaches SQL.
+pub fn principal_by_token(
+    conn: &Connection,
+    token: &[u8],
+) -> Result<Option<Principal>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT p.id, p.email, p.org_id, o.name, p.role
+           FROM principal_tokens t
+           JOIN principals p ON p.id = t.principal_id
+           JOIN orgs o ON o.id = p.org_id
+          WHERE t.token_sha256 = ?1",
+        [token_hash(token)],
+        |r| {
+            let role: String = r.get(4)?;
+            Ok(Principal {
+                id: r.get(0)?,
+                email: r.get(1)?,
+                org_id: r.get(2)?,
+                org: r.get(3)?,
+                role: Role::parse(&role).unwrap_or(Role::Member),
+            })
+        },
+    )
+    .optional()
+}
+
+/// Is `cluster_id` registered to `org_id`? One indexed lookup whether the cluster is
+/// missing or belongs to another org: both answer `false` after the same work.
+pub fn cluster_in_org(
+    conn: &Connection,
+    cluster_id: &str,
+    org_id: i64,
+) -> Result<bool, rusqlite::Error> {
+    conn.query_row(
+        "SELECT count(*) FROM clusters WHERE id = ?1 AND org_id = ?2",
+        params![cluster_id, org_id],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+}
+
+/// Org names: 1–64 of `[A-Za-z0-9._-]`, starting with a letter or digit.
+pub fn validate_org_name(name: &str) -> Result<(), AdminError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(AdminError::Invalid(format!(
+            "invalid org name {name:?}: use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )))
+    }
+}
+
+/// A plausible email address, lowercased. Not a full RFC 5322 check: one `@`, no
+/// whitespace or control characters, something on both sides, at most 254 bytes.
+pub fn normalize_email(email: &str) -> Result<String, AdminError> {
+    let email = email.trim().to_ascii_lowercase();
+    let ok = email.len() <= 254
+        && email.split('@').count() == 2
+        && email.split('@').all(|part| !part.is_empty())
+        && !email.chars().any(|c| c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(email)
+    } else {
+        Err(AdminError::Invalid(format!(
+            "invalid email address {email:?}"
+        )))
+    }
+}
+
+fn org_id(conn: &Connection, name: &str) -> Result<i64, AdminError> {
+    conn.query_row("SELECT id FROM orgs WHERE name = ?1", [name], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no org named {name:?}")))
+}
+
+fn admin_audit(
+    conn: &Connection,
+    org: &str,
+    scope: String,
+    event: &'static str,
+    payload: serde_json::Value,
+) -> Result<(), AdminError> {
+    insert_audit(
+        conn,
+        &AuditEntry {
+            actor: "admin-cli".into(),
+            org: Some(org.to_string()),
+            scope,
+            event,
+            payload,
+        },
+    )?;
+    Ok(())
+}
+
+pub fn create_org(conn: &Connection, name: &str) -> Result<(), AdminError> {
+    validate_org_name(name)?;
+    let inserted = conn.execute(
+        "INSERT INTO orgs (name, created_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING",
+        params![name, crate::store::now_rfc3339()],
+    )?;
+    if inserted == 0 {
+        return Err(AdminError::Exists(format!("org {name:?} already exists")));
+    }
+    admin_audit(
+        conn,
+        name,
+        format!("org/{name}"),
+        "admin.org_created",
+        serde_json::json!({}),
+    )
+}
+
+pub fn list_orgs(conn: &Connection) -> Result<Vec<(String, String)>, AdminError> {
+    let mut stmt = conn.prepare("SELECT name, created_at FROM orgs ORDER BY name")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+fn insert_token(conn: &Connection, principal_id: i64) -> Result<String, AdminError> {
+    let token = new_token()?;
+    conn.execute(
+        "INSERT INTO principal_tokens (token_sha256, principal_id, created_at) VALUES (?1, ?2, ?3)",
+        params![
+            token_hash(token.as_bytes()),
+            principal_id,
+            crate::store::now_rfc3339()
+        ],
+    )?;
+    Ok(token)
+}
+
+/// Creates a principal and its first token. Returns the token: the only time it exists in clear.
+pub fn create_principal(
+    conn: &Connection,
+    org: &str,
+    email: &str,
+    role: Role,
+) -> Result<String, AdminError> {
+    let email = normalize_email(email)?;
+    let org_id = org_id(conn, org)?;
+    let inserted = conn.execute(
+        "INSERT INTO principals (email, org_id, role, created_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (email) DO NOTHING",
+        params![email, org_id, role.as_str(), crate::store::now_rfc3339()],
+    )?;
+    if inserted == 0 {
+        return Err(AdminError::Exists(format!(
+            "a user with email {email:?} already exists (use `admin token create` for another token)"
+        )));
+    }
+    let token = insert_token(conn, conn.last_insert_rowid())?;
+    admin_audit(
+        conn,
+        org,
+        format!("org/{org}"),
+        "admin.user_created",
+        serde_json::json!({ "email": email, "role": role.as_str() }),
+    )?;
+    Ok(token)
+}
+
+/// An additional token for an existing principal (earlier tokens stay valid).
+pub fn create_token(conn: &Connection, email: &str) -> Result<String, AdminError> {
+    let email = normalize_email(email)?;
+    let (id, org): (i64, String) = conn
+        .query_row(
+            "SELECT p.id, o.name FROM principals p JOIN orgs o ON o.id = p.org_id WHERE p.email = ?1",
+            [&email],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no user with email {email:?}")))?;
+    let token = insert_token(conn, id)?;
+    admin_audit(
+        conn,
+        &org,
+        format!("org/{org}"),
+        "admin.token_created",
+        serde_json::json!({ "email": email }),
+    )?;
+    Ok(token)
+}
+
+/// Registers a cluster with a fresh UUID.
+pub fn create_cluster(
+    conn: &Connection,
+    org: &str,
+    name: Option<&str>,
+) -> Result<ClusterRow, AdminError> {
+    if let Some(name) = name {
+        if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+            return Err(AdminError::Invalid(
+                "cluster name must be 1-128 printable characters".into(),
+            ));
+        }
+    }
+    let org_id = org_id(conn, org)?;
+    let row = ClusterRow {
+        id: uuid::Uuid::new_v4().hyphenated().to_string(),
+        org: org.to_string(),
+        name: name.map(str::to_string),
+        created_at: crate::store::now_rfc3339(),
+    };
+    conn.execute(
+        "INSERT INTO clusters (id, org_id, name, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![row.id, org_id, row.name, row.created_at],
+    )?;
+    admin_audit(
+        conn,
+        org,
+        format!("cluster/{}", row.id),
+        "admin.cluster_created",
+        serde_json::json!({ "name": row.name }),
+    )?;
+    Ok(row)
+}
+
+pub fn list_clusters(conn: &Connection, org: Option<&str>) -> Result<Vec<ClusterRow>, AdminError> {
+    if let Some(org) = org {
+        org_id(conn, org)?; // a typo is an error, not an empty list
+    }
+    let mut stmt = conn.prepare(
+        "SELECT c.id, o.name, c.name, c.created_at FROM clusters c JOIN orgs o ON o.id = c.org_id
+          WHERE ?1 IS NULL OR o.name = ?1 ORDER BY o.name, c.created_at, c.id",
+    )?;
+    let rows = stmt
+        .query_map([org], |r| {
+            Ok(ClusterRow {
+                id: r.get(0)?,
+                org: r.get(1)?,
+                name: r.get(2)?,
+                created_at: r.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+/// One audit row as the admin CLI prints it (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: String,
+    pub actor: String,
+    pub org: Option<String>,
+    pub scope: String,
+    pub event: String,
+    pub payload: serde_json::Value,
+}
+
+/// The newest `limit` audit rows matching the filters, oldest first.
+pub fn list_audit(
+    conn: &Connection,
+    scope: Option<&str>,
+    event: Option<&str>,
+    limit: u32,
+) -> Result<Vec<AuditRow>, AdminError> {
+    let mut stmt = conn.prepare(
+        "SELECT id, at, actor, org, scope, event, payload FROM audit
+          WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR event = ?2)
+          ORDER BY id DESC LIMIT ?3",
+    )?;
+    let mut rows = stmt
+        .query_map(params![scope, event, limit], |r| {
+            let payload: String = r.get(6)?;
+            Ok(AuditRow {
+                id: r.get(0)?,
+                at: r.get(1)?,
+                actor: r.get(2)?,
+                org: r.get(3)?,
+                scope: r.get(4)?,
+                event: r.get(5)?,
+                payload: serde_json::from_str(&payload)
+                    .unwrap_or(serde_json::Value::String(payload)),
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.reverse();
+    Ok(rows)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A temp database with the real core and cluster schemas (as `Db::open` applies them).
+    pub(crate) fn test_db() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        drop(crate::store::Db::open(&path, &[SCHEMA]).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        (dir, conn)
+    }
+
+    #[test]
+    fn tokens_are_random_prefixed_and_hashed() {
+        let a = new_token().unwrap();
+        let b = new_token().unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 43, "{a}");
+        assert_eq!(token_hash(a.as_bytes()).len(), 64);
+        assert_ne!(token_hash(a.as_bytes()), token_hash(b.as_bytes()));
+    }
+
+    #[test]
+    fn names_and_emails() {
+        let orgs: &[(&str, bool)] = &[
+            ("acme", true),
+            ("Acme-2.prod_x", true),
+            ("", false),
+            ("-acme", false),
+            ("ac me", false),
+            ("acme/x", false),
+            (&"a".repeat(65), false),
+        ];
+        for (name, ok) in orgs {
+            assert_eq!(validate_org_name(name).is_ok(), *ok, "{name:?}");
+        }
+        let emails: &[(&str, Option<&str>)] = &[
+            ("Alice@Example.COM", Some("alice@example.com")),
+            (" bob@x ", Some("bob@x")),
+            ("bob", None),
+            ("@x", None),
+            ("a@", None),
+            ("a@b@c", None),
+            ("a b@c", None),
+            ("a\u{7}@c", None),
+        ];
+        for (email, expected) in emails {
+            assert_eq!(normalize_email(email).ok().as_deref(), *expected, "{email:?}");
+        }
+    }
+
+    #[test]
+    fn identity_lifecycle() {
+        let (_dir, conn) = test_db();
+        create_org(&conn, "acme").unwrap();
+        assert!(matches!(create_org(&conn, "acme"), Err(AdminError::Exists(_))));
+        assert!(matches!(
+            create_principal(&conn, "nope", "a@x", Role::Admin),
+            Err(AdminError::NotFound(_))
+        ));
+        let token = create_principal(&conn, "acme", "Alice@X", Role::Admin).unwrap();
+        assert!(matches!(
+            create_principal(&conn, "acme", "alice@x", Role::Member),
+            Err(AdminError::Exists(_))
+        ));
+        let p = principal_by_token(&conn, token.as_bytes()).unwrap().unwrap();
+        assert_eq!((p.email.as_str(), p.org.as_str(), p.role), ("alice@x", "acme", Role::Admin));
+        let second = create_token(&conn, "alice@x").unwrap();
+        assert_eq!(principal_by_token(&conn, second.as_bytes()).unwrap(), Some(p.clone()));
+        assert_eq!(principal_by_token(&conn, b"sgp_wrong").unwrap(), None);
+        // Only hashes are stored.
+        let stored: Vec<String> = conn
+            .prepare("SELECT token_sha256 FROM principal_tokens")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(!stored.iter().any(|s| s == &token || s == &second));
+        assert!(stored.contains(&token_hash(token.as_bytes())));
+
+        create_org(&conn, "other").unwrap();
+        let c = create_cluster(&conn, "acme", Some("prod")).unwrap();
+        assert!(uuid::Uuid::parse_str(&c.id).is_ok());
+        assert!(cluster_in_org(&conn, &c.id, p.org_id).unwrap());
+        let other_id: i64 = conn
+            .query_row("SELECT id FROM orgs WHERE name = 'other'", [], |r| r.get(0))
+            .unwrap();
+        assert!(!cluster_in_org(&conn, &c.id, other_id).unwrap());
+        assert_eq!(list_clusters(&conn, Some("acme")).unwrap(), vec![c.clone()]);
+        assert!(list_clusters(&conn, Some("other")).unwrap().is_empty());
+        assert!(list_clusters(&conn, Some("typo")).is_err());
+        assert_eq!(list_clusters(&conn, None).unwrap().len(), 1);
+
+        let events: Vec<String> = list_audit(&conn, None, None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event)
+            .collect();
+        assert_eq!(
+            events,
+            [
+                "admin.org_created",
+                "admin.user_created",
+                "admin.token_created",
+                "admin.org_created",
+                "admin.cluster_created"
+            ]
+        );
+        let last = list_audit(&conn, Some(&format!("cluster/{}", c.id)), None, 1).unwrap();
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].payload, serde_json::json!({"name": "prod"}));
+        assert_eq!(list_audit(&conn, None, Some("admin.org_created"), 1).unwrap()[0].scope, "org/other");
+    }
+}

@@ -1,0 +1,123 @@
+//! In-process test server: the real gateway on 127.0.0.1:0 over a temp data dir.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use stategate::config::Config;
+use stategate::crypto::RootKey;
+use stategate::http::App;
+use stategate::server;
+
+pub struct TestServer {
+    pub base: String,
+    pub app: Arc<App>,
+    pub config: Config,
+    pub root: RootKey,
+    pub dir: tempfile::TempDir,
+    _shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+pub const DEK: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: dir.path().join("data"),
+            dek: Some(DEK.into()),
+            ..Config::default()
+        };
+        adjust(&mut config);
+        let app = server::build_app(&config).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(server::serve_listener(listener, app.clone(), rx));
+        TestServer {
+            base,
+            app,
+            config,
+            root: RootKey::from_base64(DEK).unwrap(),
+            dir,
+            _shutdown: tx,
+        }
+    }
+
+    pub fn url(&self, workspace: &str) -> String {
+        format!("{}/api/v1/tf/state/{workspace}", self.base)
+    }
+
+    pub fn bearer(&self, workspace: &str) -> String {
+        self.root.workspace_bearer(workspace)
+    }
+
+    /// A request to a workspace with its correct credential as Basic auth.
+    pub fn tf(&self, method: &str, workspace: &str) -> reqwest::RequestBuilder {
+        reqwest::Client::new()
+            .request(method.parse().unwrap(), self.url(workspace))
+            .basic_auth("stategate", Some(self.bearer(workspace)))
+    }
+
+    pub fn db(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.config.db_path()).unwrap()
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.db().query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    /// Every blob file in the local store.
+    pub fn blob_files(&self) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.config.local_store_path()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+pub fn state(serial: u64, lineage: &str, resources: &str) -> String {
+    format!(
+        r#"{{"version":4,"terraform_version":"1.15.0","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[{resources}],"check_results":null}}"#
+    )
+}
+
+pub fn lock_info(id: &str) -> String {
+    format!(
+        r#"{{"ID":"{id}","Operation":"OperationTypeApply","Info":"","Who":"tester@host","Version":"1.15.0","Created":"2026-11-30T00:00:00Z","Path":""}}"#
+    )
+}
+
+/// Sends one raw HTTP/1.1 request (no client-side path normalization) and returns
+/// the status code and the whole response text.
+pub async fn raw_request(base: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    sock.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}

@@ -1,0 +1,414 @@
+//! The HTTP state backend in-process: real gateway, real SQLite, local blob store.
+
+mod common;
+
+use base64::Engine;
+use common::{lock_info, state, TestServer};
+use md5::Digest;
+
+async fn status(req: reqwest::RequestBuilder) -> (u16, String) {
+    let resp = req.send().await.unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_get_lock_write_unlock() {
+    let s = TestServer::start().await;
+    let ws = "prod";
+    assert_eq!(status(s.tf("GET", ws)).await.0, 404);
+
+    assert_eq!(
+        status(s.tf("LOCK", ws).body(lock_info("L1"))).await,
+        (200, String::new())
+    );
+    // The holder's retry after a lost response is still a 200.
+    assert_eq!(status(s.tf("LOCK", ws).body(lock_info("L1"))).await.0, 200);
+    // Another client gets 423 with the CURRENT holder's LockInfo (it must contain ID).
+    let (code, body) = status(s.tf("LOCK", ws).body(lock_info("L2"))).await;
+    assert_eq!(code, 423);
+    let holder: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(holder["ID"], "L1");
+    assert_eq!(holder["Who"], "tester@host");
+
+    let body1 = state(1, "lin", "");
+    let w = s.tf("POST", ws).query(&[("ID", "L1")]).body(body1.clone());
+    assert_eq!(status(w).await.0, 200);
+    let (code, got) = status(s.tf("GET", ws)).await;
+    assert_eq!((code, got), (200, body1.clone()));
+
+    // Writes without the lock or with another ID are refused while locked.
+    let (code, body) = status(s.tf("POST", ws).body(state(2, "lin", ""))).await;
+    assert_eq!(code, 423);
+    assert!(body.contains("L1"));
+    assert_eq!(
+        status(
+            s.tf("POST", ws)
+                .query(&[("ID", "L2")])
+                .body(state(2, "lin", ""))
+        )
+        .await
+        .0,
+        423
+    );
+
+    // Unlock with another ID is refused; with the right one succeeds; again is idempotent.
+    assert_eq!(
+        status(s.tf("UNLOCK", ws).body(lock_info("L2"))).await.0,
+        423
+    );
+    assert_eq!(
+        status(s.tf("UNLOCK", ws).body(lock_info("L1"))).await.0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("UNLOCK", ws).body(lock_info("L1"))).await.0,
+        200
+    );
+
+    // Unlocked: a write without ID is accepted; one with a stale ID is refused (lock lost).
+    assert_eq!(
+        status(s.tf("POST", ws).body(state(2, "lin", ""))).await.0,
+        200
+    );
+    assert_eq!(
+        status(
+            s.tf("POST", ws)
+                .query(&[("ID", "L1")])
+                .body(state(3, "lin", ""))
+        )
+        .await
+        .0,
+        409
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM versions WHERE scope = 'tf/prod'"),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_retry_creates_no_second_version() {
+    let s = TestServer::start().await;
+    let body = state(5, "lin", "");
+    for _ in 0..3 {
+        assert_eq!(status(s.tf("POST", "w").body(body.clone())).await.0, 200);
+    }
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
+    assert_eq!(s.blob_files().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_both_dialects_and_gitlab_style_paths() {
+    let s = TestServer::start().await;
+    let lock_url = format!("{}/lock", s.url("w"));
+    let client = reqwest::Client::new();
+    let auth = |r: reqwest::RequestBuilder| r.bearer_auth(s.bearer("w"));
+
+    // lock_method = "POST" on .../lock, unlock_method = "DELETE".
+    assert_eq!(
+        status(auth(client.post(&lock_url)).body(lock_info("A")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(auth(client.post(&lock_url)).body(lock_info("B")))
+            .await
+            .0,
+        423
+    );
+    // Terraform's force-unlock: empty body.
+    assert_eq!(status(auth(client.delete(&lock_url))).await.0, 200);
+    assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
+
+    // OpenTofu >= 1.10 force-unlock: {"ID": ...} of the holder.
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("C"))).await.0, 200);
+    assert_eq!(
+        status(s.tf("UNLOCK", "w").body(r#"{"ID":"C"}"#)).await.0,
+        200
+    );
+    assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_is_per_workspace_and_gives_no_hints() {
+    let s = TestServer::start().await;
+    let client = reqwest::Client::new();
+    let url = s.url("a");
+    let cases: Vec<(reqwest::RequestBuilder, u16)> = vec![
+        (client.get(&url), 401),
+        (client.get(&url).basic_auth("stategate", Some("wrong")), 401),
+        (
+            client
+                .get(&url)
+                .basic_auth("stategate", Some(s.bearer("b"))),
+            401,
+        ),
+        (client.get(&url).bearer_auth(s.bearer("b")), 401),
+        (client.get(&url).header("Authorization", "Basic %%%"), 401),
+        (client.get(&url).bearer_auth(s.bearer("a")), 404),
+        (
+            client.get(&url).basic_auth("anyone", Some(s.bearer("a"))),
+            404,
+        ),
+    ];
+    let mut bodies = std::collections::HashSet::new();
+    for (req, expected) in cases {
+        let (code, body) = status(req).await;
+        assert_eq!(code, expected, "{body}");
+        if code == 401 {
+            bodies.insert(body);
+        }
+    }
+    assert_eq!(bodies.len(), 1, "401 bodies must not differ by cause");
+    // Unauthorized writes change nothing.
+    let (code, _) = status(
+        client
+            .post(&url)
+            .bearer_auth("nope")
+            .body(state(1, "l", "")),
+    )
+    .await;
+    assert_eq!(code, 401);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_and_changes_nothing() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 4096).await;
+    let md5 = |b: &str| base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b));
+    let good = state(1, "l", "");
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (s.tf("POST", "w").body("not json"), 400, "not a Terraform"),
+        (s.tf("POST", "w").body("[1,2]"), 400, "JSON object"),
+        (
+            s.tf("POST", "w").body(r#"{"hello":"world"}"#),
+            400,
+            "version",
+        ),
+        (
+            s.tf("POST", "w")
+                .body(r#"{"version":4,"serial":"x","lineage":"l"}"#),
+            400,
+            "serial",
+        ),
+        (s.tf("POST", "w").body("x".repeat(5000)), 413, "limit"),
+        (
+            s.tf("POST", "w")
+                .header("Content-MD5", md5("other"))
+                .body(good.clone()),
+            400,
+            "Content-MD5",
+        ),
+        (s.tf("LOCK", "w").body(r#"{"Who":"x"}"#), 400, "ID"),
+        (s.tf("LOCK", "w").body("garbage"), 400, "LockInfo"),
+        (s.tf("LOCK", "w").body("x".repeat(70_000)), 413, "limit"),
+        (s.tf("PUT", "w").body(good.clone()), 405, "not allowed"),
+        (s.tf("PROPFIND", "w"), 405, "not allowed"),
+    ];
+    for (req, code, needle) in cases {
+        let (got, body) = status(req).await;
+        assert_eq!(got, code, "{body}");
+        assert!(body.contains(needle), "{body} lacks {needle}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(json["error"].is_string());
+    }
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
+    assert!(s.blob_files().is_empty());
+    // A correct Content-MD5 is accepted.
+    let (code, _) = status(
+        s.tf("POST", "w")
+            .header("Content-MD5", md5(&good))
+            .body(good),
+    )
+    .await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_workspace_names_are_400() {
+    let s = TestServer::start().await;
+    let long = "a".repeat(1024);
+    let names = [
+        "%2e%2e",
+        "..",
+        "..%2Fetc",
+        ".x",
+        "a%00b",
+        "a\x01b",
+        long.as_str(),
+        "%20",
+    ];
+    for name in names {
+        // Raw requests: a client library would normalize some of these paths away.
+        let request =
+            format!("GET /api/v1/tf/state/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (code, text) = common::raw_request(&s.base, &request).await;
+        assert_eq!(code, 400, "{name}: {text}");
+        assert!(text.contains("invalid workspace name"), "{text}");
+    }
+    let (code, _) = common::raw_request(
+        &s.base,
+        "GET /api/v1/tf/state/../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(code, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_corrupt_blob_is_5xx_never_404() {
+    let s = TestServer::start().await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(1, "l", ""))).await.0,
+        200
+    );
+    let blob = s.blob_files().pop().unwrap();
+
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    let (code, body) = status(s.tf("GET", "w")).await;
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("cannot be read"));
+    assert!(
+        !body.contains("states/"),
+        "internal paths must not leak: {body}"
+    );
+
+    std::fs::remove_file(&blob).unwrap();
+    assert_eq!(status(s.tf("GET", "w")).await.0, 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_are_encrypted_and_bound_to_their_version() {
+    let s = TestServer::start().await;
+    let secret = r#"{"type":"terraform_data","name":"password-hunter2"}"#;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(1, "l", secret)))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(2, "l", ""))).await.0,
+        200
+    );
+    let files = s.blob_files();
+    assert_eq!(files.len(), 2);
+    for f in &files {
+        let raw = std::fs::read(f).unwrap();
+        assert!(!String::from_utf8_lossy(&raw).contains("hunter2"));
+    }
+    // Copying version 1's blob over version 2's must not serve version 1's content.
+    std::fs::copy(&files[0], &files[1]).unwrap();
+    assert_eq!(status(s.tf("GET", "w")).await.0, 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_tombstones_and_respects_the_lock() {
+    let s = TestServer::start().await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(1, "l", ""))).await.0,
+        200
+    );
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("X"))).await.0, 200);
+    assert_eq!(status(s.tf("DELETE", "w")).await.0, 423);
+    assert_eq!(
+        status(s.tf("UNLOCK", "w").body(lock_info("X"))).await.0,
+        200
+    );
+    assert_eq!(status(s.tf("DELETE", "w")).await.0, 200);
+    assert_eq!(status(s.tf("GET", "w")).await.0, 404);
+    // History is kept: the old version's blob is still there.
+    assert_eq!(s.blob_files().len(), 1);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 2);
+    // A new state after deletion starts cleanly.
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(1, "new", ""))).await.0,
+        200
+    );
+    assert_eq!(status(s.tf("GET", "w")).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_lockers_exactly_one_wins() {
+    let s = TestServer::start().await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let req = s.tf("LOCK", "race").body(lock_info(&format!("id-{i}")));
+        tasks.push(tokio::spawn(async move {
+            req.send().await.unwrap().status().as_u16()
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        codes.push(t.await.unwrap());
+    }
+    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 1, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 423).count(), 15, "{codes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_unlocked_writers_get_distinct_versions() {
+    let s = TestServer::start().await;
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let req = s.tf("POST", "w").body(state(i, "l", ""));
+        tasks.push(tokio::spawn(async move {
+            req.send().await.unwrap().status().as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 12);
+    assert_eq!(s.count("SELECT max(version) FROM versions"), 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_and_health_and_metrics() {
+    let s = TestServer::start().await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = s.base.trim_start_matches("http://");
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = state(1, "l", "");
+    let head = format!(
+        "POST /api/v1/tf/state/w HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        s.bearer("w"),
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 256];
+    let n = sock.read(&mut buf).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    sock.write_all(body.as_bytes()).await.unwrap();
+    let n = sock.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+
+    let client = reqwest::Client::new();
+    let h = client
+        .get(format!("{}/healthz", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h.status(), 200);
+    let m = client
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("stategate_requests_total"), "{m}");
+    // Unknown routes are a clear 404, never a redirect.
+    let r = client.get(format!("{}/nope", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}

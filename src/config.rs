@@ -102,6 +102,37 @@ impl Default for ClusterConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// S3 endpoint every non-stategate request is forwarded to. Defaults to
+    /// `store.s3.endpoint` when the store is S3; unset with a local store → 404.
+    pub endpoint: Option<String>,
+    pub connect_timeout_seconds: u64,
+    pub read_timeout_seconds: u64,
+    /// Refuse pass-through requests into stategate's own prefix of its bucket.
+    pub protect_state_prefix: bool,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            endpoint: None,
+            connect_timeout_seconds: 5,
+            read_timeout_seconds: 60,
+            protect_state_prefix: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain; with `key_file`, the listener speaks HTTPS only.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub listen: SocketAddr,
     /// The URL clients use to reach this server; used by `workspace env`.
@@ -116,6 +147,8 @@ pub struct Config {
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_seconds: u64,
     pub store: StoreConfig,
+    pub upstream: UpstreamConfig,
+    pub tls: TlsConfig,
     pub cluster: ClusterConfig,
 }
 
@@ -130,6 +163,8 @@ impl Default for Config {
             max_state_bytes: 64 * 1024 * 1024,
             shutdown_grace_seconds: 10,
             store: StoreConfig::default(),
+            upstream: UpstreamConfig::default(),
+            tls: TlsConfig::default(),
             cluster: ClusterConfig::default(),
         }
     }
@@ -165,6 +200,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "store.s3.secret_access_key",
     ),
     ("STATEGATE_S3_PREFIX", "store.s3.prefix"),
+    ("STATEGATE_UPSTREAM_ENDPOINT", "upstream.endpoint"),
+    ("STATEGATE_UPSTREAM_CONNECT_TIMEOUT_SECONDS", "upstream.connect_timeout_seconds"),
+    ("STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS", "upstream.read_timeout_seconds"),
+    ("STATEGATE_UPSTREAM_PROTECT_STATE_PREFIX", "upstream.protect_state_prefix"),
+    ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
+    ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
     ("ADJ_STATE_ENC_KEY", "cluster.state_enc_key"),
     (
         "STATEGATE_CLUSTER_LEASE_STALE_SECONDS",
@@ -251,6 +292,18 @@ impl Config {
             "store.s3.access_key_id" => self.store.s3.access_key_id = value.into(),
             "store.s3.secret_access_key" => self.store.s3.secret_access_key = value.into(),
             "store.s3.prefix" => self.store.s3.prefix = value.into(),
+            "upstream.endpoint" => self.upstream.endpoint = opt(value),
+            "upstream.connect_timeout_seconds" => self.upstream.connect_timeout_seconds = num(value)?,
+            "upstream.read_timeout_seconds" => self.upstream.read_timeout_seconds = num(value)?,
+            "upstream.protect_state_prefix" => {
+                self.upstream.protect_state_prefix = match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err("expected true or false".into()),
+                }
+            }
+            "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
+            "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),
             "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value),
             "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
             "cluster.heartbeat_seconds" => self.cluster.heartbeat_seconds = num(value)?,
@@ -262,6 +315,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_state_bytes == 0 {
             return Err(ConfigError::Invalid("max_state_bytes must be > 0".into()));
+        }
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "tls.cert_file and tls.key_file must be set together".into(),
+            ));
         }
         if self.store.kind == StoreKind::S3 {
             let s3 = &self.store.s3;
@@ -285,6 +343,15 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Where the pass-through forwards to, if anywhere.
+    pub fn upstream_endpoint(&self) -> Option<&str> {
+        match (&self.upstream.endpoint, self.store.kind) {
+            (Some(endpoint), _) => Some(endpoint),
+            (None, StoreKind::S3) => Some(&self.store.s3.endpoint),
+            (None, StoreKind::Local) => None,
+        }
     }
 
     pub fn dek_path(&self) -> PathBuf {

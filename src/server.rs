@@ -10,6 +10,7 @@ use pingora::server::{Server, ShutdownWatch};
 
 use crate::config::{Config, StoreKind};
 use crate::crypto::RootKey;
+use crate::http::upstream::Upstream;
 use crate::http::{App, Gateway};
 use crate::metrics::Metrics;
 use crate::store::blob::create_private_dir;
@@ -72,7 +73,22 @@ pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
         tofu: TofuBackend::new(store, root),
         max_state_bytes: config.max_state_bytes,
         metrics: Metrics::new(),
+        upstream: upstream_for(config)?,
     }))
+}
+
+fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
+    let Some(endpoint) = config.upstream_endpoint() else {
+        return Ok(None);
+    };
+    // The state bucket's prefix is protected only when the upstream is the state store itself.
+    let same_store = config.store.kind == StoreKind::S3
+        && endpoint.trim_end_matches('/') == config.store.s3.endpoint.trim_end_matches('/');
+    let protected = (config.upstream.protect_state_prefix && same_store)
+        .then(|| (config.store.s3.bucket.clone(), config.store.s3.prefix.clone()));
+    let upstream = Upstream::from_config(&config.upstream, endpoint, protected)?;
+    tracing::info!(endpoint, "S3 pass-through enabled");
+    Ok(Some(upstream))
 }
 
 /// Runs the server until SIGTERM/SIGINT. Never returns.
@@ -93,7 +109,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
-    service.add_tcp(&config.listen.to_string());
+    let listen = config.listen.to_string();
+    match (&config.tls.cert_file, &config.tls.key_file) {
+        (Some(cert), Some(key)) => service
+            .add_tls(&listen, &cert.to_string_lossy(), &key.to_string_lossy())
+            .context("cannot load the TLS certificate or key")?,
+        _ => service.add_tcp(&listen),
+    }
     server.add_service(service);
     tracing::info!(listen = %config.listen, url = %config.base_url(), "stategate serving");
     server.run_forever();

@@ -412,3 +412,25 @@ async fn expect_continue_and_health_and_metrics() {
     let r = client.get(format!("{}/nope", s.base)).send().await.unwrap();
     assert_eq!(r.status(), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_is_a_502_s3_error_not_a_hang() {
+    // Port 9 (discard) is closed on loopback here: connection refused at once.
+    let s = TestServer::start_with(|c| {
+        c.upstream.endpoint = Some("http://127.0.0.1:9".into());
+        c.upstream.connect_timeout_seconds = 2;
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let resp = reqwest::Client::new()
+        .get(format!("{}/some-bucket/some-key", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("<Code>BadGateway</Code>"), "{body}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // stategate's own routes keep working.
+    assert_eq!(status(s.tf("GET", "w")).await.0, 404);
+}

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod router;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +27,8 @@ pub struct App {
     pub tofu: TofuBackend,
     pub max_state_bytes: u64,
     pub metrics: Metrics,
+    /// Where non-stategate requests are forwarded; `None` answers them 404.
+    pub upstream: Option<upstream::Upstream>,
 }
 
 /// The pingora service.
@@ -67,6 +70,8 @@ impl Reply {
 pub struct RequestCtx {
     route: &'static str,
     workspace: Option<String>,
+    /// Set when the request is being forwarded upstream (logged in `logging`).
+    proxied_since: Option<Instant>,
 }
 
 #[async_trait]
@@ -88,6 +93,14 @@ impl ProxyHttp for Gateway {
         ctx.route = endpoint.as_ref().map_or("invalid", Endpoint::name);
         if let Ok(Endpoint::Tf { workspace, .. }) = &endpoint {
             ctx.workspace = Some(workspace.clone());
+        }
+        if matches!(endpoint, Ok(Endpoint::Upstream)) {
+            if let Some(upstream) = &self.app.upstream {
+                if !upstream.is_protected(&path, query.as_deref()) {
+                    ctx.proxied_since = Some(started);
+                    return Ok(false);
+                }
+            }
         }
         let (reply, body_in, keepalive) = match endpoint {
             Ok(endpoint) => self.handle(session, endpoint).await,
@@ -139,9 +152,24 @@ impl Gateway {
                 0,
                 true,
             ),
+            Endpoint::Upstream if self.app.upstream.is_some() => {
+                let path = session.req_header().uri.path().to_string();
+                let reply = Reply {
+                    status: 403,
+                    body: upstream::s3_error(
+                        "AccessDenied",
+                        "this prefix holds stategate's state blobs and is not reachable through the pass-through",
+                        &path,
+                    ),
+                    content_type: "application/xml",
+                    headers: Vec::new(),
+                };
+                (reply, 0, false)
+            }
             Endpoint::Upstream => (
                 error_reply(&ApiError::NotFound(
-                    "no such route (stategate serves /api/v1/tf/state/<workspace>)".into(),
+                    "no such route (stategate serves /api/v1/tf/state/<workspace>; no S3 upstream is configured)"
+                        .into(),
                 )),
                 0,
                 false,

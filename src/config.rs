@@ -375,6 +375,7 @@ impl Config {
     pub fn base_url(&self) -> String {
         match &self.public_url {
             Some(url) => url.trim_end_matches('/').to_string(),
+            None if self.tls.cert_file.is_some() => format!("https://{}", self.listen),
             None => format!("http://{}", self.listen),
         }
     }

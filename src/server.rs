@@ -55,10 +55,18 @@ pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
 
 /// Builds the application state. Must be called inside a tokio runtime (store checks).
 pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
+    build_app_with_clock(config, Arc::new(crate::cluster::SystemClock)).await
+}
+
+/// [`build_app`] with the clock cluster leases are timed by (tests pass a `TestClock`).
+pub async fn build_app_with_clock(
+    config: &Config,
+    clock: Arc<dyn crate::cluster::Clock>,
+) -> anyhow::Result<Arc<App>> {
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let root = load_root_key(config, true)?;
-    let db = Db::open(&config.db_path(), &[])
+    let db = Db::open(&config.db_path(), &[crate::cluster::SCHEMA])
         .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
     let blobs = open_blob_store(config)?;
     blobs.check().await.with_context(|| {
@@ -69,7 +77,10 @@ pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
     })?;
     tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
     let store = StateStore::new(db, blobs);
+    let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)
+        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?;
     Ok(Arc::new(App {
+        cluster,
         tofu: TofuBackend::new(store, root),
         max_state_bytes: config.max_state_bytes,
         metrics: Metrics::new(),

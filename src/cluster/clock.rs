@@ -64,12 +64,9 @@ pub fn rfc3339(unix: i64) -> String {
 
 /// `Thu, 01 Jan 2026 00:00:00 GMT` (the HTTP date of RFC 9110), from an RFC 3339 timestamp.
 pub fn http_date(rfc3339_text: &str) -> Option<String> {
-    let t = OffsetDateTime::parse(
-        rfc3339_text,
-        &time::format_description::well_known::Rfc3339,
-    )
-    .ok()?
-    .to_offset(time::UtcOffset::UTC);
+    let t = OffsetDateTime::parse(rfc3339_text, &time::format_description::well_known::Rfc3339)
+        .ok()?
+        .to_offset(time::UtcOffset::UTC);
     t.format(&time::macros::format_description!(
         "[weekday repr:short], [day] [month repr:short] [year] [hour]:[minute]:[second] GMT"
     ))
@@ -102,12 +99,18 @@ mod tests {
             assert_eq!(rfc3339(*unix), *text);
         }
         let dates: &[(&str, Option<&str>)] = &[
-            ("2026-01-01T00:00:00Z", Some("Thu, 01 Jan 2026 00:00:00 GMT")),
+            (
+                "2026-01-01T00:00:00Z",
+                Some("Thu, 01 Jan 2026 00:00:00 GMT"),
+            ),
             (
                 "2026-11-30T04:12:09.123456Z",
                 Some("Mon, 30 Nov 2026 04:12:09 GMT"),
             ),
-            ("2026-11-30T05:12:09+01:00", Some("Mon, 30 Nov 2026 04:12:09 GMT")),
+            (
+                "2026-11-30T05:12:09+01:00",
+                Some("Mon, 30 Nov 2026 04:12:09 GMT"),
+            ),
             ("yesterday", None),
         ];
         for (input, expected) in dates {

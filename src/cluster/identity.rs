@@ -436,7 +436,10 @@ pub(crate) mod tests {
         let a = new_token().unwrap();
         let b = new_token().unwrap();
         assert_ne!(a, b);
-        assert!(a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 43, "{a}");
+        assert!(
+            a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 43,
+            "{a}"
+        );
         assert_eq!(token_hash(a.as_bytes()).len(), 64);
         assert_ne!(token_hash(a.as_bytes()), token_hash(b.as_bytes()));
     }
@@ -466,7 +469,11 @@ pub(crate) mod tests {
             ("a\u{7}@c", None),
         ];
         for (email, expected) in emails {
-            assert_eq!(normalize_email(email).ok().as_deref(), *expected, "{email:?}");
+            assert_eq!(
+                normalize_email(email).ok().as_deref(),
+                *expected,
+                "{email:?}"
+            );
         }
     }
 
@@ -474,7 +481,10 @@ pub(crate) mod tests {
     fn identity_lifecycle() {
         let (_dir, conn) = test_db();
         create_org(&conn, "acme").unwrap();
-        assert!(matches!(create_org(&conn, "acme"), Err(AdminError::Exists(_))));
+        assert!(matches!(
+            create_org(&conn, "acme"),
+            Err(AdminError::Exists(_))
+        ));
         assert!(matches!(
             create_principal(&conn, "nope", "a@x", Role::Admin),
             Err(AdminError::NotFound(_))
@@ -484,10 +494,18 @@ pub(crate) mod tests {
             create_principal(&conn, "acme", "alice@x", Role::Member),
             Err(AdminError::Exists(_))
         ));
-        let p = principal_by_token(&conn, token.as_bytes()).unwrap().unwrap();
-        assert_eq!((p.email.as_str(), p.org.as_str(), p.role), ("alice@x", "acme", Role::Admin));
+        let p = principal_by_token(&conn, token.as_bytes())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (p.email.as_str(), p.org.as_str(), p.role),
+            ("alice@x", "acme", Role::Admin)
+        );
         let second = create_token(&conn, "alice@x").unwrap();
-        assert_eq!(principal_by_token(&conn, second.as_bytes()).unwrap(), Some(p.clone()));
+        assert_eq!(
+            principal_by_token(&conn, second.as_bytes()).unwrap(),
+            Some(p.clone())
+        );
         assert_eq!(principal_by_token(&conn, b"sgp_wrong").unwrap(), None);
         // Only hashes are stored.
         let stored: Vec<String> = conn
@@ -531,6 +549,9 @@ pub(crate) mod tests {
         let last = list_audit(&conn, Some(&format!("cluster/{}", c.id)), None, 1).unwrap();
         assert_eq!(last.len(), 1);
         assert_eq!(last[0].payload, serde_json::json!({"name": "prod"}));
-        assert_eq!(list_audit(&conn, None, Some("admin.org_created"), 1).unwrap()[0].scope, "org/other");
+        assert_eq!(
+            list_audit(&conn, None, Some("admin.org_created"), 1).unwrap()[0].scope,
+            "org/other"
+        );
     }
 }

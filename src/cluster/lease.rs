@@ -55,12 +55,13 @@ pub fn parse_lock_request(body: &[u8]) -> Result<LockRequest, ApiError> {
             "expected JSON {{\"operation\": \"provision\" | \"deprovision\" | \"state-push\", \"host\": \"<hostname>\"}} ({e})"
         ))
     })?;
-    let operation = serde_json::from_value::<Operation>(parsed.operation.clone()).map_err(|_| {
-        bad(format!(
-            "unknown operation {}; expected \"provision\", \"deprovision\" or \"state-push\"",
-            truncate(&parsed.operation.to_string(), 64)
-        ))
-    })?;
+    let operation =
+        serde_json::from_value::<Operation>(parsed.operation.clone()).map_err(|_| {
+            bad(format!(
+                "unknown operation {}; expected \"provision\", \"deprovision\" or \"state-push\"",
+                truncate(&parsed.operation.to_string(), 64)
+            ))
+        })?;
     if parsed.host.len() > MAX_HOST_LEN || parsed.host.chars().any(char::is_control) {
         return Err(bad(format!(
             "\"host\" must be at most {MAX_HOST_LEN} bytes without control characters"
@@ -126,7 +127,11 @@ pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> ApiError {
         "{what}: the cluster's state lock is held by {} ({} from {}, last heartbeat {}s ago)",
         lease.holder_email,
         lease.operation,
-        if lease.host.is_empty() { "?" } else { &lease.host },
+        if lease.host.is_empty() {
+            "?"
+        } else {
+            &lease.host
+        },
         lease.heartbeat_age(now)
     ));
     ApiError::json(409, body)
@@ -179,7 +184,10 @@ pub fn decide_release(current: Option<&Lease>, caller_id: i64, force: bool) -> R
     }
 }
 
-pub fn current_lease(conn: &Connection, cluster_id: &str) -> Result<Option<Lease>, rusqlite::Error> {
+pub fn current_lease(
+    conn: &Connection,
+    cluster_id: &str,
+) -> Result<Option<Lease>, rusqlite::Error> {
     conn.query_row(
         "SELECT l.holder_id, p.email, l.operation, l.host, l.acquired_at, l.heartbeat_at
            FROM cluster_leases l JOIN principals p ON p.id = l.holder_id
@@ -226,7 +234,10 @@ pub fn touch_lease(conn: &Connection, cluster_id: &str, now: i64) -> Result<(), 
 }
 
 pub fn delete_lease(conn: &Connection, cluster_id: &str) -> Result<(), rusqlite::Error> {
-    conn.execute("DELETE FROM cluster_leases WHERE cluster_id = ?1", [cluster_id])?;
+    conn.execute(
+        "DELETE FROM cluster_leases WHERE cluster_id = ?1",
+        [cluster_id],
+    )?;
     Ok(())
 }
 
@@ -286,8 +297,16 @@ mod tests {
     #[test]
     fn lock_requests() {
         let ok: &[(&str, Operation, &str)] = &[
-            (r#"{"operation":"provision","host":"a"}"#, Operation::Provision, "a"),
-            (r#"{"operation":"deprovision","host":""}"#, Operation::Deprovision, ""),
+            (
+                r#"{"operation":"provision","host":"a"}"#,
+                Operation::Provision,
+                "a",
+            ),
+            (
+                r#"{"operation":"deprovision","host":""}"#,
+                Operation::Deprovision,
+                "",
+            ),
             (
                 r#"{"host":"box.lan","operation":"state-push","extra":1}"#,
                 Operation::StatePush,
@@ -303,15 +322,24 @@ mod tests {
                 }
             );
         }
-        let long_host = format!(r#"{{"operation":"provision","host":"{}"}}"#, "h".repeat(256));
+        let long_host = format!(
+            r#"{{"operation":"provision","host":"{}"}}"#,
+            "h".repeat(256)
+        );
         let bad: &[(&str, &str)] = &[
             ("", "expected JSON"),
             ("not json", "expected JSON"),
             ("[]", "expected JSON"),
             (r#"{"operation":"provision"}"#, "expected JSON"),
             (r#"{"host":"a"}"#, "expected JSON"),
-            (r#"{"operation":"apply","host":"a"}"#, "unknown operation \"apply\""),
-            (r#"{"operation":"Provision","host":"a"}"#, "unknown operation"),
+            (
+                r#"{"operation":"apply","host":"a"}"#,
+                "unknown operation \"apply\"",
+            ),
+            (
+                r#"{"operation":"Provision","host":"a"}"#,
+                "unknown operation",
+            ),
             (r#"{"operation":7,"host":"a"}"#, "unknown operation 7"),
             (r#"{"operation":"provision","host":7}"#, "expected JSON"),
             (r#"{"operation":"provision","host":"a\u0007"}"#, "control"),

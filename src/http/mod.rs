@@ -5,6 +5,7 @@
 //! It never touches SQL or blobs directly; it calls `tofu` with plain values.
 
 pub mod auth;
+mod cluster;
 pub mod router;
 pub mod upstream;
 
@@ -29,6 +30,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Where non-stategate requests are forwarded; `None` answers them 404.
     pub upstream: Option<upstream::Upstream>,
+    /// The cluster tfstate & lock API.
+    pub cluster: crate::cluster::ClusterService,
 }
 
 /// The pingora service.
@@ -174,6 +177,9 @@ impl Gateway {
                 0,
                 false,
             ),
+            Endpoint::Cluster { id, action } => {
+                cluster::handle(&self.app.cluster, session, &id, action).await
+            }
             Endpoint::Tf { workspace, action } => {
                 match self.handle_tf(session, &workspace, action).await {
                     Ok((reply, read)) => (reply, read, true),

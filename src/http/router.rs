@@ -9,6 +9,7 @@ use crate::error::ApiError;
 pub const MAX_WORKSPACE_LEN: usize = 128;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
+const CLUSTER_PREFIX: &str = "/v1/clusters/";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -18,8 +19,41 @@ pub enum Endpoint {
         workspace: String,
         action: TfAction,
     },
+    /// The cluster tfstate & lock API. `id` is the raw path segment: it is checked
+    /// (UUID, org) only after authentication, so a bad id answers like a missing one.
+    Cluster {
+        id: String,
+        action: ClusterAction,
+    },
     /// Not ours.
     Upstream,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterAction {
+    /// `GET /v1/clusters/{id}/tfstate`
+    GetState,
+    /// `PUT /v1/clusters/{id}/tfstate`
+    PutState,
+    /// `POST /v1/clusters/{id}/lock`
+    Lock,
+    /// `POST /v1/clusters/{id}/lock/heartbeat`
+    Heartbeat,
+    /// `DELETE /v1/clusters/{id}/lock[?force=1]`
+    Unlock { force: bool },
+}
+
+impl ClusterAction {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClusterAction::GetState => "cluster.get_state",
+            ClusterAction::PutState => "cluster.put_state",
+            ClusterAction::Lock => "cluster.lock",
+            ClusterAction::Heartbeat => "cluster.heartbeat",
+            ClusterAction::Unlock { force: false } => "cluster.unlock",
+            ClusterAction::Unlock { force: true } => "cluster.force_unlock",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +84,7 @@ impl Endpoint {
             Endpoint::Health => "healthz",
             Endpoint::Metrics => "metrics",
             Endpoint::Tf { action, .. } => action.name(),
+            Endpoint::Cluster { action, .. } => action.name(),
             Endpoint::Upstream => "upstream",
         }
     }
@@ -92,6 +127,9 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
             _ => Err(not_allowed(method, "GET")),
         };
     }
+    if let Some(rest) = path.strip_prefix(CLUSTER_PREFIX) {
+        return route_cluster(method, rest, query);
+    }
     let Some(rest) = path.strip_prefix(TF_PREFIX) else {
         return Ok(Endpoint::Upstream);
     };
@@ -121,6 +159,40 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     };
     Ok(Endpoint::Tf {
         workspace: workspace.to_string(),
+        action,
+    })
+}
+
+/// `{id}/tfstate`, `{id}/lock`, `{id}/lock/heartbeat` under `/v1/clusters/`.
+fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, ApiError> {
+    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    let action = match (tail, method) {
+        ("tfstate", "GET") => ClusterAction::GetState,
+        ("tfstate", "PUT") => ClusterAction::PutState,
+        ("tfstate", _) => return Err(not_allowed(method, "GET, PUT")),
+        ("lock", "POST") => ClusterAction::Lock,
+        ("lock", "DELETE") => ClusterAction::Unlock {
+            force: match query_param(query, "force").as_deref() {
+                None | Some("" | "0" | "false") => false,
+                Some("1" | "true") => true,
+                Some(_) => {
+                    return Err(ApiError::BadRequest(
+                        "force must be 1 (or true) to break another admin's lock".into(),
+                    ))
+                }
+            },
+        },
+        ("lock", _) => return Err(not_allowed(method, "POST, DELETE")),
+        ("lock/heartbeat", "POST") => ClusterAction::Heartbeat,
+        ("lock/heartbeat", _) => return Err(not_allowed(method, "POST")),
+        _ => {
+            return Err(ApiError::NotFound(
+                "no such route; cluster routes are /v1/clusters/<id>/tfstate, /v1/clusters/<id>/lock and /v1/clusters/<id>/lock/heartbeat".into(),
+            ))
+        }
+    };
+    Ok(Endpoint::Cluster {
+        id: id.to_string(),
         action,
     })
 }
@@ -222,6 +294,113 @@ mod tests {
                 expected,
                 "{method} {path}"
             );
+        }
+    }
+
+    #[test]
+    fn cluster_routes() {
+        let id = "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b";
+        let cluster = |id: &str, action| Endpoint::Cluster {
+            id: id.into(),
+            action,
+        };
+        let table: Vec<(&str, String, Option<&str>, Endpoint)> = vec![
+            (
+                "GET",
+                format!("/v1/clusters/{id}/tfstate"),
+                None,
+                cluster(id, ClusterAction::GetState),
+            ),
+            (
+                "PUT",
+                format!("/v1/clusters/{id}/tfstate"),
+                None,
+                cluster(id, ClusterAction::PutState),
+            ),
+            (
+                "POST",
+                format!("/v1/clusters/{id}/lock"),
+                None,
+                cluster(id, ClusterAction::Lock),
+            ),
+            (
+                "POST",
+                format!("/v1/clusters/{id}/lock/heartbeat"),
+                None,
+                cluster(id, ClusterAction::Heartbeat),
+            ),
+            (
+                "DELETE",
+                format!("/v1/clusters/{id}/lock"),
+                None,
+                cluster(id, ClusterAction::Unlock { force: false }),
+            ),
+            (
+                "DELETE",
+                format!("/v1/clusters/{id}/lock"),
+                Some("force=1"),
+                cluster(id, ClusterAction::Unlock { force: true }),
+            ),
+            (
+                "DELETE",
+                format!("/v1/clusters/{id}/lock"),
+                Some("force=true&x=y"),
+                cluster(id, ClusterAction::Unlock { force: true }),
+            ),
+            (
+                "DELETE",
+                format!("/v1/clusters/{id}/lock"),
+                Some("force=0"),
+                cluster(id, ClusterAction::Unlock { force: false }),
+            ),
+            // Ids are not judged here: a non-UUID answers 404 only after authentication.
+            (
+                "GET",
+                "/v1/clusters/not-a-uuid/tfstate".into(),
+                None,
+                cluster("not-a-uuid", ClusterAction::GetState),
+            ),
+            (
+                "GET",
+                "/v1/clusters//tfstate".into(),
+                None,
+                cluster("", ClusterAction::GetState),
+            ),
+            ("GET", "/v1/clusters".into(), None, Endpoint::Upstream),
+        ];
+        for (method, path, query, expected) in table {
+            assert_eq!(
+                route(method, &path, query).unwrap(),
+                expected,
+                "{method} {path}"
+            );
+        }
+        let rejected: Vec<(&str, String, Option<&str>, u16)> = vec![
+            ("POST", format!("/v1/clusters/{id}/tfstate"), None, 405),
+            ("DELETE", format!("/v1/clusters/{id}/tfstate"), None, 405),
+            ("GET", format!("/v1/clusters/{id}/lock"), None, 405),
+            ("PUT", format!("/v1/clusters/{id}/lock"), None, 405),
+            (
+                "GET",
+                format!("/v1/clusters/{id}/lock/heartbeat"),
+                None,
+                405,
+            ),
+            (
+                "DELETE",
+                format!("/v1/clusters/{id}/lock"),
+                Some("force=yes"),
+                400,
+            ),
+            ("GET", format!("/v1/clusters/{id}"), None, 404),
+            ("GET", format!("/v1/clusters/{id}/"), None, 404),
+            ("GET", format!("/v1/clusters/{id}/tfstate/x"), None, 404),
+            ("POST", format!("/v1/clusters/{id}/lock/x"), None, 404),
+            ("GET", "/v1/clusters/".into(), None, 404),
+        ];
+        for (method, path, query, status) in rejected {
+            let err = route(method, &path, query).unwrap_err();
+            assert_eq!(err.http_status(), status, "{method} {path}: {err}");
         }
     }
 

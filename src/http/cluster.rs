@@ -1,0 +1,99 @@
+//! HTTP framing for the cluster API (`crate::cluster`): pulls the bearer token out of
+//! `Authorization`, orders the checks as the contract does, reads bounded bodies and
+//! shapes replies. No SQL or blobs here.
+
+use pingora::proxy::Session;
+
+use super::router::ClusterAction;
+use super::{auth, error_reply, read_body, Reply};
+use crate::cluster::{lease::MAX_LOCK_BODY, ClusterService, MAX_STATE_BYTES};
+use crate::error::ApiError;
+
+type Failure = (ApiError, usize, bool);
+
+/// Returns the reply, the request body size read, and whether the connection may be reused.
+pub(super) async fn handle(
+    svc: &ClusterService,
+    session: &mut Session,
+    id: &str,
+    action: ClusterAction,
+) -> (Reply, usize, bool) {
+    match serve(svc, session, id, action).await {
+        Ok((reply, read)) => (reply, read, true),
+        Err((e, read, body_consumed)) => (error_reply(&e), read, body_consumed),
+    }
+}
+
+async fn serve(
+    svc: &ClusterService,
+    session: &mut Session,
+    id: &str,
+    action: ClusterAction,
+) -> Result<(Reply, usize), Failure> {
+    // Rejections before the body is read close the connection instead of draining it.
+    let early = |e: ApiError| (e, 0, false);
+    let token = auth::presented_secret(
+        session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    );
+    // 1. auth, org, role (401/404/403), then the feature flag (503).
+    let who = svc.authorize(token, id).await.map_err(early)?;
+    let limit = match action {
+        ClusterAction::PutState => {
+            // 2. the lock holder, before a byte of a possibly huge body is read.
+            svc.require_holder(&who).await.map_err(early)?;
+            // 3. the 10 MiB cap: a declared Content-Length over it is refused unread.
+            MAX_STATE_BYTES
+        }
+        _ => MAX_LOCK_BODY,
+    };
+    let body = read_body(session, limit).await.map_err(early)?;
+    let read = body.len();
+    let fail = |e: ApiError| (e, read, true);
+    let reply = match action {
+        ClusterAction::GetState => match svc.get_state(&who).await.map_err(fail)? {
+            Some(state) => Reply {
+                status: 200,
+                headers: state.headers(),
+                body: state.body.into(),
+                content_type: "application/json",
+            },
+            None => error_reply(&ApiError::NotFound(
+                "no state has been pushed to this cluster yet".into(),
+            )),
+        },
+        ClusterAction::PutState => {
+            // 4. parse serial/lineage (400), 5. conflict rules inside the commit.
+            let serial = svc.put_state(&who, body).await.map_err(fail)?;
+            Reply::json(200, serde_json::json!({ "serial": serial }).to_string())
+        }
+        ClusterAction::Lock => {
+            let acquired_at = svc.lock(&who, &body).await.map_err(fail)?;
+            let mut reply = Reply::json(
+                200,
+                serde_json::json!({ "acquired_at": acquired_at }).to_string(),
+            );
+            reply.headers.push((
+                "X-Stategate-Heartbeat-Seconds",
+                svc.heartbeat_seconds().to_string(),
+            ));
+            reply.headers.push((
+                "X-Stategate-Lease-Stale-Seconds",
+                svc.stale_seconds().to_string(),
+            ));
+            reply
+        }
+        ClusterAction::Heartbeat => {
+            svc.heartbeat(&who).await.map_err(fail)?;
+            Reply::empty()
+        }
+        ClusterAction::Unlock { force } => {
+            svc.unlock(&who, force).await.map_err(fail)?;
+            Reply::empty()
+        }
+    };
+    Ok((reply, read))
+}

@@ -444,4 +444,16 @@ mod tests {
         assert_eq!(c.store.s3.prefix, "stategate/");
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
     }
+
+    #[test]
+    fn shipped_example_configs_parse_and_validate() {
+        for (name, text) in [
+            ("local", include_str!("../config/local.toml")),
+            ("minio", include_str!("../config/minio.toml")),
+            ("garage", include_str!("../config/garage.toml")),
+        ] {
+            let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            c.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
 }

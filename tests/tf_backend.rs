@@ -434,3 +434,27 @@ async fn upstream_down_is_a_502_s3_error_not_a_hang() {
     // stategate's own routes keep working.
     assert_eq!(status(s.tf("GET", "w")).await.0, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_upload_stores_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let s = TestServer::start().await;
+    let body = state(1, "l", &"{\"x\":1},".repeat(1000).trim_end_matches(','));
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/w HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("w"),
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    sock.write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
+    drop(sock);
+    // The server notices the short body; then a normal request proves it is still serving.
+    let (code, _) = status(s.tf("GET", "w")).await;
+    assert_eq!(code, 404);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+}

@@ -132,11 +132,85 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         _ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
-        // request_filter answers every request today; forwarding arrives with the S3 pass-through.
-        Err(Error::explain(
-            ErrorType::HTTPStatus(404),
-            "no upstream configured",
-        ))
+        let Some(up) = &self.app.upstream else {
+            // request_filter answers every request itself when there is no upstream.
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(404),
+                "no upstream configured",
+            ));
+        };
+        let addr = tokio::net::lookup_host((up.host.as_str(), up.port))
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| {
+                Error::explain(
+                    ErrorType::ConnectNoRoute,
+                    "cannot resolve the upstream S3 host",
+                )
+            })?;
+        let mut peer = HttpPeer::new(addr, up.tls, up.host.clone());
+        peer.options.connection_timeout = Some(up.connect_timeout);
+        peer.options.total_connection_timeout = Some(up.connect_timeout * 2);
+        peer.options.read_timeout = Some(up.read_timeout);
+        peer.options.write_timeout = Some(up.read_timeout);
+        Ok(Box::new(peer))
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut Self::CTX,
+    ) -> pingora::proxy::FailToProxy {
+        // Only answer if nothing was sent yet; a failure mid-response can only close the connection.
+        let code = if session.response_written().is_some() {
+            0
+        } else {
+            let (status, code, message) = match e.esource() {
+                ErrorSource::Downstream => (400, "BadRequest", "the request could not be read"),
+                _ => (
+                    502,
+                    "BadGateway",
+                    "stategate could not get a response from the upstream S3 endpoint",
+                ),
+            };
+            let path = session.req_header().uri.path().to_string();
+            let reply = Reply {
+                status,
+                body: upstream::s3_error(code, message, &path),
+                content_type: "application/xml",
+                headers: Vec::new(),
+            };
+            tracing::warn!(error = %e, status, "pass-through failed");
+            match write_reply(session, reply, false).await {
+                Ok(()) => status,
+                Err(_) => 0,
+            }
+        };
+        pingora::proxy::FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
+        let Some(started) = ctx.proxied_since else {
+            return;
+        };
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let seconds = started.elapsed().as_secs_f64();
+        self.app.metrics.observe("upstream", status, seconds);
+        tracing::info!(
+            method = %session.req_header().method,
+            route = "upstream",
+            status,
+            bytes_in = session.body_bytes_read(),
+            bytes_out = session.body_bytes_sent(),
+            ms = format_args!("{:.1}", seconds * 1000.0),
+            error = e.map(|e| e.to_string()).unwrap_or_default(),
+            "request"
+        );
     }
 }
 

@@ -24,8 +24,8 @@ pub enum DbError {
     Task(String),
 }
 
-/// Most jobs folded into one transaction.
-const MAX_GROUP: usize = 128;
+/// Most jobs folded into one transaction by default.
+pub const DEFAULT_MAX_GROUP: usize = 128;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS versions (
@@ -81,6 +81,15 @@ fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
 impl Db {
     /// Opens (creating if needed) the database and applies `extra_schema` after the core schema.
     pub fn open(path: &Path, extra_schema: &[&str]) -> Result<Db, DbError> {
+        Self::open_with_group_limit(path, extra_schema, DEFAULT_MAX_GROUP)
+    }
+
+    /// `max_group = 1` disables group commit (one fsync per write): the benchmark baseline.
+    pub fn open_with_group_limit(
+        path: &Path,
+        extra_schema: &[&str],
+        max_group: usize,
+    ) -> Result<Db, DbError> {
         let writer_conn = open_connection(path)?;
         writer_conn.execute_batch(SCHEMA)?;
         for schema in extra_schema {
@@ -90,7 +99,7 @@ impl Db {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer_loop(writer_conn, rx))
+            .spawn(move || writer_loop(writer_conn, rx, max_group.max(1)))
             .map_err(|e| DbError::Task(e.to_string()))?;
         Ok(Db {
             writer: tx,
@@ -163,10 +172,10 @@ fn run_in_savepoint<T, E: From<DbError>>(
     outcome
 }
 
-fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
+fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
-        while batch.len() < MAX_GROUP {
+        while batch.len() < max_group {
             match jobs.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,

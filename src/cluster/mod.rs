@@ -218,6 +218,7 @@ impl ClusterService {
         let key = config
             .state_enc_key
             .as_deref()
+            .filter(|k| !k.trim().is_empty()) // an empty value means "not configured"
             .map(RootKey::from_base64)
             .transpose()?;
         Ok(ClusterService {

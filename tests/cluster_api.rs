@@ -18,6 +18,8 @@ const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 const NOT_CONFIGURED: &[u8] = br#"{"error": "state sync not configured"}"#;
 const STALE: i64 = 300;
 
+type AdminJob = Box<dyn FnOnce(&rusqlite::Connection) -> Result<String, AdminError> + Send>;
+
 struct Env {
     base: String,
     app: Arc<App>,
@@ -77,9 +79,7 @@ impl Env {
         let mut tokens = std::collections::HashMap::new();
         let (cluster, other_cluster) = {
             let db = &app.cluster.store().db;
-            let admin = |f: Box<
-                dyn FnOnce(&rusqlite::Connection) -> Result<String, AdminError> + Send,
-            >| async move { db.write(f).await.unwrap() };
+            let admin = |f: AdminJob| async move { db.write(f).await.unwrap() };
             for org in ["acme", "globex", "initech"] {
                 admin(Box::new(move |c| {
                     identity::create_org(c, org).map(|()| String::new())
@@ -1115,7 +1115,8 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
     let lock = env.path(&env.cluster, "lock");
     let tfstate = env.path(&env.cluster, "tfstate");
     let b = |s: &str| Some(s.as_bytes().to_vec());
-    let rows: Vec<(&str, &str, String, Option<Vec<u8>>, u16, &str)> = vec![
+    type Row<'a> = (&'a str, &'a str, String, Option<Vec<u8>>, u16, &'a str);
+    let rows: Vec<Row> = vec![
         (
             "bob",
             "POST",

@@ -259,7 +259,8 @@ mod tests {
     #[test]
     fn acquire_decisions() {
         // (current lease: holder, heartbeat_at), caller, now, expected; stale after 300 s.
-        let table: &[(Option<(i64, i64)>, i64, i64, Acquire)] = &[
+        type Row = (Option<(i64, i64)>, i64, i64, Acquire);
+        let table: &[Row] = &[
             (None, 1, 1000, Acquire::Take),
             (Some((1, 1000)), 1, 1000, Acquire::Refresh),
             (Some((1, 0)), 1, 100_000, Acquire::Refresh), // own stale lease: still ours

@@ -484,7 +484,8 @@ mod tests {
             ..row(0, "", "")
         };
         // stored, pushed (serial, lineage, sha), expected status (200 = accepted)
-        let table: Vec<(Option<VersionRow>, (i64, &str, &str), u16)> = vec![
+        type Row<'a> = (Option<VersionRow>, (i64, &'a str, &'a str), u16);
+        let table: Vec<Row> = vec![
             (None, (0, "L", "a"), 200),
             (Some(tombstone), (0, "other", "a"), 200),
             (Some(row(5, "L", "a")), (6, "L", "b"), 200),

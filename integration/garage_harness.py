@@ -241,13 +241,16 @@ admin_token = "{secrets.token_hex(16)}"
     def _provision(self, proc: subprocess.Popen, s3: int, admin: int):
         deadline = time.monotonic() + START_TIMEOUT
 
-        # 1. RPC up: `garage node id -q` prints "<full id>@<addr>".
-        def node_id():
-            p = self.cli("node", "id", "-q", check=False, timeout=10)
-            m = re.match(r"^([0-9a-f]{64})@", p.stdout.strip())
-            return m.group(1) if p.returncode == 0 and m else None
-
-        nid = self._wait("garage RPC", proc, node_id, deadline)
+        # 1. RPC up: `garage status` needs the running daemon (`node id` does not).
+        self._wait(
+            "garage RPC", proc,
+            lambda: self.cli("status", check=False, timeout=10).returncode == 0, deadline,
+        )
+        # "<full id>@<addr>"
+        m = re.match(r"^([0-9a-f]{64})@", self.cli("node", "id", "-q").stdout.strip())
+        if m is None:
+            raise GarageError("could not parse `garage node id -q`")
+        nid = m.group(1)
 
         # 2. One-node layout, version 1.
         json_api = self.has_json_api()

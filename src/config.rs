@@ -201,9 +201,18 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("STATEGATE_S3_PREFIX", "store.s3.prefix"),
     ("STATEGATE_UPSTREAM_ENDPOINT", "upstream.endpoint"),
-    ("STATEGATE_UPSTREAM_CONNECT_TIMEOUT_SECONDS", "upstream.connect_timeout_seconds"),
-    ("STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS", "upstream.read_timeout_seconds"),
-    ("STATEGATE_UPSTREAM_PROTECT_STATE_PREFIX", "upstream.protect_state_prefix"),
+    (
+        "STATEGATE_UPSTREAM_CONNECT_TIMEOUT_SECONDS",
+        "upstream.connect_timeout_seconds",
+    ),
+    (
+        "STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS",
+        "upstream.read_timeout_seconds",
+    ),
+    (
+        "STATEGATE_UPSTREAM_PROTECT_STATE_PREFIX",
+        "upstream.protect_state_prefix",
+    ),
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
     ("ADJ_STATE_ENC_KEY", "cluster.state_enc_key"),
@@ -293,7 +302,9 @@ impl Config {
             "store.s3.secret_access_key" => self.store.s3.secret_access_key = value.into(),
             "store.s3.prefix" => self.store.s3.prefix = value.into(),
             "upstream.endpoint" => self.upstream.endpoint = opt(value),
-            "upstream.connect_timeout_seconds" => self.upstream.connect_timeout_seconds = num(value)?,
+            "upstream.connect_timeout_seconds" => {
+                self.upstream.connect_timeout_seconds = num(value)?
+            }
             "upstream.read_timeout_seconds" => self.upstream.read_timeout_seconds = num(value)?,
             "upstream.protect_state_prefix" => {
                 self.upstream.protect_state_prefix = match value {

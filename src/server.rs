@@ -95,8 +95,12 @@ fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
     // The state bucket's prefix is protected only when the upstream is the state store itself.
     let same_store = config.store.kind == StoreKind::S3
         && endpoint.trim_end_matches('/') == config.store.s3.endpoint.trim_end_matches('/');
-    let protected = (config.upstream.protect_state_prefix && same_store)
-        .then(|| (config.store.s3.bucket.clone(), config.store.s3.prefix.clone()));
+    let protected = (config.upstream.protect_state_prefix && same_store).then(|| {
+        (
+            config.store.s3.bucket.clone(),
+            config.store.s3.prefix.clone(),
+        )
+    });
     let upstream = Upstream::from_config(&config.upstream, endpoint, protected)?;
     tracing::info!(endpoint, "S3 pass-through enabled");
     Ok(Some(upstream))

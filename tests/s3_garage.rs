@@ -20,7 +20,10 @@ fn s3_env() -> Option<S3Config> {
     let Some(endpoint) = get("ENDPOINT") else {
         let required = std::env::var_os("CI").is_some()
             || std::env::var_os("STATEGATE_TEST_REQUIRE_S3").is_some();
-        assert!(!required, "STATEGATE_TEST_S3_* not set but a real S3 is required here");
+        assert!(
+            !required,
+            "STATEGATE_TEST_S3_* not set but a real S3 is required here"
+        );
         eprintln!("STATEGATE_TEST_S3_ENDPOINT not set: skipping the real-S3 test (run scripts/test-all.sh)");
         return None;
     };
@@ -68,10 +71,16 @@ async fn s3_store_round_trip() {
     let Some(cfg) = s3_env() else { return };
     let store = S3Store::new(&cfg);
     store.check().await.unwrap();
-    store.put("a/b.blob", Bytes::from_static(b"hello")).await.unwrap();
+    store
+        .put("a/b.blob", Bytes::from_static(b"hello"))
+        .await
+        .unwrap();
     assert_eq!(store.get("a/b.blob").await.unwrap().unwrap(), "hello");
     assert_eq!(store.get("a/missing.blob").await.unwrap(), None);
-    assert_eq!(store.list("a/").await.unwrap(), vec!["a/b.blob".to_string()]);
+    assert_eq!(
+        store.list("a/").await.unwrap(),
+        vec!["a/b.blob".to_string()]
+    );
     store.delete("a/b.blob").await.unwrap();
     assert_eq!(store.get("a/b.blob").await.unwrap(), None);
 
@@ -81,32 +90,49 @@ async fn s3_store_round_trip() {
         ..cfg.clone()
     };
     let err = S3Store::new(&wrong).check().await.unwrap_err().to_string();
-    assert!(err.contains("403") || err.contains("AccessDenied") || err.contains("Forbidden"), "{err}");
+    assert!(
+        err.contains("403") || err.contains("AccessDenied") || err.contains("Forbidden"),
+        "{err}"
+    );
     // Unreachable endpoint: retryable "unavailable".
     let down = S3Config {
         endpoint: "http://127.0.0.1:9".into(),
         ..cfg.clone()
     };
     let err = S3Store::new(&down).check().await.unwrap_err();
-    assert!(matches!(err, stategate::store::BlobError::Unavailable(_)), "{err}");
+    assert!(
+        matches!(err, stategate::store::BlobError::Unavailable(_)),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tf_backend_on_garage_and_tamper_detection() {
     let Some(cfg) = s3_env() else { return };
     let s = s3_server(&cfg).await;
-    let send = |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().status().as_u16() };
+    let send =
+        |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().status().as_u16() };
     assert_eq!(send(s.tf("GET", "g")).await, 404);
     assert_eq!(send(s.tf("LOCK", "g").body(lock_info("L"))).await, 200);
     let body = state(1, "lin", "");
-    assert_eq!(send(s.tf("POST", "g").query(&[("ID", "L")]).body(body.clone())).await, 200);
-    assert_eq!(s.tf("GET", "g").send().await.unwrap().text().await.unwrap(), body);
+    assert_eq!(
+        send(s.tf("POST", "g").query(&[("ID", "L")]).body(body.clone())).await,
+        200
+    );
+    assert_eq!(
+        s.tf("GET", "g").send().await.unwrap().text().await.unwrap(),
+        body
+    );
     assert_eq!(send(s.tf("UNLOCK", "g").body(lock_info("L"))).await, 200);
 
     // Overwrite the blob in the bucket with other content: served never, 5xx always.
     let key: String = s
         .db()
-        .query_row("SELECT blob_key FROM versions WHERE scope = 'tf/g'", [], |r| r.get(0))
+        .query_row(
+            "SELECT blob_key FROM versions WHERE scope = 'tf/g'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     let direct = s3_client(&cfg.endpoint, &cfg);
     direct
@@ -142,8 +168,17 @@ async fn pass_through_forwards_signed_requests_unchanged() {
         .send()
         .await
         .unwrap();
-    let got = via.get_object().bucket(&cfg.bucket).key(&key).send().await.unwrap();
-    assert_eq!(got.body.collect().await.unwrap().into_bytes(), "through stategate");
+    let got = via
+        .get_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        got.body.collect().await.unwrap().into_bytes(),
+        "through stategate"
+    );
     let listed = via
         .list_objects_v2()
         .bucket(&cfg.bucket)
@@ -151,7 +186,10 @@ async fn pass_through_forwards_signed_requests_unchanged() {
         .send()
         .await
         .unwrap();
-    assert!(listed.contents().iter().any(|o| o.key() == Some(key.as_str())));
+    assert!(listed
+        .contents()
+        .iter()
+        .any(|o| o.key() == Some(key.as_str())));
 
     // Multipart upload > 16 MiB, streamed both ways.
     let big_key = format!("user-data/{}/big.bin", uuid::Uuid::new_v4().simple());
@@ -195,20 +233,46 @@ async fn pass_through_forwards_signed_requests_unchanged() {
         .send()
         .await
         .unwrap();
-    let big = via.get_object().bucket(&cfg.bucket).key(&big_key).send().await.unwrap();
+    let big = via
+        .get_object()
+        .bucket(&cfg.bucket)
+        .key(&big_key)
+        .send()
+        .await
+        .unwrap();
     let data = big.body.collect().await.unwrap().into_bytes();
     assert_eq!(data.len(), 18 * 1024 * 1024);
     assert!(data.iter().all(|b| *b == 7));
 
-    via.delete_object().bucket(&cfg.bucket).key(&key).send().await.unwrap();
-    via.delete_object().bucket(&cfg.bucket).key(&big_key).send().await.unwrap();
-    assert!(via.get_object().bucket(&cfg.bucket).key(&key).send().await.is_err());
+    via.delete_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .unwrap();
+    via.delete_object()
+        .bucket(&cfg.bucket)
+        .key(&big_key)
+        .send()
+        .await
+        .unwrap();
+    assert!(via
+        .get_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .is_err());
 
     // stategate's own prefix is not reachable through the pass-through.
     assert_eq!(send(s.tf("POST", "p").body(state(1, "l", ""))).await, 200);
     let blob_key: String = s
         .db()
-        .query_row("SELECT blob_key FROM versions WHERE scope = 'tf/p'", [], |r| r.get(0))
+        .query_row(
+            "SELECT blob_key FROM versions WHERE scope = 'tf/p'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     let err = via
         .get_object()

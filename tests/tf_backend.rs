@@ -439,7 +439,7 @@ async fn upstream_down_is_a_502_s3_error_not_a_hang() {
 async fn client_disconnect_mid_upload_stores_nothing() {
     use tokio::io::AsyncWriteExt;
     let s = TestServer::start().await;
-    let body = state(1, "l", &"{\"x\":1},".repeat(1000).trim_end_matches(','));
+    let body = state(1, "l", "{\"x\":1},".repeat(1000).trim_end_matches(','));
     let addr = s.base.trim_start_matches("http://").to_string();
     let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let head = format!(

@@ -54,7 +54,10 @@ impl Upstream {
             return Err(bad());
         }
         Ok(Upstream {
-            host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
             port,
             tls,
             connect_timeout: Duration::from_secs(config.connect_timeout_seconds),
@@ -75,11 +78,15 @@ impl Upstream {
         }
         let key = percent_decode(key);
         if !key.is_empty() {
-            return key.starts_with(prefix.as_str()) || prefix.starts_with(&key) && key.ends_with('/');
+            return key.starts_with(prefix.as_str())
+                || prefix.starts_with(&key) && key.ends_with('/');
         }
         // Bucket-level: a listing into the prefix, or a multi-object delete (whose body may name our keys).
         form_urlencoded::parse(query.unwrap_or("").as_bytes()).any(|(k, v)| {
-            k == "delete" || (k == "prefix" && (v.starts_with(prefix.as_str()) || prefix.starts_with(v.as_ref()) && !v.is_empty()))
+            k == "delete"
+                || (k == "prefix"
+                    && (v.starts_with(prefix.as_str())
+                        || prefix.starts_with(v.as_ref()) && !v.is_empty()))
         })
     }
 }
@@ -121,7 +128,8 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        let table: &[(&str, Option<(&str, u16, bool)>)] = &[
+        type Expected = Option<(&'static str, u16, bool)>;
+        let table: &[(&str, Expected)] = &[
             ("http://127.0.0.1:3900", Some(("127.0.0.1", 3900, false))),
             ("http://127.0.0.1:3900/", Some(("127.0.0.1", 3900, false))),
             ("https://minio.lan", Some(("minio.lan", 443, true))),

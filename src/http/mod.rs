@@ -94,8 +94,10 @@ impl ProxyHttp for Gateway {
 
         let endpoint = router::route(&method, &path, query.as_deref());
         ctx.route = endpoint.as_ref().map_or("invalid", Endpoint::name);
-        if let Ok(Endpoint::Tf { workspace, .. }) = &endpoint {
-            ctx.workspace = Some(workspace.clone());
+        match &endpoint {
+            Ok(Endpoint::Tf { workspace, .. }) => ctx.workspace = Some(workspace.clone()),
+            Ok(Endpoint::Cluster { id, .. }) => ctx.workspace = Some(format!("cluster/{id}")),
+            _ => {}
         }
         if matches!(endpoint, Ok(Endpoint::Upstream)) {
             if let Some(upstream) = &self.app.upstream {

@@ -344,6 +344,55 @@ admin_token = "{secrets.token_hex(16)}"
         self.pidfile.unlink(missing_ok=True)
 
 
+def restart(g: Garage, timeout: float = START_TIMEOUT) -> dict[str, str]:
+    """Start the SAME Garage again after `g.stop()`: same config, ports, metadata and
+    data (nothing is re-provisioned; keys, buckets and objects survive). Returns its env
+    once the cluster is healthy and the S3 API answers. Used by the store-fault tests.
+    A no-op when it is still running."""
+    if g.pid() is not None:
+        return g.env()
+    if not g.cfg.exists() or not g.envfile.exists():
+        raise GarageError(f"no provisioned Garage in {g.dir} to restart (call start() first)")
+    env = g.env()
+    log = open(g.dir / "garage.log", "ab")
+    proc = subprocess.Popen(
+        [g._bin(), "-c", str(g.cfg), "server"],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "RUST_LOG": os.environ.get("GARAGE_LOG", "garage=info")},
+    )
+    log.close()
+    g.pidfile.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    endpoint = env["STATEGATE_S3_ENDPOINT"]
+    bucket = env.get("STATEGATE_S3_BUCKET", BUCKET)
+
+    def healthy():
+        if g.has_json_api():
+            h = g.api("GetClusterHealth")
+            return h.get("status") == "healthy" and h.get("partitionsAllOk") == h.get("partitions")
+        return g.cli("health", check=False, timeout=10).returncode == 0
+
+    def s3_up():
+        try:
+            urllib.request.urlopen(f"{endpoint}/{bucket}", timeout=2)
+            return True
+        except urllib.error.HTTPError as e:
+            return e.code in (400, 403)
+
+    try:
+        g._wait("garage RPC", proc,
+                lambda: g.cli("status", check=False, timeout=10).returncode == 0, deadline)
+        g._wait("cluster health", proc, healthy, deadline)
+        g._wait("S3 API", proc, s3_up, deadline)
+    except BaseException:
+        g.stop()
+        raise
+    return env
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in ("start", "stop", "env"):
         print(f"usage: {argv[0]} start|stop|env <dir>", file=sys.stderr)

@@ -201,3 +201,32 @@ pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: b
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_env_lines() {
+        let root = RootKey::from_bytes([3; 32]);
+        let plain = client_env("http://h:1", "prod", &root, false);
+        let lines: Vec<&str> = plain.lines().collect();
+        assert_eq!(
+            lines,
+            vec![
+                "export TF_HTTP_ADDRESS='http://h:1/api/v1/tf/state/prod'",
+                "export TF_HTTP_LOCK_ADDRESS='http://h:1/api/v1/tf/state/prod'",
+                "export TF_HTTP_UNLOCK_ADDRESS='http://h:1/api/v1/tf/state/prod'",
+                "export TF_HTTP_USERNAME='stategate'",
+                &format!("export TF_HTTP_PASSWORD='{}'", root.workspace_bearer("prod")),
+            ]
+        );
+        let encrypted = client_env("http://h:1", "prod", &root, true);
+        assert!(encrypted.starts_with(&plain));
+        let passphrase = root.workspace_passphrase("prod");
+        assert!(passphrase.len() >= 16);
+        assert!(encrypted.contains(&format!("passphrase = \"{passphrase}\"")));
+        assert!(encrypted.contains("method \"aes_gcm\""));
+        assert!(!passphrase.contains('\'') && !passphrase.contains('"'));
+    }
+}

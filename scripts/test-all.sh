@@ -25,7 +25,7 @@ NFAIL=0
 
 cleanup() {
     if [ -f "$GARAGE_DIR/garage.pid" ]; then
-        python3 integration/garage_harness.py stop "$GARAGE_DIR" || true
+        "$VENV/bin/python" integration/garage_harness.py stop "$GARAGE_DIR" || true
     fi
     rm -rf "$WORK"
 }
@@ -74,7 +74,7 @@ BUILD_OK=0
 step "cargo build" cargo build && BUILD_OK=1
 
 start_garage() {
-    python3 integration/garage_harness.py start "$GARAGE_DIR" >/dev/null || return 1
+    "$VENV/bin/python" integration/garage_harness.py start "$GARAGE_DIR" >/dev/null || return 1
     local k v
     while IFS='=' read -r k v; do
         case "$k" in

@@ -2,6 +2,8 @@
 //! SQLite, the local blob store and a test clock (no sleeps: staleness is reached by
 //! advancing the clock). Walks every row of `cluster-api.md`.
 
+mod common;
+
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -10,9 +12,7 @@ use stategate::cluster::{Clock, TestClock, MAX_STATE_BYTES};
 use stategate::config::Config;
 use stategate::crypto::RootKey;
 use stategate::http::App;
-use stategate::server;
 
-const DEK: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 /// ADJ_STATE_ENC_KEY of the tests (different from the DEK on purpose).
 const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 const NOT_CONFIGURED: &[u8] = br#"{"error": "state sync not configured"}"#;
@@ -21,12 +21,11 @@ const STALE: i64 = 300;
 type AdminJob = Box<dyn FnOnce(&rusqlite::Connection) -> Result<String, AdminError> + Send>;
 
 struct Env {
+    _server: common::TestServer,
     base: String,
     app: Arc<App>,
     clock: TestClock,
     config: Config,
-    _dir: tempfile::TempDir,
-    _shutdown: tokio::sync::watch::Sender<bool>,
     http: reqwest::Client,
     /// Tokens by short name: alice, bob, erin (acme admins), mallory (acme member),
     /// carol (globex admin), dave (initech admin: the third org).
@@ -59,22 +58,20 @@ impl Resp {
 
 impl Env {
     async fn start(enc_key: Option<&str>) -> Env {
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = Config {
-            data_dir: dir.path().join("data"),
-            dek: Some(DEK.into()),
-            ..Config::default()
-        };
-        config.cluster.state_enc_key = enc_key.map(str::to_string);
-        config.cluster.lease_stale_seconds = STALE as u64;
         let clock = TestClock::default();
-        let app = server::build_app_with_clock(&config, Arc::new(clock.clone()))
-            .await
-            .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(server::serve_listener(listener, app.clone(), rx));
+        let server = common::TestServer::start_with_clock(
+            |config| {
+                config.cluster.state_enc_key = enc_key.map(str::to_string);
+                config.cluster.lease_stale_seconds = STALE as u64;
+            },
+            Arc::new(clock.clone()),
+        )
+        .await;
+        let (base, app, config) = (
+            server.base.clone(),
+            server.app.clone(),
+            server.config.clone(),
+        );
 
         let mut tokens = std::collections::HashMap::new();
         let (cluster, other_cluster) = {
@@ -116,8 +113,7 @@ impl Env {
             app,
             clock,
             config,
-            _dir: dir,
-            _shutdown: tx,
+            _server: server,
             http: reqwest::Client::new(),
             tokens,
             cluster,
@@ -271,23 +267,7 @@ impl Env {
     }
 
     fn blob_files(&self) -> Vec<std::path::PathBuf> {
-        let mut out = Vec::new();
-        let mut stack = vec![self.config.local_store_path()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else {
-                    out.push(p);
-                }
-            }
-        }
-        out.sort();
-        out
+        common::files_under(&self.config.local_store_path())
     }
 
     fn version_count(&self) -> i64 {
@@ -1308,7 +1288,7 @@ async fn state_is_encrypted_under_the_state_key() {
         )
     };
     assert_eq!(open(ENC_KEY).unwrap(), s.as_bytes());
-    assert!(open(DEK).is_err());
+    assert!(open(common::DEK).is_err());
 }
 
 /// Racing writers: the rules hold inside the commit, so exactly one of several

@@ -25,6 +25,14 @@ impl TestServer {
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        Self::start_with_clock(adjust, Arc::new(stategate::cluster::SystemClock)).await
+    }
+
+    /// With an injected clock (lease staleness without sleeping).
+    pub async fn start_with_clock(
+        adjust: impl FnOnce(&mut Config),
+        clock: Arc<dyn stategate::cluster::Clock>,
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config {
             data_dir: dir.path().join("data"),
@@ -32,7 +40,7 @@ impl TestServer {
             ..Config::default()
         };
         adjust(&mut config);
-        let app = server::build_app(&config).await.unwrap();
+        let app = server::build_app_with_clock(&config, clock).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -72,24 +80,29 @@ impl TestServer {
 
     /// Every blob file in the local store.
     pub fn blob_files(&self) -> Vec<std::path::PathBuf> {
-        let mut out = Vec::new();
-        let mut stack = vec![self.config.local_store_path()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else {
-                    out.push(p);
-                }
+        files_under(&self.config.local_store_path())
+    }
+}
+
+/// Every file below `root`, sorted.
+pub fn files_under(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
             }
         }
-        out.sort();
-        out
     }
+    out.sort();
+    out
 }
 
 pub fn state(serial: u64, lineage: &str, resources: &str) -> String {

@@ -218,7 +218,10 @@ mod tests {
                 "export TF_HTTP_LOCK_ADDRESS='http://h:1/api/v1/tf/state/prod'",
                 "export TF_HTTP_UNLOCK_ADDRESS='http://h:1/api/v1/tf/state/prod'",
                 "export TF_HTTP_USERNAME='stategate'",
-                &format!("export TF_HTTP_PASSWORD='{}'", root.workspace_bearer("prod")),
+                &format!(
+                    "export TF_HTTP_PASSWORD='{}'",
+                    root.workspace_bearer("prod")
+                ),
             ]
         );
         let encrypted = client_env("http://h:1", "prod", &root, true);

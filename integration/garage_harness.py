@@ -393,6 +393,27 @@ def restart(g: Garage, timeout: float = START_TIMEOUT) -> dict[str, str]:
     return env
 
 
+def kill(g: Garage, timeout: float = 10) -> None:
+    """Crash the Garage server (SIGKILL): no graceful drain of client connections,
+    which `stop()` waits up to ~10 s for. Data stays; `restart(g)` brings it back."""
+    pid = g.pid()
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + timeout
+        while _pid_alive(pid):
+            try:  # reap if it is our child
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            if time.monotonic() > end:
+                raise GarageError(f"garage pid {pid} survived SIGKILL for {timeout}s")
+            time.sleep(0.02)
+    g.pidfile.unlink(missing_ok=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[1] not in ("start", "stop", "env"):
         print(f"usage: {argv[0]} start|stop|env <dir>", file=sys.stderr)

@@ -27,7 +27,7 @@ pub enum DbError {
 /// Most jobs folded into one transaction by default.
 pub const DEFAULT_MAX_GROUP: usize = 128;
 
-const SCHEMA: &str = r#"
+pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS versions (
     scope       TEXT    NOT NULL,
     version     INTEGER NOT NULL,

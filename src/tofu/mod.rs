@@ -206,6 +206,39 @@ pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: b
 mod tests {
     use super::*;
 
+    fn conn_with_lock(holder: Option<&str>) -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(crate::store::db::SCHEMA).unwrap();
+        if let Some(id) = holder {
+            conn.execute(
+                "INSERT INTO tf_locks VALUES ('ws', ?1, ?2, 'now')",
+                params![id, format!(r#"{{"ID":"{id}"}}"#)],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    #[test]
+    fn who_may_write() {
+        // (lock holder, ?ID= of the write, expected status: 0 = allowed)
+        let table: &[(Option<&str>, Option<&str>, u16)] = &[
+            (None, None, 0),
+            (None, Some("a"), 409),
+            (Some("a"), Some("a"), 0),
+            (Some("a"), Some("b"), 423),
+            (Some("a"), None, 423),
+        ];
+        for (holder, id, expected) in table {
+            let conn = conn_with_lock(*holder);
+            let got = check_writer(&conn, "ws", *id).map_or_else(|e| e.http_status(), |()| 0);
+            assert_eq!(got, *expected, "holder {holder:?}, write with {id:?}");
+        }
+        // A rejection carries the holder's LockInfo verbatim.
+        let err = check_writer(&conn_with_lock(Some("a")), "ws", None).unwrap_err();
+        assert_eq!(&err.body()[..], br#"{"ID":"a"}"#);
+    }
+
     #[test]
     fn client_env_lines() {
         let root = RootKey::from_bytes([3; 32]);

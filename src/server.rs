@@ -10,6 +10,7 @@ use pingora::server::{Server, ShutdownWatch};
 
 use crate::config::{Config, StoreKind};
 use crate::crypto::RootKey;
+use crate::http::conditional::ConditionalGuard;
 use crate::http::upstream::Upstream;
 use crate::http::{App, Gateway};
 use crate::metrics::Metrics;
@@ -85,7 +86,21 @@ pub async fn build_app_with_clock(
         max_state_bytes: config.max_state_bytes,
         metrics: Metrics::new(),
         upstream: upstream_for(config)?,
+        conditional: conditional_guard_for(config),
     }))
+}
+
+/// Is the pass-through upstream the S3 store stategate itself writes to (same credentials)?
+fn upstream_is_state_store(config: &Config) -> bool {
+    config.store.kind == StoreKind::S3
+        && config.upstream_endpoint().map(|e| e.trim_end_matches('/'))
+            == Some(config.store.s3.endpoint.trim_end_matches('/'))
+}
+
+/// Conditional writes can only be checked with credentials for the upstream.
+fn conditional_guard_for(config: &Config) -> Option<ConditionalGuard> {
+    (config.upstream.guard_conditional_writes && upstream_is_state_store(config))
+        .then(|| ConditionalGuard::new(Arc::new(S3Store::new(&config.store.s3))))
 }
 
 fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
@@ -93,14 +108,13 @@ fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
         return Ok(None);
     };
     // The state bucket's prefix is protected only when the upstream is the state store itself.
-    let same_store = config.store.kind == StoreKind::S3
-        && endpoint.trim_end_matches('/') == config.store.s3.endpoint.trim_end_matches('/');
-    let protected = (config.upstream.protect_state_prefix && same_store).then(|| {
-        (
-            config.store.s3.bucket.clone(),
-            config.store.s3.prefix.clone(),
-        )
-    });
+    let protected =
+        (config.upstream.protect_state_prefix && upstream_is_state_store(config)).then(|| {
+            (
+                config.store.s3.bucket.clone(),
+                config.store.s3.prefix.clone(),
+            )
+        });
     let upstream = Upstream::from_config(&config.upstream, endpoint, protected)?;
     tracing::info!(endpoint, "S3 pass-through enabled");
     Ok(Some(upstream))

@@ -6,6 +6,7 @@
 
 pub mod auth;
 mod cluster;
+pub mod conditional;
 pub mod router;
 pub mod upstream;
 
@@ -30,6 +31,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Where non-stategate requests are forwarded; `None` answers them 404.
     pub upstream: Option<upstream::Upstream>,
+    /// Makes conditional PUTs through the pass-through atomic; `None` forwards them as-is.
+    pub conditional: Option<conditional::ConditionalGuard>,
     /// The cluster tfstate & lock API.
     pub cluster: crate::cluster::ClusterService,
 }
@@ -75,6 +78,8 @@ pub struct RequestCtx {
     workspace: Option<String>,
     /// Set when the request is being forwarded upstream (logged in `logging`).
     proxied_since: Option<Instant>,
+    /// Held until the forwarded conditional PUT completes (see `conditional`).
+    conditional_turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 #[async_trait]
@@ -99,15 +104,19 @@ impl ProxyHttp for Gateway {
             Ok(Endpoint::Cluster { id, .. }) => ctx.workspace = Some(format!("cluster/{id}")),
             _ => {}
         }
-        if matches!(endpoint, Ok(Endpoint::Upstream)) {
-            if let Some(upstream) = &self.app.upstream {
-                if !upstream.is_protected(&path, query.as_deref()) {
-                    ctx.proxied_since = Some(started);
-                    return Ok(false);
+        let (reply, body_in, keepalive) = match endpoint {
+            Ok(Endpoint::Upstream) => {
+                match self
+                    .pass_through(session, ctx, &method, &path, query.as_deref())
+                    .await
+                {
+                    None => {
+                        ctx.proxied_since = Some(started);
+                        return Ok(false);
+                    }
+                    Some(reply) => (reply, 0, false),
                 }
             }
-        }
-        let (reply, body_in, keepalive) = match endpoint {
             Ok(endpoint) => self.handle(session, endpoint).await,
             Err(e) => (error_reply(&e), 0, false),
         };
@@ -178,12 +187,7 @@ impl ProxyHttp for Gateway {
                 ),
             };
             let path = session.req_header().uri.path().to_string();
-            let reply = Reply {
-                status,
-                body: upstream::s3_error(code, message, &path),
-                content_type: "application/xml",
-                headers: Vec::new(),
-            };
+            let reply = s3_reply(status, code, message, &path);
             tracing::warn!(error = %e, status, "pass-through failed");
             match write_reply(session, reply, false).await {
                 Ok(()) => status,
@@ -216,7 +220,74 @@ impl ProxyHttp for Gateway {
     }
 }
 
+fn no_upstream() -> ApiError {
+    ApiError::NotFound(
+        "no such route (stategate serves /api/v1/tf/state/<workspace>; no S3 upstream is configured)"
+            .into(),
+    )
+}
+
+/// A local answer in S3's XML error format, for requests on the pass-through.
+fn s3_reply(status: u16, code: &str, message: &str, path: &str) -> Reply {
+    Reply {
+        status,
+        body: upstream::s3_error(code, message, path),
+        content_type: "application/xml",
+        headers: Vec::new(),
+    }
+}
+
 impl Gateway {
+    /// Decides a request that is not one of stategate's routes: `None` forwards it
+    /// upstream unchanged, `Some` answers it here.
+    async fn pass_through(
+        &self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+        method: &str,
+        path: &str,
+        query: Option<&str>,
+    ) -> Option<Reply> {
+        let Some(upstream) = &self.app.upstream else {
+            return Some(error_reply(&no_upstream()));
+        };
+        if upstream.is_protected(path, query) {
+            return Some(s3_reply(
+                403,
+                "AccessDenied",
+                "this prefix holds stategate's state blobs and is not reachable through the pass-through",
+                path,
+            ));
+        }
+        let headers = &session.req_header().headers;
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let condition =
+            conditional::precondition(method, header("if-none-match"), header("if-match"))?;
+        let guard = self.app.conditional.as_ref()?;
+        let (bucket, key) = conditional::bucket_and_key(path)?;
+        match guard.enter(&bucket, &key, &condition).await {
+            Ok(turn) => {
+                ctx.conditional_turn = Some(turn);
+                None
+            }
+            Err(conditional::Refusal::Failed) => Some(s3_reply(
+                412,
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+                path,
+            )),
+            Err(conditional::Refusal::Unverifiable(detail)) => {
+                tracing::warn!(error = %detail, "cannot check a conditional write");
+                Some(s3_reply(
+                    503,
+                    "ServiceUnavailable",
+                    "stategate could not check the write precondition; retry",
+                    path,
+                ))
+            }
+        }
+    }
+
     /// Returns the reply, the request body size read, and whether the connection may be reused.
     async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> (Reply, usize, bool) {
         match endpoint {
@@ -231,28 +302,8 @@ impl Gateway {
                 0,
                 true,
             ),
-            Endpoint::Upstream if self.app.upstream.is_some() => {
-                let path = session.req_header().uri.path().to_string();
-                let reply = Reply {
-                    status: 403,
-                    body: upstream::s3_error(
-                        "AccessDenied",
-                        "this prefix holds stategate's state blobs and is not reachable through the pass-through",
-                        &path,
-                    ),
-                    content_type: "application/xml",
-                    headers: Vec::new(),
-                };
-                (reply, 0, false)
-            }
-            Endpoint::Upstream => (
-                error_reply(&ApiError::NotFound(
-                    "no such route (stategate serves /api/v1/tf/state/<workspace>; no S3 upstream is configured)"
-                        .into(),
-                )),
-                0,
-                false,
-            ),
+            // Decided in `request_filter` (`pass_through`); kept total without a panic.
+            Endpoint::Upstream => (error_reply(&no_upstream()), 0, false),
             Endpoint::Cluster { id, action } => {
                 cluster::handle(&self.app.cluster, session, &id, action).await
             }

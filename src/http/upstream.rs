@@ -91,7 +91,7 @@ impl Upstream {
     }
 }
 
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     form_urlencoded::parse(format!("k={}", text.replace('+', "%2B")).as_bytes())
         .next()
         .map(|(_, v)| v.into_owned())

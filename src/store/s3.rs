@@ -90,6 +90,24 @@ where
     }
 }
 
+impl S3Store {
+    /// The ETag of `bucket/key` (any bucket the credentials can read), `None` if absent.
+    pub async fn head_etag(&self, bucket: &str, key: &str) -> Result<Option<String>, BlobError> {
+        match self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
+            Err(SdkError::ServiceError(e)) if e.err().is_not_found() => Ok(None),
+            Err(e) => Err(classify("head object", e)),
+        }
+    }
+}
+
 #[async_trait]
 impl BlobStore for S3Store {
     async fn put(&self, key: &str, data: Bytes) -> Result<(), BlobError> {

@@ -66,6 +66,14 @@ type Job = Box<dyn FnOnce(&Connection) -> Completion + Send>;
 pub struct Db {
     writer: mpsc::Sender<Job>,
     reader: Arc<Mutex<Connection>>,
+    stats: Arc<WriterStats>,
+}
+
+/// Counters of the writer thread: `jobs / commits` is the mean group size.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    pub commits: std::sync::atomic::AtomicU64,
+    pub jobs: std::sync::atomic::AtomicU64,
 }
 
 fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
@@ -97,13 +105,18 @@ impl Db {
         }
         let reader = open_connection(path)?;
         let (tx, rx) = mpsc::channel::<Job>();
+        let stats = Arc::new(WriterStats::default());
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer_loop(writer_conn, rx, max_group.max(1)))
+            .spawn({
+                let stats = stats.clone();
+                move || writer_loop(writer_conn, rx, max_group.max(1), &stats)
+            })
             .map_err(|e| DbError::Task(e.to_string()))?;
         Ok(Db {
             writer: tx,
             reader: Arc::new(Mutex::new(reader)),
+            stats,
         })
     }
 
@@ -135,6 +148,10 @@ impl Db {
             .send(job)
             .map_err(|_| E::from(DbError::WriterGone))?;
         answer.await.map_err(|_| E::from(DbError::WriterGone))?
+    }
+
+    pub fn writer_stats(&self) -> &WriterStats {
+        &self.stats
     }
 
     /// Runs a read-only query on the reader connection off the async runtime.
@@ -172,7 +189,8 @@ fn run_in_savepoint<T, E: From<DbError>>(
     outcome
 }
 
-fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize) {
+fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize, stats: &WriterStats) {
+    use std::sync::atomic::Ordering::Relaxed;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < max_group {
@@ -190,6 +208,8 @@ fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize) {
             }
             continue;
         }
+        stats.jobs.fetch_add(batch.len() as u64, Relaxed);
+        stats.commits.fetch_add(1, Relaxed);
         let completions: Vec<Completion> = batch.into_iter().map(|job| job(&conn)).collect();
         let committed = conn.execute_batch("COMMIT").map_err(|e| e.to_string());
         if let Err(msg) = &committed {

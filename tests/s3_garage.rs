@@ -296,3 +296,103 @@ async fn pass_through_forwards_signed_requests_unchanged() {
 async fn send(r: reqwest::RequestBuilder) -> u16 {
     r.send().await.unwrap().status().as_u16()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conditional_puts_through_stategate_are_atomic() {
+    let Some(cfg) = s3_env() else { return };
+    let s = s3_server(&cfg).await;
+    let direct = s3_client(&cfg.endpoint, &cfg);
+    let via = s3_client(&s.base, &cfg);
+
+    // Straight at Garage, create-only is not enforced: the second writer wins silently.
+    let key = format!("locks/{}.tflock", uuid::Uuid::new_v4().simple());
+    let put = |client: &aws_sdk_s3::Client, body: &'static [u8]| {
+        client
+            .put_object()
+            .bucket(&cfg.bucket)
+            .key(&key)
+            .if_none_match("*")
+            .body(ByteStream::from_static(body))
+            .send()
+    };
+    let first = status_of(put(&direct, b"A").await);
+    let second = status_of(put(&direct, b"B").await);
+    eprintln!("garage direct: If-None-Match:* twice -> {first}, {second}");
+
+    // Through stategate: exactly one of many concurrent create-only writers wins.
+    let key = format!("locks/{}.tflock", uuid::Uuid::new_v4().simple());
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let req = via
+            .put_object()
+            .bucket(&cfg.bucket)
+            .key(&key)
+            .if_none_match("*")
+            .body(ByteStream::from(format!("writer-{i}").into_bytes()));
+        tasks.push(tokio::spawn(async move {
+            req.send().await.map(|o| o.e_tag().map(str::to_string))
+        }));
+    }
+    let mut winners = 0;
+    let mut refused = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => winners += 1,
+            Err(e) => {
+                assert_eq!(
+                    e.raw_response().map(|r| r.status().as_u16()),
+                    Some(412),
+                    "{e:?}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((winners, refused), (1, 7));
+
+    // If-Match: only the current ETag may replace it.
+    let head = via
+        .head_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .unwrap();
+    let etag = head.e_tag().unwrap().to_string();
+    let replace = |etag: String| {
+        via.put_object()
+            .bucket(&cfg.bucket)
+            .key(&key)
+            .if_match(etag)
+            .body(ByteStream::from_static(b"replaced"))
+            .send()
+    };
+    assert_eq!(status_of(replace("\"not-the-etag\"".into()).await), 412);
+    assert_eq!(status_of(replace(etag).await), 200);
+    via.delete_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .unwrap();
+    // After the delete, create-only succeeds again.
+    let again = via
+        .put_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .if_none_match("*")
+        .body(ByteStream::from_static(b"again"))
+        .send()
+        .await;
+    assert_eq!(status_of(again), 200);
+}
+
+/// 200 for success, else the HTTP status the S3 endpoint answered (0 without a response).
+fn status_of<T, E>(
+    result: Result<T, aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
+) -> u16 {
+    match result {
+        Ok(_) => 200,
+        Err(e) => e.raw_response().map_or(0, |r| r.status().as_u16()),
+    }
+}

@@ -102,6 +102,36 @@ impl Default for ClusterConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Newest versions kept per workspace/cluster, however old.
+    pub keep_versions: u64,
+    /// Versions younger than this are kept, however many.
+    pub keep_days: u64,
+    /// How often `serve` prunes and sweeps garbage blobs; 0 disables it.
+    pub interval_seconds: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            keep_versions: 100,
+            keep_days: 30,
+            interval_seconds: 3600,
+        }
+    }
+}
+
+impl RetentionConfig {
+    pub fn policy(&self) -> crate::store::retention::Retention {
+        crate::store::retention::Retention {
+            keep_versions: self.keep_versions,
+            keep_days: self.keep_days,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct UpstreamConfig {
     /// S3 endpoint every non-stategate request is forwarded to. Defaults to
     /// `store.s3.endpoint` when the store is S3; unset with a local store → 404.
@@ -153,6 +183,7 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub tls: TlsConfig,
     pub cluster: ClusterConfig,
+    pub retention: RetentionConfig,
 }
 
 impl Default for Config {
@@ -169,6 +200,7 @@ impl Default for Config {
             upstream: UpstreamConfig::default(),
             tls: TlsConfig::default(),
             cluster: ClusterConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -230,6 +262,15 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "STATEGATE_CLUSTER_HEARTBEAT_SECONDS",
         "cluster.heartbeat_seconds",
+    ),
+    (
+        "STATEGATE_RETENTION_KEEP_VERSIONS",
+        "retention.keep_versions",
+    ),
+    ("STATEGATE_RETENTION_KEEP_DAYS", "retention.keep_days"),
+    (
+        "STATEGATE_RETENTION_INTERVAL_SECONDS",
+        "retention.interval_seconds",
     ),
 ];
 
@@ -329,6 +370,9 @@ impl Config {
             "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value),
             "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
             "cluster.heartbeat_seconds" => self.cluster.heartbeat_seconds = num(value)?,
+            "retention.keep_versions" => self.retention.keep_versions = num(value)?,
+            "retention.keep_days" => self.retention.keep_days = num(value)?,
+            "retention.interval_seconds" => self.retention.interval_seconds = num(value)?,
             other => unreachable!("unmapped config key {other}"),
         }
         Ok(())
@@ -437,6 +481,28 @@ mod tests {
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.db_path(), PathBuf::from("/tmp/x/stategate.db"));
         assert_eq!(c.max_state_bytes, 10);
+    }
+
+    #[test]
+    fn retention_defaults_and_env() {
+        let d = Config::default().retention;
+        assert_eq!(
+            (d.keep_versions, d.keep_days, d.interval_seconds),
+            (100, 30, 3600)
+        );
+        let c = with_env(&[
+            ("STATEGATE_RETENTION_KEEP_VERSIONS", "5"),
+            ("STATEGATE_RETENTION_KEEP_DAYS", "2"),
+            ("STATEGATE_RETENTION_INTERVAL_SECONDS", "0"),
+        ])
+        .unwrap();
+        let r = c.retention;
+        assert_eq!(
+            (r.keep_versions, r.keep_days, r.interval_seconds),
+            (5, 2, 0)
+        );
+        let c: Config = toml::from_str("[retention]\nkeep_days = 7\n").unwrap();
+        assert_eq!((c.retention.keep_days, c.retention.keep_versions), (7, 100));
     }
 
     #[test]

@@ -85,6 +85,10 @@ impl From<StoreError> for ApiError {
                 ApiError::Unavailable("the state store is temporarily unavailable; retry".into())
             }
             StoreError::Contended => ApiError::Unavailable(e.to_string()),
+            StoreError::VersionNotFound { .. } => ApiError::NotFound(e.to_string()),
+            StoreError::Tombstone { .. } | StoreError::Moved { .. } => {
+                ApiError::Conflict(e.to_string())
+            }
             StoreError::BlobMissing { version, .. } | StoreError::BlobUnreadable { version, .. } => {
                 ApiError::Internal {
                     public: format!(

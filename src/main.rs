@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use stategate::config::Config;
 use stategate::server;
 
+mod ops;
+
 #[derive(Parser)]
 #[command(
     name = "stategate",
@@ -26,10 +28,22 @@ struct Cli {
 enum Command {
     /// Run the server (with no config: loopback:8080, local store in the data dir).
     Serve,
-    /// Workspace credentials.
+    /// Workspace credentials, history and rollback.
     Workspace {
         #[command(subcommand)]
         command: WorkspaceCommand,
+    },
+    /// Apply the retention policy now (retention.keep_versions / keep_days) and sweep
+    /// garbage blobs. Prints what it deletes as JSON lines. The server may keep running.
+    Prune {
+        /// Only print what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The SQLite version index.
+    Index {
+        #[command(subcommand)]
+        command: IndexCommand,
     },
     /// Orgs, users, tokens, clusters and the audit log of the cluster API. Opens the
     /// database in the data dir directly; the server may keep running.
@@ -148,6 +162,32 @@ enum WorkspaceCommand {
         #[arg(long)]
         opentofu_encryption: bool,
     },
+    /// Print the workspace's versions, newest first (JSON lines). Reads SQLite only.
+    History {
+        workspace: String,
+        /// At most this many (the newest).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Make an old version current again by storing its content as a NEW version
+    /// (history is kept). Refused while the workspace is locked.
+    Rollback {
+        workspace: String,
+        /// The version whose content to restore (see `workspace history`).
+        #[arg(long)]
+        to: i64,
+    },
+}
+
+#[derive(Subcommand)]
+enum IndexCommand {
+    /// Rebuild the version index from the blob store alone into a NEW database file
+    /// (the live one is never touched); prints how to swap it in.
+    Rebuild {
+        /// Path of the new database file (must not exist).
+        #[arg(long)]
+        into: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -164,6 +204,16 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve => server::run(config),
         Command::Admin { command } => admin(&config, command),
+        Command::Workspace {
+            command: WorkspaceCommand::History { workspace, limit },
+        } => ops::history(&config, &workspace, limit),
+        Command::Workspace {
+            command: WorkspaceCommand::Rollback { workspace, to },
+        } => ops::rollback(&config, &workspace, to),
+        Command::Prune { dry_run } => ops::prune(&config, dry_run),
+        Command::Index {
+            command: IndexCommand::Rebuild { into },
+        } => ops::rebuild(&config, &into),
         Command::Workspace {
             command:
                 WorkspaceCommand::Env {

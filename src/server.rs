@@ -54,6 +54,24 @@ pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     })
 }
 
+/// The storage engine as `serve` opens it: data dir, SQLite (all schemas), the blob
+/// store, proven reachable and writable. Also used by the operator commands.
+pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let db = Db::open(&config.db_path(), &[crate::cluster::SCHEMA])
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let blobs = open_blob_store(config)?;
+    blobs.check().await.with_context(|| {
+        format!(
+            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
+            blobs.describe()
+        )
+    })?;
+    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
+    Ok(StateStore::new(db, blobs))
+}
+
 /// Builds the application state. Must be called inside a tokio runtime (store checks).
 pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
     build_app_with_clock(config, Arc::new(crate::cluster::SystemClock)).await
@@ -67,17 +85,7 @@ pub async fn build_app_with_clock(
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let root = load_root_key(config, true)?;
-    let db = Db::open(&config.db_path(), &[crate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
-    let blobs = open_blob_store(config)?;
-    blobs.check().await.with_context(|| {
-        format!(
-            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
-            blobs.describe()
-        )
-    })?;
-    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
-    let store = StateStore::new(db, blobs);
+    let store = open_state_store(config).await?;
     let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)
         .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?;
     Ok(Arc::new(App {
@@ -137,6 +145,16 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
+    if config.retention.interval_seconds > 0 {
+        server.add_service(pingora::services::background::background_service(
+            "retention",
+            RetentionService {
+                store: app.tofu.store().clone(),
+                policy: config.retention.policy(),
+                every: std::time::Duration::from_secs(config.retention.interval_seconds),
+            },
+        ));
+    }
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
     match (&config.tls.cert_file, &config.tls.key_file) {
@@ -183,4 +201,36 @@ pub async fn serve_listener(
 
 pub fn data_dir_exists(path: &Path) -> bool {
     path.is_dir()
+}
+
+/// Prunes history and sweeps garbage blobs: once at startup, then every `every`.
+struct RetentionService {
+    store: StateStore,
+    policy: crate::store::retention::Retention,
+    every: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for RetentionService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            let now = time::OffsetDateTime::now_utc();
+            match self.store.run_retention(self.policy, now, false).await {
+                Ok((pruned, swept)) => tracing::info!(
+                    pruned_versions = pruned.pruned.len(),
+                    swept_blobs = swept.swept.len(),
+                    unrecognized_blobs = swept.unrecognized.len(),
+                    blob_errors = pruned.blob_errors.len() + swept.errors.len(),
+                    "retention pass done"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention pass failed; retrying next interval")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.every) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }

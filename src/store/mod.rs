@@ -9,6 +9,9 @@
 pub mod blob;
 pub mod db;
 pub mod format;
+pub mod history;
+pub mod rebuild;
+pub mod retention;
 pub mod s3;
 
 use std::sync::Arc;
@@ -40,6 +43,12 @@ pub enum StoreError {
     Contended,
     #[error("cannot seal blob: {0}")]
     Seal(#[from] crate::crypto::SealError),
+    #[error("{scope} has no version {version}")]
+    VersionNotFound { scope: String, version: i64 },
+    #[error("version {version} of {scope} is a tombstone (the state was deleted); pick a version with content")]
+    Tombstone { scope: String, version: i64 },
+    #[error("{scope} changed while the request ran (now at version {found}); nothing was written, retry")]
+    Moved { scope: String, found: i64 },
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -391,11 +400,14 @@ fn header_for(row: &VersionRow) -> BlobHeader {
     }
 }
 
+/// Where every version blob lives in the store (the index rebuild and the sweep list it).
+pub const STATES_PREFIX: &str = "states/";
+
 /// `states/<scope hash>/<version>-<random>.blob`: unique per write, never reused.
 pub fn blob_key_for(scope: &str, version: i64) -> String {
     let scope_hash = hex::encode(&format::sha2_digest(scope.as_bytes())[..16]);
     format!(
-        "states/{scope_hash}/{version:012}-{}.blob",
+        "{STATES_PREFIX}{scope_hash}/{version:012}-{}.blob",
         uuid::Uuid::new_v4().simple()
     )
 }

@@ -11,6 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::crypto::RootKey;
 use crate::error::ApiError;
+use crate::store::history::{Rollback, RolledBack};
 use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
 use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
 
@@ -30,7 +31,11 @@ struct HeldLock {
     info: String,
 }
 
-fn scope(workspace: &str) -> String {
+/// Audit event of an operator rollback (payload: versions and serial, never content).
+pub const EVENT_ROLLBACK: &str = "tf.rollback";
+
+/// Version-index scope of a workspace's state.
+pub fn scope(workspace: &str) -> String {
     format!("tf/{workspace}")
 }
 
@@ -69,9 +74,44 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
     }
 }
 
+/// Operator writes (rollback) wait for nobody: refused (423 + holder's LockInfo)
+/// while anyone holds the workspace lock.
+pub fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
+    check_writer(conn, workspace, None)
+}
+
 impl TofuBackend {
     pub fn new(store: StateStore, root: RootKey) -> Self {
         TofuBackend { store, root }
+    }
+
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    /// Roll-forward: stores version `to_version`'s content as a new version, audited as
+    /// `tf.rollback`. Refused while the workspace is locked, re-checked at commit.
+    pub async fn rollback(
+        &self,
+        workspace: &str,
+        to_version: i64,
+        actor: &str,
+    ) -> Result<RolledBack, ApiError> {
+        let scope = scope(workspace);
+        let key = self.root.blob_key(&scope);
+        let ws = workspace.to_string();
+        let request = Rollback {
+            scope,
+            to_version,
+            actor: actor.to_string(),
+            org: None,
+            event: EVENT_ROLLBACK,
+        };
+        self.store
+            .rollback(request, &key, move |conn, _latest| {
+                ensure_unlocked(conn, &ws)
+            })
+            .await
     }
 
     /// The credential a client must present for `workspace`.

@@ -1,0 +1,119 @@
+"""Operator commands with the real binary and the real Terraform CLI, run while
+`stategate serve` is up on the same data dir: `workspace history`, `workspace rollback`
+(roll-forward, refused while locked, audited), then a normal `terraform apply` on top of
+the rolled-back state; `prune --dry-run` and `index rebuild --into`. Once per store.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+
+from harness import BACKEND_HTTP, data_resource, lock_info, resources_of, stategate_bin
+
+
+def cli(server, *args, ok=True):
+    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if ok:
+        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def history(server, ws: str, *extra) -> list[dict]:
+    return json_lines(cli(server, "workspace", "history", ws, *extra).stdout)
+
+
+def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_path):
+    ws = server.workspace(ws_name)
+    tf = make_tf("w", ws.env)
+    tf.write(BACKEND_HTTP + data_resource("a", "one"))
+    tf.init()
+    assert "1 added" in tf.apply().stdout
+    v1_state = ws.get().json()
+    tf.write(BACKEND_HTTP + data_resource("a", "one") + data_resource("b", "two"))
+    assert "1 added" in tf.apply().stdout
+    v2_state = ws.get().json()
+    tf.plan("-out=before.tfplan")  # saved against version 2's serial
+
+    # history: one JSON line per version, newest first
+    rows = history(server, ws_name)
+    assert [r["version"] for r in rows] == [2, 1], rows
+    for r in rows:
+        assert {"version", "serial", "lineage", "size", "sha256", "created_at", "tombstone"} <= r.keys(), r
+        assert r["tombstone"] is False and r["lineage"] == v1_state["lineage"] and r["size"] > 0
+    assert [r["serial"] for r in rows] == [v2_state["serial"], v1_state["serial"]]
+    assert [r["version"] for r in history(server, ws_name, "--limit", "1")] == [2]
+    empty = cli(server, "workspace", "history", ws_name + "-none")
+    assert empty.stdout == "" and "no versions" in empty.stderr
+
+    # rollback is refused while anyone holds the lock; nothing is written
+    info = lock_info(who="someone-applying@host")
+    assert ws.lock(info).status == 200
+    refused = cli(server, "workspace", "rollback", ws_name, "--to", "1", ok=False)
+    assert refused.returncode != 0, refused
+    assert "locked" in refused.stderr and info["ID"] in refused.stderr, refused.stderr
+    assert ws.unlock(info).status == 200
+    assert len(history(server, ws_name)) == 2
+    bad = cli(server, "workspace", "rollback", ws_name, "--to", "9", ok=False)
+    assert bad.returncode != 0 and "no version 9" in bad.stderr, bad.stderr
+
+    # roll forward: version 3 holds version 1's bytes
+    done = cli(server, "workspace", "rollback", ws_name, "--to", "1")
+    new = json.loads(done.stdout)
+    assert (new["version"], new["serial"], new["sha256"]) == (3, rows[1]["serial"], rows[1]["sha256"]), done
+    assert "serial" in done.stderr and "plan" in done.stderr  # the operator is told about serials
+    got = ws.get()
+    assert got.status == 200 and got.json() == v1_state, got
+    assert resources_of(got.json()) == ["terraform_data.a"]
+    assert [r["version"] for r in history(server, ws_name)] == [3, 2, 1]
+
+    # a plan saved before the rollback no longer matches the state's serial
+    stale = tf.run("apply", "-input=false", "-no-color", "before.tfplan", check=False)
+    assert stale.returncode != 0 and "Saved plan is stale" in stale.output, stale
+
+    # audited, metadata only
+    audit = json_lines(cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout)
+    assert [a["event"] for a in audit] == ["tf.rollback"], audit
+    assert audit[0]["payload"] == {"from_version": 2, "to_version": 1, "new_version": 3,
+                                   "serial": v1_state["serial"]}
+
+    # Terraform carries on from the restored state: it reads serial N (version 1's),
+    # plans to re-create b, and writes serial N+1 (the number version 2 had).
+    plan = tf.plan("-detailed-exitcode", check=False)
+    assert plan.returncode == 2 and "1 to add, 0 to change, 0 to destroy" in plan.stdout, plan
+    r = tf.apply()
+    assert "1 added, 0 changed, 0 destroyed" in r.stdout, r
+    after = ws.get().json()
+    assert resources_of(after) == ["terraform_data.a", "terraform_data.b"]
+    assert after["lineage"] == v1_state["lineage"]
+    assert after["serial"] == v1_state["serial"] + 1 == v2_state["serial"], (after["serial"], v2_state["serial"])
+    tf.plan_no_changes()
+    assert [r["version"] for r in history(server, ws_name)] == [4, 3, 2, 1]
+
+    # prune with the default policy (100 versions / 30 days) would delete none of these
+    dry = cli(server, "prune", "--dry-run")
+    assert all(line.get("scope") != f"tf/{ws_name}" for line in json_lines(dry.stdout)), dry.stdout
+    assert "dry run" in dry.stderr
+
+    # the index rebuilt from the store alone has exactly this workspace's live rows
+    into = tmp_path / "rebuilt.db"
+    rebuilt = cli(server, "index", "rebuild", "--into", str(into))
+    assert "NOT in the new index" in rebuilt.stdout and "To use it" in rebuilt.stdout, rebuilt.stdout
+    con = sqlite3.connect(f"file:{into}?mode=ro", uri=True)
+    try:
+        got_rows = con.execute(
+            "SELECT version, serial, lineage, sha256, size, blob_key, created_at FROM versions "
+            "WHERE scope = ? ORDER BY version", (f"tf/{ws_name}",)).fetchall()
+    finally:
+        con.close()
+    live = [(r["version"], r["serial"], r["lineage"], r["sha256"], r["size"], r["blob_key"], r["created_at"])
+            for r in server.db_rows(ws_name)]
+    assert got_rows == live
+    again = cli(server, "index", "rebuild", "--into", str(into), ok=False)
+    assert again.returncode != 0 and "already exists" in again.stderr

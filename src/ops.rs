@@ -1,0 +1,243 @@
+//! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
+//! `workspace history`, `workspace rollback`, `prune`, `index rebuild`. Each opens the
+//! storage exactly as `serve` does and calls the engine; nothing here decides policy.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+use stategate::config::Config;
+use stategate::error::ApiError;
+use stategate::server;
+use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Operator commands work on an existing installation: never create an empty index.
+fn require_db(config: &Config) -> anyhow::Result<()> {
+    let path = config.db_path();
+    if !path.exists() {
+        bail!(
+            "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn validate_workspace(workspace: &str) -> anyhow::Result<()> {
+    stategate::http::router::validate_workspace(workspace).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// An operator-facing message: the detail a server would only log, and the holder of a lock.
+fn cli_error(e: ApiError) -> anyhow::Error {
+    match e {
+        ApiError::WithBody { status: 423, body } => anyhow::anyhow!(
+            "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
+            String::from_utf8_lossy(&body)
+        ),
+        ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
+fn version_json(row: &VersionRow) -> serde_json::Value {
+    serde_json::json!({
+        "version": row.version,
+        "serial": row.serial,
+        "lineage": row.lineage,
+        "size": row.size,
+        "sha256": row.sha256,
+        "created_at": row.created_at,
+        "tombstone": row.is_tombstone(),
+        "actor": row.actor,
+    })
+}
+
+/// Who an operator command acts as, for version rows and the audit log.
+fn operator() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    format!("operator:{user}")
+}
+
+pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    require_db(config)?;
+    let rt = runtime()?;
+    let db = stategate::store::Db::open(&config.db_path(), &[stategate::cluster::SCHEMA])
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let scope = stategate::tofu::scope(workspace);
+    let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
+    if rows.is_empty() {
+        eprintln!("workspace {workspace} has no versions");
+    }
+    for row in &rows {
+        crate::json_line(&version_json(row));
+    }
+    Ok(())
+}
+
+pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    require_db(config)?;
+    let root = server::load_root_key(config, false)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = server::open_state_store(config).await?;
+        let backend = stategate::tofu::TofuBackend::new(store, root);
+        let done = backend
+            .rollback(workspace, to, &operator())
+            .await
+            .map_err(cli_error)?;
+        match done.outcome {
+            WriteOutcome::Stored(row) => {
+                crate::json_line(&version_json(&row));
+                eprintln!(
+                    "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
+                    row.version, done.from_version
+                );
+                if let Some(serial) = row.serial {
+                    eprintln!(
+                        "Its serial is {serial}: the next `terraform apply` reads it and writes serial {}, \
+                         a number later versions already used. Plan files saved before this rollback \
+                         must be discarded (Terraform checks a saved plan against lineage and serial only).",
+                        serial + 1
+                    );
+                }
+            }
+            WriteOutcome::Unchanged(row) => eprintln!(
+                "workspace {workspace}: the current version {} already has the content of version {to}; nothing written.",
+                row.version
+            ),
+        }
+        Ok(())
+    })
+}
+
+pub fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
+    require_db(config)?;
+    let policy = config.retention.policy();
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = server::open_state_store(config).await?;
+        let now = time::OffsetDateTime::now_utc();
+        let (pruned, swept) = store.run_retention(policy, now, dry_run).await?;
+        for p in &pruned.pruned {
+            crate::json_line(&serde_json::json!({
+                "action": "prune",
+                "dry_run": dry_run,
+                "scope": p.scope,
+                "version": p.version,
+                "created_at": p.created_at,
+            }));
+        }
+        for g in &swept.swept {
+            crate::json_line(&serde_json::json!({
+                "action": "sweep",
+                "dry_run": dry_run,
+                "blob": g.key,
+                "scope": g.scope,
+                "version": g.version,
+                "created_at": g.created_at,
+            }));
+        }
+        for key in &swept.unrecognized {
+            eprintln!("left alone (not a readable stategate blob, no row references it): {key}");
+        }
+        for e in pruned.blob_errors.iter().chain(&swept.errors) {
+            eprintln!("could not delete blob (a later sweep retries): {e}");
+        }
+        eprintln!(
+            "{} {} version(s) (keep_versions={}, keep_days={}) and {} garbage blob(s); \
+             {} unreferenced blob(s) younger than 1 hour left alone{}",
+            if dry_run { "would prune" } else { "pruned" },
+            pruned.pruned.len(),
+            policy.keep_versions,
+            policy.keep_days,
+            swept.swept.len(),
+            swept.young,
+            if dry_run {
+                " (dry run: nothing deleted)"
+            } else {
+                ""
+            },
+        );
+        Ok(())
+    })
+}
+
+pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
+    let live = config.db_path();
+    let same_as_live = into == live
+        || matches!(
+            (into.parent().map(std::fs::canonicalize), live.parent().map(std::fs::canonicalize)),
+            (Some(Ok(a)), Some(Ok(b))) if a == b && into.file_name() == live.file_name()
+        );
+    if same_as_live {
+        bail!(
+            "--into {} is the live index; rebuild into a new file and swap it in",
+            into.display()
+        );
+    }
+    let keys = rebuild::ScopeKeys {
+        workspaces: server::load_root_key(config, false)?,
+        clusters: config
+            .cluster
+            .state_enc_key
+            .as_deref()
+            .filter(|k| !k.trim().is_empty())
+            .map(stategate::crypto::RootKey::from_base64)
+            .transpose()
+            .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?,
+    };
+    let blobs = server::open_blob_store(config)?;
+    let rt = runtime()?;
+    let report = rt.block_on(rebuild::rebuild_index(
+        &*blobs,
+        &keys,
+        into,
+        &[stategate::cluster::SCHEMA],
+    ))?;
+    let scopes: std::collections::BTreeSet<&str> =
+        report.rows.iter().map(|r| r.scope.as_str()).collect();
+    println!(
+        "Rebuilt the version index from {} into {}: {} version(s) of {} scope(s).",
+        blobs.describe(),
+        into.display(),
+        report.rows.len(),
+        scopes.len()
+    );
+    for s in &report.skipped {
+        println!("skipped {}: {}", s.key, s.reason);
+    }
+    for c in &report.superseded {
+        println!(
+            "superseded {} ({} v{}, created {}): an orphan of a write that never committed",
+            c.key, c.header.scope, c.header.version, c.header.created_at
+        );
+    }
+    if keys.clusters.is_none()
+        && report
+            .skipped
+            .iter()
+            .any(|s| s.key.starts_with("states/") && s.reason.contains("ADJ_STATE_ENC_KEY"))
+    {
+        println!("Cluster scopes were skipped: set ADJ_STATE_ENC_KEY to rebuild them too.");
+    }
+    println!(
+        "Not stored in blobs, so NOT in the new index: locks (every workspace starts unlocked), \
+         tombstones (a deleted state shows its last version again), the audit log, and the \
+         cluster API's orgs, users, tokens, clusters and leases."
+    );
+    println!(
+        "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
+         mv {} {live}; start stategate.",
+        into.display(),
+        live = live.display()
+    );
+    Ok(())
+}

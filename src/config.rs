@@ -45,6 +45,11 @@ pub struct S3Config {
     pub secret_access_key: String,
     /// Key prefix for stategate's own objects inside the bucket.
     pub prefix: String,
+    /// A store that accepts connections but does not answer is given up on after this
+    /// many seconds without a response byte (then 503, which clients retry).
+    pub response_timeout_seconds: u64,
+    /// Upper bound for one whole request, body included (large states on slow links).
+    pub request_timeout_seconds: u64,
 }
 
 impl Default for S3Config {
@@ -56,6 +61,8 @@ impl Default for S3Config {
             access_key_id: String::new(),
             secret_access_key: String::new(),
             prefix: "stategate/".into(),
+            response_timeout_seconds: 10,
+            request_timeout_seconds: 120,
         }
     }
 }
@@ -235,6 +242,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "store.s3.secret_access_key",
     ),
     ("STATEGATE_S3_PREFIX", "store.s3.prefix"),
+    (
+        "STATEGATE_S3_RESPONSE_TIMEOUT_SECONDS",
+        "store.s3.response_timeout_seconds",
+    ),
+    (
+        "STATEGATE_S3_REQUEST_TIMEOUT_SECONDS",
+        "store.s3.request_timeout_seconds",
+    ),
     ("STATEGATE_UPSTREAM_ENDPOINT", "upstream.endpoint"),
     (
         "STATEGATE_UPSTREAM_CONNECT_TIMEOUT_SECONDS",
@@ -356,6 +371,12 @@ impl Config {
             "store.s3.access_key_id" => self.store.s3.access_key_id = value.into(),
             "store.s3.secret_access_key" => self.store.s3.secret_access_key = value.into(),
             "store.s3.prefix" => self.store.s3.prefix = value.into(),
+            "store.s3.response_timeout_seconds" => {
+                self.store.s3.response_timeout_seconds = num(value)?
+            }
+            "store.s3.request_timeout_seconds" => {
+                self.store.s3.request_timeout_seconds = num(value)?
+            }
             "upstream.endpoint" => self.upstream.endpoint = opt(value),
             "upstream.connect_timeout_seconds" => {
                 self.upstream.connect_timeout_seconds = num(value)?

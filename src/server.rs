@@ -84,8 +84,9 @@ pub async fn build_app_with_clock(
 ) -> anyhow::Result<Arc<App>> {
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let root = load_root_key(config, true)?;
+    // The store is checked first: a misconfigured store must not leave a fresh DEK behind.
     let store = open_state_store(config).await?;
+    let root = load_root_key(config, true)?;
     let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)
         .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?;
     Ok(Arc::new(App {

@@ -35,7 +35,8 @@ impl S3Store {
         );
         let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
             .connect_timeout(Duration::from_secs(5))
-            .operation_attempt_timeout(Duration::from_secs(60))
+            .read_timeout(Duration::from_secs(config.response_timeout_seconds.max(1)))
+            .operation_attempt_timeout(Duration::from_secs(config.request_timeout_seconds.max(1)))
             .build();
         let sdk_config = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())

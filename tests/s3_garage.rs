@@ -34,6 +34,7 @@ fn s3_env() -> Option<S3Config> {
         access_key_id: get("ACCESS_KEY_ID").expect("STATEGATE_TEST_S3_ACCESS_KEY_ID"),
         secret_access_key: get("SECRET_ACCESS_KEY").expect("STATEGATE_TEST_S3_SECRET_ACCESS_KEY"),
         prefix: format!("test-{}/", uuid::Uuid::new_v4().simple()),
+        ..S3Config::default()
     })
 }
 

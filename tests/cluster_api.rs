@@ -998,12 +998,7 @@ async fn raw(base: &str, head: String, body: Option<Vec<u8>>) -> (u16, String) {
     let _ = rd.read_to_end(&mut out).await;
     drop(writer.await);
     let text = String::from_utf8_lossy(&out).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
+    (common::status_line_code(&text), text)
 }
 
 /// PUT checks run in the contract's order: auth, key, lock holder, 10 MiB cap, parse,

@@ -169,15 +169,8 @@ async fn pass_through_forwards_signed_requests_unchanged() {
         .send()
         .await
         .unwrap();
-    let got = via
-        .get_object()
-        .bucket(&cfg.bucket)
-        .key(&key)
-        .send()
-        .await
-        .unwrap();
     assert_eq!(
-        got.body.collect().await.unwrap().into_bytes(),
+        read_object(&via, &cfg.bucket, &key).await,
         "through stategate"
     );
     let listed = via
@@ -234,14 +227,7 @@ async fn pass_through_forwards_signed_requests_unchanged() {
         .send()
         .await
         .unwrap();
-    let big = via
-        .get_object()
-        .bucket(&cfg.bucket)
-        .key(&big_key)
-        .send()
-        .await
-        .unwrap();
-    let data = big.body.collect().await.unwrap().into_bytes();
+    let data = read_object(&via, &cfg.bucket, &big_key).await;
     assert_eq!(data.len(), 18 * 1024 * 1024);
     assert!(data.iter().all(|b| *b == 7));
 
@@ -396,4 +382,15 @@ fn status_of<T, E>(
         Ok(_) => 200,
         Err(e) => e.raw_response().map_or(0, |r| r.status().as_u16()),
     }
+}
+
+async fn read_object(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Bytes {
+    let object = client
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap();
+    object.body.collect().await.unwrap().into_bytes()
 }

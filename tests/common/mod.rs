@@ -127,10 +127,14 @@ pub async fn raw_request(base: &str, request: &str) -> (u16, String) {
     let mut out = Vec::new();
     sock.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out).to_string();
-    let code = text
+    (status_line_code(&text), text)
+}
+
+/// The status code of a raw HTTP response text (0 if there is none).
+pub fn status_line_code(response: &str) -> u16 {
+    response
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
+        .unwrap_or(0)
 }

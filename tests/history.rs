@@ -98,7 +98,7 @@ async fn rollback_writes_old_bytes_as_a_new_version() {
     let (event, actor, payload): (String, String, String) = s
         .db()
         .query_row(
-            "SELECT event, actor, payload FROM audit WHERE scope = 'tf/rb'",
+            "SELECT event, actor, payload FROM audit WHERE scope = 'tf/rb' AND event = 'tf.rollback'",
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
@@ -118,7 +118,7 @@ async fn rollback_writes_old_bytes_as_a_new_version() {
     let again = s.app.tofu.rollback(ws, 1, "operator:test").await.unwrap();
     assert!(matches!(again.outcome, WriteOutcome::Unchanged(ref r) if r.version == 3));
     assert_eq!(
-        s.count("SELECT count(*) FROM audit WHERE scope = 'tf/rb'"),
+        s.count("SELECT count(*) FROM audit WHERE scope = 'tf/rb' AND event = 'tf.rollback'"),
         1
     );
 
@@ -446,7 +446,7 @@ async fn pruning_keeps_exactly_what_the_policy_says() {
     write(&e.store, "tf/gone", b"{\"g\":1}", Some(1)).await;
     write(&e.store, "tf/gone", b"{\"g\":2}", Some(2)).await;
     e.store
-        .write_tombstone("tf/gone", "test", |_, _| Ok::<(), StoreError>(()))
+        .write_tombstone("tf/gone", "test", None, |_, _| Ok::<(), StoreError>(()))
         .await
         .unwrap();
     for v in 1..=3 {
@@ -690,7 +690,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
     write(&e.store, "tf/dev", b"{\"d\":1}", Some(1)).await;
     write(&e.store, "tf/dev", b"{\"d\":2}", Some(2)).await;
     e.store
-        .write_tombstone("tf/dev", "test", |_, _| Ok::<(), StoreError>(()))
+        .write_tombstone("tf/dev", "test", None, |_, _| Ok::<(), StoreError>(()))
         .await
         .unwrap();
     let cluster = "cluster/6f1c2a4e-0000-4000-8000-000000000001";

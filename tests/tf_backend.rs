@@ -458,3 +458,60 @@ async fn client_disconnect_mid_upload_stores_nothing() {
     assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
     assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changes_are_audited_without_content() {
+    let s = TestServer::start().await;
+    let secret_state = state(1, "lin", r#"{"name":"hunter2-secret"}"#);
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L2"))).await.0, 423); // not a change
+    assert_eq!(
+        status(s.tf("POST", "w").query(&[("ID", "L1")]).body(secret_state))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("UNLOCK", "w").body(lock_info("L1"))).await.0,
+        200
+    );
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L3"))).await.0, 200);
+    assert_eq!(status(s.tf("UNLOCK", "w")).await.0, 200); // force-unlock: empty body
+    assert_eq!(status(s.tf("DELETE", "w")).await.0, 200);
+
+    let db = s.db();
+    let mut stmt = db
+        .prepare("SELECT actor, scope, event, payload FROM audit ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, String, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let events: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(
+        events,
+        [
+            "tf.lock_acquired",
+            "tf.state_written",
+            "tf.lock_released",
+            "tf.lock_acquired",
+            "tf.lock_forced",
+            "tf.state_deleted"
+        ]
+    );
+    for (actor, scope, _, payload) in &rows {
+        assert_eq!((actor.as_str(), scope.as_str()), ("tf:w", "tf/w"));
+        assert!(
+            !payload.contains("hunter2"),
+            "state content leaked into the audit log: {payload}"
+        );
+    }
+    let written: serde_json::Value = serde_json::from_str(&rows[1].3).unwrap();
+    assert_eq!(written["serial"], 1);
+    let forced: serde_json::Value = serde_json::from_str(&rows[4].3).unwrap();
+    assert_eq!(
+        (forced["lock_id"].as_str(), forced["who"].as_str()),
+        (Some("L3"), Some("tester@host"))
+    );
+}

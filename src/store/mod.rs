@@ -328,6 +328,7 @@ impl StateStore {
         &self,
         scope: &str,
         actor: &str,
+        audit: Option<AuditEntry>,
         guard: impl WriteGuard<E>,
     ) -> Result<Option<VersionRow>, E>
     where
@@ -354,6 +355,9 @@ impl StateStore {
                     actor,
                 };
                 insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
+                if let Some(entry) = &audit {
+                    insert_audit(c, entry).map_err(|e| E::from(DbError::from(e)))?;
+                }
                 Ok(Some(row))
             })
             .await

@@ -12,7 +12,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
-use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
+use crate::store::{
+    insert_audit, AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
+};
 use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
 
 /// Largest LockInfo body accepted.
@@ -37,6 +39,39 @@ pub const EVENT_ROLLBACK: &str = "tf.rollback";
 /// Version-index scope of a workspace's state.
 pub fn scope(workspace: &str) -> String {
     format!("tf/{workspace}")
+}
+
+/// Audit events of the workspace backend (payloads are metadata, never state content).
+pub const EVENT_WRITTEN: &str = "tf.state_written";
+pub const EVENT_DELETED: &str = "tf.state_deleted";
+pub const EVENT_LOCKED: &str = "tf.lock_acquired";
+pub const EVENT_UNLOCKED: &str = "tf.lock_released";
+/// An unlock without the holder's ID: Terraform's `force-unlock`.
+pub const EVENT_FORCE_UNLOCKED: &str = "tf.lock_forced";
+
+/// Who acted: the workspace credential is the only identity the backend knows.
+fn actor(workspace: &str) -> String {
+    format!("tf:{workspace}")
+}
+
+fn audit(workspace: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {
+    AuditEntry {
+        actor: actor(workspace),
+        org: None,
+        scope: scope(workspace),
+        event,
+        payload,
+    }
+}
+
+/// The lock ID plus the client's own `Who`/`Operation` (bounded: they are client-supplied).
+fn lock_summary(lock_id: &str, info: &str) -> serde_json::Value {
+    let parsed: serde_json::Value = serde_json::from_str(info).unwrap_or_default();
+    let field = |name: &str| {
+        let text = parsed[name].as_str().unwrap_or("");
+        text.chars().take(256).collect::<String>()
+    };
+    serde_json::json!({ "lock_id": lock_id, "who": field("Who"), "operation": field("Operation") })
 }
 
 fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
@@ -137,15 +172,20 @@ impl TofuBackend {
         body: Bytes,
     ) -> Result<WriteOutcome, ApiError> {
         let meta = parse_state(&body)?;
+        let size = body.len();
         let key = self.root.blob_key(&scope(workspace));
         let ws = workspace.to_string();
         let new = NewVersion {
             scope: scope(workspace),
             plaintext: body,
             serial: Some(meta.serial),
-            lineage: Some(meta.lineage),
-            actor: format!("tf:{workspace}"),
-            audit: None,
+            lineage: Some(meta.lineage.clone()),
+            actor: actor(workspace),
+            audit: Some(audit(
+                workspace,
+                EVENT_WRITTEN,
+                serde_json::json!({ "serial": meta.serial, "lineage": meta.lineage, "size": size }),
+            )),
         };
         self.store
             .write_version(new, &key, move |conn, _latest| {
@@ -170,6 +210,8 @@ impl TofuBackend {
                             params![ws, info.id, info.raw, crate::store::now_rfc3339()],
                         )
                         .map_err(DbError::from)?;
+                        let entry = audit(&ws, EVENT_LOCKED, lock_summary(&info.id, &info.raw));
+                        insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
                 }
@@ -193,9 +235,15 @@ impl TofuBackend {
                         return Err(locked_by(held.expect("matched Some")))
                     }
                 };
-                if release {
+                if let (true, Some(holder)) = (release, &held) {
                     conn.execute("DELETE FROM tf_locks WHERE workspace = ?1", [&ws])
                         .map_err(DbError::from)?;
+                    let event = match request {
+                        UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
+                        UnlockRequest::Id(_) => EVENT_UNLOCKED,
+                    };
+                    let entry = audit(&ws, event, lock_summary(&holder.id, &holder.info));
+                    insert_audit(conn, &entry).map_err(DbError::from)?;
                 }
                 Ok(())
             })
@@ -209,7 +257,8 @@ impl TofuBackend {
             .store
             .write_tombstone(
                 &scope(workspace),
-                &format!("tf:{workspace}"),
+                &actor(workspace),
+                Some(audit(workspace, EVENT_DELETED, serde_json::json!({}))),
                 move |conn, _| check_writer(conn, &ws, None),
             )
             .await?;

@@ -79,9 +79,14 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
 
     # audited, metadata only
     audit = json_lines(cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout)
-    assert [a["event"] for a in audit] == ["tf.rollback"], audit
-    assert audit[0]["payload"] == {"from_version": 2, "to_version": 1, "new_version": 3,
+    events = [a["event"] for a in audit]
+    # every state change is there: Terraform's two applies (lock, write, unlock) and the rollback
+    assert events.count("tf.state_written") == 2 and events.count("tf.rollback") == 1, events
+    assert {"tf.lock_acquired", "tf.lock_released"} <= set(events), events
+    rollback = audit[events.index("tf.rollback")]
+    assert rollback["payload"] == {"from_version": 2, "to_version": 1, "new_version": 3,
                                    "serial": v1_state["serial"]}
+    assert all("resources" not in json.dumps(a["payload"]) for a in audit), audit
 
     # Terraform carries on from the restored state: it reads serial N (version 1's),
     # plans to re-create b, and writes serial N+1 (the number version 2 had).

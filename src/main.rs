@@ -33,12 +33,17 @@ enum Command {
         #[command(subcommand)]
         command: WorkspaceCommand,
     },
-    /// Apply the retention policy now (retention.keep_versions / keep_days) and sweep
+    /// Apply the retention policy now (retention.keep_versions / keep_days) and list
     /// garbage blobs. Prints what it deletes as JSON lines. The server may keep running.
     Prune {
         /// Only print what would be deleted.
         #[arg(long)]
         dry_run: bool,
+        /// Also delete unreferenced blobs older than an hour. Check first (with
+        /// --dry-run) that the database was not restored from an older backup: then
+        /// those blobs are committed versions it forgot (`index rebuild` recovers them).
+        #[arg(long)]
+        sweep_garbage: bool,
     },
     /// The SQLite version index.
     Index {
@@ -210,7 +215,10 @@ fn main() -> anyhow::Result<()> {
         Command::Workspace {
             command: WorkspaceCommand::Rollback { workspace, to },
         } => ops::rollback(&config, &workspace, to),
-        Command::Prune { dry_run } => ops::prune(&config, dry_run),
+        Command::Prune {
+            dry_run,
+            sweep_garbage,
+        } => ops::prune(&config, dry_run, sweep_garbage),
         Command::Index {
             command: IndexCommand::Rebuild { into },
         } => ops::rebuild(&config, &into),

@@ -118,14 +118,17 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
     })
 }
 
-pub fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
+pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Result<()> {
     require_db(config)?;
     let policy = config.retention.policy();
     let rt = runtime()?;
     rt.block_on(async {
         let store = server::open_state_store(config).await?;
         let now = time::OffsetDateTime::now_utc();
-        let (pruned, swept) = store.run_retention(policy, now, dry_run).await?;
+        let (pruned, swept) = store
+            .run_retention(policy, now, dry_run, sweep_garbage)
+            .await?;
+        let swept_for_real = sweep_garbage && !dry_run;
         for p in &pruned.pruned {
             crate::json_line(&serde_json::json!({
                 "action": "prune",
@@ -138,7 +141,7 @@ pub fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
         for g in &swept.swept {
             crate::json_line(&serde_json::json!({
                 "action": "sweep",
-                "dry_run": dry_run,
+                "dry_run": !swept_for_real,
                 "blob": g.key,
                 "scope": g.scope,
                 "version": g.version,
@@ -152,12 +155,13 @@ pub fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
             eprintln!("could not delete blob (a later sweep retries): {e}");
         }
         eprintln!(
-            "{} {} version(s) (keep_versions={}, keep_days={}) and {} garbage blob(s); \
+            "{} {} version(s) (keep_versions={}, keep_days={}); {} {} unreferenced blob(s); \
              {} unreferenced blob(s) younger than 1 hour left alone{}",
             if dry_run { "would prune" } else { "pruned" },
             pruned.pruned.len(),
             policy.keep_versions,
             policy.keep_days,
+            if swept_for_real { "deleted" } else { "found" },
             swept.swept.len(),
             swept.young,
             if dry_run {
@@ -166,6 +170,13 @@ pub fn prune(config: &Config, dry_run: bool) -> anyhow::Result<()> {
                 ""
             },
         );
+        if !swept.swept.is_empty() && !swept_for_real {
+            eprintln!(
+                "unreferenced blobs are kept: they are crash leftovers, or committed versions of a \
+                 database restored from an older backup (`stategate index rebuild --into NEW.db` \
+                 recovers those). Delete them with --sweep-garbage once you have checked."
+            );
+        }
         Ok(())
     })
 }

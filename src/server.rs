@@ -216,14 +216,30 @@ impl pingora::services::background::BackgroundService for RetentionService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
             let now = time::OffsetDateTime::now_utc();
-            match self.store.run_retention(self.policy, now, false).await {
-                Ok((pruned, swept)) => tracing::info!(
-                    pruned_versions = pruned.pruned.len(),
-                    swept_blobs = swept.swept.len(),
-                    unrecognized_blobs = swept.unrecognized.len(),
-                    blob_errors = pruned.blob_errors.len() + swept.errors.len(),
-                    "retention pass done"
-                ),
+            // Garbage is only reported here, never deleted (see `run_retention`).
+            match self
+                .store
+                .run_retention(self.policy, now, false, false)
+                .await
+            {
+                Ok((pruned, garbage)) => {
+                    tracing::info!(
+                        pruned_versions = pruned.pruned.len(),
+                        unreferenced_blobs = garbage.swept.len(),
+                        unrecognized_blobs = garbage.unrecognized.len(),
+                        blob_errors = pruned.blob_errors.len() + garbage.errors.len(),
+                        "retention pass done"
+                    );
+                    if !garbage.swept.is_empty() {
+                        tracing::warn!(
+                            count = garbage.swept.len(),
+                            "blobs older than an hour that no version row references: crash leftovers, \
+                             or committed versions of a database restored from an older backup. \
+                             Check with `stategate prune --dry-run`, recover with `stategate index rebuild`, \
+                             delete with `stategate prune --sweep-garbage`"
+                        );
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "retention pass failed; retrying next interval")
                 }

@@ -647,10 +647,37 @@ async fn sweep_removes_only_old_unreferenced_blobs() {
     // The full retention pass (prune + sweep) with the default policy touches nothing live.
     let (pruned, swept) = e
         .store
-        .run_retention(Retention::default(), now, false)
+        .run_retention(Retention::default(), now, false, true)
         .await
         .unwrap();
     assert!(pruned.pruned.is_empty() && swept.swept.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_automatic_pass_reports_unreferenced_blobs_but_never_deletes_them() {
+    // An old blob no row references: a crash leftover, or a committed version of a
+    // database restored from an older backup. Only an operator may delete it.
+    let e = engine();
+    let now = OffsetDateTime::now_utc();
+    write(&e.store, "tf/r", b"{\"s\":1}", Some(1)).await;
+    let forgotten = e.put_orphan("tf/r", 2, now - Duration::hours(5)).await;
+    let (_, found) = e
+        .store
+        .run_retention(Retention::default(), now, false, false)
+        .await
+        .unwrap();
+    assert_eq!(found.swept.len(), 1);
+    assert!(
+        e.blob_exists(&forgotten),
+        "the automatic pass deleted a blob"
+    );
+    let (_, swept) = e
+        .store
+        .run_retention(Retention::default(), now, false, true)
+        .await
+        .unwrap();
+    assert_eq!(swept.swept.len(), 1);
+    assert!(!e.blob_exists(&forgotten));
 }
 
 // ---------------------------------------------------------------------------

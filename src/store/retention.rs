@@ -287,16 +287,22 @@ impl StateStore {
         Ok(report)
     }
 
-    /// One retention pass: prune, then sweep (which also removes the blobs of
-    /// versions whose deletion failed just before).
+    /// One retention pass: prune, then look for garbage blobs. Unreferenced blobs are
+    /// deleted only with `sweep`: a readable blob that no row references is usually a
+    /// crash orphan, but after the database was restored from an older backup it is a
+    /// committed version the index has forgotten, and the only copy of it. So the
+    /// automatic pass only reports them; an operator sweeps after checking.
     pub async fn run_retention(
         &self,
         policy: Retention,
         now: OffsetDateTime,
         dry_run: bool,
+        sweep: bool,
     ) -> Result<(PruneReport, SweepReport), StoreError> {
         let pruned = self.prune(policy, now, dry_run).await?;
-        let swept = self.sweep_garbage(now, GARBAGE_MIN_AGE, dry_run).await?;
+        let swept = self
+            .sweep_garbage(now, GARBAGE_MIN_AGE, dry_run || !sweep)
+            .await?;
         Ok((pruned, swept))
     }
 }

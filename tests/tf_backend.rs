@@ -515,3 +515,25 @@ async fn state_changes_are_audited_without_content() {
         (Some("L3"), Some("tester@host"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_dir_files_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = TestServer::start_with(|c| c.dek = None).await; // DEK file created on first start
+    let dek = std::fs::read_to_string(s.config.dek_path()).unwrap();
+    let bearer = stategate::crypto::RootKey::from_base64(&dek)
+        .unwrap()
+        .workspace_bearer("w");
+    let write = reqwest::Client::new()
+        .post(s.url("w"))
+        .bearer_auth(bearer)
+        .body(state(1, "l", ""));
+    assert_eq!(status(write).await.0, 200);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&s.config.data_dir), 0o700);
+    assert_eq!(mode(&s.config.dek_path()), 0o600);
+    assert_eq!(mode(&s.config.db_path()), 0o600);
+    for blob in s.blob_files() {
+        assert_eq!(mode(blob.parent().unwrap()), 0o700, "{}", blob.display());
+    }
+}

@@ -78,12 +78,21 @@ pub struct WriterStats {
 
 fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
+    // Owner-only, before WAL mode creates -wal/-shm (SQLite gives them the db's mode).
+    restrict_to_owner(path);
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // FULL: with WAL, NORMAL may lose the last commits on power loss. A 200 must survive that.
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     Ok(conn)
+}
+
+fn restrict_to_owner(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot make the database owner-only");
+    }
 }
 
 impl Db {

@@ -27,6 +27,39 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// A configured secret: code that needs it calls `expose`; `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_blank(&self) -> bool {
+        self.0.trim().is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Secret(value.to_string())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(value)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
@@ -42,7 +75,7 @@ pub struct S3Config {
     pub region: String,
     pub access_key_id: String,
     /// Never logged; `Debug` of the whole config is never printed.
-    pub secret_access_key: String,
+    pub secret_access_key: Secret,
     /// Key prefix for stategate's own objects inside the bucket.
     pub prefix: String,
     /// A store that accepts connections but does not answer is given up on after this
@@ -59,7 +92,7 @@ impl Default for S3Config {
             bucket: String::new(),
             region: "us-east-1".into(),
             access_key_id: String::new(),
-            secret_access_key: String::new(),
+            secret_access_key: Secret::default(),
             prefix: "stategate/".into(),
             response_timeout_seconds: 10,
             request_timeout_seconds: 120,
@@ -90,11 +123,23 @@ impl Default for StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset → every cluster route answers 503.
-    pub state_enc_key: Option<String>,
+    pub state_enc_key: Option<Secret>,
     /// A lease without heartbeat for this long may be stolen.
     pub lease_stale_seconds: u64,
     /// Advice to clients on how often to heartbeat.
     pub heartbeat_seconds: u64,
+}
+
+impl ClusterConfig {
+    /// The key cluster states are sealed under; `None` (also for an empty value) means
+    /// the cluster API is not configured.
+    pub fn state_key(&self) -> Result<Option<crate::crypto::RootKey>, crate::crypto::KeyError> {
+        self.state_enc_key
+            .as_ref()
+            .filter(|k| !k.is_blank())
+            .map(|k| crate::crypto::RootKey::from_base64(k.expose()))
+            .transpose()
+    }
 }
 
 impl Default for ClusterConfig {
@@ -179,7 +224,7 @@ pub struct Config {
     pub public_url: Option<String>,
     pub data_dir: PathBuf,
     /// Base64 DEK. When unset the key file is used (created on first start).
-    pub dek: Option<String>,
+    pub dek: Option<Secret>,
     /// Defaults to `<data_dir>/dek`.
     pub dek_file: Option<PathBuf>,
     /// Largest state body accepted, in bytes.
@@ -353,7 +398,7 @@ impl Config {
             }
             "public_url" => self.public_url = opt(value),
             "data_dir" => self.data_dir = PathBuf::from(value),
-            "dek" => self.dek = opt(value),
+            "dek" => self.dek = opt(value).map(Secret::from),
             "dek_file" => self.dek_file = Some(PathBuf::from(value)),
             "max_state_bytes" => self.max_state_bytes = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
@@ -388,7 +433,7 @@ impl Config {
             }
             "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
             "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),
-            "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value),
+            "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value).map(Secret::from),
             "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
             "cluster.heartbeat_seconds" => self.cluster.heartbeat_seconds = num(value)?,
             "retention.keep_versions" => self.retention.keep_versions = num(value)?,
@@ -411,15 +456,18 @@ impl Config {
         if self.store.kind == StoreKind::S3 {
             let s3 = &self.store.s3;
             for (name, value) in [
-                ("store.s3.endpoint (STATEGATE_S3_ENDPOINT)", &s3.endpoint),
-                ("store.s3.bucket (STATEGATE_S3_BUCKET)", &s3.bucket),
+                (
+                    "store.s3.endpoint (STATEGATE_S3_ENDPOINT)",
+                    s3.endpoint.as_str(),
+                ),
+                ("store.s3.bucket (STATEGATE_S3_BUCKET)", s3.bucket.as_str()),
                 (
                     "store.s3.access_key_id (STATEGATE_S3_ACCESS_KEY_ID)",
-                    &s3.access_key_id,
+                    s3.access_key_id.as_str(),
                 ),
                 (
                     "store.s3.secret_access_key (STATEGATE_S3_SECRET_ACCESS_KEY)",
-                    &s3.secret_access_key,
+                    s3.secret_access_key.expose(),
                 ),
             ] {
                 if value.is_empty() {
@@ -552,6 +600,25 @@ mod tests {
         assert_eq!(c.store.kind, StoreKind::S3);
         assert_eq!(c.store.s3.prefix, "stategate/");
         assert!(toml::from_str::<Config>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let c = with_env(&[
+            ("STATEGATE_DEK", "ZGVrLXNlY3JldA=="),
+            ("STATEGATE_S3_SECRET_ACCESS_KEY", "s3-secret-value"),
+            ("ADJ_STATE_ENC_KEY", "cluster-secret-value"),
+        ])
+        .unwrap();
+        let shown = format!("{c:?}");
+        for secret in [
+            "ZGVrLXNlY3JldA==",
+            "s3-secret-value",
+            "cluster-secret-value",
+        ] {
+            assert!(!shown.contains(secret), "{secret} leaked: {shown}");
+        }
+        assert!(shown.contains("<redacted>"));
     }
 
     #[test]

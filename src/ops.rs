@@ -198,11 +198,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         workspaces: server::load_root_key(config, false)?,
         clusters: config
             .cluster
-            .state_enc_key
-            .as_deref()
-            .filter(|k| !k.trim().is_empty())
-            .map(stategate::crypto::RootKey::from_base64)
-            .transpose()
+            .state_key()
             .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?,
     };
     let blobs = server::open_blob_store(config)?;

@@ -21,7 +21,7 @@ use crate::tofu::TofuBackend;
 /// Loads the DEK from config/env, else from the key file (creating it on first start).
 pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     if let Some(text) = &config.dek {
-        return RootKey::from_base64(text).context("STATEGATE_DEK / dek is invalid");
+        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
     }
     let path = config.dek_path();
     if !create && !path.exists() {

@@ -61,7 +61,7 @@ impl Env {
         let clock = TestClock::default();
         let server = common::TestServer::start_with_clock(
             |config| {
-                config.cluster.state_enc_key = enc_key.map(str::to_string);
+                config.cluster.state_enc_key = enc_key.map(Into::into);
                 config.cluster.lease_stale_seconds = STALE as u64;
             },
             Arc::new(clock.clone()),

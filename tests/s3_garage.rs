@@ -32,7 +32,9 @@ fn s3_env() -> Option<S3Config> {
         bucket: get("BUCKET").expect("STATEGATE_TEST_S3_BUCKET"),
         region: get("REGION").unwrap_or_else(|| "garage".into()),
         access_key_id: get("ACCESS_KEY_ID").expect("STATEGATE_TEST_S3_ACCESS_KEY_ID"),
-        secret_access_key: get("SECRET_ACCESS_KEY").expect("STATEGATE_TEST_S3_SECRET_ACCESS_KEY"),
+        secret_access_key: get("SECRET_ACCESS_KEY")
+            .expect("STATEGATE_TEST_S3_SECRET_ACCESS_KEY")
+            .into(),
         prefix: format!("test-{}/", uuid::Uuid::new_v4().simple()),
         ..S3Config::default()
     })
@@ -46,7 +48,7 @@ fn s3_client(endpoint: &str, cfg: &S3Config) -> aws_sdk_s3::Client {
         .region(Region::new(cfg.region.clone()))
         .credentials_provider(Credentials::new(
             &cfg.access_key_id,
-            &cfg.secret_access_key,
+            cfg.secret_access_key.expose(),
             None,
             None,
             "test",

@@ -215,12 +215,7 @@ impl ClusterService {
         config: &ClusterConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, KeyError> {
-        let key = config
-            .state_enc_key
-            .as_deref()
-            .filter(|k| !k.trim().is_empty()) // an empty value means "not configured"
-            .map(RootKey::from_base64)
-            .transpose()?;
+        let key = config.state_key()?;
         Ok(ClusterService {
             store,
             key,

@@ -28,7 +28,7 @@ impl S3Store {
     pub fn new(config: &S3Config) -> Self {
         let credentials = Credentials::new(
             &config.access_key_id,
-            &config.secret_access_key,
+            config.secret_access_key.expose(),
             None,
             None,
             "stategate-config",

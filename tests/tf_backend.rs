@@ -537,3 +537,30 @@ async fn data_dir_files_are_owner_only() {
         assert_eq!(mode(blob.parent().unwrap()), 0o700, "{}", blob.display());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opentofu_encrypted_envelope_is_stored_verbatim() {
+    // What OpenTofu's state encryption POSTs (no OpenTofu binary is installable here):
+    // serial and lineage stay in clear, the rest is opaque.
+    let s = TestServer::start().await;
+    let envelope = r#"{"serial":3,"lineage":"0b1d5c6e-2f7a-4c1e-9d3b-7e8f9a0b1c2d","meta":{"key_provider.pbkdf2.stategate":"eyJzYWx0IjoiIn0="},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}"#;
+    let w = reqwest::Client::new()
+        .post(s.url("tofu"))
+        .header("Authorization", format!("Bearer {}", s.bearer("tofu")))
+        .body(envelope);
+    assert_eq!(status(w).await.0, 200);
+    assert_eq!(
+        status(s.tf("GET", "tofu")).await,
+        (200, envelope.to_string())
+    );
+    let (serial, lineage): (i64, String) = s
+        .db()
+        .query_row("SELECT serial, lineage FROM versions", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(
+        (serial, lineage.as_str()),
+        (3, "0b1d5c6e-2f7a-4c1e-9d3b-7e8f9a0b1c2d")
+    );
+}

@@ -132,6 +132,9 @@ enum ClusterCommand {
         /// Display name (the CLI asks for it back before a force-unlock).
         #[arg(long)]
         name: Option<String>,
+        /// Re-register an existing UUID (after `index rebuild` restored its states).
+        #[arg(long)]
+        id: Option<String>,
     },
     /// List clusters (JSON lines).
     List {
@@ -289,10 +292,12 @@ fn admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                 print_token(&token);
             }
             AdminCommand::Cluster {
-                command: ClusterCommand::Create { org, name },
+                command: ClusterCommand::Create { org, name, id },
             } => {
                 let row = db
-                    .write(move |c| identity::create_cluster(c, &org, name.as_deref()))
+                    .write(move |c| {
+                        identity::create_cluster(c, &org, name.as_deref(), id.as_deref())
+                    })
                     .await?;
                 println!("{}", row.id);
             }

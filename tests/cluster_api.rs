@@ -99,11 +99,11 @@ impl Env {
                 tokens.insert(name, token);
             }
             let cluster = admin(Box::new(|c| {
-                identity::create_cluster(c, "acme", Some("prod")).map(|r| r.id)
+                identity::create_cluster(c, "acme", Some("prod"), None).map(|r| r.id)
             }))
             .await;
             let other = admin(Box::new(|c| {
-                identity::create_cluster(c, "globex", None).map(|r| r.id)
+                identity::create_cluster(c, "globex", None, None).map(|r| r.id)
             }))
             .await;
             (cluster, other)

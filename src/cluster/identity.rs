@@ -321,11 +321,19 @@ pub fn create_token(conn: &Connection, email: &str) -> Result<String, AdminError
 }
 
 /// Registers a cluster with a fresh UUID.
+/// Registers a cluster. `id` re-registers a known UUID (e.g. after `index rebuild`
+/// restored its state versions); otherwise a new one is generated.
 pub fn create_cluster(
     conn: &Connection,
     org: &str,
     name: Option<&str>,
+    id: Option<&str>,
 ) -> Result<ClusterRow, AdminError> {
+    let id = match id {
+        Some(given) => uuid::Uuid::parse_str(given)
+            .map_err(|_| AdminError::Invalid(format!("cluster id {given:?} is not a UUID")))?,
+        None => uuid::Uuid::new_v4(),
+    };
     if let Some(name) = name {
         if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
             return Err(AdminError::Invalid(
@@ -335,7 +343,7 @@ pub fn create_cluster(
     }
     let org_id = org_id(conn, org)?;
     let row = ClusterRow {
-        id: uuid::Uuid::new_v4().hyphenated().to_string(),
+        id: id.hyphenated().to_string(),
         org: org.to_string(),
         name: name.map(str::to_string),
         created_at: crate::store::now_rfc3339(),
@@ -478,6 +486,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_known_cluster_id_can_be_registered_again() {
+        // After `index rebuild` restored a cluster's versions, its UUID is registered again.
+        let (_dir, conn) = test_db();
+        create_org(&conn, "acme").unwrap();
+        let known = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
+        let row = create_cluster(&conn, "acme", None, Some(&known.to_uppercase())).unwrap();
+        assert_eq!(row.id, known);
+        assert!(create_cluster(&conn, "acme", None, Some("not-a-uuid")).is_err());
+        assert!(
+            create_cluster(&conn, "acme", None, Some(known)).is_err(),
+            "taken"
+        );
+    }
+
+    #[test]
     fn identity_lifecycle() {
         let (_dir, conn) = test_db();
         create_org(&conn, "acme").unwrap();
@@ -519,7 +542,7 @@ pub(crate) mod tests {
         assert!(stored.contains(&token_hash(token.as_bytes())));
 
         create_org(&conn, "other").unwrap();
-        let c = create_cluster(&conn, "acme", Some("prod")).unwrap();
+        let c = create_cluster(&conn, "acme", Some("prod"), None).unwrap();
         assert!(uuid::Uuid::parse_str(&c.id).is_ok());
         assert!(cluster_in_org(&conn, &c.id, p.org_id).unwrap());
         let other_id: i64 = conn

@@ -268,24 +268,7 @@ output "round" {{
 """
 
 
-def s3_backend_block(endpoint: str, bucket: str, key: str, region: str) -> str:
-    # The settings of docs/migration.md (and integration/test_s3_lockfile.py).
-    return f"""terraform {{
-  backend "s3" {{
-    bucket                      = "{bucket}"
-    key                         = "{key}"
-    region                      = "{region}"
-    endpoints                   = {{ s3 = "{endpoint}" }}
-    use_path_style              = true
-    use_lockfile                = true
-    skip_credentials_validation = true
-    skip_region_validation      = true
-    skip_requesting_account_id  = true
-    skip_metadata_api_check     = true
-    skip_s3_checksum            = true
-  }}
-}}
-"""
+s3_backend_block = harness.s3_backend_block
 
 
 def pg_backend_block(conn_str: str) -> str:

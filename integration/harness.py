@@ -358,3 +358,24 @@ def data_resource(name: str, value: str) -> str:
 
 def resources_of(state: dict) -> list[str]:
     return sorted(f"{r['type']}.{r['name']}" for r in state.get("resources", []) if r.get("mode") == "managed")
+
+
+def s3_backend_block(endpoint: str, bucket: str, key: str, region: str = "garage") -> str:
+    """Terraform's own `s3` backend with a lock file, for Garage/MinIO (the settings of
+    docs/migration.md plus `use_lockfile`)."""
+    return f"""terraform {{
+  backend "s3" {{
+    bucket                      = "{bucket}"
+    key                         = "{key}"
+    region                      = "{region}"
+    endpoints                   = {{ s3 = "{endpoint}" }}
+    use_path_style              = true
+    use_lockfile                = true
+    skip_credentials_validation = true
+    skip_region_validation      = true
+    skip_requesting_account_id  = true
+    skip_metadata_api_check     = true
+    skip_s3_checksum            = true
+  }}
+}}
+"""

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from harness import Tf, data_resource, tf_base_env
+from harness import Tf, data_resource, s3_backend_block, tf_base_env
 from store_support import SgServers, boto3_s3, own_garage  # noqa: F401 (fixture)
 
 
@@ -25,24 +25,6 @@ def server_factory(tmp_path, check_binary):
     f.stop_all()
 
 
-def s3_backend(endpoint: str, bucket: str, key: str) -> str:
-    return f"""
-terraform {{
-  backend "s3" {{
-    bucket                      = "{bucket}"
-    key                         = "{key}"
-    region                      = "garage"
-    endpoints                   = {{ s3 = "{endpoint}" }}
-    use_path_style              = true
-    use_lockfile                = true
-    skip_credentials_validation = true
-    skip_region_validation      = true
-    skip_requesting_account_id  = true
-    skip_metadata_api_check     = true
-    skip_s3_checksum            = true
-  }}
-}}
-"""
 
 
 def make_tf(tmp_path, name: str, endpoint: str, env: dict, bucket: str, key: str) -> Tf:
@@ -50,7 +32,7 @@ def make_tf(tmp_path, name: str, endpoint: str, env: dict, bucket: str, key: str
     e.update(AWS_ACCESS_KEY_ID=env["STATEGATE_S3_ACCESS_KEY_ID"],
              AWS_SECRET_ACCESS_KEY=env["STATEGATE_S3_SECRET_ACCESS_KEY"])
     tf = Tf(tmp_path / name, e)
-    tf.write(s3_backend(endpoint, bucket, key) + data_resource("a", "one"))
+    tf.write(s3_backend_block(endpoint, bucket, key) + data_resource("a", "one"))
     return tf
 
 

@@ -229,6 +229,8 @@ pub struct Config {
     pub dek_file: Option<PathBuf>,
     /// Largest state body accepted, in bytes.
     pub max_state_bytes: u64,
+    /// Request bodies held in memory at once, all requests together (429 beyond it).
+    pub max_inflight_body_bytes: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_seconds: u64,
     pub store: StoreConfig,
@@ -247,6 +249,7 @@ impl Default for Config {
             dek: None,
             dek_file: None,
             max_state_bytes: 64 * 1024 * 1024,
+            max_inflight_body_bytes: 256 * 1024 * 1024,
             shutdown_grace_seconds: 10,
             store: StoreConfig::default(),
             upstream: UpstreamConfig::default(),
@@ -275,6 +278,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("STATEGATE_DEK", "dek"),
     ("STATEGATE_DEK_FILE", "dek_file"),
     ("STATEGATE_MAX_STATE_BYTES", "max_state_bytes"),
+    (
+        "STATEGATE_MAX_INFLIGHT_BODY_BYTES",
+        "max_inflight_body_bytes",
+    ),
     ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
     ("STATEGATE_STORE", "store.kind"),
     ("STATEGATE_STORE_PATH", "store.path"),
@@ -401,6 +408,7 @@ impl Config {
             "dek" => self.dek = opt(value).map(Secret::from),
             "dek_file" => self.dek_file = Some(PathBuf::from(value)),
             "max_state_bytes" => self.max_state_bytes = num(value)?,
+            "max_inflight_body_bytes" => self.max_inflight_body_bytes = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
             "store.kind" => {
                 self.store.kind = match value {
@@ -447,6 +455,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_state_bytes == 0 {
             return Err(ConfigError::Invalid("max_state_bytes must be > 0".into()));
+        }
+        if self.max_inflight_body_bytes < self.max_state_bytes {
+            return Err(ConfigError::Invalid(
+                "max_inflight_body_bytes must be at least max_state_bytes".into(),
+            ));
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
             return Err(ConfigError::Invalid(

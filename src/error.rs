@@ -25,6 +25,9 @@ pub enum ApiError {
     PayloadTooLarge { limit: u64 },
     #[error("{0}")]
     Conflict(String),
+    /// Too much request-body memory in use right now: retry shortly.
+    #[error("{0}")]
+    Busy(String),
     /// A rejection whose body is defined by the protocol (e.g. the lock holder's LockInfo).
     #[error("rejected with status {status}")]
     WithBody { status: u16, body: Bytes },
@@ -45,6 +48,7 @@ impl ApiError {
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::Conflict(_) => 409,
+            ApiError::Busy(_) => 429,
             ApiError::PayloadTooLarge { .. } => 413,
             ApiError::WithBody { status, .. } => *status,
             ApiError::Unavailable(_) => 503,

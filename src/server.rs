@@ -93,6 +93,7 @@ pub async fn build_app_with_clock(
         cluster,
         tofu: TofuBackend::new(store, root),
         max_state_bytes: config.max_state_bytes,
+        body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes),
         metrics: Metrics::new(),
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config),

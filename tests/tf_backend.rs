@@ -564,3 +564,41 @@ async fn opentofu_encrypted_envelope_is_stored_verbatim() {
         (3, "0b1d5c6e-2f7a-4c1e-9d3b-7e8f9a0b1c2d")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_share_a_bounded_memory_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(|c| {
+        c.max_state_bytes = 8 * 1024;
+        c.max_inflight_body_bytes = 8 * 1024;
+    })
+    .await;
+    // A declares a body that takes the whole budget, and is told to go ahead (100)...
+    let body = state(1, "l", &format!(r#"{{"pad":"{}"}}"#, "x".repeat(8000)));
+    let mut a = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/w HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        s.bearer("w"),
+        body.len()
+    );
+    assert!(body.len() > 7 * 1024 && body.len() <= 8 * 1024);
+    a.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = a.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"));
+    // ...so while A uploads, B is told to retry (429) rather than pile up in memory.
+    let (code, text) = status(s.tf("LOCK", "other").body(lock_info("B"))).await;
+    assert_eq!(code, 429, "{text}");
+    assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
+    // A finishes; the budget is free again.
+    a.write_all(body.as_bytes()).await.unwrap();
+    let n = a.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+    drop(a);
+    assert_eq!(
+        status(s.tf("LOCK", "other").body(lock_info("B"))).await.0,
+        200
+    );
+}

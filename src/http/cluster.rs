@@ -5,7 +5,7 @@
 use pingora::proxy::Session;
 
 use super::router::ClusterAction;
-use super::{auth, error_reply, read_body, Reply};
+use super::{auth, error_reply, read_body, BodyBudget, Reply};
 use crate::cluster::{lease::MAX_LOCK_BODY, ClusterService, MAX_STATE_BYTES};
 use crate::error::ApiError;
 
@@ -14,11 +14,12 @@ type Failure = (ApiError, usize, bool);
 /// Returns the reply, the request body size read, and whether the connection may be reused.
 pub(super) async fn handle(
     svc: &ClusterService,
+    budget: &BodyBudget,
     session: &mut Session,
     id: &str,
     action: ClusterAction,
 ) -> (Reply, usize, bool) {
-    match serve(svc, session, id, action).await {
+    match serve(svc, budget, session, id, action).await {
         Ok((reply, read)) => (reply, read, true),
         Err((e, read, body_consumed)) => (error_reply(&e), read, body_consumed),
     }
@@ -26,6 +27,7 @@ pub(super) async fn handle(
 
 async fn serve(
     svc: &ClusterService,
+    budget: &BodyBudget,
     session: &mut Session,
     id: &str,
     action: ClusterAction,
@@ -50,7 +52,7 @@ async fn serve(
         }
         _ => MAX_LOCK_BODY,
     };
-    let body = read_body(session, limit).await.map_err(early)?;
+    let (body, _reserved) = read_body(session, limit, budget).await.map_err(early)?;
     let read = body.len();
     let fail = |e: ApiError| (e, read, true);
     let reply = match action {

@@ -28,6 +28,8 @@ use router::{Endpoint, TfAction};
 pub struct App {
     pub tofu: TofuBackend,
     pub max_state_bytes: u64,
+    /// Memory for request bodies, shared by all requests.
+    pub body_budget: BodyBudget,
     pub metrics: Metrics,
     /// Where non-stategate requests are forwarded; `None` answers them 404.
     pub upstream: Option<upstream::Upstream>,
@@ -305,7 +307,14 @@ impl Gateway {
             // Decided in `request_filter` (`pass_through`); kept total without a panic.
             Endpoint::Upstream => (error_reply(&no_upstream()), 0, false),
             Endpoint::Cluster { id, action } => {
-                cluster::handle(&self.app.cluster, session, &id, action).await
+                cluster::handle(
+                    &self.app.cluster,
+                    &self.app.body_budget,
+                    session,
+                    &id,
+                    action,
+                )
+                .await
             }
             Endpoint::Tf { workspace, action } => {
                 match self.handle_tf(session, &workspace, action).await {
@@ -336,7 +345,9 @@ impl Gateway {
             TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
             TfAction::Get | TfAction::Delete => 0,
         };
-        let body = read_body(session, limit).await.map_err(|e| (e, 0, false))?;
+        let (body, _reserved) = read_body(session, limit, &self.app.body_budget)
+            .await
+            .map_err(|e| (e, 0, false))?;
         let read = body.len();
         let fail = |e: ApiError| (e, read, true);
         let reply = match action {
@@ -383,9 +394,42 @@ fn error_reply(e: &ApiError) -> Reply {
     Reply::json(status, e.body())
 }
 
+/// Bounds the memory that request bodies take at once, all requests together: a body
+/// reserves its declared size (or the route's limit, if it has none) before it is read,
+/// and holds the reservation until its reply is built. Accounted in KiB.
+pub struct BodyBudget {
+    kib: Arc<tokio::sync::Semaphore>,
+    total_kib: u32,
+}
+
+/// A body's share of the [`BodyBudget`], released on drop.
+pub type BodyReservation = tokio::sync::OwnedSemaphorePermit;
+
+impl BodyBudget {
+    pub fn new(bytes: u64) -> Self {
+        let total_kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX >> 3)) as u32;
+        BodyBudget {
+            kib: Arc::new(tokio::sync::Semaphore::new(total_kib as usize)),
+            total_kib,
+        }
+    }
+
+    /// Never waits: when the budget is spent the client is told to retry (429).
+    fn reserve(&self, bytes: u64) -> Result<BodyReservation, ApiError> {
+        let kib = bytes.div_ceil(1024).clamp(1, u64::from(self.total_kib)) as u32;
+        self.kib.clone().try_acquire_many_owned(kib).map_err(|_| {
+            ApiError::Busy("too many large request bodies in flight; retry shortly".into())
+        })
+    }
+}
+
 /// Reads the request body, refusing more than `limit` bytes without buffering past it.
 /// Answers `Expect: 100-continue` once the request has passed the checks before it.
-async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, ApiError> {
+async fn read_body(
+    session: &mut Session,
+    limit: u64,
+    budget: &BodyBudget,
+) -> Result<(Bytes, BodyReservation), ApiError> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -394,6 +438,7 @@ async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, ApiError>
     if declared.is_some_and(|len| len > limit) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
+    let reservation = budget.reserve(declared.unwrap_or(limit).min(limit))?;
     let expects_continue = headers
         .get(http::header::EXPECT)
         .and_then(|v| v.to_str().ok())
@@ -415,7 +460,7 @@ async fn read_body(session: &mut Session, limit: u64) -> Result<Bytes, ApiError>
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body.freeze())
+    Ok((body.freeze(), reservation))
 }
 
 /// Writes a local response. When the request body was not consumed, the connection

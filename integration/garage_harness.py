@@ -165,6 +165,21 @@ class Garage:
                 out[k] = v.strip("'\"")
         return out
 
+    def _spawn(self) -> subprocess.Popen:
+        """Starts `garage server` on this config, logging to garage.log; records its pid."""
+        log = open(self.dir / "garage.log", "ab")
+        proc = subprocess.Popen(
+            [self._bin(), "-c", str(self.cfg), "server"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "RUST_LOG": os.environ.get("GARAGE_LOG", "garage=info")},
+        )
+        log.close()
+        self.pidfile.write_text(f"{proc.pid}\n")
+        return proc
+
     def start(self) -> dict[str, str]:
         if self.pid() is not None and self.envfile.exists():
             return self.env()
@@ -198,17 +213,7 @@ admin_token = "{secrets.token_hex(16)}"
         )
         os.chmod(self.cfg, 0o600)
 
-        log = open(self.dir / "garage.log", "ab")
-        proc = subprocess.Popen(
-            [self._bin(), "-c", str(self.cfg), "server"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("GARAGE_LOG", "garage=info")},
-        )
-        log.close()
-        self.pidfile.write_text(f"{proc.pid}\n")
+        proc = self._spawn()
         try:
             self._provision(proc, s3, admin)
         except BaseException:
@@ -354,17 +359,7 @@ def restart(g: Garage, timeout: float = START_TIMEOUT) -> dict[str, str]:
     if not g.cfg.exists() or not g.envfile.exists():
         raise GarageError(f"no provisioned Garage in {g.dir} to restart (call start() first)")
     env = g.env()
-    log = open(g.dir / "garage.log", "ab")
-    proc = subprocess.Popen(
-        [g._bin(), "-c", str(g.cfg), "server"],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "RUST_LOG": os.environ.get("GARAGE_LOG", "garage=info")},
-    )
-    log.close()
-    g.pidfile.write_text(f"{proc.pid}\n")
+    proc = g._spawn()
     deadline = time.monotonic() + timeout
     endpoint = env["STATEGATE_S3_ENDPOINT"]
     bucket = env.get("STATEGATE_S3_BUCKET", BUCKET)

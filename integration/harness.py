@@ -186,7 +186,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"stategate serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if http("GET", f"{self.url}/healthz", timeout=2).status == 200:
+                if self.healthy():
                     return self
             except OSError:
                 pass
@@ -195,6 +195,9 @@ class Server:
                 raise RuntimeError(f"stategate did not become healthy in {timeout}s:\n{self.log_tail()}")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+    def healthy(self) -> bool:
+        return http("GET", f"{self.url}/healthz", timeout=2).status == 200
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

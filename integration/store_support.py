@@ -68,6 +68,15 @@ class SgServers:
 
 
 @pytest.fixture
+def server_factory(tmp_path, check_binary):
+    """Servers started with `SgServers` for one test (store chosen per call). Named like
+    conftest's fixture, which it replaces where imported, so failure reports get the logs."""
+    f = SgServers(tmp_path / "servers")
+    yield f
+    f.stop_all()
+
+
+@pytest.fixture
 def own_garage(tmp_path):
     """A private single-node Garage for this test (≈1 s to start); the test may stop
     and `garage_harness.restart()` it. Always stopped at the end."""

@@ -18,18 +18,11 @@ import pytest
 
 import garage_harness
 from harness import http, lock_info
-from store_support import SgServers, boto3_s3, log_text, own_garage, tfstate  # noqa: F401 (fixture)
+from store_support import boto3_s3, log_text, own_garage, tfstate, server_factory  # noqa: F401 (fixtures)
 
 MiB = 1024 * 1024
 BIG = 17 * MiB + 12345  # > 16 MiB, and not a whole number of parts
 PART = 5 * MiB
-
-
-@pytest.fixture
-def server_factory(tmp_path, check_binary):
-    f = SgServers(tmp_path / "servers")
-    yield f
-    f.stop_all()
 
 
 @pytest.fixture

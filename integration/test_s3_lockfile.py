@@ -15,14 +15,7 @@ import uuid
 import pytest
 
 from harness import Tf, data_resource, s3_backend_block, tf_base_env
-from store_support import SgServers, boto3_s3, own_garage  # noqa: F401 (fixture)
-
-
-@pytest.fixture
-def server_factory(tmp_path, check_binary):
-    f = SgServers(tmp_path / "servers")
-    yield f
-    f.stop_all()
+from store_support import boto3_s3, own_garage, server_factory  # noqa: F401 (fixtures)
 
 
 

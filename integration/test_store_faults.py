@@ -25,17 +25,10 @@ import pytest
 
 import garage_harness
 from harness import BACKEND_HTTP, data_resource, free_port, http, lock_info, resources_of, stategate_bin
-from store_support import SgServers, log_text, own_garage, tfstate, wait_for  # noqa: F401 (fixture)
+from store_support import log_text, own_garage, tfstate, wait_for, server_factory  # noqa: F401 (fixtures)
 
 # A 503 must come back quickly: the S3 client's connect timeout is 5 s, 2 attempts.
 STORE_DOWN_ANSWER_WITHIN = 20.0
-
-
-@pytest.fixture
-def server_factory(tmp_path, check_binary):
-    f = SgServers(tmp_path / "servers")
-    yield f
-    f.stop_all()
 
 
 def _versions_total(srv) -> int:

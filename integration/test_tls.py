@@ -13,7 +13,6 @@ import http.client as http_client
 import ipaddress
 import socket
 import ssl
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import BACKEND_HTTP, Server, data_resource, http, resources_of
-from store_support import SgServers
+from store_support import server_factory  # noqa: F401 (fixtures)
 
 X509_ERROR = ("x509", "certificate signed by unknown authority", "failed to verify certificate")
 
@@ -114,32 +113,8 @@ class TlsServer(Server):
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cadata=self.ca_pem)
 
-    def start(self, timeout: float = 60):
-        import subprocess
-
-        from harness import stategate_bin
-
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir.parent / f"stategate-{self.data_dir.name}.log"
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([str(stategate_bin()), "serve"], env=self.env(), stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"stategate serve (TLS) exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if https_get(f"{self.url}/healthz", self.ssl_context())[0] == 200:
-                    return self
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"stategate (TLS) did not become healthy in {timeout}s:\n{self.log_tail()}")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    def healthy(self) -> bool:
+        return https_get(f"{self.url}/healthz", self.ssl_context())[0] == 200
 
 
 def https_get(url: str, ctx: ssl.SSLContext, password: str | None = None) -> tuple[int, bytes]:
@@ -155,13 +130,6 @@ def https_get(url: str, ctx: ssl.SSLContext, password: str | None = None) -> tup
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-@pytest.fixture
-def server_factory(tmp_path, check_binary):
-    f = SgServers(tmp_path / "servers")
-    yield f
-    f.stop_all()
 
 
 @pytest.fixture

@@ -82,9 +82,8 @@ pub async fn build_app_with_clock(
     config: &Config,
     clock: Arc<dyn crate::cluster::Clock>,
 ) -> anyhow::Result<Arc<App>> {
-    create_private_dir(&config.data_dir)
-        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    // The store is checked first: a misconfigured store must not leave a fresh DEK behind.
+    // The store is checked first (it also creates the data dir): a misconfigured store
+    // must not leave a fresh DEK behind.
     let store = open_state_store(config).await?;
     let root = load_root_key(config, true)?;
     let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)

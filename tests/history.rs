@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use common::{lock_info, state, TestServer};
+use common::{lock_info, state, status, TestServer};
 use stategate::crypto::RootKey;
 use stategate::store::format::{self, BlobHeader};
 use stategate::store::history::history_rows;
@@ -20,12 +20,6 @@ use stategate::store::{
     WriteOutcome,
 };
 use time::{Duration, OffsetDateTime};
-
-async fn status(req: reqwest::RequestBuilder) -> (u16, String) {
-    let resp = req.send().await.unwrap();
-    let code = resp.status().as_u16();
-    (code, resp.text().await.unwrap())
-}
 
 // ---------------------------------------------------------------------------
 // history and rollback through the workspace backend

@@ -113,8 +113,6 @@ async fn s3_store_round_trip() {
 async fn tf_backend_on_garage_and_tamper_detection() {
     let Some(cfg) = s3_env() else { return };
     let s = s3_server(&cfg).await;
-    let send =
-        |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().status().as_u16() };
     assert_eq!(send(s.tf("GET", "g")).await, 404);
     assert_eq!(send(s.tf("LOCK", "g").body(lock_info("L"))).await, 200);
     let body = state(1, "lin", "");
@@ -283,7 +281,7 @@ async fn pass_through_forwards_signed_requests_unchanged() {
 }
 
 async fn send(r: reqwest::RequestBuilder) -> u16 {
-    r.send().await.unwrap().status().as_u16()
+    common::status(r).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

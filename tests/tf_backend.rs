@@ -3,14 +3,8 @@
 mod common;
 
 use base64::Engine;
-use common::{lock_info, state, TestServer};
+use common::{lock_info, state, status, TestServer};
 use md5::Digest;
-
-async fn status(req: reqwest::RequestBuilder) -> (u16, String) {
-    let resp = req.send().await.unwrap();
-    let code = resp.status().as_u16();
-    (code, resp.text().await.unwrap())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_get_lock_write_unlock() {

@@ -259,15 +259,20 @@ impl StateStore {
         let guard = Arc::new(guard);
         let sha256 = hex::encode(format::sha2_digest(&new.plaintext));
         for _ in 0..WRITE_ATTEMPTS {
-            let latest = self.latest(&new.scope).await.map_err(E::from)?;
-            {
+            // The newest row and the guard's early verdict, in one read.
+            let (latest, verdict) = {
                 let guard = guard.clone();
-                let seen = latest.clone();
+                let scope = new.scope.clone();
                 self.db
-                    .read(move |c| Ok(guard(c, seen.as_ref())))
+                    .read(move |c| {
+                        let latest = latest_row(c, &scope)?;
+                        let verdict = guard(c, latest.as_ref());
+                        Ok((latest, verdict))
+                    })
                     .await
-                    .map_err(E::from)??;
-            }
+                    .map_err(E::from)?
+            };
+            verdict?;
             if let Some(row) = latest.as_ref().filter(|r| !r.is_tombstone()) {
                 if row.sha256.as_deref() == Some(sha256.as_str()) {
                     return Ok(WriteOutcome::Unchanged(row.clone()));

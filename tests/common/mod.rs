@@ -138,3 +138,10 @@ pub fn status_line_code(response: &str) -> u16 {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
 }
+
+/// Sends a request; returns its status code and body text.
+pub async fn status(req: reqwest::RequestBuilder) -> (u16, String) {
+    let resp = req.send().await.unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.text().await.unwrap())
+}

@@ -227,6 +227,11 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
             c.key, c.header.scope, c.header.version, c.header.created_at
         );
     }
+    for (scope, version) in &report.unproven {
+        println!(
+            "unproven {scope} v{version}: several blobs claim it and none is linked from the version above; the newest by clock was kept (check the superseded blobs above)"
+        );
+    }
     if keys.clusters.is_none()
         && report
             .skipped

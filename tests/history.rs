@@ -402,6 +402,7 @@ impl Engine {
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap(),
             actor: "test".into(),
+            parent: None,
         };
         let blob = format::encode(&self.root.blob_key(scope), &header, body).unwrap();
         let key = stategate::store::blob_key_for(scope, version);
@@ -733,8 +734,9 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
         .await
         .unwrap();
     assert!(matches!(rolled.outcome, WriteOutcome::Stored(ref r) if r.version == 4));
-    // An orphan claiming an existing version, written before the committed one.
-    let orphan = e.put_orphan("tf/prod", 2, now - Duration::days(1)).await;
+    // An orphan claiming an existing version, stamped a day AFTER the committed one
+    // (a clock that went backwards): v3's parent link still proves which v2 committed.
+    let orphan = e.put_orphan("tf/prod", 2, now + Duration::days(1)).await;
     // A blob sealed under another DEK (copied from another installation).
     let foreign = {
         let body = b"{}";
@@ -747,6 +749,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
             size: 2,
             created_at: stategate::store::now_rfc3339(),
             actor: "x".into(),
+            parent: None,
         };
         let blob = format::encode(
             &RootKey::from_bytes([1; 32]).blob_key("tf/prod"),
@@ -787,6 +790,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
             .collect::<Vec<_>>(),
         vec![orphan.as_str()]
     );
+    assert!(report.unproven.is_empty(), "{:?}", report.unproven);
     let mut skipped: Vec<&str> = report.skipped.iter().map(|s| s.key.as_str()).collect();
     skipped.sort();
     let mut expected = vec![foreign.as_str(), "states/junk"];

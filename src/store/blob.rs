@@ -89,9 +89,32 @@ pub fn create_private_dir(path: &Path) -> std::io::Result<()> {
         .create(path)
 }
 
+/// `mkdir -p` (0700) that fsyncs the parent of every directory it creates (or finds
+/// just created by a concurrent writer): a file fsynced into a new directory is only
+/// durable once the directory's own entry is.
+fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(parent) = parent {
+        create_dir_durably(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+        Err(e) => return Err(e),
+    }
+    match parent {
+        Some(parent) => std::fs::File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().expect("blob path has a parent");
-    create_private_dir(dir)?;
+    create_dir_durably(dir)?;
     let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
     let result = (|| {
         let mut file = std::fs::File::create_new(&tmp)?;

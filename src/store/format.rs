@@ -26,6 +26,12 @@ pub struct BlobHeader {
     pub size: i64,
     pub created_at: String,
     pub actor: String,
+    /// Blob key of the committed version this one was written on top of (absent for
+    /// the first version, after a tombstone, and in blobs of older releases). The index
+    /// rebuild follows these links down from the newest version to tell a committed
+    /// blob from an orphan of a failed write without trusting wall clocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -100,6 +106,7 @@ mod tests {
 
     fn header(scope: &str, version: i64, body: &[u8]) -> BlobHeader {
         BlobHeader {
+            parent: None,
             scope: scope.into(),
             version,
             serial: Some(3),

@@ -279,6 +279,7 @@ impl StateStore {
                 }
             }
             let version = latest.as_ref().map_or(1, |r| r.version + 1);
+            let parent = latest.as_ref().and_then(|r| r.blob_key.clone());
             let row = VersionRow {
                 scope: new.scope.clone(),
                 version,
@@ -290,7 +291,7 @@ impl StateStore {
                 created_at: now_rfc3339(),
                 actor: new.actor.clone(),
             };
-            let blob = format::encode(key, &header_for(&row), &new.plaintext)
+            let blob = format::encode(key, &header_for(&row, parent), &new.plaintext)
                 .map_err(|e| E::from(StoreError::from(e)))?;
             let blob_key = row.blob_key.clone().expect("new row has a blob");
             self.blobs
@@ -396,8 +397,9 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::E
     Ok(())
 }
 
-fn header_for(row: &VersionRow) -> BlobHeader {
+fn header_for(row: &VersionRow, parent: Option<String>) -> BlobHeader {
     BlobHeader {
+        parent,
         scope: row.scope.clone(),
         version: row.version,
         serial: row.serial,

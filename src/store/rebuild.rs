@@ -41,6 +41,9 @@ pub struct RebuildReport {
     pub skipped: Vec<Skipped>,
     /// Valid blobs that lost a (scope, version) conflict (orphans of failed writes).
     pub superseded: Vec<Claim>,
+    /// (scope, version) pairs decided by wall clock among several candidates: check
+    /// them with `workspace history` / the superseded blobs before swapping in.
+    pub unproven: Vec<(String, i64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,50 +86,76 @@ impl ScopeKeys {
     }
 }
 
-/// Orders claims to the same (scope, version); the greatest wins.
+/// Splits claims into one winner per (scope, version), ordered by (scope, version).
 ///
-/// Why the latest `created_at` wins: a writer allocates version V as "newest + 1",
-/// puts the blob, then commits the row. When that attempt does not commit (a crash
-/// between put and commit, a failed commit, another writer taking V), the blob stays
-/// behind as an orphan claiming V, and the next attempt for this scope, which still
-/// sees V-1 as newest, writes a NEW blob for V, created later. Once a blob for V is
-/// committed nobody allocates V again. So among blobs claiming V, the committed one
-/// is the last one created. (Writers of one scope take turns within a process and
-/// header times come from the wall clock; a losing writer in another process deletes
-/// its blob at once, so a later-stamped orphan needs that deletion to fail too.)
-/// Ties (a copied blob) fall back to the key, so the result is deterministic.
+/// Several blobs can claim one (scope, version): a writer allocates V as "newest + 1",
+/// puts the blob, then commits the row, and an attempt that does not commit (a crash
+/// between put and commit, a failed commit, another writer taking V) leaves its blob
+/// behind as an orphan claiming V. Which one was committed is proven by the version
+/// above it: every blob names, in its authenticated header, the blob it was written on
+/// top of (`parent`), and a blob for V+1 can only commit on top of the committed V.
+/// So the chain is followed down from the newest version of each scope. Where there is
+/// no such link (the newest version, a gap left by pruning or a tombstone, blobs of
+/// older releases), the latest `created_at` is the best remaining evidence (a retry is
+/// created after the attempt it replaces), and such choices among several candidates
+/// are reported as `unproven`, since wall clocks can go backwards.
+pub fn resolve_claims(claims: Vec<Claim>) -> Resolution {
+    let mut by_id: BTreeMap<(String, i64), Vec<Claim>> = BTreeMap::new();
+    for claim in claims {
+        let id = (claim.header.scope.clone(), claim.header.version);
+        by_id.entry(id).or_default().push(claim);
+    }
+    let mut out = Resolution::default();
+    let mut winners = Vec::new();
+    // Walk each scope from its newest version down, remembering the winner above.
+    let mut above: Option<(String, i64, Option<String>)> = None;
+    for ((scope, version), mut candidates) in by_id.into_iter().rev() {
+        let linked = match &above {
+            Some((s, v, Some(parent))) if *s == scope && *v == version + 1 => {
+                candidates.iter().position(|c| &c.key == parent)
+            }
+            _ => None,
+        };
+        let pick = linked.unwrap_or_else(|| {
+            if candidates.len() > 1 {
+                out.unproven.push((scope.clone(), version));
+            }
+            (0..candidates.len())
+                .max_by(|&a, &b| claim_rank(&candidates[a]).cmp(&claim_rank(&candidates[b])))
+                .expect("at least one claim")
+        });
+        let winner = candidates.swap_remove(pick);
+        above = Some((scope, version, winner.header.parent.clone()));
+        winners.push(winner);
+        out.superseded.extend(candidates);
+    }
+    winners.reverse();
+    out.winners = winners;
+    out.unproven.reverse();
+    out.superseded.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The outcome of [`resolve_claims`].
+#[derive(Debug, Default)]
+pub struct Resolution {
+    /// One claim per (scope, version), ordered by (scope, version).
+    pub winners: Vec<Claim>,
+    /// Valid blobs that lost a (scope, version) conflict, sorted by key.
+    pub superseded: Vec<Claim>,
+    /// (scope, version) pairs with several candidates and no parent link to decide
+    /// between them: the latest `created_at` won.
+    pub unproven: Vec<(String, i64)>,
+}
+
+/// Clock order for claims no parent link decides; ties (a copied blob) fall back to
+/// the key, so the result is deterministic.
 fn claim_rank(claim: &Claim) -> (Option<time::OffsetDateTime>, &str, &str) {
     (
         parse_time(&claim.header.created_at),
         &claim.header.created_at,
         &claim.key,
     )
-}
-
-/// Splits claims into one winner per (scope, version), ordered by (scope, version),
-/// and the superseded rest.
-pub fn resolve_claims(claims: Vec<Claim>) -> (Vec<Claim>, Vec<Claim>) {
-    let mut winners: BTreeMap<(String, i64), Claim> = BTreeMap::new();
-    let mut superseded = Vec::new();
-    for claim in claims {
-        let id = (claim.header.scope.clone(), claim.header.version);
-        match winners.remove(&id) {
-            None => {
-                winners.insert(id, claim);
-            }
-            Some(held) => {
-                let (win, lose) = if claim_rank(&claim) > claim_rank(&held) {
-                    (claim, held)
-                } else {
-                    (held, claim)
-                };
-                winners.insert(id, win);
-                superseded.push(lose);
-            }
-        }
-    }
-    superseded.sort_by(|a, b| a.key.cmp(&b.key));
-    (winners.into_values().collect(), superseded)
 }
 
 /// Reads and verifies every blob under `states/`. A blob that is not ours, has no
@@ -235,13 +264,14 @@ pub async fn rebuild_index(
         return Err(RebuildError::Exists(into.to_path_buf()));
     }
     let (claims, skipped) = collect_claims(blobs, keys).await?;
-    let (winners, superseded) = resolve_claims(claims);
-    let rows: Vec<VersionRow> = winners.into_iter().map(row_of).collect();
+    let resolved = resolve_claims(claims);
+    let rows: Vec<VersionRow> = resolved.winners.into_iter().map(row_of).collect();
     write_index(into, extra_schema, &rows)?;
     Ok(RebuildReport {
         rows,
         skipped,
-        superseded,
+        superseded: resolved.superseded,
+        unproven: resolved.unproven,
     })
 }
 
@@ -250,6 +280,16 @@ mod tests {
     use super::*;
 
     fn claim(key: &str, scope: &str, version: i64, created_at: &str) -> Claim {
+        linked(key, scope, version, created_at, None)
+    }
+
+    fn linked(
+        key: &str,
+        scope: &str,
+        version: i64,
+        created_at: &str,
+        parent: Option<&str>,
+    ) -> Claim {
         Claim {
             key: key.into(),
             header: BlobHeader {
@@ -261,6 +301,7 @@ mod tests {
                 size: 1,
                 created_at: created_at.into(),
                 actor: "t".into(),
+                parent: parent.map(str::to_string),
             },
         }
     }
@@ -339,10 +380,107 @@ mod tests {
             ),
         ];
         for (name, claims, winners, superseded) in cases {
-            let (w, s) = resolve_claims(claims);
-            let w: Vec<&str> = w.iter().map(|c| c.key.as_str()).collect();
-            let s: Vec<&str> = s.iter().map(|c| c.key.as_str()).collect();
+            let r = resolve_claims(claims);
+            let w: Vec<&str> = r.winners.iter().map(|c| c.key.as_str()).collect();
+            let s: Vec<&str> = r.superseded.iter().map(|c| c.key.as_str()).collect();
             assert_eq!((w, s), (winners, superseded), "{name}");
+        }
+    }
+
+    #[test]
+    fn parent_links_beat_wall_clocks() {
+        let early = "2026-03-01T10:00:00Z";
+        let late = "2026-03-01T11:00:00Z";
+        // (name, claims, winners, superseded, unproven versions of tf/a)
+        type Case = (
+            &'static str,
+            Vec<Claim>,
+            Vec<&'static str>,
+            Vec<&'static str>,
+            Vec<i64>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "the clock went backwards: the committed v2 is older, v3 names it",
+                vec![
+                    linked("v1", "tf/a", 1, early, None),
+                    linked("v2-committed", "tf/a", 2, early, Some("v1")),
+                    linked("v2-orphan", "tf/a", 2, late, Some("v1")),
+                    linked("v3", "tf/a", 3, early, Some("v2-committed")),
+                ],
+                vec!["v1", "v2-committed", "v3"],
+                vec!["v2-orphan"],
+                vec![],
+            ),
+            (
+                "the chain runs down several levels",
+                vec![
+                    linked("v1-orphan", "tf/a", 1, late, None),
+                    linked("v1", "tf/a", 1, early, None),
+                    linked("v2-orphan", "tf/a", 2, late, Some("v1-orphan")),
+                    linked("v2", "tf/a", 2, early, Some("v1")),
+                    linked("v3", "tf/a", 3, early, Some("v2")),
+                ],
+                vec!["v1", "v2", "v3"],
+                vec!["v1-orphan", "v2-orphan"],
+                vec![],
+            ),
+            (
+                "the newest version has no link: clock, reported as unproven",
+                vec![
+                    linked("v1", "tf/a", 1, early, None),
+                    linked("v2-a", "tf/a", 2, early, Some("v1")),
+                    linked("v2-b", "tf/a", 2, late, Some("v1")),
+                ],
+                vec!["v1", "v2-b"],
+                vec!["v2-a"],
+                vec![2],
+            ),
+            (
+                "a gap (pruned or tombstoned v2) breaks the chain",
+                vec![
+                    linked("v1-a", "tf/a", 1, early, None),
+                    linked("v1-b", "tf/a", 1, late, None),
+                    linked("v3", "tf/a", 3, early, None),
+                ],
+                vec!["v1-b", "v3"],
+                vec!["v1-a"],
+                vec![1],
+            ),
+            (
+                "a link to a missing blob falls back to the clock",
+                vec![
+                    linked("v1-a", "tf/a", 1, early, None),
+                    linked("v1-b", "tf/a", 1, late, None),
+                    linked("v2", "tf/a", 2, early, Some("gone")),
+                ],
+                vec!["v1-b", "v2"],
+                vec!["v1-a"],
+                vec![1],
+            ),
+            (
+                "links never cross scopes",
+                vec![
+                    linked("a1", "tf/a", 1, early, None),
+                    linked("a1-late", "tf/a", 1, late, None),
+                    linked("b1", "tf/b", 1, early, Some("a1")),
+                ],
+                vec!["a1-late", "b1"],
+                vec!["a1"],
+                vec![1],
+            ),
+        ];
+        for (name, claims, winners, superseded, unproven) in cases {
+            let r = resolve_claims(claims);
+            let w: Vec<&str> = r.winners.iter().map(|c| c.key.as_str()).collect();
+            let s: Vec<&str> = r.superseded.iter().map(|c| c.key.as_str()).collect();
+            let u: Vec<i64> = r
+                .unproven
+                .iter()
+                .filter(|(scope, _)| scope == "tf/a")
+                .map(|(_, v)| *v)
+                .collect();
+            assert_eq!((w, s, u), (winners, superseded, unproven), "{name}");
         }
     }
 

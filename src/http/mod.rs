@@ -8,6 +8,7 @@ pub mod auth;
 mod cluster;
 pub mod conditional;
 pub mod router;
+pub mod sigv4;
 pub mod upstream;
 
 use std::sync::Arc;

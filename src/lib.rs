@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod tofu;
+pub mod turns;

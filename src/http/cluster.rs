@@ -4,36 +4,21 @@
 
 use pingora::proxy::Session;
 
+use super::auth;
+use super::body::{error_reply, read_body, BodyBudget, Failure, Handled, Reply};
 use super::router::ClusterAction;
-use super::{auth, error_reply, read_body, BodyBudget, Reply};
 use crate::cluster::{lease::MAX_LOCK_BODY, ClusterService, MAX_STATE_BYTES};
 use crate::error::ApiError;
 
-type Failure = (ApiError, usize, bool);
-
-/// Returns the reply, the request body size read, and whether the connection may be reused.
 pub(super) async fn handle(
     svc: &ClusterService,
     budget: &BodyBudget,
     session: &mut Session,
     id: &str,
     action: ClusterAction,
-) -> (Reply, usize, bool) {
-    match serve(svc, budget, session, id, action).await {
-        Ok((reply, read)) => (reply, read, true),
-        Err((e, read, body_consumed)) => (error_reply(&e), read, body_consumed),
-    }
-}
-
-async fn serve(
-    svc: &ClusterService,
-    budget: &BodyBudget,
-    session: &mut Session,
-    id: &str,
-    action: ClusterAction,
-) -> Result<(Reply, usize), Failure> {
+) -> Result<Handled, Failure> {
     // Rejections before the body is read close the connection instead of draining it.
-    let early = |e: ApiError| (e, 0, false);
+    let early = Failure::early;
     let token = auth::presented_secret(
         session
             .req_header()
@@ -54,9 +39,9 @@ async fn serve(
     };
     let (body, _reserved) = read_body(session, limit, budget).await.map_err(early)?;
     let read = body.len();
-    let fail = |e: ApiError| (e, read, true);
+    let fail = Failure::after_body(read);
     let reply = match action {
-        ClusterAction::GetState => match svc.get_state(&who).await.map_err(fail)? {
+        ClusterAction::GetState => match svc.get_state(&who).await.map_err(&fail)? {
             Some(state) => Reply {
                 status: 200,
                 headers: state.headers(),
@@ -69,11 +54,11 @@ async fn serve(
         },
         ClusterAction::PutState => {
             // 4. parse serial/lineage (400), 5. conflict rules inside the commit.
-            let serial = svc.put_state(&who, body).await.map_err(fail)?;
+            let serial = svc.put_state(&who, body).await.map_err(&fail)?;
             Reply::json(200, serde_json::json!({ "serial": serial }).to_string())
         }
         ClusterAction::Lock => {
-            let acquired_at = svc.lock(&who, &body).await.map_err(fail)?;
+            let acquired_at = svc.lock(&who, &body).await.map_err(&fail)?;
             let mut reply = Reply::json(
                 200,
                 serde_json::json!({ "acquired_at": acquired_at }).to_string(),
@@ -89,13 +74,13 @@ async fn serve(
             reply
         }
         ClusterAction::Heartbeat => {
-            svc.heartbeat(&who).await.map_err(fail)?;
+            svc.heartbeat(&who).await.map_err(&fail)?;
             Reply::empty()
         }
         ClusterAction::Unlock { force } => {
-            svc.unlock(&who, force).await.map_err(fail)?;
+            svc.unlock(&who, force).await.map_err(&fail)?;
             Reply::empty()
         }
     };
-    Ok((reply, read))
+    Ok(Handled::done(reply, read))
 }

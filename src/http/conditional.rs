@@ -11,13 +11,12 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Mutex, OwnedMutexGuard};
-
 use crate::store::s3::S3Store;
 use crate::store::BlobError;
+use crate::turns::{KeyedTurns, Turn};
 
-/// Conditional writes to unrelated keys share a turn only when they hash alike.
-const TURNS: usize = 256;
+/// The turn of one `(bucket, key)`, held until the forwarded PUT has completed.
+pub type KeyTurn = Turn<(String, String)>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Precondition {
@@ -59,14 +58,14 @@ pub enum Refusal {
 
 pub struct ConditionalGuard {
     store: Arc<S3Store>,
-    turns: Vec<Arc<Mutex<()>>>,
+    turns: KeyedTurns<(String, String)>,
 }
 
 impl ConditionalGuard {
     pub fn new(store: Arc<S3Store>) -> Self {
         ConditionalGuard {
             store,
-            turns: (0..TURNS).map(|_| Arc::new(Mutex::new(()))).collect(),
+            turns: KeyedTurns::new(),
         }
     }
 
@@ -77,10 +76,8 @@ impl ConditionalGuard {
         bucket: &str,
         key: &str,
         condition: &Precondition,
-    ) -> Result<OwnedMutexGuard<()>, Refusal> {
-        let digest = crate::store::format::sha2_digest(format!("{bucket}/{key}").as_bytes());
-        let slot = u16::from_be_bytes([digest[0], digest[1]]) as usize % TURNS;
-        let turn = self.turns[slot].clone().lock_owned().await;
+    ) -> Result<KeyTurn, Refusal> {
+        let turn = self.turns.wait((bucket.to_string(), key.to_string())).await;
         let current = self
             .store
             .head_etag(bucket, key)

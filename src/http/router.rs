@@ -1,7 +1,8 @@
 //! Parses a request line into a typed [`Endpoint`]. Pure: no I/O, no state.
 //!
 //! Anything that is not one of stategate's own routes is [`Endpoint::Upstream`]:
-//! today answered 404, later forwarded to the S3 store unchanged.
+//! decided by `pass_through` (forwarded to the S3 store, refused, or 404 when no
+//! upstream is configured).
 
 use crate::error::ApiError;
 

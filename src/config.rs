@@ -231,6 +231,11 @@ pub struct Config {
     pub max_state_bytes: u64,
     /// Request bodies held in memory at once, all requests together (429 beyond it).
     pub max_inflight_body_bytes: u64,
+    /// A body may take this long plus one second per `body_min_bytes_per_second`, and
+    /// may pause this long between reads; slower clients get 408.
+    pub body_read_timeout_seconds: u64,
+    /// Slowest accepted transfer rate of a request or response body.
+    pub body_min_bytes_per_second: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_seconds: u64,
     pub store: StoreConfig,
@@ -250,6 +255,8 @@ impl Default for Config {
             dek_file: None,
             max_state_bytes: 64 * 1024 * 1024,
             max_inflight_body_bytes: 256 * 1024 * 1024,
+            body_read_timeout_seconds: 30,
+            body_min_bytes_per_second: 32 * 1024,
             shutdown_grace_seconds: 10,
             store: StoreConfig::default(),
             upstream: UpstreamConfig::default(),
@@ -281,6 +288,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "STATEGATE_MAX_INFLIGHT_BODY_BYTES",
         "max_inflight_body_bytes",
+    ),
+    (
+        "STATEGATE_BODY_READ_TIMEOUT_SECONDS",
+        "body_read_timeout_seconds",
+    ),
+    (
+        "STATEGATE_BODY_MIN_BYTES_PER_SECOND",
+        "body_min_bytes_per_second",
     ),
     ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
     ("STATEGATE_STORE", "store.kind"),
@@ -409,6 +424,8 @@ impl Config {
             "dek_file" => self.dek_file = Some(PathBuf::from(value)),
             "max_state_bytes" => self.max_state_bytes = num(value)?,
             "max_inflight_body_bytes" => self.max_inflight_body_bytes = num(value)?,
+            "body_read_timeout_seconds" => self.body_read_timeout_seconds = num(value)?,
+            "body_min_bytes_per_second" => self.body_min_bytes_per_second = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
             "store.kind" => {
                 self.store.kind = match value {
@@ -459,6 +476,11 @@ impl Config {
         if self.max_inflight_body_bytes < self.max_state_bytes {
             return Err(ConfigError::Invalid(
                 "max_inflight_body_bytes must be at least max_state_bytes".into(),
+            ));
+        }
+        if self.body_read_timeout_seconds == 0 || self.body_min_bytes_per_second == 0 {
+            return Err(ConfigError::Invalid(
+                "body_read_timeout_seconds and body_min_bytes_per_second must be > 0".into(),
             ));
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {

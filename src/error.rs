@@ -25,6 +25,9 @@ pub enum ApiError {
     PayloadTooLarge { limit: u64 },
     #[error("{0}")]
     Conflict(String),
+    /// The client sent its body slower than the configured minimum rate.
+    #[error("request body arrived too slowly (see body_read_timeout_seconds and body_min_bytes_per_second); nothing was changed")]
+    SlowClient,
     /// Too much request-body memory in use right now: retry shortly.
     #[error("{0}")]
     Busy(String),
@@ -47,6 +50,7 @@ impl ApiError {
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::SlowClient => 408,
             ApiError::Conflict(_) => 409,
             ApiError::Busy(_) => 429,
             ApiError::PayloadTooLarge { .. } => 413,

@@ -93,6 +93,10 @@ pub async fn build_app_with_clock(
         tofu: TofuBackend::new(store, root),
         max_state_bytes: config.max_state_bytes,
         body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes),
+        body_limits: crate::http::BodyLimits {
+            timeout: std::time::Duration::from_secs(config.body_read_timeout_seconds),
+            min_bytes_per_second: config.body_min_bytes_per_second,
+        },
         metrics: Metrics::new(),
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config),

@@ -567,7 +567,9 @@ async fn request_bodies_share_a_bounded_memory_budget() {
         c.max_inflight_body_bytes = 8 * 1024;
     })
     .await;
-    // A declares a body that takes the whole budget, and is told to go ahead (100)...
+    let served = state(1, "g", &format!(r#"{{"pad":"{}"}}"#, "y".repeat(1000)));
+    assert_eq!(status(s.tf("POST", "g").body(served.clone())).await.0, 200);
+    // A declares a body as large as the whole budget and is told to go ahead (100)...
     let body = state(1, "l", &format!(r#"{{"pad":"{}"}}"#, "x".repeat(8000)));
     let mut a = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
         .await
@@ -582,17 +584,79 @@ async fn request_bodies_share_a_bounded_memory_budget() {
     let mut buf = [0u8; 512];
     let n = a.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"));
-    // ...so while A uploads, B is told to retry (429) rather than pile up in memory.
-    let (code, text) = status(s.tf("LOCK", "other").body(lock_info("B"))).await;
-    assert_eq!(code, 429, "{text}");
+    // ...but a declared length is a claim, not memory: B is not starved by it.
+    let lock = |id: &str| s.tf("LOCK", "other").body(lock_info(id));
+    assert_eq!(status(lock("B")).await.0, 200);
+    assert_eq!(
+        status(s.tf("UNLOCK", "other").body(lock_info("B"))).await.0,
+        200
+    );
+    // Once A's bytes are actually held, B is told to retry (429) rather than pile up
+    // in memory. (A's bytes are counted as the server reads them: wait until it has.)
+    let (most, last) = body.as_bytes().split_at(body.len() - 16);
+    a.write_all(most).await.unwrap();
+    let mut refused = false;
+    for _ in 0..500 {
+        let (code, text) = status(lock("B")).await;
+        match code {
+            429 => {
+                refused = true;
+                break;
+            }
+            200 => {
+                let unlock = s.tf("UNLOCK", "other").body(lock_info("B"));
+                assert_eq!(status(unlock).await.0, 200);
+            }
+            other => panic!("{other} {text}"),
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        refused,
+        "B was never refused while A's body filled the budget"
+    );
     assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
     // A finishes; the budget is free again.
-    a.write_all(body.as_bytes()).await.unwrap();
+    a.write_all(last).await.unwrap();
     let n = a.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
     drop(a);
-    assert_eq!(
-        status(s.tf("LOCK", "other").body(lock_info("B"))).await.0,
-        200
+    assert_eq!(status(lock("B")).await.0, 200);
+    assert_eq!(status(s.tf("GET", "g")).await, (200, served));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_slower_than_the_minimum_rate_is_cut_off_and_changes_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(|c| {
+        c.body_read_timeout_seconds = 1;
+        c.body_min_bytes_per_second = 1024;
+    })
+    .await;
+    let body = state(1, "l", "");
+    let mut a = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/w HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("w"),
+        body.len() + 4096
     );
+    a.write_all(head.as_bytes()).await.unwrap();
+    a.write_all(body.as_bytes()).await.unwrap();
+    // The rest never comes. Meanwhile another client is served at once.
+    let started = std::time::Instant::now();
+    assert_eq!(status(s.tf("GET", "w")).await.0, 404);
+    assert!(started.elapsed() < std::time::Duration::from_millis(900));
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        a.read_to_end(&mut response),
+    )
+    .await;
+    assert!(read.is_ok(), "the slow client was never cut off");
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
 }

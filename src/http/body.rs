@@ -42,6 +42,8 @@ pub struct Handled {
     /// False when the request body was not consumed: the connection is closed rather
     /// than drained (the body may be huge).
     pub keepalive: bool,
+    /// Budget held for the reply body until it has been written.
+    pub held: Reservation,
 }
 
 impl Handled {
@@ -51,7 +53,14 @@ impl Handled {
             reply,
             bytes_in,
             keepalive: true,
+            held: Reservation::default(),
         }
+    }
+
+    /// Keeps `reservation` until the reply has been written.
+    pub fn holding(mut self, reservation: Reservation) -> Handled {
+        self.held = reservation;
+        self
     }
 
     /// A reply that leaves the request body unread (answered before or instead of it).
@@ -60,6 +69,7 @@ impl Handled {
             reply,
             bytes_in: 0,
             keepalive: false,
+            held: Reservation::default(),
         }
     }
 }
@@ -97,6 +107,7 @@ impl From<Failure> for Handled {
             reply: error_reply(&f.error),
             bytes_in: f.bytes_in,
             keepalive: f.body_consumed,
+            held: Reservation::default(),
         }
     }
 }
@@ -111,16 +122,22 @@ pub fn error_reply(e: &ApiError) -> Reply {
     Reply::json(status, e.body())
 }
 
-/// Bounds the memory that request bodies take at once, all requests together: a body
-/// reserves its declared size (or the route's limit, if it has none) before it is read,
-/// and holds the reservation until its reply is built. Accounted in KiB.
+/// Bounds the memory that bodies take at once, all requests together: a request body
+/// reserves its bytes as they arrive (never a size it merely declares), and a state
+/// being served reserves its size before it is read from the store. A reservation is
+/// held until the reply is written. Accounted in KiB; never waits: when the budget is
+/// spent the client is told to retry (429).
 pub struct BodyBudget {
     kib: Arc<tokio::sync::Semaphore>,
     total_kib: u32,
 }
 
-/// A body's share of the [`BodyBudget`], released on drop.
-pub type BodyReservation = tokio::sync::OwnedSemaphorePermit;
+/// A share of the [`BodyBudget`] that can grow; released on drop.
+#[derive(Default)]
+pub struct Reservation {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    kib: u32,
+}
 
 impl BodyBudget {
     pub fn new(bytes: u64) -> Self {
@@ -131,22 +148,62 @@ impl BodyBudget {
         }
     }
 
-    /// Never waits: when the budget is spent the client is told to retry (429).
-    fn reserve(&self, bytes: u64) -> Result<BodyReservation, ApiError> {
-        let kib = bytes.div_ceil(1024).clamp(1, u64::from(self.total_kib)) as u32;
-        self.kib.clone().try_acquire_many_owned(kib).map_err(|_| {
-            ApiError::Busy("too many large request bodies in flight; retry shortly".into())
-        })
+    /// A reservation covering `bytes`.
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, ApiError> {
+        let mut reservation = Reservation::default();
+        self.grow(&mut reservation, bytes)?;
+        Ok(reservation)
+    }
+
+    /// Grows `reservation` to cover `bytes` in all.
+    fn grow(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), ApiError> {
+        let want = bytes.div_ceil(1024).min(u64::from(self.total_kib)) as u32;
+        if want <= reservation.kib {
+            return Ok(());
+        }
+        let more = self
+            .kib
+            .clone()
+            .try_acquire_many_owned(want - reservation.kib)
+            .map_err(|_| ApiError::Busy("too many large bodies in flight; retry shortly".into()))?;
+        match &mut reservation.permit {
+            Some(permit) => permit.merge(more),
+            None => reservation.permit = Some(more),
+        }
+        reservation.kib = want;
+        Ok(())
     }
 }
 
-/// Reads the request body, refusing more than `limit` bytes without buffering past it.
-/// Answers `Expect: 100-continue` once the request has passed the checks before it.
+/// How long a client may take to send a body: `timeout` plus one second per
+/// `min_bytes_per_second` received, and at most `timeout` between two reads. A
+/// client slower than that is cut off with 408 and costs nobody else anything.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub timeout: std::time::Duration,
+    pub min_bytes_per_second: u64,
+}
+
+impl BodyLimits {
+    /// The latest time the next body chunk may arrive, given `received` bytes so far.
+    fn next_deadline(&self, started: tokio::time::Instant, received: u64) -> tokio::time::Instant {
+        let rate = self.min_bytes_per_second.max(1);
+        started
+            + self.timeout
+            + std::time::Duration::from_millis(received.saturating_mul(1000) / rate)
+    }
+}
+
+/// Reads the request body, refusing more than `limit` bytes without buffering past it,
+/// reserving budget for each chunk as it arrives and cutting off clients slower than
+/// `limits`. Answers `Expect: 100-continue` once the request has passed the checks
+/// before it. The reservation must be held until the body is no longer needed.
 pub async fn read_body(
     session: &mut Session,
     limit: u64,
     budget: &BodyBudget,
-) -> Result<(Bytes, BodyReservation), ApiError> {
+    limits: BodyLimits,
+) -> Result<(Bytes, Reservation), ApiError> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -155,7 +212,6 @@ pub async fn read_body(
     if declared.is_some_and(|len| len > limit) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
-    let reservation = budget.reserve(declared.unwrap_or(limit).min(limit))?;
     let expects_continue = headers
         .get(http::header::EXPECT)
         .and_then(|v| v.to_str().ok())
@@ -167,14 +223,31 @@ pub async fn read_body(
             .await
             .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
     }
-    // Reserve at most 1 MiB up front: a declared length is a claim, not bytes received.
+    session.set_read_timeout(Some(limits.timeout));
+    let started = tokio::time::Instant::now();
+    let mut reservation = Reservation::default();
+    // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
     let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
-    while let Some(chunk) = session.read_request_body().await.map_err(|_| {
-        ApiError::BadRequest("request body could not be read (connection closed?)".into())
-    })? {
-        if body.len() as u64 + chunk.len() as u64 > limit {
+    loop {
+        let deadline = limits.next_deadline(started, body.len() as u64);
+        let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+            Err(_) => return Err(ApiError::SlowClient),
+            Ok(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => {
+                return Err(ApiError::SlowClient)
+            }
+            Ok(Err(_)) => {
+                return Err(ApiError::BadRequest(
+                    "request body could not be read (connection closed?)".into(),
+                ))
+            }
+            Ok(Ok(None)) => break,
+            Ok(Ok(Some(chunk))) => chunk,
+        };
+        let total = body.len() as u64 + chunk.len() as u64;
+        if total > limit {
             return Err(ApiError::PayloadTooLarge { limit });
         }
+        budget.grow(&mut reservation, total)?;
         body.extend_from_slice(&chunk);
     }
     Ok((body.freeze(), reservation))

@@ -4,19 +4,19 @@
 
 use pingora::proxy::Session;
 
-use super::auth;
-use super::body::{error_reply, read_body, BodyBudget, Failure, Handled, Reply};
+use super::body::{error_reply, read_body, Failure, Handled, Reply};
 use super::router::ClusterAction;
-use crate::cluster::{lease::MAX_LOCK_BODY, ClusterService, MAX_STATE_BYTES};
+use super::{auth, App};
+use crate::cluster::{lease::MAX_LOCK_BODY, MAX_STATE_BYTES};
 use crate::error::ApiError;
 
 pub(super) async fn handle(
-    svc: &ClusterService,
-    budget: &BodyBudget,
+    app: &App,
     session: &mut Session,
     id: &str,
     action: ClusterAction,
 ) -> Result<Handled, Failure> {
+    let svc = &app.cluster;
     // Rejections before the body is read close the connection instead of draining it.
     let early = Failure::early;
     let token = auth::presented_secret(
@@ -37,17 +37,26 @@ pub(super) async fn handle(
         }
         _ => MAX_LOCK_BODY,
     };
-    let (body, _reserved) = read_body(session, limit, budget).await.map_err(early)?;
+    let (body, mut held) = read_body(session, limit, &app.body_budget, app.body_limits)
+        .await
+        .map_err(early)?;
     let read = body.len();
     let fail = Failure::after_body(read);
     let reply = match action {
         ClusterAction::GetState => match svc.get_state(&who).await.map_err(&fail)? {
-            Some(state) => Reply {
-                status: 200,
-                headers: state.headers(),
-                body: state.body.into(),
-                content_type: "application/json",
-            },
+            Some(state) => {
+                // Bounded by the 10 MiB cap; counted while it is being sent.
+                held = app
+                    .body_budget
+                    .reserve(state.body.len() as u64)
+                    .map_err(&fail)?;
+                Reply {
+                    status: 200,
+                    headers: state.headers(),
+                    body: state.body.into(),
+                    content_type: "application/json",
+                }
+            }
             None => error_reply(&ApiError::NotFound(
                 "no state has been pushed to this cluster yet".into(),
             )),
@@ -82,5 +91,5 @@ pub(super) async fn handle(
             Reply::empty()
         }
     };
-    Ok(Handled::done(reply, read))
+    Ok(Handled::done(reply, read).holding(held))
 }

@@ -26,7 +26,7 @@ use pingora::proxy::{ProxyHttp, Session};
 use crate::metrics::Metrics;
 use crate::tofu::TofuBackend;
 use body::{error_reply, write_reply, Handled};
-pub use body::{BodyBudget, Reply};
+pub use body::{BodyBudget, BodyLimits, Reply};
 use pass_through::{no_upstream, s3_reply, Decision};
 use router::Endpoint;
 
@@ -34,8 +34,10 @@ use router::Endpoint;
 pub struct App {
     pub tofu: TofuBackend,
     pub max_state_bytes: u64,
-    /// Memory for request bodies, shared by all requests.
+    /// Memory for request and state bodies, shared by all requests.
     pub body_budget: BodyBudget,
+    /// How slowly a client may send a body.
+    pub body_limits: BodyLimits,
     pub metrics: Metrics,
     /// Where non-stategate requests are forwarded; `None` answers them 404.
     pub upstream: Option<upstream::Upstream>,
@@ -77,6 +79,10 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         let started = Instant::now();
+        // A client that reads its response slower than the minimum rate is cut off
+        // (pingora derives each write's timeout from its size), local or proxied.
+        let rate = self.app.body_limits.min_bytes_per_second;
+        session.set_min_send_rate(Some(rate.clamp(1, usize::MAX as u64) as usize));
         let header = session.req_header();
         let method = header.method.as_str().to_string();
         let path = header.uri.path().to_string();
@@ -109,10 +115,12 @@ impl ProxyHttp for Gateway {
             reply,
             bytes_in,
             keepalive,
+            held,
         } = handled;
         let bytes_out = reply.body.len();
         let status = reply.status;
         write_reply(session, reply, keepalive).await?;
+        drop(held);
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         self.app.metrics.observe(ctx.route, status, ms / 1000.0);
         tracing::info!(
@@ -225,15 +233,9 @@ impl Gateway {
             ),
             // Decided in `request_filter` (`pass_through`); kept total without a panic.
             Endpoint::Upstream => Handled::unread(error_reply(&no_upstream())),
-            Endpoint::Cluster { id, action } => cluster::handle(
-                &self.app.cluster,
-                &self.app.body_budget,
-                session,
-                &id,
-                action,
-            )
-            .await
-            .unwrap_or_else(Handled::from),
+            Endpoint::Cluster { id, action } => cluster::handle(&self.app, session, &id, action)
+                .await
+                .unwrap_or_else(Handled::from),
             Endpoint::Tf { workspace, action } => {
                 tofu::handle(&self.app, session, &workspace, action)
                     .await

@@ -30,18 +30,23 @@ pub(super) async fn handle(
         TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
         TfAction::Get | TfAction::Delete => 0,
     };
-    let (body, _reserved) = read_body(session, limit, &app.body_budget)
+    let (body, mut held) = read_body(session, limit, &app.body_budget, app.body_limits)
         .await
         .map_err(Failure::early)?;
     let read = body.len();
     let fail = Failure::after_body(read);
     let reply = match action {
-        TfAction::Get => match tofu.get(workspace).await.map_err(&fail)? {
-            Some(state) => Reply::json(200, state),
-            None => error_reply(&ApiError::NotFound(format!(
-                "workspace {workspace:?} has no state yet"
-            ))),
-        },
+        TfAction::Get => {
+            // The stored blob and its plaintext are both in memory while it is served.
+            let size = tofu.stored_size(workspace).await.map_err(&fail)?;
+            held = app.body_budget.reserve(2 * size).map_err(&fail)?;
+            match tofu.get(workspace).await.map_err(&fail)? {
+                Some(state) => Reply::json(200, state),
+                None => error_reply(&ApiError::NotFound(format!(
+                    "workspace {workspace:?} has no state yet"
+                ))),
+            }
+        }
         TfAction::Write { lock_id } => {
             let md5 = session
                 .req_header()
@@ -66,5 +71,5 @@ pub(super) async fn handle(
             Reply::empty()
         }
     };
-    Ok(Handled::done(reply, read))
+    Ok(Handled::done(reply, read).holding(held))
 }

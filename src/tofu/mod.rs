@@ -12,9 +12,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
-use crate::store::{
-    insert_audit, AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
-};
+use crate::store::{insert_audit, AuditEntry, DbError, NewVersion, StateStore, WriteOutcome};
 use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
 
 /// Largest LockInfo body accepted.
@@ -161,8 +159,10 @@ impl TofuBackend {
         Ok(current.map(|(_, body)| body))
     }
 
-    pub async fn latest_version(&self, workspace: &str) -> Result<Option<VersionRow>, ApiError> {
-        Ok(self.store.latest(&scope(workspace)).await?)
+    /// Size in bytes of the current state (0 when there is none); read from the index.
+    pub async fn stored_size(&self, workspace: &str) -> Result<u64, ApiError> {
+        let latest = self.store.latest(&scope(workspace)).await?;
+        Ok(latest.map_or(0, |row| row.size.max(0) as u64))
     }
 
     pub async fn write(

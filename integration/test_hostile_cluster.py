@@ -193,7 +193,13 @@ def clgw(store, check_binary, tmp_path_factory):
 
 
 @pytest.fixture
-def gw(clgw):
+def server(clgw):
+    """Named like conftest's fixture, so its report hook attaches this server's log to failures."""
+    return clgw.srv
+
+
+@pytest.fixture
+def gw(clgw, server):
     assert clgw.srv.alive(), clgw.srv.log_tail()
     yield clgw
     assert clgw.srv.alive(), f"stategate died:\n{clgw.srv.log_tail()}"

@@ -299,6 +299,9 @@ def pt(check_binary, tmp_path_factory):
             "STATEGATE_UPSTREAM_ROOT_DOMAINS": root,
             "STATEGATE_UPSTREAM_CONDITIONAL_TURN_WAIT_SECONDS": str(TURN_WAIT),
             "STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS": "10",
+            # the slow conditional writers trickle 2 bytes/s for a few seconds: legitimately slow
+            "STATEGATE_BODY_READ_TIMEOUT_SECONDS": "30",
+            "STATEGATE_BODY_MIN_BYTES_PER_SECOND": "1",
             "STATEGATE_RETENTION_INTERVAL_SECONDS": "0",
         }).start()
         direct = boto3_s3(env["STATEGATE_S3_ENDPOINT"], env)
@@ -325,7 +328,13 @@ def pt(check_binary, tmp_path_factory):
 
 
 @pytest.fixture
-def gw(pt):
+def server(pt):
+    """Named like conftest's fixture, so its report hook attaches this server's log to failures."""
+    return pt.srv
+
+
+@pytest.fixture
+def gw(pt, server):
     assert pt.srv.alive(), pt.srv.log_tail()
     yield pt
     assert pt.srv.alive(), f"stategate died:\n{pt.srv.log_tail()}"

@@ -245,7 +245,13 @@ def tfgw(store, check_binary, tmp_path_factory):
 
 
 @pytest.fixture
-def gw(tfgw):
+def server(tfgw):
+    """Named like conftest's fixture, so its report hook attaches this server's log to failures."""
+    return tfgw.srv
+
+
+@pytest.fixture
+def gw(tfgw, server):
     assert tfgw.srv.alive(), tfgw.srv.log_tail()
     yield tfgw
     assert tfgw.srv.alive(), f"stategate died:\n{tfgw.srv.log_tail()}"
@@ -342,7 +348,9 @@ def test_declared_bodies_do_not_starve_other_writers(store, check_binary, tmp_pa
     srv = Server(data_dir=tmp_path / "data", store=kind, s3_env=s3, extra_env={
         "STATEGATE_MAX_STATE_BYTES": str(512 * 1024),
         "STATEGATE_MAX_INFLIGHT_BODY_BYTES": str(1024 * 1024),
+        # the two hogs send 2 bytes/s: slow but within these limits, so only the budget is tested
         "STATEGATE_BODY_READ_TIMEOUT_SECONDS": "20",
+        "STATEGATE_BODY_MIN_BYTES_PER_SECOND": "1",
         "STATEGATE_RETENTION_INTERVAL_SECONDS": "0",
     }).start()
     try:

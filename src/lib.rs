@@ -9,4 +9,5 @@ pub mod http;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod tfstate;
 pub mod tofu;

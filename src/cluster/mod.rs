@@ -25,7 +25,7 @@ use crate::config::ClusterConfig;
 use crate::crypto::{KeyError, RootKey};
 use crate::error::ApiError;
 use crate::store::{AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
-use crate::tofu::protocol::parse_state;
+use crate::tfstate::parse_state;
 pub use clock::{Clock, SystemClock, TestClock};
 pub use identity::{Principal, Role, SCHEMA};
 use lease::{current_lease, held_by_other, Acquire, Release};

@@ -15,7 +15,8 @@ use crate::store::history::{Rollback, RolledBack};
 use crate::store::{
     insert_audit, AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
 };
-use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
+use crate::tfstate::parse_state;
+use protocol::{parse_lock_info, LockInfo, UnlockRequest};
 
 /// Largest LockInfo body accepted.
 pub const MAX_LOCK_BODY: u64 = 64 * 1024;

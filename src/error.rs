@@ -109,6 +109,12 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::names::InvalidName> for ApiError {
+    fn from(e: crate::names::InvalidName) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         ApiError::from(StoreError::Db(e))

@@ -7,6 +7,7 @@ pub mod crypto;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod names;
 pub mod server;
 pub mod store;
 pub mod tfstate;

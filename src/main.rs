@@ -232,8 +232,7 @@ fn main() -> anyhow::Result<()> {
                     opentofu_encryption,
                 },
         } => {
-            stategate::http::router::validate_workspace(&workspace)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            stategate::names::validate_workspace(&workspace)?;
             let root = server::load_root_key(&config, false)?;
             print!(
                 "{}",

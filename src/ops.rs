@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 
 use stategate::config::Config;
 use stategate::error::ApiError;
+use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
 
@@ -27,10 +28,6 @@ fn require_db(config: &Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn validate_workspace(workspace: &str) -> anyhow::Result<()> {
-    stategate::http::router::validate_workspace(workspace).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// An operator-facing message: the detail a server would only log, and the holder of a lock.

@@ -324,8 +324,13 @@ fn admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                     stategate::cluster::scope(&id)
                 }));
                 let rows = db
-                    .write(move |c| {
-                        identity::list_audit(c, scope.as_deref(), event.as_deref(), limit)
+                    .read(move |c| {
+                        stategate::store::audit::list_audit(
+                            c,
+                            scope.as_deref(),
+                            event.as_deref(),
+                            limit,
+                        )
                     })
                     .await?;
                 for row in rows {

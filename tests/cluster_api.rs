@@ -214,7 +214,7 @@ impl Env {
 
     /// Audit rows of a cluster, oldest first: (event, actor, org, payload).
     fn audit(&self, cluster: &str) -> Vec<(String, String, String, Value)> {
-        identity::list_audit(
+        stategate::store::audit::list_audit(
             &self.db(),
             Some(&format!("cluster/{cluster}")),
             None,

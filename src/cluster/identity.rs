@@ -11,7 +11,8 @@ use base64::Engine;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
-use crate::store::{insert_audit, AuditEntry, DbError};
+use crate::store::audit::{insert_audit, AuditEntry};
+use crate::store::DbError;
 
 /// Tables of the cluster API. Applied with the core schema by `Db::open`.
 pub const SCHEMA: &str = r#"
@@ -367,52 +368,10 @@ pub fn list_clusters(conn: &Connection, org: Option<&str>) -> Result<Vec<Cluster
     Ok(rows)
 }
 
-/// One audit row as the admin CLI prints it (one JSON object per line).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct AuditRow {
-    pub id: i64,
-    pub at: String,
-    pub actor: String,
-    pub org: Option<String>,
-    pub scope: String,
-    pub event: String,
-    pub payload: serde_json::Value,
-}
-
-/// The newest `limit` audit rows matching the filters, oldest first.
-pub fn list_audit(
-    conn: &Connection,
-    scope: Option<&str>,
-    event: Option<&str>,
-    limit: u32,
-) -> Result<Vec<AuditRow>, AdminError> {
-    let mut stmt = conn.prepare(
-        "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR event = ?2)
-          ORDER BY id DESC LIMIT ?3",
-    )?;
-    let mut rows = stmt
-        .query_map(params![scope, event, limit], |r| {
-            let payload: String = r.get(6)?;
-            Ok(AuditRow {
-                id: r.get(0)?,
-                at: r.get(1)?,
-                actor: r.get(2)?,
-                org: r.get(3)?,
-                scope: r.get(4)?,
-                event: r.get(5)?,
-                payload: serde_json::from_str(&payload)
-                    .unwrap_or(serde_json::Value::String(payload)),
-            })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    rows.reverse();
-    Ok(rows)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::store::audit::list_audit;
 
     /// A temp database with the real core and cluster schemas (as `Db::open` applies them).
     pub(crate) fn test_db() -> (tempfile::TempDir, Connection) {

@@ -24,7 +24,8 @@ use sha2::{Digest, Sha256};
 use crate::config::ClusterConfig;
 use crate::crypto::{KeyError, RootKey};
 use crate::error::ApiError;
-use crate::store::{AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
+use crate::store::audit::{insert_audit, AuditEntry};
+use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
 use crate::tfstate::parse_state;
 pub use clock::{Clock, SystemClock, TestClock};
 pub use identity::{Principal, Role, SCHEMA};
@@ -391,7 +392,7 @@ impl ClusterService {
                     ),
                 };
                 lease::put_lease(conn, id, who.principal.id, &request, now).map_err(db_err)?;
-                crate::store::insert_audit(conn, &audit).map_err(db_err)?;
+                insert_audit(conn, &audit).map_err(db_err)?;
                 Ok(clock::rfc3339(now))
             })
             .await
@@ -443,7 +444,7 @@ impl ClusterService {
                                 }),
                             )
                         };
-                        crate::store::insert_audit(conn, &audit).map_err(db_err)
+                        insert_audit(conn, &audit).map_err(db_err)
                     }
                 }
             })

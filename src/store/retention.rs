@@ -18,7 +18,8 @@ use std::collections::HashSet;
 use serde::Serialize;
 use time::{Duration, OffsetDateTime};
 
-use super::{format, insert_audit, AuditEntry, StateStore, StoreError, STATES_PREFIX};
+use super::audit::{insert_audit, AuditEntry};
+use super::{format, StateStore, StoreError, STATES_PREFIX};
 
 /// How many versions and days of history to keep per scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,8 @@ use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
 use crate::store::{
-    insert_audit, AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
+    audit::{insert_audit, AuditEntry},
+    DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
 };
 use crate::tfstate::parse_state;
 use protocol::{parse_lock_info, LockInfo, UnlockRequest};

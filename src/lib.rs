@@ -8,6 +8,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod schema;
 pub mod server;
 pub mod store;
 pub mod tfstate;

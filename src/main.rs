@@ -256,8 +256,7 @@ fn admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let db = stategate::store::Db::open(&config.db_path(), &[stategate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let db = server::open_database(config)?;
     let result: Result<(), AdminError> = rt.block_on(async {
         match command {
             AdminCommand::Org {

@@ -65,8 +65,7 @@ pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::
     validate_workspace(workspace)?;
     require_db(config)?;
     let rt = runtime()?;
-    let db = stategate::store::Db::open(&config.db_path(), &[stategate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let db = server::open_database(config)?;
     let scope = stategate::tofu::scope(workspace);
     let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
     if rows.is_empty() {
@@ -204,7 +203,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         &*blobs,
         &keys,
         into,
-        &[stategate::cluster::SCHEMA],
+        stategate::schema::ALL,
     ))?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();

@@ -59,8 +59,7 @@ pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
 pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let db = Db::open(&config.db_path(), &[crate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let db = open_database(config)?;
     let blobs = open_blob_store(config)?;
     blobs.check().await.with_context(|| {
         format!(
@@ -70,6 +69,12 @@ pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     })?;
     tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
     Ok(StateStore::new(db, blobs))
+}
+
+/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
+pub fn open_database(config: &Config) -> anyhow::Result<Db> {
+    crate::schema::open_db(&config.db_path())
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))
 }
 
 /// Builds the application state. Must be called inside a tokio runtime (store checks).

@@ -11,13 +11,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use common::{lock_info, state, status, TestServer};
 use stategate::crypto::RootKey;
+use stategate::schema::open_db;
 use stategate::store::format::{self, BlobHeader};
 use stategate::store::history::history_rows;
 use stategate::store::rebuild::{rebuild_index, RebuildError, ScopeKeys};
 use stategate::store::retention::{Retention, GARBAGE_MIN_AGE};
 use stategate::store::{
-    BlobError, BlobStore, Db, LocalStore, NewVersion, StateStore, StoreError, VersionRow,
-    WriteOutcome,
+    BlobError, BlobStore, LocalStore, NewVersion, StateStore, StoreError, VersionRow, WriteOutcome,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -312,7 +312,7 @@ struct Engine {
 fn engine() -> Engine {
     let dir = tempfile::tempdir().unwrap();
     let db_path = dir.path().join("stategate.db");
-    let db = Db::open(&db_path, &[stategate::cluster::SCHEMA]).unwrap();
+    let db = open_db(&db_path).unwrap();
     let blobs = Arc::new(WatchedStore {
         inner: LocalStore::open(&dir.path().join("blobs")).unwrap(),
         db_path: db_path.clone(),
@@ -770,7 +770,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
         clusters: Some(RootKey::from_bytes(CLUSTER_KEY)),
     };
     let into = dir.path().join("rebuilt.db");
-    let report = rebuild_index(&*e.blobs, &keys, &into, &[stategate::cluster::SCHEMA])
+    let report = rebuild_index(&*e.blobs, &keys, &into, stategate::schema::ALL)
         .await
         .unwrap();
     assert_eq!(
@@ -801,7 +801,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
     }
     drop(rebuilt);
     // A store opened on the rebuilt index serves the same current states.
-    let store = StateStore::new(Db::open(&into, &[]).unwrap(), e.blobs.clone());
+    let store = StateStore::new(open_db(&into).unwrap(), e.blobs.clone());
     for scope in ["tf/prod", cluster] {
         let root = if scope.starts_with("cluster/") {
             RootKey::from_bytes(CLUSTER_KEY)
@@ -823,7 +823,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
 
     // Never overwrites: the same path again is refused.
     assert!(matches!(
-        rebuild_index(&*e.blobs, &keys, &into, &[]).await,
+        rebuild_index(&*e.blobs, &keys, &into, stategate::schema::ALL).await,
         Err(RebuildError::Exists(_))
     ));
     // Without the cluster key, cluster scopes are skipped and reported.
@@ -831,9 +831,14 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
         workspaces: e.root.clone(),
         clusters: None,
     };
-    let report = rebuild_index(&*e.blobs, &keys, &dir.path().join("no-cluster.db"), &[])
-        .await
-        .unwrap();
+    let report = rebuild_index(
+        &*e.blobs,
+        &keys,
+        &dir.path().join("no-cluster.db"),
+        stategate::schema::ALL,
+    )
+    .await
+    .unwrap();
     assert!(report.rows.iter().all(|r| r.scope.starts_with("tf/")));
     assert!(report
         .skipped

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::DbError;
 
-/// Tables of the cluster API. Applied with the core schema by `Db::open`.
+/// Tables of the cluster API (identities here, leases in `lease.rs`); `crate::schema` applies them.
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS orgs (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -373,11 +373,11 @@ pub(crate) mod tests {
     use super::*;
     use crate::store::audit::list_audit;
 
-    /// A temp database with the real core and cluster schemas (as `Db::open` applies them).
+    /// A temp database with every real schema, as the server opens it.
     pub(crate) fn test_db() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        drop(crate::store::Db::open(&path, &[SCHEMA]).unwrap());
+        drop(crate::schema::open_db(&path).unwrap());
         let conn = Connection::open(&path).unwrap();
         (dir, conn)
     }

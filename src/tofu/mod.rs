@@ -19,6 +19,16 @@ use crate::store::{
 use crate::tfstate::parse_state;
 use protocol::{parse_lock_info, LockInfo, UnlockRequest};
 
+/// The workspace locks: at most one row per workspace, holding the holder's LockInfo.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tf_locks (
+    workspace   TEXT PRIMARY KEY,
+    lock_id     TEXT NOT NULL,
+    info        TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+) WITHOUT ROWID;
+"#;
+
 /// Largest LockInfo body accepted.
 pub const MAX_LOCK_BODY: u64 = 64 * 1024;
 
@@ -299,7 +309,7 @@ mod tests {
 
     fn conn_with_lock(holder: Option<&str>) -> Connection {
         let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(crate::store::db::SCHEMA).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
         if let Some(id) = holder {
             conn.execute(
                 "INSERT INTO tf_locks VALUES ('ws', ?1, ?2, 'now')",

@@ -4,12 +4,13 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 
 use stategate::config::Config;
 use stategate::error::ApiError;
 use stategate::names::validate_workspace;
 use stategate::server;
+use stategate::store::retention::Retention;
 use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -116,7 +117,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
 
 pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Result<()> {
     require_db(config)?;
-    let policy = config.retention.policy();
+    let policy = Retention::from_config(&config.retention);
     let rt = runtime()?;
     rt.block_on(async {
         let store = server::open_state_store(config).await?;
@@ -192,10 +193,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     }
     let keys = rebuild::ScopeKeys {
         workspaces: server::load_root_key(config, false)?,
-        clusters: config
-            .cluster
-            .state_key()
-            .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?,
+        clusters: server::load_cluster_key(config)?,
     };
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;

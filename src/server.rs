@@ -15,6 +15,7 @@ use crate::http::upstream::Upstream;
 use crate::http::{App, Gateway};
 use crate::metrics::Metrics;
 use crate::store::blob::create_private_dir;
+use crate::store::retention::Retention;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
 use crate::tofu::TofuBackend;
 
@@ -45,6 +46,19 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         );
     }
     Ok(key)
+}
+
+/// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
+/// blank value, means the cluster API is not configured.
+pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
+    config
+        .cluster
+        .state_enc_key
+        .as_ref()
+        .filter(|k| !k.is_blank())
+        .map(|k| RootKey::from_base64(k.expose()))
+        .transpose()
+        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
 }
 
 pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
@@ -91,8 +105,9 @@ pub async fn build_app_with_clock(
     // must not leave a fresh DEK behind.
     let store = open_state_store(config).await?;
     let root = load_root_key(config, true)?;
-    let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)
-        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?;
+    let cluster_key = load_cluster_key(config)?;
+    let cluster =
+        crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
     Ok(Arc::new(App {
         cluster,
         tofu: TofuBackend::new(store, root),
@@ -156,7 +171,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             "retention",
             RetentionService {
                 store: app.tofu.store().clone(),
-                policy: config.retention.policy(),
+                policy: Retention::from_config(&config.retention),
                 every: std::time::Duration::from_secs(config.retention.interval_seconds),
             },
         ));
@@ -212,7 +227,7 @@ pub fn data_dir_exists(path: &Path) -> bool {
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.
 struct RetentionService {
     store: StateStore,
-    policy: crate::store::retention::Retention,
+    policy: Retention,
     every: std::time::Duration,
 }
 

@@ -22,7 +22,7 @@ use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use crate::config::ClusterConfig;
-use crate::crypto::{KeyError, RootKey};
+use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
@@ -211,19 +211,21 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
+    /// `key`: the `ADJ_STATE_ENC_KEY` root (`server::load_cluster_key`); `None` turns
+    /// the API off (503 after authentication).
     pub fn new(
         store: StateStore,
+        key: Option<RootKey>,
         config: &ClusterConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<Self, KeyError> {
-        let key = config.state_key()?;
-        Ok(ClusterService {
+    ) -> Self {
+        ClusterService {
             store,
             key,
             clock,
             stale_after: i64::try_from(config.lease_stale_seconds).unwrap_or(i64::MAX),
             heartbeat_seconds: config.heartbeat_seconds,
-        })
+        }
     }
 
     pub fn store(&self) -> &StateStore {

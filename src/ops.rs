@@ -1,6 +1,6 @@
 //! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
-//! `workspace history`, `workspace rollback`, `prune`, `index rebuild`. Each opens the
-//! storage exactly as `serve` does and calls the engine; nothing here decides policy.
+//! `workspace env|history|rollback`, `prune`, `index rebuild`. Each opens the storage
+//! exactly as `serve` does and calls the engine; nothing here decides policy.
 
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use stategate::server;
 use stategate::store::retention::Retention;
 use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -56,10 +56,28 @@ fn version_json(row: &VersionRow) -> serde_json::Value {
     })
 }
 
+/// One JSON object per line on stdout: what the listing commands print.
+pub fn json_line(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string(value).expect("JSON values serialize")
+    );
+}
+
 /// Who an operator command acts as, for version rows and the audit log.
 fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("operator:{user}")
+}
+
+/// `export` lines that make `terraform init` work with a bare `backend "http" {}`.
+pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    let root = server::load_root_key(config, false)?;
+    let lines =
+        stategate::tofu::client_env(&config.base_url(), workspace, &root, opentofu_encryption);
+    print!("{lines}");
+    Ok(())
 }
 
 pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
@@ -73,7 +91,7 @@ pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::
         eprintln!("workspace {workspace} has no versions");
     }
     for row in &rows {
-        crate::json_line(&version_json(row));
+        json_line(&version_json(row));
     }
     Ok(())
 }
@@ -92,7 +110,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
             .map_err(cli_error)?;
         match done.outcome {
             WriteOutcome::Stored(row) => {
-                crate::json_line(&version_json(&row));
+                json_line(&version_json(&row));
                 eprintln!(
                     "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
                     row.version, done.from_version
@@ -127,7 +145,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
             .await?;
         let swept_for_real = sweep_garbage && !dry_run;
         for p in &pruned.pruned {
-            crate::json_line(&serde_json::json!({
+            json_line(&serde_json::json!({
                 "action": "prune",
                 "dry_run": dry_run,
                 "scope": p.scope,
@@ -136,7 +154,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
             }));
         }
         for g in &swept.swept {
-            crate::json_line(&serde_json::json!({
+            json_line(&serde_json::json!({
                 "action": "sweep",
                 "dry_run": !swept_for_real,
                 "blob": g.key,

@@ -34,9 +34,9 @@ fn require_db(config: &Config) -> anyhow::Result<()> {
 /// An operator-facing message: the detail a server would only log, and the holder of a lock.
 fn cli_error(e: ApiError) -> anyhow::Error {
     match e {
-        ApiError::WithBody { status: 423, body } => anyhow::anyhow!(
+        ApiError::Locked { holder_info } => anyhow::anyhow!(
             "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
-            String::from_utf8_lossy(&body)
+            String::from_utf8_lossy(&holder_info)
         ),
         ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),

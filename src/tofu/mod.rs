@@ -73,10 +73,8 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
 }
 
 fn locked_by(holder: HeldLock) -> ApiError {
-    // 423 with the holder's LockInfo: the client prints it and `-lock-timeout` retries on it.
-    ApiError::WithBody {
-        status: 423,
-        body: Bytes::from(holder.info),
+    ApiError::Locked {
+        holder_info: Bytes::from(holder.info),
     }
 }
 

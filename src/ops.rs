@@ -1,6 +1,7 @@
 //! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
-//! `workspace env|history|rollback`, `prune`, `index rebuild`. Each opens the storage
-//! exactly as `serve` does and calls the engine; nothing here decides policy.
+//! `workspace env|history|rollback`, `prune`, `index rebuild`. Each opens what it needs
+//! the way `serve` does (`server::open_state_store`, `open_database`, `load_root_key`)
+//! and calls the engine; nothing here decides policy.
 
 use std::path::Path;
 

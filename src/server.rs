@@ -1,7 +1,6 @@
 //! Startup: turn a [`Config`] into a running gateway. Opens the data dir, the DEK,
 //! SQLite and the blob store, proves the store is writable, then serves.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -218,10 +217,6 @@ pub async fn serve_listener(
             }
         });
     }
-}
-
-pub fn data_dir_exists(path: &Path) -> bool {
-    path.is_dir()
 }
 
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.

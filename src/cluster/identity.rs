@@ -305,7 +305,6 @@ pub fn create_token(conn: &Connection, email: &str) -> Result<String, AdminError
     Ok(token)
 }
 
-/// Registers a cluster with a fresh UUID.
 /// Registers a cluster. `id` re-registers a known UUID (e.g. after `index rebuild`
 /// restored its state versions); otherwise a new one is generated.
 pub fn create_cluster(

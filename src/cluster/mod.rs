@@ -1,4 +1,4 @@
-//! The cluster tfstate & lock API (contract: `cluster-api.md`, docs: `docs/cluster-api.md`).
+//! The cluster tfstate & lock API (contract and client docs: `docs/cluster-api.md`).
 //!
 //! Org-scoped admin routes around a provisioning CLI's `tofu` runs: acquire the
 //! cluster's lease, pull state, heartbeat, push state, release. State versions live on

@@ -1,7 +1,7 @@
 //! The OpenTofu/Terraform HTTP state backend: GET, POST (?ID=), LOCK, UNLOCK, DELETE.
 //!
 //! Handlers take plain values (workspace, lock id, body bytes) and return plain
-//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks`; every check
+//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in `lock.rs`); every check
 //! that decides whether a write may proceed runs again inside the commit transaction.
 
 pub mod lock;
@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
 use crate::store::{
     audit::{insert_audit, AuditEntry},
-    DbError, NewVersion, StateStore, VersionRow, WriteOutcome,
+    DbError, NewVersion, StateStore, WriteOutcome,
 };
 use crate::tfstate::parse_state;
 pub use lock::SCHEMA;
@@ -93,7 +93,7 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
 
 /// Operator writes (rollback) wait for nobody: refused (423 + holder's LockInfo)
 /// while anyone holds the workspace lock.
-pub fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
+fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
     check_writer(conn, workspace, None)
 }
 
@@ -141,10 +141,6 @@ impl TofuBackend {
         let key = self.root.blob_key(&scope(workspace));
         let current = self.store.read_current(&scope(workspace), &key).await?;
         Ok(current.map(|(_, body)| body))
-    }
-
-    pub async fn latest_version(&self, workspace: &str) -> Result<Option<VersionRow>, ApiError> {
-        Ok(self.store.latest(&scope(workspace)).await?)
     }
 
     pub async fn write(

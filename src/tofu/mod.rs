@@ -1,8 +1,9 @@
 //! The OpenTofu/Terraform HTTP state backend: GET, POST (?ID=), LOCK, UNLOCK, DELETE.
 //!
 //! Handlers take plain values (workspace, lock id, body bytes) and return plain
-//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in `lock.rs`); every check
-//! that decides whether a write may proceed runs again inside the commit transaction.
+//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in
+//! `lock.rs`); every check that decides whether a write may proceed runs again inside
+//! the commit transaction.
 
 pub mod lock;
 pub mod protocol;

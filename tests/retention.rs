@@ -9,9 +9,23 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use common::engine::{engine, write};
-use stategate::store::retention::{Retention, GARBAGE_MIN_AGE};
+use stategate::store::retention::{PruneReport, Retention, SweepReport, GARBAGE_MIN_AGE};
 use stategate::store::{BlobStore, StoreError};
 use time::{Duration, OffsetDateTime};
+
+/// (scope, version) of every version a prune pass lists.
+fn pruned(report: &PruneReport) -> Vec<(String, i64)> {
+    report
+        .pruned
+        .iter()
+        .map(|p| (p.scope.clone(), p.version))
+        .collect()
+}
+
+/// The blob keys a sweep lists.
+fn swept_keys(report: &SweepReport) -> Vec<&str> {
+    report.swept.iter().map(|g| g.key.as_str()).collect()
+}
 
 // ---------------------------------------------------------------------------
 // pruning
@@ -56,11 +70,7 @@ async fn pruning_keeps_exactly_what_the_policy_says() {
     };
     // Dry run: reports, deletes nothing.
     let dry = e.store.prune(policy, now, true).await.unwrap();
-    let listed: Vec<(String, i64)> = dry
-        .pruned
-        .iter()
-        .map(|p| (p.scope.clone(), p.version))
-        .collect();
+    let listed = pruned(&dry);
     let expected: Vec<(String, i64)> = [("tf/a", 1), ("tf/a", 2), ("tf/a", 3), ("tf/gone", 1)]
         .iter()
         .map(|(s, v)| (s.to_string(), *v))
@@ -70,12 +80,7 @@ async fn pruning_keeps_exactly_what_the_policy_says() {
     assert!(e.blobs.deletes.lock().unwrap().is_empty());
 
     let report = e.store.prune(policy, now, false).await.unwrap();
-    let pruned: Vec<(String, i64)> = report
-        .pruned
-        .iter()
-        .map(|p| (p.scope.clone(), p.version))
-        .collect();
-    assert_eq!(pruned, expected);
+    assert_eq!(pruned(&report), expected);
     assert!(report.blob_errors.is_empty());
     assert_eq!(e.versions("tf/a"), vec![4, 5, 6]);
     assert_eq!(e.versions("tf/lonely"), vec![1]);
@@ -165,14 +170,7 @@ async fn a_failed_blob_delete_leaves_garbage_that_the_sweep_removes() {
         .sweep_garbage(now + Duration::minutes(61), GARBAGE_MIN_AGE, false)
         .await
         .unwrap();
-    assert_eq!(
-        swept
-            .swept
-            .iter()
-            .map(|g| g.key.as_str())
-            .collect::<Vec<_>>(),
-        vec![key.as_str()]
-    );
+    assert_eq!(swept_keys(&swept), vec![key.as_str()]);
     assert!(!e.blob_exists(&key));
     assert!(e.blobs.deleted_while_referenced.lock().unwrap().is_empty());
 }
@@ -206,10 +204,7 @@ async fn sweep_removes_only_old_unreferenced_blobs() {
         .sweep_garbage(now, GARBAGE_MIN_AGE, true)
         .await
         .unwrap();
-    assert_eq!(
-        dry.swept.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(),
-        vec![old.as_str()]
-    );
+    assert_eq!(swept_keys(&dry), vec![old.as_str()]);
     assert!(e.blob_exists(&old));
 
     let report = e

@@ -46,7 +46,12 @@ fn state(serial: usize, lineage: &str) -> Bytes {
 /// Writes/s and the mean number of writes per SQLite commit.
 async fn run(max_group: usize, writes: usize, concurrency: usize) -> (f64, f64) {
     let dir = bench_dir();
-    let db = Db::open_with_group_limit(&dir.path().join("bench.db"), &[], max_group).unwrap();
+    let db = Db::open_with_group_limit(
+        &dir.path().join("bench.db"),
+        stategate::schema::ALL,
+        max_group,
+    )
+    .unwrap();
     let blobs = Arc::new(LocalStore::open(&dir.path().join("blobs")).unwrap());
     let tofu = Arc::new(TofuBackend::new(
         StateStore::new(db.clone(), blobs),

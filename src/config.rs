@@ -122,24 +122,13 @@ impl Default for StoreConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
-    /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset → every cluster route answers 503.
+    /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset or blank → every cluster route
+    /// answers 503 (`server::load_cluster_key` turns it into a key).
     pub state_enc_key: Option<Secret>,
     /// A lease without heartbeat for this long may be stolen.
     pub lease_stale_seconds: u64,
     /// Advice to clients on how often to heartbeat.
     pub heartbeat_seconds: u64,
-}
-
-impl ClusterConfig {
-    /// The key cluster states are sealed under; `None` (also for an empty value) means
-    /// the cluster API is not configured.
-    pub fn state_key(&self) -> Result<Option<crate::crypto::RootKey>, crate::crypto::KeyError> {
-        self.state_enc_key
-            .as_ref()
-            .filter(|k| !k.is_blank())
-            .map(|k| crate::crypto::RootKey::from_base64(k.expose()))
-            .transpose()
-    }
 }
 
 impl Default for ClusterConfig {
@@ -169,15 +158,6 @@ impl Default for RetentionConfig {
             keep_versions: 100,
             keep_days: 30,
             interval_seconds: 3600,
-        }
-    }
-}
-
-impl RetentionConfig {
-    pub fn policy(&self) -> crate::store::retention::Retention {
-        crate::store::retention::Retention {
-            keep_versions: self.keep_versions,
-            keep_days: self.keep_days,
         }
     }
 }

@@ -6,6 +6,9 @@ use bytes::Bytes;
 
 use crate::store::{BlobError, DbError, StoreError};
 
+/// The cluster API's degradation signal, byte for byte as the contract spells it.
+const NOT_CONFIGURED_BODY: &[u8] = br#"{"error": "state sync not configured"}"#;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
@@ -31,9 +34,33 @@ pub enum ApiError {
     /// Too much request-body memory in use right now: retry shortly.
     #[error("{0}")]
     Busy(String),
-    /// A rejection whose body is defined by the protocol (e.g. the lock holder's LockInfo).
-    #[error("rejected with status {status}")]
-    WithBody { status: u16, body: Bytes },
+    /// Someone else holds the workspace lock: 423 with the holder's LockInfo verbatim
+    /// (Terraform prints it, and `-lock-timeout` retries on 423).
+    #[error("the workspace is locked by another client")]
+    Locked { holder_info: Bytes },
+    /// Cluster API: no token, or one nobody holds.
+    #[error("authentication required: send an org admin token as `Authorization: Bearer <token>`")]
+    TokenRequired,
+    /// Cluster API: another admin holds the cluster's lease. `holder` is the lease as
+    /// the API shows it (`holder_email`, `operation`, `host`, `acquired_at`,
+    /// `heartbeat_age_seconds`); the body is those fields plus `error`.
+    #[error("{message}")]
+    LeaseHeld {
+        message: String,
+        holder: serde_json::Value,
+    },
+    /// Cluster API: a pushed state conflicts with the stored one (lineage, serial or
+    /// content); the body names the stored serial and lineage.
+    #[error("{message}")]
+    PushConflict {
+        message: String,
+        stored_serial: Option<i64>,
+        stored_lineage: Option<String>,
+    },
+    /// Cluster API switched off (no `ADJ_STATE_ENC_KEY`): the contract's one
+    /// degradation signal, with a fixed body.
+    #[error("state sync not configured")]
+    NotConfigured,
     /// Retryable: the blob store is unreachable or overloaded.
     #[error("{0}")]
     Unavailable(String),
@@ -46,26 +73,47 @@ impl ApiError {
     pub fn http_status(&self) -> u16 {
         match self {
             ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized => 401,
+            ApiError::Unauthorized | ApiError::TokenRequired => 401,
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::SlowClient => 408,
-            ApiError::Conflict(_) => 409,
+            ApiError::Conflict(_) | ApiError::LeaseHeld { .. } | ApiError::PushConflict { .. } => {
+                409
+            }
             ApiError::Busy(_) => 429,
             ApiError::PayloadTooLarge { .. } => 413,
-            ApiError::WithBody { status, .. } => *status,
-            ApiError::Unavailable(_) => 503,
+            ApiError::Locked { .. } => 423,
+            ApiError::Unavailable(_) | ApiError::NotConfigured => 503,
             ApiError::Internal { .. } => 500,
         }
     }
 
-    /// The response body: protocol-defined for `WithBody`, else `{"error": "..."}`.
+    /// The response body: `{"error": "..."}`, plus the facts a variant carries; the
+    /// protocol's own body where one is defined (LockInfo, the not-configured signal).
     pub fn body(&self) -> Bytes {
-        match self {
-            ApiError::WithBody { body, .. } => body.clone(),
-            other => Bytes::from(serde_json::json!({ "error": other.to_string() }).to_string()),
-        }
+        let json = match self {
+            ApiError::Locked { holder_info } => return holder_info.clone(),
+            ApiError::NotConfigured => return Bytes::from_static(NOT_CONFIGURED_BODY),
+            ApiError::LeaseHeld { message, holder } => {
+                let mut body = holder.clone();
+                if let Some(fields) = body.as_object_mut() {
+                    fields.insert("error".into(), message.as_str().into());
+                }
+                body
+            }
+            ApiError::PushConflict {
+                message,
+                stored_serial,
+                stored_lineage,
+            } => serde_json::json!({
+                "error": message,
+                "stored_serial": stored_serial,
+                "stored_lineage": stored_lineage,
+            }),
+            other => serde_json::json!({ "error": other.to_string() }),
+        };
+        Bytes::from(json.to_string())
     }
 
     /// What goes to the server log (may contain internal detail, never secrets).
@@ -74,13 +122,6 @@ impl ApiError {
             ApiError::Internal { detail, .. } => Some(detail),
             ApiError::Unavailable(msg) => Some(msg),
             _ => None,
-        }
-    }
-
-    pub fn json(status: u16, value: serde_json::Value) -> ApiError {
-        ApiError::WithBody {
-            status,
-            body: Bytes::from(value.to_string()),
         }
     }
 }
@@ -113,8 +154,81 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::names::InvalidName> for ApiError {
+    fn from(e: crate::names::InvalidName) -> Self {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
         ApiError::from(StoreError::Db(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_wire_bodies() {
+        let holder = serde_json::json!({
+            "holder_email": "a@x",
+            "operation": "provision",
+            "host": "box",
+            "acquired_at": "2026-01-01T00:00:00Z",
+            "heartbeat_age_seconds": 40,
+        });
+        // (error, status, exact body)
+        let table: Vec<(ApiError, u16, &str)> = vec![
+            (
+                ApiError::Locked {
+                    holder_info: Bytes::from_static(br#"{"ID":"a", "Who":"me"}"#),
+                },
+                423,
+                r#"{"ID":"a", "Who":"me"}"#,
+            ),
+            (
+                ApiError::NotConfigured,
+                503,
+                r#"{"error": "state sync not configured"}"#,
+            ),
+            (
+                ApiError::TokenRequired,
+                401,
+                r#"{"error":"authentication required: send an org admin token as `Authorization: Bearer <token>`"}"#,
+            ),
+            (
+                ApiError::LeaseHeld {
+                    message: "cannot lock: held".into(),
+                    holder,
+                },
+                409,
+                r#"{"acquired_at":"2026-01-01T00:00:00Z","error":"cannot lock: held","heartbeat_age_seconds":40,"holder_email":"a@x","host":"box","operation":"provision"}"#,
+            ),
+            (
+                ApiError::PushConflict {
+                    message: "stale".into(),
+                    stored_serial: Some(5),
+                    stored_lineage: Some("L".into()),
+                },
+                409,
+                r#"{"error":"stale","stored_lineage":"L","stored_serial":5}"#,
+            ),
+            (
+                ApiError::Conflict("taken".into()),
+                409,
+                r#"{"error":"taken"}"#,
+            ),
+            (
+                ApiError::NotFound("cluster not found".into()),
+                404,
+                r#"{"error":"cluster not found"}"#,
+            ),
+        ];
+        for (err, status, body) in table {
+            assert_eq!(err.http_status(), status, "{err:?}");
+            assert_eq!(String::from_utf8_lossy(&err.body()), body, "{err:?}");
+        }
     }
 }

@@ -1,13 +1,17 @@
-//! The `stategate` command line.
+//! The `stategate` command line: clap parsing and dispatch only. The commands live in
+//! `ops.rs` (workspace, prune, index) and `admin.rs` (the cluster API's identities and
+//! audit log), both binary-only.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+use stategate::cluster::identity::Role;
 use stategate::config::Config;
 use stategate::server;
 
+mod admin;
 mod ops;
 
 #[derive(Parser)]
@@ -198,6 +202,15 @@ enum IndexCommand {
     },
 }
 
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Role {
+        match role {
+            RoleArg::Admin => Role::Admin,
+            RoleArg::Member => Role::Member,
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -211,13 +224,16 @@ fn main() -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve => server::run(config),
-        Command::Admin { command } => admin(&config, command),
-        Command::Workspace {
-            command: WorkspaceCommand::History { workspace, limit },
-        } => ops::history(&config, &workspace, limit),
-        Command::Workspace {
-            command: WorkspaceCommand::Rollback { workspace, to },
-        } => ops::rollback(&config, &workspace, to),
+        Command::Workspace { command } => match command {
+            WorkspaceCommand::Env {
+                workspace,
+                opentofu_encryption,
+            } => ops::env(&config, &workspace, opentofu_encryption),
+            WorkspaceCommand::History { workspace, limit } => {
+                ops::history(&config, &workspace, limit)
+            }
+            WorkspaceCommand::Rollback { workspace, to } => ops::rollback(&config, &workspace, to),
+        },
         Command::Prune {
             dry_run,
             sweep_garbage,
@@ -225,128 +241,36 @@ fn main() -> anyhow::Result<()> {
         Command::Index {
             command: IndexCommand::Rebuild { into },
         } => ops::rebuild(&config, &into),
-        Command::Workspace {
-            command:
-                WorkspaceCommand::Env {
-                    workspace,
-                    opentofu_encryption,
-                },
-        } => {
-            stategate::http::router::validate_workspace(&workspace)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let root = server::load_root_key(&config, false)?;
-            print!(
-                "{}",
-                stategate::tofu::client_env(
-                    &config.base_url(),
-                    &workspace,
-                    &root,
-                    opentofu_encryption
-                )
-            );
-            Ok(())
-        }
+        Command::Admin { command } => run_admin(&config, command),
     }
 }
 
-/// Runs one admin command against the database in the data dir.
-fn admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
-    use stategate::cluster::identity::{self, AdminError, Role};
-    stategate::store::blob::create_private_dir(&config.data_dir)
-        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let db = stategate::store::Db::open(&config.db_path(), &[stategate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
-    let result: Result<(), AdminError> = rt.block_on(async {
-        match command {
-            AdminCommand::Org {
-                command: OrgCommand::Create { name },
-            } => {
-                db.write(move |c| identity::create_org(c, &name)).await?;
+fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
+    match command {
+        AdminCommand::Org { command } => match command {
+            OrgCommand::Create { name } => admin::create_org(config, name),
+            OrgCommand::List => admin::list_orgs(config),
+        },
+        AdminCommand::User {
+            command: UserCommand::Create { org, email, role },
+        } => admin::create_user(config, org, email, role.into()),
+        AdminCommand::Token {
+            command: TokenCommand::Create { email },
+        } => admin::create_token(config, email),
+        AdminCommand::Cluster { command } => match command {
+            ClusterCommand::Create { org, name, id } => {
+                admin::create_cluster(config, org, name, id)
             }
-            AdminCommand::Org {
-                command: OrgCommand::List,
-            } => {
-                for (name, created_at) in db.write(identity::list_orgs).await? {
-                    json_line(&serde_json::json!({ "name": name, "created_at": created_at }));
-                }
-            }
-            AdminCommand::User {
-                command: UserCommand::Create { org, email, role },
-            } => {
-                let role = match role {
-                    RoleArg::Admin => Role::Admin,
-                    RoleArg::Member => Role::Member,
-                };
-                let token = db
-                    .write(move |c| identity::create_principal(c, &org, &email, role))
-                    .await?;
-                print_token(&token);
-            }
-            AdminCommand::Token {
-                command: TokenCommand::Create { email },
-            } => {
-                let token = db.write(move |c| identity::create_token(c, &email)).await?;
-                print_token(&token);
-            }
-            AdminCommand::Cluster {
-                command: ClusterCommand::Create { org, name, id },
-            } => {
-                let row = db
-                    .write(move |c| {
-                        identity::create_cluster(c, &org, name.as_deref(), id.as_deref())
-                    })
-                    .await?;
-                println!("{}", row.id);
-            }
-            AdminCommand::Cluster {
-                command: ClusterCommand::List { org },
-            } => {
-                let rows = db
-                    .write(move |c| identity::list_clusters(c, org.as_deref()))
-                    .await?;
-                for row in rows {
-                    json_line(&row);
-                }
-            }
-            AdminCommand::Audit {
-                command:
-                    AuditCommand::List {
-                        scope,
-                        cluster,
-                        event,
-                        limit,
-                    },
-            } => {
-                let scope = scope.or(cluster.map(|id| {
-                    let id = uuid::Uuid::parse_str(&id).map_or(id, |u| u.hyphenated().to_string());
-                    stategate::cluster::scope(&id)
-                }));
-                let rows = db
-                    .write(move |c| {
-                        identity::list_audit(c, scope.as_deref(), event.as_deref(), limit)
-                    })
-                    .await?;
-                for row in rows {
-                    json_line(&row);
-                }
-            }
-        }
-        Ok(())
-    });
-    result.map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-fn print_token(token: &str) {
-    eprintln!("The token below is shown once and stored only as a hash. Keep it now:");
-    println!("{token}");
-}
-
-fn json_line(value: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string(value).expect("JSON values serialize")
-    );
+            ClusterCommand::List { org } => admin::list_clusters(config, org),
+        },
+        AdminCommand::Audit {
+            command:
+                AuditCommand::List {
+                    scope,
+                    cluster,
+                    event,
+                    limit,
+                },
+        } => admin::list_audit(config, scope, cluster, event, limit),
+    }
 }

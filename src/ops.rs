@@ -1,17 +1,20 @@
 //! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
-//! `workspace history`, `workspace rollback`, `prune`, `index rebuild`. Each opens the
-//! storage exactly as `serve` does and calls the engine; nothing here decides policy.
+//! `workspace env|history|rollback`, `prune`, `index rebuild`. Each opens what it needs
+//! the way `serve` does (`server::open_state_store`, `open_database`, `load_root_key`)
+//! and calls the engine; nothing here decides policy.
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 
 use stategate::config::Config;
 use stategate::error::ApiError;
+use stategate::names::validate_workspace;
 use stategate::server;
+use stategate::store::retention::Retention;
 use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -29,16 +32,12 @@ fn require_db(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn validate_workspace(workspace: &str) -> anyhow::Result<()> {
-    stategate::http::router::validate_workspace(workspace).map_err(|e| anyhow::anyhow!("{e}"))
-}
-
 /// An operator-facing message: the detail a server would only log, and the holder of a lock.
 fn cli_error(e: ApiError) -> anyhow::Error {
     match e {
-        ApiError::WithBody { status: 423, body } => anyhow::anyhow!(
+        ApiError::Locked { holder_info } => anyhow::anyhow!(
             "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
-            String::from_utf8_lossy(&body)
+            String::from_utf8_lossy(&holder_info)
         ),
         ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),
@@ -58,25 +57,42 @@ fn version_json(row: &VersionRow) -> serde_json::Value {
     })
 }
 
+/// One JSON object per line on stdout: what the listing commands print.
+pub fn json_line(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string(value).expect("JSON values serialize")
+    );
+}
+
 /// Who an operator command acts as, for version rows and the audit log.
 fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("operator:{user}")
 }
 
+/// `export` lines that make `terraform init` work with a bare `backend "http" {}`.
+pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    let root = server::load_root_key(config, false)?;
+    let lines =
+        stategate::tofu::client_env(&config.base_url(), workspace, &root, opentofu_encryption);
+    print!("{lines}");
+    Ok(())
+}
+
 pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
     require_db(config)?;
     let rt = runtime()?;
-    let db = stategate::store::Db::open(&config.db_path(), &[stategate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let db = server::open_database(config)?;
     let scope = stategate::tofu::scope(workspace);
     let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
     if rows.is_empty() {
         eprintln!("workspace {workspace} has no versions");
     }
     for row in &rows {
-        crate::json_line(&version_json(row));
+        json_line(&version_json(row));
     }
     Ok(())
 }
@@ -95,7 +111,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
             .map_err(cli_error)?;
         match done.outcome {
             WriteOutcome::Stored(row) => {
-                crate::json_line(&version_json(&row));
+                json_line(&version_json(&row));
                 eprintln!(
                     "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
                     row.version, done.from_version
@@ -120,7 +136,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
 
 pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Result<()> {
     require_db(config)?;
-    let policy = config.retention.policy();
+    let policy = Retention::from_config(&config.retention);
     let rt = runtime()?;
     rt.block_on(async {
         let store = server::open_state_store(config).await?;
@@ -130,7 +146,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
             .await?;
         let swept_for_real = sweep_garbage && !dry_run;
         for p in &pruned.pruned {
-            crate::json_line(&serde_json::json!({
+            json_line(&serde_json::json!({
                 "action": "prune",
                 "dry_run": dry_run,
                 "scope": p.scope,
@@ -139,7 +155,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
             }));
         }
         for g in &swept.swept {
-            crate::json_line(&serde_json::json!({
+            json_line(&serde_json::json!({
                 "action": "sweep",
                 "dry_run": !swept_for_real,
                 "blob": g.key,
@@ -196,10 +212,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     }
     let keys = rebuild::ScopeKeys {
         workspaces: server::load_root_key(config, false)?,
-        clusters: config
-            .cluster
-            .state_key()
-            .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?,
+        clusters: server::load_cluster_key(config)?,
     };
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;
@@ -207,7 +220,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         &*blobs,
         &keys,
         into,
-        &[stategate::cluster::SCHEMA],
+        stategate::schema::ALL,
     ))?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();

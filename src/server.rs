@@ -1,7 +1,6 @@
 //! Startup: turn a [`Config`] into a running gateway. Opens the data dir, the DEK,
 //! SQLite and the blob store, proves the store is writable, then serves.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -15,6 +14,7 @@ use crate::http::upstream::Upstream;
 use crate::http::{App, Gateway};
 use crate::metrics::Metrics;
 use crate::store::blob::create_private_dir;
+use crate::store::retention::Retention;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
 use crate::tofu::TofuBackend;
 
@@ -47,6 +47,19 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     Ok(key)
 }
 
+/// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
+/// blank value, means the cluster API is not configured.
+pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
+    config
+        .cluster
+        .state_enc_key
+        .as_ref()
+        .filter(|k| !k.is_blank())
+        .map(|k| RootKey::from_base64(k.expose()))
+        .transpose()
+        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
+}
+
 pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     Ok(match config.store.kind {
         StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
@@ -59,8 +72,7 @@ pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
 pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let db = Db::open(&config.db_path(), &[crate::cluster::SCHEMA])
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))?;
+    let db = open_database(config)?;
     let blobs = open_blob_store(config)?;
     blobs.check().await.with_context(|| {
         format!(
@@ -70,6 +82,12 @@ pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     })?;
     tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
     Ok(StateStore::new(db, blobs))
+}
+
+/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
+pub fn open_database(config: &Config) -> anyhow::Result<Db> {
+    crate::schema::open_db(&config.db_path())
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))
 }
 
 /// Builds the application state. Must be called inside a tokio runtime (store checks).
@@ -86,8 +104,9 @@ pub async fn build_app_with_clock(
     // must not leave a fresh DEK behind.
     let store = open_state_store(config).await?;
     let root = load_root_key(config, true)?;
-    let cluster = crate::cluster::ClusterService::new(store.clone(), &config.cluster, clock)
-        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")?;
+    let cluster_key = load_cluster_key(config)?;
+    let cluster =
+        crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
     Ok(Arc::new(App {
         cluster,
         tofu: TofuBackend::new(store, root),
@@ -155,7 +174,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             "retention",
             RetentionService {
                 store: app.tofu.store().clone(),
-                policy: config.retention.policy(),
+                policy: Retention::from_config(&config.retention),
                 every: std::time::Duration::from_secs(config.retention.interval_seconds),
             },
         ));
@@ -204,14 +223,10 @@ pub async fn serve_listener(
     }
 }
 
-pub fn data_dir_exists(path: &Path) -> bool {
-    path.is_dir()
-}
-
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.
 struct RetentionService {
     store: StateStore,
-    policy: crate::store::retention::Retention,
+    policy: Retention,
     every: std::time::Duration,
 }
 

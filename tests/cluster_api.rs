@@ -9,9 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::cluster::{Clock, TestClock, MAX_STATE_BYTES};
-use stategate::config::Config;
 use stategate::crypto::RootKey;
-use stategate::http::App;
 
 /// ADJ_STATE_ENC_KEY of the tests (different from the DEK on purpose).
 const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
@@ -21,11 +19,8 @@ const STALE: i64 = 300;
 type AdminJob = Box<dyn FnOnce(&rusqlite::Connection) -> Result<String, AdminError> + Send>;
 
 struct Env {
-    _server: common::TestServer,
-    base: String,
-    app: Arc<App>,
+    server: common::TestServer,
     clock: TestClock,
-    config: Config,
     http: reqwest::Client,
     /// Tokens by short name: alice, bob, erin (acme admins), mallory (acme member),
     /// carol (globex admin), dave (initech admin: the third org).
@@ -67,15 +62,9 @@ impl Env {
             Arc::new(clock.clone()),
         )
         .await;
-        let (base, app, config) = (
-            server.base.clone(),
-            server.app.clone(),
-            server.config.clone(),
-        );
-
         let mut tokens = std::collections::HashMap::new();
         let (cluster, other_cluster) = {
-            let db = &app.cluster.store().db;
+            let db = &server.app.cluster.store().db;
             let admin = |f: AdminJob| async move { db.write(f).await.unwrap() };
             for org in ["acme", "globex", "initech"] {
                 admin(Box::new(move |c| {
@@ -109,11 +98,8 @@ impl Env {
             (cluster, other)
         };
         Env {
-            base,
-            app,
+            server,
             clock,
-            config,
-            _server: server,
             http: reqwest::Client::new(),
             tokens,
             cluster,
@@ -134,9 +120,10 @@ impl Env {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Resp {
-        let mut req = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base));
+        let mut req = self.http.request(
+            method.parse().unwrap(),
+            format!("{}{path}", self.server.base),
+        );
         match who {
             None => {}
             Some(raw) if raw.starts_with("raw:") => {
@@ -208,14 +195,10 @@ impl Env {
             .await
     }
 
-    fn db(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open(self.config.db_path()).unwrap()
-    }
-
     /// Audit rows of a cluster, oldest first: (event, actor, org, payload).
     fn audit(&self, cluster: &str) -> Vec<(String, String, String, Value)> {
-        identity::list_audit(
-            &self.db(),
+        stategate::store::audit::list_audit(
+            &self.server.db(),
             Some(&format!("cluster/{cluster}")),
             None,
             10_000,
@@ -236,7 +219,7 @@ impl Env {
 
     /// Everything a request could change: version rows, leases, audit, blob files.
     fn snapshot(&self) -> String {
-        let conn = self.db();
+        let conn = self.server.db();
         let mut out = String::new();
         for sql in [
             "SELECT scope, version, serial, lineage, sha256, size, blob_key FROM versions ORDER BY scope, version",
@@ -259,19 +242,16 @@ impl Env {
             }
             out.push_str("--\n");
         }
-        for f in self.blob_files() {
+        for f in self.server.blob_files() {
             out.push_str(&f.display().to_string());
             out.push('\n');
         }
         out
     }
 
-    fn blob_files(&self) -> Vec<std::path::PathBuf> {
-        common::files_under(&self.config.local_store_path())
-    }
-
     fn version_count(&self) -> i64 {
-        self.db()
+        self.server
+            .db()
             .query_row(
                 "SELECT count(*) FROM versions WHERE scope = ?1",
                 [format!("cluster/{}", self.cluster)],
@@ -279,26 +259,62 @@ impl Env {
             )
             .unwrap()
     }
-
-    fn email(&self, who: &str) -> String {
-        let org = match who {
-            "carol" => "globex",
-            "dave" => "initech",
-            _ => "acme",
-        };
-        format!("{who}@{org}.example")
-    }
 }
 
-fn state(serial: i64, lineage: &str, marker: &str) -> String {
-    format!(
-        r#"{{"version":4,"terraform_version":"1.9.0","serial":{serial},"lineage":"{lineage}","outputs":{{"marker":{{"value":"{marker}","type":"string"}}}},"resources":[]}}"#
-    )
+/// A tfstate (`common::state`) whose content differs by `marker`.
+fn marked_state(serial: u64, lineage: &str, marker: &str) -> String {
+    common::state(serial, lineage, &format!(r#"{{"name":"{marker}"}}"#))
 }
 
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(data))
+}
+
+/// A lease holder as a refused caller sees it (409).
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    email: &'static str,
+    operation: &'static str,
+    host: &'static str,
+    /// Seconds since the holder's last heartbeat.
+    age: i64,
+}
+
+impl Holder {
+    /// A 409 whose `error` names the holder, plus the five holder fields.
+    fn check(&self, r: &Resp, ctx: &str) {
+        assert_eq!(r.status, 409, "{ctx}");
+        let body = r.json();
+        assert!(
+            body["error"].as_str().unwrap().contains(self.email),
+            "{ctx}"
+        );
+        assert_eq!(body["holder_email"], self.email, "{ctx}");
+        assert_eq!(body["operation"], self.operation, "{ctx}");
+        assert_eq!(body["host"], self.host, "{ctx}");
+        assert!(
+            body["acquired_at"].as_str().unwrap().ends_with('Z'),
+            "{ctx}"
+        );
+        assert_eq!(body["heartbeat_age_seconds"], self.age, "{ctx}");
+    }
+}
+
+/// The contract walk's two leases: alice's (provision from host-a) and bob's
+/// (deprovision from host-b), `age` seconds after their last heartbeat.
+fn held_by(who: &str, age: i64) -> Expect {
+    let (email, operation, host) = match who {
+        "alice" => ("alice@acme.example", "provision", "host-a"),
+        "bob" => ("bob@acme.example", "deprovision", "host-b"),
+        other => panic!("{other} holds no lease in the walk"),
+    };
+    Expect::Holder(Holder {
+        email,
+        operation,
+        host,
+        age,
+    })
 }
 
 /// What a step expects of the response body.
@@ -308,12 +324,7 @@ enum Expect {
     /// A JSON error whose message contains this, plus the fields given.
     Error(&'static str, Value),
     /// The holder body of a 409: error + the five holder fields.
-    Holder {
-        email: &'static str,
-        operation: &'static str,
-        host: &'static str,
-        age: i64,
-    },
+    Holder(Holder),
     /// Empty body.
     Empty,
     /// The state bytes pushed in step `n` of the walk.
@@ -363,9 +374,9 @@ async fn contract_walk() {
     let env = Env::start(Some(ENC_KEY)).await;
     let t0 = env.clock.now();
     let at = |offset: i64| stategate::cluster::clock::rfc3339(t0 + offset);
-    let s1 = state(1, "lin-A", "one");
-    let s1b = state(1, "lin-A", "one-but-different");
-    let s2 = state(2, "lin-A", "two");
+    let s1 = marked_state(1, "lin-A", "marker-one");
+    let s1b = marked_state(1, "lin-A", "marker-one-but-different");
+    let s2 = marked_state(2, "lin-A", "marker-two");
     let steps: Vec<Step> = vec![
         // 0: GET with nothing pushed → 404.
         step(
@@ -419,12 +430,7 @@ async fn contract_walk() {
                 "lock",
                 lock_body("deprovision", "host-b"),
                 409,
-                Expect::Holder {
-                    email: "alice@acme.example",
-                    operation: "provision",
-                    host: "host-a",
-                    age: 5,
-                },
+                held_by("alice", 5),
                 &[],
             )
         },
@@ -435,12 +441,7 @@ async fn contract_walk() {
             "tfstate",
             Some(s1.clone()),
             409,
-            Expect::Holder {
-                email: "alice@acme.example",
-                operation: "provision",
-                host: "host-a",
-                age: 5,
-            },
+            held_by("alice", 5),
             &[],
         ),
         // 6: first push → stored.
@@ -493,7 +494,7 @@ async fn contract_walk() {
             "alice",
             "PUT",
             "tfstate",
-            Some(state(0, "lin-A", "zero")),
+            Some(marked_state(0, "lin-A", "zero")),
             409,
             Expect::Error("stale state", json!({"stored_serial": 1})),
             &[],
@@ -503,7 +504,7 @@ async fn contract_walk() {
             "alice",
             "PUT",
             "tfstate",
-            Some(state(2, "lin-B", "x")),
+            Some(marked_state(2, "lin-B", "x")),
             409,
             Expect::Error("lineage mismatch", json!({"stored_lineage": "lin-A"})),
             &[],
@@ -537,12 +538,7 @@ async fn contract_walk() {
             "lock/heartbeat",
             None,
             409,
-            Expect::Holder {
-                email: "alice@acme.example",
-                operation: "provision",
-                host: "host-a",
-                age: 5,
-            },
+            held_by("alice", 5),
             &[],
         ),
         // 17: heartbeat by the holder → 200, empty.
@@ -567,12 +563,7 @@ async fn contract_walk() {
                 "lock",
                 None,
                 409,
-                Expect::Holder {
-                    email: "alice@acme.example",
-                    operation: "provision",
-                    host: "host-a",
-                    age: STALE,
-                },
+                held_by("alice", STALE),
                 &[],
             )
         },
@@ -583,12 +574,7 @@ async fn contract_walk() {
             "lock",
             lock_body("deprovision", "host-b"),
             409,
-            Expect::Holder {
-                email: "alice@acme.example",
-                operation: "provision",
-                host: "host-a",
-                age: STALE,
-            },
+            held_by("alice", STALE),
             &[],
         ),
         // 20: one second later it is: bob takes it over (audited with the previous holder).
@@ -611,12 +597,7 @@ async fn contract_walk() {
             "lock/heartbeat",
             None,
             409,
-            Expect::Holder {
-                email: "bob@acme.example",
-                operation: "deprovision",
-                host: "host-b",
-                age: 0,
-            },
+            held_by("bob", 0),
             &[],
         ),
         // 22: the old holder's push → 409 (lock check before the conflict rules).
@@ -624,31 +605,13 @@ async fn contract_walk() {
             "alice",
             "PUT",
             "tfstate",
-            Some(state(3, "lin-A", "late")),
+            Some(marked_state(3, "lin-A", "late")),
             409,
-            Expect::Holder {
-                email: "bob@acme.example",
-                operation: "deprovision",
-                host: "host-b",
-                age: 0,
-            },
+            held_by("bob", 0),
             &[],
         ),
         // 23: the old holder's release → 409.
-        step(
-            "alice",
-            "DELETE",
-            "lock",
-            None,
-            409,
-            Expect::Holder {
-                email: "bob@acme.example",
-                operation: "deprovision",
-                host: "host-b",
-                age: 0,
-            },
-            &[],
-        ),
+        step("alice", "DELETE", "lock", None, 409, held_by("bob", 0), &[]),
         // 24: holder release → 200 empty.
         step(
             "bob",
@@ -736,23 +699,7 @@ async fn contract_walk() {
                     assert_eq!(&body[k], v, "{ctx}: field {k}");
                 }
             }
-            Expect::Holder {
-                email,
-                operation,
-                host,
-                age,
-            } => {
-                let body = r.json();
-                assert!(body["error"].as_str().unwrap().contains(email), "{ctx}");
-                assert_eq!(body["holder_email"], *email, "{ctx}");
-                assert_eq!(body["operation"], *operation, "{ctx}");
-                assert_eq!(body["host"], *host, "{ctx}");
-                assert!(
-                    body["acquired_at"].as_str().unwrap().ends_with('Z'),
-                    "{ctx}"
-                );
-                assert_eq!(body["heartbeat_age_seconds"], *age, "{ctx}");
-            }
+            Expect::Holder(holder) => holder.check(&r, &ctx),
             Expect::Empty => assert!(r.body.is_empty(), "{ctx}"),
             Expect::StateOf(n) => {
                 let sent = pushed[*n].as_deref().unwrap();
@@ -833,14 +780,18 @@ async fn contract_walk() {
     assert_eq!(broken.3["previous_holder"]["operation"], "state-push");
     // No content in the audit log, ever.
     let all = serde_json::to_string(&audit.iter().map(|a| &a.3).collect::<Vec<_>>()).unwrap();
-    assert!(!all.contains("marker") && !all.contains("lin-A"), "{all}");
+    assert!(!all.contains("marker-") && !all.contains("lin-A"), "{all}");
 }
 
 /// The six routes, as (method, route suffix, body).
 fn six_routes() -> Vec<(&'static str, &'static str, Option<Vec<u8>>)> {
     vec![
         ("GET", "tfstate", None),
-        ("PUT", "tfstate", Some(state(1, "l", "m").into_bytes())),
+        (
+            "PUT",
+            "tfstate",
+            Some(marked_state(1, "l", "m").into_bytes()),
+        ),
         (
             "POST",
             "lock",
@@ -942,7 +893,7 @@ async fn auth_and_org_scoping_on_every_route() {
 async fn feature_flag_off_is_503_on_every_route_after_auth() {
     for key in [None, Some("")] {
         let env = Env::start(key).await;
-        assert!(!env.app.cluster.is_configured());
+        assert!(!env.server.app.cluster.is_configured());
         let before = env.snapshot();
         for (method, route, body) in six_routes() {
             let path = env.path(&env.cluster, route);
@@ -979,28 +930,6 @@ async fn feature_flag_off_is_503_on_every_route_after_auth() {
     }
 }
 
-/// Sends raw bytes and returns the status line's code and the whole response.
-async fn raw(base: &str, head: String, body: Option<Vec<u8>>) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let sock = tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let (mut rd, mut wr) = sock.into_split();
-    wr.write_all(head.as_bytes()).await.unwrap();
-    // Write the body concurrently: the server may answer (and stop reading) early.
-    let writer = tokio::spawn(async move {
-        if let Some(body) = body {
-            let _ = wr.write_all(&body).await;
-        }
-        wr
-    });
-    let mut out = Vec::new();
-    let _ = rd.read_to_end(&mut out).await;
-    drop(writer.await);
-    let text = String::from_utf8_lossy(&out).to_string();
-    (common::status_line_code(&text), text)
-}
-
 /// PUT checks run in the contract's order: auth, key, lock holder, 10 MiB cap, parse,
 /// conflict rules. Each row breaks every later rule too, so only the order explains
 /// the status.
@@ -1009,7 +938,12 @@ async fn put_validation_order() {
     let env = Env::start(Some(ENC_KEY)).await;
     let off = Env::start(None).await;
     assert_eq!(env.lock("alice", "provision", "a").await.status, 200);
-    assert_eq!(env.push("alice", &state(5, "lin", "v5")).await.status, 200);
+    assert_eq!(
+        env.push("alice", &marked_state(5, "lin", "v5"))
+            .await
+            .status,
+        200
+    );
     let put_head = |env: &Env, who: Option<&str>, len: u64, extra: &str| {
         let auth = who
             .map(|w| format!("Authorization: Bearer {}\r\n", env.token(w)))
@@ -1031,7 +965,8 @@ async fn put_validation_order() {
         (&env, Some("alice"), 413, "limit"),
     ];
     for (e, who, status, needle) in rows {
-        let (code, text) = raw(&e.base, put_head(e, who, huge, ""), None).await;
+        let (code, text) =
+            common::raw_request(&e.server.base, &put_head(e, who, huge, ""), None).await;
         assert_eq!(code, status, "{who:?}: {text}");
         assert!(text.contains(needle), "{who:?}: {text}");
     }
@@ -1049,18 +984,20 @@ async fn put_validation_order() {
         env.cluster,
         env.token("alice")
     );
-    let (code, text) = raw(&env.base, head, Some(chunked)).await;
+    let (code, text) = common::raw_request(&env.server.base, &head, Some(chunked)).await;
     assert_eq!(code, 413, "{text}");
     // Under the cap: parse (400) before the conflict rules; then the rules (409).
     let r = env.push("alice", "[1, 2]").await;
     assert_eq!(r.status, 400, "{}", r.text());
-    let r = env.push("alice", &state(4, "other-lineage", "x")).await;
+    let r = env
+        .push("alice", &marked_state(4, "other-lineage", "x"))
+        .await;
     assert_eq!(r.status, 409, "{}", r.text());
     assert!(r.json()["error"].as_str().unwrap().contains("lineage"));
     assert_eq!(env.snapshot(), before);
 
     // Exactly 10 MiB is accepted, and read back byte for byte.
-    let mut big = state(6, "lin", "big").into_bytes();
+    let mut big = marked_state(6, "lin", "big").into_bytes();
     big.pop(); // the closing brace
     let pad = MAX_STATE_BYTES as usize - big.len() - r#","pad":""}"#.len();
     big.extend_from_slice(format!(r#","pad":"{}"}}"#, "p".repeat(pad)).as_bytes());
@@ -1085,7 +1022,12 @@ async fn put_validation_order() {
 async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
     let env = Env::start(Some(ENC_KEY)).await;
     assert_eq!(env.lock("alice", "provision", "a").await.status, 200);
-    assert_eq!(env.push("alice", &state(1, "lin", "v1")).await.status, 200);
+    assert_eq!(
+        env.push("alice", &marked_state(1, "lin", "v1"))
+            .await
+            .status,
+        200
+    );
     let before = env.snapshot();
     let lock = env.path(&env.cluster, "lock");
     let tfstate = env.path(&env.cluster, "tfstate");
@@ -1226,7 +1168,7 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
             "raw:bearer",
             "PUT",
             tfstate.clone(),
-            b(&state(2, "lin", "x")),
+            b(&marked_state(2, "lin", "x")),
             401,
             "Bearer",
         ),
@@ -1265,9 +1207,9 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
 async fn state_is_encrypted_under_the_state_key() {
     let env = Env::start(Some(ENC_KEY)).await;
     assert_eq!(env.lock("alice", "provision", "a").await.status, 200);
-    let s = state(1, "lin", "very-secret-marker");
+    let s = marked_state(1, "lin", "very-secret-marker");
     assert_eq!(env.push("alice", &s).await.status, 200);
-    let files = env.blob_files();
+    let files = env.server.blob_files();
     assert_eq!(files.len(), 1);
     let blob = std::fs::read(&files[0]).unwrap();
     assert!(!String::from_utf8_lossy(&blob).contains("very-secret-marker"));
@@ -1312,7 +1254,7 @@ async fn races_have_one_winner() {
     for i in 0..6 {
         let env = env.clone();
         tasks.push(tokio::spawn(async move {
-            env.push(holder, &state(1, "lin", &format!("racer-{i}")))
+            env.push(holder, &marked_state(1, "lin", &format!("racer-{i}")))
                 .await
                 .status
         }));
@@ -1343,46 +1285,55 @@ async fn two_admins_one_cluster() {
     // A: acquire → pull (nothing yet) → push serial 1 → heartbeat every 60 s.
     assert_eq!(env.lock(a, "provision", "laptop-a").await.status, 200);
     assert_eq!(env.pull(a).await.status, 404);
-    assert_eq!(env.push(a, &state(1, "L", "a1")).await.status, 200);
+    assert_eq!(env.push(a, &marked_state(1, "L", "a1")).await.status, 200);
     for _ in 0..3 {
         env.clock.advance(60);
         assert_eq!(env.heartbeat(a).await.status, 200);
     }
     // B is refused with A's details.
     env.clock.advance(20);
-    let r = env.lock(b, "deprovision", "laptop-b").await;
-    assert_eq!(r.status, 409);
-    let body = r.json();
-    assert_eq!(body["holder_email"], env.email(a));
-    assert_eq!(body["operation"], "provision");
-    assert_eq!(body["host"], "laptop-a");
-    assert_eq!(body["heartbeat_age_seconds"], 20);
+    let a_holds = |age| Holder {
+        email: "alice@acme.example",
+        operation: "provision",
+        host: "laptop-a",
+        age,
+    };
+    a_holds(20).check(&env.lock(b, "deprovision", "laptop-b").await, "B refused");
     // A goes silent (its tofu hangs, its laptop sleeps): B waits, then steals.
     env.clock.advance(STALE - 20);
-    assert_eq!(env.lock(b, "deprovision", "laptop-b").await.status, 409);
+    a_holds(STALE).check(
+        &env.lock(b, "deprovision", "laptop-b").await,
+        "not stale yet",
+    );
     env.clock.advance(1);
     assert_eq!(env.lock(b, "deprovision", "laptop-b").await.status, 200);
     // A wakes up: its push and heartbeat are rejected, naming B.
-    let r = env.push(a, &state(2, "L", "a2-late")).await;
-    assert_eq!(r.status, 409);
-    assert_eq!(r.json()["holder_email"], env.email(b));
-    let r = env.heartbeat(a).await;
-    assert_eq!(r.status, 409);
-    assert_eq!(r.json()["holder_email"], env.email(b));
+    let b_holds = Holder {
+        email: "bob@acme.example",
+        operation: "deprovision",
+        host: "laptop-b",
+        age: 0,
+    };
+    let late_push = env.push(a, &marked_state(2, "L", "a2-late")).await;
+    b_holds.check(&late_push, "A's late push");
+    b_holds.check(&env.heartbeat(a).await, "A's late heartbeat");
     // B pulls A's last good state, pushes the next serial, releases.
     let r = env.pull(b).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.body, state(1, "L", "a1").as_bytes());
+    assert_eq!(r.body, marked_state(1, "L", "a1").as_bytes());
     assert_eq!(r.header("x-stategate-serial"), Some("1"));
-    assert_eq!(env.push(b, &state(2, "L", "b2")).await.status, 200);
+    assert_eq!(env.push(b, &marked_state(2, "L", "b2")).await.status, 200);
     assert_eq!(env.release(b, false).await.status, 200);
     // A (any admin) now sees B's state.
-    assert_eq!(env.pull(a).await.body, state(2, "L", "b2").as_bytes());
+    assert_eq!(
+        env.pull(a).await.body,
+        marked_state(2, "L", "b2").as_bytes()
+    );
     // A acquires again and stalls; org admin erin force-breaks it while it is fresh.
     assert_eq!(env.lock(a, "state-push", "laptop-a").await.status, 200);
     assert_eq!(env.release("erin", false).await.status, 409); // not without force
     assert_eq!(env.release("erin", true).await.status, 200);
-    assert_eq!(env.push(a, &state(3, "L", "a3")).await.status, 409);
+    assert_eq!(env.push(a, &marked_state(3, "L", "a3")).await.status, 409);
     // The third org's admin: 404 on all six routes, same body as a missing cluster.
     let missing = uuid::Uuid::new_v4().to_string();
     for (method, route, body) in six_routes() {

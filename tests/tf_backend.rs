@@ -239,13 +239,14 @@ async fn hostile_workspace_names_are_400() {
         // Raw requests: a client library would normalize some of these paths away.
         let request =
             format!("GET /api/v1/tf/state/{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let (code, text) = common::raw_request(&s.base, &request).await;
+        let (code, text) = common::raw_request(&s.base, &request, None).await;
         assert_eq!(code, 400, "{name}: {text}");
         assert!(text.contains("invalid workspace name"), "{text}");
     }
     let (code, _) = common::raw_request(
         &s.base,
         "GET /api/v1/tf/state/../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        None,
     )
     .await;
     assert_eq!(code, 404);

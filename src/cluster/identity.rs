@@ -11,9 +11,10 @@ use base64::Engine;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
-use crate::store::{insert_audit, AuditEntry, DbError};
+use crate::store::audit::{insert_audit, AuditEntry};
+use crate::store::DbError;
 
-/// Tables of the cluster API. Applied with the core schema by `Db::open`.
+/// Tables of the cluster API (identities here, leases in `lease.rs`); `crate::schema` applies them.
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS orgs (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -169,23 +170,6 @@ pub fn cluster_in_org(
     .map(|n| n > 0)
 }
 
-/// Org names: 1–64 of `[A-Za-z0-9._-]`, starting with a letter or digit.
-pub fn validate_org_name(name: &str) -> Result<(), AdminError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(AdminError::Invalid(format!(
-            "invalid org name {name:?}: use 1-64 characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
-        )))
-    }
-}
-
 /// A plausible email address, lowercased. Not a full RFC 5322 check: one `@`, no
 /// whitespace or control characters, something on both sides, at most 254 bytes.
 pub fn normalize_email(email: &str) -> Result<String, AdminError> {
@@ -230,7 +214,8 @@ fn admin_audit(
 }
 
 pub fn create_org(conn: &Connection, name: &str) -> Result<(), AdminError> {
-    validate_org_name(name)?;
+    crate::names::validate_org(name)
+        .map_err(|e| AdminError::Invalid(format!("{e} (got {name:?})")))?;
     let inserted = conn.execute(
         "INSERT INTO orgs (name, created_at) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING",
         params![name, crate::store::now_rfc3339()],
@@ -320,7 +305,6 @@ pub fn create_token(conn: &Connection, email: &str) -> Result<String, AdminError
     Ok(token)
 }
 
-/// Registers a cluster with a fresh UUID.
 /// Registers a cluster. `id` re-registers a known UUID (e.g. after `index rebuild`
 /// restored its state versions); otherwise a new one is generated.
 pub fn create_cluster(
@@ -383,58 +367,16 @@ pub fn list_clusters(conn: &Connection, org: Option<&str>) -> Result<Vec<Cluster
     Ok(rows)
 }
 
-/// One audit row as the admin CLI prints it (one JSON object per line).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct AuditRow {
-    pub id: i64,
-    pub at: String,
-    pub actor: String,
-    pub org: Option<String>,
-    pub scope: String,
-    pub event: String,
-    pub payload: serde_json::Value,
-}
-
-/// The newest `limit` audit rows matching the filters, oldest first.
-pub fn list_audit(
-    conn: &Connection,
-    scope: Option<&str>,
-    event: Option<&str>,
-    limit: u32,
-) -> Result<Vec<AuditRow>, AdminError> {
-    let mut stmt = conn.prepare(
-        "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR event = ?2)
-          ORDER BY id DESC LIMIT ?3",
-    )?;
-    let mut rows = stmt
-        .query_map(params![scope, event, limit], |r| {
-            let payload: String = r.get(6)?;
-            Ok(AuditRow {
-                id: r.get(0)?,
-                at: r.get(1)?,
-                actor: r.get(2)?,
-                org: r.get(3)?,
-                scope: r.get(4)?,
-                event: r.get(5)?,
-                payload: serde_json::from_str(&payload)
-                    .unwrap_or(serde_json::Value::String(payload)),
-            })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    rows.reverse();
-    Ok(rows)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::store::audit::list_audit;
 
-    /// A temp database with the real core and cluster schemas (as `Db::open` applies them).
+    /// A temp database with every real schema, as the server opens it.
     pub(crate) fn test_db() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        drop(crate::store::Db::open(&path, &[SCHEMA]).unwrap());
+        drop(crate::schema::open_db(&path).unwrap());
         let conn = Connection::open(&path).unwrap();
         (dir, conn)
     }
@@ -453,19 +395,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn names_and_emails() {
-        let orgs: &[(&str, bool)] = &[
-            ("acme", true),
-            ("Acme-2.prod_x", true),
-            ("", false),
-            ("-acme", false),
-            ("ac me", false),
-            ("acme/x", false),
-            (&"a".repeat(65), false),
-        ];
-        for (name, ok) in orgs {
-            assert_eq!(validate_org_name(name).is_ok(), *ok, "{name:?}");
-        }
+    fn emails() {
         let emails: &[(&str, Option<&str>)] = &[
             ("Alice@Example.COM", Some("alice@example.com")),
             (" bob@x ", Some("bob@x")),
@@ -507,6 +437,10 @@ pub(crate) mod tests {
         assert!(matches!(
             create_org(&conn, "acme"),
             Err(AdminError::Exists(_))
+        ));
+        assert!(matches!(
+            create_org(&conn, "ac/me"),
+            Err(AdminError::Invalid(_))
         ));
         assert!(matches!(
             create_principal(&conn, "nope", "a@x", Role::Admin),

@@ -119,11 +119,9 @@ impl Lease {
     }
 }
 
-/// A 409 naming the current holder: `{"error", "holder_email", "operation", "host",
-/// "acquired_at", "heartbeat_age_seconds"}`.
+/// A refusal naming the current holder (409 with [`Lease::holder_json`] and `error`).
 pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> ApiError {
-    let mut body = lease.holder_json(now);
-    body["error"] = serde_json::Value::String(format!(
+    let message = format!(
         "{what}: the cluster's state lock is held by {} ({} from {}, last heartbeat {}s ago)",
         lease.holder_email,
         lease.operation,
@@ -133,8 +131,11 @@ pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> ApiError {
             &lease.host
         },
         lease.heartbeat_age(now)
-    ));
-    ApiError::json(409, body)
+    );
+    ApiError::LeaseHeld {
+        message,
+        holder: lease.holder_json(now),
+    }
 }
 
 /// What an acquire does, given the current lease.

@@ -1,4 +1,4 @@
-//! The cluster tfstate & lock API (contract: `cluster-api.md`, docs: `docs/cluster-api.md`).
+//! The cluster tfstate & lock API (contract and client docs: `docs/cluster-api.md`).
 //!
 //! Org-scoped admin routes around a provisioning CLI's `tofu` runs: acquire the
 //! cluster's lease, pull state, heartbeat, push state, release. State versions live on
@@ -22,19 +22,17 @@ use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use crate::config::ClusterConfig;
-use crate::crypto::{KeyError, RootKey};
+use crate::crypto::RootKey;
 use crate::error::ApiError;
-use crate::store::{AuditEntry, DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
-use crate::tofu::protocol::parse_state;
+use crate::store::audit::{insert_audit, AuditEntry};
+use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
+use crate::tfstate::parse_state;
 pub use clock::{Clock, SystemClock, TestClock};
 pub use identity::{Principal, Role, SCHEMA};
 use lease::{current_lease, held_by_other, Acquire, Release};
 
 /// Largest tfstate plaintext a PUT may carry (10 MiB; exactly 10 MiB is accepted).
 pub const MAX_STATE_BYTES: u64 = 10 * 1024 * 1024;
-
-/// The one degradation signal of the contract, byte for byte.
-pub const NOT_CONFIGURED_BODY: &str = r#"{"error": "state sync not configured"}"#;
 
 /// The same body for a missing cluster, another org's cluster and a malformed id.
 pub const NOT_FOUND_MESSAGE: &str = "cluster not found";
@@ -50,30 +48,8 @@ pub fn scope(cluster_id: &str) -> String {
     format!("cluster/{cluster_id}")
 }
 
-fn not_configured() -> ApiError {
-    ApiError::WithBody {
-        status: 503,
-        body: Bytes::from_static(NOT_CONFIGURED_BODY.as_bytes()),
-    }
-}
-
-fn unauthorized() -> ApiError {
-    ApiError::json(
-        401,
-        serde_json::json!({
-            "error": "authentication required: send an org admin token as `Authorization: Bearer <token>`"
-        }),
-    )
-}
-
 fn not_found() -> ApiError {
     ApiError::NotFound(NOT_FOUND_MESSAGE.into())
-}
-
-fn conflict(message: String, extra: serde_json::Value) -> ApiError {
-    let mut body = extra;
-    body["error"] = serde_json::Value::String(message);
-    ApiError::json(409, body)
 }
 
 fn db_err(e: rusqlite::Error) -> ApiError {
@@ -148,33 +124,25 @@ pub fn check_push(
     };
     let stored_serial = stored.serial.unwrap_or(-1);
     let stored_lineage = stored.lineage.as_deref().unwrap_or("");
-    let facts = serde_json::json!({
-        "stored_serial": stored.serial,
-        "stored_lineage": stored.lineage,
-    });
+    let conflict = |message: String| ApiError::PushConflict {
+        message,
+        stored_serial: stored.serial,
+        stored_lineage: stored.lineage.clone(),
+    };
     if stored_lineage != lineage {
-        return Err(conflict(
-            format!(
-                "lineage mismatch: the stored state has lineage {stored_lineage:?}, the pushed state {lineage:?}; nothing was stored"
-            ),
-            facts,
-        ));
+        return Err(conflict(format!(
+            "lineage mismatch: the stored state has lineage {stored_lineage:?}, the pushed state {lineage:?}; nothing was stored"
+        )));
     }
     if stored_serial > serial {
-        return Err(conflict(
-            format!(
-                "stale state: the stored serial {stored_serial} is newer than the pushed serial {serial}; pull, re-apply and push again"
-            ),
-            facts,
-        ));
+        return Err(conflict(format!(
+            "stale state: the stored serial {stored_serial} is newer than the pushed serial {serial}; pull, re-apply and push again"
+        )));
     }
     if stored_serial == serial && stored.sha256.as_deref() != Some(sha256) {
-        return Err(conflict(
-            format!(
-                "serial {serial} is already stored with different content; a changed state needs a higher serial"
-            ),
-            facts,
-        ));
+        return Err(conflict(format!(
+            "serial {serial} is already stored with different content; a changed state needs a higher serial"
+        )));
     }
     Ok(()) // higher serial, or the identical content again (an idempotent retry)
 }
@@ -190,12 +158,9 @@ fn check_holder(
     match current_lease(conn, cluster_id).map_err(db_err)? {
         Some(lease) if lease.holder_id == principal_id => Ok(()),
         Some(lease) => Err(held_by_other(&lease, now, what)),
-        None => Err(conflict(
-            format!(
-                "{what}: you do not hold this cluster's state lock (it was never taken, released or broken); acquire it with POST /v1/clusters/<id>/lock first"
-            ),
-            serde_json::json!({}),
-        )),
+        None => Err(ApiError::Conflict(format!(
+            "{what}: you do not hold this cluster's state lock (it was never taken, released or broken); acquire it with POST /v1/clusters/<id>/lock first"
+        ))),
     }
 }
 
@@ -210,19 +175,21 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
+    /// `key`: the `ADJ_STATE_ENC_KEY` root (`server::load_cluster_key`); `None` turns
+    /// the API off (503 after authentication).
     pub fn new(
         store: StateStore,
+        key: Option<RootKey>,
         config: &ClusterConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<Self, KeyError> {
-        let key = config.state_key()?;
-        Ok(ClusterService {
+    ) -> Self {
+        ClusterService {
             store,
             key,
             clock,
             stale_after: i64::try_from(config.lease_stale_seconds).unwrap_or(i64::MAX),
             heartbeat_seconds: config.heartbeat_seconds,
-        })
+        }
     }
 
     pub fn store(&self) -> &StateStore {
@@ -252,7 +219,7 @@ impl ClusterService {
         cluster_id: &str,
     ) -> Result<Authorized, ApiError> {
         let Some(token) = token else {
-            return Err(unauthorized());
+            return Err(ApiError::TokenRequired);
         };
         // A malformed id still costs the same lookup as a well-formed missing one.
         let canonical = uuid::Uuid::parse_str(cluster_id)
@@ -273,7 +240,7 @@ impl ClusterService {
             })
             .await?;
         let Some(principal) = principal else {
-            return Err(unauthorized());
+            return Err(ApiError::TokenRequired);
         };
         let cluster_id = match canonical {
             Some(id) if in_org => id,
@@ -286,7 +253,7 @@ impl ClusterService {
             )));
         }
         let Some(key) = self.key.clone() else {
-            return Err(not_configured());
+            return Err(ApiError::NotConfigured);
         };
         Ok(Authorized {
             principal,
@@ -391,7 +358,7 @@ impl ClusterService {
                     ),
                 };
                 lease::put_lease(conn, id, who.principal.id, &request, now).map_err(db_err)?;
-                crate::store::insert_audit(conn, &audit).map_err(db_err)?;
+                insert_audit(conn, &audit).map_err(db_err)?;
                 Ok(clock::rfc3339(now))
             })
             .await
@@ -443,7 +410,7 @@ impl ClusterService {
                                 }),
                             )
                         };
-                        crate::store::insert_audit(conn, &audit).map_err(db_err)
+                        insert_audit(conn, &audit).map_err(db_err)
                     }
                 }
             })
@@ -522,13 +489,8 @@ mod tests {
     }
 
     #[test]
-    fn fixed_bodies() {
-        assert_eq!(not_configured().http_status(), 503);
-        assert_eq!(
-            &not_configured().body()[..],
-            br#"{"error": "state sync not configured"}"#
-        );
+    fn not_found_body() {
+        // One body for a missing cluster, another org's cluster and a malformed id.
         assert_eq!(&not_found().body()[..], br#"{"error":"cluster not found"}"#);
-        assert_eq!(unauthorized().http_status(), 401);
     }
 }

@@ -5,9 +5,7 @@
 //! upstream is configured).
 
 use crate::error::ApiError;
-
-/// Longest workspace name accepted.
-pub const MAX_WORKSPACE_LEN: usize = 128;
+use crate::names::validate_workspace;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
 const CLUSTER_PREFIX: &str = "/v1/clusters/";
@@ -88,24 +86,6 @@ impl Endpoint {
             Endpoint::Cluster { action, .. } => action.name(),
             Endpoint::Upstream => "upstream",
         }
-    }
-}
-
-/// Workspace names: 1–128 of `[A-Za-z0-9._-]`, starting with a letter or digit.
-/// Nothing percent-encoded, no slashes, so a name can never mean a path.
-pub fn validate_workspace(name: &str) -> Result<(), ApiError> {
-    let valid = !name.is_empty()
-        && name.len() <= MAX_WORKSPACE_LEN
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if valid {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(format!(
-            "invalid workspace name: use 1-{MAX_WORKSPACE_LEN} characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
-        )))
     }
 }
 

@@ -1,4 +1,5 @@
-//! SQLite: the version index, locks and the audit log.
+//! SQLite: the connection pair every table lives behind (the version index and the
+//! audit log are this module's; the APIs bring their own tables, see `crate::schema`).
 //!
 //! One writer thread owns the only read-write connection. Jobs queue on a channel;
 //! the writer takes every job waiting, runs each in its own SAVEPOINT inside one
@@ -27,6 +28,7 @@ pub enum DbError {
 /// Most jobs folded into one transaction by default.
 pub const DEFAULT_MAX_GROUP: usize = 128;
 
+/// The engine's own tables: the version index and the audit log (`audit.rs`).
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS versions (
     scope       TEXT    NOT NULL,
@@ -39,13 +41,6 @@ CREATE TABLE IF NOT EXISTS versions (
     created_at  TEXT    NOT NULL,
     actor       TEXT    NOT NULL,
     PRIMARY KEY (scope, version)
-) WITHOUT ROWID;
-
-CREATE TABLE IF NOT EXISTS tf_locks (
-    workspace   TEXT PRIMARY KEY,
-    lock_id     TEXT NOT NULL,
-    info        TEXT NOT NULL,
-    created_at  TEXT NOT NULL
 ) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS audit (
@@ -96,20 +91,20 @@ fn restrict_to_owner(path: &Path) {
 }
 
 impl Db {
-    /// Opens (creating if needed) the database and applies `extra_schema` after the core schema.
-    pub fn open(path: &Path, extra_schema: &[&str]) -> Result<Db, DbError> {
-        Self::open_with_group_limit(path, extra_schema, DEFAULT_MAX_GROUP)
+    /// Opens (creating if needed) the database and applies `schemas`, in order. The
+    /// application's database is opened with every schema by `crate::schema::open_db`.
+    pub fn open(path: &Path, schemas: &[&str]) -> Result<Db, DbError> {
+        Self::open_with_group_limit(path, schemas, DEFAULT_MAX_GROUP)
     }
 
     /// `max_group = 1` disables group commit (one fsync per write): the benchmark baseline.
     pub fn open_with_group_limit(
         path: &Path,
-        extra_schema: &[&str],
+        schemas: &[&str],
         max_group: usize,
     ) -> Result<Db, DbError> {
         let writer_conn = open_connection(path)?;
-        writer_conn.execute_batch(SCHEMA)?;
-        for schema in extra_schema {
+        for schema in schemas {
             writer_conn.execute_batch(schema)?;
         }
         let reader = open_connection(path)?;

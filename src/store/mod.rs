@@ -6,6 +6,7 @@
 //! without a row is garbage. Reading the current version never turns an
 //! unreadable blob into "no state": it is an error.
 
+pub mod audit;
 pub mod blob;
 pub mod db;
 pub mod format;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use audit::{insert_audit, AuditEntry};
 pub use blob::{BlobError, BlobStore, LocalStore};
 pub use db::{Db, DbError};
 
@@ -75,32 +77,6 @@ impl VersionRow {
     pub fn is_tombstone(&self) -> bool {
         self.blob_key.is_none()
     }
-}
-
-/// One audit-log entry, written in the same transaction as the change it describes.
-#[derive(Debug, Clone)]
-pub struct AuditEntry {
-    pub actor: String,
-    pub org: Option<String>,
-    pub scope: String,
-    pub event: &'static str,
-    /// Metadata only: never state content or secrets.
-    pub payload: serde_json::Value,
-}
-
-pub fn insert_audit(conn: &Connection, entry: &AuditEntry) -> Result<(), rusqlite::Error> {
-    conn.execute(
-        "INSERT INTO audit (at, actor, org, scope, event, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            now_rfc3339(),
-            entry.actor,
-            entry.org,
-            entry.scope,
-            entry.event,
-            entry.payload.to_string()
-        ],
-    )?;
-    Ok(())
 }
 
 pub fn now_rfc3339() -> String {

@@ -213,14 +213,10 @@ fn row_of(claim: Claim) -> VersionRow {
     }
 }
 
-/// Creates `into` (which must not exist) with the full schema and `rows`, in one
+/// Creates `into` (which must not exist) with `schemas` (all of them: `crate::schema::ALL`) and `rows`, in one
 /// transaction, in rollback-journal mode: the result is a single self-contained file
 /// (no `-wal` beside it) that can be moved into place.
-pub fn write_index(
-    into: &Path,
-    extra_schema: &[&str],
-    rows: &[VersionRow],
-) -> Result<(), RebuildError> {
+pub fn write_index(into: &Path, schemas: &[&str], rows: &[VersionRow]) -> Result<(), RebuildError> {
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -241,8 +237,7 @@ pub fn write_index(
     conn.pragma_update(None, "journal_mode", "DELETE")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
-    tx.execute_batch(super::db::SCHEMA)?;
-    for schema in extra_schema {
+    for schema in schemas {
         tx.execute_batch(schema)?;
     }
     for row in rows {
@@ -258,7 +253,7 @@ pub async fn rebuild_index(
     blobs: &dyn BlobStore,
     keys: &ScopeKeys,
     into: &Path,
-    extra_schema: &[&str],
+    schemas: &[&str],
 ) -> Result<RebuildReport, RebuildError> {
     if into.exists() {
         return Err(RebuildError::Exists(into.to_path_buf()));
@@ -266,7 +261,7 @@ pub async fn rebuild_index(
     let (claims, skipped) = collect_claims(blobs, keys).await?;
     let resolved = resolve_claims(claims);
     let rows: Vec<VersionRow> = resolved.winners.into_iter().map(row_of).collect();
-    write_index(into, extra_schema, &rows)?;
+    write_index(into, schemas, &rows)?;
     Ok(RebuildReport {
         rows,
         skipped,
@@ -502,7 +497,7 @@ mod tests {
     fn write_index_never_overwrites() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("new.db");
-        write_index(&path, &[], &[]).unwrap();
+        write_index(&path, &[super::super::db::SCHEMA], &[]).unwrap();
         assert!(matches!(
             write_index(&path, &[], &[]),
             Err(RebuildError::Exists(_))

@@ -18,13 +18,24 @@ use std::collections::HashSet;
 use serde::Serialize;
 use time::{Duration, OffsetDateTime};
 
-use super::{format, insert_audit, AuditEntry, StateStore, StoreError, STATES_PREFIX};
+use super::audit::{insert_audit, AuditEntry};
+use super::{format, StateStore, StoreError, STATES_PREFIX};
+use crate::config::RetentionConfig;
 
 /// How many versions and days of history to keep per scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub keep_versions: u64,
     pub keep_days: u64,
+}
+
+impl Retention {
+    pub fn from_config(config: &RetentionConfig) -> Self {
+        Retention {
+            keep_versions: config.keep_versions,
+            keep_days: config.keep_days,
+        }
+    }
 }
 
 impl Default for Retention {
@@ -433,6 +444,27 @@ mod tests {
                 case.name
             );
         }
+    }
+
+    #[test]
+    fn the_configured_policy() {
+        let config = RetentionConfig {
+            keep_versions: 5,
+            keep_days: 2,
+            interval_seconds: 0,
+        };
+        assert_eq!(
+            Retention::from_config(&config),
+            Retention {
+                keep_versions: 5,
+                keep_days: 2
+            }
+        );
+        // The unconfigured defaults agree.
+        assert_eq!(
+            Retention::from_config(&RetentionConfig::default()),
+            Retention::default()
+        );
     }
 
     #[test]

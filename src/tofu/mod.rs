@@ -1,19 +1,27 @@
 //! The OpenTofu/Terraform HTTP state backend: GET, POST (?ID=), LOCK, UNLOCK, DELETE.
 //!
 //! Handlers take plain values (workspace, lock id, body bytes) and return plain
-//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks`; every check
-//! that decides whether a write may proceed runs again inside the commit transaction.
+//! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in
+//! `lock.rs`); every check that decides whether a write may proceed runs again inside
+//! the commit transaction.
 
+pub mod lock;
 pub mod protocol;
 
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
-use crate::store::{insert_audit, AuditEntry, DbError, NewVersion, StateStore, WriteOutcome};
-use protocol::{parse_lock_info, parse_state, LockInfo, UnlockRequest};
+use crate::store::{
+    audit::{insert_audit, AuditEntry},
+    DbError, NewVersion, StateStore, WriteOutcome,
+};
+use crate::tfstate::parse_state;
+pub use lock::SCHEMA;
+use lock::{decide_lock, decide_unlock, decide_write, held_lock, HeldLock, Lock, Unlock};
+use protocol::{parse_lock_info, UnlockRequest};
 
 /// Largest LockInfo body accepted.
 pub const MAX_LOCK_BODY: u64 = 64 * 1024;
@@ -22,13 +30,6 @@ pub const MAX_LOCK_BODY: u64 = 64 * 1024;
 pub struct TofuBackend {
     store: StateStore,
     root: RootKey,
-}
-
-/// The lock row of a workspace.
-#[derive(Debug, Clone)]
-struct HeldLock {
-    id: String,
-    info: String,
 }
 
 /// Audit event of an operator rollback (payload: versions and serial, never content).
@@ -63,53 +64,37 @@ fn audit(workspace: &str, event: &'static str, payload: serde_json::Value) -> Au
 }
 
 /// The lock ID plus the client's own `Who`/`Operation` (bounded: they are client-supplied).
-fn lock_summary(lock_id: &str, info: &str) -> serde_json::Value {
-    let parsed: serde_json::Value = serde_json::from_str(info).unwrap_or_default();
+fn lock_summary(lock: &HeldLock) -> serde_json::Value {
+    let parsed: serde_json::Value = serde_json::from_str(&lock.info).unwrap_or_default();
     let field = |name: &str| {
         let text = parsed[name].as_str().unwrap_or("");
         text.chars().take(256).collect::<String>()
     };
-    serde_json::json!({ "lock_id": lock_id, "who": field("Who"), "operation": field("Operation") })
-}
-
-fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
-    conn.query_row(
-        "SELECT lock_id, info FROM tf_locks WHERE workspace = ?1",
-        [workspace],
-        |r| {
-            Ok(HeldLock {
-                id: r.get(0)?,
-                info: r.get(1)?,
-            })
-        },
-    )
-    .optional()
+    serde_json::json!({ "lock_id": lock.id, "who": field("Who"), "operation": field("Operation") })
 }
 
 fn locked_by(holder: HeldLock) -> ApiError {
-    // 423 with the holder's LockInfo: the client prints it and `-lock-timeout` retries on it.
-    ApiError::WithBody {
-        status: 423,
-        body: Bytes::from(holder.info),
+    ApiError::Locked {
+        holder_info: Bytes::from(holder.info),
     }
 }
 
-/// May a write carrying `lock_id` proceed right now?
+/// May a write carrying `lock_id` proceed right now? ([`lock::decide_write`])
 fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), ApiError> {
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
-    match (held, lock_id) {
-        (None, None) => Ok(()),
-        (None, Some(id)) => Err(ApiError::Conflict(format!(
-            "lock {id} is not held on this workspace (it was released or force-unlocked); nothing was written"
+    match (decide_write(held.as_ref(), lock_id), held) {
+        (lock::Write::Allow, _) => Ok(()),
+        (lock::Write::Refuse, Some(holder)) => Err(locked_by(holder)),
+        (lock::Write::NotHeld | lock::Write::Refuse, _) => Err(ApiError::Conflict(format!(
+            "lock {} is not held on this workspace (it was released or force-unlocked); nothing was written",
+            lock_id.unwrap_or_default()
         ))),
-        (Some(holder), Some(id)) if holder.id == id => Ok(()),
-        (Some(holder), _) => Err(locked_by(holder)),
     }
 }
 
 /// Operator writes (rollback) wait for nobody: refused (423 + holder's LockInfo)
 /// while anyone holds the workspace lock.
-pub fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
+fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
     check_writer(conn, workspace, None)
 }
 
@@ -195,25 +180,26 @@ impl TofuBackend {
     }
 
     pub async fn lock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
-        let info: LockInfo = parse_lock_info(body)?;
+        let info = parse_lock_info(body)?;
+        let wanted = HeldLock {
+            id: info.id,
+            info: info.raw,
+        };
         let ws = workspace.to_string();
         self.store
             .db
             .write(move |conn| -> Result<(), ApiError> {
-                match held_lock(conn, &ws).map_err(DbError::from)? {
-                    // The holder retrying after a lost response: already theirs.
-                    Some(holder) if holder.id == info.id => Ok(()),
-                    Some(holder) => Err(locked_by(holder)),
-                    None => {
-                        conn.execute(
-                            "INSERT INTO tf_locks (workspace, lock_id, info, created_at) VALUES (?1, ?2, ?3, ?4)",
-                            params![ws, info.id, info.raw, crate::store::now_rfc3339()],
-                        )
-                        .map_err(DbError::from)?;
-                        let entry = audit(&ws, EVENT_LOCKED, lock_summary(&info.id, &info.raw));
+                let held = held_lock(conn, &ws).map_err(DbError::from)?;
+                match (decide_lock(held.as_ref(), &wanted.id), held) {
+                    (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
+                    (Lock::Take, _) => {
+                        lock::put_lock(conn, &ws, &wanted).map_err(DbError::from)?;
+                        let entry = audit(&ws, EVENT_LOCKED, lock_summary(&wanted));
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
+                    // The holder retrying after a lost response: already theirs.
+                    (Lock::AlreadyHeld, _) | (Lock::Refuse, None) => Ok(()),
                 }
             })
             .await
@@ -227,25 +213,20 @@ impl TofuBackend {
             .db
             .write(move |conn| -> Result<(), ApiError> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
-                let release = match (&held, &request) {
-                    (None, _) => false, // already unlocked: idempotent
-                    (Some(_), UnlockRequest::Force) => true,
-                    (Some(holder), UnlockRequest::Id(id)) if &holder.id == id => true,
-                    (Some(_), UnlockRequest::Id(_)) => {
-                        return Err(locked_by(held.expect("matched Some")))
+                match (decide_unlock(held.as_ref(), &request), held) {
+                    (Unlock::Nothing, _) | (_, None) => Ok(()), // idempotent
+                    (Unlock::Refuse, Some(holder)) => Err(locked_by(holder)),
+                    (Unlock::Release, Some(holder)) => {
+                        lock::delete_lock(conn, &ws).map_err(DbError::from)?;
+                        let event = match request {
+                            UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
+                            UnlockRequest::Id(_) => EVENT_UNLOCKED,
+                        };
+                        let entry = audit(&ws, event, lock_summary(&holder));
+                        insert_audit(conn, &entry).map_err(DbError::from)?;
+                        Ok(())
                     }
-                };
-                if let (true, Some(holder)) = (release, &held) {
-                    conn.execute("DELETE FROM tf_locks WHERE workspace = ?1", [&ws])
-                        .map_err(DbError::from)?;
-                    let event = match request {
-                        UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
-                        UnlockRequest::Id(_) => EVENT_UNLOCKED,
-                    };
-                    let entry = audit(&ws, event, lock_summary(&holder.id, &holder.info));
-                    insert_audit(conn, &entry).map_err(DbError::from)?;
                 }
-                Ok(())
             })
             .await
     }
@@ -295,37 +276,15 @@ pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: b
 mod tests {
     use super::*;
 
-    fn conn_with_lock(holder: Option<&str>) -> Connection {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(crate::store::db::SCHEMA).unwrap();
-        if let Some(id) = holder {
-            conn.execute(
-                "INSERT INTO tf_locks VALUES ('ws', ?1, ?2, 'now')",
-                params![id, format!(r#"{{"ID":"{id}"}}"#)],
-            )
-            .unwrap();
-        }
-        conn
-    }
-
     #[test]
-    fn who_may_write() {
-        // (lock holder, ?ID= of the write, expected status: 0 = allowed)
-        let table: &[(Option<&str>, Option<&str>, u16)] = &[
-            (None, None, 0),
-            (None, Some("a"), 409),
-            (Some("a"), Some("a"), 0),
-            (Some("a"), Some("b"), 423),
-            (Some("a"), None, 423),
-        ];
-        for (holder, id, expected) in table {
-            let conn = conn_with_lock(*holder);
-            let got = check_writer(&conn, "ws", *id).map_or_else(|e| e.http_status(), |()| 0);
-            assert_eq!(got, *expected, "holder {holder:?}, write with {id:?}");
-        }
-        // A rejection carries the holder's LockInfo verbatim.
-        let err = check_writer(&conn_with_lock(Some("a")), "ws", None).unwrap_err();
-        assert_eq!(&err.body()[..], br#"{"ID":"a"}"#);
+    fn a_refusal_carries_the_holders_lock_info_verbatim() {
+        let holder = HeldLock {
+            id: "a".into(),
+            info: r#"{"ID":"a","Who":"me"}"#.into(),
+        };
+        let err = locked_by(holder);
+        assert_eq!(err.http_status(), 423);
+        assert_eq!(&err.body()[..], br#"{"ID":"a","Who":"me"}"#);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! In-process test server: the real gateway on 127.0.0.1:0 over a temp data dir.
 #![allow(dead_code)]
 
+pub mod engine;
+
 use std::sync::Arc;
 
 use stategate::config::Config;
@@ -117,21 +119,31 @@ pub fn lock_info(id: &str) -> String {
     )
 }
 
-/// Sends one raw HTTP/1.1 request (no client-side path normalization) and returns
-/// the status code and the whole response text.
-pub async fn raw_request(base: &str, request: &str) -> (u16, String) {
+/// Sends one raw HTTP/1.1 request (no client-side path normalization): `head`, then
+/// `body` written concurrently with reading the answer (the server may answer and stop
+/// reading early). Returns the status code and the whole response text.
+pub async fn raw_request(base: &str, head: &str, body: Option<Vec<u8>>) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = base.trim_start_matches("http://");
-    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-    sock.write_all(request.as_bytes()).await.unwrap();
+    let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = sock.into_split();
+    wr.write_all(head.as_bytes()).await.unwrap();
+    let writer = tokio::spawn(async move {
+        if let Some(body) = body {
+            let _ = wr.write_all(&body).await;
+        }
+        wr
+    });
     let mut out = Vec::new();
-    sock.read_to_end(&mut out).await.unwrap();
+    // A reset after an early answer still leaves that answer in `out`.
+    let _ = rd.read_to_end(&mut out).await;
+    drop(writer.await);
     let text = String::from_utf8_lossy(&out).to_string();
     (status_line_code(&text), text)
 }
 
 /// The status code of a raw HTTP response text (0 if there is none).
-pub fn status_line_code(response: &str) -> u16 {
+fn status_line_code(response: &str) -> u16 {
     response
         .split_whitespace()
         .nth(1)

@@ -1,0 +1,82 @@
+//! The one naming rule for the names people choose: workspaces (in URLs, scopes and
+//! derived credentials) and orgs (in scopes and the audit log).
+//!
+//! A name is 1–N characters of `[A-Za-z0-9._-]` starting with a letter or digit:
+//! nothing percent-encoded, no slash, no leading dot, so a name can never mean a path.
+//! Pure; never touches storage or HTTP (callers turn [`InvalidName`] into their error).
+
+/// Longest workspace name accepted.
+pub const MAX_WORKSPACE_LEN: usize = 128;
+/// Longest org name accepted.
+pub const MAX_ORG_LEN: usize = 64;
+
+/// A name that breaks the rule. The message states the rule, never echoes the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind} name: use 1-{max} characters from A-Z a-z 0-9 . _ - starting with a letter or digit")]
+pub struct InvalidName {
+    kind: &'static str,
+    max: usize,
+}
+
+pub fn validate_workspace(name: &str) -> Result<(), InvalidName> {
+    validate("workspace", MAX_WORKSPACE_LEN, name)
+}
+
+pub fn validate_org(name: &str) -> Result<(), InvalidName> {
+    validate("org", MAX_ORG_LEN, name)
+}
+
+fn validate(kind: &'static str, max: usize, name: &str) -> Result<(), InvalidName> {
+    let valid = !name.is_empty()
+        && name.len() <= max
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidName { kind, max })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule() {
+        // (name, valid as a workspace, valid as an org)
+        let long_org = "a".repeat(MAX_ORG_LEN + 1);
+        let long_ws = "a".repeat(MAX_WORKSPACE_LEN + 1);
+        let table: &[(&str, bool, bool)] = &[
+            ("acme", true, true),
+            ("Acme-2.prod_x", true, true),
+            ("my_ws.v2-x", true, true),
+            ("0", true, true),
+            ("", false, false),
+            ("-acme", false, false),
+            (".hidden", false, false),
+            ("..", false, false),
+            ("ac me", false, false),
+            ("acme/x", false, false),
+            ("a%2Fb", false, false),
+            ("a\u{1}b", false, false),
+            ("ü", false, false),
+            (&long_org, true, false),
+            (&long_ws, false, false),
+        ];
+        for (name, workspace, org) in table {
+            assert_eq!(validate_workspace(name).is_ok(), *workspace, "{name:?}");
+            assert_eq!(validate_org(name).is_ok(), *org, "{name:?}");
+        }
+        assert_eq!(
+            validate_workspace("").unwrap_err().to_string(),
+            "invalid workspace name: use 1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit"
+        );
+        assert!(validate_org("")
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid org name: use 1-64 characters"));
+    }
+}

@@ -1,0 +1,23 @@
+//! Every table of the database, and the one way to open it with all of them.
+//!
+//! Each table is defined beside the rules that use it: `store` owns `versions` and
+//! `audit` (`store::db::SCHEMA`), `tofu` owns `tf_locks` (`tofu::SCHEMA`), `cluster`
+//! owns orgs, principals, tokens, clusters and leases (`cluster::SCHEMA`). This module
+//! only lists them, so the server, the operator commands, the index rebuild and the
+//! tests all create the same database.
+
+use std::path::Path;
+
+use crate::store::{Db, DbError};
+
+/// Every schema, in the order they are applied (all `CREATE … IF NOT EXISTS`).
+pub const ALL: &[&str] = &[
+    crate::store::db::SCHEMA,
+    crate::tofu::SCHEMA,
+    crate::cluster::SCHEMA,
+];
+
+/// Opens (creating if needed) the database at `path` with every schema applied.
+pub fn open_db(path: &Path) -> Result<Db, DbError> {
+    Db::open(path, ALL)
+}

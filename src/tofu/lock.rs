@@ -1,0 +1,205 @@
+//! Workspace locks: at most one row per workspace in `tf_locks`, holding the
+//! holder's LockInfo exactly as the client sent it.
+//!
+//! The rules are pure functions over the current holder and the request, like the
+//! cluster API's leases (`cluster::lease`); the SQL around them always runs inside one
+//! write transaction (and the writer check again inside each version commit).
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::protocol::UnlockRequest;
+
+/// The workspace locks table; `crate::schema` applies it.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tf_locks (
+    workspace   TEXT PRIMARY KEY,
+    lock_id     TEXT NOT NULL,
+    info        TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+) WITHOUT ROWID;
+"#;
+
+/// The lock row of a workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    pub id: String,
+    /// The holder's LockInfo, verbatim: what a refused contender is shown.
+    pub info: String,
+}
+
+/// What a LOCK does, given the current holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// Nobody holds it.
+    Take,
+    /// The caller already holds it (a retry after a lost response): nothing to do.
+    AlreadyHeld,
+    /// Someone else holds it: 423 with their LockInfo.
+    Refuse,
+}
+
+pub fn decide_lock(held: Option<&HeldLock>, lock_id: &str) -> Lock {
+    match held {
+        None => Lock::Take,
+        Some(holder) if holder.id == lock_id => Lock::AlreadyHeld,
+        Some(_) => Lock::Refuse,
+    }
+}
+
+/// What an UNLOCK does, given the current holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unlock {
+    /// Nothing held: nothing to do (idempotent).
+    Nothing,
+    /// The holder's own ID, or Terraform's force-unlock (no ID): delete the lock.
+    Release,
+    /// Another ID than the holder's: 423 with the holder's LockInfo.
+    Refuse,
+}
+
+pub fn decide_unlock(held: Option<&HeldLock>, request: &UnlockRequest) -> Unlock {
+    match (held, request) {
+        (None, _) => Unlock::Nothing,
+        (Some(_), UnlockRequest::Force) => Unlock::Release,
+        (Some(holder), UnlockRequest::Id(id)) if &holder.id == id => Unlock::Release,
+        (Some(_), UnlockRequest::Id(_)) => Unlock::Refuse,
+    }
+}
+
+/// May a state write (or delete, or rollback) carrying `lock_id` (`?ID=`) proceed?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// Unlocked and no ID, or the holder's ID.
+    Allow,
+    /// An ID, but nobody holds the lock (released or force-unlocked meanwhile): 409.
+    NotHeld,
+    /// Someone holds it and the write is not theirs: 423 with their LockInfo.
+    Refuse,
+}
+
+pub fn decide_write(held: Option<&HeldLock>, lock_id: Option<&str>) -> Write {
+    match (held, lock_id) {
+        (None, None) => Write::Allow,
+        (None, Some(_)) => Write::NotHeld,
+        (Some(holder), Some(id)) if holder.id == id => Write::Allow,
+        (Some(_), _) => Write::Refuse,
+    }
+}
+
+pub fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT lock_id, info FROM tf_locks WHERE workspace = ?1",
+        [workspace],
+        |r| {
+            Ok(HeldLock {
+                id: r.get(0)?,
+                info: r.get(1)?,
+            })
+        },
+    )
+    .optional()
+}
+
+pub fn put_lock(
+    conn: &Connection,
+    workspace: &str,
+    lock: &HeldLock,
+) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "INSERT INTO tf_locks (workspace, lock_id, info, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![workspace, lock.id, lock.info, crate::store::now_rfc3339()],
+    )?;
+    Ok(())
+}
+
+pub fn delete_lock(conn: &Connection, workspace: &str) -> Result<(), rusqlite::Error> {
+    conn.execute("DELETE FROM tf_locks WHERE workspace = ?1", [workspace])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(id: &str) -> HeldLock {
+        HeldLock {
+            id: id.into(),
+            info: format!(r#"{{"ID":"{id}"}}"#),
+        }
+    }
+
+    #[test]
+    fn lock_decisions() {
+        // (holder, LOCK with ID, expected)
+        let table: &[(Option<&str>, &str, Lock)] = &[
+            (None, "a", Lock::Take),
+            (Some("a"), "a", Lock::AlreadyHeld),
+            (Some("a"), "b", Lock::Refuse),
+        ];
+        for (holder, id, expected) in table {
+            let current = holder.map(held);
+            assert_eq!(
+                decide_lock(current.as_ref(), id),
+                *expected,
+                "{holder:?} <- {id}"
+            );
+        }
+    }
+
+    #[test]
+    fn unlock_decisions() {
+        let id = |id: &str| UnlockRequest::Id(id.into());
+        // (holder, UNLOCK request, expected)
+        let table: &[(Option<&str>, UnlockRequest, Unlock)] = &[
+            (None, UnlockRequest::Force, Unlock::Nothing),
+            (None, id("a"), Unlock::Nothing),
+            (Some("a"), id("a"), Unlock::Release),
+            (Some("a"), UnlockRequest::Force, Unlock::Release),
+            (Some("a"), id("b"), Unlock::Refuse),
+        ];
+        for (holder, request, expected) in table {
+            let current = holder.map(held);
+            assert_eq!(
+                decide_unlock(current.as_ref(), request),
+                *expected,
+                "{holder:?} <- {request:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn write_decisions() {
+        // (holder, ?ID= of the write, expected)
+        let table: &[(Option<&str>, Option<&str>, Write)] = &[
+            (None, None, Write::Allow),
+            (None, Some("a"), Write::NotHeld),
+            (Some("a"), Some("a"), Write::Allow),
+            (Some("a"), Some("b"), Write::Refuse),
+            (Some("a"), None, Write::Refuse),
+        ];
+        for (holder, id, expected) in table {
+            let current = holder.map(held);
+            assert_eq!(
+                decide_write(current.as_ref(), *id),
+                *expected,
+                "holder {holder:?}, write with {id:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lock_rows() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        assert_eq!(held_lock(&conn, "ws").unwrap(), None);
+        put_lock(&conn, "ws", &held("a")).unwrap();
+        assert!(
+            put_lock(&conn, "ws", &held("b")).is_err(),
+            "one lock per workspace"
+        );
+        assert_eq!(held_lock(&conn, "ws").unwrap(), Some(held("a")));
+        assert_eq!(held_lock(&conn, "other").unwrap(), None);
+        delete_lock(&conn, "ws").unwrap();
+        assert_eq!(held_lock(&conn, "ws").unwrap(), None);
+    }
+}

@@ -1,0 +1,179 @@
+//! The storage engine without the gateway (real SQLite, real local blobs), for
+//! retention and rebuild tests: a store whose deletes are watched, and helpers that
+//! write versions and plant orphan blobs with explicit times.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use stategate::crypto::RootKey;
+use stategate::schema::open_db;
+use stategate::store::format::{self, BlobHeader};
+use stategate::store::history::history_rows;
+use stategate::store::{
+    BlobError, BlobStore, LocalStore, NewVersion, StateStore, StoreError, VersionRow, WriteOutcome,
+};
+use time::OffsetDateTime;
+
+/// A local store that records, at every delete, whether a version row still pointed
+/// at the blob (it must not: rows go first), and can be told to fail deletes.
+pub struct WatchedStore {
+    inner: LocalStore,
+    db_path: std::path::PathBuf,
+    pub deleted_while_referenced: Mutex<Vec<String>>,
+    pub deletes: Mutex<Vec<String>>,
+    pub fail_deletes: AtomicBool,
+}
+
+#[async_trait]
+impl BlobStore for WatchedStore {
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), BlobError> {
+        self.inner.put(key, data).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        let conn = rusqlite::Connection::open(&self.db_path).unwrap();
+        let refs: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM versions WHERE blob_key = ?1",
+                [key],
+                |r| r.get(0),
+            )
+            .unwrap();
+        if refs > 0 {
+            self.deleted_while_referenced
+                .lock()
+                .unwrap()
+                .push(key.to_string());
+        }
+        if self.fail_deletes.load(Ordering::SeqCst) {
+            return Err(BlobError::Unavailable("test: store down".into()));
+        }
+        self.deletes.lock().unwrap().push(key.to_string());
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
+        self.inner.list(prefix).await
+    }
+    fn describe(&self) -> String {
+        "watched local store".into()
+    }
+}
+
+pub struct Engine {
+    pub dir: tempfile::TempDir,
+    pub store: StateStore,
+    pub blobs: Arc<WatchedStore>,
+    pub db_path: std::path::PathBuf,
+    pub root: RootKey,
+}
+
+pub fn engine() -> Engine {
+    let dir = tempfile::tempdir().unwrap();
+    let db_path = dir.path().join("stategate.db");
+    let db = open_db(&db_path).unwrap();
+    let blobs = Arc::new(WatchedStore {
+        inner: LocalStore::open(&dir.path().join("blobs")).unwrap(),
+        db_path: db_path.clone(),
+        deleted_while_referenced: Mutex::new(Vec::new()),
+        deletes: Mutex::new(Vec::new()),
+        fail_deletes: AtomicBool::new(false),
+    });
+    Engine {
+        store: StateStore::new(db, blobs.clone()),
+        blobs,
+        db_path,
+        root: RootKey::from_bytes([7; 32]),
+        dir,
+    }
+}
+
+pub const CLUSTER_KEY: [u8; 32] = [9; 32];
+
+/// Writes one version (no guard) sealed under the key its scope kind uses.
+pub async fn write(
+    store: &StateStore,
+    scope: &str,
+    body: &[u8],
+    serial: Option<i64>,
+) -> VersionRow {
+    let root = if scope.starts_with("cluster/") {
+        RootKey::from_bytes(CLUSTER_KEY)
+    } else {
+        RootKey::from_bytes([7; 32])
+    };
+    let new = NewVersion {
+        scope: scope.into(),
+        plaintext: Bytes::copy_from_slice(body),
+        serial,
+        lineage: Some("lin".into()),
+        actor: "test".into(),
+        audit: None,
+    };
+    match store
+        .write_version(new, &root.blob_key(scope), |_, _| Ok::<(), StoreError>(()))
+        .await
+        .unwrap()
+    {
+        WriteOutcome::Stored(row) => row,
+        WriteOutcome::Unchanged(row) => panic!("unchanged at v{}", row.version),
+    }
+}
+
+impl Engine {
+    pub fn conn(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(&self.db_path).unwrap()
+    }
+
+    pub fn set_created(&self, scope: &str, version: i64, at: OffsetDateTime) {
+        let text = at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap();
+        let n = self
+            .conn()
+            .execute(
+                "UPDATE versions SET created_at = ?1 WHERE scope = ?2 AND version = ?3",
+                rusqlite::params![text, scope, version],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
+    pub fn versions(&self, scope: &str) -> Vec<i64> {
+        history_rows(&self.conn(), scope, None)
+            .unwrap()
+            .into_iter()
+            .rev()
+            .map(|r| r.version)
+            .collect()
+    }
+
+    pub fn blob_exists(&self, key: &str) -> bool {
+        self.dir.path().join("blobs").join(key).exists()
+    }
+
+    /// Puts a blob no row references, claiming (scope, version), written at `at`.
+    pub async fn put_orphan(&self, scope: &str, version: i64, at: OffsetDateTime) -> String {
+        let body = b"{\"orphan\":true}";
+        let header = BlobHeader {
+            scope: scope.into(),
+            version,
+            serial: Some(99),
+            lineage: Some("lin".into()),
+            sha256: hex::encode(format::sha2_digest(body)),
+            size: body.len() as i64,
+            created_at: at
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap(),
+            actor: "test".into(),
+            parent: None,
+        };
+        let blob = format::encode(&self.root.blob_key(scope), &header, body).unwrap();
+        let key = stategate::store::blob_key_for(scope, version);
+        self.blobs.put(&key, Bytes::from(blob)).await.unwrap();
+        key
+    }
+}

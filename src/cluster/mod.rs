@@ -98,7 +98,7 @@ impl StoredState {
             out.push(("X-Stategate-Serial", serial.to_string()));
         }
         if let Some(lineage) = &row.lineage {
-            out.push(("X-Stategate-Lineage", lineage.clone()));
+            out.push(("X-Stategate-Lineage", header_safe(lineage)));
         }
         out.push(("X-Stategate-Version", row.version.to_string()));
         if let Some(sha) = &row.sha256 {
@@ -109,6 +109,24 @@ impl StoredState {
         }
         out
     }
+}
+
+/// A stored value as a header value. Lineages are printable ASCII since they are
+/// validated on write; one stored before that rule is percent-encoded rather than
+/// breaking every later GET of the cluster.
+fn header_safe(text: &str) -> String {
+    if text.bytes().all(|b| b.is_ascii_graphic() && b != b'%') {
+        return text.to_string();
+    }
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_graphic() && b != b'%' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// The conflict rules of PUT against the newest stored version. Pure; runs before the
@@ -486,6 +504,16 @@ mod tests {
                 ("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT".to_string()),
             ]
         );
+        // A lineage stored before lineages were validated still makes a valid header.
+        for (stored, sent) in [
+            ("a\nb", "a%0Ab"),
+            ("a b%", "a%20b%25"),
+            ("caf\u{e9}", "caf%C3%A9"),
+            ("plain-1", "plain-1"),
+        ] {
+            assert_eq!(header_safe(stored), sent);
+            assert!(http::HeaderValue::from_str(&header_safe(stored)).is_ok());
+        }
     }
 
     #[test]

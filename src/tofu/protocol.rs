@@ -31,12 +31,18 @@ pub fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
             "LockInfo must be a JSON object".into(),
         ));
     }
+    crate::tfstate::check_untrusted_json(body)
+        .map_err(|why| ApiError::BadRequest(format!("LockInfo is {why}")))?;
     let probe: LockProbe = serde_json::from_str(text)
         .map_err(|e| ApiError::BadRequest(format!("LockInfo is not valid JSON ({e})")))?;
     let id = probe
         .id
-        .filter(|id| !id.is_empty() && id.len() <= MAX_ID_LEN)
         .ok_or_else(|| ApiError::BadRequest("LockInfo has no \"ID\"".into()))?;
+    if !crate::tfstate::is_safe_id(&id, MAX_ID_LEN) {
+        return Err(ApiError::BadRequest(format!(
+            "LockInfo \"ID\" must be 1-{MAX_ID_LEN} printable ASCII characters"
+        )));
+    }
     Ok(LockInfo {
         id,
         raw: text.to_string(),
@@ -93,10 +99,16 @@ mod tests {
             b"[1]",
             b"\xff",
             b"{",
+            br#"{"ID":"a\nb"}"#,
+            br#"{"ID":"a\u0000b"}"#,
+            br#"{"ID":"a\u001b[2J"}"#,
+            br#"{"ID":"a b"}"#,
         ] {
             assert!(parse_lock_info(bad).is_err(), "{bad:?}");
         }
         assert!(parse_lock_info(format!(r#"{{"ID":"{}"}}"#, "x".repeat(300)).as_bytes()).is_err());
+        let deep = format!(r#"{{"ID":"x","Info":{}}}"#, "[".repeat(60_000));
+        assert!(parse_lock_info(deep.as_bytes()).is_err());
     }
 
     #[test]

@@ -544,26 +544,8 @@ async fn a_stalled_writer_makes_others_wait_a_bounded_time_on_its_key_only() {
     assert_eq!(status, 200, "{text}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_writer_loses_its_turn_and_its_write() {
-    let mut up = Upstream::start().await;
-    let s = guarded(&up, 10, 1).await;
-    let target = "/tf/locks/k.tflock";
-    let mut stalled = stalled_put(&s, &mut up, target).await;
-    // The next writer gets the turn once the stalled one's hold has run out.
-    let extra = format!("{SIGNED}If-None-Match: *\r\n");
-    let (status, text) = send(&s, "PUT", target, &host_of(&s), &extra, "lock").await;
-    assert_eq!(status, 200, "{text}");
-    // The stalled writer's body can no longer complete upstream, even if it arrives now.
-    let _ = stalled.write_all(b"defghij").await;
-    let mut answer = Vec::new();
-    let _ = stalled.read_to_end(&mut answer).await;
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        answer.is_empty() || status_line_code(&answer) == 408,
-        "the late body must be refused: {answer}"
-    );
-    // Two PUTs reached the upstream; only the second writer's body ever completed.
+/// Both of a key's PUTs reached the upstream; only the second writer's body completed.
+async fn only_the_second_put_completed(up: &mut Upstream, target: &str) {
     let mut ends = Vec::new();
     while ends.len() < 2 {
         if let Seen::End { line, complete } = up.next().await {
@@ -574,4 +556,55 @@ async fn a_stalled_writer_loses_its_turn_and_its_write() {
     }
     ends.sort();
     assert_eq!(ends, vec![false, true]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_writer_loses_its_turn_and_its_write() {
+    let mut up = Upstream::start().await;
+    let s = guarded(&up, 10, 1).await;
+    let target = "/tf/locks/k.tflock";
+    let mut stalled = stalled_put(&s, &mut up, target).await;
+    // The next writer gets the turn once the silent one's hold has run out.
+    let extra = format!("{SIGNED}If-None-Match: *\r\n");
+    let (status, text) = send(&s, "PUT", target, &host_of(&s), &extra, "lock").await;
+    assert_eq!(status, 200, "{text}");
+    // The silent writer is told, without sending anything more.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut answer));
+    read.await
+        .expect("the silent writer got no answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status_line_code(&answer), 408, "{answer}");
+    assert!(answer.contains("<Code>RequestTimeout</Code>"), "{answer}");
+    only_the_second_put_completed(&mut up, target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_writer_loses_its_turn_and_its_late_body_never_lands() {
+    let mut up = Upstream::start().await;
+    let s = guarded(&up, 10, 1).await;
+    let target = "/tf/locks/k.tflock";
+    let mut slow = stalled_put(&s, &mut up, target).await;
+    // Seven more bytes, one every 250 ms: never silent for the 1 s limit, but the
+    // whole body takes longer than the hold.
+    let trickle = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.tick().await;
+        for byte in b"defghij" {
+            tick.tick().await;
+            if slow.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+        }
+        let mut answer = Vec::new();
+        let _ = slow.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).to_string()
+    });
+    let extra = format!("{SIGNED}If-None-Match: *\r\n");
+    let (status, text) = send(&s, "PUT", target, &host_of(&s), &extra, "lock").await;
+    assert_eq!(status, 200, "{text}");
+    let answer = trickle.await.unwrap();
+    assert_eq!(status_line_code(&answer), 408, "{answer}");
+    only_the_second_put_completed(&mut up, target).await;
 }

@@ -129,6 +129,7 @@ impl ConditionalGuard {
 /// the turn up.
 pub struct HeldTurn {
     hold: Arc<SyncMutex<Hold>>,
+    limit: Duration,
     timer: tokio::task::JoinHandle<()>,
 }
 
@@ -170,7 +171,12 @@ impl HeldTurn {
                 }
             }
         });
-        HeldTurn { hold, timer }
+        HeldTurn { hold, limit, timer }
+    }
+
+    /// How long the body may take; also the longest silence allowed between its pieces.
+    pub fn limit(&self) -> Duration {
+        self.limit
     }
 
     /// Called for each piece of the forwarded body, before it goes upstream. Once the

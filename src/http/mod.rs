@@ -98,6 +98,10 @@ impl ProxyHttp for Gateway {
                     .await
                 {
                     Decision::Forward { turn } => {
+                        if let Some(turn) = &turn {
+                            // A client that goes silent is cut off, not only a slow one.
+                            session.set_read_timeout(Some(turn.limit()));
+                        }
                         ctx.conditional_turn = turn;
                         ctx.proxied_since = Some(started);
                         return Ok(false);
@@ -194,6 +198,11 @@ impl ProxyHttp for Gateway {
                     408,
                     "RequestTimeout",
                     "the body of a conditional write did not arrive in time; the write was not made",
+                ),
+                ErrorSource::Downstream if e.etype() == &ErrorType::ReadTimedout => (
+                    408,
+                    "RequestTimeout",
+                    "the request body did not arrive in time",
                 ),
                 ErrorSource::Downstream => (400, "BadRequest", "the request could not be read"),
                 _ => (

@@ -202,9 +202,34 @@ pub fn resolve(
         )
     })?;
 
+    let (locations, canonical) = locations(path, path_style, &vhost_buckets)?;
+    let pairs = query_pairs(query.unwrap_or(""));
+    let mut params: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
+    params.dedup();
+    let bucket_access = locations
+        .iter()
+        .any(|l| l.key.is_none())
+        .then(|| bucket_access(method, &pairs));
+    let (copy_sources, opaque_copy_source) = copy_sources(headers, &pairs)?;
+    Ok(Target {
+        locations,
+        canonical,
+        bucket_access,
+        params,
+        copy_sources,
+        opaque_copy_source,
+    })
+}
+
+/// Every reading of the path, and the canonical one.
+fn locations(
+    path: &str,
+    path_style: bool,
+    vhost_buckets: &[String],
+) -> Result<(Vec<Location>, Option<Location>), TargetError> {
     let mut locations = Vec::new();
     let mut canonical = None;
-    for bucket in &vhost_buckets {
+    for bucket in vhost_buckets {
         // The upstream takes the bucket from Host when it matches a root domain.
         canonical = Some(Location {
             bucket: bucket.clone(),
@@ -228,60 +253,45 @@ pub fn resolve(
     }
     locations.sort();
     locations.dedup();
+    Ok((locations, canonical))
+}
 
-    let pairs = query_pairs(query.unwrap_or(""));
-    let params: Vec<String> = {
-        let mut names: Vec<String> = pairs.iter().map(|(k, _)| k.clone()).collect();
-        names.sort();
-        names.dedup();
-        names
-    };
-    let bucket_access = locations
+/// Every reading of every copy source (header, or a query parameter that servers
+/// such as Garage promote to a header in presigned URLs), and whether one of them
+/// is not `bucket/key` at all.
+fn copy_sources(
+    headers: &HeaderMap,
+    pairs: &[(String, String)],
+) -> Result<(Vec<Location>, bool), TargetError> {
+    let from_headers = headers.get_all("x-amz-copy-source").iter().map(|v| {
+        v.to_str()
+            .map(str::to_string)
+            .map_err(|_| TargetError::BadEncoding)
+    });
+    let from_query = pairs
         .iter()
-        .any(|l| l.key.is_none())
-        .then(|| bucket_access(method, &pairs));
-
-    let mut copy_sources = Vec::new();
-    let mut opaque_copy_source = false;
-    let copy_values = headers
-        .get_all("x-amz-copy-source")
-        .iter()
-        .map(|v| {
-            v.to_str()
-                .map(str::to_string)
-                .map_err(|_| TargetError::BadEncoding)
-        })
-        .chain(
-            pairs
-                .iter()
-                .filter(|(k, _)| k.eq_ignore_ascii_case("x-amz-copy-source"))
-                .map(|(_, v)| Ok(v.clone())),
-        );
-    for value in copy_values {
+        .filter(|(k, _)| k.eq_ignore_ascii_case("x-amz-copy-source"))
+        .map(|(_, v)| Ok(v.clone()));
+    let mut out = Vec::new();
+    let mut opaque = false;
+    for value in from_headers.chain(from_query) {
         let value = value?;
         let value = value.trim();
         let decoded = decode(value)?;
+        // An access point ARN names no bucket stategate could compare.
         if decoded
             .trim_start_matches('/')
             .to_ascii_lowercase()
             .starts_with("arn:")
         {
-            opaque_copy_source = true;
+            opaque = true;
             continue;
         }
-        copy_sources.extend(copy_source_readings(value)?);
+        out.extend(copy_source_readings(value)?);
     }
-    copy_sources.sort();
-    copy_sources.dedup();
-
-    Ok(Target {
-        locations,
-        canonical,
-        bucket_access,
-        params,
-        copy_sources,
-        opaque_copy_source,
-    })
+    out.sort();
+    out.dedup();
+    Ok((out, opaque))
 }
 
 fn decode(text: &str) -> Result<String, TargetError> {
@@ -390,31 +400,19 @@ fn decoded_key_readings(key: &str) -> Vec<Option<String>> {
 /// Every reading of an `x-amz-copy-source` value: `[/]bucket/key[?versionId=…]`,
 /// URL-encoded. Garage keeps a `?versionId=` suffix as part of the key; AWS does not.
 fn copy_source_readings(value: &str) -> Result<Vec<Location>, TargetError> {
-    let mut variants = vec![value.to_string()];
-    if let Some((before, _)) = value.split_once('?') {
-        variants.push(before.to_string());
+    let mut out = Vec::new();
+    let without_version = value.split_once('?').map(|(before, _)| before);
+    for v in std::iter::once(value).chain(without_version) {
+        out.extend(split_readings(v)?);
     }
-    let decoded = decode(value)?;
-    if let Some((before, _)) = decoded.split_once('?') {
-        // An encoded `%3F` is still a plain `?` once decoded; re-encode nothing, just
-        // read the part before it as already decoded.
+    // An encoded `%3F` is a `?` once decoded: read the part before it as well.
+    if let Some((before, _)) = decode(value)?.split_once('?') {
         let before = before.trim_start_matches('/');
         let (bucket, rest) = before.split_once('/').unwrap_or((before, ""));
-        let mut out = Vec::new();
-        for key in decoded_key_readings(rest) {
-            out.push(Location {
-                bucket: bucket.to_string(),
-                key,
-            });
-        }
-        for v in &variants {
-            out.extend(split_readings(v)?);
-        }
-        return Ok(out);
-    }
-    let mut out = Vec::new();
-    for v in &variants {
-        out.extend(split_readings(v)?);
+        out.extend(decoded_key_readings(rest).into_iter().map(|key| Location {
+            bucket: bucket.to_string(),
+            key,
+        }));
     }
     Ok(out)
 }

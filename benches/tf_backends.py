@@ -389,8 +389,12 @@ class Bench:
 
     def _server(self, store: str) -> harness.Server:
         d = self.base / f"sg-{store}" / "data"
+        extra = {"STATEGATE_LOG": self.a.stategate_log}
+        if store == "s3":
+            # s3-via-sg keeps Terraform's s3-backend objects in the one bench bucket, beside stategate's prefix.
+            extra["STATEGATE_UPSTREAM_SHARE_STATE_BUCKET"] = "true"
         s = harness.Server(data_dir=d, store=store, s3_env=self.garage_env if store == "s3" else {},
-                           extra_env={"STATEGATE_LOG": self.a.stategate_log})
+                           extra_env=extra)
         self.servers.append(s)
         log(f"starting stategate serve ({store} store)")
         return s.start()

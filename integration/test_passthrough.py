@@ -29,7 +29,9 @@ PART = 5 * MiB
 def gw(own_garage, server_factory):
     """(garage, stategate server, boto3 via stategate, boto3 direct to Garage, bucket)."""
     env = own_garage.env()
-    srv = server_factory.new(env, STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS=10)
+    # The test Garage has one bucket, shared by stategate's state and these user objects.
+    srv = server_factory.new(env, STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS=10,
+                             STATEGATE_UPSTREAM_SHARE_STATE_BUCKET="true")
     return own_garage, srv, boto3_s3(srv.url, env), boto3_s3(env["STATEGATE_S3_ENDPOINT"], env), env["STATEGATE_S3_BUCKET"]
 
 
@@ -202,7 +204,8 @@ def test_hung_upstream_is_a_502_after_the_read_timeout(own_garage, server_factor
     """Garage frozen (SIGSTOP: connections are accepted, nothing is answered): the
     pass-through gives up after upstream.read_timeout_seconds with a 502, never hangs."""
     env = own_garage.env()
-    srv = server_factory.new(env, STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS=2)
+    srv = server_factory.new(env, STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS=2,
+                             STATEGATE_UPSTREAM_SHARE_STATE_BUCKET="true")
     bucket = env["STATEGATE_S3_BUCKET"]
     pid = own_garage.pid()
     os.kill(pid, signal.SIGSTOP)

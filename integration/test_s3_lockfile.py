@@ -41,7 +41,8 @@ def held_lock(client, bucket: str, key: str) -> str:
 def test_use_lockfile_is_enforced_through_stategate(own_garage, server_factory, tmp_path):
     env = own_garage.env()
     bucket = env["STATEGATE_S3_BUCKET"]
-    srv = server_factory.new(env)
+    # The test Garage has one bucket, shared by stategate's state and Terraform's s3 backend.
+    srv = server_factory.new(env, STATEGATE_UPSTREAM_SHARE_STATE_BUCKET="true")
     direct = boto3_s3(env["STATEGATE_S3_ENDPOINT"], env)
     key = f"lockfile/{uuid.uuid4().hex[:8]}/terraform.tfstate"
 

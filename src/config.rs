@@ -170,10 +170,26 @@ pub struct UpstreamConfig {
     pub endpoint: Option<String>,
     pub connect_timeout_seconds: u64,
     pub read_timeout_seconds: u64,
-    /// Refuse pass-through requests into stategate's own prefix of its bucket.
-    pub protect_state_prefix: bool,
+    /// Extra names clients use to reach stategate with path-style requests, besides
+    /// its listen address, localhost and the host of `public_url`.
+    pub hosts: Vec<String>,
+    /// The store's virtual-host root domains (Garage `s3_api.root_domain`, MinIO
+    /// `MINIO_DOMAIN`): `<bucket>.<root domain>` names a bucket. A request whose Host
+    /// is none of these nor a path-style name is refused.
+    pub root_domains: Vec<String>,
+    /// Let user objects live in the state bucket outside `store.s3.prefix`. Off (the
+    /// default), the whole state bucket is unreachable through the pass-through.
+    pub share_state_bucket: bool,
+    /// Deprecated: setting it (either value) means `share_state_bucket = true`, which
+    /// is what it did; the state prefix is always protected now.
+    pub protect_state_prefix: Option<bool>,
     /// Make `If-None-Match: *` / `If-Match` PUTs atomic (needs the store's S3 credentials).
     pub guard_conditional_writes: bool,
+    /// Longest wait for another conditional write to the same key (then 503 SlowDown).
+    pub conditional_turn_wait_seconds: u64,
+    /// Longest time a forwarded conditional PUT may take to deliver its body while it
+    /// holds the key's turn (then it is aborted and the turn passed on).
+    pub conditional_turn_hold_seconds: u64,
 }
 
 impl Default for UpstreamConfig {
@@ -182,9 +198,55 @@ impl Default for UpstreamConfig {
             endpoint: None,
             connect_timeout_seconds: 5,
             read_timeout_seconds: 60,
-            protect_state_prefix: true,
+            hosts: Vec::new(),
+            root_domains: Vec::new(),
+            share_state_bucket: false,
+            protect_state_prefix: None,
             guard_conditional_writes: true,
+            conditional_turn_wait_seconds: 10,
+            conditional_turn_hold_seconds: 30,
         }
+    }
+}
+
+impl UpstreamConfig {
+    /// Whether user objects may share the state bucket (also via the deprecated key).
+    pub fn shares_state_bucket(&self) -> bool {
+        self.share_state_bucket || self.protect_state_prefix.is_some()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            (
+                "upstream.conditional_turn_wait_seconds",
+                self.conditional_turn_wait_seconds,
+            ),
+            (
+                "upstream.conditional_turn_hold_seconds",
+                self.conditional_turn_hold_seconds,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be > 0")));
+            }
+        }
+        for (name, list) in [
+            ("upstream.hosts", &self.hosts),
+            ("upstream.root_domains", &self.root_domains),
+        ] {
+            for host in list {
+                let valid = !host.trim().is_empty()
+                    && host
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b));
+                if !valid {
+                    return Err(ConfigError::Invalid(format!(
+                        "{name}: {host:?} is not a host name (no scheme, path or spaces; e.g. s3.example.com)"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -306,6 +368,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "STATEGATE_UPSTREAM_READ_TIMEOUT_SECONDS",
         "upstream.read_timeout_seconds",
     ),
+    ("STATEGATE_UPSTREAM_HOSTS", "upstream.hosts"),
+    ("STATEGATE_UPSTREAM_ROOT_DOMAINS", "upstream.root_domains"),
+    (
+        "STATEGATE_UPSTREAM_SHARE_STATE_BUCKET",
+        "upstream.share_state_bucket",
+    ),
     (
         "STATEGATE_UPSTREAM_PROTECT_STATE_PREFIX",
         "upstream.protect_state_prefix",
@@ -313,6 +381,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "STATEGATE_UPSTREAM_GUARD_CONDITIONAL_WRITES",
         "upstream.guard_conditional_writes",
+    ),
+    (
+        "STATEGATE_UPSTREAM_CONDITIONAL_TURN_WAIT_SECONDS",
+        "upstream.conditional_turn_wait_seconds",
+    ),
+    (
+        "STATEGATE_UPSTREAM_CONDITIONAL_TURN_HOLD_SECONDS",
+        "upstream.conditional_turn_hold_seconds",
     ),
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
@@ -392,6 +468,14 @@ impl Config {
             }
         }
         let opt = |v: &str| (!v.is_empty()).then(|| v.to_string());
+        // Comma-separated, blanks dropped.
+        let list = |v: &str| -> Vec<String> {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
         match key {
             "listen" => {
                 self.listen = value
@@ -432,7 +516,18 @@ impl Config {
                 self.upstream.connect_timeout_seconds = num(value)?
             }
             "upstream.read_timeout_seconds" => self.upstream.read_timeout_seconds = num(value)?,
-            "upstream.protect_state_prefix" => self.upstream.protect_state_prefix = flag(value)?,
+            "upstream.hosts" => self.upstream.hosts = list(value),
+            "upstream.root_domains" => self.upstream.root_domains = list(value),
+            "upstream.share_state_bucket" => self.upstream.share_state_bucket = flag(value)?,
+            "upstream.protect_state_prefix" => {
+                self.upstream.protect_state_prefix = Some(flag(value)?)
+            }
+            "upstream.conditional_turn_wait_seconds" => {
+                self.upstream.conditional_turn_wait_seconds = num(value)?
+            }
+            "upstream.conditional_turn_hold_seconds" => {
+                self.upstream.conditional_turn_hold_seconds = num(value)?
+            }
             "upstream.guard_conditional_writes" => {
                 self.upstream.guard_conditional_writes = flag(value)?
             }
@@ -468,6 +563,7 @@ impl Config {
                 "tls.cert_file and tls.key_file must be set together".into(),
             ));
         }
+        self.upstream.validate()?;
         if self.store.kind == StoreKind::S3 {
             let s3 = &self.store.s3;
             for (name, value) in [
@@ -634,6 +730,70 @@ mod tests {
             assert!(!shown.contains(secret), "{secret} leaked: {shown}");
         }
         assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn upstream_addressing_and_turn_settings() {
+        let d = UpstreamConfig::default();
+        assert!(!d.shares_state_bucket());
+        assert_eq!(
+            (
+                d.conditional_turn_wait_seconds,
+                d.conditional_turn_hold_seconds
+            ),
+            (10, 30)
+        );
+        let c = with_env(&[
+            ("STATEGATE_UPSTREAM_HOSTS", "stategate.lan, 10.0.0.5 ,,"),
+            ("STATEGATE_UPSTREAM_ROOT_DOMAINS", "s3.lan"),
+            ("STATEGATE_UPSTREAM_SHARE_STATE_BUCKET", "true"),
+            ("STATEGATE_UPSTREAM_CONDITIONAL_TURN_WAIT_SECONDS", "3"),
+            ("STATEGATE_UPSTREAM_CONDITIONAL_TURN_HOLD_SECONDS", "4"),
+        ])
+        .unwrap();
+        let u = &c.upstream;
+        assert_eq!(u.hosts, vec!["stategate.lan", "10.0.0.5"]);
+        assert_eq!(u.root_domains, vec!["s3.lan"]);
+        assert!(u.shares_state_bucket());
+        assert_eq!(
+            (
+                u.conditional_turn_wait_seconds,
+                u.conditional_turn_hold_seconds
+            ),
+            (3, 4)
+        );
+        let c: Config =
+            toml::from_str("[upstream]\nhosts = [\"a.lan\"]\nroot_domains = [\".s3.lan\"]\n")
+                .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.upstream.root_domains, vec![".s3.lan"]);
+        // The deprecated key keeps meaning what it did: a bucket shared with user objects.
+        for old in ["true", "false"] {
+            let c: Config =
+                toml::from_str(&format!("[upstream]\nprotect_state_prefix = {old}\n")).unwrap();
+            assert!(c.upstream.shares_state_bucket(), "{old}");
+        }
+        for (var, value, needle) in [
+            ("STATEGATE_UPSTREAM_HOSTS", "http://a.lan", "upstream.hosts"),
+            (
+                "STATEGATE_UPSTREAM_ROOT_DOMAINS",
+                "a b",
+                "upstream.root_domains",
+            ),
+            (
+                "STATEGATE_UPSTREAM_CONDITIONAL_TURN_WAIT_SECONDS",
+                "0",
+                "conditional_turn_wait_seconds",
+            ),
+            (
+                "STATEGATE_UPSTREAM_CONDITIONAL_TURN_HOLD_SECONDS",
+                "0",
+                "conditional_turn_hold_seconds",
+            ),
+        ] {
+            let err = with_env(&[(var, value)]).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@ use pingora::server::{Server, ShutdownWatch};
 use crate::config::{Config, StoreKind};
 use crate::crypto::RootKey;
 use crate::http::conditional::ConditionalGuard;
-use crate::http::upstream::Upstream;
+use crate::http::s3_target::{host_of_url, Addressing};
+use crate::http::upstream::{same_server, Endpoint, Protection, Upstream};
 use crate::http::{App, Gateway};
 use crate::metrics::Metrics;
 use crate::store::blob::create_private_dir;
@@ -118,37 +119,121 @@ pub async fn build_app_with_clock(
         },
         metrics: Metrics::new(),
         upstream: upstream_for(config)?,
-        conditional: conditional_guard_for(config),
+        conditional: conditional_guard_for(config).await,
     }))
 }
 
-/// Is the pass-through upstream the S3 store stategate itself writes to (same credentials)?
-fn upstream_is_state_store(config: &Config) -> bool {
-    config.store.kind == StoreKind::S3
-        && config.upstream_endpoint().map(|e| e.trim_end_matches('/'))
-            == Some(config.store.s3.endpoint.trim_end_matches('/'))
+/// Is the pass-through upstream provably the S3 store stategate writes to, so the
+/// store's credentials see what the upstream holds? Same scheme and port, and host
+/// names that resolve to a common address now. `Err` says why not.
+async fn upstream_is_state_store(config: &Config) -> Result<(), String> {
+    if config.store.kind != StoreKind::S3 {
+        return Err("the store is not S3, so stategate has no credentials for the upstream".into());
+    }
+    let upstream = config
+        .upstream_endpoint()
+        .ok_or("no upstream is configured")?;
+    let upstream = Endpoint::parse(upstream).map_err(|e| e.to_string())?;
+    let store = Endpoint::parse(&config.store.s3.endpoint).map_err(|e| e.to_string())?;
+    let resolve = |e: &Endpoint| {
+        let target = (e.host.clone(), e.port);
+        async move {
+            tokio::net::lookup_host(target)
+                .await
+                .map(|addrs| addrs.map(|a| a.ip()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        }
+    };
+    same_server(
+        &upstream,
+        &resolve(&upstream).await,
+        &store,
+        &resolve(&store).await,
+    )
 }
 
-/// Conditional writes can only be checked with credentials for the upstream.
-fn conditional_guard_for(config: &Config) -> Option<ConditionalGuard> {
-    (config.upstream.guard_conditional_writes && upstream_is_state_store(config))
-        .then(|| ConditionalGuard::new(Arc::new(S3Store::new(&config.store.s3))))
+/// Conditional writes can only be checked with credentials for the upstream; when
+/// that is not proven, they are forwarded as they are, and the log says so once.
+async fn conditional_guard_for(config: &Config) -> Option<ConditionalGuard> {
+    config.upstream_endpoint()?;
+    if !config.upstream.guard_conditional_writes {
+        tracing::warn!(
+            "conditional writes (If-None-Match/If-Match PUTs) through the pass-through are forwarded unguarded: upstream.guard_conditional_writes is false"
+        );
+        return None;
+    }
+    if let Err(why) = upstream_is_state_store(config).await {
+        tracing::warn!(
+            "conditional writes (If-None-Match/If-Match PUTs) through the pass-through are forwarded unguarded, atomic only if the upstream enforces them: {why}"
+        );
+        return None;
+    }
+    let seconds = std::time::Duration::from_secs;
+    Some(ConditionalGuard::new(
+        Arc::new(S3Store::new(&config.store.s3)),
+        seconds(config.upstream.conditional_turn_wait_seconds),
+        seconds(config.upstream.conditional_turn_hold_seconds),
+    ))
+}
+
+/// Protection follows the state bucket's name whenever the store is S3, whatever
+/// the upstream endpoint is called.
+fn protection_for(config: &Config) -> Protection {
+    if config.store.kind != StoreKind::S3 {
+        return Protection::Off;
+    }
+    let bucket = config.store.s3.bucket.clone();
+    if config.upstream.shares_state_bucket() {
+        Protection::SharedBucket {
+            bucket,
+            prefix: config.store.s3.prefix.clone(),
+        }
+    } else {
+        Protection::ReservedBucket { bucket }
+    }
+}
+
+/// The names clients reach stategate by: its listen address, loopback, the host of
+/// `public_url`, and `upstream.hosts`; plus the store's virtual-host root domains.
+fn addressing_for(config: &Config) -> Addressing {
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+        config.listen.ip().to_string(),
+    ];
+    hosts.extend(config.public_url.as_deref().and_then(host_of_url));
+    hosts.extend(config.upstream.hosts.iter().cloned());
+    Addressing::new(hosts, &config.upstream.root_domains)
 }
 
 fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
     let Some(endpoint) = config.upstream_endpoint() else {
         return Ok(None);
     };
-    // The state bucket's prefix is protected only when the upstream is the state store itself.
-    let protected =
-        (config.upstream.protect_state_prefix && upstream_is_state_store(config)).then(|| {
-            (
-                config.store.s3.bucket.clone(),
-                config.store.s3.prefix.clone(),
-            )
-        });
-    let upstream = Upstream::from_config(&config.upstream, endpoint, protected)?;
-    tracing::info!(endpoint, "S3 pass-through enabled");
+    if let Some(old) = config.upstream.protect_state_prefix {
+        tracing::warn!(
+            protect_state_prefix = old,
+            "upstream.protect_state_prefix is deprecated and read as upstream.share_state_bucket = true \
+             (user objects allowed in the state bucket outside store.s3.prefix; the prefix is always protected). \
+             Remove it to reserve the whole state bucket, or set share_state_bucket = true"
+        );
+    }
+    let protection = protection_for(config);
+    let upstream = Upstream::from_config(
+        &config.upstream,
+        endpoint,
+        protection.clone(),
+        addressing_for(config),
+    )?;
+    let protected = match &protection {
+        Protection::Off => "nothing (the store is not S3)".to_string(),
+        Protection::ReservedBucket { bucket } => format!("bucket {bucket} (reserved)"),
+        Protection::SharedBucket { bucket, prefix } => {
+            format!("{bucket}/{prefix}* (shared bucket)")
+        }
+    };
+    tracing::info!(endpoint, protected = %protected, "S3 pass-through enabled");
     Ok(Some(upstream))
 }
 
@@ -267,6 +352,106 @@ impl pingora::services::background::BackgroundService for RetentionService {
                 _ = tokio::time::sleep(self.every) => {}
                 _ = shutdown.changed() => return,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s3(upstream: Option<&str>) -> Config {
+        let mut c = Config::default();
+        c.store.kind = StoreKind::S3;
+        c.store.s3.endpoint = "http://127.0.0.1:3900".into();
+        c.store.s3.bucket = "tf".into();
+        c.upstream.endpoint = upstream.map(str::to_string);
+        c
+    }
+
+    #[test]
+    fn protection_follows_the_bucket_name_whatever_the_upstream_is_called() {
+        let reserved = Protection::ReservedBucket {
+            bucket: "tf".into(),
+        };
+        let shared = Protection::SharedBucket {
+            bucket: "tf".into(),
+            prefix: "stategate/".into(),
+        };
+        for upstream in [
+            None,
+            Some("http://127.0.0.1:3900"),
+            Some("http://localhost:3900/"),
+            Some("http://garage.internal:3900"),
+        ] {
+            let mut c = s3(upstream);
+            assert_eq!(protection_for(&c), reserved, "{upstream:?}");
+            c.upstream.share_state_bucket = true;
+            assert_eq!(protection_for(&c), shared, "{upstream:?}");
+            c.upstream.share_state_bucket = false;
+            c.upstream.protect_state_prefix = Some(false);
+            assert_eq!(protection_for(&c), shared, "{upstream:?}");
+        }
+        let mut local = Config::default();
+        local.upstream.endpoint = Some("http://127.0.0.1:3900".into());
+        assert_eq!(protection_for(&local), Protection::Off);
+    }
+
+    #[tokio::test]
+    async fn the_guard_needs_the_upstream_proven_to_be_the_store() {
+        // (upstream endpoint, proven the store?)
+        let table = [
+            (None, true),
+            (Some("http://127.0.0.1:3900"), true),
+            (Some("http://localhost:3900"), true),
+            (Some("http://127.0.0.1:3901"), false),
+            (Some("https://127.0.0.1:3900"), false),
+            (Some("http://192.0.2.1:3900"), false),
+        ];
+        for (upstream, proven) in table {
+            let got = upstream_is_state_store(&s3(upstream)).await;
+            assert_eq!(got.is_ok(), proven, "{upstream:?}: {got:?}");
+        }
+        let mut local = Config::default();
+        local.upstream.endpoint = Some("http://127.0.0.1:3900".into());
+        let why = upstream_is_state_store(&local).await.unwrap_err();
+        assert!(why.contains("not S3"), "{why}");
+        assert!(conditional_guard_for(&local).await.is_none());
+    }
+
+    #[test]
+    fn clients_may_use_every_name_of_stategate() {
+        let mut c = s3(None);
+        c.listen = "0.0.0.0:8080".parse().unwrap();
+        c.public_url = Some("https://StateGate.example:8443/".into());
+        c.upstream.hosts = vec!["alias.lan".into()];
+        c.upstream.root_domains = vec!["s3.lan".into()];
+        let a = addressing_for(&c);
+        let reads = |host: &str| {
+            crate::http::s3_target::resolve(
+                "GET",
+                "/b/k",
+                None,
+                Some(host),
+                &http::HeaderMap::new(),
+                &a,
+            )
+            .is_ok()
+        };
+        for host in [
+            "localhost:8080",
+            "127.0.0.1",
+            "[::1]:8080",
+            "0.0.0.0:8080",
+            "stategate.example",
+            "alias.lan",
+            "s3.lan",
+            "b.s3.lan",
+        ] {
+            assert!(reads(host), "{host}");
+        }
+        for host in ["10.0.0.5:8080", "example", "b.alias.lan"] {
+            assert!(!reads(host), "{host}");
         }
     }
 }

@@ -11,7 +11,7 @@ use aws_sdk_s3::config::{
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use common::{lock_info, state, TestServer};
-use stategate::config::{S3Config, StoreKind};
+use stategate::config::{Config, S3Config, StoreKind};
 use stategate::store::s3::S3Store;
 use stategate::store::BlobStore;
 
@@ -61,13 +61,28 @@ fn s3_client(endpoint: &str, cfg: &S3Config) -> aws_sdk_s3::Client {
 }
 
 async fn s3_server(cfg: &S3Config) -> TestServer {
+    s3_server_with(cfg, |_| {}).await
+}
+
+/// The Garage of `scripts/test-all.sh` has one bucket; tests that keep user objects in
+/// it next to stategate's prefix opt in to sharing it.
+async fn shared_bucket_server(cfg: &S3Config) -> TestServer {
+    s3_server_with(cfg, |c| c.upstream.share_state_bucket = true).await
+}
+
+async fn s3_server_with(cfg: &S3Config, adjust: impl FnOnce(&mut Config)) -> TestServer {
     let cfg = cfg.clone();
     TestServer::start_with(move |c| {
         c.store.kind = StoreKind::S3;
         c.store.s3 = cfg;
+        // Garage's s3_api.root_domain in integration/garage_harness.py.
+        c.upstream.root_domains = vec![GARAGE_ROOT_DOMAIN.into()];
+        adjust(c);
     })
     .await
 }
+
+const GARAGE_ROOT_DOMAIN: &str = "s3.garage.localhost";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_round_trip() {
@@ -158,7 +173,7 @@ async fn tf_backend_on_garage_and_tamper_detection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pass_through_forwards_signed_requests_unchanged() {
     let Some(cfg) = s3_env() else { return };
-    let s = s3_server(&cfg).await;
+    let s = shared_bucket_server(&cfg).await;
     // The client signs for stategate's address; Garage must accept the forwarded signature.
     let via = s3_client(&s.base, &cfg);
     let key = format!("user-data/{}/small.txt", uuid::Uuid::new_v4().simple());
@@ -287,7 +302,7 @@ async fn send(r: reqwest::RequestBuilder) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conditional_puts_through_stategate_are_atomic() {
     let Some(cfg) = s3_env() else { return };
-    let s = s3_server(&cfg).await;
+    let s = shared_bucket_server(&cfg).await;
     let direct = s3_client(&cfg.endpoint, &cfg);
     let via = s3_client(&s.base, &cfg);
 
@@ -393,4 +408,399 @@ async fn read_object(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> By
         .await
         .unwrap();
     object.body.collect().await.unwrap().into_bytes()
+}
+
+/// `host:port` of a base URL.
+fn authority(base: &str) -> &str {
+    base.trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+}
+
+/// Sends one request signed with the store's credentials (SigV4, as any S3 client
+/// would sign it) byte for byte as given: path, query and `Host` are not normalized.
+/// Returns the status and the whole response text.
+/// The request target as Garage (like S3) canonicalizes it for SigV4: the path
+/// percent-decoded, then every byte but `A-Za-z0-9-._~/` encoded again; the query as
+/// sent (the signer sorts and encodes it).
+fn canonical_target(target: &str) -> String {
+    use percent_encoding::{percent_decode_str, percent_encode, AsciiSet, NON_ALPHANUMERIC};
+    const KEEP: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~')
+        .remove(b'/');
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let decoded: Vec<u8> = percent_decode_str(path).collect();
+    let mut out = percent_encode(&decoded, KEEP).to_string();
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+async fn signed_raw(
+    cfg: &S3Config,
+    to: &str,
+    method: &str,
+    host: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    use aws_sigv4::http_request::{
+        sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
+        SigningSettings, UriPathNormalizationMode,
+    };
+    let identity = Credentials::new(
+        &cfg.access_key_id,
+        cfg.secret_access_key.expose(),
+        None,
+        None,
+        "test",
+    )
+    .into();
+    // S3's rules: the path is signed as sent, never re-encoded or normalized.
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(&identity)
+        .region(&cfg.region)
+        .name("s3")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let mut signed_headers = vec![("host", host)];
+    signed_headers.extend_from_slice(headers);
+    let signable = SignableRequest::new(
+        method,
+        format!("http://{host}{}", canonical_target(target)),
+        signed_headers.into_iter(),
+        SignableBody::Bytes(body.as_bytes()),
+    )
+    .unwrap();
+    let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+    let mut request = format!("{method} {target} HTTP/1.1\r\nHost: {host}\r\n");
+    for (name, value) in headers.iter().copied().chain(instructions.headers()) {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    common::raw_request(to, &request, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_bucket_is_reserved_by_default() {
+    let Some(cfg) = s3_env() else { return };
+    let s = s3_server(&cfg).await;
+    let direct = s3_client(&cfg.endpoint, &cfg);
+    let via = s3_client(&s.base, &cfg);
+    let key = format!("user-data/{}.txt", uuid::Uuid::new_v4().simple());
+    // Control: with the same credentials, Garage serves the bucket.
+    direct
+        .put_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .body(ByteStream::from_static(b"user object"))
+        .send()
+        .await
+        .unwrap();
+    let get = via.get_object().bucket(&cfg.bucket).key(&key).send().await;
+    assert_eq!(status_of(get), 403);
+    let put = via
+        .put_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .body(ByteStream::from_static(b"x"))
+        .send()
+        .await;
+    assert_eq!(status_of(put), 403);
+    let list = via
+        .list_objects_v2()
+        .bucket(&cfg.bucket)
+        .prefix("user-data/")
+        .send()
+        .await;
+    assert_eq!(status_of(list), 403);
+    // Virtual-host style: Garage takes the bucket from Host; stategate refuses it too.
+    let vhost = format!("{}.{GARAGE_ROOT_DOMAIN}", cfg.bucket);
+    let target = format!("/{key}");
+    let (status, text) = signed_raw(&cfg, &cfg.endpoint, "GET", &vhost, &target, &[], "").await;
+    assert_eq!(status, 200, "control straight to Garage: {text}");
+    assert!(text.contains("user object"), "{text}");
+    let (status, text) = signed_raw(&cfg, &s.base, "GET", &vhost, &target, &[], "").await;
+    assert_eq!(status, 403, "{text}");
+    // The state API itself is unaffected.
+    assert_eq!(send(s.tf("POST", "r").body(state(1, "l", ""))).await, 200);
+    assert_eq!(send(s.tf("GET", "r")).await, 200);
+    let via_store = read_object(&direct, &cfg.bucket, &key).await;
+    assert_eq!(via_store, "user object");
+    direct
+        .delete_object()
+        .bucket(&cfg.bucket)
+        .key(&key)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// How the control straight to Garage shows that the attack reaches protected data.
+enum Reaches {
+    /// Garage's answer contains this text (the decoy's content or key).
+    Shows(String),
+    /// The decoy is gone afterwards.
+    Deletes,
+    /// The decoy holds the user object's content afterwards.
+    Overwrites,
+    /// This object was created with the decoy's content.
+    CopiesTo(String),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_reach_state_objects_on_garage_but_not_through_stategate() {
+    let Some(cfg) = s3_env() else { return };
+    let s = shared_bucket_server(&cfg).await;
+    let direct = s3_client(&cfg.endpoint, &cfg);
+    let (b, p) = (cfg.bucket.as_str(), cfg.prefix.as_str());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    // A decoy under the protected prefix stands in for a state blob.
+    let decoy = format!("{p}states/decoy-{id}.blob");
+    let user = format!("user-data/{id}.txt");
+    let copy = format!("user-data/{id}-copy.txt");
+    let vhost = format!("{b}.{GARAGE_ROOT_DOMAIN}");
+    let delete_body =
+        format!("<Delete><Object><Key>{decoy}</Key></Object><Quiet>true</Quiet></Delete>");
+    let delete_md5 = {
+        use base64::Engine;
+        use md5::Digest;
+        base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(delete_body.as_bytes()))
+    };
+    let copy_out = format!("{b}/{decoy}");
+    let copy_in = format!("{b}/{user}");
+    // (what, method, virtual-host Host?, target, headers, body, how Garage shows it works)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        bool,
+        String,
+        Vec<(&'a str, &'a str)>,
+        &'a str,
+        Reaches,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "GET with // after the bucket",
+            "GET",
+            false,
+            format!("/{b}//{decoy}"),
+            vec![],
+            "",
+            Reaches::Shows("DECOY".into()),
+        ),
+        (
+            "GET with %2F in the key",
+            "GET",
+            false,
+            format!("/{b}/{}", decoy.replace('/', "%2F")),
+            vec![],
+            "",
+            Reaches::Shows("DECOY".into()),
+        ),
+        (
+            "GET virtual-host style",
+            "GET",
+            true,
+            format!("/{decoy}"),
+            vec![],
+            "",
+            Reaches::Shows("DECOY".into()),
+        ),
+        (
+            "listing without prefix",
+            "GET",
+            false,
+            format!("/{b}?list-type=2"),
+            vec![],
+            "",
+            Reaches::Shows(decoy.clone()),
+        ),
+        (
+            "listing virtual-host style",
+            "GET",
+            true,
+            "/?list-type=2".into(),
+            vec![],
+            "",
+            Reaches::Shows(decoy.clone()),
+        ),
+        (
+            "copy out of the prefix",
+            "PUT",
+            false,
+            format!("/{b}/{copy}"),
+            vec![("x-amz-copy-source", copy_out.as_str())],
+            "",
+            Reaches::CopiesTo(copy.clone()),
+        ),
+        (
+            "copy over a state object",
+            "PUT",
+            false,
+            format!("/{b}/{decoy}"),
+            vec![("x-amz-copy-source", copy_in.as_str())],
+            "",
+            Reaches::Overwrites,
+        ),
+        (
+            "DELETE with // after the bucket",
+            "DELETE",
+            false,
+            format!("/{b}//{decoy}"),
+            vec![],
+            "",
+            Reaches::Deletes,
+        ),
+        (
+            "bulk delete at /bucket//",
+            "POST",
+            false,
+            format!("/{b}//?delete"),
+            vec![("content-md5", delete_md5.as_str())],
+            delete_body.as_str(),
+            Reaches::Deletes,
+        ),
+    ];
+    let put = |key: String, body: &'static [u8]| {
+        direct
+            .put_object()
+            .bucket(b)
+            .key(key)
+            .body(ByteStream::from_static(body))
+            .send()
+    };
+    let decoy_now = || async {
+        match direct.get_object().bucket(b).key(&decoy).send().await {
+            Ok(o) => Some(o.body.collect().await.unwrap().into_bytes()),
+            Err(_) => None,
+        }
+    };
+    for (what, method, virtual_host, target, headers, body, reaches) in cases {
+        put(decoy.clone(), b"DECOY").await.unwrap();
+        put(user.clone(), b"USER").await.unwrap();
+        let host_via = if virtual_host {
+            vhost.clone()
+        } else {
+            authority(&s.base).to_string()
+        };
+        let (status, text) =
+            signed_raw(&cfg, &s.base, method, &host_via, &target, &headers, body).await;
+        assert_eq!(status, 403, "{what} through stategate: {text}");
+        assert!(text.contains("<Code>AccessDenied</Code>"), "{what}: {text}");
+        assert_eq!(
+            decoy_now().await.as_deref(),
+            Some(&b"DECOY"[..]),
+            "{what} changed the decoy"
+        );
+        // Control: the same signed request straight to Garage reaches the decoy.
+        let host_direct = if virtual_host {
+            vhost.clone()
+        } else {
+            authority(&cfg.endpoint).to_string()
+        };
+        let (status, text) = signed_raw(
+            &cfg,
+            &cfg.endpoint,
+            method,
+            &host_direct,
+            &target,
+            &headers,
+            body,
+        )
+        .await;
+        assert!(
+            (200..300).contains(&status),
+            "{what} straight to Garage: {text}"
+        );
+        match reaches {
+            Reaches::Shows(needle) => assert!(text.contains(&needle), "{what}: {text}"),
+            Reaches::Deletes => assert_eq!(decoy_now().await, None, "{what}"),
+            Reaches::Overwrites => {
+                assert_eq!(decoy_now().await.as_deref(), Some(&b"USER"[..]), "{what}")
+            }
+            Reaches::CopiesTo(key) => {
+                assert_eq!(read_object(&direct, b, &key).await, "DECOY", "{what}")
+            }
+        }
+    }
+    for key in [&decoy, &user, &copy] {
+        let _ = direct.delete_object().bucket(b).key(key).send().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_answers_only_signed_requests_and_guards_the_exact_key() {
+    let Some(cfg) = s3_env() else { return };
+    let s = shared_bucket_server(&cfg).await;
+    let direct = s3_client(&cfg.endpoint, &cfg);
+    let b = cfg.bucket.as_str();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let existing = format!("locks/{id}-held.tflock");
+    direct
+        .put_object()
+        .bucket(b)
+        .key(&existing)
+        .body(ByteStream::from_static(b"held"))
+        .send()
+        .await
+        .unwrap();
+    // Unsigned: no 412 (which would say the object exists), the same 403 Garage gives.
+    let unsigned = format!(
+        "PUT /{b}/{existing} HTTP/1.1\r\nHost: {}\r\nIf-None-Match: *\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx",
+        authority(&s.base)
+    );
+    let (status, text) = common::raw_request(&s.base, &unsigned, None).await;
+    assert_eq!(status, 403, "{text}");
+    let unsigned_direct = unsigned.replace(authority(&s.base), authority(&cfg.endpoint));
+    let (status, text) = common::raw_request(&cfg.endpoint, &unsigned_direct, None).await;
+    assert_eq!(status, 403, "control straight to Garage: {text}");
+    assert_eq!(read_object(&direct, b, &existing).await, "held");
+
+    // A raw `&` in the key: the guard checks the whole key, so only one create wins.
+    let target = format!("/{b}/locks/{id}-a&b.tflock");
+    let me = authority(&s.base).to_string();
+    let create = [("if-none-match", "*")];
+    let first = signed_raw(&cfg, &s.base, "PUT", &me, &target, &create, "one").await;
+    let second = signed_raw(&cfg, &s.base, "PUT", &me, &target, &create, "two").await;
+    assert_eq!((first.0, second.0), (200, 412), "{first:?} {second:?}");
+    assert_eq!(
+        read_object(&direct, b, &format!("locks/{id}-a&b.tflock")).await,
+        "one"
+    );
+    // Control: Garage alone lets the second create overwrite the first.
+    let garage = authority(&cfg.endpoint).to_string();
+    let target = format!("/{b}/locks/{id}-direct-a&b.tflock");
+    let first = signed_raw(&cfg, &cfg.endpoint, "PUT", &garage, &target, &create, "one").await;
+    let second = signed_raw(&cfg, &cfg.endpoint, "PUT", &garage, &target, &create, "two").await;
+    eprintln!(
+        "garage direct: create-only twice -> {}, {}",
+        first.0, second.0
+    );
+    for key in [
+        existing,
+        format!("locks/{id}-a&b.tflock"),
+        format!("locks/{id}-direct-a&b.tflock"),
+    ] {
+        let _ = direct.delete_object().bucket(b).key(key).send().await;
+    }
 }

@@ -8,8 +8,16 @@
 //! `412 PreconditionFailed` when the condition fails, and otherwise forwards the PUT
 //! while still holding the turn, so no two conditional writes to one key interleave.
 //! This is atomic for every client that goes through stategate.
+//!
+//! Turns are per exact key ([`KeyedTurns`]) and bounded both ways: a writer waits at
+//! most `conditional_turn_wait_seconds` for the turn (then 503 SlowDown), and a
+//! forwarded PUT whose body has not fully arrived `conditional_turn_hold_seconds`
+//! after it got the turn loses it, and its body is cut off before its end reaches
+//! the upstream ([`HeldTurn`]), so a stalled client cannot block a key or, late,
+//! overwrite what the next writer created.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as SyncMutex};
+use std::time::Duration;
 
 use crate::store::s3::S3Store;
 use crate::store::BlobError;
@@ -54,30 +62,38 @@ pub enum Refusal {
     Failed,
     /// stategate could not find out (no access, store down): refuse rather than guess.
     Unverifiable(String),
+    /// Another conditional write to the key held its turn for the whole wait.
+    Busy,
 }
 
 pub struct ConditionalGuard {
     store: Arc<S3Store>,
     turns: KeyedTurns<(String, String)>,
+    wait: Duration,
+    hold: Duration,
 }
 
 impl ConditionalGuard {
-    pub fn new(store: Arc<S3Store>) -> Self {
+    /// `wait`: longest wait for a key's turn. `hold`: longest time a forwarded PUT may
+    /// take to deliver its body while holding the turn.
+    pub fn new(store: Arc<S3Store>, wait: Duration, hold: Duration) -> Self {
         ConditionalGuard {
             store,
             turns: KeyedTurns::new(),
+            wait,
+            hold,
         }
     }
 
     /// Waits for the key's turn and checks the condition. On success the returned turn
-    /// must be held until the forwarded PUT has completed.
+    /// must be kept until the forwarded PUT has completed, and told about its body.
     pub async fn enter(
         &self,
         bucket: &str,
         key: &str,
         condition: &Precondition,
-    ) -> Result<KeyTurn, Refusal> {
-        let turn = self.turns.wait((bucket.to_string(), key.to_string())).await;
+    ) -> Result<HeldTurn, Refusal> {
+        let turn = self.take_turn(bucket, key).await?;
         let current = self
             .store
             .head_etag(bucket, key)
@@ -94,18 +110,99 @@ impl ConditionalGuard {
             (Precondition::Matches(_), None) => false,
         };
         if holds {
-            Ok(turn)
+            Ok(HeldTurn::start(turn, self.hold))
         } else {
             Err(Refusal::Failed)
         }
     }
+
+    async fn take_turn(&self, bucket: &str, key: &str) -> Result<KeyTurn, Refusal> {
+        self.turns
+            .acquire((bucket.to_string(), key.to_string()), self.wait)
+            .await
+            .map_err(|_| Refusal::Busy)
+    }
 }
 
-/// `/bucket/key…` of a path-style request, with the key percent-decoded.
-pub fn bucket_and_key(path: &str) -> Option<(String, String)> {
-    let (bucket, key) = path.trim_start_matches('/').split_once('/')?;
-    let key = super::upstream::percent_decode(key);
-    (!bucket.is_empty() && !key.is_empty()).then(|| (bucket.to_string(), key))
+/// A key's turn held by a forwarded conditional PUT, for at most the hold time
+/// unless its body has fully arrived by then. Dropping it (the request ended) gives
+/// the turn up.
+pub struct HeldTurn {
+    hold: Arc<SyncMutex<Hold>>,
+    limit: Duration,
+    timer: tokio::task::JoinHandle<()>,
+}
+
+struct Hold {
+    turn: Option<KeyTurn>,
+    body_done: bool,
+    expired: bool,
+}
+
+/// The hold ran out before the body was complete: the request must be aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldExpired;
+
+impl HeldTurn {
+    fn start(turn: KeyTurn, limit: Duration) -> HeldTurn {
+        let hold = Arc::new(SyncMutex::new(Hold {
+            turn: Some(turn),
+            body_done: false,
+            expired: false,
+        }));
+        let timer = tokio::spawn({
+            let hold = hold.clone();
+            async move {
+                tokio::time::sleep(limit).await;
+                let released = {
+                    let mut h = lock(&hold);
+                    if h.body_done {
+                        None
+                    } else {
+                        h.expired = true;
+                        h.turn.take()
+                    }
+                };
+                if released.is_some() {
+                    tracing::warn!(
+                        seconds = limit.as_secs(),
+                        "a conditional PUT did not deliver its body in time; its turn is given up and the request aborted"
+                    );
+                }
+            }
+        });
+        HeldTurn { hold, limit, timer }
+    }
+
+    /// How long the body may take; also the longest silence allowed between its pieces.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// Called for each piece of the forwarded body, before it goes upstream. Once the
+    /// body's end has passed, the turn is kept until the upstream answered; once the
+    /// hold has run out, no further piece (in particular not the end) may go upstream.
+    pub fn body_progress(&self, end_of_body: bool) -> Result<(), HoldExpired> {
+        let mut h = lock(&self.hold);
+        if h.expired {
+            return Err(HoldExpired);
+        }
+        h.body_done |= end_of_body;
+        Ok(())
+    }
+}
+
+impl Drop for HeldTurn {
+    fn drop(&mut self) {
+        self.timer.abort();
+        let turn = lock(&self.hold).turn.take();
+        drop(turn);
+    }
+}
+
+/// Never held across an await; a poisoned lock still holds consistent flags.
+fn lock(hold: &SyncMutex<Hold>) -> std::sync::MutexGuard<'_, Hold> {
+    hold.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -155,17 +252,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bucket_keys() {
+    /// A guard whose store is never contacted (the tests stop before the HEAD).
+    fn guard(wait: Duration, hold: Duration) -> ConditionalGuard {
+        let config = crate::config::S3Config {
+            endpoint: "http://127.0.0.1:9".into(),
+            bucket: "tf".into(),
+            access_key_id: "k".into(),
+            secret_access_key: "s".into(),
+            ..Default::default()
+        };
+        ConditionalGuard::new(Arc::new(S3Store::new(&config)), wait, hold)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn turns_are_per_exact_key_and_the_wait_is_bounded() {
+        let g = guard(Duration::from_secs(10), Duration::from_secs(30));
+        let first = g.take_turn("tf", "locks/a&b.tflock").await.unwrap();
+        // A key that only shares a prefix (what a decoder stopping at `&` would see) is free.
+        let other = g.take_turn("tf", "locks/a").await.unwrap();
+        let started = tokio::time::Instant::now();
         assert_eq!(
-            bucket_and_key("/b/dir/state.tflock"),
-            Some(("b".into(), "dir/state.tflock".into()))
+            g.take_turn("tf", "locks/a&b.tflock").await.err(),
+            Some(Refusal::Busy)
         );
-        assert_eq!(
-            bucket_and_key("/b/a%20b%2Bc"),
-            Some(("b".into(), "a b+c".into()))
-        );
-        assert_eq!(bucket_and_key("/b/"), None);
-        assert_eq!(bucket_and_key("/b"), None);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        drop((first, other));
+        assert!(g.take_turn("tf", "locks/a&b.tflock").await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_body_loses_the_turn_and_cannot_finish() {
+        let g = guard(Duration::from_secs(10), Duration::from_secs(30));
+        let held = HeldTurn::start(g.take_turn("tf", "k").await.unwrap(), g.hold);
+        assert_eq!(held.body_progress(false), Ok(()));
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        // The next writer gets the turn although the first request still exists…
+        let next = g.take_turn("tf", "k").await;
+        assert!(next.is_ok());
+        // …and the first one's body can no longer complete.
+        assert_eq!(held.body_progress(true), Err(HoldExpired));
+        drop(next);
+        drop(held);
+        assert_eq!(g.turns.active_keys(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_complete_body_keeps_the_turn_until_the_request_ends() {
+        let g = guard(Duration::from_secs(10), Duration::from_secs(30));
+        let held = HeldTurn::start(g.take_turn("tf", "k").await.unwrap(), g.hold);
+        assert_eq!(held.body_progress(true), Ok(()));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        // The upstream is still answering: the turn is not given up.
+        assert_eq!(g.take_turn("tf", "k").await.err(), Some(Refusal::Busy));
+        drop(held);
+        assert!(g.take_turn("tf", "k").await.is_ok());
     }
 }

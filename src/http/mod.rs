@@ -12,6 +12,7 @@ mod cluster;
 pub mod conditional;
 pub mod pass_through;
 pub mod router;
+pub mod s3_target;
 pub mod sigv4;
 mod tofu;
 pub mod upstream;
@@ -29,6 +30,9 @@ use body::{error_reply, write_reply, Handled};
 pub use body::{BodyBudget, BodyLimits, Reply};
 use pass_through::{no_upstream, s3_reply, Decision};
 use router::Endpoint;
+
+/// Error type of a conditional PUT aborted because its turn's hold ran out.
+const HOLD_EXPIRED: &str = "ConditionalHoldExpired";
 
 /// Everything a request handler needs.
 pub struct App {
@@ -66,7 +70,7 @@ pub struct RequestCtx {
     /// Set when the request is being forwarded upstream (logged in `logging`).
     proxied_since: Option<Instant>,
     /// Held until the forwarded conditional PUT completes (see `conditional`).
-    conditional_turn: Option<conditional::KeyTurn>,
+    conditional_turn: Option<conditional::HeldTurn>,
 }
 
 #[async_trait]
@@ -101,6 +105,10 @@ impl ProxyHttp for Gateway {
                     .await
                 {
                     Decision::Forward { turn } => {
+                        if let Some(turn) = &turn {
+                            // A client that goes silent is cut off, not only a slow one.
+                            session.set_read_timeout(Some(turn.limit()));
+                        }
                         ctx.conditional_turn = turn;
                         ctx.proxied_since = Some(started);
                         return Ok(false);
@@ -134,6 +142,24 @@ impl ProxyHttp for Gateway {
             "request"
         );
         Ok(true)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if let Some(turn) = &ctx.conditional_turn {
+            turn.body_progress(end_of_stream).map_err(|_| {
+                Error::explain(
+                    ErrorType::Custom(HOLD_EXPIRED),
+                    "the conditional PUT's body did not arrive in time",
+                )
+            })?;
+        }
+        Ok(())
     }
 
     async fn upstream_peer(
@@ -177,6 +203,16 @@ impl ProxyHttp for Gateway {
             0
         } else {
             let (status, code, message) = match e.esource() {
+                _ if e.etype() == &ErrorType::Custom(HOLD_EXPIRED) => (
+                    408,
+                    "RequestTimeout",
+                    "the body of a conditional write did not arrive in time; the write was not made",
+                ),
+                ErrorSource::Downstream if e.etype() == &ErrorType::ReadTimedout => (
+                    408,
+                    "RequestTimeout",
+                    "the request body did not arrive in time",
+                ),
                 ErrorSource::Downstream => (400, "BadRequest", "the request could not be read"),
                 _ => (
                     502,

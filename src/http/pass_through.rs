@@ -1,19 +1,23 @@
 //! The one place a pass-through request (anything that is not one of stategate's
 //! routes) is decided: forwarded to the upstream S3 store unchanged, or answered
-//! here. Uses `upstream` (where to and what is off limits) and `conditional` (the
-//! atomic conditional-PUT guard).
+//! here. In order: what the request touches (`s3_target`, by the upstream's own
+//! reading; an unknown `Host` is refused), whether that is off limits
+//! (`upstream::Protection`), and for a conditional PUT the atomic guard
+//! (`conditional`), which only answers signed requests.
 
+use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
 use super::body::{error_reply, Reply};
-use super::conditional::{self, KeyTurn};
+use super::conditional::{self, HeldTurn};
+use super::s3_target::{self, TargetError};
 use super::{upstream, App};
 use crate::error::ApiError;
 
 /// What to do with a pass-through request.
 pub enum Decision {
     /// Forward it upstream; a conditional PUT holds its key's turn until it completes.
-    Forward { turn: Option<KeyTurn> },
+    Forward { turn: Option<HeldTurn> },
     /// Answer it here.
     Answer(Reply),
 }
@@ -28,15 +32,35 @@ pub async fn decide(
     let Some(upstream) = &app.upstream else {
         return Decision::Answer(error_reply(&no_upstream()));
     };
-    if upstream.is_protected(path, query) {
+    let request = session.req_header();
+    let headers = &request.headers;
+    if request.uri.authority().is_some() {
+        // An absolute-form target may name another host than `Host`; S3 clients never send one.
         return Decision::Answer(s3_reply(
-            403,
-            "AccessDenied",
-            "this prefix holds stategate's state blobs and is not reachable through the pass-through",
+            400,
+            "InvalidRequest",
+            "absolute-form request targets are not accepted; send the path and a Host header",
             path,
         ));
     }
-    let headers = &session.req_header().headers;
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let target = match s3_target::resolve(method, path, query, host, headers, &upstream.addressing)
+    {
+        Ok(target) => target,
+        Err(e) => {
+            let code = match e {
+                TargetError::BadEncoding => "InvalidURI",
+                TargetError::NoHost | TargetError::UnknownHost(_) => "InvalidRequest",
+            };
+            return Decision::Answer(s3_reply(400, code, &e.to_string(), path));
+        }
+    };
+    if let Err(upstream::Denied(message)) = upstream.protection.check(&target) {
+        return Decision::Answer(s3_reply(403, "AccessDenied", message, path));
+    }
+
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let forward = Decision::Forward { turn: None };
     let Some(condition) =
@@ -47,15 +71,35 @@ pub async fn decide(
     let Some(guard) = app.conditional.as_ref() else {
         return forward;
     };
-    let Some((bucket, key)) = conditional::bucket_and_key(path) else {
-        return forward;
+    // Before any look at the object: the answer must not tell strangers whether it exists.
+    if !may_learn_precondition(request) {
+        return Decision::Answer(s3_reply(
+            403,
+            "AccessDenied",
+            "conditional writes through stategate must be signed (AWS Signature Version 4)",
+            path,
+        ));
+    }
+    let Some((bucket, key)) = target.object() else {
+        return Decision::Answer(s3_reply(
+            400,
+            "InvalidURI",
+            "the object of a conditional write must be named unambiguously (no empty, '.' or '..' path segments, no encoded bucket name)",
+            path,
+        ));
     };
-    match guard.enter(&bucket, &key, &condition).await {
+    match guard.enter(bucket, key, &condition).await {
         Ok(turn) => Decision::Forward { turn: Some(turn) },
         Err(conditional::Refusal::Failed) => Decision::Answer(s3_reply(
             412,
             "PreconditionFailed",
             "At least one of the pre-conditions you specified did not hold",
+            path,
+        )),
+        Err(conditional::Refusal::Busy) => Decision::Answer(s3_reply(
+            503,
+            "SlowDown",
+            "another conditional write to this key is in progress; retry",
             path,
         )),
         Err(conditional::Refusal::Unverifiable(detail)) => {
@@ -68,6 +112,26 @@ pub async fn decide(
             ))
         }
     }
+}
+
+/// May this client learn from stategate whether a precondition holds (a 412), which
+/// stategate finds out with the store's own credentials? The single call site for
+/// that decision. Today: the request carries an AWS SigV4 signature (header or
+/// presigned query); the upstream still verifies it when the write is forwarded.
+/// To be tightened to "the signature verifies with the store's key" (`sigv4`).
+pub fn may_learn_precondition(request: &RequestHeader) -> bool {
+    let signed_header = request
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start().starts_with("AWS4-HMAC-SHA256 ") && v.contains("Signature=")
+        });
+    let presigned = request.uri.query().is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .any(|(k, v)| k.eq_ignore_ascii_case("X-Amz-Signature") && !v.is_empty())
+    });
+    signed_header || presigned
 }
 
 pub fn no_upstream() -> ApiError {
@@ -84,5 +148,44 @@ pub fn s3_reply(status: u16, code: &str, message: &str, path: &str) -> Reply {
         body: upstream::s3_error(code, message, path),
         content_type: "application/xml",
         headers: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_signed_requests_may_learn_a_precondition() {
+        // (Authorization, query, may learn?)
+        let table: &[(Option<&str>, Option<&str>, bool)] = &[
+            (
+                Some("AWS4-HMAC-SHA256 Credential=GK/20261130/garage/s3/aws4_request, SignedHeaders=host, Signature=ab"),
+                None,
+                true,
+            ),
+            (
+                None,
+                Some("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=ab"),
+                true,
+            ),
+            (None, None, false),
+            (Some("Bearer x"), None, false),
+            (Some("AWS4-HMAC-SHA256"), None, false),
+            (Some("AWS GK:sig"), None, false),
+            (None, Some("X-Amz-Signature="), false),
+            (None, Some("signature=ab"), false),
+        ];
+        for (auth, query, want) in table {
+            let uri = match query {
+                Some(q) => format!("/tf/k?{q}"),
+                None => "/tf/k".into(),
+            };
+            let mut req = RequestHeader::build("PUT", uri.as_bytes(), None).unwrap();
+            if let Some(a) = auth {
+                req.insert_header("authorization", *a).unwrap();
+            }
+            assert_eq!(may_learn_precondition(&req), *want, "{auth:?} {query:?}");
+        }
     }
 }

@@ -35,6 +35,28 @@ impl TestServer {
         adjust: impl FnOnce(&mut Config),
         clock: Arc<dyn stategate::cluster::Clock>,
     ) -> TestServer {
+        Self::start_full(adjust, clock, |_| {}).await
+    }
+
+    /// With the built [`App`] changed before it serves (e.g. pass-through protection
+    /// that `serve` only builds for an S3 store).
+    pub async fn start_with_app(
+        adjust: impl FnOnce(&mut Config),
+        adjust_app: impl FnOnce(&mut App),
+    ) -> TestServer {
+        Self::start_full(
+            adjust,
+            Arc::new(stategate::cluster::SystemClock),
+            adjust_app,
+        )
+        .await
+    }
+
+    async fn start_full(
+        adjust: impl FnOnce(&mut Config),
+        clock: Arc<dyn stategate::cluster::Clock>,
+        adjust_app: impl FnOnce(&mut App),
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config {
             data_dir: dir.path().join("data"),
@@ -42,7 +64,8 @@ impl TestServer {
             ..Config::default()
         };
         adjust(&mut config);
-        let app = server::build_app_with_clock(&config, clock).await.unwrap();
+        let mut app = server::build_app_with_clock(&config, clock).await.unwrap();
+        adjust_app(Arc::get_mut(&mut app).expect("the app is not shared yet"));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -143,7 +166,7 @@ pub async fn raw_request(base: &str, head: &str, body: Option<Vec<u8>>) -> (u16,
 }
 
 /// The status code of a raw HTTP response text (0 if there is none).
-fn status_line_code(response: &str) -> u16 {
+pub fn status_line_code(response: &str) -> u16 {
     response
         .split_whitespace()
         .nth(1)

@@ -170,7 +170,7 @@ async fn conditional_guard_for(config: &Config) -> Option<ConditionalGuard> {
     }
     let seconds = std::time::Duration::from_secs;
     Some(ConditionalGuard::new(
-        Arc::new(S3Store::new(&config.store.s3)),
+        &config.store.s3,
         seconds(config.upstream.conditional_turn_wait_seconds),
         seconds(config.upstream.conditional_turn_hold_seconds),
     ))

@@ -10,14 +10,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::{raw_request, status_line_code, TestServer};
 use stategate::config::S3Config;
 use stategate::http::conditional::ConditionalGuard;
 use stategate::http::upstream::Protection;
-use stategate::store::s3::S3Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -177,7 +175,7 @@ async fn guarded(upstream: &Upstream, wait_seconds: u64, hold_seconds: u64) -> T
         },
         move |app| {
             app.conditional = Some(ConditionalGuard::new(
-                Arc::new(S3Store::new(&store)),
+                &store,
                 Duration::from_secs(wait_seconds),
                 Duration::from_secs(hold_seconds),
             ))

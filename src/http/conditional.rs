@@ -19,6 +19,10 @@
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
+use pingora::http::RequestHeader;
+
+use super::sigv4;
+use crate::config::{S3Config, Secret};
 use crate::store::s3::S3Store;
 use crate::store::BlobError;
 use crate::turns::{KeyedTurns, Turn};
@@ -68,6 +72,8 @@ pub enum Refusal {
 
 pub struct ConditionalGuard {
     store: Arc<S3Store>,
+    /// The store's key: a failed condition is only revealed to requests it signed.
+    key: StoreKey,
     turns: KeyedTurns<(String, String)>,
     wait: Duration,
     hold: Duration,
@@ -76,9 +82,14 @@ pub struct ConditionalGuard {
 impl ConditionalGuard {
     /// `wait`: longest wait for a key's turn. `hold`: longest time a forwarded PUT may
     /// take to deliver its body while holding the turn.
-    pub fn new(store: Arc<S3Store>, wait: Duration, hold: Duration) -> Self {
+    pub fn new(store: &S3Config, wait: Duration, hold: Duration) -> Self {
         ConditionalGuard {
-            store,
+            store: Arc::new(S3Store::new(store)),
+            key: StoreKey {
+                access_key_id: store.access_key_id.clone(),
+                secret: store.secret_access_key.clone(),
+                region: store.region.clone(),
+            },
             turns: KeyedTurns::new(),
             wait,
             hold,
@@ -116,12 +127,62 @@ impl ConditionalGuard {
         }
     }
 
+    /// May this request learn that its condition failed (412)? Only when stategate has
+    /// verified its SigV4 signature with the store's key and the signature covers the
+    /// condition header: otherwise the answer would tell whoever sent it, with
+    /// stategate's credentials, whether an object exists.
+    pub fn may_reveal_failure(&self, request: &RequestHeader) -> bool {
+        let key = sigv4::Credentials {
+            access_key_id: &self.key.access_key_id,
+            secret: self.key.secret.expose(),
+            region: &self.key.region,
+        };
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let verdict = sigv4::verify(
+            request.method.as_str(),
+            request.uri.path(),
+            request.uri.query(),
+            &request.headers,
+            &[key],
+            now,
+        );
+        verdict.is_verified() && signs_condition(request)
+    }
+
     async fn take_turn(&self, bucket: &str, key: &str) -> Result<KeyTurn, Refusal> {
         self.turns
             .acquire((bucket.to_string(), key.to_string()), self.wait)
             .await
             .map_err(|_| Refusal::Busy)
     }
+}
+
+/// The store's S3 key, to verify signatures with.
+struct StoreKey {
+    access_key_id: String,
+    secret: Secret,
+    region: String,
+}
+
+/// Does the request's signature (header or presigned) cover its condition header?
+fn signs_condition(request: &RequestHeader) -> bool {
+    let signed = request
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split("SignedHeaders=").nth(1))
+        .map(|rest| rest.split(',').next().unwrap_or("").to_ascii_lowercase())
+        .or_else(|| {
+            form_urlencoded::parse(request.uri.query().unwrap_or("").as_bytes())
+                .find(|(k, _)| k == "X-Amz-SignedHeaders")
+                .map(|(_, v)| v.to_ascii_lowercase())
+        })
+        .unwrap_or_default();
+    let signed: Vec<&str> = signed.trim().split(';').collect();
+    ["if-none-match", "if-match"]
+        .iter()
+        .filter(|name| request.headers.contains_key(**name))
+        .all(|name| signed.contains(name))
 }
 
 /// A key's turn held by a forwarded conditional PUT, for at most the hold time
@@ -210,6 +271,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_condition_header_must_be_signed() {
+        // (Authorization SignedHeaders, query, condition header sent, revealed?)
+        let table: &[(Option<&str>, &str, &str, bool)] = &[
+            (
+                Some("host;if-none-match;x-amz-date"),
+                "",
+                "if-none-match",
+                true,
+            ),
+            (Some("host;x-amz-date"), "", "if-none-match", false),
+            (Some("host;if-match;x-amz-date"), "", "if-match", true),
+            (Some("host;If-None-Match"), "", "if-none-match", true),
+            (
+                None,
+                "X-Amz-SignedHeaders=host%3Bif-none-match",
+                "if-none-match",
+                true,
+            ),
+            (None, "X-Amz-SignedHeaders=host", "if-none-match", false),
+            (None, "", "if-none-match", false),
+        ];
+        for (signed, query, header, want) in table {
+            let uri = if query.is_empty() {
+                "/b/k".to_string()
+            } else {
+                format!("/b/k?{query}")
+            };
+            let mut req = RequestHeader::build("PUT", uri.as_bytes(), None).unwrap();
+            req.insert_header(*header, "*").unwrap();
+            if let Some(signed) = signed {
+                let auth = format!(
+                    "AWS4-HMAC-SHA256 Credential=k/20260101/garage/s3/aws4_request, SignedHeaders={signed}, Signature=00"
+                );
+                req.insert_header("authorization", auth).unwrap();
+            }
+            assert_eq!(signs_condition(&req), *want, "{signed:?} {query}");
+        }
+    }
+
+    #[test]
     fn preconditions() {
         // (method, If-None-Match, If-Match, expected)
         type Row<'a> = (
@@ -261,7 +362,7 @@ mod tests {
             secret_access_key: "s".into(),
             ..Default::default()
         };
-        ConditionalGuard::new(Arc::new(S3Store::new(&config)), wait, hold)
+        ConditionalGuard::new(&config, wait, hold)
     }
 
     #[tokio::test(start_paused = true)]

@@ -90,10 +90,20 @@ pub async fn decide(
     };
     match guard.enter(bucket, key, &condition).await {
         Ok(turn) => Decision::Forward { turn: Some(turn) },
+        Err(conditional::Refusal::Failed) if guard.may_reveal_failure(request) => {
+            Decision::Answer(s3_reply(
+                412,
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+                path,
+            ))
+        }
+        // Signed with a key stategate cannot check (or not validly): the same answer
+        // as a bad signature, so the reply says nothing about the object.
         Err(conditional::Refusal::Failed) => Decision::Answer(s3_reply(
-            412,
-            "PreconditionFailed",
-            "At least one of the pre-conditions you specified did not hold",
+            403,
+            "AccessDenied",
+            "stategate could not verify this request's signature with its own key; only such requests learn that a precondition failed",
             path,
         )),
         Err(conditional::Refusal::Busy) => Decision::Answer(s3_reply(
@@ -116,9 +126,10 @@ pub async fn decide(
 
 /// May this client learn from stategate whether a precondition holds (a 412), which
 /// stategate finds out with the store's own credentials? The single call site for
-/// that decision. Today: the request carries an AWS SigV4 signature (header or
-/// presigned query); the upstream still verifies it when the write is forwarded.
-/// To be tightened to "the signature verifies with the store's key" (`sigv4`).
+/// that decision up front: the request carries an AWS SigV4 signature (header or
+/// presigned query); the upstream still verifies it when the write is forwarded. A
+/// failed condition is revealed (412) only after `ConditionalGuard::may_reveal_failure`
+/// verified the signature itself.
 pub fn may_learn_precondition(request: &RequestHeader) -> bool {
     let signed_header = request
         .headers

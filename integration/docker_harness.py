@@ -296,7 +296,7 @@ class Compose:
 
     def container(self, service: str) -> str:
         """The id of the service's (one) container."""
-        out = self.run("ps", "-q", service).stdout.decode().split()
+        out = self.run("ps", "-a", "-q", service).stdout.decode().split()
         if not out:
             raise DockerError(f"no container for service {service}")
         return out[0]

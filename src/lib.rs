@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod config;
 pub mod crypto;
+pub mod drain;
 pub mod error;
 pub mod http;
 pub mod metrics;

@@ -49,6 +49,12 @@ enum Command {
         #[arg(long)]
         sweep_garbage: bool,
     },
+    /// Exit 0 when the server answers `GET /healthz` (for container health checks).
+    Health {
+        /// Default: the configured listener (via loopback when it listens on all addresses).
+        #[arg(long)]
+        url: Option<String>,
+    },
     /// The SQLite version index.
     Index {
         #[command(subcommand)]
@@ -224,6 +230,7 @@ fn main() -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve => server::run(config),
+        Command::Health { url } => server::probe_health(&config, url.as_deref()),
         Command::Workspace { command } => match command {
             WorkspaceCommand::Env {
                 workspace,

@@ -120,6 +120,7 @@ pub async fn build_app_with_clock(
         metrics: Metrics::new(),
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config).await,
+        inflight: crate::drain::Inflight::default(),
     }))
 }
 
@@ -247,13 +248,21 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .build()?;
         rt.block_on(build_app(&config))?
     };
+    // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
+    // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
+    // left, so the sleep is only the bound for requests that do not finish. Runtime
+    // shutdown then waits at most a second for blocking work.
     let conf = ServerConf {
         grace_period_seconds: Some(config.shutdown_grace_seconds),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_grace_seconds),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
+    server.add_service(pingora::services::background::background_service(
+        "drain",
+        crate::drain::ExitWhenDrained(app.inflight.clone()),
+    ));
     if config.retention.interval_seconds > 0 {
         server.add_service(pingora::services::background::background_service(
             "retention",
@@ -306,6 +315,68 @@ pub async fn serve_listener(
             }
         });
     }
+}
+
+/// `stategate health`: a blocking HTTP/1.1 `GET /healthz` on this server's listener (or
+/// on `url`), so container images need no curl. An `https` URL (the default with TLS on
+/// the listener) is only checked for accepting TCP connections: no TLS client here.
+pub fn probe_health(config: &Config, url: Option<&str>) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+    let url = url.map_or_else(|| local_health_url(config), str::to_string);
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("invalid URL {url:?}"))?;
+    let https = uri.scheme_str() == Some("https");
+    let host = uri.host().with_context(|| format!("no host in {url:?}"))?;
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.trim_matches(['[', ']']), port))
+        .with_context(|| format!("cannot resolve {host}"))?
+        .next()
+        .with_context(|| format!("{host} has no address"))?;
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    if https {
+        return Ok(());
+    }
+    conn.set_read_timeout(Some(TIMEOUT))?;
+    conn.set_write_timeout(Some(TIMEOUT))?;
+    let path = match uri.path() {
+        "" | "/" => "/healthz",
+        path => path,
+    };
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut head = Vec::new();
+    conn.take(1024)
+        .read_to_end(&mut head)
+        .with_context(|| format!("no answer from {url}"))?;
+    let status = String::from_utf8_lossy(&head);
+    let status = status.lines().next().unwrap_or_default();
+    anyhow::ensure!(
+        status.split(' ').nth(1) == Some("200"),
+        "{url} answered {status:?}"
+    );
+    Ok(())
+}
+
+/// The `/healthz` URL of the configured listener, via loopback when it listens on all
+/// addresses.
+fn local_health_url(config: &Config) -> String {
+    let ip = match config.listen.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    let scheme = if config.tls.cert_file.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let addr = std::net::SocketAddr::new(ip, config.listen.port());
+    format!("{scheme}://{addr}/healthz")
 }
 
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.
@@ -453,5 +524,58 @@ mod tests {
         for host in ["10.0.0.5:8080", "example", "b.alias.lan"] {
             assert!(!reads(host), "{host}");
         }
+    }
+
+    use std::io::{Read, Write};
+
+    #[test]
+    fn health_url_of_the_listener() {
+        for (listen, tls, want) in [
+            ("0.0.0.0:8080", false, "http://127.0.0.1:8080/healthz"),
+            ("[::]:9000", false, "http://[::1]:9000/healthz"),
+            ("10.1.2.3:80", false, "http://10.1.2.3:80/healthz"),
+            ("0.0.0.0:8443", true, "https://127.0.0.1:8443/healthz"),
+        ] {
+            let mut config = Config {
+                listen: listen.parse().unwrap(),
+                ..Config::default()
+            };
+            config.tls.cert_file = tls.then(|| "cert.pem".into());
+            assert_eq!(local_health_url(&config), want, "{listen} tls={tls}");
+        }
+    }
+
+    /// A one-connection server answering `reply`; returns its URL.
+    fn answer_once(reply: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let n = conn.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"GET /healthz HTTP/1.1\r\n"));
+            conn.write_all(reply.as_bytes()).unwrap();
+        });
+        url
+    }
+
+    #[test]
+    fn probe_health_needs_a_200() {
+        let config = Config::default();
+        let ok = answer_once("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        probe_health(&config, Some(&ok)).unwrap();
+        let bad = answer_once("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n");
+        let err = probe_health(&config, Some(&bad)).unwrap_err().to_string();
+        assert!(err.contains("503"), "{err}");
+
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}/healthz", l.local_addr().unwrap())
+        };
+        let err = probe_health(&config, Some(&closed))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot connect"), "{err}");
+        assert!(probe_health(&config, Some("not a url")).is_err());
     }
 }

@@ -49,6 +49,8 @@ pub struct App {
     pub conditional: Option<conditional::ConditionalGuard>,
     /// The cluster tfstate & lock API.
     pub cluster: crate::cluster::ClusterService,
+    /// Requests in flight, so a stopping server exits as soon as they are done.
+    pub inflight: crate::drain::Inflight,
 }
 
 /// The pingora service.
@@ -71,6 +73,7 @@ pub struct RequestCtx {
     proxied_since: Option<Instant>,
     /// Held until the forwarded conditional PUT completes (see `conditional`).
     conditional_turn: Option<conditional::HeldTurn>,
+    _inflight: Option<crate::drain::InflightGuard>,
 }
 
 #[async_trait]
@@ -78,7 +81,10 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> Self::CTX {
-        RequestCtx::default()
+        RequestCtx {
+            _inflight: Some(self.app.inflight.enter()),
+            ..RequestCtx::default()
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {

@@ -147,12 +147,10 @@ impl<E, F> WriteGuard<E> for F where
 pub struct StateStore {
     pub db: Db,
     blobs: Arc<dyn BlobStore>,
-    /// Striped per-scope write locks: writers of one scope take turns in this process,
-    /// so they never race for a version number (the commit still re-checks).
-    write_turns: Arc<[tokio::sync::Mutex<()>]>,
+    /// Writers of one scope take turns in this process, so they never race for a
+    /// version number (the commit still re-checks); writers of other scopes never wait.
+    write_turns: Arc<crate::turns::KeyedTurns<String>>,
 }
-
-const WRITE_STRIPES: usize = 64;
 
 /// How often a version-number race is retried before giving up (only unlocked writers race).
 const WRITE_ATTEMPTS: usize = 5;
@@ -162,15 +160,8 @@ impl StateStore {
         StateStore {
             db,
             blobs,
-            write_turns: (0..WRITE_STRIPES)
-                .map(|_| tokio::sync::Mutex::new(()))
-                .collect(),
+            write_turns: Arc::new(crate::turns::KeyedTurns::new()),
         }
-    }
-
-    fn write_turn(&self, scope: &str) -> &tokio::sync::Mutex<()> {
-        let digest = format::sha2_digest(scope.as_bytes());
-        &self.write_turns[digest[0] as usize % WRITE_STRIPES]
     }
 
     pub fn blobs(&self) -> &Arc<dyn BlobStore> {
@@ -231,7 +222,7 @@ impl StateStore {
     where
         E: From<StoreError> + From<DbError> + Send + 'static,
     {
-        let _turn = self.write_turn(&new.scope).lock().await;
+        let _turn = self.write_turns.wait(new.scope.clone()).await;
         let guard = Arc::new(guard);
         let sha256 = hex::encode(format::sha2_digest(&new.plaintext));
         for _ in 0..WRITE_ATTEMPTS {

@@ -127,7 +127,7 @@ proptest! {
         method in prop::sample::select(vec!["GET", "HEAD", "PUT", "DELETE"]),
         style in 0u8..4,
         slashes in 1usize..4,
-        rest in "[a-z0-9._-]{1,12}(/[a-z0-9._-]{1,12}){0,2}",
+        rest in "[a-z0-9_-][a-z0-9._-]{0,11}(/[a-z0-9_-][a-z0-9._-]{0,11}){0,2}",
     ) {
         let protection = Protection::SharedBucket { bucket: STATE_BUCKET.into(), prefix: STATE_PREFIX.into() };
         let prefix_dir = spelled("stategate", style);

@@ -12,7 +12,8 @@ use stategate::config::Config;
 use stategate::server;
 use stategate::store::{audit, blob::create_private_dir, Db};
 
-use crate::ops::{json_line, runtime};
+use crate::ops::{json_line, operator, runtime};
+use stategate::operator::identity as operators;
 
 /// The database in the data dir (created on first use) and a runtime to drive it.
 struct AdminDb {
@@ -128,4 +129,60 @@ pub fn list_audit(
         json_line(&row);
     }
     Ok(())
+}
+
+pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()> {
+    let changed =
+        AdminDb::open(config)?.write(move |c| identity::set_role(c, &email, role, &operator()))?;
+    if !changed {
+        eprintln!(
+            "the user already has role {}; nothing changed",
+            role.as_str()
+        );
+    }
+    Ok(())
+}
+
+pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
+    let changed = AdminDb::open(config)?
+        .write(move |c| identity::disable_principal(c, &email, &operator()))?;
+    if !changed {
+        eprintln!("the user is already disabled; nothing changed");
+    }
+    Ok(())
+}
+
+pub fn list_tokens(config: &Config, email: Option<String>) -> anyhow::Result<()> {
+    let rows = AdminDb::open(config)?
+        .read(move |c| identity::list_principal_tokens(c, email.as_deref()))?;
+    rows.iter().for_each(json_line);
+    Ok(())
+}
+
+pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
+    AdminDb::open(config)?.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
+}
+
+pub fn create_operator(config: &Config, email: String) -> anyhow::Result<()> {
+    let token = AdminDb::open(config)?
+        .write(move |c| operators::create_operator(c, &email, &operator()))?;
+    print_token(&token);
+    Ok(())
+}
+
+pub fn create_operator_token(config: &Config, email: String) -> anyhow::Result<()> {
+    let token = AdminDb::open(config)?
+        .write(move |c| operators::create_operator_token(c, &email, &operator()))?;
+    print_token(&token);
+    Ok(())
+}
+
+pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
+    let rows = AdminDb::open(config)?.read(operators::list_operator_tokens)?;
+    rows.iter().for_each(json_line);
+    Ok(())
+}
+
+pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {
+    AdminDb::open(config)?.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
 }

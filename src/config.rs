@@ -143,6 +143,22 @@ impl Default for ClusterConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct LocksConfig {
+    /// A workspace lock held longer than this is flagged stale (`workspace list`, the
+    /// admin API, a startup/interval warning); it is never freed automatically.
+    pub stale_after_seconds: u64,
+}
+
+impl Default for LocksConfig {
+    fn default() -> Self {
+        LocksConfig {
+            stale_after_seconds: 3600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
     /// Newest versions kept per workspace/cluster, however old.
     pub keep_versions: u64,
@@ -285,6 +301,7 @@ pub struct Config {
     pub tls: TlsConfig,
     pub cluster: ClusterConfig,
     pub retention: RetentionConfig,
+    pub locks: LocksConfig,
 }
 
 impl Default for Config {
@@ -305,6 +322,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             cluster: ClusterConfig::default(),
             retention: RetentionConfig::default(),
+            locks: LocksConfig::default(),
         }
     }
 }
@@ -409,6 +427,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         "STATEGATE_RETENTION_INTERVAL_SECONDS",
         "retention.interval_seconds",
+    ),
+    (
+        "STATEGATE_LOCKS_STALE_AFTER_SECONDS",
+        "locks.stale_after_seconds",
     ),
 ];
 
@@ -539,6 +561,7 @@ impl Config {
             "retention.keep_versions" => self.retention.keep_versions = num(value)?,
             "retention.keep_days" => self.retention.keep_days = num(value)?,
             "retention.interval_seconds" => self.retention.interval_seconds = num(value)?,
+            "locks.stale_after_seconds" => self.locks.stale_after_seconds = num(value)?,
             other => unreachable!("unmapped config key {other}"),
         }
         Ok(())
@@ -683,6 +706,31 @@ mod tests {
         );
         let c: Config = toml::from_str("[retention]\nkeep_days = 7\n").unwrap();
         assert_eq!((c.retention.keep_days, c.retention.keep_versions), (7, 100));
+    }
+
+    #[test]
+    fn stale_lock_threshold() {
+        // (TOML, env value, expected)
+        let table: &[(&str, Option<&str>, u64)] = &[
+            ("", None, 3600),
+            ("[locks]\nstale_after_seconds = 5\n", None, 5),
+            ("[locks]\nstale_after_seconds = 5\n", Some("7"), 7),
+        ];
+        for (toml_text, env, expected) in table {
+            let mut c: Config = toml::from_str(toml_text).unwrap();
+            c.apply_env(|name| {
+                (name == "STATEGATE_LOCKS_STALE_AFTER_SECONDS")
+                    .then(|| env.map(str::to_string))
+                    .flatten()
+            })
+            .unwrap();
+            assert_eq!(
+                c.locks.stale_after_seconds, *expected,
+                "{toml_text} {env:?}"
+            );
+        }
+        assert!(with_env(&[("STATEGATE_LOCKS_STALE_AFTER_SECONDS", "soon")]).is_err());
+        assert!(toml::from_str::<Config>("[locks]\nstale = 1\n").is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod operator;
 pub mod schema;
 pub mod server;
 pub mod store;

@@ -13,6 +13,7 @@ use stategate::server;
 
 mod admin;
 mod ops;
+mod workspace_ops;
 
 #[derive(Parser)]
 #[command(
@@ -95,6 +96,38 @@ enum AdminCommand {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Operators: site-wide identities for the admin HTTP API (`/api/v1/admin/`).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Create an operator and print its bearer token ONCE (only its hash is stored).
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// Operator tokens.
+    Token {
+        #[command(subcommand)]
+        command: OperatorTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorTokenCommand {
+    /// Print an additional token for an existing operator ONCE.
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// List operator tokens by id (JSON lines; tokens are never shown again).
+    List,
+    /// Revoke a token by the id `list` prints; it stops working at once.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -122,6 +155,18 @@ enum UserCommand {
         #[arg(long, value_enum)]
         role: RoleArg,
     },
+    /// Change a user's role (audited).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// Disable a user: all their tokens stop working at once (audited).
+    Disable {
+        #[arg(long)]
+        email: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -131,6 +176,13 @@ enum TokenCommand {
         #[arg(long)]
         email: String,
     },
+    /// List users' tokens by id (JSON lines; tokens are never shown again).
+    List {
+        #[arg(long)]
+        email: Option<String>,
+    },
+    /// Revoke a user's token by the id `list` prints (audited).
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -187,6 +239,48 @@ enum WorkspaceCommand {
         #[arg(long)]
         limit: Option<u32>,
     },
+    /// Every workspace: latest version, serial, size, update time, lock holder (with a
+    /// STALE flag past locks.stale_after_seconds), deleted or not.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a version's state content (default: the current one). An unreadable
+    /// version is an error, never empty output.
+    Show {
+        workspace: String,
+        #[arg(long)]
+        version: Option<i64>,
+        /// Replace sensitive values (and secret-looking attributes) with "(sensitive)".
+        #[arg(long)]
+        masked: bool,
+    },
+    /// What changed from version A to version B: resources by address (changed
+    /// attributes listed, sensitive values masked) and outputs.
+    Diff {
+        workspace: String,
+        from: i64,
+        to: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force-unlock (audited as tf.lock_forced): prints the holder and asks for the
+    /// workspace name back unless --yes. An unlocked workspace: says so, exit 0.
+    Unlock {
+        workspace: String,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Undo a DELETE: the last version with content becomes current again as a new
+    /// version (audited as tf.restored).
+    Restore {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Make an old version current again by storing its content as a NEW version
     /// (history is kept). Refused while the workspace is locked.
     Rollback {
@@ -240,6 +334,26 @@ fn main() -> anyhow::Result<()> {
                 ops::history(&config, &workspace, limit)
             }
             WorkspaceCommand::Rollback { workspace, to } => ops::rollback(&config, &workspace, to),
+            WorkspaceCommand::List { json } => workspace_ops::list(&config, json),
+            WorkspaceCommand::Show {
+                workspace,
+                version,
+                masked,
+            } => workspace_ops::show(&config, &workspace, version, masked),
+            WorkspaceCommand::Diff {
+                workspace,
+                from,
+                to,
+                json,
+            } => workspace_ops::diff(&config, &workspace, from, to, json),
+            WorkspaceCommand::Unlock {
+                workspace,
+                yes,
+                json,
+            } => workspace_ops::unlock(&config, &workspace, yes, json),
+            WorkspaceCommand::Restore { workspace, json } => {
+                workspace_ops::restore(&config, &workspace, json)
+            }
         },
         Command::Prune {
             dry_run,
@@ -258,12 +372,28 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
             OrgCommand::Create { name } => admin::create_org(config, name),
             OrgCommand::List => admin::list_orgs(config),
         },
-        AdminCommand::User {
-            command: UserCommand::Create { org, email, role },
-        } => admin::create_user(config, org, email, role.into()),
-        AdminCommand::Token {
-            command: TokenCommand::Create { email },
-        } => admin::create_token(config, email),
+        AdminCommand::User { command } => match command {
+            UserCommand::Create { org, email, role } => {
+                admin::create_user(config, org, email, role.into())
+            }
+            UserCommand::SetRole { email, role } => admin::set_role(config, email, role.into()),
+            UserCommand::Disable { email } => admin::disable_user(config, email),
+        },
+        AdminCommand::Token { command } => match command {
+            TokenCommand::Create { email } => admin::create_token(config, email),
+            TokenCommand::List { email } => admin::list_tokens(config, email),
+            TokenCommand::Revoke { id } => admin::revoke_token(config, id),
+        },
+        AdminCommand::Operator { command } => match command {
+            OperatorCommand::Create { email } => admin::create_operator(config, email),
+            OperatorCommand::Token { command } => match command {
+                OperatorTokenCommand::Create { email } => {
+                    admin::create_operator_token(config, email)
+                }
+                OperatorTokenCommand::List => admin::list_operator_tokens(config),
+                OperatorTokenCommand::Revoke { id } => admin::revoke_operator_token(config, id),
+            },
+        },
         AdminCommand::Cluster { command } => match command {
             ClusterCommand::Create { org, name, id } => {
                 admin::create_cluster(config, org, name, id)

@@ -66,7 +66,7 @@ pub fn json_line(value: &impl serde::Serialize) {
 }
 
 /// Who an operator command acts as, for version rows and the audit log.
-fn operator() -> String {
+pub fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("operator:{user}")
 }

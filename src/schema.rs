@@ -2,7 +2,8 @@
 //!
 //! Each table is defined beside the rules that use it: `store` owns `versions` and
 //! `audit` (`store::db::SCHEMA`), `tofu` owns `tf_locks` (`tofu::SCHEMA`), `cluster`
-//! owns orgs, principals, tokens, clusters and leases (`cluster::SCHEMA`). This module
+//! owns orgs, principals, tokens, clusters and leases (`cluster::SCHEMA`), `operator`
+//! owns operators and their tokens (`operator::SCHEMA`). This module
 //! only lists them, so the server, the operator commands, the index rebuild and the
 //! tests all create the same database.
 
@@ -15,6 +16,7 @@ pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::tofu::SCHEMA,
     crate::cluster::SCHEMA,
+    crate::operator::SCHEMA,
 ];
 
 /// Opens (creating if needed) the database at `path` with every schema applied.

@@ -108,9 +108,16 @@ pub async fn build_app_with_clock(
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
+    let tofu = TofuBackend::new(store, root);
+    let operator = crate::operator::Operations::new(
+        tofu.clone(),
+        cluster.clone(),
+        config.locks.stale_after_seconds,
+    );
     Ok(Arc::new(App {
+        operator,
         cluster,
-        tofu: TofuBackend::new(store, root),
+        tofu,
         max_state_bytes: config.max_state_bytes,
         body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes),
         body_limits: crate::http::BodyLimits {
@@ -273,6 +280,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             },
         ));
     }
+    server.add_service(pingora::services::background::background_service(
+        "stale-locks",
+        StaleLockService {
+            ops: app.operator.clone(),
+            every: (config.retention.interval_seconds > 0)
+                .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
+        },
+    ));
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
     match (&config.tls.cert_file, &config.tls.key_file) {
@@ -377,6 +392,41 @@ fn local_health_url(config: &Config) -> String {
     };
     let addr = std::net::SocketAddr::new(ip, config.listen.port());
     format!("{scheme}://{addr}/healthz")
+}
+
+/// Warns about workspace locks held longer than `locks.stale_after_seconds`, with their
+/// holder: at startup, then every retention interval (never frees them).
+struct StaleLockService {
+    ops: crate::operator::Operations,
+    every: Option<std::time::Duration>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for StaleLockService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            match self.ops.stale_locks().await {
+                Ok(stale) => {
+                    for (workspace, lock) in stale {
+                        tracing::warn!(
+                            workspace = %workspace,
+                            who = ?lock.who,
+                            operation = ?lock.operation,
+                            lock_id = ?lock.id,
+                            held_seconds = lock.age_seconds,
+                            "stale workspace lock; if its run is dead, free it with `stategate workspace unlock`"
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check for stale locks"),
+            }
+            let Some(every) = self.every else { return };
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }
 
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.

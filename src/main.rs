@@ -166,6 +166,12 @@ enum AuditCommand {
         /// Only this event, e.g. `cluster.state_lock_stolen`.
         #[arg(long)]
         event: Option<String>,
+        /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        since: Option<time::OffsetDateTime>,
+        /// Only rows before this time (RFC 3339 or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        until: Option<time::OffsetDateTime>,
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -276,8 +282,18 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                     scope,
                     cluster,
                     event,
+                    since,
+                    until,
                     limit,
                 },
-        } => admin::list_audit(config, scope, cluster, event, limit),
+        } => {
+            let filter = stategate::store::audit::AuditFilter {
+                scope,
+                event,
+                since,
+                until,
+            };
+            admin::list_audit(config, filter, cluster, limit)
+        }
     }
 }

@@ -267,7 +267,10 @@ impl Gateway {
             Endpoint::Metrics => Handled::done(
                 Reply {
                     status: 200,
-                    body: self.app.metrics.render().into(),
+                    body: (self.app.metrics)
+                        .render_with_index(&self.app.tofu.store().db)
+                        .await
+                        .into(),
                     content_type: "text/plain; version=0.0.4",
                     headers: Vec::new(),
                 },

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::bail;
 
+use stategate::address;
 use stategate::config::Config;
 use stategate::error::ApiError;
 use stategate::names::validate_workspace;
@@ -103,8 +104,12 @@ fn operator() -> String {
 pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
     let root = server::load_root_key(config, false)?;
-    let lines =
-        stategate::tofu::client_env(&config.base_url(), workspace, &root, opentofu_encryption);
+    let lines = stategate::tofu::client_env(
+        &address::for_clients(config),
+        workspace,
+        &root,
+        opentofu_encryption,
+    );
     print!("{lines}");
     Ok(())
 }

@@ -253,6 +253,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .build()?;
         rt.block_on(build_app(&config))?
     };
+    crate::address::record_and_log(&config);
     // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
     // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
     // left, so the sleep is only the bound for requests that do not finish. Runtime

@@ -1,6 +1,7 @@
 //! stategate: a safe home for OpenTofu/Terraform state in front of an S3-compatible store.
 //! See ARCHITECTURE.md for the map.
 
+pub mod address;
 pub mod cluster;
 pub mod config;
 pub mod crypto;

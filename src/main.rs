@@ -61,12 +61,35 @@ enum Command {
         #[command(subcommand)]
         command: IndexCommand,
     },
+    /// Back the database (orgs, tokens, clusters, locks, audit, versions) up into the
+    /// store now: a consistent snapshot sealed with the DEK, under backups/. The server
+    /// may keep running. Keeps the newest backup.keep backups.
+    Backup {
+        #[command(subcommand)]
+        command: Option<BackupCommand>,
+    },
+    /// Write a NEW database from a backup plus every version committed after it (from
+    /// the blobs); prints how to swap it in. The live database is never touched.
+    Restore {
+        /// A backup id (see `stategate backup list`) or `latest`.
+        #[arg(long, default_value = "latest")]
+        from: String,
+        /// Path of the new database file (must not exist).
+        #[arg(long)]
+        into: PathBuf,
+    },
     /// Orgs, users, tokens, clusters and the audit log of the cluster API. Opens the
     /// database in the data dir directly; the server may keep running.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum BackupCommand {
+    /// List the backups in the store, oldest first (JSON lines).
+    List,
 }
 
 #[derive(Subcommand)]
@@ -218,6 +241,12 @@ enum AuditCommand {
         /// Only this event, e.g. `cluster.state_lock_stolen`.
         #[arg(long)]
         event: Option<String>,
+        /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        since: Option<time::OffsetDateTime>,
+        /// Only rows before this time (RFC 3339 or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        until: Option<time::OffsetDateTime>,
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -311,16 +340,39 @@ impl From<RoleArg> for Role {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line on stderr and exit code 1 (clap's own usage
+/// errors exit 2).
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The server logs its work; operator commands print their results, and only
+    // warnings log (no "storage ready" lines between them). STATEGATE_LOG overrides.
+    let default_level = match cli.command {
+        Command::Serve => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STATEGATE_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line ("outer: inner: root").
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve => server::run(config),
@@ -362,6 +414,11 @@ fn main() -> anyhow::Result<()> {
         Command::Index {
             command: IndexCommand::Rebuild { into },
         } => ops::rebuild(&config, &into),
+        Command::Backup { command: None } => ops::backup(&config),
+        Command::Backup {
+            command: Some(BackupCommand::List),
+        } => ops::list_backups(&config),
+        Command::Restore { from, into } => ops::restore(&config, &from, &into),
         Command::Admin { command } => run_admin(&config, command),
     }
 }
@@ -406,8 +463,18 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                     scope,
                     cluster,
                     event,
+                    since,
+                    until,
                     limit,
                 },
-        } => admin::list_audit(config, scope, cluster, event, limit),
+        } => {
+            let filter = stategate::store::audit::AuditFilter {
+                scope,
+                event,
+                since,
+                until,
+            };
+            admin::list_audit(config, filter, cluster, limit)
+        }
     }
 }

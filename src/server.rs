@@ -103,7 +103,12 @@ pub async fn build_app_with_clock(
 ) -> anyhow::Result<Arc<App>> {
     // The store is checked first (it also creates the data dir): a misconfigured store
     // must not leave a fresh DEK behind.
+    let metrics = Metrics::new();
     let store = open_state_store(config).await?;
+    let store = StateStore::new(
+        store.db.clone(),
+        crate::store::metered::MeteredStore::wrap(store.blobs().clone(), metrics.clone()),
+    );
     let root = load_root_key(config, true)?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =
@@ -124,7 +129,7 @@ pub async fn build_app_with_clock(
             timeout: std::time::Duration::from_secs(config.body_read_timeout_seconds),
             min_bytes_per_second: config.body_min_bytes_per_second,
         },
-        metrics: Metrics::new(),
+        metrics,
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config).await,
         inflight: crate::drain::Inflight::default(),
@@ -255,6 +260,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .build()?;
         rt.block_on(build_app(&config))?
     };
+    crate::address::record_and_log(&config);
     // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
     // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
     // left, so the sleep is only the bound for requests that do not finish. Runtime
@@ -277,6 +283,21 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 store: app.tofu.store().clone(),
                 policy: Retention::from_config(&config.retention),
                 every: std::time::Duration::from_secs(config.retention.interval_seconds),
+                metrics: app.metrics.clone(),
+            },
+        ));
+    }
+    if config.backup.interval_seconds > 0 {
+        server.add_service(pingora::services::background::background_service(
+            "backup",
+            BackupService {
+                db_path: config.db_path(),
+                scratch_dir: config.data_dir.clone(),
+                store: app.tofu.store().clone(),
+                root: load_root_key(&config, false)?,
+                keep: config.backup.keep as usize,
+                every: std::time::Duration::from_secs(config.backup.interval_seconds),
+                metrics: app.metrics.clone(),
             },
         ));
     }
@@ -434,6 +455,7 @@ struct RetentionService {
     store: StateStore,
     policy: Retention,
     every: std::time::Duration,
+    metrics: Metrics,
 }
 
 #[async_trait::async_trait]
@@ -448,6 +470,14 @@ impl pingora::services::background::BackgroundService for RetentionService {
                 .await
             {
                 Ok((pruned, garbage)) => {
+                    let result = crate::metrics::RetentionResult {
+                        pruned_versions: pruned.pruned.len() as u64,
+                        swept_blobs: 0,
+                        unreferenced_blobs: garbage.swept.len() as u64,
+                        errors: (pruned.blob_errors.len() + garbage.errors.len()) as u64,
+                    };
+                    let unix = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+                    self.metrics.record_retention(result, unix);
                     tracing::info!(
                         pruned_versions = pruned.pruned.len(),
                         unreferenced_blobs = garbage.swept.len(),
@@ -466,6 +496,7 @@ impl pingora::services::background::BackgroundService for RetentionService {
                     }
                 }
                 Err(e) => {
+                    self.metrics.retention_failed();
                     tracing::warn!(error = %e, "retention pass failed; retrying next interval")
                 }
             }
@@ -473,6 +504,82 @@ impl pingora::services::background::BackgroundService for RetentionService {
                 _ = tokio::time::sleep(self.every) => {}
                 _ = shutdown.changed() => return,
             }
+        }
+    }
+}
+
+/// Backs the index up into the store every `every` (the first one when the newest
+/// backup in the store is that old), keeping the newest `keep`.
+struct BackupService {
+    db_path: std::path::PathBuf,
+    scratch_dir: std::path::PathBuf,
+    store: StateStore,
+    root: RootKey,
+    keep: usize,
+    every: std::time::Duration,
+    metrics: Metrics,
+}
+
+impl BackupService {
+    /// Time until the next backup is due, from the newest one in the store.
+    async fn first_wait(&self) -> std::time::Duration {
+        let newest = match crate::store::backup::list_backups(&**self.store.blobs()).await {
+            Ok(all) => all.last().map(|b| b.unix_seconds()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list backups; taking one now");
+                None
+            }
+        };
+        let Some(newest) = newest else {
+            return std::time::Duration::ZERO;
+        };
+        self.metrics.record_backup(newest);
+        let age = time::OffsetDateTime::now_utc().unix_timestamp() - newest;
+        self.every
+            .saturating_sub(std::time::Duration::from_secs(age.max(0) as u64))
+    }
+
+    async fn once(&self) {
+        let blobs = &**self.store.blobs();
+        match crate::store::backup::take_backup(&self.db_path, &self.scratch_dir, blobs, &self.root)
+            .await
+        {
+            Ok(info) => {
+                self.metrics.record_backup(info.unix_seconds());
+                tracing::info!(backup = %info.id, "index backed up into the store");
+                match crate::store::backup::keep_newest(blobs, self.keep).await {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!(
+                            deleted = gone.len(),
+                            keep = self.keep,
+                            "old backups deleted"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot delete old backups; retrying next time")
+                    }
+                }
+            }
+            Err(e) => {
+                self.metrics.backup_failed();
+                tracing::warn!(error = %e, "backup failed; retrying next interval");
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for BackupService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut wait = self.first_wait().await;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => return,
+            }
+            self.once().await;
+            wait = self.every;
         }
     }
 }

@@ -272,7 +272,9 @@ impl Gateway {
             Ok((locks, leases)) => self.app.metrics.set_held_locks(&locks, &leases),
             Err(e) => tracing::warn!(error = %e, "cannot read lock ages for /metrics"),
         }
-        self.app.metrics.render()
+        (self.app.metrics)
+            .render_with_index(&self.app.tofu.store().db)
+            .await
     }
 
     async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> Handled {

@@ -33,7 +33,7 @@ struct Cli {
 enum Command {
     /// Run the server (with no config: loopback:8080, local store in the data dir).
     Serve,
-    /// Workspace credentials, history and rollback.
+    /// Workspaces: credentials, list, show, diff, history, rollback, unlock, restore.
     Workspace {
         #[command(subcommand)]
         command: WorkspaceCommand,
@@ -78,7 +78,7 @@ enum Command {
         #[arg(long)]
         into: PathBuf,
     },
-    /// Orgs, users, tokens, clusters and the audit log of the cluster API. Opens the
+    /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
     /// database in the data dir directly; the server may keep running.
     Admin {
         #[command(subcommand)]

@@ -44,6 +44,33 @@ const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
 const DEK: [u8; 32] = [0x5a; 32];
 
+/// What an interrupted run must still clean up: the servers it started and its root dir.
+static LIVE: std::sync::Mutex<(Vec<u32>, Option<PathBuf>)> =
+    std::sync::Mutex::new((Vec::new(), None));
+
+/// On Ctrl-C or SIGTERM: kill the servers, delete every data dir, exit 130.
+fn clean_up_on_signal() {
+    tokio::spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        for pid in &live.0 {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        if let Some(root) = &live.1 {
+            let _ = std::fs::remove_dir_all(root);
+        }
+        eprintln!("interrupted: servers stopped, data dirs removed");
+        std::process::exit(130);
+    });
+}
+
 // ---------------------------------------------------------------------------------------
 // Options and report
 
@@ -394,6 +421,7 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("start stategate serve");
+        LIVE.lock().unwrap().0.push(child.id());
         let server = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
@@ -1021,7 +1049,15 @@ fn machine_facts(opts: &Opts) {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let opts = Opts::parse();
+    let mut opts = Opts::parse();
+    // Every data dir of the run lives under one root, removed at the end or on a signal.
+    let root = tempfile::Builder::new()
+        .prefix("stategate-load-")
+        .tempdir_in(&opts.base)
+        .expect("create the run's root dir");
+    opts.base = root.path().to_path_buf();
+    LIVE.lock().unwrap().1 = Some(opts.base.clone());
+    clean_up_on_signal();
     let run = format!("b{}", run_id());
     let started = Instant::now();
     println!(

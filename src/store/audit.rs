@@ -95,13 +95,23 @@ pub fn list_audit_filtered(
     filter: &AuditFilter,
     limit: u32,
 ) -> Result<Vec<AuditRow>, rusqlite::Error> {
-    let mut stmt = conn.prepare(
+    // Two texts, not `(?1 IS NULL OR scope = ?1)`: SQLite plans before it sees the
+    // value, and only a plain `scope = ?1` lets it walk the `audit_by_scope` index
+    // instead of the whole log.
+    let sql = if filter.scope.is_some() {
         "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR event = ?2)
+          WHERE scope = ?1 AND (?2 IS NULL OR event = ?2)
             AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
             AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
-          ORDER BY id DESC LIMIT ?3",
-    )?;
+          ORDER BY id DESC LIMIT ?3"
+    } else {
+        "SELECT id, at, actor, org, scope, event, payload FROM audit
+          WHERE ?1 IS NULL AND (?2 IS NULL OR event = ?2)
+            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
+            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
+          ORDER BY id DESC LIMIT ?3"
+    };
+    let mut stmt = conn.prepare_cached(sql)?;
     let params = params![
         filter.scope,
         filter.event,

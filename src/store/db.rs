@@ -6,7 +6,8 @@
 //! `BEGIN IMMEDIATE` transaction and commits once (group commit), so N concurrent
 //! writes cost one fsync while each still sees the effects of the ones before it.
 //! Replies go out only after COMMIT returned: a reply means durable.
-//! Reads use a separate connection (WAL lets them run beside the writer).
+//! Reads use a few separate connections (WAL lets them run beside the writer), so one
+//! long read (a retention scan of a big index) does not hold up every GET.
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -52,6 +53,9 @@ CREATE TABLE IF NOT EXISTS audit (
     event       TEXT NOT NULL,
     payload     TEXT NOT NULL
 );
+
+-- `admin audit list --scope` walks one scope's rows newest first instead of the whole log.
+CREATE INDEX IF NOT EXISTS audit_by_scope ON audit (scope, id);
 "#;
 
 type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
@@ -60,8 +64,37 @@ type Job = Box<dyn FnOnce(&Connection) -> Completion + Send>;
 #[derive(Clone)]
 pub struct Db {
     writer: mpsc::Sender<Job>,
-    reader: Arc<Mutex<Connection>>,
+    readers: Arc<Readers>,
     stats: Arc<WriterStats>,
+}
+
+/// Read-only work shares a few connections: a read takes the first idle one.
+struct Readers {
+    conns: Vec<Mutex<Connection>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// Reader connections per database: the blocking pool runs reads beside each other,
+/// and one slow scan leaves the others free.
+const READERS: usize = 4;
+
+/// Prepared statements kept per connection (the write path prepares about ten kinds).
+const STATEMENT_CACHE: usize = 64;
+
+impl Readers {
+    /// An idle connection if there is one, else waits for one in turn.
+    fn acquire(&self) -> std::sync::MutexGuard<'_, Connection> {
+        use std::sync::atomic::Ordering::Relaxed;
+        for conn in &self.conns {
+            if let Ok(guard) = conn.try_lock() {
+                return guard;
+            }
+        }
+        let i = self.next.fetch_add(1, Relaxed) % self.conns.len();
+        self.conns[i]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// Counters of the writer thread: `jobs / commits` is the mean group size.
@@ -80,6 +113,7 @@ fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
     // FULL: with WAL, NORMAL may lose the last commits on power loss. A 200 must survive that.
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
 
@@ -107,7 +141,9 @@ impl Db {
         for schema in schemas {
             writer_conn.execute_batch(schema)?;
         }
-        let reader = open_connection(path)?;
+        let conns = (0..READERS)
+            .map(|_| open_connection(path).map(Mutex::new))
+            .collect::<Result<Vec<_>, _>>()?;
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
         std::thread::Builder::new()
@@ -119,7 +155,10 @@ impl Db {
             .map_err(|e| DbError::Task(e.to_string()))?;
         Ok(Db {
             writer: tx,
-            reader: Arc::new(Mutex::new(reader)),
+            readers: Arc::new(Readers {
+                conns,
+                next: Default::default(),
+            }),
             stats,
         })
     }
@@ -158,16 +197,14 @@ impl Db {
         &self.stats
     }
 
-    /// Runs a read-only query on the reader connection off the async runtime.
+    /// Runs a read-only query on a reader connection off the async runtime.
     pub async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        let reader = self.reader.clone();
+        let readers = self.readers.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = reader
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let conn = readers.acquire();
             f(&conn).map_err(DbError::from)
         })
         .await
@@ -238,6 +275,37 @@ mod tests {
     impl From<DbError> for TestError {
         fn from(e: DbError) -> Self {
             TestError::Db(e)
+        }
+    }
+
+    /// The queries a request or an operator listing runs must find their rows through an
+    /// index (SEARCH), never read a whole table (SCAN): their cost must not grow with
+    /// the number of workspaces and versions (issue 9, "scale with the index").
+    #[test]
+    fn per_request_queries_use_an_index() {
+        let conn = Connection::open_in_memory().unwrap();
+        for schema in crate::schema::ALL {
+            conn.execute_batch(schema).unwrap();
+        }
+        let queries = [
+            "SELECT * FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT 1",
+            "SELECT * FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2",
+            "SELECT * FROM versions WHERE scope = ?1 AND version = ?2",
+            "SELECT * FROM tf_locks WHERE workspace = ?1",
+            "SELECT * FROM audit WHERE scope = ?1 AND (?2 IS NULL OR event = ?2) ORDER BY id DESC LIMIT ?3",
+        ];
+        for sql in queries {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                plan.iter().all(|step| step.starts_with("SEARCH")),
+                "{sql}: {plan:?}"
+            );
         }
     }
 

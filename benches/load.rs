@@ -1,0 +1,1126 @@
+//! Load harness: a real `stategate serve` on 127.0.0.1 with a fresh data dir, driven
+//! over HTTP, every figure printed next to the floor this machine measured in the same run.
+//!
+//!     cargo build --release && cargo bench --bench load            # full run, ~6 min
+//!     cargo bench --bench load -- --quick                          # smoke run, < 60 s
+//!
+//! Options (after `--`): `--quick`; `--bin PATH` (default `$STATEGATE_BIN`, else
+//! `target/release/stategate` next to this bench); `--dir DIR` (where the data dirs go;
+//! default the temp dir — put it on the disk you care about); `--secs S` per cell;
+//! `--phases floor,cycles,get,rss,scale` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
+//! floor also times raw PUT/GET of 100 KiB objects on that store.
+//!
+//! Phases:
+//! 1. floor: fsynced 100 KiB blob writes/s with 1, 8 and 64 writers (temp file + fsync +
+//!    rename + dir fsync, what `LocalStore` does), SQLite commits/s with the pragmas of
+//!    `store/db.rs` (WAL, synchronous=FULL), the CPU floor of a GET (read + AES-256-GCM
+//!    open + SHA-256 of 100 KiB), raw S3 PUT/GET latency when a store is given;
+//! 2. cycles: LOCK → POST (100 KiB) → UNLOCK with 1, 8, 64 clients over 1 workspace and
+//!    over one workspace per client; cycles/s, p50/p99 per request, ratio to the floor;
+//! 3. get: GET of 100 KiB and 1 MiB states, 1 and 8 clients;
+//! 4. rss: the server's VmHWM after a 1, 64 and 256 MiB state POST + GET (fresh server each);
+//! 5. scale: the same write/GET figures with an empty index and with 10,000 workspaces ×
+//!    100 versions (1M version rows + 1M audit rows inserted into the server's SQLite
+//!    before it starts), and the time of `workspace history` / `admin audit list --scope`.
+//!
+//! Every workspace name is fresh per run (`b<run id>-…`) and every data dir is deleted at
+//! the end (also when a phase fails), so a run stopped mid-cycle leaves no held lock on
+//! anything another run reuses. The server is started with retention disabled
+//! (`STATEGATE_RETENTION_INTERVAL_SECONDS=0`) so a background prune does not land in a cell.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::{Client, Method, StatusCode};
+use stategate::crypto::RootKey;
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * 1024;
+const DEK: [u8; 32] = [0x5a; 32];
+
+/// What an interrupted run must still clean up: the servers it started and its root dir.
+static LIVE: std::sync::Mutex<(Vec<u32>, Option<PathBuf>)> =
+    std::sync::Mutex::new((Vec::new(), None));
+
+/// On Ctrl-C or SIGTERM: kill the servers, delete every data dir, exit 130.
+fn clean_up_on_signal() {
+    tokio::spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        for pid in &live.0 {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        if let Some(root) = &live.1 {
+            let _ = std::fs::remove_dir_all(root);
+        }
+        eprintln!("interrupted: servers stopped, data dirs removed");
+        std::process::exit(130);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Options and report
+
+struct Opts {
+    quick: bool,
+    bin: PathBuf,
+    base: PathBuf,
+    secs: f64,
+    phases: Vec<String>,
+}
+
+impl Opts {
+    fn parse() -> Opts {
+        let mut quick = false;
+        let mut bin = std::env::var_os("STATEGATE_BIN").map(PathBuf::from);
+        let mut base = std::env::temp_dir();
+        let mut secs = None;
+        let mut phases = "floor,cycles,get,rss,scale".to_string();
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--quick" => quick = true,
+                "--bin" => bin = args.next().map(PathBuf::from),
+                "--dir" => base = PathBuf::from(args.next().expect("--dir DIR")),
+                "--secs" => secs = args.next().and_then(|s| s.parse().ok()),
+                "--phases" => phases = args.next().expect("--phases LIST"),
+                "--bench" => {} // cargo bench passes it
+                other => panic!("unknown argument {other:?} (see the header of benches/load.rs)"),
+            }
+        }
+        let bin = bin.unwrap_or_else(default_bin);
+        assert!(
+            bin.exists(),
+            "no stategate binary at {} (cargo build --release, or --bin / STATEGATE_BIN)",
+            bin.display()
+        );
+        Opts {
+            quick,
+            bin,
+            base,
+            secs: secs.unwrap_or(if quick { 0.7 } else { 4.0 }),
+            phases: phases.split(',').map(str::to_string).collect(),
+        }
+    }
+
+    fn runs(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
+
+    fn cell(&self) -> Duration {
+        Duration::from_secs_f64(self.secs)
+    }
+}
+
+/// `target/release/stategate` beside the bench executable (`target/release/deps/load-…`).
+fn default_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let release = exe.parent().and_then(Path::parent).expect("target dir");
+    release.join("stategate")
+}
+
+/// Rows of the final table: what, figure, floor, ratio.
+#[derive(Default)]
+struct Report {
+    rows: Vec<[String; 4]>,
+}
+
+impl Report {
+    fn row(&mut self, what: impl Into<String>, figure: String, floor: String, ratio: String) {
+        let row = [what.into(), figure, floor, ratio];
+        println!("  {} | {} | {} | {}", row[0], row[1], row[2], row[3]);
+        self.rows.push(row);
+    }
+
+    fn print(&self) {
+        println!("\n| measurement | figure | floor | ratio |\n|---|---|---|---|");
+        for r in &self.rows {
+            println!("| {} | {} | {} | {} |", r[0], r[1], r[2], r[3]);
+        }
+    }
+}
+
+fn ratio(figure: f64, floor: f64) -> String {
+    if floor > 0.0 {
+        format!("{:.2}x", figure / floor)
+    } else {
+        "-".into()
+    }
+}
+
+/// Latency samples in seconds.
+#[derive(Default, Clone)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d.as_secs_f64());
+    }
+    fn extend(&mut self, other: Samples) {
+        self.0.extend(other.0);
+    }
+    fn pct(&self, p: f64) -> f64 {
+        if self.0.is_empty() {
+            return f64::NAN;
+        }
+        let mut v = self.0.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        v[rank.clamp(1, v.len()) - 1]
+    }
+    fn ms(&self) -> String {
+        format!(
+            "p50 {:.2} / p99 {:.2} ms",
+            self.pct(50.0) * 1e3,
+            self.pct(99.0) * 1e3
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Floors
+
+/// What `LocalStore::put` does for a new blob: temp file, write, fsync, rename, dir fsync.
+fn durable_write(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".tmp-{name}"));
+    let mut file = std::fs::File::create_new(&tmp)?;
+    file.write_all(data)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Fsynced 100 KiB blob writes per second with `writers` threads, each in its own
+/// directory (a workspace's blobs share one directory in `LocalStore`).
+fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> f64 {
+    let root = tempfile::tempdir_in(base).unwrap();
+    let data = vec![0xa5u8; 100 * KIB];
+    let done = AtomicU64::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..writers {
+            let dir = root.path().join(format!("w{w}"));
+            std::fs::create_dir(&dir).unwrap();
+            let (data, done) = (&data, &done);
+            s.spawn(move || {
+                let mut i = 0u64;
+                while started.elapsed() < cell {
+                    durable_write(&dir, &format!("{i:012}.blob"), data).unwrap();
+                    done.fetch_add(1, Relaxed);
+                    i += 1;
+                }
+            });
+        }
+    });
+    done.load(Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Serial SQLite commits per second, each one INSERT into a table shaped like `versions`,
+/// with the pragmas of `store/db.rs`.
+fn sqlite_floor(base: &Path, cell: Duration) -> f64 {
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
+    let started = Instant::now();
+    let mut n = 0i64;
+    while started.elapsed() < cell {
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        conn.execute(
+            "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
+             VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')",
+            [n],
+        )
+        .unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The CPU a GET of 100 KiB cannot avoid: read the blob from the page cache, AES-256-GCM
+/// open, SHA-256 of the plaintext. Per second, one thread.
+fn get_cpu_floor(base: &Path, cell: Duration) -> f64 {
+    use aes_gcm::aead::{Aead, KeyInit};
+    use sha2::Digest;
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let cipher = aes_gcm::Aes256Gcm::new(&[7u8; 32].into());
+    let nonce = aes_gcm::Nonce::from([1u8; 12]);
+    let sealed = cipher.encrypt(&nonce, &vec![b'x'; 100 * KIB][..]).unwrap();
+    let path = dir.path().join("blob");
+    std::fs::write(&path, &sealed).unwrap();
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < cell {
+        let blob = std::fs::read(&path).unwrap();
+        let plain = cipher.decrypt(&nonce, &blob[..]).unwrap();
+        std::hint::black_box(sha2::Sha256::digest(&plain));
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Raw PUT and GET of 100 KiB objects straight on the S3 store given in the environment.
+async fn s3_floor(report: &mut Report, cell: Duration) {
+    let var = |k: &str| std::env::var(format!("STATEGATE_BENCH_S3_{k}")).ok();
+    let (Some(endpoint), Some(bucket), Some(id), Some(secret)) = (
+        var("ENDPOINT"),
+        var("BUCKET"),
+        var("ACCESS_KEY_ID"),
+        var("SECRET_ACCESS_KEY"),
+    ) else {
+        println!("  (no STATEGATE_BENCH_S3_* store given: raw S3 floor skipped)");
+        return;
+    };
+    let region = var("REGION").unwrap_or_else(|| "garage".into());
+    let creds = aws_credential_types::Credentials::new(id, secret, None, None, "bench");
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_sdk_s3::config::Region::new(region))
+        .credentials_provider(creds)
+        .force_path_style(true)
+        .build();
+    let s3 = aws_sdk_s3::Client::from_conf(conf);
+    let data = Bytes::from(vec![0xa5u8; 100 * KIB]);
+    let (mut put, mut get) = (Samples::default(), Samples::default());
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < cell {
+        let key = format!("bench-floor/{}-{i}", std::process::id());
+        let t = Instant::now();
+        s3.put_object()
+            .bucket(&bucket)
+            .key(&key)
+            .body(data.clone().into())
+            .send()
+            .await
+            .expect("S3 PUT");
+        put.push(t.elapsed());
+        let t = Instant::now();
+        let body = s3
+            .get_object()
+            .bucket(&bucket)
+            .key(&key)
+            .send()
+            .await
+            .expect("S3 GET");
+        let got = body.body.collect().await.expect("S3 GET body").into_bytes();
+        get.push(t.elapsed());
+        assert_eq!(got.len(), data.len());
+        let _ = s3.delete_object().bucket(&bucket).key(&key).send().await;
+        i += 1;
+    }
+    report.row("raw S3 PUT 100 KiB", put.ms(), "-".into(), "-".into());
+    report.row("raw S3 GET 100 KiB", get.ms(), "-".into(), "-".into());
+}
+
+struct Floors {
+    fsync: Vec<(usize, f64)>,
+    sqlite: f64,
+    get_cpu: f64,
+}
+
+impl Floors {
+    /// The fsync floor with `writers` writers (the nearest measured count at or below).
+    fn fsync_for(&self, writers: usize) -> f64 {
+        self.fsync
+            .iter()
+            .rfind(|(w, _)| *w <= writers)
+            .map_or(0.0, |(_, r)| *r)
+    }
+}
+
+async fn floors(opts: &Opts, report: &mut Report) -> Floors {
+    println!("\n== floor (this disk, this CPU, same run)");
+    let mut fsync = Vec::new();
+    for writers in [1, 8, 64] {
+        let rate = fsync_floor(&opts.base, writers, opts.cell());
+        report.row(
+            format!("floor: fsynced 100 KiB blob writes, {writers} writer(s)"),
+            format!("{rate:.0}/s"),
+            "-".into(),
+            "-".into(),
+        );
+        fsync.push((writers, rate));
+    }
+    let sqlite = sqlite_floor(&opts.base, opts.cell());
+    report.row(
+        "floor: SQLite commits (WAL, synchronous=FULL), serial",
+        format!("{sqlite:.0}/s"),
+        "-".into(),
+        "-".into(),
+    );
+    let get_cpu = get_cpu_floor(&opts.base, opts.cell());
+    report.row(
+        "floor: GET CPU (read + AES-GCM open + SHA-256 of 100 KiB), 1 thread",
+        format!("{get_cpu:.0}/s"),
+        "-".into(),
+        "-".into(),
+    );
+    s3_floor(report, opts.cell()).await;
+    Floors {
+        fsync,
+        sqlite,
+        get_cpu,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The server
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// `stategate serve` on a free loopback port with `data_dir` (created if missing).
+    async fn start(opts: &Opts, data_dir: &Path) -> Server {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(data_dir.join("server.log")).unwrap();
+        let child = Command::new(&opts.bin)
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("STATEGATE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("STATEGATE_DATA_DIR", data_dir)
+            .env("STATEGATE_DEK", RootKey::from_bytes(DEK).to_base64())
+            .env("STATEGATE_MAX_STATE_BYTES", (300 * MIB).to_string())
+            .env(
+                "STATEGATE_MAX_INFLIGHT_BODY_BYTES",
+                (2048 * MIB).to_string(),
+            )
+            .env("STATEGATE_RETENTION_INTERVAL_SECONDS", "0")
+            .env("STATEGATE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start stategate serve");
+        LIVE.lock().unwrap().0.push(child.id());
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let client = Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = client.get(format!("{}/healthz", server.url)).send().await {
+                if r.status().is_success() {
+                    return server;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not come up; see {}/server.log",
+                data_dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A line of /proc/<pid>/status in KiB (`VmHWM`, `VmRSS`).
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// User + system CPU seconds the server has used so far (/proc/<pid>/stat).
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds_of(&format!("/proc/{}/stat", self.pid()))
+    }
+
+    /// SIGTERM (a clean stop checkpoints SQLite), SIGKILL after 10 s.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// utime + stime of a /proc/<pid>/stat file, in seconds (clock ticks are 100 Hz on Linux).
+fn cpu_seconds_of(stat: &str) -> f64 {
+    let text = std::fs::read_to_string(stat).unwrap_or_default();
+    // Fields after the `(comm)`; utime and stime are the 14th and 15th of the line.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (tick(11) + tick(12)) / 100.0
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+fn run_id() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 0xffff_ffff
+    )
+}
+
+/// A valid state of about `size` bytes; `serial` makes every write's content differ.
+fn state(size: usize, serial: u64, lineage: &str) -> Bytes {
+    let head = format!(
+        r#"{{"version":4,"terraform_version":"1.15.0","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[{{"mode":"managed","type":"terraform_data","name":"pad","provider":"provider[\"terraform.io/builtin/terraform\"]","instances":[{{"attributes":{{"id":""#
+    );
+    let tail = r#""}}]}]}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut body = Vec::with_capacity(size);
+    body.extend_from_slice(head.as_bytes());
+    body.extend((0..pad).map(|i| b'a' + (i % 26) as u8));
+    body.extend_from_slice(tail.as_bytes());
+    Bytes::from(body)
+}
+
+fn content_md5(body: &[u8]) -> String {
+    use base64::Engine;
+    use md5::Digest;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(body))
+}
+
+#[derive(Clone)]
+struct Api {
+    client: Client,
+    url: String,
+    root: RootKey,
+}
+
+impl Api {
+    fn new(url: &str) -> Api {
+        Api {
+            client: Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .unwrap(),
+            url: url.to_string(),
+            root: RootKey::from_bytes(DEK),
+        }
+    }
+
+    fn request(&self, method: &str, ws: &str, query: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(
+                Method::from_bytes(method.as_bytes()).unwrap(),
+                format!("{}/api/v1/tf/state/{ws}{query}", self.url),
+            )
+            .bearer_auth(self.root.workspace_bearer(ws))
+    }
+
+    async fn send(&self, method: &str, ws: &str, query: &str, body: Bytes) -> (StatusCode, Bytes) {
+        let r = self
+            .request(method, ws, query)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {ws}: {e}"));
+        let status = r.status();
+        (status, r.bytes().await.unwrap_or_default())
+    }
+
+    /// A state write as Terraform's http backend sends it (`Content-MD5`, JSON type). The
+    /// MD5 is the caller's, so a timed POST does not include the client hashing.
+    async fn send_state(
+        &self,
+        ws: &str,
+        query: &str,
+        body: Bytes,
+        md5: String,
+    ) -> (StatusCode, Bytes) {
+        let r = self
+            .request("POST", ws, query)
+            .header("content-type", "application/json")
+            .header("content-md5", md5)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {ws}: {e}"));
+        let status = r.status();
+        (status, r.bytes().await.unwrap_or_default())
+    }
+
+    async fn post(&self, ws: &str, body: Bytes) {
+        let md5 = content_md5(&body);
+        let (status, text) = self.send_state(ws, "", body, md5).await;
+        assert_eq!(status, StatusCode::OK, "POST {ws}: {text:?}");
+    }
+
+    async fn get(&self, ws: &str) -> usize {
+        let r = self.request("GET", ws, "").send().await.expect("GET");
+        assert_eq!(r.status(), StatusCode::OK, "GET {ws}");
+        r.bytes().await.expect("GET body").len()
+    }
+}
+
+#[derive(Default)]
+struct CycleStats {
+    cycles: u64,
+    refused: u64,
+    lock: Samples,
+    post: Samples,
+    unlock: Samples,
+    elapsed: f64,
+}
+
+/// LOCK → POST (`size`) → UNLOCK cycles by `clients` tasks for `cell`; client `i` uses
+/// workspace `i % workspaces`. A LOCK refused (423: another client holds it) is retried.
+async fn cycles(
+    api: &Api,
+    prefix: &str,
+    clients: usize,
+    workspaces: usize,
+    size: usize,
+    cell: Duration,
+) -> CycleStats {
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (api, stop) = (api.clone(), stop.clone());
+        let ws = format!("{prefix}-w{}", c % workspaces);
+        let lineage = format!("lineage-{prefix}-{c}");
+        tasks.push(tokio::spawn(async move {
+            let mut st = CycleStats::default();
+            let mut serial = 0u64;
+            while !stop.load(Relaxed) {
+                let id = uuid::Uuid::new_v4().to_string();
+                let info = Bytes::from(format!(
+                    r#"{{"ID":"{id}","Operation":"OperationTypeApply","Info":"","Who":"bench@load","Version":"1.15.0","Created":"2026-01-01T00:00:00Z","Path":""}}"#
+                ));
+                let t = Instant::now();
+                let (status, text) = api.send("LOCK", &ws, "", info.clone()).await;
+                match status {
+                    StatusCode::OK => st.lock.push(t.elapsed()),
+                    StatusCode::LOCKED => {
+                        st.refused += 1;
+                        tokio::time::sleep(Duration::from_micros(500)).await;
+                        continue;
+                    }
+                    other => panic!("LOCK {ws}: {other} {text:?}"),
+                }
+                serial += 1;
+                let body = state(size, serial, &lineage);
+                let md5 = content_md5(&body);
+                let t = Instant::now();
+                let (status, text) = api.send_state(&ws, &format!("?ID={id}"), body, md5).await;
+                assert_eq!(status, StatusCode::OK, "POST {ws}: {text:?}");
+                st.post.push(t.elapsed());
+                let t = Instant::now();
+                let (status, text) = api.send("UNLOCK", &ws, "", info).await;
+                assert_eq!(status, StatusCode::OK, "UNLOCK {ws}: {text:?}");
+                st.unlock.push(t.elapsed());
+                st.cycles += 1;
+            }
+            st
+        }));
+    }
+    tokio::time::sleep(cell).await;
+    stop.store(true, Relaxed);
+    let mut all = CycleStats::default();
+    for t in tasks {
+        let st = t.await.expect("client task");
+        all.cycles += st.cycles;
+        all.refused += st.refused;
+        all.lock.extend(st.lock);
+        all.post.extend(st.post);
+        all.unlock.extend(st.unlock);
+    }
+    all.elapsed = started.elapsed().as_secs_f64();
+    all
+}
+
+struct GetStats {
+    rate: f64,
+    lat: Samples,
+}
+
+async fn gets(api: &Api, ws: &str, clients: usize, expect: usize, cell: Duration) -> GetStats {
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (api, stop, ws) = (api.clone(), stop.clone(), ws.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Samples::default();
+            while !stop.load(Relaxed) {
+                let t = Instant::now();
+                assert_eq!(api.get(&ws).await, expect);
+                lat.push(t.elapsed());
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(cell).await;
+    stop.store(true, Relaxed);
+    let mut lat = Samples::default();
+    for t in tasks {
+        lat.extend(t.await.expect("GET task"));
+    }
+    GetStats {
+        rate: lat.0.len() as f64 / started.elapsed().as_secs_f64(),
+        lat,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Phases
+
+async fn cycle_phase(
+    opts: &Opts,
+    server: &Server,
+    run: &str,
+    floors: Option<&Floors>,
+    report: &mut Report,
+) {
+    println!("\n== LOCK → POST (100 KiB) → UNLOCK cycles");
+    let api = &Api::new(&server.url);
+    let cells: &[(usize, usize)] = &[(1, 1), (8, 1), (8, 8), (64, 1), (64, 64)];
+    for (i, &(clients, workspaces)) in cells.iter().enumerate() {
+        let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
+        let st = cycles(
+            api,
+            &format!("{run}-c{i}"),
+            clients,
+            workspaces,
+            100 * KIB,
+            opts.cell(),
+        )
+        .await;
+        let server_cpu = server.cpu_seconds() - server_cpu;
+        let own_cpu = cpu_seconds_of("/proc/self/stat") - own_cpu;
+        let rate = st.cycles as f64 / st.elapsed;
+        let floor = floors.map_or(0.0, |f| f.fsync_for(clients.min(workspaces)));
+        report.row(
+            format!("cycles, {clients} client(s), {workspaces} workspace(s)"),
+            format!(
+                "{rate:.0}/s (LOCK {}; POST {}; UNLOCK {}; {} LOCKs refused; CPU/cycle: server {:.0} µs, load generator {:.0} µs)",
+                st.lock.ms(),
+                st.post.ms(),
+                st.unlock.ms(),
+                st.refused,
+                server_cpu * 1e6 / st.cycles.max(1) as f64,
+                own_cpu * 1e6 / st.cycles.max(1) as f64,
+            ),
+            format!("{floor:.0} fsyncs/s ({} writer(s))", clients.min(workspaces).min(64)),
+            ratio(rate, floor),
+        );
+    }
+}
+
+async fn get_phase(
+    opts: &Opts,
+    api: &Api,
+    run: &str,
+    floors: Option<&Floors>,
+    report: &mut Report,
+) {
+    println!("\n== GET");
+    for size in [100 * KIB, MIB] {
+        let ws = format!("{run}-get{}", size / KIB);
+        let body = state(size, 1, "lineage-get");
+        api.post(&ws, body.clone()).await;
+        for clients in [1, 8] {
+            let st = gets(api, &ws, clients, body.len(), opts.cell()).await;
+            // The CPU floor is per 100 KiB; scale it by size for the 1 MiB row.
+            let floor = floors.map_or(0.0, |f| f.get_cpu * (100 * KIB) as f64 / size as f64);
+            report.row(
+                format!("GET {} KiB, {clients} client(s)", size / KIB),
+                format!("{:.0}/s ({})", st.rate, st.lat.ms()),
+                format!("{floor:.0}/s CPU floor, 1 thread"),
+                ratio(st.rate, floor),
+            );
+        }
+    }
+}
+
+async fn rss_phase(opts: &Opts, report: &mut Report) {
+    println!("\n== peak RSS of the server (VmHWM), fresh server per size");
+    let sizes: &[usize] = if opts.quick { &[1, 16] } else { &[1, 64, 256] };
+    for &mib in sizes {
+        let dir = tempfile::tempdir_in(&opts.base).unwrap();
+        let server = Server::start(opts, dir.path()).await;
+        let api = Api::new(&server.url);
+        let idle = server.status_kib("VmHWM");
+        let body = state(mib * MIB, 1, "lineage-rss");
+        let t = Instant::now();
+        api.post("rss", body.clone()).await;
+        let post_time = t.elapsed();
+        let after_post = server.status_kib("VmHWM");
+        let len = body.len();
+        drop(body);
+        let t = Instant::now();
+        assert_eq!(api.get("rss").await, len);
+        let get_time = t.elapsed();
+        let after_get = server.status_kib("VmHWM");
+        report.row(
+            format!("peak RSS, {mib} MiB state POST + GET"),
+            format!(
+                "{:.0} MiB (idle {:.0}, after POST {:.0}; POST {:.2} s, GET {:.2} s)",
+                after_get as f64 / 1024.0,
+                idle as f64 / 1024.0,
+                after_post as f64 / 1024.0,
+                post_time.as_secs_f64(),
+                get_time.as_secs_f64()
+            ),
+            "96 MiB (issue 9 bound at 256 MiB)".into(),
+            ratio(after_get as f64 / 1024.0, 96.0),
+        );
+        server.stop();
+    }
+}
+
+/// Inserts `workspaces × versions` version rows and as many audit rows straight into the
+/// server's database (the server is stopped). Rows point at `blob_key` (never read).
+fn populate(db: &Path, workspaces: usize, versions: usize, blob_key: &str) -> Duration {
+    let t = Instant::now();
+    let mut conn = rusqlite::Connection::open(db).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    let tx = conn.transaction().unwrap();
+    {
+        let mut v = tx
+            .prepare(
+                "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
+                 VALUES (?1, ?2, ?2, 'fill-lineage', ?3, 102400, ?4, '2026-01-01T00:00:00Z', ?5)",
+            )
+            .unwrap();
+        let mut a = tx
+            .prepare(
+                "INSERT INTO audit (at, actor, org, scope, event, payload)
+                 VALUES ('2026-01-01T00:00:00Z', ?1, NULL, ?2, 'tf.state_written', ?3)",
+            )
+            .unwrap();
+        for w in 0..workspaces {
+            let ws = format!("fill-{w:05}");
+            let scope = format!("tf/{ws}");
+            let actor = format!("tf:{ws}");
+            for version in 1..=versions as i64 {
+                let sha = format!("{:064x}", (w as u128) << 32 | version as u128);
+                v.execute(rusqlite::params![scope, version, sha, blob_key, actor])
+                    .unwrap();
+                let payload =
+                    format!(r#"{{"serial":{version},"lineage":"fill-lineage","size":102400}}"#);
+                a.execute(rusqlite::params![actor, scope, payload]).unwrap();
+            }
+        }
+    }
+    tx.commit().unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    t.elapsed()
+}
+
+/// Median wall time of `stategate <args>` against `data_dir`, `runs` times.
+fn time_cli(opts: &Opts, data_dir: &Path, args: &[&str], runs: usize) -> (f64, usize) {
+    let mut times = Samples::default();
+    let mut lines = 0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        let out = Command::new(&opts.bin)
+            .args(args)
+            .env_clear()
+            .env("STATEGATE_DATA_DIR", data_dir)
+            .env("STATEGATE_DEK", RootKey::from_bytes(DEK).to_base64())
+            .env("STATEGATE_LOG", "warn")
+            .output()
+            .expect("run stategate");
+        times.push(t.elapsed());
+        assert!(
+            out.status.success(),
+            "stategate {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lines = out
+            .stdout
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
+    }
+    (times.pct(50.0) * 1e3, lines)
+}
+
+/// Median time of a query on a read-only connection to the index, `runs` times.
+fn time_query(db: &Path, runs: usize, f: impl Fn(&rusqlite::Connection) -> usize) -> (f64, usize) {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut times = Samples::default();
+    let mut n = 0;
+    for _ in 0..runs {
+        let t = Instant::now();
+        n = f(&conn);
+        times.push(t.elapsed());
+    }
+    (times.pct(50.0) * 1e3, n)
+}
+
+/// One write/GET probe: 1-client cycles and 1-client GETs of 100 KiB.
+async fn probe(api: &Api, prefix: &str, cell: Duration) -> (f64, Samples, Samples) {
+    let st = cycles(api, prefix, 1, 1, 100 * KIB, cell).await;
+    let ws = format!("{prefix}-get");
+    let body = state(100 * KIB, 1, "lineage-probe");
+    api.post(&ws, body.clone()).await;
+    let g = gets(api, &ws, 1, body.len(), cell).await;
+    (st.cycles as f64 / st.elapsed, st.post, g.lat)
+}
+
+async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
+    let (workspaces, versions) = if opts.quick {
+        (1_000, 100)
+    } else {
+        (10_000, 100)
+    };
+    println!("\n== scale: empty index vs {workspaces} workspaces × {versions} versions");
+    let dir = tempfile::tempdir_in(&opts.base).unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(opts, &data).await;
+    let api = Api::new(&server.url);
+    let empty = probe(&api, &format!("{run}-e"), opts.cell()).await;
+    // A real blob for the filler rows to point at.
+    let blob_key: String = {
+        let conn = rusqlite::Connection::open(data.join("stategate.db")).unwrap();
+        conn.query_row(
+            "SELECT blob_key FROM versions WHERE blob_key IS NOT NULL LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    server.stop();
+    let took = populate(&data.join("stategate.db"), workspaces, versions, &blob_key);
+    println!(
+        "  populated {} version rows (+ as many audit rows) in {:.1} s",
+        workspaces * versions,
+        took.as_secs_f64()
+    );
+    let server = Server::start(opts, &data).await;
+    let api = Api::new(&server.url);
+    let full = probe(&api, &format!("{run}-f"), opts.cell()).await;
+    let rows = format!("{}k rows", workspaces * versions / 1000);
+    report.row(
+        format!("scale: 1-client cycles, {rows} vs empty"),
+        format!("{:.0}/s vs {:.0}/s", full.0, empty.0),
+        "within 10%".into(),
+        ratio(full.0, empty.0),
+    );
+    report.row(
+        format!("scale: POST p50, {rows} vs empty"),
+        format!(
+            "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
+            full.1.pct(50.0) * 1e3,
+            empty.1.pct(50.0) * 1e3,
+            full.1.pct(99.0) * 1e3,
+            empty.1.pct(99.0) * 1e3
+        ),
+        "within 10%".into(),
+        ratio(full.1.pct(50.0), empty.1.pct(50.0)),
+    );
+    report.row(
+        format!("scale: GET 100 KiB p50, {rows} vs empty"),
+        format!(
+            "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
+            full.2.pct(50.0) * 1e3,
+            empty.2.pct(50.0) * 1e3,
+            full.2.pct(99.0) * 1e3,
+            empty.2.pct(99.0) * 1e3
+        ),
+        "within 10%".into(),
+        ratio(full.2.pct(50.0), empty.2.pct(50.0)),
+    );
+    server.stop();
+    let ws = format!("fill-{:05}", workspaces / 2);
+    let (ms, lines) = time_cli(opts, &data, &["workspace", "history", &ws], 5);
+    assert_eq!(lines, versions, "history lists every version");
+    report.row(
+        format!("scale: `workspace history` ({versions} versions), {rows}, CLI wall time"),
+        format!("{ms:.1} ms"),
+        "20 ms".into(),
+        ratio(ms, 20.0),
+    );
+    let db = data.join("stategate.db");
+    let scope = format!("tf/{ws}");
+    let (ms, n) = time_query(&db, 20, |c| {
+        stategate::store::history::history_rows(c, &scope, None)
+            .unwrap()
+            .len()
+    });
+    assert_eq!(n, versions);
+    report.row(
+        format!("scale: history query alone, {rows}"),
+        format!("{ms:.2} ms"),
+        "20 ms".into(),
+        ratio(ms, 20.0),
+    );
+    let (ms, n) = time_query(&db, 5, |c| {
+        stategate::store::audit::list_audit(c, Some(&scope), None, 100)
+            .unwrap()
+            .len()
+    });
+    assert_eq!(n, versions);
+    report.row(
+        format!("scale: audit list --scope (100 rows), {rows}"),
+        format!("{ms:.2} ms"),
+        "20 ms".into(),
+        ratio(ms, 20.0),
+    );
+    let (ms, _) = time_cli(
+        opts,
+        &data,
+        &["admin", "audit", "list", "--scope", &scope],
+        3,
+    );
+    report.row(
+        format!("scale: `admin audit list --scope`, {rows}, CLI wall time"),
+        format!("{ms:.1} ms"),
+        "20 ms".into(),
+        ratio(ms, 20.0),
+    );
+}
+
+fn machine_facts(opts: &Opts) {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let fs = Command::new("df")
+        .args(["-T", &opts.base.display().to_string()])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .nth(1)
+                .unwrap_or("")
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("?")
+                .to_string()
+        })
+        .unwrap_or_default();
+    let version = Command::new(&opts.bin)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!(
+        "machine: {cpus} CPUs, data dirs under {} ({fs}), load average {}; {version} ({})",
+        opts.base.display(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+        opts.bin.display()
+    );
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let mut opts = Opts::parse();
+    // Every data dir of the run lives under one root, removed at the end or on a signal.
+    let root = tempfile::Builder::new()
+        .prefix("stategate-load-")
+        .tempdir_in(&opts.base)
+        .expect("create the run's root dir");
+    opts.base = root.path().to_path_buf();
+    LIVE.lock().unwrap().1 = Some(opts.base.clone());
+    clean_up_on_signal();
+    let run = format!("b{}", run_id());
+    let started = Instant::now();
+    println!(
+        "stategate load harness ({}; {:.1} s per cell; run {run})",
+        if opts.quick { "quick" } else { "full" },
+        opts.secs
+    );
+    machine_facts(&opts);
+    let mut report = Report::default();
+    let floors = if opts.runs("floor") {
+        Some(floors(&opts, &mut report).await)
+    } else {
+        None
+    };
+    if opts.runs("cycles") || opts.runs("get") {
+        let dir = tempfile::tempdir_in(&opts.base).unwrap();
+        let server = Server::start(&opts, dir.path()).await;
+        let api = Api::new(&server.url);
+        if opts.runs("cycles") {
+            cycle_phase(&opts, &server, &run, floors.as_ref(), &mut report).await;
+        }
+        if opts.runs("get") {
+            get_phase(&opts, &api, &run, floors.as_ref(), &mut report).await;
+        }
+        println!(
+            "  server peak RSS after cycles and GETs: {:.0} MiB",
+            server.status_kib("VmHWM") as f64 / 1024.0
+        );
+        server.stop();
+    }
+    if opts.runs("rss") {
+        rss_phase(&opts, &mut report).await;
+    }
+    if opts.runs("scale") {
+        scale_phase(&opts, &run, &mut report).await;
+    }
+    report.print();
+    if let Some(f) = &floors {
+        println!(
+            "(floors: fsync {:?} writes/s by writer count; SQLite {:.0} commits/s)",
+            f.fsync, f.sqlite
+        );
+    }
+    machine_facts(&opts);
+    println!("total {:.0} s", started.elapsed().as_secs_f64());
+}

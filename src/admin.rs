@@ -105,20 +105,6 @@ pub fn list_clusters(config: &Config, org: Option<String>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// `--since` / `--until`: an RFC 3339 instant, or a date (midnight UTC).
-pub fn parse_instant(text: &str) -> Result<time::OffsetDateTime, String> {
-    use time::format_description::well_known::Rfc3339;
-    if let Ok(t) = time::OffsetDateTime::parse(text, &Rfc3339) {
-        return Ok(t);
-    }
-    time::Date::parse(
-        text,
-        time::macros::format_description!("[year]-[month]-[day]"),
-    )
-    .map(|d| d.midnight().assume_utc())
-    .map_err(|_| "expected an RFC 3339 time (2026-03-01T10:00:00Z) or a date (2026-03-01)".into())
-}
-
 /// The newest `limit` rows, oldest first; `cluster` is a shorthand for its scope.
 pub fn list_audit(
     config: &Config,
@@ -192,23 +178,4 @@ pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
 
 pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {
     AdminDb::open(config)?.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn instants_parse_as_rfc3339_or_dates() {
-        let table = [
-            ("2026-03-01T10:00:00Z", Some(1_772_359_200)),
-            ("2026-03-01T12:00:00+02:00", Some(1_772_359_200)),
-            ("2026-03-01", Some(1_772_323_200)),
-            ("2026-02-30", None),
-            ("yesterday", None),
-            ("", None),
-        ];
-        for (text, want) in table {
-            let got = super::parse_instant(text).ok().map(|t| t.unix_timestamp());
-            assert_eq!(got, want, "{text}");
-        }
-    }
 }

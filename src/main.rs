@@ -242,10 +242,10 @@ enum AuditCommand {
         #[arg(long)]
         event: Option<String>,
         /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
-        #[arg(long, value_parser = admin::parse_instant)]
+        #[arg(long, value_parser = stategate::store::audit::parse_instant)]
         since: Option<time::OffsetDateTime>,
         /// Only rows before this time (RFC 3339 or a date).
-        #[arg(long, value_parser = admin::parse_instant)]
+        #[arg(long, value_parser = stategate::store::audit::parse_instant)]
         until: Option<time::OffsetDateTime>,
         #[arg(long, default_value_t = 100)]
         limit: u32,

@@ -232,6 +232,8 @@ async fn check_order_is_auth_then_input_then_state() {
         ("POST", "workspaces/nope/restore", None, 404),
         ("GET", "audit?limit=0", None, 400),
         ("GET", "audit?limit=5000", None, 400),
+        ("GET", "audit?since=yesterday", None, 400),
+        ("GET", "audit?until=2026-02-30", None, 400),
         ("DELETE", "workspaces/prod", None, 405),
         ("GET", "nope", None, 404),
     ];
@@ -367,6 +369,24 @@ async fn list_show_history_diff_and_rollback() {
     let rows = audit["audit"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["actor"], ACTOR);
+    // A time window: everything so far is before tomorrow, nothing is after it.
+    let tomorrow = (time::OffsetDateTime::now_utc() + time::Duration::days(1)).date();
+    let before = env
+        .json(
+            "GET",
+            &format!("audit?scope=tf%2Fprod&until={tomorrow}"),
+            None,
+        )
+        .await;
+    assert!(!before["audit"].as_array().unwrap().is_empty());
+    let after = env
+        .json(
+            "GET",
+            &format!("audit?scope=tf%2Fprod&since={tomorrow}"),
+            None,
+        )
+        .await;
+    assert_eq!(after["audit"], json!([]));
 }
 
 #[tokio::test]

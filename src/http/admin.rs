@@ -11,6 +11,7 @@ use super::router::AdminAction;
 use super::{auth, App};
 use crate::error::ApiError;
 use crate::operator::{diff, rolled_back_json, version_json, Operator, MAX_AUDIT_LIMIT};
+use crate::store::audit::{parse_instant, AuditFilter};
 
 /// Largest admin request body (a version number or a lock ID).
 const MAX_ADMIN_BODY: u64 = 4096;
@@ -208,8 +209,22 @@ async fn run(
         AdminAction::Audit {
             scope,
             event,
+            since,
+            until,
             limit,
         } => {
+            let instant = |name: &str, text: Option<String>| {
+                text.map(|t| {
+                    parse_instant(&t).map_err(|why| ApiError::BadRequest(format!("{name}: {why}")))
+                })
+                .transpose()
+            };
+            let filter = AuditFilter {
+                scope,
+                event,
+                since: instant("since", since)?,
+                until: instant("until", until)?,
+            };
             let limit = number("limit", limit.as_deref())?.unwrap_or(100);
             let limit = u32::try_from(limit)
                 .ok()
@@ -217,7 +232,7 @@ async fn run(
                 .ok_or_else(|| {
                     ApiError::BadRequest(format!("limit must be 1-{MAX_AUDIT_LIMIT}"))
                 })?;
-            ok(serde_json::json!({ "audit": ops.audit(scope, event, limit).await? }))
+            ok(serde_json::json!({ "audit": ops.audit(filter, limit).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
     })

@@ -64,10 +64,12 @@ pub enum AdminAction {
     Unlock { workspace: String },
     /// `POST workspaces/{ws}/restore`
     Restore { workspace: String },
-    /// `GET audit[?scope=&event=&limit=]`
+    /// `GET audit[?scope=&event=&since=&until=&limit=]`
     Audit {
         scope: Option<String>,
         event: Option<String>,
+        since: Option<String>,
+        until: Option<String>,
         limit: Option<String>,
     },
     /// `GET clusters`
@@ -281,6 +283,8 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             AdminAction::Audit {
                 scope: q("scope"),
                 event: q("event"),
+                since: q("since"),
+                until: q("until"),
                 limit: q("limit"),
             },
             "GET",
@@ -583,10 +587,12 @@ mod tests {
             (
                 "GET",
                 "/api/v1/admin/audit",
-                Some("scope=tf%2Fprod&limit=5"),
+                Some("scope=tf%2Fprod&limit=5&since=2026-03-01"),
                 admin(AdminAction::Audit {
                     scope: Some("tf/prod".into()),
                     event: None,
+                    since: Some("2026-03-01".into()),
+                    until: None,
                     limit: Some("5".into()),
                 }),
             ),

@@ -18,7 +18,7 @@ use crate::cluster::identity::{list_clusters, AdminError};
 use crate::cluster::{lease::current_lease, ClusterService};
 use crate::error::ApiError;
 use crate::names::validate_workspace;
-use crate::store::audit::{list_audit, AuditRow};
+use crate::store::audit::{list_audit_filtered, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
 use crate::store::{latest_row, VersionRow};
 use crate::tofu::lock::HeldLock;
@@ -398,12 +398,7 @@ impl Operations {
         })
     }
 
-    pub async fn audit(
-        &self,
-        scope: Option<String>,
-        event: Option<String>,
-        limit: u32,
-    ) -> Result<Vec<AuditRow>, ApiError> {
+    pub async fn audit(&self, filter: AuditFilter, limit: u32) -> Result<Vec<AuditRow>, ApiError> {
         if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
             return Err(ApiError::BadRequest(format!(
                 "limit must be 1-{MAX_AUDIT_LIMIT}"
@@ -413,7 +408,7 @@ impl Operations {
             .tofu
             .store()
             .db
-            .read(move |c| list_audit(c, scope.as_deref(), event.as_deref(), limit))
+            .read(move |c| list_audit_filtered(c, &filter, limit))
             .await?)
     }
 

@@ -89,6 +89,20 @@ fn epoch(t: Option<time::OffsetDateTime>) -> Option<f64> {
     t.map(|t| t.unix_timestamp_nanos() as f64 / 1e9)
 }
 
+/// `--since` / `--until`: an RFC 3339 instant, or a date (midnight UTC).
+pub fn parse_instant(text: &str) -> Result<time::OffsetDateTime, String> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(t) = time::OffsetDateTime::parse(text, &Rfc3339) {
+        return Ok(t);
+    }
+    time::Date::parse(
+        text,
+        time::macros::format_description!("[year]-[month]-[day]"),
+    )
+    .map(|d| d.midnight().assume_utc())
+    .map_err(|_| "expected an RFC 3339 time (2026-03-01T10:00:00Z) or a date (2026-03-01)".into())
+}
+
 /// [`list_audit`] with a time window too.
 pub fn list_audit_filtered(
     conn: &Connection,
@@ -141,6 +155,22 @@ pub fn list_audit_filtered(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instants_parse_as_rfc3339_or_dates() {
+        let table = [
+            ("2026-03-01T10:00:00Z", Some(1_772_359_200)),
+            ("2026-03-01T12:00:00+02:00", Some(1_772_359_200)),
+            ("2026-03-01", Some(1_772_323_200)),
+            ("2026-02-30", None),
+            ("yesterday", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            let got = parse_instant(text).ok().map(|t| t.unix_timestamp());
+            assert_eq!(got, want, "{text}");
+        }
+    }
 
     fn audit_db() -> Connection {
         let conn = Connection::open_in_memory().unwrap();

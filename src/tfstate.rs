@@ -330,12 +330,8 @@ impl StateScanner {
                 }
                 return Ok(());
             }
-            Expect::InNumber => {
-                if self.number_byte(b)? {
-                    return Ok(());
-                }
-                // The byte after a number belongs to what follows it.
-            }
+            // The byte after a number belongs to what follows it.
+            Expect::InNumber if self.number_byte(b)? => return Ok(()),
             _ => {}
         }
         if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {

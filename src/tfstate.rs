@@ -318,7 +318,8 @@ impl StateScanner {
     }
 
     fn byte(&mut self, b: u8) -> Result<(), ApiError> {
-        match self.expect {
+        let expect = self.expect;
+        match expect {
             Expect::InString => return self.string_byte(b),
             Expect::InLiteral => {
                 if b != self.literal[self.literal_at] {

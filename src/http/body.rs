@@ -17,7 +17,13 @@ pub struct Reply {
     pub body: Bytes,
     pub content_type: &'static str,
     pub headers: Vec<(&'static str, String)>,
+    /// A body sent as it is produced instead of `body`: its length, then its pieces.
+    /// An `Err` piece aborts the response (the connection closes short of the declared
+    /// length, so the client sees an error, never a short body that looks whole).
+    pub stream: Option<(u64, BodyStream)>,
 }
+
+pub type BodyStream = tokio::sync::mpsc::Receiver<Result<Bytes, ApiError>>;
 
 impl Reply {
     pub fn json(status: u16, body: impl Into<Bytes>) -> Reply {
@@ -26,6 +32,15 @@ impl Reply {
             body: body.into(),
             content_type: "application/json",
             headers: Vec::new(),
+            stream: None,
+        }
+    }
+
+    /// A 200 whose body of `len` bytes is streamed.
+    pub fn streamed(len: u64, stream: BodyStream) -> Reply {
+        Reply {
+            stream: Some((len, stream)),
+            ..Reply::json(200, Bytes::new())
         }
     }
 
@@ -204,6 +219,73 @@ pub async fn read_body(
     budget: &BodyBudget,
     limits: BodyLimits,
 ) -> Result<(Bytes, Reservation), ApiError> {
+    let declared = begin_body(session, limit, limits).await?;
+    let started = tokio::time::Instant::now();
+    let mut reservation = Reservation::default();
+    // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
+    while let Some(chunk) = next_piece(session, limits, started, body.len() as u64).await? {
+        let total = body.len() as u64 + chunk.len() as u64;
+        if total > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        budget.grow(&mut reservation, total)?;
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.freeze(), reservation))
+}
+
+/// Budget a streamed body holds while it passes: the pieces in the channel, the one
+/// being sealed and the store's write buffer.
+pub const STREAM_RESERVE: u64 = 1 << 20;
+
+/// Feeds the request body into `tx` piece by piece as it arrives (then `Ok(None)`),
+/// with the same limits as [`read_body`]; a failure is sent as an `Err` so the writer
+/// discards what it stored. Reserves budget for the bytes as they arrive, like
+/// [`read_body`], but never more than [`STREAM_RESERVE`]: the channel bounds what is
+/// buffered, so older pieces are gone by then. Returns the bytes read and whether the
+/// whole body was consumed.
+pub async fn stream_body(
+    session: &mut Session,
+    limit: u64,
+    budget: &BodyBudget,
+    limits: BodyLimits,
+    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, ApiError>>,
+) -> (usize, bool) {
+    let mut read = 0u64;
+    let result = async {
+        let mut held = Reservation::default();
+        begin_body(session, limit, limits).await?;
+        let started = tokio::time::Instant::now();
+        while let Some(chunk) = next_piece(session, limits, started, read).await? {
+            read += chunk.len() as u64;
+            if read > limit {
+                return Err(ApiError::PayloadTooLarge { limit });
+            }
+            budget.grow(&mut held, read.min(STREAM_RESERVE))?;
+            if tx.send(Ok(Some(chunk))).await.is_err() {
+                return Ok(false); // the writer stopped (and answers why)
+            }
+        }
+        let _ = tx.send(Ok(None)).await;
+        Ok(true)
+    }
+    .await;
+    match result {
+        Ok(consumed) => (read as usize, consumed),
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+            (read as usize, false)
+        }
+    }
+}
+
+/// Checks a declared length against `limit` and answers `Expect: 100-continue`.
+async fn begin_body(
+    session: &mut Session,
+    limit: u64,
+    limits: BodyLimits,
+) -> Result<Option<u64>, ApiError> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -224,33 +306,25 @@ pub async fn read_body(
             .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
     }
     session.set_read_timeout(Some(limits.timeout));
-    let started = tokio::time::Instant::now();
-    let mut reservation = Reservation::default();
-    // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
-    loop {
-        let deadline = limits.next_deadline(started, body.len() as u64);
-        let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
-            Err(_) => return Err(ApiError::SlowClient),
-            Ok(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => {
-                return Err(ApiError::SlowClient)
-            }
-            Ok(Err(_)) => {
-                return Err(ApiError::BadRequest(
-                    "request body could not be read (connection closed?)".into(),
-                ))
-            }
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(chunk))) => chunk,
-        };
-        let total = body.len() as u64 + chunk.len() as u64;
-        if total > limit {
-            return Err(ApiError::PayloadTooLarge { limit });
-        }
-        budget.grow(&mut reservation, total)?;
-        body.extend_from_slice(&chunk);
+    Ok(declared)
+}
+
+/// The next piece of the body (`None` at its end), cutting off slow clients.
+async fn next_piece(
+    session: &mut Session,
+    limits: BodyLimits,
+    started: tokio::time::Instant,
+    received: u64,
+) -> Result<Option<Bytes>, ApiError> {
+    let deadline = limits.next_deadline(started, received);
+    match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+        Err(_) => Err(ApiError::SlowClient),
+        Ok(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(ApiError::SlowClient),
+        Ok(Err(_)) => Err(ApiError::BadRequest(
+            "request body could not be read (connection closed?)".into(),
+        )),
+        Ok(Ok(chunk)) => Ok(chunk),
     }
-    Ok((body.freeze(), reservation))
 }
 
 /// Writes a local response. When the request body was not consumed, the connection
@@ -258,7 +332,11 @@ pub async fn read_body(
 pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -> Result<()> {
     let mut header = ResponseHeader::build(reply.status, Some(4))?;
     header.insert_header(http::header::CONTENT_TYPE, reply.content_type)?;
-    header.insert_header(http::header::CONTENT_LENGTH, reply.body.len().to_string())?;
+    let len = reply
+        .stream
+        .as_ref()
+        .map_or(reply.body.len() as u64, |s| s.0);
+    header.insert_header(http::header::CONTENT_LENGTH, len.to_string())?;
     header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
     for (name, value) in reply.headers {
         header.insert_header(name, value)?;
@@ -268,12 +346,40 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
         header.insert_header(http::header::CONNECTION, "close")?;
     }
     let is_head = session.req_header().method == http::Method::HEAD;
-    let empty = reply.body.is_empty() || is_head;
+    let empty = len == 0 || is_head;
     session
         .write_response_header(Box::new(header), empty)
         .await?;
-    if !empty {
+    if empty {
+        return Ok(());
+    }
+    let Some((len, mut stream)) = reply.stream else {
         session.write_response_body(Some(reply.body), true).await?;
+        return Ok(());
+    };
+    let mut sent = 0u64;
+    while let Some(piece) = stream.recv().await {
+        let piece = piece.map_err(|e| {
+            // Logged once here; the client only sees the connection close early.
+            tracing::error!(
+                error = e.log_detail().unwrap_or_default(),
+                "state read failed mid-response; connection closed"
+            );
+            Error::explain(
+                ErrorType::InternalError,
+                "state failed verification mid-response",
+            )
+        })?;
+        sent += piece.len() as u64;
+        session
+            .write_response_body(Some(piece), sent == len)
+            .await?;
+    }
+    if sent != len {
+        return Err(Error::explain(
+            ErrorType::InternalError,
+            "state ended short of its length",
+        ));
     }
     Ok(())
 }

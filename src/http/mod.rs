@@ -266,6 +266,7 @@ impl Gateway {
             Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
             Endpoint::Metrics => Handled::done(
                 Reply {
+                    stream: None,
                     status: 200,
                     body: self.app.metrics.render().into(),
                     content_type: "text/plain; version=0.0.4",

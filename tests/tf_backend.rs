@@ -661,3 +661,106 @@ async fn a_body_slower_than_the_minimum_rate_is_cut_off_and_changes_nothing() {
     assert!(started.elapsed() >= std::time::Duration::from_secs(1));
     assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
 }
+
+/// A state of many chunks, with a big resource blob so it spans several 64 KiB chunks.
+fn big_state(serial: u64, lineage: &str, bytes: usize) -> String {
+    let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(bytes / 36 + 1);
+    state(
+        serial,
+        lineage,
+        &format!(r#"{{"pad":"{}"}}"#, &pad[..bytes]),
+    )
+}
+
+#[tokio::test]
+async fn large_states_stream_in_and_out_intact() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "big", 3 << 20);
+    assert_eq!(status(s.tf("POST", "big").body(body.clone())).await.0, 200);
+    let got = s.tf("GET", "big").send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.content_length(), Some(body.len() as u64));
+    assert_eq!(got.bytes().await.unwrap(), body.as_bytes());
+    // The identical retry stores nothing new.
+    assert_eq!(status(s.tf("POST", "big").body(body.clone())).await.0, 200);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
+    assert_eq!(s.blob_files().len(), 1);
+}
+
+#[tokio::test]
+async fn content_md5_mismatch_on_a_streamed_body_changes_nothing() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "m", 1 << 20);
+    let wrong = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b"other"));
+    let (code, text) = status(
+        s.tf("POST", "m")
+            .header("Content-MD5", wrong)
+            .body(body.clone()),
+    )
+    .await;
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("Content-MD5"), "{text}");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+    // A body that stops being a state half way is refused the same way.
+    let (code, _) = status(
+        s.tf("POST", "m")
+            .body(format!("{}]", &body[..body.len() - 1])),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(s.blob_files().is_empty());
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_upload_leaves_no_row_and_no_blob() {
+    use tokio::io::AsyncWriteExt;
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "gone", 2 << 20);
+    let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/gone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("gone"),
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body.as_bytes()[..1 << 20]).await.unwrap();
+    drop(conn);
+    // The server notices, aborts the write and removes its temp file.
+    for _ in 0..500 {
+        if s.blob_files().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert_eq!(s.tf("GET", "gone").send().await.unwrap().status(), 404);
+}
+
+#[tokio::test]
+async fn a_corrupt_chunk_mid_blob_aborts_the_get_instead_of_a_short_200() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "c", 2 << 20);
+    assert_eq!(status(s.tf("POST", "c").body(body.clone())).await.0, 200);
+    let file = s.blob_files().pop().unwrap();
+    let mut blob = std::fs::read(&file).unwrap();
+    let middle = blob.len() / 2;
+    blob[middle] ^= 1;
+    std::fs::write(&file, &blob).unwrap();
+    let got = s.tf("GET", "c").send().await.unwrap();
+    // The first chunks verify, so the answer starts as a 200 of the full length...
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.content_length(), Some(body.len() as u64));
+    // ...and is cut off before the declared length: an error, never a short state.
+    let read = got.bytes().await;
+    assert!(read.is_err(), "a corrupt blob must not read back as a body");
+    // A blob corrupt from its first chunk is a 5xx before anything is sent.
+    blob[middle] ^= 1;
+    blob[200] ^= 1;
+    std::fs::write(&file, &blob).unwrap();
+    let got = s.tf("GET", "c").send().await.unwrap();
+    assert_eq!(got.status(), 500);
+}

@@ -12,7 +12,8 @@ use stategate::config::Config;
 use stategate::server;
 use stategate::store::{audit, blob::create_private_dir, Db};
 
-use crate::ops::{json_line, runtime};
+use crate::ops::{json_line, operator, runtime};
+use stategate::operator::identity as operators;
 
 /// The database in the data dir (created on first use) and a runtime to drive it.
 struct AdminDb {
@@ -104,28 +105,110 @@ pub fn list_clusters(config: &Config, org: Option<String>) -> anyhow::Result<()>
     Ok(())
 }
 
+/// `--since` / `--until`: an RFC 3339 instant, or a date (midnight UTC).
+pub fn parse_instant(text: &str) -> Result<time::OffsetDateTime, String> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(t) = time::OffsetDateTime::parse(text, &Rfc3339) {
+        return Ok(t);
+    }
+    time::Date::parse(
+        text,
+        time::macros::format_description!("[year]-[month]-[day]"),
+    )
+    .map(|d| d.midnight().assume_utc())
+    .map_err(|_| "expected an RFC 3339 time (2026-03-01T10:00:00Z) or a date (2026-03-01)".into())
+}
+
 /// The newest `limit` rows, oldest first; `cluster` is a shorthand for its scope.
 pub fn list_audit(
     config: &Config,
-    scope: Option<String>,
+    mut filter: audit::AuditFilter,
     cluster: Option<String>,
-    event: Option<String>,
     limit: u32,
 ) -> anyhow::Result<()> {
-    let scope = scope.or(cluster.map(|id| {
+    filter.scope = filter.scope.or(cluster.map(|id| {
         let id = uuid::Uuid::parse_str(&id).map_or(id, |u| u.hyphenated().to_string());
         stategate::cluster::scope(&id)
     }));
-    let rows = AdminDb::open(config)?.read(move |c| {
-        Ok(audit::list_audit(
-            c,
-            scope.as_deref(),
-            event.as_deref(),
-            limit,
-        )?)
-    })?;
+    let rows =
+        AdminDb::open(config)?.read(move |c| Ok(audit::list_audit_filtered(c, &filter, limit)?))?;
     for row in rows {
         json_line(&row);
     }
     Ok(())
+}
+
+pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()> {
+    let changed =
+        AdminDb::open(config)?.write(move |c| identity::set_role(c, &email, role, &operator()))?;
+    if !changed {
+        eprintln!(
+            "the user already has role {}; nothing changed",
+            role.as_str()
+        );
+    }
+    Ok(())
+}
+
+pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
+    let changed = AdminDb::open(config)?
+        .write(move |c| identity::disable_principal(c, &email, &operator()))?;
+    if !changed {
+        eprintln!("the user is already disabled; nothing changed");
+    }
+    Ok(())
+}
+
+pub fn list_tokens(config: &Config, email: Option<String>) -> anyhow::Result<()> {
+    let rows = AdminDb::open(config)?
+        .read(move |c| identity::list_principal_tokens(c, email.as_deref()))?;
+    rows.iter().for_each(json_line);
+    Ok(())
+}
+
+pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
+    AdminDb::open(config)?.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
+}
+
+pub fn create_operator(config: &Config, email: String) -> anyhow::Result<()> {
+    let token = AdminDb::open(config)?
+        .write(move |c| operators::create_operator(c, &email, &operator()))?;
+    print_token(&token);
+    Ok(())
+}
+
+pub fn create_operator_token(config: &Config, email: String) -> anyhow::Result<()> {
+    let token = AdminDb::open(config)?
+        .write(move |c| operators::create_operator_token(c, &email, &operator()))?;
+    print_token(&token);
+    Ok(())
+}
+
+pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
+    let rows = AdminDb::open(config)?.read(operators::list_operator_tokens)?;
+    rows.iter().for_each(json_line);
+    Ok(())
+}
+
+pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {
+    AdminDb::open(config)?.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn instants_parse_as_rfc3339_or_dates() {
+        let table = [
+            ("2026-03-01T10:00:00Z", Some(1_772_359_200)),
+            ("2026-03-01T12:00:00+02:00", Some(1_772_359_200)),
+            ("2026-03-01", Some(1_772_323_200)),
+            ("2026-02-30", None),
+            ("yesterday", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            let got = super::parse_instant(text).ok().map(|t| t.unix_timestamp());
+            assert_eq!(got, want, "{text}");
+        }
+    }
 }

@@ -141,6 +141,41 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Sealed snapshots of the SQLite index, written into the store (`store::backup`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackupConfig {
+    /// How often `serve` takes a backup (the first one at startup); 0 disables it.
+    pub interval_seconds: u64,
+    /// Newest backups kept in the store; older ones are deleted after each backup.
+    pub keep: u64,
+}
+
+impl Default for BackupConfig {
+    fn default() -> Self {
+        BackupConfig {
+            interval_seconds: 3600,
+            keep: 24,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocksConfig {
+    /// A workspace lock held longer than this is flagged stale (`workspace list`, the
+    /// admin API, a startup/interval warning); it is never freed automatically.
+    pub stale_after_seconds: u64,
+}
+
+impl Default for LocksConfig {
+    fn default() -> Self {
+        LocksConfig {
+            stale_after_seconds: 3600,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionConfig {
@@ -285,6 +320,8 @@ pub struct Config {
     pub tls: TlsConfig,
     pub cluster: ClusterConfig,
     pub retention: RetentionConfig,
+    pub locks: LocksConfig,
+    pub backup: BackupConfig,
 }
 
 impl Default for Config {
@@ -305,6 +342,8 @@ impl Default for Config {
             tls: TlsConfig::default(),
             cluster: ClusterConfig::default(),
             retention: RetentionConfig::default(),
+            locks: LocksConfig::default(),
+            backup: BackupConfig::default(),
         }
     }
 }
@@ -410,6 +449,15 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "STATEGATE_RETENTION_INTERVAL_SECONDS",
         "retention.interval_seconds",
     ),
+    (
+        "STATEGATE_LOCKS_STALE_AFTER_SECONDS",
+        "locks.stale_after_seconds",
+    ),
+    (
+        "STATEGATE_BACKUP_INTERVAL_SECONDS",
+        "backup.interval_seconds",
+    ),
+    ("STATEGATE_BACKUP_KEEP", "backup.keep"),
 ];
 
 impl Config {
@@ -539,6 +587,9 @@ impl Config {
             "retention.keep_versions" => self.retention.keep_versions = num(value)?,
             "retention.keep_days" => self.retention.keep_days = num(value)?,
             "retention.interval_seconds" => self.retention.interval_seconds = num(value)?,
+            "locks.stale_after_seconds" => self.locks.stale_after_seconds = num(value)?,
+            "backup.interval_seconds" => self.backup.interval_seconds = num(value)?,
+            "backup.keep" => self.backup.keep = num(value)?,
             other => unreachable!("unmapped config key {other}"),
         }
         Ok(())
@@ -564,6 +615,12 @@ impl Config {
             ));
         }
         self.upstream.validate()?;
+        if self.backup.keep == 0 {
+            return Err(ConfigError::Invalid(
+                "backup.keep must be at least 1 (turn backups off with backup.interval_seconds = 0)"
+                    .into(),
+            ));
+        }
         if self.store.kind == StoreKind::S3 {
             let s3 = &self.store.s3;
             for (name, value) in [
@@ -683,6 +740,49 @@ mod tests {
         );
         let c: Config = toml::from_str("[retention]\nkeep_days = 7\n").unwrap();
         assert_eq!((c.retention.keep_days, c.retention.keep_versions), (7, 100));
+    }
+
+    #[test]
+    fn stale_lock_threshold() {
+        // (TOML, env value, expected)
+        let table: &[(&str, Option<&str>, u64)] = &[
+            ("", None, 3600),
+            ("[locks]\nstale_after_seconds = 5\n", None, 5),
+            ("[locks]\nstale_after_seconds = 5\n", Some("7"), 7),
+        ];
+        for (toml_text, env, expected) in table {
+            let mut c: Config = toml::from_str(toml_text).unwrap();
+            c.apply_env(|name| {
+                (name == "STATEGATE_LOCKS_STALE_AFTER_SECONDS")
+                    .then(|| env.map(str::to_string))
+                    .flatten()
+            })
+            .unwrap();
+            assert_eq!(
+                c.locks.stale_after_seconds, *expected,
+                "{toml_text} {env:?}"
+            );
+        }
+        assert!(with_env(&[("STATEGATE_LOCKS_STALE_AFTER_SECONDS", "soon")]).is_err());
+        assert!(toml::from_str::<Config>("[locks]\nstale = 1\n").is_err());
+    }
+
+    #[test]
+    fn backup_defaults_env_and_validation() {
+        let d = Config::default().backup;
+        assert_eq!((d.interval_seconds, d.keep), (3600, 24));
+        let c = with_env(&[
+            ("STATEGATE_BACKUP_INTERVAL_SECONDS", "0"),
+            ("STATEGATE_BACKUP_KEEP", "3"),
+        ])
+        .unwrap();
+        assert_eq!((c.backup.interval_seconds, c.backup.keep), (0, 3));
+        let c: Config = toml::from_str("[backup]\nkeep = 2\n").unwrap();
+        assert_eq!((c.backup.interval_seconds, c.backup.keep), (3600, 2));
+        let err = with_env(&[("STATEGATE_BACKUP_KEEP", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("backup.keep"), "{err}");
     }
 
     #[test]

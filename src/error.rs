@@ -41,6 +41,9 @@ pub enum ApiError {
     /// Cluster API: no token, or one nobody holds.
     #[error("authentication required: send an org admin token as `Authorization: Bearer <token>`")]
     TokenRequired,
+    /// Admin API: no operator token, a wrong one or a revoked one (one identical body).
+    #[error("authentication required: send an operator token as `Authorization: Bearer <token>`")]
+    OperatorRequired,
     /// Cluster API: another admin holds the cluster's lease. `holder` is the lease as
     /// the API shows it (`holder_email`, `operation`, `host`, `acquired_at`,
     /// `heartbeat_age_seconds`); the body is those fields plus `error`.
@@ -73,7 +76,7 @@ impl ApiError {
     pub fn http_status(&self) -> u16 {
         match self {
             ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized | ApiError::TokenRequired => 401,
+            ApiError::Unauthorized | ApiError::TokenRequired | ApiError::OperatorRequired => 401,
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,

@@ -1,6 +1,7 @@
 //! stategate: a safe home for OpenTofu/Terraform state in front of an S3-compatible store.
 //! See ARCHITECTURE.md for the map.
 
+pub mod address;
 pub mod cluster;
 pub mod config;
 pub mod crypto;
@@ -9,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod names;
+pub mod operator;
 pub mod schema;
 pub mod server;
 pub mod store;

@@ -13,6 +13,7 @@ use stategate::server;
 
 mod admin;
 mod ops;
+mod workspace_ops;
 
 #[derive(Parser)]
 #[command(
@@ -60,12 +61,35 @@ enum Command {
         #[command(subcommand)]
         command: IndexCommand,
     },
+    /// Back the database (orgs, tokens, clusters, locks, audit, versions) up into the
+    /// store now: a consistent snapshot sealed with the DEK, under backups/. The server
+    /// may keep running. Keeps the newest backup.keep backups.
+    Backup {
+        #[command(subcommand)]
+        command: Option<BackupCommand>,
+    },
+    /// Write a NEW database from a backup plus every version committed after it (from
+    /// the blobs); prints how to swap it in. The live database is never touched.
+    Restore {
+        /// A backup id (see `stategate backup list`) or `latest`.
+        #[arg(long, default_value = "latest")]
+        from: String,
+        /// Path of the new database file (must not exist).
+        #[arg(long)]
+        into: PathBuf,
+    },
     /// Orgs, users, tokens, clusters and the audit log of the cluster API. Opens the
     /// database in the data dir directly; the server may keep running.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum BackupCommand {
+    /// List the backups in the store, oldest first (JSON lines).
+    List,
 }
 
 #[derive(Subcommand)]
@@ -95,6 +119,38 @@ enum AdminCommand {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Operators: site-wide identities for the admin HTTP API (`/api/v1/admin/`).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Create an operator and print its bearer token ONCE (only its hash is stored).
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// Operator tokens.
+    Token {
+        #[command(subcommand)]
+        command: OperatorTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorTokenCommand {
+    /// Print an additional token for an existing operator ONCE.
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// List operator tokens by id (JSON lines; tokens are never shown again).
+    List,
+    /// Revoke a token by the id `list` prints; it stops working at once.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -122,6 +178,18 @@ enum UserCommand {
         #[arg(long, value_enum)]
         role: RoleArg,
     },
+    /// Change a user's role (audited).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// Disable a user: all their tokens stop working at once (audited).
+    Disable {
+        #[arg(long)]
+        email: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -131,6 +199,13 @@ enum TokenCommand {
         #[arg(long)]
         email: String,
     },
+    /// List users' tokens by id (JSON lines; tokens are never shown again).
+    List {
+        #[arg(long)]
+        email: Option<String>,
+    },
+    /// Revoke a user's token by the id `list` prints (audited).
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -166,6 +241,12 @@ enum AuditCommand {
         /// Only this event, e.g. `cluster.state_lock_stolen`.
         #[arg(long)]
         event: Option<String>,
+        /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        since: Option<time::OffsetDateTime>,
+        /// Only rows before this time (RFC 3339 or a date).
+        #[arg(long, value_parser = admin::parse_instant)]
+        until: Option<time::OffsetDateTime>,
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -186,6 +267,48 @@ enum WorkspaceCommand {
         /// At most this many (the newest).
         #[arg(long)]
         limit: Option<u32>,
+    },
+    /// Every workspace: latest version, serial, size, update time, lock holder (with a
+    /// STALE flag past locks.stale_after_seconds), deleted or not.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a version's state content (default: the current one). An unreadable
+    /// version is an error, never empty output.
+    Show {
+        workspace: String,
+        #[arg(long)]
+        version: Option<i64>,
+        /// Replace sensitive values (and secret-looking attributes) with "(sensitive)".
+        #[arg(long)]
+        masked: bool,
+    },
+    /// What changed from version A to version B: resources by address (changed
+    /// attributes listed, sensitive values masked) and outputs.
+    Diff {
+        workspace: String,
+        from: i64,
+        to: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force-unlock (audited as tf.lock_forced): prints the holder and asks for the
+    /// workspace name back unless --yes. An unlocked workspace: says so, exit 0.
+    Unlock {
+        workspace: String,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Undo a DELETE: the last version with content becomes current again as a new
+    /// version (audited as tf.restored).
+    Restore {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Make an old version current again by storing its content as a NEW version
     /// (history is kept). Refused while the workspace is locked.
@@ -217,16 +340,39 @@ impl From<RoleArg> for Role {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line on stderr and exit code 1 (clap's own usage
+/// errors exit 2).
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The server logs its work; operator commands print their results, and only
+    // warnings log (no "storage ready" lines between them). STATEGATE_LOG overrides.
+    let default_level = match cli.command {
+        Command::Serve => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STATEGATE_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line ("outer: inner: root").
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
     match cli.command {
         Command::Serve => server::run(config),
@@ -240,6 +386,26 @@ fn main() -> anyhow::Result<()> {
                 ops::history(&config, &workspace, limit)
             }
             WorkspaceCommand::Rollback { workspace, to } => ops::rollback(&config, &workspace, to),
+            WorkspaceCommand::List { json } => workspace_ops::list(&config, json),
+            WorkspaceCommand::Show {
+                workspace,
+                version,
+                masked,
+            } => workspace_ops::show(&config, &workspace, version, masked),
+            WorkspaceCommand::Diff {
+                workspace,
+                from,
+                to,
+                json,
+            } => workspace_ops::diff(&config, &workspace, from, to, json),
+            WorkspaceCommand::Unlock {
+                workspace,
+                yes,
+                json,
+            } => workspace_ops::unlock(&config, &workspace, yes, json),
+            WorkspaceCommand::Restore { workspace, json } => {
+                workspace_ops::restore(&config, &workspace, json)
+            }
         },
         Command::Prune {
             dry_run,
@@ -248,6 +414,11 @@ fn main() -> anyhow::Result<()> {
         Command::Index {
             command: IndexCommand::Rebuild { into },
         } => ops::rebuild(&config, &into),
+        Command::Backup { command: None } => ops::backup(&config),
+        Command::Backup {
+            command: Some(BackupCommand::List),
+        } => ops::list_backups(&config),
+        Command::Restore { from, into } => ops::restore(&config, &from, &into),
         Command::Admin { command } => run_admin(&config, command),
     }
 }
@@ -258,12 +429,28 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
             OrgCommand::Create { name } => admin::create_org(config, name),
             OrgCommand::List => admin::list_orgs(config),
         },
-        AdminCommand::User {
-            command: UserCommand::Create { org, email, role },
-        } => admin::create_user(config, org, email, role.into()),
-        AdminCommand::Token {
-            command: TokenCommand::Create { email },
-        } => admin::create_token(config, email),
+        AdminCommand::User { command } => match command {
+            UserCommand::Create { org, email, role } => {
+                admin::create_user(config, org, email, role.into())
+            }
+            UserCommand::SetRole { email, role } => admin::set_role(config, email, role.into()),
+            UserCommand::Disable { email } => admin::disable_user(config, email),
+        },
+        AdminCommand::Token { command } => match command {
+            TokenCommand::Create { email } => admin::create_token(config, email),
+            TokenCommand::List { email } => admin::list_tokens(config, email),
+            TokenCommand::Revoke { id } => admin::revoke_token(config, id),
+        },
+        AdminCommand::Operator { command } => match command {
+            OperatorCommand::Create { email } => admin::create_operator(config, email),
+            OperatorCommand::Token { command } => match command {
+                OperatorTokenCommand::Create { email } => {
+                    admin::create_operator_token(config, email)
+                }
+                OperatorTokenCommand::List => admin::list_operator_tokens(config),
+                OperatorTokenCommand::Revoke { id } => admin::revoke_operator_token(config, id),
+            },
+        },
         AdminCommand::Cluster { command } => match command {
             ClusterCommand::Create { org, name, id } => {
                 admin::create_cluster(config, org, name, id)
@@ -276,8 +463,18 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                     scope,
                     cluster,
                     event,
+                    since,
+                    until,
                     limit,
                 },
-        } => admin::list_audit(config, scope, cluster, event, limit),
+        } => {
+            let filter = stategate::store::audit::AuditFilter {
+                scope,
+                event,
+                since,
+                until,
+            };
+            admin::list_audit(config, filter, cluster, limit)
+        }
     }
 }

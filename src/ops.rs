@@ -1,5 +1,5 @@
 //! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
-//! `workspace env|history|rollback`, `prune`, `index rebuild`. Each opens what it needs
+//! `workspace env|history|rollback`, `prune`, `index rebuild`, `backup`, `restore`. Each opens what it needs
 //! the way `serve` does (`server::open_state_store`, `open_database`, `load_root_key`)
 //! and calls the engine; nothing here decides policy.
 
@@ -7,12 +7,13 @@ use std::path::Path;
 
 use anyhow::bail;
 
+use stategate::address;
 use stategate::config::Config;
 use stategate::error::ApiError;
 use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::retention::Retention;
-use stategate::store::{history, rebuild, VersionRow, WriteOutcome};
+use stategate::store::{backup, history, rebuild, VersionRow, WriteOutcome};
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -65,8 +66,36 @@ pub fn json_line(value: &impl serde::Serialize) {
     );
 }
 
+/// A progress bar on stderr for long work; drawn only when stderr is a terminal
+/// (indicatif hides it otherwise), so piped output stays clean.
+fn progress_bar(what: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} blobs ({eta})")
+            .expect("valid template"),
+    );
+    bar.set_message(what);
+    bar
+}
+
+/// A spinner for work without a count (a snapshot, a retention pass).
+fn spinner(what: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(what);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// `progress(done, total)` for the engine, moving `bar`.
+fn advance(bar: &indicatif::ProgressBar) -> impl Fn(usize, usize) + Sync + '_ {
+    move |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    }
+}
+
 /// Who an operator command acts as, for version rows and the audit log.
-fn operator() -> String {
+pub fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("operator:{user}")
 }
@@ -75,8 +104,12 @@ fn operator() -> String {
 pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
     let root = server::load_root_key(config, false)?;
-    let lines =
-        stategate::tofu::client_env(&config.base_url(), workspace, &root, opentofu_encryption);
+    let lines = stategate::tofu::client_env(
+        &address::for_clients(config),
+        workspace,
+        &root,
+        opentofu_encryption,
+    );
     print!("{lines}");
     Ok(())
 }
@@ -141,9 +174,11 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     rt.block_on(async {
         let store = server::open_state_store(config).await?;
         let now = time::OffsetDateTime::now_utc();
+        let bar = spinner("applying the retention policy");
         let (pruned, swept) = store
             .run_retention(policy, now, dry_run, sweep_garbage)
             .await?;
+        bar.finish_and_clear();
         let swept_for_real = sweep_garbage && !dry_run;
         for p in &pruned.pruned {
             json_line(&serde_json::json!({
@@ -197,7 +232,8 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     })
 }
 
-pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
+/// `--into` must name a new file, never the live index (also via another spelling).
+fn refuse_live(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
     let live = config.db_path();
     let same_as_live = into == live
         || matches!(
@@ -206,22 +242,45 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         );
     if same_as_live {
         bail!(
-            "--into {} is the live index; rebuild into a new file and swap it in",
+            "--into {} is the live index; {what} into a new file and swap it in",
             into.display()
         );
     }
-    let keys = rebuild::ScopeKeys {
+    Ok(())
+}
+
+fn scope_keys(config: &Config) -> anyhow::Result<rebuild::ScopeKeys> {
+    Ok(rebuild::ScopeKeys {
         workspaces: server::load_root_key(config, false)?,
         clusters: server::load_cluster_key(config)?,
-    };
+    })
+}
+
+/// How to put a new database file in place of the live one.
+fn print_swap(config: &Config, into: &Path) {
+    println!(
+        "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
+         mv {} {live}; start stategate.",
+        into.display(),
+        live = config.db_path().display()
+    );
+}
+
+pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
+    refuse_live(config, into, "rebuild")?;
+    let keys = scope_keys(config)?;
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;
-    let report = rt.block_on(rebuild::rebuild_index(
+    let bar = progress_bar("verifying blobs");
+    let report = rt.block_on(rebuild::rebuild_index_with_progress(
         &*blobs,
         &keys,
         into,
         stategate::schema::ALL,
-    ))?;
+        &advance(&bar),
+    ));
+    bar.finish_and_clear();
+    let report = report?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
@@ -258,11 +317,110 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
          tombstones (a deleted state shows its last version again), the audit log, and the \
          cluster API's orgs, users, tokens, clusters and leases."
     );
-    println!(
-        "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
-         mv {} {live}; start stategate.",
-        into.display(),
-        live = live.display()
+    print_swap(config, into);
+    Ok(())
+}
+
+/// `stategate backup`: a snapshot into the store now, then the oldest beyond `backup.keep` go.
+pub fn backup(config: &Config) -> anyhow::Result<()> {
+    require_db(config)?;
+    let root = server::load_root_key(config, false)?;
+    let blobs = server::open_blob_store(config)?;
+    let rt = runtime()?;
+    let bar = spinner("taking a backup");
+    let taken = rt.block_on(backup::take_backup(
+        &config.db_path(),
+        &config.data_dir,
+        &*blobs,
+        &root,
+    ));
+    bar.finish_and_clear();
+    let info = taken?;
+    json_line(&info);
+    let deleted = rt.block_on(backup::keep_newest(&*blobs, config.backup.keep as usize))?;
+    for old in &deleted {
+        eprintln!(
+            "deleted old backup {} (backup.keep = {})",
+            old.id, config.backup.keep
+        );
+    }
+    eprintln!(
+        "backed up {} into {} as {}",
+        config.db_path().display(),
+        blobs.describe(),
+        info.key
     );
+    Ok(())
+}
+
+pub fn list_backups(config: &Config) -> anyhow::Result<()> {
+    let blobs = server::open_blob_store(config)?;
+    let all = runtime()?.block_on(backup::list_backups(&*blobs))?;
+    if all.is_empty() {
+        eprintln!("no backups in {}", blobs.describe());
+    }
+    for info in &all {
+        json_line(info);
+    }
+    Ok(())
+}
+
+/// `stategate restore`: a NEW database from a backup plus every version committed after it.
+pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
+    refuse_live(config, into, "restore")?;
+    if into.exists() {
+        bail!(
+            "{} already exists; restore only ever writes a new file",
+            into.display()
+        );
+    }
+    let keys = scope_keys(config)?;
+    let blobs = server::open_blob_store(config)?;
+    let rt = runtime()?;
+    let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
+    let bar = progress_bar("adding versions written after the backup");
+    let report = rt.block_on(backup::restore(
+        &*blobs,
+        &keys,
+        chosen.clone(),
+        into,
+        stategate::schema::ALL,
+        &advance(&bar),
+    ));
+    bar.finish_and_clear();
+    let report = report?;
+    println!(
+        "Restored backup {} (taken {}) from {} into {}.",
+        chosen.id,
+        chosen.taken_at,
+        blobs.describe(),
+        into.display()
+    );
+    println!(
+        "Added {} version(s) committed after the backup; dropped {} row(s) whose blob was pruned since.",
+        report.added.len(),
+        report.dropped.len()
+    );
+    for row in &report.added {
+        println!(
+            "added {} v{} (created {})",
+            row.scope, row.version, row.created_at
+        );
+    }
+    for s in &report.skipped {
+        println!("skipped {}: {}", s.key, s.reason);
+    }
+    for c in &report.superseded {
+        println!(
+            "superseded {} ({} v{}): an orphan of a write that never committed",
+            c.key, c.header.scope, c.header.version
+        );
+    }
+    println!(
+        "Not in blobs, so as of the backup: orgs, users, tokens, clusters, leases, locks, \
+         tombstones and the audit log (changes to them after {} are not restored).",
+        chosen.taken_at
+    );
+    print_swap(config, into);
     Ok(())
 }

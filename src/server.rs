@@ -103,21 +103,33 @@ pub async fn build_app_with_clock(
 ) -> anyhow::Result<Arc<App>> {
     // The store is checked first (it also creates the data dir): a misconfigured store
     // must not leave a fresh DEK behind.
+    let metrics = Metrics::new();
     let store = open_state_store(config).await?;
+    let store = StateStore::new(
+        store.db.clone(),
+        crate::store::metered::MeteredStore::wrap(store.blobs().clone(), metrics.clone()),
+    );
     let root = load_root_key(config, true)?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
+    let tofu = TofuBackend::new(store, root);
+    let operator = crate::operator::Operations::new(
+        tofu.clone(),
+        cluster.clone(),
+        config.locks.stale_after_seconds,
+    );
     Ok(Arc::new(App {
+        operator,
         cluster,
-        tofu: TofuBackend::new(store, root),
+        tofu,
         max_state_bytes: config.max_state_bytes,
         body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes),
         body_limits: crate::http::BodyLimits {
             timeout: std::time::Duration::from_secs(config.body_read_timeout_seconds),
             min_bytes_per_second: config.body_min_bytes_per_second,
         },
-        metrics: Metrics::new(),
+        metrics,
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config).await,
         inflight: crate::drain::Inflight::default(),
@@ -248,6 +260,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .build()?;
         rt.block_on(build_app(&config))?
     };
+    crate::address::record_and_log(&config);
     // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
     // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
     // left, so the sleep is only the bound for requests that do not finish. Runtime
@@ -270,9 +283,32 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 store: app.tofu.store().clone(),
                 policy: Retention::from_config(&config.retention),
                 every: std::time::Duration::from_secs(config.retention.interval_seconds),
+                metrics: app.metrics.clone(),
             },
         ));
     }
+    if config.backup.interval_seconds > 0 {
+        server.add_service(pingora::services::background::background_service(
+            "backup",
+            BackupService {
+                db_path: config.db_path(),
+                scratch_dir: config.data_dir.clone(),
+                store: app.tofu.store().clone(),
+                root: load_root_key(&config, false)?,
+                keep: config.backup.keep as usize,
+                every: std::time::Duration::from_secs(config.backup.interval_seconds),
+                metrics: app.metrics.clone(),
+            },
+        ));
+    }
+    server.add_service(pingora::services::background::background_service(
+        "stale-locks",
+        StaleLockService {
+            ops: app.operator.clone(),
+            every: (config.retention.interval_seconds > 0)
+                .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
+        },
+    ));
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
     match (&config.tls.cert_file, &config.tls.key_file) {
@@ -379,11 +415,47 @@ fn local_health_url(config: &Config) -> String {
     format!("{scheme}://{addr}/healthz")
 }
 
+/// Warns about workspace locks held longer than `locks.stale_after_seconds`, with their
+/// holder: at startup, then every retention interval (never frees them).
+struct StaleLockService {
+    ops: crate::operator::Operations,
+    every: Option<std::time::Duration>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for StaleLockService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            match self.ops.stale_locks().await {
+                Ok(stale) => {
+                    for (workspace, lock) in stale {
+                        tracing::warn!(
+                            workspace = %workspace,
+                            who = ?lock.who,
+                            operation = ?lock.operation,
+                            lock_id = ?lock.id,
+                            held_seconds = lock.age_seconds,
+                            "stale workspace lock; if its run is dead, free it with `stategate workspace unlock`"
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check for stale locks"),
+            }
+            let Some(every) = self.every else { return };
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
 /// Prunes history and sweeps garbage blobs: once at startup, then every `every`.
 struct RetentionService {
     store: StateStore,
     policy: Retention,
     every: std::time::Duration,
+    metrics: Metrics,
 }
 
 #[async_trait::async_trait]
@@ -398,6 +470,14 @@ impl pingora::services::background::BackgroundService for RetentionService {
                 .await
             {
                 Ok((pruned, garbage)) => {
+                    let result = crate::metrics::RetentionResult {
+                        pruned_versions: pruned.pruned.len() as u64,
+                        swept_blobs: 0,
+                        unreferenced_blobs: garbage.swept.len() as u64,
+                        errors: (pruned.blob_errors.len() + garbage.errors.len()) as u64,
+                    };
+                    let unix = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+                    self.metrics.record_retention(result, unix);
                     tracing::info!(
                         pruned_versions = pruned.pruned.len(),
                         unreferenced_blobs = garbage.swept.len(),
@@ -416,6 +496,7 @@ impl pingora::services::background::BackgroundService for RetentionService {
                     }
                 }
                 Err(e) => {
+                    self.metrics.retention_failed();
                     tracing::warn!(error = %e, "retention pass failed; retrying next interval")
                 }
             }
@@ -423,6 +504,82 @@ impl pingora::services::background::BackgroundService for RetentionService {
                 _ = tokio::time::sleep(self.every) => {}
                 _ = shutdown.changed() => return,
             }
+        }
+    }
+}
+
+/// Backs the index up into the store every `every` (the first one when the newest
+/// backup in the store is that old), keeping the newest `keep`.
+struct BackupService {
+    db_path: std::path::PathBuf,
+    scratch_dir: std::path::PathBuf,
+    store: StateStore,
+    root: RootKey,
+    keep: usize,
+    every: std::time::Duration,
+    metrics: Metrics,
+}
+
+impl BackupService {
+    /// Time until the next backup is due, from the newest one in the store.
+    async fn first_wait(&self) -> std::time::Duration {
+        let newest = match crate::store::backup::list_backups(&**self.store.blobs()).await {
+            Ok(all) => all.last().map(|b| b.unix_seconds()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list backups; taking one now");
+                None
+            }
+        };
+        let Some(newest) = newest else {
+            return std::time::Duration::ZERO;
+        };
+        self.metrics.record_backup(newest);
+        let age = time::OffsetDateTime::now_utc().unix_timestamp() - newest;
+        self.every
+            .saturating_sub(std::time::Duration::from_secs(age.max(0) as u64))
+    }
+
+    async fn once(&self) {
+        let blobs = &**self.store.blobs();
+        match crate::store::backup::take_backup(&self.db_path, &self.scratch_dir, blobs, &self.root)
+            .await
+        {
+            Ok(info) => {
+                self.metrics.record_backup(info.unix_seconds());
+                tracing::info!(backup = %info.id, "index backed up into the store");
+                match crate::store::backup::keep_newest(blobs, self.keep).await {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!(
+                            deleted = gone.len(),
+                            keep = self.keep,
+                            "old backups deleted"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot delete old backups; retrying next time")
+                    }
+                }
+            }
+            Err(e) => {
+                self.metrics.backup_failed();
+                tracing::warn!(error = %e, "backup failed; retrying next interval");
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for BackupService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut wait = self.first_wait().await;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => return,
+            }
+            self.once().await;
+            wait = self.every;
         }
     }
 }

@@ -764,3 +764,48 @@ async fn a_corrupt_chunk_mid_blob_aborts_the_get_instead_of_a_short_200() {
     let got = s.tf("GET", "c").send().await.unwrap();
     assert_eq!(got.status(), 500);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reading_slower_than_the_minimum_rate_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start_with(|c| {
+        c.body_min_bytes_per_second = 4 * 1024 * 1024;
+    })
+    .await;
+    let big = state(1, "l", &format!(r#"{{"pad":"{}"}}"#, "z".repeat(8 << 20)));
+    assert_eq!(status(s.tf("POST", "big").body(big.clone())).await.0, 200);
+    // A tiny receive buffer (no autotuning), so the server's writes block on this reader.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = s.base.trim_start_matches("http://").parse().unwrap();
+    let mut reader = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "GET /api/v1/tf/state/big HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
+        s.bearer("big")
+    );
+    reader.write_all(request.as_bytes()).await.unwrap();
+    // Once the answer has started, the reader stops reading for longer than 8 MiB at
+    // 4 MiB/s may take (2 s)...
+    let mut head = [0u8; 12];
+    reader.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    // ...so the server has given up on it: what arrives is less than the state.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        reader.read_to_end(&mut got),
+    )
+    .await;
+    assert!(
+        read.is_ok(),
+        "the server kept the slow reader's connection open"
+    );
+    assert!(
+        got.len() < big.len(),
+        "a slow reader still got the whole state ({} bytes)",
+        got.len()
+    );
+    // Others are served meanwhile and afterwards.
+    assert_eq!(status(s.tf("GET", "big")).await, (200, big));
+}

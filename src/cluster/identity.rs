@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS clusters (
     created_at  TEXT NOT NULL
 ) WITHOUT ROWID;
 
+-- Disabled principals: their tokens stop working; the row (and the audit trail) stays.
+CREATE TABLE IF NOT EXISTS principals_disabled (
+    principal_id INTEGER PRIMARY KEY REFERENCES principals(id),
+    disabled_at  TEXT NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS cluster_leases (
     cluster_id   TEXT PRIMARY KEY REFERENCES clusters(id),
     holder_id    INTEGER NOT NULL REFERENCES principals(id),
@@ -124,9 +130,34 @@ pub fn token_hash(token: &[u8]) -> String {
 
 /// A fresh token: `sgp_` + 43 characters of base64url (32 random bytes).
 pub fn new_token() -> Result<String, AdminError> {
+    new_token_with_prefix(TOKEN_PREFIX)
+}
+
+/// A fresh token with another kind's prefix (operators use `sgo_`).
+pub fn new_token_with_prefix(prefix: &str) -> Result<String, AdminError> {
     let mut bytes = [0u8; 32];
     getrandom::getrandom(&mut bytes).map_err(|e| AdminError::Random(e.to_string()))?;
-    Ok(format!("{TOKEN_PREFIX}{}", BASE64URL.encode(bytes)))
+    Ok(format!("{prefix}{}", BASE64URL.encode(bytes)))
+}
+
+/// How a stored token is named in listings and revocations: the first 12 hex digits of
+/// its hash (the hash of 32 random bytes; it reveals nothing usable).
+pub const TOKEN_ID_LEN: usize = 12;
+
+pub fn token_id(token_sha256: &str) -> String {
+    token_sha256.chars().take(TOKEN_ID_LEN).collect()
+}
+
+/// A token id as typed by an operator: exactly [`TOKEN_ID_LEN`] lowercase hex digits.
+pub fn parse_token_id(id: &str) -> Result<String, AdminError> {
+    let id = id.trim().to_ascii_lowercase();
+    if id.len() == TOKEN_ID_LEN && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(id)
+    } else {
+        Err(AdminError::Invalid(format!(
+            "a token id is {TOKEN_ID_LEN} hex digits, as `token list` prints it"
+        )))
+    }
 }
 
 /// The principal a token belongs to. Looked up by hash: the token never reaches SQL.
@@ -139,7 +170,8 @@ pub fn principal_by_token(
            FROM principal_tokens t
            JOIN principals p ON p.id = t.principal_id
            JOIN orgs o ON o.id = p.org_id
-          WHERE t.token_sha256 = ?1",
+          WHERE t.token_sha256 = ?1
+            AND NOT EXISTS (SELECT 1 FROM principals_disabled d WHERE d.principal_id = p.id)",
         [token_hash(token)],
         |r| {
             let role: String = r.get(4)?;
@@ -367,6 +399,133 @@ pub fn list_clusters(conn: &Connection, org: Option<&str>) -> Result<Vec<Cluster
     Ok(rows)
 }
 
+/// A stored token as listings show it: never the token, only its id.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TokenRow {
+    pub id: String,
+    pub email: String,
+    pub created_at: String,
+    /// Operator tokens are kept when revoked; a revoked principal token is deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+fn audit_as(
+    conn: &Connection,
+    actor: &str,
+    org: &str,
+    event: &'static str,
+    payload: serde_json::Value,
+) -> Result<(), AdminError> {
+    insert_audit(
+        conn,
+        &AuditEntry {
+            actor: actor.to_string(),
+            org: Some(org.to_string()),
+            scope: format!("org/{org}"),
+            event,
+            payload,
+        },
+    )?;
+    Ok(())
+}
+
+fn principal_by_email(conn: &Connection, email: &str) -> Result<(i64, String, String), AdminError> {
+    let email = normalize_email(email)?;
+    conn.query_row(
+        "SELECT p.id, o.name, p.role FROM principals p JOIN orgs o ON o.id = p.org_id WHERE p.email = ?1",
+        [&email],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .optional()?
+    .ok_or_else(|| AdminError::NotFound(format!("no user with email {email:?}")))
+}
+
+/// Changes a user's role; audited as `admin.user_role_changed` by `actor`. Returns
+/// `false` (nothing written) when the user already has it.
+pub fn set_role(
+    conn: &Connection,
+    email: &str,
+    role: Role,
+    actor: &str,
+) -> Result<bool, AdminError> {
+    let (id, org, old) = principal_by_email(conn, email)?;
+    if old == role.as_str() {
+        return Ok(false);
+    }
+    conn.execute(
+        "UPDATE principals SET role = ?1 WHERE id = ?2",
+        params![role.as_str(), id],
+    )?;
+    let payload =
+        serde_json::json!({ "email": normalize_email(email)?, "from": old, "to": role.as_str() });
+    audit_as(conn, actor, &org, "admin.user_role_changed", payload)?;
+    Ok(true)
+}
+
+/// Disables a user: every token of theirs stops working at once (leases they hold stay
+/// until broken or stale). Audited as `admin.user_disabled`. `false` when already disabled.
+pub fn disable_principal(conn: &Connection, email: &str, actor: &str) -> Result<bool, AdminError> {
+    let (id, org, _) = principal_by_email(conn, email)?;
+    let inserted = conn.execute(
+        "INSERT INTO principals_disabled (principal_id, disabled_at) VALUES (?1, ?2)
+         ON CONFLICT (principal_id) DO NOTHING",
+        params![id, crate::store::now_rfc3339()],
+    )?;
+    if inserted == 0 {
+        return Ok(false);
+    }
+    let payload = serde_json::json!({ "email": normalize_email(email)? });
+    audit_as(conn, actor, &org, "admin.user_disabled", payload)?;
+    Ok(true)
+}
+
+/// Users' tokens (ids only), optionally of one user.
+pub fn list_principal_tokens(
+    conn: &Connection,
+    email: Option<&str>,
+) -> Result<Vec<TokenRow>, AdminError> {
+    let email = email.map(normalize_email).transpose()?;
+    let mut stmt = conn.prepare(
+        "SELECT t.token_sha256, p.email, t.created_at FROM principal_tokens t
+           JOIN principals p ON p.id = t.principal_id
+          WHERE ?1 IS NULL OR p.email = ?1 ORDER BY p.email, t.created_at",
+    )?;
+    let rows = stmt
+        .query_map([email], |r| {
+            Ok(TokenRow {
+                id: token_id(&r.get::<_, String>(0)?),
+                email: r.get(1)?,
+                created_at: r.get(2)?,
+                revoked_at: None,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+/// Revokes (deletes) one user token by id; audited as `admin.token_revoked`.
+pub fn revoke_principal_token(conn: &Connection, id: &str, actor: &str) -> Result<(), AdminError> {
+    let id = parse_token_id(id)?;
+    let found: Vec<(String, String, String)> = conn
+        .prepare(
+            "SELECT t.token_sha256, p.email, o.name FROM principal_tokens t
+               JOIN principals p ON p.id = t.principal_id JOIN orgs o ON o.id = p.org_id
+              WHERE substr(t.token_sha256, 1, 12) = ?1",
+        )?
+        .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    let [(hash, email, org)] = found.as_slice() else {
+        return Err(AdminError::NotFound(format!("no user token with id {id}")));
+    };
+    conn.execute(
+        "DELETE FROM principal_tokens WHERE token_sha256 = ?1",
+        [hash],
+    )?;
+    let payload = serde_json::json!({ "email": email, "token_id": id });
+    audit_as(conn, actor, org, "admin.token_revoked", payload)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -509,6 +668,59 @@ pub(crate) mod tests {
         assert_eq!(
             list_audit(&conn, None, Some("admin.org_created"), 1).unwrap()[0].scope,
             "org/other"
+        );
+    }
+
+    #[test]
+    fn roles_disabling_and_token_revocation() {
+        let (_dir, conn) = test_db();
+        create_org(&conn, "acme").unwrap();
+        let t1 = create_principal(&conn, "acme", "a@x", Role::Member).unwrap();
+        let t2 = create_token(&conn, "a@x").unwrap();
+        assert!(set_role(&conn, "A@x", Role::Admin, "operator:o@x").unwrap());
+        assert!(!set_role(&conn, "a@x", Role::Admin, "operator:o@x").unwrap());
+        let p = principal_by_token(&conn, t1.as_bytes()).unwrap().unwrap();
+        assert_eq!(p.role, Role::Admin);
+        assert!(set_role(&conn, "nobody@x", Role::Admin, "o").is_err());
+
+        let tokens = list_principal_tokens(&conn, Some("a@x")).unwrap();
+        assert_eq!(tokens.len(), 2);
+        let id1 = token_id(&token_hash(t1.as_bytes()));
+        assert!(tokens.iter().any(|t| t.id == id1));
+        assert!(!serde_json::to_string(&tokens).unwrap().contains(&t1));
+        // (id, accepted)
+        for (id, ok) in [
+            ("zz", false),
+            ("0123456789ab", false),
+            (id1.as_str(), true),
+            (id1.as_str(), false),
+        ] {
+            assert_eq!(
+                revoke_principal_token(&conn, id, "operator:o@x").is_ok(),
+                ok,
+                "{id}"
+            );
+        }
+        assert_eq!(principal_by_token(&conn, t1.as_bytes()).unwrap(), None);
+        assert!(principal_by_token(&conn, t2.as_bytes()).unwrap().is_some());
+
+        assert!(disable_principal(&conn, "a@x", "operator:o@x").unwrap());
+        assert!(!disable_principal(&conn, "a@x", "operator:o@x").unwrap());
+        assert_eq!(principal_by_token(&conn, t2.as_bytes()).unwrap(), None);
+
+        let audited: Vec<(String, String)> = list_audit(&conn, None, None, 3)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.event, r.actor))
+            .collect();
+        let by = |e: &str| (e.to_string(), "operator:o@x".to_string());
+        assert_eq!(
+            audited,
+            [
+                by("admin.user_role_changed"),
+                by("admin.token_revoked"),
+                by("admin.user_disabled")
+            ]
         );
     }
 }

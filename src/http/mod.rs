@@ -6,6 +6,7 @@
 //! `body` reads bounded bodies and writes replies. None of them touch SQL or blobs;
 //! they call the domain modules with plain values.
 
+mod admin;
 pub mod auth;
 pub mod body;
 mod cluster;
@@ -51,6 +52,8 @@ pub struct App {
     pub cluster: crate::cluster::ClusterService,
     /// Requests in flight, so a stopping server exits as soon as they are done.
     pub inflight: crate::drain::Inflight,
+    /// The operator surface (admin API), over the same engine.
+    pub operator: crate::operator::Operations,
 }
 
 /// The pingora service.
@@ -103,6 +106,7 @@ impl ProxyHttp for Gateway {
         match &endpoint {
             Ok(Endpoint::Tf { workspace, .. }) => ctx.workspace = Some(workspace.clone()),
             Ok(Endpoint::Cluster { id, .. }) => ctx.workspace = Some(format!("cluster/{id}")),
+            Ok(Endpoint::Admin(action)) => ctx.workspace = action.workspace().map(str::to_string),
             _ => {}
         }
         let handled = match endpoint {
@@ -261,6 +265,18 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// The metrics text, with lock and lease ages read at scrape time (an alert on a
+    /// stale lock needs the age now, not at the last request).
+    async fn metrics_text(&self) -> Vec<u8> {
+        match self.app.operator.held_locks().await {
+            Ok((locks, leases)) => self.app.metrics.set_held_locks(&locks, &leases),
+            Err(e) => tracing::warn!(error = %e, "cannot read lock ages for /metrics"),
+        }
+        (self.app.metrics)
+            .render_with_index(&self.app.tofu.store().db)
+            .await
+    }
+
     async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> Handled {
         match endpoint {
             Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
@@ -268,7 +284,7 @@ impl Gateway {
                 Reply {
                     stream: None,
                     status: 200,
-                    body: self.app.metrics.render().into(),
+                    body: self.metrics_text().await.into(),
                     content_type: "text/plain; version=0.0.4",
                     headers: Vec::new(),
                 },
@@ -276,6 +292,9 @@ impl Gateway {
             ),
             // Decided in `request_filter` (`pass_through`); kept total without a panic.
             Endpoint::Upstream => Handled::unread(error_reply(&no_upstream())),
+            Endpoint::Admin(action) => admin::handle(&self.app, session, action)
+                .await
+                .unwrap_or_else(Handled::from),
             Endpoint::Cluster { id, action } => cluster::handle(&self.app, session, &id, action)
                 .await
                 .unwrap_or_else(Handled::from),

@@ -9,6 +9,7 @@ use crate::names::validate_workspace;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
 const CLUSTER_PREFIX: &str = "/v1/clusters/";
+const ADMIN_PREFIX: &str = "/api/v1/admin/";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -24,8 +25,93 @@ pub enum Endpoint {
         id: String,
         action: ClusterAction,
     },
+    /// The operator API (`docs/admin-api.md`). Values are raw: they are checked only
+    /// after the operator token, so the check order is auth, then input, then state.
+    Admin(AdminAction),
     /// Not ours.
     Upstream,
+}
+
+/// A route of the admin API under `/api/v1/admin/`, with its raw path and query values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAction {
+    /// `GET whoami`
+    WhoAmI,
+    /// `GET workspaces`
+    Workspaces,
+    /// `GET workspaces/{ws}`
+    Workspace { workspace: String },
+    /// `GET workspaces/{ws}/versions[?limit=N]`
+    Versions {
+        workspace: String,
+        limit: Option<String>,
+    },
+    /// `GET workspaces/{ws}/versions/{n|latest}[?masked=1]`
+    Version {
+        workspace: String,
+        version: String,
+        masked: Option<String>,
+    },
+    /// `GET workspaces/{ws}/diff?from=A&to=B`
+    Diff {
+        workspace: String,
+        from: Option<String>,
+        to: Option<String>,
+    },
+    /// `POST workspaces/{ws}/rollback` with `{"to": N}`
+    Rollback { workspace: String },
+    /// `POST workspaces/{ws}/unlock` with an optional `{"lock_id": "…"}`
+    Unlock { workspace: String },
+    /// `POST workspaces/{ws}/restore`
+    Restore { workspace: String },
+    /// `GET audit[?scope=&event=&limit=]`
+    Audit {
+        scope: Option<String>,
+        event: Option<String>,
+        limit: Option<String>,
+    },
+    /// `GET clusters`
+    Clusters,
+}
+
+impl AdminAction {
+    pub fn name(&self) -> &'static str {
+        match self {
+            AdminAction::WhoAmI => "admin.whoami",
+            AdminAction::Workspaces => "admin.workspaces",
+            AdminAction::Workspace { .. } => "admin.workspace",
+            AdminAction::Versions { .. } => "admin.versions",
+            AdminAction::Version { .. } => "admin.version",
+            AdminAction::Diff { .. } => "admin.diff",
+            AdminAction::Rollback { .. } => "admin.rollback",
+            AdminAction::Unlock { .. } => "admin.unlock",
+            AdminAction::Restore { .. } => "admin.restore",
+            AdminAction::Audit { .. } => "admin.audit",
+            AdminAction::Clusters => "admin.clusters",
+        }
+    }
+
+    /// Does the route take a (small JSON) request body?
+    pub fn takes_body(&self) -> bool {
+        matches!(
+            self,
+            AdminAction::Rollback { .. } | AdminAction::Unlock { .. } | AdminAction::Restore { .. }
+        )
+    }
+
+    /// The workspace a route is about (for the request log line).
+    pub fn workspace(&self) -> Option<&str> {
+        match self {
+            AdminAction::Workspace { workspace }
+            | AdminAction::Versions { workspace, .. }
+            | AdminAction::Version { workspace, .. }
+            | AdminAction::Diff { workspace, .. }
+            | AdminAction::Rollback { workspace }
+            | AdminAction::Unlock { workspace }
+            | AdminAction::Restore { workspace } => Some(workspace),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +170,7 @@ impl Endpoint {
             Endpoint::Metrics => "metrics",
             Endpoint::Tf { action, .. } => action.name(),
             Endpoint::Cluster { action, .. } => action.name(),
+            Endpoint::Admin(action) => action.name(),
             Endpoint::Upstream => "upstream",
         }
     }
@@ -110,6 +197,9 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     }
     if let Some(rest) = path.strip_prefix(CLUSTER_PREFIX) {
         return route_cluster(method, rest, query);
+    }
+    if let Some(rest) = path.strip_prefix(ADMIN_PREFIX) {
+        return route_admin(method, rest, query).map(Endpoint::Admin);
     }
     let Some(rest) = path.strip_prefix(TF_PREFIX) else {
         return Ok(Endpoint::Upstream);
@@ -176,6 +266,62 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
         id: id.to_string(),
         action,
     })
+}
+
+/// The admin routes (see [`AdminAction`]); names and numbers are judged by the handler.
+fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, ApiError> {
+    let q = |name| query_param(query, name);
+    let segments: Vec<&str> = rest.split('/').collect();
+    let ws = |w: &str| w.to_string();
+    let (action, allowed) = match segments.as_slice() {
+        ["whoami"] => (AdminAction::WhoAmI, "GET"),
+        ["workspaces"] => (AdminAction::Workspaces, "GET"),
+        ["clusters"] => (AdminAction::Clusters, "GET"),
+        ["audit"] => (
+            AdminAction::Audit {
+                scope: q("scope"),
+                event: q("event"),
+                limit: q("limit"),
+            },
+            "GET",
+        ),
+        ["workspaces", w] => (AdminAction::Workspace { workspace: ws(w) }, "GET"),
+        ["workspaces", w, "versions"] => (
+            AdminAction::Versions {
+                workspace: ws(w),
+                limit: q("limit"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "versions", v] => (
+            AdminAction::Version {
+                workspace: ws(w),
+                version: v.to_string(),
+                masked: q("masked"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "diff"] => (
+            AdminAction::Diff {
+                workspace: ws(w),
+                from: q("from"),
+                to: q("to"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "rollback"] => (AdminAction::Rollback { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "unlock"] => (AdminAction::Unlock { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "restore"] => (AdminAction::Restore { workspace: ws(w) }, "POST"),
+        _ => {
+            return Err(ApiError::NotFound(
+                "no such admin route; see docs/admin-api.md".into(),
+            ))
+        }
+    };
+    if method != allowed {
+        return Err(not_allowed(method, allowed));
+    }
+    Ok(action)
 }
 
 fn not_allowed(method: &str, allowed: &'static str) -> ApiError {
@@ -408,6 +554,123 @@ mod tests {
         for (method, path, status) in table {
             let err = route(method, path, None).unwrap_err();
             assert_eq!(err.http_status(), status, "{method} {path}: {err}");
+        }
+    }
+
+    #[test]
+    fn admin_routes() {
+        let admin = |a| Endpoint::Admin(a);
+        let w = || "prod".to_string();
+        let table: Vec<(&str, &str, Option<&str>, Endpoint)> = vec![
+            (
+                "GET",
+                "/api/v1/admin/whoami",
+                None,
+                admin(AdminAction::WhoAmI),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/workspaces",
+                None,
+                admin(AdminAction::Workspaces),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/clusters",
+                None,
+                admin(AdminAction::Clusters),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/audit",
+                Some("scope=tf%2Fprod&limit=5"),
+                admin(AdminAction::Audit {
+                    scope: Some("tf/prod".into()),
+                    event: None,
+                    limit: Some("5".into()),
+                }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/workspaces/prod",
+                None,
+                admin(AdminAction::Workspace { workspace: w() }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/workspaces/prod/versions",
+                Some("limit=2"),
+                admin(AdminAction::Versions {
+                    workspace: w(),
+                    limit: Some("2".into()),
+                }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/workspaces/prod/versions/latest",
+                Some("masked=1"),
+                admin(AdminAction::Version {
+                    workspace: w(),
+                    version: "latest".into(),
+                    masked: Some("1".into()),
+                }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/workspaces/prod/diff",
+                Some("from=1&to=2"),
+                admin(AdminAction::Diff {
+                    workspace: w(),
+                    from: Some("1".into()),
+                    to: Some("2".into()),
+                }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/workspaces/prod/rollback",
+                None,
+                admin(AdminAction::Rollback { workspace: w() }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/workspaces/prod/unlock",
+                None,
+                admin(AdminAction::Unlock { workspace: w() }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/workspaces/prod/restore",
+                None,
+                admin(AdminAction::Restore { workspace: w() }),
+            ),
+            // Names are judged after the operator token, not here.
+            (
+                "GET",
+                "/api/v1/admin/workspaces/..",
+                None,
+                admin(AdminAction::Workspace {
+                    workspace: "..".into(),
+                }),
+            ),
+        ];
+        for (method, path, query, expected) in table {
+            assert_eq!(
+                route(method, path, query).unwrap(),
+                expected,
+                "{method} {path}"
+            );
+        }
+        let rejected: &[(&str, &str, u16)] = &[
+            ("POST", "/api/v1/admin/workspaces", 405),
+            ("GET", "/api/v1/admin/workspaces/prod/rollback", 405),
+            ("DELETE", "/api/v1/admin/workspaces/prod", 405),
+            ("GET", "/api/v1/admin/nope", 404),
+            ("GET", "/api/v1/admin/workspaces/prod/versions/1/x", 404),
+            ("GET", "/api/v1/admin/", 404),
+        ];
+        for (method, path, status) in rejected {
+            let err = route(method, path, None).unwrap_err();
+            assert_eq!(err.http_status(), *status, "{method} {path}");
         }
     }
 }

@@ -3,10 +3,21 @@
 //! Entries are written by the code that makes the change, in the same transaction
 //! (so a change and its audit row commit or roll back together), and read back by
 //! the admin CLI. Payloads never hold state content or secrets.
+//!
+//! Append-only is enforced by the database, not by convention: [`SCHEMA`] adds
+//! triggers that abort any UPDATE or DELETE on the table, whoever issues it.
 
 use rusqlite::{params, Connection};
 
 use super::now_rfc3339;
+
+/// Triggers that make the `audit` table (created by `store::db::SCHEMA`) append-only.
+pub const SCHEMA: &str = r#"
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only: rows cannot be changed'); END;
+CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+BEGIN SELECT RAISE(ABORT, 'the audit log is append-only: rows cannot be deleted'); END;
+"#;
 
 /// One audit-log entry, written in the same transaction as the change it describes.
 #[derive(Debug, Clone)]
@@ -53,13 +64,53 @@ pub fn list_audit(
     event: Option<&str>,
     limit: u32,
 ) -> Result<Vec<AuditRow>, rusqlite::Error> {
+    let filter = AuditFilter {
+        scope: scope.map(str::to_string),
+        event: event.map(str::to_string),
+        ..AuditFilter::default()
+    };
+    list_audit_filtered(conn, &filter, limit)
+}
+
+/// Which audit rows to list; `None` matches everything.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub scope: Option<String>,
+    pub event: Option<String>,
+    /// Rows at or after this instant.
+    pub since: Option<time::OffsetDateTime>,
+    /// Rows strictly before this instant.
+    pub until: Option<time::OffsetDateTime>,
+}
+
+/// Seconds since the epoch with the fraction, as SQLite's `unixepoch(at, 'subsec')`
+/// computes them (RFC 3339 text does not order correctly within one second).
+fn epoch(t: Option<time::OffsetDateTime>) -> Option<f64> {
+    t.map(|t| t.unix_timestamp_nanos() as f64 / 1e9)
+}
+
+/// [`list_audit`] with a time window too.
+pub fn list_audit_filtered(
+    conn: &Connection,
+    filter: &AuditFilter,
+    limit: u32,
+) -> Result<Vec<AuditRow>, rusqlite::Error> {
     let mut stmt = conn.prepare(
         "SELECT id, at, actor, org, scope, event, payload FROM audit
           WHERE (?1 IS NULL OR scope = ?1) AND (?2 IS NULL OR event = ?2)
+            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
+            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
           ORDER BY id DESC LIMIT ?3",
     )?;
+    let params = params![
+        filter.scope,
+        filter.event,
+        limit,
+        epoch(filter.since),
+        epoch(filter.until)
+    ];
     let mut rows = stmt
-        .query_map(params![scope, event, limit], |r| {
+        .query_map(params, |r| {
             let payload: String = r.get(6)?;
             Ok(AuditRow {
                 id: r.get(0)?,
@@ -80,6 +131,93 @@ pub fn list_audit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn audit_db() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(super::super::db::SCHEMA).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn
+    }
+
+    fn entry(scope: &str, event: &'static str) -> AuditEntry {
+        AuditEntry {
+            actor: "test".into(),
+            org: None,
+            scope: scope.into(),
+            event,
+            payload: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn the_database_refuses_to_change_or_delete_audit_rows() {
+        let conn = audit_db();
+        insert_audit(&conn, &entry("tf/a", "tf.state_written")).unwrap();
+        for (sql, word) in [
+            ("UPDATE audit SET actor = 'someone else'", "changed"),
+            ("UPDATE audit SET payload = '{}' WHERE id = 1", "changed"),
+            ("DELETE FROM audit", "deleted"),
+            ("DELETE FROM audit WHERE id = 1", "deleted"),
+        ] {
+            let err = conn.execute(sql, []).unwrap_err().to_string();
+            assert!(
+                err.contains("append-only") && err.contains(word),
+                "{sql}: {err}"
+            );
+        }
+        let rows = list_audit(&conn, None, None, 10).unwrap();
+        assert_eq!((rows.len(), rows[0].actor.as_str()), (1, "test"));
+        // Appending still works.
+        insert_audit(&conn, &entry("tf/a", "tf.state_written")).unwrap();
+        assert_eq!(list_audit(&conn, None, None, 10).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn time_windows_compare_instants_not_text() {
+        let conn = audit_db();
+        // Written with explicit times: within one second, ".5Z" sorts before "Z" as text.
+        for (id, at) in [
+            (1, "2026-03-01T10:00:00Z"),
+            (2, "2026-03-01T10:00:00.5Z"),
+            (3, "2026-03-01T11:00:00.123456789Z"),
+            (4, "2026-03-02T00:00:00Z"),
+        ] {
+            conn.execute(
+                "INSERT INTO audit (id, at, actor, scope, event, payload) VALUES (?1, ?2, 'a', 's', 'e', '{}')",
+                params![id, at],
+            )
+            .unwrap();
+        }
+        let t = |s: &str| {
+            time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+        };
+        // (since, until, ids)
+        let table: &[(Option<&str>, Option<&str>, &[i64])] = &[
+            (None, None, &[1, 2, 3, 4]),
+            (Some("2026-03-01T10:00:00.2Z"), None, &[2, 3, 4]),
+            (None, Some("2026-03-01T10:00:00.5Z"), &[1]),
+            (
+                Some("2026-03-01T10:00:00Z"),
+                Some("2026-03-02T00:00:00Z"),
+                &[1, 2, 3],
+            ),
+            (Some("2026-03-01T11:00:00.2Z"), None, &[4]),
+            (Some("2026-03-03T00:00:00Z"), None, &[]),
+        ];
+        for (since, until, ids) in table {
+            let filter = AuditFilter {
+                since: since.map(t),
+                until: until.map(t),
+                ..AuditFilter::default()
+            };
+            let got: Vec<i64> = list_audit_filtered(&conn, &filter, 100)
+                .unwrap()
+                .iter()
+                .map(|r| r.id)
+                .collect();
+            assert_eq!(&got, ids, "{since:?} {until:?}");
+        }
+    }
 
     #[test]
     fn written_entries_read_back_filtered_newest_oldest_first() {

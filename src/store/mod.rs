@@ -7,10 +7,12 @@
 //! unreadable blob into "no state": it is an error.
 
 pub mod audit;
+pub mod backup;
 pub mod blob;
 pub mod db;
 pub mod format;
 pub mod history;
+pub mod metered;
 pub mod rebuild;
 pub mod retention;
 pub mod s3;

@@ -164,9 +164,21 @@ pub async fn collect_claims(
     blobs: &dyn BlobStore,
     keys: &ScopeKeys,
 ) -> Result<(Vec<Claim>, Vec<Skipped>), BlobError> {
+    collect_claims_with_progress(blobs, keys, &|_, _| {}).await
+}
+
+/// [`collect_claims`], calling `progress(done, total)` as blobs are read (for a progress bar).
+pub async fn collect_claims_with_progress(
+    blobs: &dyn BlobStore,
+    keys: &ScopeKeys,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(Vec<Claim>, Vec<Skipped>), BlobError> {
     let mut claims = Vec::new();
     let mut skipped = Vec::new();
-    for key in blobs.list(STATES_PREFIX).await? {
+    let listed = blobs.list(STATES_PREFIX).await?;
+    let total = listed.len();
+    for (done, key) in listed.into_iter().enumerate() {
+        progress(done, total);
         let Some(blob) = blobs.get(&key).await? else {
             continue; // deleted since the listing
         };
@@ -175,6 +187,7 @@ pub async fn collect_claims(
             Err(reason) => skipped.push(Skipped { key, reason }),
         }
     }
+    progress(total, total);
     Ok((claims, skipped))
 }
 
@@ -198,7 +211,7 @@ fn verify(blob: &[u8], keys: &ScopeKeys) -> Result<BlobHeader, String> {
     Ok(header)
 }
 
-fn row_of(claim: Claim) -> VersionRow {
+pub(crate) fn row_of(claim: Claim) -> VersionRow {
     let h = claim.header;
     VersionRow {
         scope: h.scope,
@@ -255,10 +268,21 @@ pub async fn rebuild_index(
     into: &Path,
     schemas: &[&str],
 ) -> Result<RebuildReport, RebuildError> {
+    rebuild_index_with_progress(blobs, keys, into, schemas, &|_, _| {}).await
+}
+
+/// [`rebuild_index`], reporting `progress(done, total)` as blobs are verified.
+pub async fn rebuild_index_with_progress(
+    blobs: &dyn BlobStore,
+    keys: &ScopeKeys,
+    into: &Path,
+    schemas: &[&str],
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<RebuildReport, RebuildError> {
     if into.exists() {
         return Err(RebuildError::Exists(into.to_path_buf()));
     }
-    let (claims, skipped) = collect_claims(blobs, keys).await?;
+    let (claims, skipped) = collect_claims_with_progress(blobs, keys, progress).await?;
     let resolved = resolve_claims(claims);
     let rows: Vec<VersionRow> = resolved.winners.into_iter().map(row_of).collect();
     write_index(into, schemas, &rows)?;

@@ -46,8 +46,10 @@ pub const EVENT_WRITTEN: &str = "tf.state_written";
 pub const EVENT_DELETED: &str = "tf.state_deleted";
 pub const EVENT_LOCKED: &str = "tf.lock_acquired";
 pub const EVENT_UNLOCKED: &str = "tf.lock_released";
-/// An unlock without the holder's ID: Terraform's `force-unlock`.
+/// An unlock without the holder's ID: Terraform's `force-unlock`, or an operator's.
 pub const EVENT_FORCE_UNLOCKED: &str = "tf.lock_forced";
+/// An operator undid a DELETE by rolling the last live version forward.
+pub const EVENT_RESTORED: &str = "tf.restored";
 
 /// Who acted: the workspace credential is the only identity the backend knows.
 fn actor(workspace: &str) -> String {
@@ -157,6 +159,94 @@ impl TofuBackend {
             actor: actor.to_string(),
             org: None,
             event: EVENT_ROLLBACK,
+        };
+        self.store
+            .rollback(request, &key, move |conn, _latest| {
+                ensure_unlocked(conn, &ws)
+            })
+            .await
+    }
+
+    /// One version's content, verified like the current one (missing or unreadable is
+    /// an error, a tombstone is a conflict, an unknown version a 404).
+    pub async fn read_version(
+        &self,
+        workspace: &str,
+        version: i64,
+    ) -> Result<(crate::store::VersionRow, Vec<u8>), ApiError> {
+        let scope = scope(workspace);
+        let key = self.root.blob_key(&scope);
+        Ok(self.store.read_version(&scope, version, &key).await?)
+    }
+
+    /// Who holds the workspace lock right now.
+    pub async fn lock_holder(&self, workspace: &str) -> Result<Option<HeldLock>, ApiError> {
+        let ws = workspace.to_string();
+        Ok(self.store.db.read(move |c| held_lock(c, &ws)).await?)
+    }
+
+    /// An operator's force-unlock, audited as `tf.lock_forced` by `actor`. `expected`:
+    /// the lock ID the operator was shown; a different holder is refused (409) rather
+    /// than freed unseen. Returns the freed lock, or `None` (no audit row) when unlocked.
+    pub async fn force_unlock(
+        &self,
+        workspace: &str,
+        expected: Option<String>,
+        actor: &str,
+    ) -> Result<Option<HeldLock>, ApiError> {
+        let ws = workspace.to_string();
+        let actor = actor.to_string();
+        self.store
+            .db
+            .write(move |conn| -> Result<Option<HeldLock>, ApiError> {
+                let Some(holder) = held_lock(conn, &ws).map_err(DbError::from)? else {
+                    return Ok(None);
+                };
+                if expected.as_ref().is_some_and(|id| id != &holder.id) {
+                    return Err(ApiError::Conflict(format!(
+                        "the lock of {ws} changed (now held as {}); nothing was unlocked, look again",
+                        holder.id
+                    )));
+                }
+                lock::delete_lock(conn, &ws).map_err(DbError::from)?;
+                let mut entry = audit(&ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
+                entry.actor = actor;
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(Some(holder))
+            })
+            .await
+    }
+
+    /// Undoes a DELETE: the newest version with content becomes current again as a new
+    /// version, audited as `tf.restored`. Refused unless the newest version is a
+    /// tombstone, and while the workspace is locked.
+    pub async fn restore(&self, workspace: &str, actor: &str) -> Result<RolledBack, ApiError> {
+        let scope = scope(workspace);
+        let rows = self.store.history(&scope, None).await?;
+        let Some(latest) = rows.first() else {
+            return Err(ApiError::NotFound(format!(
+                "workspace {workspace:?} has no versions"
+            )));
+        };
+        if !latest.is_tombstone() {
+            return Err(ApiError::Conflict(format!(
+                "workspace {workspace:?} is not deleted (version {} is current); nothing to restore",
+                latest.version
+            )));
+        }
+        let Some(live) = rows.iter().find(|r| !r.is_tombstone()) else {
+            return Err(ApiError::Conflict(format!(
+                "workspace {workspace:?} has no version with content to restore"
+            )));
+        };
+        let key = self.root.blob_key(&scope);
+        let ws = workspace.to_string();
+        let request = Rollback {
+            scope,
+            to_version: live.version,
+            actor: actor.to_string(),
+            org: None,
+            event: EVENT_RESTORED,
         };
         self.store
             .rollback(request, &key, move |conn, _latest| {

@@ -1,0 +1,224 @@
+//! HTTP framing for the operator API (`crate::operator`, docs/admin-api.md): the
+//! operator bearer first, then the request's own values (names, numbers, the small
+//! JSON body), then the operation; every answer is JSON and every refusal the shared
+//! `{"error": …}`. No SQL or blobs here: each route is one `Operations` call.
+
+use pingora::proxy::Session;
+use serde::Deserialize;
+
+use super::body::{read_body, Failure, Handled, Reply};
+use super::router::AdminAction;
+use super::{auth, App};
+use crate::error::ApiError;
+use crate::operator::{diff, rolled_back_json, version_json, Operator, MAX_AUDIT_LIMIT};
+
+/// Largest admin request body (a version number or a lock ID).
+const MAX_ADMIN_BODY: u64 = 4096;
+/// Versions listed when `limit` is not given.
+const DEFAULT_VERSIONS: u32 = 100;
+
+pub(super) async fn handle(
+    app: &App,
+    session: &mut Session,
+    action: AdminAction,
+) -> Result<Handled, Failure> {
+    let token = auth::presented_secret(
+        session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    );
+    // 1. the operator (401, one body for missing, wrong and revoked tokens).
+    let who = app
+        .operator
+        .authenticate(token)
+        .await
+        .map_err(Failure::early)?;
+    let limit = if action.takes_body() {
+        MAX_ADMIN_BODY
+    } else {
+        0
+    };
+    let (body, held) = read_body(session, limit, &app.body_budget, app.body_limits)
+        .await
+        .map_err(Failure::early)?;
+    let fail = Failure::after_body(body.len());
+    // 2. input, 3. state: both inside `run`, in that order.
+    let reply = run(app, &who, action, &body).await.map_err(&fail)?;
+    Ok(Handled::done(reply, body.len()).holding(held))
+}
+
+fn ok(value: serde_json::Value) -> Reply {
+    Reply::json(200, value.to_string())
+}
+
+fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+    value
+        .map(|v| {
+            v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                ApiError::BadRequest(format!("{name} must be a positive whole number"))
+            })
+        })
+        .transpose()
+}
+
+fn required(name: &str, value: Option<&str>) -> Result<i64, ApiError> {
+    number(name, value)?.ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
+}
+
+fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
+    match value {
+        None | Some("" | "0" | "false") => Ok(false),
+        Some("1" | "true") => Ok(true),
+        Some(_) => Err(ApiError::BadRequest(format!("{name} must be 1 or 0"))),
+    }
+}
+
+fn workspace(name: &str) -> Result<&str, ApiError> {
+    crate::names::validate_workspace(name)?;
+    Ok(name)
+}
+
+/// A small JSON body; an empty body is `{}`.
+fn json_body<T: for<'de> Deserialize<'de>>(body: &[u8], expected: &str) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}" as &[u8]
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+        .map_err(|_| ApiError::BadRequest(format!("expected a JSON body {expected}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    to: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnlockBody {
+    lock_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestoreBody {}
+
+async fn run(
+    app: &App,
+    who: &Operator,
+    action: AdminAction,
+    body: &[u8],
+) -> Result<Reply, ApiError> {
+    let ops = &app.operator;
+    let actor = who.actor();
+    Ok(match action {
+        AdminAction::WhoAmI => ok(serde_json::json!({ "email": who.email })),
+        AdminAction::Workspaces => ok(serde_json::json!({
+            "stale_after_seconds": ops.stale_after(),
+            "workspaces": ops.list_workspaces().await?,
+        })),
+        AdminAction::Workspace { workspace: w } => {
+            ok(serde_json::to_value(ops.workspace(workspace(&w)?).await?).unwrap_or_default())
+        }
+        AdminAction::Versions {
+            workspace: w,
+            limit,
+        } => {
+            let w = workspace(&w)?;
+            let limit = number("limit", limit.as_deref())?.map_or(Ok(DEFAULT_VERSIONS), |n| {
+                u32::try_from(n).map_err(|_| ApiError::BadRequest("limit is too large".into()))
+            })?;
+            let rows = ops.history(w, Some(limit)).await?;
+            ok(serde_json::json!({ "versions": rows.iter().map(version_json).collect::<Vec<_>>() }))
+        }
+        AdminAction::Version {
+            workspace: w,
+            version,
+            masked,
+        } => {
+            let w = workspace(&w)?;
+            let version = match version.as_str() {
+                "latest" => None,
+                n => Some(required("version", Some(n))?),
+            };
+            let masked = flag("masked", masked.as_deref())?;
+            let (row, content) = ops.show(w, version).await?;
+            let content = if masked {
+                diff::mask_state(&content, row.version)
+                    .map_err(|e| ApiError::Conflict(e.to_string()))?
+                    .to_string()
+                    .into_bytes()
+            } else {
+                content
+            };
+            let mut reply = Reply::json(200, content);
+            reply
+                .headers
+                .push(("X-Stategate-Version", row.version.to_string()));
+            reply
+        }
+        AdminAction::Diff {
+            workspace: w,
+            from,
+            to,
+        } => {
+            let w = workspace(&w)?;
+            let (from, to) = (
+                required("from", from.as_deref())?,
+                required("to", to.as_deref())?,
+            );
+            let d = ops.diff(w, from, to).await?;
+            ok(
+                serde_json::json!({ "from": from, "to": to, "resources": d.resources, "outputs": d.outputs }),
+            )
+        }
+        AdminAction::Rollback { workspace: w } => {
+            let w = workspace(&w)?;
+            let parsed: RollbackBody = json_body(body, r#"{"to": <version>}"#)?;
+            let to = required("to", parsed.to.map(|n| n.to_string()).as_deref())?;
+            ok(rolled_back_json(&ops.rollback(w, to, &actor).await?))
+        }
+        AdminAction::Unlock { workspace: w } => {
+            let w = workspace(&w)?;
+            let parsed: UnlockBody =
+                json_body(body, r#"{"lock_id": "<the ID you were shown>"} or nothing"#)?;
+            if parsed
+                .lock_id
+                .as_deref()
+                .is_some_and(|id| !crate::tfstate::is_safe_id(id, 256))
+            {
+                return Err(ApiError::BadRequest(
+                    "lock_id must be printable ASCII".into(),
+                ));
+            }
+            ok(
+                serde_json::to_value(ops.unlock(w, parsed.lock_id, &actor).await?)
+                    .unwrap_or_default(),
+            )
+        }
+        AdminAction::Restore { workspace: w } => {
+            let w = workspace(&w)?;
+            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            ok(rolled_back_json(&ops.restore(w, &actor).await?))
+        }
+        AdminAction::Audit {
+            scope,
+            event,
+            limit,
+        } => {
+            let limit = number("limit", limit.as_deref())?.unwrap_or(100);
+            let limit = u32::try_from(limit)
+                .ok()
+                .filter(|n| *n <= MAX_AUDIT_LIMIT)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("limit must be 1-{MAX_AUDIT_LIMIT}"))
+                })?;
+            ok(serde_json::json!({ "audit": ops.audit(scope, event, limit).await? }))
+        }
+        AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
+    })
+}

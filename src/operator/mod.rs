@@ -1,0 +1,558 @@
+//! The operator surface: every day-two operation (list, show, diff, history, rollback,
+//! unlock, restore, audit, clusters) as one domain function, called by both the CLI
+//! (`workspace …`, `admin …`) and the admin HTTP API (`http::admin`), so the two can
+//! never disagree. Operators authenticate with their own tokens (`identity`); every
+//! change is audited with the operator's identity in the change's transaction.
+//!
+//! Functions take plain values and return plain results or a typed `ApiError`; lock
+//! and lease staleness is judged here, against `locks.stale_after_seconds` and the
+//! cluster API's `lease_stale_seconds`.
+
+pub mod diff;
+pub mod identity;
+
+use rusqlite::Connection;
+use serde::Serialize;
+
+use crate::cluster::identity::{list_clusters, AdminError};
+use crate::cluster::{lease::current_lease, ClusterService};
+use crate::error::ApiError;
+use crate::names::validate_workspace;
+use crate::store::audit::{list_audit, AuditRow};
+use crate::store::history::RolledBack;
+use crate::store::{latest_row, VersionRow};
+use crate::tofu::lock::HeldLock;
+use crate::tofu::TofuBackend;
+use diff::StateDiff;
+pub use identity::{Operator, SCHEMA};
+
+/// Longest `Who`/`Operation` shown from a client's LockInfo.
+const MAX_LOCK_FIELD: usize = 256;
+/// Most audit rows one listing returns.
+pub const MAX_AUDIT_LIMIT: u32 = 1000;
+
+/// A workspace lock as operators see it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LockState {
+    pub id: String,
+    pub who: String,
+    pub operation: String,
+    pub created_at: String,
+    pub age_seconds: i64,
+    /// Held for longer than `locks.stale_after_seconds`.
+    pub stale: bool,
+}
+
+/// One row of `workspace list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkspaceSummary {
+    pub name: String,
+    /// Newest version (a tombstone when `deleted`); `None` when only a lock exists.
+    pub version: Option<i64>,
+    pub serial: Option<i64>,
+    pub size: Option<i64>,
+    pub updated_at: Option<String>,
+    pub deleted: bool,
+    pub lock: Option<LockState>,
+}
+
+/// A cluster with its lease, for `GET /api/v1/admin/clusters`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterSummary {
+    pub id: String,
+    pub org: String,
+    pub name: Option<String>,
+    pub created_at: String,
+    pub version: Option<i64>,
+    pub serial: Option<i64>,
+    pub lease: Option<serde_json::Value>,
+}
+
+/// What an operator unlock did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unlocked {
+    /// `false` when the workspace was not locked (nothing changed, nothing audited).
+    pub unlocked: bool,
+    pub holder: Option<LockState>,
+}
+
+/// One version row as listings show it.
+pub fn version_json(row: &VersionRow) -> serde_json::Value {
+    serde_json::json!({
+        "version": row.version,
+        "serial": row.serial,
+        "lineage": row.lineage,
+        "size": row.size,
+        "sha256": row.sha256,
+        "created_at": row.created_at,
+        "tombstone": row.is_tombstone(),
+        "actor": row.actor,
+    })
+}
+
+/// What a rollback or restore wrote.
+pub fn rolled_back_json(done: &RolledBack) -> serde_json::Value {
+    let (written, row) = match &done.outcome {
+        crate::store::WriteOutcome::Stored(row) => (true, row),
+        crate::store::WriteOutcome::Unchanged(row) => (false, row),
+    };
+    serde_json::json!({
+        "written": written,
+        "from_version": done.from_version,
+        "to_version": done.to_version,
+        "current": version_json(row),
+    })
+}
+
+pub fn admin_error(e: AdminError) -> ApiError {
+    match e {
+        AdminError::Invalid(m) => ApiError::BadRequest(m),
+        AdminError::NotFound(m) => ApiError::NotFound(m),
+        AdminError::Exists(m) => ApiError::Conflict(m),
+        AdminError::Db(e) => ApiError::from(e),
+        AdminError::Random(detail) => ApiError::Internal {
+            public: "cannot create a token now; see the server log".into(),
+            detail,
+        },
+    }
+}
+
+fn unix_seconds(rfc3339: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+/// The lock as shown: the client's own `Who`/`Operation` (bounded), its age and staleness.
+pub fn lock_state(lock: &HeldLock, created_at: &str, now: i64, stale_after: i64) -> LockState {
+    let info: serde_json::Value = serde_json::from_str(&lock.info).unwrap_or_default();
+    let field = |name: &str| -> String {
+        info[name]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(MAX_LOCK_FIELD)
+            .collect()
+    };
+    let age = unix_seconds(created_at).map_or(0, |t| (now - t).max(0));
+    LockState {
+        id: lock.id.clone(),
+        who: field("Who"),
+        operation: field("Operation"),
+        created_at: created_at.to_string(),
+        age_seconds: age,
+        stale: age > stale_after,
+    }
+}
+
+/// Every workspace (with versions or a lock), by name. One read transaction.
+pub fn workspace_rows(
+    conn: &Connection,
+    now: i64,
+    stale_after: i64,
+) -> Result<Vec<WorkspaceSummary>, rusqlite::Error> {
+    let mut out = std::collections::BTreeMap::<String, WorkspaceSummary>::new();
+    let mut stmt = conn.prepare(
+        "SELECT substr(v.scope, 4), v.version, v.serial, v.size, v.created_at, v.blob_key IS NULL
+           FROM versions v
+          WHERE v.scope LIKE 'tf/%'
+            AND v.version = (SELECT max(version) FROM versions w WHERE w.scope = v.scope)",
+    )?;
+    for row in stmt.query_map([], |r| {
+        Ok(WorkspaceSummary {
+            name: r.get(0)?,
+            version: r.get(1)?,
+            serial: r.get(2)?,
+            size: r.get(3)?,
+            updated_at: r.get(4)?,
+            deleted: r.get(5)?,
+            lock: None,
+        })
+    })? {
+        let row = row?;
+        out.insert(row.name.clone(), row);
+    }
+    let mut stmt = conn.prepare("SELECT workspace, lock_id, info, created_at FROM tf_locks")?;
+    let locks = stmt.query_map([], |r| {
+        let lock = HeldLock {
+            id: r.get(1)?,
+            info: r.get(2)?,
+        };
+        Ok((r.get::<_, String>(0)?, lock, r.get::<_, String>(3)?))
+    })?;
+    for lock in locks {
+        let (name, lock, created_at) = lock?;
+        let state = lock_state(&lock, &created_at, now, stale_after);
+        out.entry(name.clone())
+            .or_insert_with(|| WorkspaceSummary {
+                name,
+                version: None,
+                serial: None,
+                size: None,
+                updated_at: None,
+                deleted: false,
+                lock: None,
+            })
+            .lock = Some(state);
+    }
+    Ok(out.into_values().collect())
+}
+
+/// The operations, over the same engine `serve` uses.
+#[derive(Clone)]
+pub struct Operations {
+    tofu: TofuBackend,
+    clusters: ClusterService,
+    stale_after: i64,
+}
+
+impl Operations {
+    pub fn new(tofu: TofuBackend, clusters: ClusterService, stale_after_seconds: u64) -> Self {
+        Operations {
+            tofu,
+            clusters,
+            stale_after: i64::try_from(stale_after_seconds).unwrap_or(i64::MAX),
+        }
+    }
+
+    pub fn stale_after(&self) -> i64 {
+        self.stale_after
+    }
+
+    fn now() -> i64 {
+        time::OffsetDateTime::now_utc().unix_timestamp()
+    }
+
+    /// The operator a bearer token belongs to. No token, a wrong one and a revoked one
+    /// all get the same 401.
+    pub async fn authenticate(&self, token: Option<Vec<u8>>) -> Result<Operator, ApiError> {
+        let token = token.ok_or(ApiError::OperatorRequired)?;
+        let found = self
+            .tofu
+            .store()
+            .db
+            .read(move |c| identity::operator_by_token(c, &token))
+            .await?;
+        found.ok_or(ApiError::OperatorRequired)
+    }
+
+    /// A change to operators or users, in one write transaction with its audit row.
+    pub async fn admin_write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        self.tofu.store().db.write(f).await.map_err(admin_error)
+    }
+
+    /// A listing of operators or users, on the reader connection.
+    pub async fn admin_read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let read = self.tofu.store().db.read(move |c| Ok(f(c))).await?;
+        read.map_err(admin_error)
+    }
+
+    pub async fn list_workspaces(&self) -> Result<Vec<WorkspaceSummary>, ApiError> {
+        let (now, stale) = (Self::now(), self.stale_after);
+        Ok(self
+            .tofu
+            .store()
+            .db
+            .read(move |c| workspace_rows(c, now, stale))
+            .await?)
+    }
+
+    /// One workspace's summary (404 when it has neither versions nor a lock).
+    pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, ApiError> {
+        validate_workspace(workspace)?;
+        self.list_workspaces()
+            .await?
+            .into_iter()
+            .find(|w| w.name == workspace)
+            .ok_or_else(|| ApiError::NotFound(format!("workspace {workspace:?} has no versions")))
+    }
+
+    pub async fn history(
+        &self,
+        workspace: &str,
+        limit: Option<u32>,
+    ) -> Result<Vec<VersionRow>, ApiError> {
+        validate_workspace(workspace)?;
+        let rows = self
+            .tofu
+            .store()
+            .history(&crate::tofu::scope(workspace), limit)
+            .await?;
+        if rows.is_empty() {
+            return Err(ApiError::NotFound(format!(
+                "workspace {workspace:?} has no versions"
+            )));
+        }
+        Ok(rows)
+    }
+
+    /// A version's content (the newest when `version` is `None`). A deleted workspace,
+    /// an unknown or pruned version are errors; an unreadable one is a 500, never empty.
+    pub async fn show(
+        &self,
+        workspace: &str,
+        version: Option<i64>,
+    ) -> Result<(VersionRow, Vec<u8>), ApiError> {
+        validate_workspace(workspace)?;
+        let version = match version {
+            Some(v) => v,
+            None => {
+                let latest = self
+                    .tofu
+                    .store()
+                    .latest(&crate::tofu::scope(workspace))
+                    .await?;
+                match latest {
+                    None => {
+                        return Err(ApiError::NotFound(format!(
+                            "workspace {workspace:?} has no versions"
+                        )))
+                    }
+                    Some(row) => row.version,
+                }
+            }
+        };
+        self.tofu.read_version(workspace, version).await
+    }
+
+    /// What changed from version `from` to version `to`.
+    pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, ApiError> {
+        validate_workspace(workspace)?;
+        let (a, a_body) = self.tofu.read_version(workspace, from).await?;
+        let (b, b_body) = self.tofu.read_version(workspace, to).await?;
+        diff::diff_states(&a_body, a.version, &b_body, b.version)
+            .map_err(|e| ApiError::Conflict(e.to_string()))
+    }
+
+    pub async fn rollback(
+        &self,
+        workspace: &str,
+        to: i64,
+        who: &str,
+    ) -> Result<RolledBack, ApiError> {
+        validate_workspace(workspace)?;
+        self.tofu.rollback(workspace, to, who).await
+    }
+
+    pub async fn restore(&self, workspace: &str, who: &str) -> Result<RolledBack, ApiError> {
+        validate_workspace(workspace)?;
+        self.tofu.restore(workspace, who).await
+    }
+
+    /// The current holder, as `unlock` shows it before asking.
+    pub async fn lock(&self, workspace: &str) -> Result<Option<LockState>, ApiError> {
+        validate_workspace(workspace)?;
+        let ws = workspace.to_string();
+        let (now, stale) = (Self::now(), self.stale_after);
+        let held = self
+            .tofu
+            .store()
+            .db
+            .read(move |c| {
+                c.query_row(
+                    "SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1",
+                    [&ws],
+                    |r| {
+                        Ok((
+                            HeldLock {
+                                id: r.get(0)?,
+                                info: r.get(1)?,
+                            },
+                            r.get::<_, String>(2)?,
+                        ))
+                    },
+                )
+                .map(Some)
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                    e => Err(e),
+                })
+            })
+            .await?;
+        Ok(held.map(|(lock, at)| lock_state(&lock, &at, now, stale)))
+    }
+
+    /// Force-unlock, audited as `tf.lock_forced` with `who`. Unlocked → nothing happens
+    /// and nothing is audited. `expected`: the lock ID the operator saw.
+    pub async fn unlock(
+        &self,
+        workspace: &str,
+        expected: Option<String>,
+        who: &str,
+    ) -> Result<Unlocked, ApiError> {
+        let shown = self.lock(workspace).await?;
+        let freed = self.tofu.force_unlock(workspace, expected, who).await?;
+        Ok(Unlocked {
+            unlocked: freed.is_some(),
+            holder: match (freed, shown) {
+                (Some(lock), Some(state)) if lock.id == state.id => Some(state),
+                (Some(lock), _) => Some(lock_state(&lock, "", Self::now(), self.stale_after)),
+                (None, _) => None,
+            },
+        })
+    }
+
+    pub async fn audit(
+        &self,
+        scope: Option<String>,
+        event: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<AuditRow>, ApiError> {
+        if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
+            return Err(ApiError::BadRequest(format!(
+                "limit must be 1-{MAX_AUDIT_LIMIT}"
+            )));
+        }
+        Ok(self
+            .tofu
+            .store()
+            .db
+            .read(move |c| list_audit(c, scope.as_deref(), event.as_deref(), limit))
+            .await?)
+    }
+
+    /// Every cluster with its latest version and its lease (age, staleness).
+    pub async fn clusters(&self) -> Result<Vec<ClusterSummary>, ApiError> {
+        let now = Self::now();
+        let stale = self.clusters.stale_seconds();
+        let rows = self
+            .tofu
+            .store()
+            .db
+            .read(
+                move |c| -> Result<Result<Vec<ClusterSummary>, ApiError>, rusqlite::Error> {
+                    let clusters = match list_clusters(c, None) {
+                        Ok(rows) => rows,
+                        Err(e) => return Ok(Err(admin_error(e))),
+                    };
+                    let mut out = Vec::with_capacity(clusters.len());
+                    for cluster in clusters {
+                        let latest = latest_row(c, &crate::cluster::scope(&cluster.id))?;
+                        let lease = current_lease(c, &cluster.id)?.map(|l| {
+                            let mut shown = l.holder_json(now);
+                            shown["held_seconds"] = (now - l.acquired_at).max(0).into();
+                            shown["stale"] = l.is_stale(now, stale).into();
+                            shown
+                        });
+                        out.push(ClusterSummary {
+                            id: cluster.id,
+                            org: cluster.org,
+                            name: cluster.name,
+                            created_at: cluster.created_at,
+                            version: latest.as_ref().map(|r| r.version),
+                            serial: latest.and_then(|r| r.serial),
+                            lease,
+                        });
+                    }
+                    Ok(Ok(out))
+                },
+            )
+            .await
+            .map_err(ApiError::from)?;
+        rows
+    }
+
+    /// Seconds each workspace lock and each cluster lease has been held (for `/metrics`).
+    pub async fn held_locks(&self) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), ApiError> {
+        let locks = self
+            .list_workspaces()
+            .await?
+            .into_iter()
+            .filter_map(|w| w.lock.map(|l| (w.name, l.age_seconds)))
+            .collect();
+        let leases = self
+            .clusters()
+            .await?
+            .into_iter()
+            .filter_map(|c| Some((c.id, c.lease?["held_seconds"].as_i64()?)))
+            .collect();
+        Ok((locks, leases))
+    }
+
+    /// Locks held longer than the stale threshold (logged by `serve` as warnings).
+    pub async fn stale_locks(&self) -> Result<Vec<(String, LockState)>, ApiError> {
+        Ok(self
+            .list_workspaces()
+            .await?
+            .into_iter()
+            .filter_map(|w| w.lock.filter(|l| l.stale).map(|l| (w.name, l)))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_states() {
+        let lock = |info: &str| HeldLock {
+            id: "L".into(),
+            info: info.into(),
+        };
+        let long = "w".repeat(1000);
+        // (LockInfo, created_at, now, stale_after) → (who, operation, age, stale)
+        let at = "2026-01-01T00:00:00Z";
+        let t0 = unix_seconds(at).unwrap();
+        let info = r#"{"Who":"me@box","Operation":"OperationTypeApply"}"#;
+        type Expected<'a> = (String, &'a str, i64, bool);
+        let table: Vec<(String, &str, i64, i64, Expected)> = vec![
+            (
+                info.into(),
+                at,
+                t0 + 10,
+                60,
+                ("me@box".into(), "OperationTypeApply", 10, false),
+            ),
+            (
+                info.into(),
+                at,
+                t0 + 61,
+                60,
+                ("me@box".into(), "OperationTypeApply", 61, true),
+            ),
+            (
+                info.into(),
+                at,
+                t0 + 60,
+                60,
+                ("me@box".into(), "OperationTypeApply", 60, false),
+            ),
+            (
+                info.into(),
+                at,
+                t0 - 5,
+                60,
+                ("me@box".into(), "OperationTypeApply", 0, false),
+            ),
+            (
+                "not json".into(),
+                "garbage",
+                t0,
+                60,
+                (String::new(), "", 0, false),
+            ),
+            (
+                format!(r#"{{"Who":"{long}"}}"#),
+                at,
+                t0,
+                60,
+                ("w".repeat(256), "", 0, false),
+            ),
+        ];
+        for (info, created, now, stale_after, (who, op, age, stale)) in table {
+            let s = lock_state(&lock(&info), created, now, stale_after);
+            assert_eq!(
+                (s.who, s.operation.as_str(), s.age_seconds, s.stale),
+                (who, op, age, stale),
+                "{info} {now}"
+            );
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! Backups of the SQLite index into the blob store, and restoring from them.
+//!
+//! Blobs carry every state version, but not what only the index knows: orgs, users,
+//! tokens, clusters, leases, locks, tombstones and the audit log. A backup is a
+//! consistent online snapshot of the whole database (`VACUUM INTO` on its own
+//! connection: a read transaction in WAL mode, never a file copy of a live WAL
+//! database), sealed like a blob under a key derived from the DEK for the scope
+//! `backup/<id>` (the header naming that scope is the AEAD's associated data, so a
+//! snapshot renamed to another id, tampered with, or from another installation does
+//! not open), and put under `backups/<id>.sgdb`.
+//!
+//! A restore writes a NEW database file from a snapshot and then adds every version
+//! committed after it, found in the blobs with the index rebuild's own claim
+//! collection and verification (`rebuild::collect_claims` / `resolve_claims`), so
+//! nothing acknowledged after the snapshot is missing. Everything is checked before
+//! the file appears; the live index is never touched.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use rusqlite::Connection;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::format::{self, BlobHeader, FormatError};
+use super::rebuild::{self, Claim, ScopeKeys, Skipped};
+use super::{insert_version, BlobError, BlobStore, VersionRow};
+use crate::crypto::{RootKey, SealError};
+
+/// Where backups live in the store (never listed by the index rebuild or the sweep).
+pub const BACKUPS_PREFIX: &str = "backups/";
+const SUFFIX: &str = ".sgdb";
+/// The version every backup blob claims in its header (a backup is never rewritten).
+const BACKUP_VERSION: i64 = 1;
+const SQLITE_MAGIC: &[u8] = b"SQLite format 3\0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error("cannot snapshot the database: {0}")]
+    Snapshot(rusqlite::Error),
+    #[error("{0}")]
+    Io(String),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error("cannot seal the snapshot: {0}")]
+    Seal(#[from] SealError),
+    #[error("no backup in the store (under {BACKUPS_PREFIX})")]
+    NoBackups,
+    #[error("{0:?} is not a backup id (expected YYYYMMDDTHHMMSSZ-<32 hex>, see `stategate backup list`)")]
+    BadId(String),
+    #[error("backup {0} does not exist in the store")]
+    NotFound(String),
+    #[error("backup {id} cannot be opened (wrong DEK, tampered with, or from another installation); nothing was written: {reason}")]
+    Unreadable { id: String, reason: FormatError },
+    #[error(
+        "backup {id} opens but is not a usable stategate database; nothing was written: {reason}"
+    )]
+    NotADatabase { id: String, reason: String },
+    #[error("{0} already exists; restore only ever writes a new file")]
+    Exists(PathBuf),
+    #[error("cannot write the restored database: {0}")]
+    Write(rusqlite::Error),
+}
+
+/// One backup in the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackupInfo {
+    pub id: String,
+    pub key: String,
+    /// When the snapshot was taken (from its id).
+    pub taken_at: String,
+}
+
+impl BackupInfo {
+    fn from_id(id: String) -> Option<Self> {
+        let taken = taken_at(&id)?;
+        Some(BackupInfo {
+            key: format!("{BACKUPS_PREFIX}{id}{SUFFIX}"),
+            taken_at: taken
+                .format(&time::format_description::well_known::Rfc3339)
+                .ok()?,
+            id,
+        })
+    }
+
+    /// Seconds since the epoch at which the snapshot was taken.
+    pub fn unix_seconds(&self) -> i64 {
+        taken_at(&self.id).map_or(0, OffsetDateTime::unix_timestamp)
+    }
+}
+
+const ID_TIME: &[time::format_description::FormatItem<'static>] =
+    time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
+
+/// `20260301T101500Z-<uuid v7>`: sorts by time as text, unique per snapshot.
+pub fn new_id(now: OffsetDateTime) -> String {
+    let stamp = now.format(ID_TIME).expect("UTC time formats");
+    format!("{stamp}-{}", uuid::Uuid::now_v7().simple())
+}
+
+fn taken_at(id: &str) -> Option<OffsetDateTime> {
+    let (stamp, uuid) = id.split_once('-')?;
+    let hex_ok = uuid.len() == 32 && uuid.bytes().all(|b| b.is_ascii_hexdigit());
+    let at = time::PrimitiveDateTime::parse(stamp, ID_TIME).ok()?;
+    hex_ok.then(|| at.assume_utc())
+}
+
+/// Accepts an id or its full key (`backups/<id>.sgdb`), as `backup list` prints both.
+pub fn parse_id(text: &str) -> Result<String, BackupError> {
+    let id = text.strip_prefix(BACKUPS_PREFIX).unwrap_or(text);
+    let id = id.strip_suffix(SUFFIX).unwrap_or(id);
+    match taken_at(id) {
+        Some(_) => Ok(id.to_string()),
+        None => Err(BackupError::BadId(text.to_string())),
+    }
+}
+
+fn scope_of(id: &str) -> String {
+    format!("backup/{id}")
+}
+
+/// Seals a database snapshot as the backup `id`.
+pub fn seal(root: &RootKey, id: &str, snapshot: &[u8], now: &str) -> Result<Vec<u8>, SealError> {
+    let scope = scope_of(id);
+    let header = BlobHeader {
+        scope: scope.clone(),
+        version: BACKUP_VERSION,
+        serial: None,
+        lineage: None,
+        sha256: hex::encode(format::sha2_digest(snapshot)),
+        size: snapshot.len() as i64,
+        created_at: now.to_string(),
+        actor: "stategate backup".into(),
+        parent: None,
+    };
+    format::encode(&root.blob_key(&scope), &header, snapshot)
+}
+
+/// Opens the sealed backup `id`: the key, the header's scope and the content hash must all match.
+pub fn open(root: &RootKey, id: &str, sealed: &[u8]) -> Result<Vec<u8>, FormatError> {
+    let scope = scope_of(id);
+    let header = format::read_header(sealed)?;
+    format::decode(
+        &root.blob_key(&scope),
+        sealed,
+        &scope,
+        BACKUP_VERSION,
+        Some(&header.sha256),
+    )
+}
+
+/// Removes a scratch file however the function holding it ends.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn scratch_path(dir: &Path, what: &str) -> PathBuf {
+    dir.join(format!(".{what}-{}.tmp", uuid::Uuid::new_v4().simple()))
+}
+
+/// A consistent copy of the live database at `db_path`, taken online with
+/// `VACUUM INTO` on a connection of its own (writers keep going). Blocking.
+pub fn snapshot(db_path: &Path, scratch_dir: &Path) -> Result<Vec<u8>, BackupError> {
+    let scratch = Scratch(scratch_path(scratch_dir, "backup"));
+    let conn = Connection::open_with_flags(db_path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(BackupError::Snapshot)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(BackupError::Snapshot)?;
+    conn.execute(
+        "VACUUM INTO ?1",
+        [scratch
+            .0
+            .to_str()
+            .ok_or_else(|| BackupError::Io(format!("{} is not UTF-8", scratch.0.display())))?],
+    )
+    .map_err(BackupError::Snapshot)?;
+    drop(conn);
+    std::fs::read(&scratch.0).map_err(|e| BackupError::Io(format!("cannot read the snapshot: {e}")))
+}
+
+/// Takes a snapshot of `db_path` now and puts it, sealed, into the store.
+pub async fn take_backup(
+    db_path: &Path,
+    scratch_dir: &Path,
+    blobs: &dyn BlobStore,
+    root: &RootKey,
+) -> Result<BackupInfo, BackupError> {
+    let now = OffsetDateTime::now_utc();
+    let id = new_id(now);
+    let (db_path, scratch_dir) = (db_path.to_path_buf(), scratch_dir.to_path_buf());
+    let db = tokio::task::spawn_blocking(move || snapshot(&db_path, &scratch_dir))
+        .await
+        .map_err(|e| BackupError::Io(format!("snapshot task failed: {e}")))??;
+    let sealed = seal(root, &id, &db, &super::now_rfc3339())?;
+    let info = BackupInfo::from_id(id).expect("new ids parse");
+    blobs.put(&info.key, Bytes::from(sealed)).await?;
+    Ok(info)
+}
+
+/// Every backup in the store, oldest first. Keys that are not backups are ignored.
+pub async fn list_backups(blobs: &dyn BlobStore) -> Result<Vec<BackupInfo>, BlobError> {
+    let mut found: Vec<BackupInfo> = blobs
+        .list(BACKUPS_PREFIX)
+        .await?
+        .iter()
+        .filter_map(|key| {
+            let id = key.strip_prefix(BACKUPS_PREFIX)?.strip_suffix(SUFFIX)?;
+            BackupInfo::from_id(id.to_string())
+        })
+        .collect();
+    found.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(found)
+}
+
+/// Deletes all but the newest `keep` backups (at least one is always kept); returns
+/// the ones deleted. A failed delete is retried by the next call.
+pub async fn keep_newest(blobs: &dyn BlobStore, keep: usize) -> Result<Vec<BackupInfo>, BlobError> {
+    let all = list_backups(blobs).await?;
+    let surplus = all.len().saturating_sub(keep.max(1));
+    let mut deleted = Vec::new();
+    for old in all.into_iter().take(surplus) {
+        blobs.delete(&old.key).await?;
+        deleted.push(old);
+    }
+    Ok(deleted)
+}
+
+/// (scope, version).
+pub type ScopeVersion = (String, i64);
+
+/// What a restore did.
+#[derive(Debug, Default)]
+pub struct RestoreReport {
+    pub backup: Option<BackupInfo>,
+    /// Versions committed after the snapshot, added from the blobs.
+    pub added: Vec<VersionRow>,
+    /// Rows of the snapshot whose blob is gone (pruned after the snapshot): dropped.
+    pub dropped: Vec<ScopeVersion>,
+    /// Blobs that could not be verified (as in `index rebuild`).
+    pub skipped: Vec<Skipped>,
+    /// Valid blobs that lost a (scope, version) conflict.
+    pub superseded: Vec<Claim>,
+}
+
+/// Which backup to restore: a given id, or the newest.
+pub async fn pick(blobs: &dyn BlobStore, from: Option<&str>) -> Result<BackupInfo, BackupError> {
+    match from {
+        None | Some("latest") => list_backups(blobs)
+            .await?
+            .pop()
+            .ok_or(BackupError::NoBackups),
+        Some(text) => {
+            let id = parse_id(text)?;
+            Ok(BackupInfo::from_id(id).expect("parsed ids are valid"))
+        }
+    }
+}
+
+/// Restores `backup` into the new file `into` and adds every version committed after
+/// it. `progress(done, total)` is called as blobs are verified. Nothing is created
+/// unless every check passed.
+pub async fn restore(
+    blobs: &dyn BlobStore,
+    keys: &ScopeKeys,
+    backup: BackupInfo,
+    into: &Path,
+    schemas: &[&str],
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<RestoreReport, BackupError> {
+    if into.exists() {
+        return Err(BackupError::Exists(into.to_path_buf()));
+    }
+    let sealed = blobs
+        .get(&backup.key)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(backup.id.clone()))?;
+    let db =
+        open(&keys.workspaces, &backup.id, &sealed).map_err(|reason| BackupError::Unreadable {
+            id: backup.id.clone(),
+            reason,
+        })?;
+    if !db.starts_with(SQLITE_MAGIC) {
+        return Err(BackupError::NotADatabase {
+            id: backup.id.clone(),
+            reason: "not an SQLite file".into(),
+        });
+    }
+    let (claims, skipped) = rebuild::collect_claims_with_progress(blobs, keys, progress).await?;
+    let present: HashSet<String> = claims
+        .iter()
+        .map(|c| c.key.clone())
+        .chain(skipped.iter().map(|s| s.key.clone()))
+        .collect();
+    let resolved = rebuild::resolve_claims(claims);
+    let candidates: Vec<VersionRow> = resolved.winners.into_iter().map(rebuild::row_of).collect();
+    let dir = match into.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let scratch = Scratch(scratch_path(&dir, "restore"));
+    std::fs::write(&scratch.0, &db)
+        .map_err(|e| BackupError::Io(format!("cannot write {}: {e}", scratch.0.display())))?;
+    let (added, dropped) =
+        complete(&scratch.0, schemas, &candidates, &present).map_err(|e| match e {
+            Completion::Unusable(reason) => BackupError::NotADatabase {
+                id: backup.id.clone(),
+                reason,
+            },
+            Completion::Write(e) => BackupError::Write(e),
+        })?;
+    // A hard link never replaces an existing file: the new name appears complete or not at all.
+    std::fs::hard_link(&scratch.0, into).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            BackupError::Exists(into.to_path_buf())
+        } else {
+            BackupError::Io(format!("cannot create {}: {e}", into.display()))
+        }
+    })?;
+    Ok(RestoreReport {
+        backup: Some(backup),
+        added,
+        dropped,
+        skipped,
+        superseded: resolved.superseded,
+    })
+}
+
+enum Completion {
+    Unusable(String),
+    Write(rusqlite::Error),
+}
+
+/// Brings the snapshot at `path` up to date: checks it, applies `schemas` (an older
+/// snapshot gains newer tables and the audit triggers), makes it a self-contained
+/// rollback-journal file, drops rows whose blob is gone and adds the versions newer
+/// than the snapshot's newest of each scope. Returns (added, dropped).
+fn complete(
+    path: &Path,
+    schemas: &[&str],
+    candidates: &[VersionRow],
+    present: &HashSet<String>,
+) -> Result<(Vec<VersionRow>, Vec<ScopeVersion>), Completion> {
+    let unusable = |e: rusqlite::Error| Completion::Unusable(e.to_string());
+    let mut conn = Connection::open(path).map_err(unusable)?;
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .map_err(unusable)?;
+    if check != "ok" {
+        return Err(Completion::Unusable(format!("integrity check: {check}")));
+    }
+    let existing = snapshot_rows(&conn).map_err(unusable)?;
+    let write = Completion::Write;
+    conn.pragma_update(None, "journal_mode", "DELETE")
+        .map_err(write)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(write)?;
+    let tx = conn.transaction().map_err(write)?;
+    for schema in schemas {
+        tx.execute_batch(schema).map_err(write)?;
+    }
+    let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut dropped = Vec::new();
+    for (scope, version, blob_key) in &existing {
+        let v = newest.entry(scope.as_str()).or_insert(*version);
+        *v = (*v).max(*version);
+        if blob_key.as_ref().is_some_and(|k| !present.contains(k)) {
+            tx.execute(
+                "DELETE FROM versions WHERE scope = ?1 AND version = ?2",
+                rusqlite::params![scope, version],
+            )
+            .map_err(write)?;
+            dropped.push((scope.clone(), *version));
+        }
+    }
+    let mut added = Vec::new();
+    for row in candidates {
+        if newest
+            .get(row.scope.as_str())
+            .is_some_and(|&v| row.version <= v)
+        {
+            continue;
+        }
+        insert_version(&tx, row).map_err(write)?;
+        added.push(row.clone());
+    }
+    tx.commit().map_err(write)?;
+    conn.close().map_err(|(_, e)| write(e))?;
+    Ok((added, dropped))
+}
+
+/// (scope, version, blob_key) of every row of the snapshot.
+fn snapshot_rows(conn: &Connection) -> Result<Vec<(String, i64, Option<String>)>, rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT scope, version, blob_key FROM versions")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect();
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_garbage_is_refused() {
+        let now = time::macros::datetime!(2026-03-01 10:15:00 UTC);
+        let id = new_id(now);
+        assert!(id.starts_with("20260301T101500Z-"), "{id}");
+        let info = BackupInfo::from_id(id.clone()).unwrap();
+        assert_eq!(info.taken_at, "2026-03-01T10:15:00Z");
+        assert_eq!(info.unix_seconds(), now.unix_timestamp());
+        assert_eq!(parse_id(&id).unwrap(), id);
+        assert_eq!(parse_id(&info.key).unwrap(), id);
+        for bad in [
+            "",
+            "latest-ish",
+            "20260301T101500Z",
+            "20260301T101500Z-xyz",
+            "20261301T101500Z-0123456789abcdef0123456789abcdef",
+            "../20260301T101500Z-0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(parse_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sealed_snapshots_open_only_as_themselves_under_the_same_dek() {
+        let root = RootKey::from_bytes([7; 32]);
+        let id = new_id(OffsetDateTime::now_utc());
+        let other_id = new_id(OffsetDateTime::now_utc());
+        let body = b"SQLite format 3\0 pretend";
+        let sealed = seal(&root, &id, body, "2026-03-01T10:15:00Z").unwrap();
+        assert_eq!(open(&root, &id, &sealed).unwrap(), body);
+        // (case, key, id, blob)
+        let mut flipped = sealed.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        let wrong_dek = RootKey::from_bytes([8; 32]);
+        let cases: Vec<(&str, &RootKey, &str, &[u8])> = vec![
+            ("wrong DEK", &wrong_dek, &id, &sealed),
+            ("renamed to another id", &root, &other_id, &sealed),
+            ("one bit flipped", &root, &id, &flipped),
+            ("truncated", &root, &id, &sealed[..sealed.len() / 2]),
+            ("not a blob", &root, &id, b"SQLite format 3\0"),
+        ];
+        for (case, key, id, blob) in cases {
+            assert!(open(key, id, blob).is_err(), "{case}");
+        }
+    }
+}

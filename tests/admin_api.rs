@@ -1,0 +1,560 @@
+//! The admin HTTP API (`/api/v1/admin/`) in process on port 0: operator auth on every
+//! route (one 401 body for missing, wrong and revoked tokens), the check order (auth,
+//! then input, then state), each operation and the audit rows it writes.
+
+mod common;
+
+use common::{lock_info, state, status, TestServer};
+use serde_json::{json, Value};
+use stategate::cluster::identity::{self, Role};
+use stategate::operator::identity as operators;
+
+struct Env {
+    server: TestServer,
+    token: String,
+    http: reqwest::Client,
+}
+
+const OPS: &str = "ops@example.com";
+
+impl Env {
+    async fn start() -> Env {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(adjust: impl FnOnce(&mut stategate::config::Config)) -> Env {
+        let server = TestServer::start_with(|c| {
+            c.cluster.state_enc_key = Some(common::DEK.into());
+            adjust(c);
+        })
+        .await;
+        let token = server
+            .app
+            .operator
+            .admin_write(|c| operators::create_operator(c, OPS, "test"))
+            .await
+            .unwrap();
+        Env {
+            server,
+            token,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1/admin/{path}", self.server.base)
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
+        self.call_as(Some(&self.token), method, path, body).await
+    }
+
+    async fn call_as(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, String) {
+        let mut req = self.http.request(method.parse().unwrap(), self.url(path));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.body(b.to_string());
+        }
+        status(req).await
+    }
+
+    async fn json(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (code, text) = self.call(method, path, body).await;
+        assert_eq!(code, 200, "{method} {path}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}"))
+    }
+
+    async fn write(&self, ws: &str, serial: u64, resources: &str) {
+        let (code, text) = status(
+            self.server
+                .tf("POST", ws)
+                .body(state(serial, "lin-1", resources)),
+        )
+        .await;
+        assert_eq!(code, 200, "{text}");
+    }
+
+    /// Audit rows of a scope as (event, actor).
+    fn audit(&self, scope: &str) -> Vec<(String, String)> {
+        let conn = self.server.db();
+        let mut stmt = conn
+            .prepare("SELECT event, actor FROM audit WHERE scope = ?1 ORDER BY id")
+            .unwrap();
+        stmt.query_map([scope], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+}
+
+fn resource(name: &str, attrs: &str) -> String {
+    format!(
+        r#"{{"mode":"managed","type":"null_resource","name":"{name}","provider":"p","instances":[{{"attributes":{attrs}}}]}}"#
+    )
+}
+
+const ACTOR: &str = "operator:ops@example.com";
+
+#[tokio::test]
+async fn every_route_wants_an_operator_token_and_says_so_identically() {
+    let env = Env::start().await;
+    env.write("prod", 1, "").await;
+    let second = env
+        .server
+        .app
+        .operator
+        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
+        .await
+        .unwrap();
+    let revoked = env
+        .server
+        .app
+        .operator
+        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
+        .await
+        .unwrap();
+    let id = identity::token_id(&identity::token_hash(revoked.as_bytes()));
+    env.server
+        .app
+        .operator
+        .admin_write(move |c| operators::revoke_operator_token(c, &id, "test"))
+        .await
+        .unwrap();
+    // A cluster-API admin token and the workspace bearer are not operator tokens.
+    let principal = env
+        .server
+        .app
+        .operator
+        .admin_write(|c| {
+            identity::create_org(c, "acme")?;
+            identity::create_principal(c, "acme", "a@acme", Role::Admin)
+        })
+        .await
+        .unwrap();
+    let bearer = env.server.bearer("prod");
+    let routes: &[(&str, &str)] = &[
+        ("GET", "whoami"),
+        ("GET", "workspaces"),
+        ("GET", "workspaces/prod"),
+        ("GET", "workspaces/prod/versions"),
+        ("GET", "workspaces/prod/versions/1"),
+        ("GET", "workspaces/prod/diff?from=1&to=1"),
+        ("POST", "workspaces/prod/rollback"),
+        ("POST", "workspaces/prod/unlock"),
+        ("POST", "workspaces/prod/restore"),
+        ("GET", "audit"),
+        ("GET", "clusters"),
+        // Bad input is judged only after the token: still 401.
+        ("GET", "workspaces/..%2Fx/versions/zz"),
+    ];
+    let bad: [Option<&str>; 5] = [
+        None,
+        Some("sgo_wrong"),
+        Some(&revoked),
+        Some(&principal),
+        Some(&bearer),
+    ];
+    let mut bodies = std::collections::BTreeSet::new();
+    for (method, path) in routes {
+        for token in bad {
+            let (code, body) = env
+                .call_as(token, method, path, Some(json!({"to": 1})))
+                .await;
+            assert_eq!(code, 401, "{method} {path} with {token:?}");
+            bodies.insert(body);
+        }
+        let (code, _) = env.call_as(Some(&second), method, path, None).await;
+        assert_ne!(code, 401, "{method} {path} with a good token");
+    }
+    assert_eq!(bodies.len(), 1, "{bodies:?}");
+    assert!(bodies.first().unwrap().contains("operator token"));
+    let me = env.json("GET", "whoami", None).await;
+    assert_eq!(me["email"], OPS);
+}
+
+#[tokio::test]
+async fn check_order_is_auth_then_input_then_state() {
+    let env = Env::start().await;
+    env.write("prod", 1, "").await;
+    // (method, path, body, status with a good token)
+    let table: &[(&str, &str, Option<Value>, u16)] = &[
+        ("GET", "workspaces/bad%20name", None, 400),
+        ("GET", "workspaces/nope", None, 404),
+        ("GET", "workspaces/prod/versions/zero", None, 400),
+        ("GET", "workspaces/prod/versions/0", None, 400),
+        ("GET", "workspaces/prod/versions/9", None, 404),
+        ("GET", "workspaces/nope/versions/1", None, 404),
+        ("GET", "workspaces/nope/versions", None, 404),
+        ("GET", "workspaces/prod/versions?limit=-1", None, 400),
+        ("GET", "workspaces/prod/versions/1?masked=maybe", None, 400),
+        ("GET", "workspaces/prod/diff?from=1", None, 400),
+        ("GET", "workspaces/prod/diff?from=1&to=9", None, 404),
+        ("POST", "workspaces/prod/rollback", None, 400),
+        (
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": "one"})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 1, "x": 1})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 9})),
+            404,
+        ),
+        (
+            "POST",
+            "workspaces/prod/unlock",
+            Some(json!({"lock_id": "a b"})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/prod/restore",
+            Some(json!({"x": 1})),
+            400,
+        ),
+        ("POST", "workspaces/prod/restore", None, 409),
+        ("POST", "workspaces/nope/restore", None, 404),
+        ("GET", "audit?limit=0", None, 400),
+        ("GET", "audit?limit=5000", None, 400),
+        ("DELETE", "workspaces/prod", None, 405),
+        ("GET", "nope", None, 404),
+    ];
+    for (method, path, body, expected) in table {
+        let (code, text) = env.call(method, path, body.clone()).await;
+        assert_eq!(code, *expected, "{method} {path} {body:?}: {text}");
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        assert!(parsed["error"].is_string(), "{text}");
+    }
+    // None of that changed or audited anything.
+    assert_eq!(
+        env.audit("tf/prod"),
+        [("tf.state_written".to_string(), "tf:prod".to_string())]
+    );
+    assert_eq!(env.server.count("SELECT count(*) FROM versions"), 1);
+}
+
+#[tokio::test]
+async fn list_show_history_diff_and_rollback() {
+    let env = Env::start().await;
+    env.write("prod", 1, &resource("a", r#"{"id":"1","x":1}"#))
+        .await;
+    let two = [
+        resource("a", r#"{"id":"1","x":2,"password":"hunter2"}"#),
+        resource("b", r#"{"id":"2"}"#),
+    ]
+    .join(",");
+    env.write("prod", 2, &two).await;
+    env.write("dev", 1, "").await;
+
+    let list = env.json("GET", "workspaces", None).await;
+    let names: Vec<&str> = list["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["dev", "prod"]);
+    let prod = env.json("GET", "workspaces/prod", None).await;
+    assert_eq!(
+        (
+            prod["version"].as_i64(),
+            prod["serial"].as_i64(),
+            prod["deleted"].as_bool()
+        ),
+        (Some(2), Some(2), Some(false))
+    );
+
+    let versions = env.json("GET", "workspaces/prod/versions", None).await;
+    let v: Vec<i64> = versions["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(v, [2, 1]);
+    let limited = env
+        .json("GET", "workspaces/prod/versions?limit=1", None)
+        .await;
+    assert_eq!(limited["versions"].as_array().unwrap().len(), 1);
+
+    let (code, text) = env.call("GET", "workspaces/prod/versions/1", None).await;
+    assert_eq!(
+        (code, text),
+        (
+            200,
+            state(1, "lin-1", &resource("a", r#"{"id":"1","x":1}"#))
+        )
+    );
+    let latest = env
+        .json("GET", "workspaces/prod/versions/latest", None)
+        .await;
+    assert_eq!(latest["serial"], 2);
+    assert!(
+        latest.to_string().contains("hunter2"),
+        "unmasked by default for operators"
+    );
+    let masked = env
+        .json("GET", "workspaces/prod/versions/latest?masked=1", None)
+        .await;
+    assert!(!masked.to_string().contains("hunter2"));
+
+    let d = env
+        .json("GET", "workspaces/prod/diff?from=1&to=2", None)
+        .await;
+    assert_eq!(d["resources"][0]["address"], "null_resource.a");
+    assert_eq!(d["resources"][0]["change"], "changed");
+    let attrs: Vec<&str> = d["resources"][0]["attributes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(attrs, ["password", "x"]);
+    assert_eq!(
+        d["resources"][1],
+        json!({"address": "null_resource.b", "change": "added"})
+    );
+    assert!(!d.to_string().contains("hunter2"), "{d}");
+
+    let done = env
+        .json("POST", "workspaces/prod/rollback", Some(json!({"to": 1})))
+        .await;
+    assert_eq!(
+        (
+            done["written"].as_bool(),
+            done["current"]["version"].as_i64()
+        ),
+        (Some(true), Some(3))
+    );
+    assert_eq!(done["current"]["actor"], ACTOR);
+    let again = env
+        .json("POST", "workspaces/prod/rollback", Some(json!({"to": 1})))
+        .await;
+    assert_eq!(again["written"], false);
+    assert_eq!(
+        env.audit("tf/prod").last().unwrap(),
+        &("tf.rollback".to_string(), ACTOR.to_string())
+    );
+    let (code, text) = status(env.server.tf("GET", "prod")).await;
+    assert_eq!(
+        (code, text),
+        (
+            200,
+            state(1, "lin-1", &resource("a", r#"{"id":"1","x":1}"#))
+        )
+    );
+
+    // The audit listing, filtered.
+    let audit = env
+        .json("GET", "audit?scope=tf%2Fprod&event=tf.rollback", None)
+        .await;
+    let rows = audit["audit"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["actor"], ACTOR);
+}
+
+#[tokio::test]
+async fn unlock_is_audited_with_the_operator_and_refused_for_a_changed_lock() {
+    let env = Env::start_with(|c| c.locks.stale_after_seconds = 60).await;
+    env.write("prod", 1, "").await;
+    // Unlocked: says so, changes nothing, audits nothing.
+    let none = env.json("POST", "workspaces/prod/unlock", None).await;
+    assert_eq!(none, json!({"unlocked": false, "holder": null}));
+    let (code, _) = status(env.server.tf("LOCK", "prod").body(lock_info("L1"))).await;
+    assert_eq!(code, 200);
+    // Held for two hours: stale in the listing and in /metrics.
+    env.server
+        .db()
+        .execute(
+            "UPDATE tf_locks SET created_at = strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-2 hours')",
+            [],
+        )
+        .unwrap();
+    let list = env.json("GET", "workspaces", None).await;
+    let lock = &list["workspaces"][0]["lock"];
+    assert_eq!(
+        (lock["who"].as_str(), lock["stale"].as_bool()),
+        (Some("tester@host"), Some(true))
+    );
+    assert!(lock["age_seconds"].as_i64().unwrap() >= 7200);
+    let (_, metrics) =
+        status(reqwest::Client::new().get(format!("{}/metrics", env.server.base))).await;
+    assert!(
+        metrics.contains(r#"stategate_lock_held_seconds{workspace="prod"} 72"#),
+        "{metrics}"
+    );
+
+    let (code, text) = env
+        .call(
+            "POST",
+            "workspaces/prod/unlock",
+            Some(json!({"lock_id": "other"})),
+        )
+        .await;
+    assert_eq!(code, 409, "{text}");
+    let freed = env
+        .json(
+            "POST",
+            "workspaces/prod/unlock",
+            Some(json!({"lock_id": "L1"})),
+        )
+        .await;
+    assert_eq!(
+        (freed["unlocked"].as_bool(), freed["holder"]["id"].as_str()),
+        (Some(true), Some("L1"))
+    );
+    let events = env.audit("tf/prod");
+    assert_eq!(
+        events.last().unwrap(),
+        &("tf.lock_forced".to_string(), ACTOR.to_string())
+    );
+    assert_eq!(events.iter().filter(|e| e.0 == "tf.lock_forced").count(), 1);
+    let (_, metrics) =
+        status(reqwest::Client::new().get(format!("{}/metrics", env.server.base))).await;
+    assert!(!metrics.contains(r#"workspace="prod""#), "freed: {metrics}");
+    // The holder's next write is refused (its lock is gone), a fresh run works.
+    let (code, _) = status(
+        env.server
+            .tf("POST", "prod")
+            .query(&[("ID", "L1")])
+            .body(state(2, "lin-1", "")),
+    )
+    .await;
+    assert_eq!(code, 409);
+    env.write("prod", 2, "").await;
+}
+
+#[tokio::test]
+async fn restore_undoes_a_delete_and_refuses_while_locked() {
+    let env = Env::start().await;
+    env.write("prod", 1, "").await;
+    env.write("prod", 2, &resource("a", r#"{"id":"1"}"#)).await;
+    let (code, _) = status(env.server.tf("DELETE", "prod")).await;
+    assert_eq!(code, 200);
+    let (code, _) = status(env.server.tf("GET", "prod")).await;
+    assert_eq!(code, 404);
+    // A tombstone cannot be shown or diffed.
+    let (code, text) = env
+        .call("GET", "workspaces/prod/versions/latest", None)
+        .await;
+    assert_eq!(code, 409, "{text}");
+    let (code, _) = env
+        .call("GET", "workspaces/prod/diff?from=2&to=3", None)
+        .await;
+    assert_eq!(code, 409);
+    let listed = env.json("GET", "workspaces/prod", None).await;
+    assert_eq!(listed["deleted"], true);
+
+    let (code, _) = status(env.server.tf("LOCK", "prod").body(lock_info("L1"))).await;
+    assert_eq!(code, 200);
+    let (code, text) = env.call("POST", "workspaces/prod/restore", None).await;
+    assert_eq!(code, 423, "{text}");
+    let (code, _) = status(env.server.tf("UNLOCK", "prod").body(lock_info("L1"))).await;
+    assert_eq!(code, 200);
+
+    let done = env
+        .json("POST", "workspaces/prod/restore", Some(json!({})))
+        .await;
+    assert_eq!(
+        (
+            done["to_version"].as_i64(),
+            done["current"]["version"].as_i64()
+        ),
+        (Some(2), Some(4))
+    );
+    let (code, text) = status(env.server.tf("GET", "prod")).await;
+    assert_eq!(
+        (code, text),
+        (200, state(2, "lin-1", &resource("a", r#"{"id":"1"}"#)))
+    );
+    assert_eq!(
+        env.audit("tf/prod").last().unwrap(),
+        &("tf.restored".to_string(), ACTOR.to_string())
+    );
+    let (code, _) = env.call("POST", "workspaces/prod/restore", None).await;
+    assert_eq!(code, 409, "not deleted any more");
+}
+
+#[tokio::test]
+async fn an_unreadable_version_is_an_error_never_empty() {
+    let env = Env::start().await;
+    env.write("prod", 1, "").await;
+    for blob in env.server.blob_files() {
+        std::fs::write(&blob, b"garbage").unwrap();
+    }
+    for path in [
+        "workspaces/prod/versions/1",
+        "workspaces/prod/versions/latest",
+        "workspaces/prod/diff?from=1&to=1",
+    ] {
+        let (code, text) = env.call("GET", path, None).await;
+        assert_eq!(code, 500, "{path}: {text}");
+        assert!(text.contains("cannot be read"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn clusters_with_their_lease() {
+    let env = Env::start().await;
+    let (admin, cluster) = env
+        .server
+        .app
+        .operator
+        .admin_write(|c| {
+            identity::create_org(c, "acme")?;
+            let t = identity::create_principal(c, "acme", "a@acme", Role::Admin)?;
+            Ok((
+                t,
+                identity::create_cluster(c, "acme", Some("prod"), None)?.id,
+            ))
+        })
+        .await
+        .unwrap();
+    let listed = env.json("GET", "clusters", None).await;
+    assert_eq!(listed["clusters"][0]["lease"], Value::Null);
+    let (code, _) = status(
+        reqwest::Client::new()
+            .post(format!("{}/v1/clusters/{cluster}/lock", env.server.base))
+            .bearer_auth(&admin)
+            .body(r#"{"operation":"provision","host":"box"}"#),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let listed = env.json("GET", "clusters", None).await;
+    let c = &listed["clusters"][0];
+    assert_eq!(
+        (c["id"].as_str(), c["org"].as_str(), c["name"].as_str()),
+        (Some(cluster.as_str()), Some("acme"), Some("prod"))
+    );
+    assert_eq!(
+        (
+            c["lease"]["holder_email"].as_str(),
+            c["lease"]["stale"].as_bool()
+        ),
+        (Some("a@acme"), Some(false))
+    );
+    let (_, metrics) =
+        status(reqwest::Client::new().get(format!("{}/metrics", env.server.base))).await;
+    assert!(
+        metrics.contains(&format!(
+            "stategate_lease_held_seconds{{cluster=\"{cluster}\"}}"
+        )),
+        "{metrics}"
+    );
+}

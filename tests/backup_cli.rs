@@ -1,0 +1,174 @@
+//! The operator commands as scripts see them, run as the real binary: `backup`,
+//! `backup list`, `restore`, `admin audit list --since/--until`, `workspace env` with
+//! the recorded address. Results on stdout, no server log lines, errors one line on
+//! stderr with exit code 1, and a refused restore writes nothing.
+
+use std::path::Path;
+use std::process::Command;
+
+const DEK: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+const OTHER_DEK: &str = "HxwdHhkaGxwdHh8ICQoLDA0ODxAREhMUFRYXGBkaGxw=";
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn stategate(data: &Path, dek: &str, args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_stategate"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("STATEGATE_DATA_DIR", data)
+        .env("STATEGATE_DEK", dek)
+        .output()
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// Succeeded without a single log line (INFO or otherwise) on stderr.
+fn ok(run: &Run, what: &str) {
+    assert_eq!(run.code, 0, "{what}: {}", run.stderr);
+    for level in [" INFO ", " WARN ", " DEBUG "] {
+        assert!(!run.stderr.contains(level), "{what}: {}", run.stderr);
+    }
+}
+
+/// Failed with exit 1 and one line on stderr containing `needle`.
+fn one_line_error(run: &Run, needle: &str, what: &str) {
+    assert_eq!(run.code, 1, "{what}: {}", run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: {:?}", run.stderr);
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{what}: {}",
+        lines[0]
+    );
+}
+
+#[test]
+fn backup_list_restore_and_their_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let run = stategate(&data, DEK, &["admin", "org", "create", "acme"]);
+    ok(&run, "org create");
+
+    let run = stategate(&data, DEK, &["backup"]);
+    ok(&run, "backup");
+    let taken: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let id = taken["id"].as_str().unwrap().to_string();
+    assert!(taken["key"].as_str().unwrap().starts_with("backups/"));
+
+    let run = stategate(&data, DEK, &["backup", "list"]);
+    ok(&run, "backup list");
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    assert!(run.stdout.contains(&id));
+
+    // Refused: wrong DEK, unknown id, bad id, the live index, an existing file.
+    let into = dir.path().join("restored.db");
+    let into_arg = into.to_str().unwrap();
+    let live = data.join("stategate.db");
+    let missing_id = format!("{}-{}", id.split('-').next().unwrap(), "0".repeat(32));
+    let refused: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "wrong DEK",
+            vec!["restore", "--into", into_arg],
+            "cannot be opened",
+        ),
+        (
+            "unknown id",
+            vec!["restore", "--from", &missing_id, "--into", into_arg],
+            "does not exist",
+        ),
+        (
+            "bad id",
+            vec!["restore", "--from", "yesterday", "--into", into_arg],
+            "not a backup id",
+        ),
+        (
+            "live index",
+            vec!["restore", "--into", live.to_str().unwrap()],
+            "live index",
+        ),
+    ];
+    for (what, args, needle) in refused {
+        let dek = if what == "wrong DEK" { OTHER_DEK } else { DEK };
+        one_line_error(&stategate(&data, dek, &args), needle, what);
+        assert!(!into.exists(), "{what}");
+    }
+
+    let run = stategate(&data, DEK, &["restore", "--from", &id, "--into", into_arg]);
+    ok(&run, "restore");
+    assert!(
+        run.stdout.contains("To use it: stop stategate"),
+        "{}",
+        run.stdout
+    );
+    let conn = rusqlite::Connection::open(&into).unwrap();
+    let orgs: i64 = conn
+        .query_row("SELECT count(*) FROM orgs WHERE name = 'acme'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(orgs, 1);
+    let run = stategate(&data, DEK, &["restore", "--into", into_arg]);
+    one_line_error(&run, "already exists", "existing file");
+
+    // The audit log by time: the org creation is inside [2000, now], not after now.
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "audit", "list", "--since", "2000-01-01"],
+    );
+    ok(&run, "audit since");
+    assert!(run.stdout.contains("admin.org_created"), "{}", run.stdout);
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "audit", "list", "--since", "2999-01-01"],
+    );
+    ok(&run, "audit since the future");
+    assert_eq!(run.stdout, "");
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "audit", "list", "--until", "2000-01-01T00:00:00Z"],
+    );
+    ok(&run, "audit until");
+    assert_eq!(run.stdout, "");
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "audit", "list", "--since", "last week"],
+    );
+    assert_eq!(run.code, 2, "clap usage error: {}", run.stderr);
+}
+
+#[test]
+fn workspace_env_prints_the_address_the_server_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let run = stategate(&data, DEK, &["workspace", "env", "prod"]);
+    ok(&run, "env without a record");
+    assert!(
+        run.stdout
+            .contains("'http://127.0.0.1:8080/api/v1/tf/state/prod'"),
+        "{}",
+        run.stdout
+    );
+    std::fs::write(data.join("address"), "https://state.example:8443\n").unwrap();
+    let run = stategate(&data, DEK, &["workspace", "env", "prod"]);
+    ok(&run, "env with a record");
+    assert!(
+        run.stdout
+            .contains("'https://state.example:8443/api/v1/tf/state/prod'"),
+        "{}",
+        run.stdout
+    );
+}

@@ -3,6 +3,7 @@
 //! (tofu, cluster, pass-through refusals) leaves through [`write_reply`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
@@ -193,6 +194,7 @@ impl BodyBudget {
 /// How long a client may take to send a body: `timeout` plus one second per
 /// `min_bytes_per_second` received, and at most `timeout` between two reads. A
 /// client slower than that is cut off with 408 and costs nobody else anything.
+/// Only time spent waiting for the client's bytes counts (see [`ClientWait`]).
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits {
     pub timeout: std::time::Duration,
@@ -200,12 +202,48 @@ pub struct BodyLimits {
 }
 
 impl BodyLimits {
-    /// The latest time the next body chunk may arrive, given `received` bytes so far.
-    fn next_deadline(&self, started: tokio::time::Instant, received: u64) -> tokio::time::Instant {
+    /// The total time a client may have kept us waiting once it sent `received` bytes.
+    fn allowance(&self, received: u64) -> Duration {
         let rate = self.min_bytes_per_second.max(1);
-        started
-            + self.timeout
-            + std::time::Duration::from_millis(received.saturating_mul(1000) / rate)
+        self.timeout + Duration::from_millis(received.saturating_mul(1000) / rate)
+    }
+}
+
+/// The time a body's reads have spent waiting for the client. Time the server spends
+/// not reading (sealing, writing to the store, a full channel under backpressure) is
+/// not the client's: its bytes wait in the socket meanwhile, so a wall-clock deadline
+/// would cut off a fast client behind a busy server.
+#[derive(Debug, Default, Clone, Copy)]
+struct ClientWait {
+    waited: Duration,
+}
+
+impl ClientWait {
+    /// How much longer the next read may wait, or `None` if the client is out of time.
+    fn remaining(&self, limits: &BodyLimits, received: u64) -> Option<Duration> {
+        limits
+            .allowance(received)
+            .checked_sub(self.waited)
+            .filter(|left| !left.is_zero())
+    }
+
+    fn record(&mut self, waited: Duration) {
+        self.waited += waited;
+    }
+
+    /// Awaits one read of the client's bytes within what is left of its allowance
+    /// (`None`: out of time), counting the wait.
+    async fn read<T>(
+        &mut self,
+        limits: &BodyLimits,
+        received: u64,
+        read: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let left = self.remaining(limits, received)?;
+        let asked = tokio::time::Instant::now();
+        let result = tokio::time::timeout(left, read).await.ok();
+        self.record(asked.elapsed());
+        result
     }
 }
 
@@ -220,11 +258,11 @@ pub async fn read_body(
     limits: BodyLimits,
 ) -> Result<(Bytes, Reservation), ApiError> {
     let declared = begin_body(session, limit, limits).await?;
-    let started = tokio::time::Instant::now();
+    let mut wait = ClientWait::default();
     let mut reservation = Reservation::default();
     // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
     let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
-    while let Some(chunk) = next_piece(session, limits, started, body.len() as u64).await? {
+    while let Some(chunk) = next_piece(session, limits, &mut wait, body.len() as u64).await? {
         let total = body.len() as u64 + chunk.len() as u64;
         if total > limit {
             return Err(ApiError::PayloadTooLarge { limit });
@@ -256,8 +294,8 @@ pub async fn stream_body(
     let result = async {
         let mut held = Reservation::default();
         begin_body(session, limit, limits).await?;
-        let started = tokio::time::Instant::now();
-        while let Some(chunk) = next_piece(session, limits, started, read).await? {
+        let mut wait = ClientWait::default();
+        while let Some(chunk) = next_piece(session, limits, &mut wait, read).await? {
             read += chunk.len() as u64;
             if read > limit {
                 return Err(ApiError::PayloadTooLarge { limit });
@@ -313,17 +351,19 @@ async fn begin_body(
 async fn next_piece(
     session: &mut Session,
     limits: BodyLimits,
-    started: tokio::time::Instant,
+    wait: &mut ClientWait,
     received: u64,
 ) -> Result<Option<Bytes>, ApiError> {
-    let deadline = limits.next_deadline(started, received);
-    match tokio::time::timeout_at(deadline, session.read_request_body()).await {
-        Err(_) => Err(ApiError::SlowClient),
-        Ok(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(ApiError::SlowClient),
-        Ok(Err(_)) => Err(ApiError::BadRequest(
+    match wait
+        .read(&limits, received, session.read_request_body())
+        .await
+    {
+        None => Err(ApiError::SlowClient),
+        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(ApiError::SlowClient),
+        Some(Err(_)) => Err(ApiError::BadRequest(
             "request body could not be read (connection closed?)".into(),
         )),
-        Ok(Ok(chunk)) => Ok(chunk),
+        Some(Ok(chunk)) => Ok(chunk),
     }
 }
 
@@ -382,4 +422,60 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: BodyLimits = BodyLimits {
+        timeout: Duration::from_secs(2),
+        min_bytes_per_second: 1000,
+    };
+
+    #[test]
+    fn only_time_waiting_for_the_client_counts_against_its_allowance() {
+        // (waits for the client in ms, bytes received, time left for the next read in ms)
+        let cases: &[(&[u64], u64, Option<u64>)] = &[
+            (&[], 0, Some(2000)),
+            (&[1500], 0, Some(500)),
+            (&[2000], 0, None),
+            // Every 1000 bytes received buy one more second.
+            (&[1500, 1000], 1000, Some(500)),
+            (&[1500, 1000], 500, None),
+            (&[10, 10, 10], 3000, Some(4970)),
+        ];
+        for &(waits, received, left) in cases {
+            let mut wait = ClientWait::default();
+            for &ms in waits {
+                wait.record(Duration::from_millis(ms));
+            }
+            assert_eq!(
+                wait.remaining(&LIMITS, received),
+                left.map(Duration::from_millis),
+                "{waits:?} {received}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_busy_between_reads_does_not_use_up_the_clients_time() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut wait = ClientWait::default();
+        let mut received = 0;
+        for _ in 0..10 {
+            // The client's piece is there at once...
+            tx.send(vec![0u8; 100]).unwrap();
+            let piece = wait.read(&LIMITS, received, rx.recv()).await;
+            received += piece.flatten().expect("in time").len() as u64;
+            // ...then the server spends far longer than the whole allowance sealing
+            // and writing it.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        // A client that then goes silent is cut off once its own allowance is used up.
+        let started = tokio::time::Instant::now();
+        assert!(wait.read(&LIMITS, received, rx.recv()).await.is_none());
+        assert_eq!(started.elapsed(), LIMITS.allowance(received));
+        assert_eq!(wait.remaining(&LIMITS, received), None);
+    }
 }

@@ -765,6 +765,127 @@ async fn a_corrupt_chunk_mid_blob_aborts_the_get_instead_of_a_short_200() {
     assert_eq!(got.status(), 500);
 }
 
+/// A blob store that takes `delay` for every piece written: a server slow to take a
+/// body (busy disk, many uploads on few cores), so its reads fall behind the client.
+/// (The store is the only place the test can slow the server down.)
+struct SlowStore {
+    inner: std::sync::Arc<dyn stategate::store::BlobStore>,
+    delay: std::time::Duration,
+}
+
+struct SlowSink {
+    inner: Box<dyn stategate::store::blob::BlobSink>,
+    delay: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl stategate::store::blob::BlobSink for SlowSink {
+    async fn write(&mut self, data: bytes::Bytes) -> Result<(), stategate::store::BlobError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.write(data).await
+    }
+    async fn finish(self: Box<Self>) -> Result<(), stategate::store::BlobError> {
+        self.inner.finish().await
+    }
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await
+    }
+}
+
+#[async_trait::async_trait]
+impl stategate::store::BlobStore for SlowStore {
+    async fn put(&self, key: &str, data: bytes::Bytes) -> Result<(), stategate::store::BlobError> {
+        self.inner.put(key, data).await
+    }
+    async fn create(
+        &self,
+        key: &str,
+    ) -> Result<Box<dyn stategate::store::blob::BlobSink>, stategate::store::BlobError> {
+        Ok(Box::new(SlowSink {
+            inner: self.inner.create(key).await?,
+            delay: self.delay,
+        }))
+    }
+    async fn get(&self, key: &str) -> Result<Option<bytes::Bytes>, stategate::store::BlobError> {
+        self.inner.get(key).await
+    }
+    async fn read(
+        &self,
+        key: &str,
+    ) -> Result<Option<stategate::store::blob::BlobReader>, stategate::store::BlobError> {
+        self.inner.read(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), stategate::store::BlobError> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, stategate::store::BlobError> {
+        self.inner.list(prefix).await
+    }
+    fn describe(&self) -> String {
+        "slow local store".into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_is_not_charged_for_the_time_the_server_is_busy_with_its_body() {
+    use stategate::store::StateStore;
+    use stategate::tofu::TofuBackend;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Allowance for 1 MiB: 2 s + 1 MiB at 4 MiB/s = 2.25 s of waiting for the client.
+    // The store takes 150 ms per sealed piece written: about 2.7 s for the whole body.
+    let s = TestServer::start_with_app(
+        |c| {
+            c.body_read_timeout_seconds = 2;
+            c.body_min_bytes_per_second = 4 << 20;
+        },
+        |app| {
+            let store = app.tofu.store();
+            let slow = SlowStore {
+                inner: store.blobs().clone(),
+                delay: std::time::Duration::from_millis(150),
+            };
+            let root = stategate::crypto::RootKey::from_base64(common::DEK).unwrap();
+            app.tofu = TofuBackend::new(
+                StateStore::new(store.db.clone(), std::sync::Arc::new(slow)),
+                root,
+            );
+        },
+    )
+    .await;
+    let body = big_state(1, "slow", 1 << 20);
+    let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("slow"),
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let (most, last) = body.as_bytes().split_at(body.len() - 100);
+    conn.write_all(most).await.unwrap();
+    // The last bytes come 3.5 s after the start: past the wall-clock allowance, but
+    // the server was busy for most of it, so the client kept it waiting well under 2 s.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    conn.write_all(last).await.unwrap();
+    let mut response = Vec::new();
+    conn.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(started.elapsed() > std::time::Duration::from_millis(2250));
+    assert_eq!(
+        s.tf("GET", "slow")
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap(),
+        body.as_bytes()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reading_slower_than_the_minimum_rate_is_disconnected() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -446,8 +446,17 @@ async fn client_disconnect_mid_upload_stores_nothing() {
     sock.write_all(&body.as_bytes()[..body.len() / 2])
         .await
         .unwrap();
-    drop(sock);
-    // The server notices the short body; then a normal request proves it is still serving.
+    // The client goes away (FIN), and waits until the server is done with it: the body
+    // is streamed into the store as it arrives, so "done" includes discarding it.
+    sock.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut sock, &mut rest),
+    )
+    .await;
+    assert!(closed.is_ok(), "the server kept the connection open");
+    // The server noticed the short body; a normal request proves it is still serving.
     let (code, _) = status(s.tf("GET", "w")).await;
     assert_eq!(code, 404);
     assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
@@ -594,27 +603,33 @@ async fn request_bodies_share_a_bounded_memory_budget() {
     );
     // Once A's bytes are actually held, B is told to retry (429) rather than pile up
     // in memory. (A's bytes are counted as the server reads them: wait until it has.)
+    // B's reservation is released just after its answer is sent; A's bytes arriving
+    // before that would not fit and A would rightly be the one told to retry.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.app.body_budget.available_bytes() < 8 * 1024 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "B's budget never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let (most, last) = body.as_bytes().split_at(body.len() - 16);
     a.write_all(most).await.unwrap();
-    let mut refused = false;
-    for _ in 0..500 {
-        let (code, text) = status(lock("B")).await;
-        match code {
-            429 => {
-                refused = true;
-                break;
-            }
-            200 => {
-                let unlock = s.tf("UNLOCK", "other").body(lock_info("B"));
-                assert_eq!(status(unlock).await.0, 200);
-            }
-            other => panic!("{other} {text}"),
-        }
-        tokio::task::yield_now().await;
+    // Probing with B meanwhile would race A for the budget (and A, not fitting, would
+    // rightly be the one told to retry), so wait until A's bytes fill it.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.app.body_budget.available_bytes() > 0 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "A's bytes never filled the budget ({} bytes free)",
+            s.app.body_budget.available_bytes()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert!(
-        refused,
-        "B was never refused while A's body filled the budget"
+    let (code, text) = status(lock("B")).await;
+    assert_eq!(
+        code, 429,
+        "B was not refused while A's body filled the budget: {text}"
     );
     assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
     // A finishes; the budget is free again.

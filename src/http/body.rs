@@ -164,6 +164,11 @@ impl BodyBudget {
         }
     }
 
+    /// Bytes not reserved by any request now (whole KiB).
+    pub fn available_bytes(&self) -> u64 {
+        self.kib.available_permits() as u64 * 1024
+    }
+
     /// A reservation covering `bytes`.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, ApiError> {
         let mut reservation = Reservation::default();

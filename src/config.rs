@@ -304,9 +304,11 @@ pub struct Config {
     pub dek: Option<Secret>,
     /// Defaults to `<data_dir>/dek`.
     pub dek_file: Option<PathBuf>,
-    /// Largest state body accepted, in bytes.
+    /// Largest state body accepted, in bytes. State bodies are streamed through a
+    /// bounded window in both directions, so memory does not grow with this.
     pub max_state_bytes: u64,
-    /// Request bodies held in memory at once, all requests together (429 beyond it).
+    /// Request and response bodies held in memory at once, all requests together (429
+    /// beyond it): whole lock, cluster and admin bodies, and each streamed state's window.
     pub max_inflight_body_bytes: u64,
     /// A body may take this long plus one second per `body_min_bytes_per_second`, and
     /// may pause this long between reads; slower clients get 408.
@@ -332,7 +334,7 @@ impl Default for Config {
             data_dir: default_data_dir(),
             dek: None,
             dek_file: None,
-            max_state_bytes: 64 * 1024 * 1024,
+            max_state_bytes: 1024 * 1024 * 1024,
             max_inflight_body_bytes: 256 * 1024 * 1024,
             body_read_timeout_seconds: 30,
             body_min_bytes_per_second: 32 * 1024,
@@ -599,11 +601,6 @@ impl Config {
         if self.max_state_bytes == 0 {
             return Err(ConfigError::Invalid("max_state_bytes must be > 0".into()));
         }
-        if self.max_inflight_body_bytes < self.max_state_bytes {
-            return Err(ConfigError::Invalid(
-                "max_inflight_body_bytes must be at least max_state_bytes".into(),
-            ));
-        }
         if self.body_read_timeout_seconds == 0 || self.body_min_bytes_per_second == 0 {
             return Err(ConfigError::Invalid(
                 "body_read_timeout_seconds and body_min_bytes_per_second must be > 0".into(),
@@ -705,6 +702,28 @@ mod tests {
         let c = Config::default();
         assert!(c.listen.ip().is_loopback());
         assert_eq!(c.store.kind, StoreKind::Local);
+    }
+
+    #[test]
+    fn states_larger_than_the_inflight_budget_are_allowed() {
+        // Bodies are streamed: the budget only ever holds a window of each state.
+        let d = Config::default();
+        assert_eq!(d.max_state_bytes, 1 << 30);
+        assert!(d.max_state_bytes > d.max_inflight_body_bytes);
+        d.validate().unwrap();
+        let c = with_env(&[
+            ("STATEGATE_MAX_STATE_BYTES", "4294967296"),
+            ("STATEGATE_MAX_INFLIGHT_BODY_BYTES", "16777216"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.max_state_bytes, c.max_inflight_body_bytes),
+            (4 << 30, 16 << 20)
+        );
+        let err = with_env(&[("STATEGATE_MAX_STATE_BYTES", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_state_bytes"), "{err}");
     }
 
     #[test]

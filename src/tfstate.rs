@@ -59,6 +59,17 @@ pub struct StateMeta {
     pub lineage: String,
 }
 
+/// What a body says about the fields stategate reads, before judging them.
+#[derive(Debug, Default)]
+struct Probe {
+    version: bool,
+    /// `Some(None)`: present but not an integer that fits.
+    serial: Option<Option<i64>>,
+    lineage: Option<String>,
+    encrypted_data: bool,
+    encryption_version: bool,
+}
+
 /// Only the fields we need; everything else in the state is skipped without allocation.
 #[derive(Deserialize)]
 struct StateProbe {
@@ -69,36 +80,565 @@ struct StateProbe {
     encryption_version: Option<String>,
 }
 
+fn not_a_state(why: &str) -> ApiError {
+    ApiError::BadRequest(format!("body is not a Terraform/OpenTofu state: {why}"))
+}
+
 /// Accepts a plain tfstate (`version`, `serial`, `lineage`) or OpenTofu's encrypted
 /// envelope (`encrypted_data`, `encryption_version`, with serial and lineage in clear).
 pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
-    let bad =
-        |why: &str| ApiError::BadRequest(format!("body is not a Terraform/OpenTofu state: {why}"));
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
-        return Err(bad("expected a JSON object"));
+        return Err(not_a_state("expected a JSON object"));
     }
-    check_untrusted_json(body).map_err(bad)?;
+    check_untrusted_json(body).map_err(not_a_state)?;
     let probe: StateProbe =
-        serde_json::from_slice(body).map_err(|e| bad(&format!("invalid JSON ({e})")))?;
-    let is_envelope = probe.encrypted_data.is_some() && probe.encryption_version.is_some();
-    if probe.version.is_none() && !is_envelope {
-        return Err(bad(
+        serde_json::from_slice(body).map_err(|e| not_a_state(&format!("invalid JSON ({e})")))?;
+    judge(Probe {
+        version: probe.version.is_some(),
+        serial: probe.serial.map(|n| n.as_i64()),
+        lineage: probe.lineage,
+        encrypted_data: probe.encrypted_data.is_some(),
+        encryption_version: probe.encryption_version.is_some(),
+    })
+}
+
+fn judge(probe: Probe) -> Result<StateMeta, ApiError> {
+    let is_envelope = probe.encrypted_data && probe.encryption_version;
+    if !probe.version && !is_envelope {
+        return Err(not_a_state(
             "missing \"version\" (or \"encrypted_data\" for an encrypted state)",
         ));
     }
     let serial = probe
         .serial
-        .and_then(|n| n.as_i64())
+        .flatten()
         .filter(|s| *s >= 0)
-        .ok_or_else(|| bad("\"serial\" must be a non-negative integer"))?;
+        .ok_or_else(|| not_a_state("\"serial\" must be a non-negative integer"))?;
     let lineage = probe
         .lineage
         .filter(|l| is_safe_id(l, MAX_LINEAGE_LEN))
         .ok_or_else(|| {
-            bad("\"lineage\" must be 1-256 printable ASCII characters (no spaces or control characters)")
+            not_a_state("\"lineage\" must be 1-256 printable ASCII characters (no spaces or control characters)")
         })?;
     Ok(StateMeta { serial, lineage })
+}
+
+/// The top-level keys the scanner keeps an eye on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Version,
+    Serial,
+    Lineage,
+    EncryptedData,
+    EncryptionVersion,
+    Other,
+}
+
+impl Key {
+    fn of(name: &[u8]) -> Key {
+        match name {
+            b"version" => Key::Version,
+            b"serial" => Key::Serial,
+            b"lineage" => Key::Lineage,
+            b"encrypted_data" => Key::EncryptedData,
+            b"encryption_version" => Key::EncryptionVersion,
+            _ => Key::Other,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Before the top-level object.
+    Start,
+    /// A value (after `:` or `,` in an array).
+    Value,
+    /// A value or `]` (just after `[`).
+    ValueOrClose,
+    /// A key or `}` (just after `{`).
+    KeyOrClose,
+    /// A key (after `,` in an object).
+    Key,
+    Colon,
+    /// `,` or the closing bracket.
+    CommaOrClose,
+    /// After the top-level object: whitespace only.
+    End,
+    InString,
+    InNumber,
+    InLiteral,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    Minus,
+    Zero,
+    Int,
+    Dot,
+    Frac,
+    E,
+    ESign,
+    Exp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Esc {
+    None,
+    Backslash,
+    Hex(u8, u16),
+}
+
+/// What the value being scanned is, when it belongs to a top-level key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Num,
+    Null,
+    Other,
+}
+
+/// Longest string or number the scanner keeps (longer lineages are refused anyway).
+const MAX_CAPTURE: usize = 1024;
+
+/// Reads a state body piece by piece and learns its serial and lineage without
+/// holding it: a small JSON state machine that accepts exactly what [`parse_state`]
+/// accepts (JSON syntax, UTF-8, nesting depth, duplicate and mistyped fields) and
+/// gives the same errors, keeping only the top-level values it needs.
+pub struct StateScanner {
+    expect: Expect,
+    /// Open containers, innermost last (`{` or `[`).
+    stack: Vec<u8>,
+    utf8_carry: Vec<u8>,
+    offset: u64,
+    probe: Probe,
+    seen: Vec<Key>,
+    /// The top-level key whose value is being read.
+    key: Option<Key>,
+    /// The value being read belongs to a top-level key, and what it is.
+    kind: Option<Kind>,
+    is_key: bool,
+    esc: Esc,
+    /// A leading surrogate waiting for its trailing half (strict strings only).
+    high: Option<u16>,
+    strict: bool,
+    num: Num,
+    literal: &'static [u8],
+    literal_at: usize,
+    capture: Option<Vec<u8>>,
+    overflow: bool,
+    failed: bool,
+}
+
+impl Default for StateScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StateScanner {
+    pub fn new() -> Self {
+        StateScanner {
+            expect: Expect::Start,
+            stack: Vec::new(),
+            utf8_carry: Vec::new(),
+            offset: 0,
+            probe: Probe::default(),
+            seen: Vec::new(),
+            key: None,
+            kind: None,
+            is_key: false,
+            esc: Esc::None,
+            high: None,
+            strict: false,
+            num: Num::Int,
+            literal: b"",
+            literal_at: 0,
+            capture: None,
+            overflow: false,
+            failed: false,
+        }
+    }
+
+    /// Scans the next piece of the body.
+    pub fn push(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        if self.failed {
+            return Err(not_a_state("invalid JSON"));
+        }
+        let result = self.check_utf8(data).and_then(|()| {
+            for &b in data {
+                self.byte(b)?;
+                self.offset += 1;
+            }
+            Ok(())
+        });
+        if result.is_err() {
+            self.failed = true;
+        }
+        result
+    }
+
+    /// The body ended: its serial and lineage, or why it is not a state.
+    pub fn finish(mut self) -> Result<StateMeta, ApiError> {
+        if self.failed {
+            return Err(not_a_state("invalid JSON"));
+        }
+        if !self.utf8_carry.is_empty() {
+            return Err(not_a_state("not UTF-8"));
+        }
+        match self.expect {
+            Expect::End => judge(std::mem::take(&mut self.probe)),
+            Expect::Start => Err(not_a_state("expected a JSON object")),
+            _ => Err(self.invalid("EOF while parsing")),
+        }
+    }
+
+    fn check_utf8(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        let mut joined;
+        let bytes = if self.utf8_carry.is_empty() {
+            data
+        } else {
+            joined = std::mem::take(&mut self.utf8_carry);
+            joined.extend_from_slice(data);
+            &joined[..]
+        };
+        match std::str::from_utf8(bytes) {
+            Ok(_) => Ok(()),
+            // Cut in the middle of a character: keep its start for the next piece.
+            Err(e) if e.error_len().is_none() => {
+                self.utf8_carry = bytes[e.valid_up_to()..].to_vec();
+                Ok(())
+            }
+            Err(_) => Err(not_a_state("not UTF-8")),
+        }
+    }
+
+    fn invalid(&self, what: &str) -> ApiError {
+        not_a_state(&format!("invalid JSON ({what} at byte {})", self.offset))
+    }
+
+    fn byte(&mut self, b: u8) -> Result<(), ApiError> {
+        let expect = self.expect;
+        match expect {
+            Expect::InString => return self.string_byte(b),
+            Expect::InLiteral => {
+                if b != self.literal[self.literal_at] {
+                    return Err(self.invalid("expected ident"));
+                }
+                self.literal_at += 1;
+                if self.literal_at == self.literal.len() {
+                    self.value_done();
+                }
+                return Ok(());
+            }
+            // The byte after a number belongs to what follows it.
+            Expect::InNumber if self.number_byte(b)? => return Ok(()),
+            _ => {}
+        }
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            return Ok(());
+        }
+        match self.expect {
+            Expect::Start => {
+                if b != b'{' {
+                    return Err(not_a_state("expected a JSON object"));
+                }
+                self.open(b)
+            }
+            Expect::End => Err(self.invalid("trailing characters")),
+            Expect::Value => self.value_start(b),
+            Expect::ValueOrClose if b == b']' => self.close(b),
+            Expect::ValueOrClose => self.value_start(b),
+            Expect::KeyOrClose if b == b'}' => self.close(b),
+            Expect::KeyOrClose | Expect::Key => {
+                if b != b'"' {
+                    return Err(self.invalid("key must be a string"));
+                }
+                self.start_string(true, self.stack.len() == 1);
+                Ok(())
+            }
+            Expect::Colon => {
+                if b != b':' {
+                    return Err(self.invalid("expected `:`"));
+                }
+                self.expect = Expect::Value;
+                Ok(())
+            }
+            Expect::CommaOrClose => match (b, self.stack.last()) {
+                (b',', Some(b'{')) => {
+                    self.expect = Expect::Key;
+                    Ok(())
+                }
+                (b',', Some(_)) => {
+                    self.expect = Expect::Value;
+                    Ok(())
+                }
+                (b'}', Some(b'{')) | (b']', Some(b'[')) => self.close(b),
+                _ => Err(self.invalid("expected `,` or a closing bracket")),
+            },
+            Expect::InString | Expect::InNumber | Expect::InLiteral => unreachable!(),
+        }
+    }
+
+    fn open(&mut self, b: u8) -> Result<(), ApiError> {
+        self.stack.push(b);
+        if self.stack.len() > MAX_JSON_DEPTH {
+            return Err(not_a_state("nested too deeply"));
+        }
+        self.expect = if b == b'{' {
+            Expect::KeyOrClose
+        } else {
+            Expect::ValueOrClose
+        };
+        Ok(())
+    }
+
+    fn close(&mut self, _b: u8) -> Result<(), ApiError> {
+        self.stack.pop();
+        match self.stack.len() {
+            0 => self.expect = Expect::End,
+            _ => self.value_done(),
+        }
+        Ok(())
+    }
+
+    /// A value begins; at the top level of the object, notes what it is.
+    fn value_start(&mut self, b: u8) -> Result<(), ApiError> {
+        let top = self.stack.len() == 1;
+        let kind = match b {
+            b'"' => Kind::Str,
+            b'-' | b'0'..=b'9' => Kind::Num,
+            b'n' => Kind::Null,
+            _ => Kind::Other,
+        };
+        if top {
+            self.kind = Some(kind);
+        }
+        let key = if top { self.key } else { None };
+        match b {
+            b'{' | b'[' => self.open(b),
+            b'"' => {
+                let capture = matches!(key, Some(Key::Lineage | Key::EncryptionVersion));
+                self.start_string(false, capture);
+                if !capture {
+                    self.capture = None;
+                }
+                Ok(())
+            }
+            b'-' | b'0'..=b'9' => {
+                self.expect = Expect::InNumber;
+                self.num = match b {
+                    b'-' => Num::Minus,
+                    b'0' => Num::Zero,
+                    _ => Num::Int,
+                };
+                self.capture = (key == Some(Key::Serial)).then(|| vec![b]);
+                Ok(())
+            }
+            b't' | b'f' | b'n' => {
+                self.expect = Expect::InLiteral;
+                self.literal = match b {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    _ => b"null",
+                };
+                self.literal_at = 1;
+                Ok(())
+            }
+            _ => Err(self.invalid("expected value")),
+        }
+    }
+
+    /// A value (or a key) ended; decides what comes next.
+    fn value_done(&mut self) {
+        if self.is_key {
+            self.is_key = false;
+            if self.stack.len() == 1 {
+                self.key = Some(match (&self.capture, self.overflow) {
+                    (Some(name), false) => Key::of(name),
+                    _ => Key::Other,
+                });
+            }
+            self.capture = None;
+            self.expect = Expect::Colon;
+            return;
+        }
+        self.expect = Expect::CommaOrClose;
+        if self.stack.len() == 1 {
+            if let (Some(key), Some(kind)) = (self.key.take(), self.kind.take()) {
+                self.note(key, kind);
+            }
+            self.capture = None;
+        }
+    }
+
+    /// Records a top-level field (errors are kept for [`StateScanner::finish`] via the probe).
+    fn note(&mut self, key: Key, kind: Kind) {
+        if key == Key::Other {
+            return;
+        }
+        if self.seen.contains(&key) {
+            self.failed = true; // a duplicate field, as serde refuses
+            return;
+        }
+        self.seen.push(key);
+        let text = self.capture.take().filter(|_| !self.overflow);
+        let present = kind != Kind::Null;
+        match key {
+            Key::Version => self.probe.version = present,
+            Key::EncryptedData => self.probe.encrypted_data = present,
+            Key::Serial if present => {
+                let number = text
+                    .filter(|_| kind == Kind::Num)
+                    .and_then(|t| String::from_utf8(t).ok())
+                    // serde_json reads "-0" as the float -0.0, which is no i64.
+                    .filter(|t| t != "-0")
+                    .and_then(|t| t.parse::<i64>().ok());
+                self.probe.serial = Some(number);
+            }
+            Key::Lineage if present => match (kind, text) {
+                (Kind::Str, Some(t)) => self.probe.lineage = String::from_utf8(t).ok(),
+                (Kind::Str, None) => self.probe.lineage = Some("x".repeat(MAX_CAPTURE)),
+                _ => self.failed = true, // not a string: serde's type error
+            },
+            Key::EncryptionVersion if present => match kind {
+                Kind::Str => self.probe.encryption_version = true,
+                _ => self.failed = true,
+            },
+            _ => {}
+        }
+    }
+
+    fn start_string(&mut self, is_key: bool, capture: bool) {
+        self.expect = Expect::InString;
+        self.is_key = is_key;
+        self.esc = Esc::None;
+        self.high = None;
+        // serde decodes what it deserializes (top-level keys, lineage) strictly.
+        self.strict = capture;
+        self.capture = capture.then(Vec::new);
+        self.overflow = false;
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        if let Some(buf) = &mut self.capture {
+            if buf.len() + bytes.len() > MAX_CAPTURE {
+                self.overflow = true;
+            } else {
+                buf.extend_from_slice(bytes);
+            }
+        }
+    }
+
+    fn string_byte(&mut self, b: u8) -> Result<(), ApiError> {
+        match self.esc {
+            Esc::Backslash => {
+                let decoded = match b {
+                    b'"' => b'"',
+                    b'\\' => b'\\',
+                    b'/' => b'/',
+                    b'b' => 8,
+                    b'f' => 12,
+                    b'n' => b'\n',
+                    b'r' => b'\r',
+                    b't' => b'\t',
+                    b'u' => {
+                        self.esc = Esc::Hex(0, 0);
+                        return Ok(());
+                    }
+                    _ => return Err(self.invalid("invalid escape")),
+                };
+                if self.high.is_some() {
+                    return Err(self.invalid("lone leading surrogate in hex escape"));
+                }
+                self.esc = Esc::None;
+                self.keep(&[decoded]);
+                Ok(())
+            }
+            Esc::Hex(n, acc) => {
+                let digit = (b as char)
+                    .to_digit(16)
+                    .ok_or_else(|| self.invalid("invalid escape"))?;
+                let acc = acc << 4 | digit as u16;
+                if n < 3 {
+                    self.esc = Esc::Hex(n + 1, acc);
+                    return Ok(());
+                }
+                self.esc = Esc::None;
+                self.code_unit(acc)
+            }
+            Esc::None => match b {
+                b'\\' => {
+                    self.esc = Esc::Backslash;
+                    Ok(())
+                }
+                _ if self.high.is_some() => {
+                    Err(self.invalid("lone leading surrogate in hex escape"))
+                }
+                b'"' => {
+                    self.value_done();
+                    Ok(())
+                }
+                0..=0x1f => Err(self.invalid("control character while parsing a string")),
+                _ => {
+                    self.keep(&[b]);
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// One `\uXXXX` escape: checked for surrogate pairs where serde checks them.
+    fn code_unit(&mut self, unit: u16) -> Result<(), ApiError> {
+        if !self.strict {
+            return Ok(());
+        }
+        let c = match (self.high.take(), unit) {
+            (None, 0xD800..=0xDBFF) => {
+                self.high = Some(unit);
+                return Ok(());
+            }
+            (None, 0xDC00..=0xDFFF) => {
+                return Err(self.invalid("lone trailing surrogate in hex escape"))
+            }
+            (None, _) => char::from_u32(u32::from(unit)),
+            (Some(high), 0xDC00..=0xDFFF) => char::from_u32(
+                0x10000 + ((u32::from(high) - 0xD800) << 10) + (u32::from(unit) - 0xDC00),
+            ),
+            (Some(_), _) => return Err(self.invalid("lone leading surrogate in hex escape")),
+        };
+        let mut utf8 = [0u8; 4];
+        let c = c.ok_or_else(|| self.invalid("invalid escape"))?;
+        self.keep(c.encode_utf8(&mut utf8).as_bytes());
+        Ok(())
+    }
+
+    /// Returns false when `b` is not part of the number (which then ended).
+    fn number_byte(&mut self, b: u8) -> Result<bool, ApiError> {
+        let next = match (self.num, b) {
+            (Num::Minus, b'0') => Num::Zero,
+            (Num::Minus, b'1'..=b'9') => Num::Int,
+            (Num::Int, b'0'..=b'9') => Num::Int,
+            (Num::Zero | Num::Int, b'.') => Num::Dot,
+            (Num::Dot | Num::Frac, b'0'..=b'9') => Num::Frac,
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Num::E,
+            (Num::E, b'+' | b'-') => Num::ESign,
+            (Num::E | Num::ESign | Num::Exp, b'0'..=b'9') => Num::Exp,
+            (Num::Zero, b'0'..=b'9') => return Err(self.invalid("invalid number")),
+            (Num::Zero | Num::Int | Num::Frac | Num::Exp, _) => {
+                // serial must be an integer: a fraction or exponent makes it a float.
+                if !matches!(self.num, Num::Zero | Num::Int) {
+                    self.capture = None;
+                }
+                self.value_done();
+                return Ok(false);
+            }
+            _ => return Err(self.invalid("invalid number")),
+        };
+        self.num = next;
+        self.keep(&[b]);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +734,155 @@ mod tests {
         let mut bad_utf8 = br#"{"version":4,"serial":1,"lineage":"l","outputs":{"o":""#.to_vec();
         bad_utf8.extend_from_slice(b"\xc3\x28\"}}");
         assert!(parse_state(&bad_utf8).is_err());
+    }
+
+    /// Scans `body` in pieces of `piece` bytes.
+    fn scan(body: &[u8], piece: usize) -> Result<StateMeta, ApiError> {
+        let mut scanner = StateScanner::new();
+        for part in body.chunks(piece.max(1)) {
+            scanner.push(part)?;
+        }
+        scanner.finish()
+    }
+
+    /// The scanner agrees with `parse_state` on `body`, however it is cut.
+    fn agrees(body: &[u8]) {
+        let whole = parse_state(body).ok();
+        for piece in [1, 2, 3, 7, 64, body.len().max(1)] {
+            assert_eq!(
+                scan(body, piece).ok(),
+                whole,
+                "{} (pieces of {piece})",
+                String::from_utf8_lossy(&body[..body.len().min(120)])
+            );
+        }
+    }
+
+    #[test]
+    fn scanner_agrees_with_parse_state() {
+        let table: &[&str] = &[
+            r#"{"version":4,"serial":3,"lineage":"abc","resources":[]}"#,
+            r#"{"serial":7,"lineage":"l","meta":{"k":"x"},"encrypted_data":"ZZ","encryption_version":"v0"}"#,
+            " \n\t{\"version\":4,\"serial\":0,\"lineage\":\"x\"} \r\n",
+            r#"{"version":null,"serial":1,"lineage":"x"}"#,
+            r#"{"version":4,"serial":null,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1,"lineage":null}"#,
+            r#"{"version":4,"serial":-0,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1.0,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1e2,"lineage":"x"}"#,
+            r#"{"version":4,"serial":01,"lineage":"x"}"#,
+            r#"{"version":4,"serial":9223372036854775807,"lineage":"x"}"#,
+            r#"{"version":4,"serial":9223372036854775808,"lineage":"x"}"#,
+            r#"{"version":4,"serial":"3","lineage":"x"}"#,
+            r#"{"version":4,"serial":true,"lineage":"x"}"#,
+            r#"{"version":4,"serial":[1],"lineage":"x"}"#,
+            r#"{"version":4,"serial":1,"serial":2,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","lineage":"y"}"#,
+            r#"{"version":4,"version":4,"serial":1,"lineage":"x"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","other":1,"other":2}"#,
+            r#"{"ver\u0073ion":4,"ser\u0069al":5,"line\u0061ge":"a\u0062c"}"#,
+            r#"{"version":4,"serial":1,"lineage":"a\"b"}"#,
+            r#"{"version":4,"serial":1,"lineage":"a\/b"}"#,
+            r#"{"version":4,"serial":1,"lineage":"\ud83d\ude00"}"#,
+            r#"{"version":4,"serial":1,"lineage":"\ud83d"}"#,
+            r#"{"version":4,"serial":1,"lineage":"\ude00x"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":"\ud83d"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","\ud83d":1}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":"\q"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":"\u12"}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":{"serial":-5,"lineage":7}}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":[1,2,{"a":[true,false,null]}]}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":[1,]}"#,
+            r#"{"version":4,"serial":1,"lineage":"x",}"#,
+            r#"{"version":4,"serial":1,"lineage":"x"} x"#,
+            r#"{"version":4,"serial":1,"lineage":"x"}{}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":tru}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":-}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":1.}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":.5}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":1e}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":-1.5e+3}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":1E-3}"#,
+            r#"{"version":4,"serial":1,"lineage":"x" "o":1}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o" 1}"#,
+            r#"{"version":4,"serial":1,"lineage":"x",1:1}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":[}"#,
+            r#"{"version":4,"serial":1,"lineage":"x","o":{]}"#,
+            r#"{"serial":1,"lineage":"x","encrypted_data":null,"encryption_version":"v"}"#,
+            r#"{"serial":1,"lineage":"x","encrypted_data":{},"encryption_version":null}"#,
+            r#"{"serial":1,"lineage":"x","encrypted_data":1,"encryption_version":2}"#,
+            r#"{"serial":1,"lineage":"x","encrypted_data":[1],"encryption_version":"v"}"#,
+            "{\"version\":4,\"serial\":1,\"lineage\":\"x\",\"o\":\"a\tb\"}",
+            "{\"version\":4,\"serial\":1,\"lineage\":\"x\",\"o\":\"caf\u{e9} \u{1F600}\"}",
+            "{\"version\":4,\"serial\":1,\"lineage\":\"x\"}\u{c}",
+            "\u{c}{\"version\":4,\"serial\":1,\"lineage\":\"x\"}",
+            "{}",
+            "",
+            "   ",
+            "{",
+            "[]",
+            "null",
+        ];
+        for body in table {
+            agrees(body.as_bytes());
+        }
+        let long = |n: usize| {
+            format!(
+                r#"{{"version":4,"serial":1,"lineage":"{}"}}"#,
+                "a".repeat(n)
+            )
+        };
+        for n in [256, 257, MAX_CAPTURE, MAX_CAPTURE + 1, 5000] {
+            agrees(long(n).as_bytes());
+        }
+        let deep = |n: usize| {
+            format!(
+                r#"{{"version":4,"serial":1,"lineage":"l","o":{}{}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        agrees(deep(MAX_JSON_DEPTH - 1).as_bytes());
+        agrees(deep(MAX_JSON_DEPTH).as_bytes());
+        let mut bad_utf8 = br#"{"version":4,"serial":1,"lineage":"l","o":""#.to_vec();
+        bad_utf8.extend_from_slice(b"\xc3\x28\"}");
+        agrees(&bad_utf8);
+        let mut cut_utf8 = br#"{"version":4,"serial":1,"lineage":"l","o":"\xc3"#.to_vec();
+        cut_utf8.truncate(cut_utf8.len());
+        agrees(&cut_utf8);
+    }
+
+    proptest::proptest! {
+        /// Bodies built from JSON-ish fragments: the scanner and serde always agree.
+        #[test]
+        fn scanner_matches_parse_state_on_generated_bodies(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "{", "}", "[", "]", ",", ":", " ", "\"", "\\", "\\u0041", "\\ud83d", "\\n",
+                "\"version\"", "\"serial\"", "\"lineage\"", "\"encrypted_data\"",
+                "\"encryption_version\"", "\"x\"", "\"abc-1\"", "4", "-0", "1.5", "1e3",
+                "12", "true", "null", "é", "\u{1}",
+            ]), 0..40),
+            piece in 1usize..9,
+        ) {
+            let body = parts.concat();
+            proptest::prop_assert_eq!(scan(body.as_bytes(), piece).ok(), parse_state(body.as_bytes()).ok(), "{}", body);
+        }
+
+        /// Valid states with varied fields agree too (the generator above rarely is one).
+        #[test]
+        fn scanner_matches_parse_state_on_states(
+            serial in proptest::prop_oneof![proptest::strategy::Just("3".to_string()), "-?[0-9]{1,20}(\\.[0-9])?"],
+            lineage in "[a-z0-9\\\\\" -]{0,10}",
+            extra in "[a-z\"\\\\]{0,6}",
+            envelope in proptest::bool::ANY,
+            piece in 1usize..9,
+        ) {
+            let body = if envelope {
+                format!(r#"{{"serial":{serial},"lineage":"{lineage}","meta":{{"{extra}":1}},"encrypted_data":"eA==","encryption_version":"v0"}}"#)
+            } else {
+                format!(r#"{{"version":4,"{extra}":[],"serial":{serial},"lineage":"{lineage}","resources":[{{"x":"{extra}"}}]}}"#)
+            };
+            proptest::prop_assert_eq!(scan(body.as_bytes(), piece).ok(), parse_state(body.as_bytes()).ok(), "{}", body);
+        }
     }
 }

@@ -804,3 +804,112 @@ async fn the_guard_answers_only_signed_requests_and_guards_the_exact_key() {
         let _ = direct.delete_object().bucket(b).key(key).send().await;
     }
 }
+
+/// A state of `bytes` of padding: above the S3 store's part size it goes up as a
+/// multipart upload.
+fn big_state(serial: u64, lineage: &str, bytes: usize) -> String {
+    let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(bytes / 36 + 1);
+    state(
+        serial,
+        lineage,
+        &format!(r#"{{"pad":"{}"}}"#, &pad[..bytes]),
+    )
+}
+
+/// Objects under the test's prefix and multipart uploads still open there.
+async fn leftovers(client: &aws_sdk_s3::Client, cfg: &S3Config) -> (Vec<String>, Vec<String>) {
+    let objects = client
+        .list_objects_v2()
+        .bucket(&cfg.bucket)
+        .prefix(&cfg.prefix)
+        .send()
+        .await
+        .unwrap()
+        .contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_string))
+        .collect();
+    let uploads = client
+        .list_multipart_uploads()
+        .bucket(&cfg.bucket)
+        .prefix(&cfg.prefix)
+        .send()
+        .await
+        .unwrap()
+        .uploads()
+        .iter()
+        .filter_map(|u| u.key().map(str::to_string))
+        .collect();
+    (objects, uploads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_states_go_up_as_multipart_and_an_aborted_upload_leaves_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let Some(cfg) = s3_env() else { return };
+    let s = s3_server_with(&cfg, |c| c.max_state_bytes = 32 << 20).await;
+    let direct = s3_client(&cfg.endpoint, &cfg);
+    let part = stategate::store::s3::PART_SIZE;
+
+    // 12 MiB: three parts, streamed in and out intact.
+    let body = big_state(1, "big", 12 << 20);
+    assert!(body.len() > 2 * part);
+    assert_eq!(send(s.tf("POST", "big").body(body.clone())).await, 200);
+    let got = s.tf("GET", "big").send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.content_length(), Some(body.len() as u64));
+    assert!(got.bytes().await.unwrap() == body.as_bytes());
+    let (objects, uploads) = leftovers(&direct, &cfg).await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert!(uploads.is_empty(), "{uploads:?}");
+    let key: String = s
+        .db()
+        .query_row(
+            "SELECT blob_key FROM versions WHERE scope = 'tf/big'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(objects[0], format!("{}{key}", cfg.prefix));
+
+    // A client gone after more than a part: the multipart upload is aborted.
+    let body = big_state(1, "gone", 12 << 20);
+    let mut conn = tokio::net::TcpStream::connect(authority(&s.base))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/gone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("gone"),
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body.as_bytes()[..part + part / 2])
+        .await
+        .unwrap();
+    // The first part has reached Garage: an upload is open.
+    let mut open = Vec::new();
+    for _ in 0..500 {
+        open = leftovers(&direct, &cfg).await.1;
+        if !open.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(open.len(), 1, "the upload never went multipart");
+    drop(conn);
+    let mut left = leftovers(&direct, &cfg).await;
+    for _ in 0..500 {
+        if left.1.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        left = leftovers(&direct, &cfg).await;
+    }
+    assert!(left.1.is_empty(), "upload not aborted: {:?}", left.1);
+    assert_eq!(left.0.len(), 1, "only the first state: {:?}", left.0);
+    assert_eq!(
+        s.count("SELECT count(*) FROM versions WHERE scope = 'tf/gone'"),
+        0
+    );
+    assert_eq!(send(s.tf("GET", "gone")).await, 404);
+}

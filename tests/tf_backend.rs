@@ -446,8 +446,17 @@ async fn client_disconnect_mid_upload_stores_nothing() {
     sock.write_all(&body.as_bytes()[..body.len() / 2])
         .await
         .unwrap();
-    drop(sock);
-    // The server notices the short body; then a normal request proves it is still serving.
+    // The client goes away (FIN), and waits until the server is done with it: the body
+    // is streamed into the store as it arrives, so "done" includes discarding it.
+    sock.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_end(&mut sock, &mut rest),
+    )
+    .await;
+    assert!(closed.is_ok(), "the server kept the connection open");
+    // The server noticed the short body; a normal request proves it is still serving.
     let (code, _) = status(s.tf("GET", "w")).await;
     assert_eq!(code, 404);
     assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
@@ -594,27 +603,33 @@ async fn request_bodies_share_a_bounded_memory_budget() {
     );
     // Once A's bytes are actually held, B is told to retry (429) rather than pile up
     // in memory. (A's bytes are counted as the server reads them: wait until it has.)
+    // B's reservation is released just after its answer is sent; A's bytes arriving
+    // before that would not fit and A would rightly be the one told to retry.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.app.body_budget.available_bytes() < 8 * 1024 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "B's budget never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let (most, last) = body.as_bytes().split_at(body.len() - 16);
     a.write_all(most).await.unwrap();
-    let mut refused = false;
-    for _ in 0..500 {
-        let (code, text) = status(lock("B")).await;
-        match code {
-            429 => {
-                refused = true;
-                break;
-            }
-            200 => {
-                let unlock = s.tf("UNLOCK", "other").body(lock_info("B"));
-                assert_eq!(status(unlock).await.0, 200);
-            }
-            other => panic!("{other} {text}"),
-        }
-        tokio::task::yield_now().await;
+    // Probing with B meanwhile would race A for the budget (and A, not fitting, would
+    // rightly be the one told to retry), so wait until A's bytes fill it.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.app.body_budget.available_bytes() > 0 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "A's bytes never filled the budget ({} bytes free)",
+            s.app.body_budget.available_bytes()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    assert!(
-        refused,
-        "B was never refused while A's body filled the budget"
+    let (code, text) = status(lock("B")).await;
+    assert_eq!(
+        code, 429,
+        "B was not refused while A's body filled the budget: {text}"
     );
     assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
     // A finishes; the budget is free again.
@@ -660,6 +675,230 @@ async fn a_body_slower_than_the_minimum_rate_is_cut_off_and_changes_nothing() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(started.elapsed() >= std::time::Duration::from_secs(1));
     assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+}
+
+/// A state of many chunks, with a big resource blob so it spans several 64 KiB chunks.
+fn big_state(serial: u64, lineage: &str, bytes: usize) -> String {
+    let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(bytes / 36 + 1);
+    state(
+        serial,
+        lineage,
+        &format!(r#"{{"pad":"{}"}}"#, &pad[..bytes]),
+    )
+}
+
+#[tokio::test]
+async fn large_states_stream_in_and_out_intact() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "big", 3 << 20);
+    assert_eq!(status(s.tf("POST", "big").body(body.clone())).await.0, 200);
+    let got = s.tf("GET", "big").send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.content_length(), Some(body.len() as u64));
+    assert_eq!(got.bytes().await.unwrap(), body.as_bytes());
+    // The identical retry stores nothing new.
+    assert_eq!(status(s.tf("POST", "big").body(body.clone())).await.0, 200);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
+    assert_eq!(s.blob_files().len(), 1);
+}
+
+#[tokio::test]
+async fn content_md5_mismatch_on_a_streamed_body_changes_nothing() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "m", 1 << 20);
+    let wrong = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b"other"));
+    let (code, text) = status(
+        s.tf("POST", "m")
+            .header("Content-MD5", wrong)
+            .body(body.clone()),
+    )
+    .await;
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("Content-MD5"), "{text}");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+    // A body that stops being a state half way is refused the same way.
+    let (code, _) = status(
+        s.tf("POST", "m")
+            .body(format!("{}]", &body[..body.len() - 1])),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(s.blob_files().is_empty());
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_upload_leaves_no_row_and_no_blob() {
+    use tokio::io::AsyncWriteExt;
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "gone", 2 << 20);
+    let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/gone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("gone"),
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body.as_bytes()[..1 << 20]).await.unwrap();
+    drop(conn);
+    // The server notices, aborts the write and removes its temp file.
+    for _ in 0..500 {
+        if s.blob_files().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+    assert_eq!(s.tf("GET", "gone").send().await.unwrap().status(), 404);
+}
+
+#[tokio::test]
+async fn a_corrupt_chunk_mid_blob_aborts_the_get_instead_of_a_short_200() {
+    let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let body = big_state(1, "c", 2 << 20);
+    assert_eq!(status(s.tf("POST", "c").body(body.clone())).await.0, 200);
+    let file = s.blob_files().pop().unwrap();
+    let mut blob = std::fs::read(&file).unwrap();
+    let middle = blob.len() / 2;
+    blob[middle] ^= 1;
+    std::fs::write(&file, &blob).unwrap();
+    let got = s.tf("GET", "c").send().await.unwrap();
+    // The first chunks verify, so the answer starts as a 200 of the full length...
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.content_length(), Some(body.len() as u64));
+    // ...and is cut off before the declared length: an error, never a short state.
+    let read = got.bytes().await;
+    assert!(read.is_err(), "a corrupt blob must not read back as a body");
+    // A blob corrupt from its first chunk is a 5xx before anything is sent.
+    blob[middle] ^= 1;
+    blob[200] ^= 1;
+    std::fs::write(&file, &blob).unwrap();
+    let got = s.tf("GET", "c").send().await.unwrap();
+    assert_eq!(got.status(), 500);
+}
+
+/// A blob store that takes `delay` for every piece written: a server slow to take a
+/// body (busy disk, many uploads on few cores), so its reads fall behind the client.
+/// (The store is the only place the test can slow the server down.)
+struct SlowStore {
+    inner: std::sync::Arc<dyn stategate::store::BlobStore>,
+    delay: std::time::Duration,
+}
+
+struct SlowSink {
+    inner: Box<dyn stategate::store::blob::BlobSink>,
+    delay: std::time::Duration,
+}
+
+#[async_trait::async_trait]
+impl stategate::store::blob::BlobSink for SlowSink {
+    async fn write(&mut self, data: bytes::Bytes) -> Result<(), stategate::store::BlobError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.write(data).await
+    }
+    async fn finish(self: Box<Self>) -> Result<(), stategate::store::BlobError> {
+        self.inner.finish().await
+    }
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await
+    }
+}
+
+#[async_trait::async_trait]
+impl stategate::store::BlobStore for SlowStore {
+    async fn put(&self, key: &str, data: bytes::Bytes) -> Result<(), stategate::store::BlobError> {
+        self.inner.put(key, data).await
+    }
+    async fn create(
+        &self,
+        key: &str,
+    ) -> Result<Box<dyn stategate::store::blob::BlobSink>, stategate::store::BlobError> {
+        Ok(Box::new(SlowSink {
+            inner: self.inner.create(key).await?,
+            delay: self.delay,
+        }))
+    }
+    async fn get(&self, key: &str) -> Result<Option<bytes::Bytes>, stategate::store::BlobError> {
+        self.inner.get(key).await
+    }
+    async fn read(
+        &self,
+        key: &str,
+    ) -> Result<Option<stategate::store::blob::BlobReader>, stategate::store::BlobError> {
+        self.inner.read(key).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), stategate::store::BlobError> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, stategate::store::BlobError> {
+        self.inner.list(prefix).await
+    }
+    fn describe(&self) -> String {
+        "slow local store".into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_is_not_charged_for_the_time_the_server_is_busy_with_its_body() {
+    use stategate::store::StateStore;
+    use stategate::tofu::TofuBackend;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Allowance for 1 MiB: 2 s + 1 MiB at 4 MiB/s = 2.25 s of waiting for the client.
+    // The store takes 150 ms per sealed piece written: about 2.7 s for the whole body.
+    let s = TestServer::start_with_app(
+        |c| {
+            c.body_read_timeout_seconds = 2;
+            c.body_min_bytes_per_second = 4 << 20;
+        },
+        |app| {
+            let store = app.tofu.store();
+            let slow = SlowStore {
+                inner: store.blobs().clone(),
+                delay: std::time::Duration::from_millis(150),
+            };
+            let root = stategate::crypto::RootKey::from_base64(common::DEK).unwrap();
+            app.tofu = TofuBackend::new(
+                StateStore::new(store.db.clone(), std::sync::Arc::new(slow)),
+                root,
+            );
+        },
+    )
+    .await;
+    let body = big_state(1, "slow", 1 << 20);
+    let mut conn = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/v1/tf/state/slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\n\r\n",
+        s.bearer("slow"),
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let (most, last) = body.as_bytes().split_at(body.len() - 100);
+    conn.write_all(most).await.unwrap();
+    // The last bytes come 3.5 s after the start: past the wall-clock allowance, but
+    // the server was busy for most of it, so the client kept it waiting well under 2 s.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    conn.write_all(last).await.unwrap();
+    let mut response = Vec::new();
+    conn.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(started.elapsed() > std::time::Duration::from_millis(2250));
+    assert_eq!(
+        s.tf("GET", "slow")
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap(),
+        body.as_bytes()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

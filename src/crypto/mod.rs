@@ -155,6 +155,11 @@ pub enum SealError {
 }
 
 impl SealKey {
+    /// The AES-256-GCM cipher for this key (the chunked blob format drives it itself).
+    pub(crate) fn cipher(&self) -> Aes256Gcm {
+        Aes256Gcm::new_from_slice(&self.0).expect("key is 32 bytes")
+    }
+
     /// Encrypts `plaintext`, binding it to `associated`; output is `nonce ‖ ciphertext ‖ tag`.
     pub fn seal(&self, associated: &[u8], plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
         let cipher = Aes256Gcm::new_from_slice(&self.0).expect("key is 32 bytes");

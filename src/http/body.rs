@@ -3,6 +3,7 @@
 //! (tofu, cluster, pass-through refusals) leaves through [`write_reply`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
@@ -17,7 +18,13 @@ pub struct Reply {
     pub body: Bytes,
     pub content_type: &'static str,
     pub headers: Vec<(&'static str, String)>,
+    /// A body sent as it is produced instead of `body`: its length, then its pieces.
+    /// An `Err` piece aborts the response (the connection closes short of the declared
+    /// length, so the client sees an error, never a short body that looks whole).
+    pub stream: Option<(u64, BodyStream)>,
 }
+
+pub type BodyStream = tokio::sync::mpsc::Receiver<Result<Bytes, ApiError>>;
 
 impl Reply {
     pub fn json(status: u16, body: impl Into<Bytes>) -> Reply {
@@ -26,6 +33,15 @@ impl Reply {
             body: body.into(),
             content_type: "application/json",
             headers: Vec::new(),
+            stream: None,
+        }
+    }
+
+    /// A 200 whose body of `len` bytes is streamed.
+    pub fn streamed(len: u64, stream: BodyStream) -> Reply {
+        Reply {
+            stream: Some((len, stream)),
+            ..Reply::json(200, Bytes::new())
         }
     }
 
@@ -148,6 +164,11 @@ impl BodyBudget {
         }
     }
 
+    /// Bytes not reserved by any request now (whole KiB).
+    pub fn available_bytes(&self) -> u64 {
+        self.kib.available_permits() as u64 * 1024
+    }
+
     /// A reservation covering `bytes`.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation, ApiError> {
         let mut reservation = Reservation::default();
@@ -178,6 +199,7 @@ impl BodyBudget {
 /// How long a client may take to send a body: `timeout` plus one second per
 /// `min_bytes_per_second` received, and at most `timeout` between two reads. A
 /// client slower than that is cut off with 408 and costs nobody else anything.
+/// Only time spent waiting for the client's bytes counts (see [`ClientWait`]).
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimits {
     pub timeout: std::time::Duration,
@@ -185,12 +207,48 @@ pub struct BodyLimits {
 }
 
 impl BodyLimits {
-    /// The latest time the next body chunk may arrive, given `received` bytes so far.
-    fn next_deadline(&self, started: tokio::time::Instant, received: u64) -> tokio::time::Instant {
+    /// The total time a client may have kept us waiting once it sent `received` bytes.
+    fn allowance(&self, received: u64) -> Duration {
         let rate = self.min_bytes_per_second.max(1);
-        started
-            + self.timeout
-            + std::time::Duration::from_millis(received.saturating_mul(1000) / rate)
+        self.timeout + Duration::from_millis(received.saturating_mul(1000) / rate)
+    }
+}
+
+/// The time a body's reads have spent waiting for the client. Time the server spends
+/// not reading (sealing, writing to the store, a full channel under backpressure) is
+/// not the client's: its bytes wait in the socket meanwhile, so a wall-clock deadline
+/// would cut off a fast client behind a busy server.
+#[derive(Debug, Default, Clone, Copy)]
+struct ClientWait {
+    waited: Duration,
+}
+
+impl ClientWait {
+    /// How much longer the next read may wait, or `None` if the client is out of time.
+    fn remaining(&self, limits: &BodyLimits, received: u64) -> Option<Duration> {
+        limits
+            .allowance(received)
+            .checked_sub(self.waited)
+            .filter(|left| !left.is_zero())
+    }
+
+    fn record(&mut self, waited: Duration) {
+        self.waited += waited;
+    }
+
+    /// Awaits one read of the client's bytes within what is left of its allowance
+    /// (`None`: out of time), counting the wait.
+    async fn read<T>(
+        &mut self,
+        limits: &BodyLimits,
+        received: u64,
+        read: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let left = self.remaining(limits, received)?;
+        let asked = tokio::time::Instant::now();
+        let result = tokio::time::timeout(left, read).await.ok();
+        self.record(asked.elapsed());
+        result
     }
 }
 
@@ -204,6 +262,73 @@ pub async fn read_body(
     budget: &BodyBudget,
     limits: BodyLimits,
 ) -> Result<(Bytes, Reservation), ApiError> {
+    let declared = begin_body(session, limit, limits).await?;
+    let mut wait = ClientWait::default();
+    let mut reservation = Reservation::default();
+    // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
+    while let Some(chunk) = next_piece(session, limits, &mut wait, body.len() as u64).await? {
+        let total = body.len() as u64 + chunk.len() as u64;
+        if total > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        budget.grow(&mut reservation, total)?;
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body.freeze(), reservation))
+}
+
+/// Budget a streamed body holds while it passes: the pieces in the channel, the one
+/// being sealed and the store's write buffer.
+pub const STREAM_RESERVE: u64 = 1 << 20;
+
+/// Feeds the request body into `tx` piece by piece as it arrives (then `Ok(None)`),
+/// with the same limits as [`read_body`]; a failure is sent as an `Err` so the writer
+/// discards what it stored. Reserves budget for the bytes as they arrive, like
+/// [`read_body`], but never more than [`STREAM_RESERVE`]: the channel bounds what is
+/// buffered, so older pieces are gone by then. Returns the bytes read and whether the
+/// whole body was consumed.
+pub async fn stream_body(
+    session: &mut Session,
+    limit: u64,
+    budget: &BodyBudget,
+    limits: BodyLimits,
+    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, ApiError>>,
+) -> (usize, bool) {
+    let mut read = 0u64;
+    let result = async {
+        let mut held = Reservation::default();
+        begin_body(session, limit, limits).await?;
+        let mut wait = ClientWait::default();
+        while let Some(chunk) = next_piece(session, limits, &mut wait, read).await? {
+            read += chunk.len() as u64;
+            if read > limit {
+                return Err(ApiError::PayloadTooLarge { limit });
+            }
+            budget.grow(&mut held, read.min(STREAM_RESERVE))?;
+            if tx.send(Ok(Some(chunk))).await.is_err() {
+                return Ok(false); // the writer stopped (and answers why)
+            }
+        }
+        let _ = tx.send(Ok(None)).await;
+        Ok(true)
+    }
+    .await;
+    match result {
+        Ok(consumed) => (read as usize, consumed),
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+            (read as usize, false)
+        }
+    }
+}
+
+/// Checks a declared length against `limit` and answers `Expect: 100-continue`.
+async fn begin_body(
+    session: &mut Session,
+    limit: u64,
+    limits: BodyLimits,
+) -> Result<Option<u64>, ApiError> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -224,33 +349,27 @@ pub async fn read_body(
             .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
     }
     session.set_read_timeout(Some(limits.timeout));
-    let started = tokio::time::Instant::now();
-    let mut reservation = Reservation::default();
-    // Allocate at most 1 MiB up front: a declared length is a claim, not bytes received.
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0).min(limit).min(1 << 20) as usize);
-    loop {
-        let deadline = limits.next_deadline(started, body.len() as u64);
-        let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
-            Err(_) => return Err(ApiError::SlowClient),
-            Ok(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => {
-                return Err(ApiError::SlowClient)
-            }
-            Ok(Err(_)) => {
-                return Err(ApiError::BadRequest(
-                    "request body could not be read (connection closed?)".into(),
-                ))
-            }
-            Ok(Ok(None)) => break,
-            Ok(Ok(Some(chunk))) => chunk,
-        };
-        let total = body.len() as u64 + chunk.len() as u64;
-        if total > limit {
-            return Err(ApiError::PayloadTooLarge { limit });
-        }
-        budget.grow(&mut reservation, total)?;
-        body.extend_from_slice(&chunk);
+    Ok(declared)
+}
+
+/// The next piece of the body (`None` at its end), cutting off slow clients.
+async fn next_piece(
+    session: &mut Session,
+    limits: BodyLimits,
+    wait: &mut ClientWait,
+    received: u64,
+) -> Result<Option<Bytes>, ApiError> {
+    match wait
+        .read(&limits, received, session.read_request_body())
+        .await
+    {
+        None => Err(ApiError::SlowClient),
+        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(ApiError::SlowClient),
+        Some(Err(_)) => Err(ApiError::BadRequest(
+            "request body could not be read (connection closed?)".into(),
+        )),
+        Some(Ok(chunk)) => Ok(chunk),
     }
-    Ok((body.freeze(), reservation))
 }
 
 /// Writes a local response. When the request body was not consumed, the connection
@@ -258,7 +377,11 @@ pub async fn read_body(
 pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -> Result<()> {
     let mut header = ResponseHeader::build(reply.status, Some(4))?;
     header.insert_header(http::header::CONTENT_TYPE, reply.content_type)?;
-    header.insert_header(http::header::CONTENT_LENGTH, reply.body.len().to_string())?;
+    let len = reply
+        .stream
+        .as_ref()
+        .map_or(reply.body.len() as u64, |s| s.0);
+    header.insert_header(http::header::CONTENT_LENGTH, len.to_string())?;
     header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
     for (name, value) in reply.headers {
         header.insert_header(name, value)?;
@@ -268,12 +391,96 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
         header.insert_header(http::header::CONNECTION, "close")?;
     }
     let is_head = session.req_header().method == http::Method::HEAD;
-    let empty = reply.body.is_empty() || is_head;
+    let empty = len == 0 || is_head;
     session
         .write_response_header(Box::new(header), empty)
         .await?;
-    if !empty {
+    if empty {
+        return Ok(());
+    }
+    let Some((len, mut stream)) = reply.stream else {
         session.write_response_body(Some(reply.body), true).await?;
+        return Ok(());
+    };
+    let mut sent = 0u64;
+    while let Some(piece) = stream.recv().await {
+        let piece = piece.map_err(|e| {
+            // Logged once here; the client only sees the connection close early.
+            tracing::error!(
+                error = e.log_detail().unwrap_or_default(),
+                "state read failed mid-response; connection closed"
+            );
+            Error::explain(
+                ErrorType::InternalError,
+                "state failed verification mid-response",
+            )
+        })?;
+        sent += piece.len() as u64;
+        session
+            .write_response_body(Some(piece), sent == len)
+            .await?;
+    }
+    if sent != len {
+        return Err(Error::explain(
+            ErrorType::InternalError,
+            "state ended short of its length",
+        ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: BodyLimits = BodyLimits {
+        timeout: Duration::from_secs(2),
+        min_bytes_per_second: 1000,
+    };
+
+    #[test]
+    fn only_time_waiting_for_the_client_counts_against_its_allowance() {
+        // (waits for the client in ms, bytes received, time left for the next read in ms)
+        let cases: &[(&[u64], u64, Option<u64>)] = &[
+            (&[], 0, Some(2000)),
+            (&[1500], 0, Some(500)),
+            (&[2000], 0, None),
+            // Every 1000 bytes received buy one more second.
+            (&[1500, 1000], 1000, Some(500)),
+            (&[1500, 1000], 500, None),
+            (&[10, 10, 10], 3000, Some(4970)),
+        ];
+        for &(waits, received, left) in cases {
+            let mut wait = ClientWait::default();
+            for &ms in waits {
+                wait.record(Duration::from_millis(ms));
+            }
+            assert_eq!(
+                wait.remaining(&LIMITS, received),
+                left.map(Duration::from_millis),
+                "{waits:?} {received}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_busy_between_reads_does_not_use_up_the_clients_time() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut wait = ClientWait::default();
+        let mut received = 0;
+        for _ in 0..10 {
+            // The client's piece is there at once...
+            tx.send(vec![0u8; 100]).unwrap();
+            let piece = wait.read(&LIMITS, received, rx.recv()).await;
+            received += piece.flatten().expect("in time").len() as u64;
+            // ...then the server spends far longer than the whole allowance sealing
+            // and writing it.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        // A client that then goes silent is cut off once its own allowance is used up.
+        let started = tokio::time::Instant::now();
+        assert!(wait.read(&LIMITS, received, rx.recv()).await.is_none());
+        assert_eq!(started.elapsed(), LIMITS.allowance(received));
+        assert_eq!(wait.remaining(&LIMITS, received), None);
+    }
 }

@@ -51,6 +51,7 @@ pub(super) async fn handle(
                     .reserve(state.body.len() as u64)
                     .map_err(&fail)?;
                 Reply {
+                    stream: None,
                     status: 200,
                     headers: state.headers(),
                     body: state.body.into(),

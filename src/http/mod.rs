@@ -282,6 +282,7 @@ impl Gateway {
             Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
             Endpoint::Metrics => Handled::done(
                 Reply {
+                    stream: None,
                     status: 200,
                     body: self.metrics_text().await.into(),
                     content_type: "text/plain; version=0.0.4",

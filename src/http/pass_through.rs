@@ -155,6 +155,7 @@ pub fn no_upstream() -> ApiError {
 /// A local answer in S3's XML error format, for requests on the pass-through.
 pub fn s3_reply(status: u16, code: &str, message: &str, path: &str) -> Reply {
     Reply {
+        stream: None,
         status,
         body: upstream::s3_error(code, message, path),
         content_type: "application/xml",

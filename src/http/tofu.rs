@@ -4,11 +4,12 @@
 
 use pingora::proxy::Session;
 
-use super::body::{error_reply, read_body, Failure, Handled, Reply};
+use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply};
 use super::router::TfAction;
 use super::{auth, App};
 use crate::error::ApiError;
-use crate::tofu::{protocol::verify_content_md5, MAX_LOCK_BODY};
+use crate::store::BODY_CHANNEL;
+use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
 pub(super) async fn handle(
     app: &App,
@@ -25,6 +26,9 @@ pub(super) async fn handle(
     if !auth::is_authorized(auth, &tofu.expected_bearer(workspace)) {
         return Err(Failure::early(ApiError::Unauthorized));
     }
+    if let TfAction::Write { lock_id } = action {
+        return write(app, session, workspace, lock_id).await;
+    }
     let limit = match action {
         TfAction::Write { .. } => app.max_state_bytes,
         TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
@@ -37,27 +41,21 @@ pub(super) async fn handle(
     let fail = Failure::after_body(read);
     let reply = match action {
         TfAction::Get => {
-            // The stored blob and its plaintext are both in memory while it is served.
+            // A few verified chunks are in flight at a time (a blob of an earlier
+            // release is opened whole, as before).
             let size = tofu.stored_size(workspace).await.map_err(&fail)?;
-            held = app.body_budget.reserve(2 * size).map_err(&fail)?;
-            match tofu.get(workspace).await.map_err(&fail)? {
-                Some(state) => Reply::json(200, state),
+            held = app
+                .body_budget
+                .reserve((2 * size).min(super::body::STREAM_RESERVE))
+                .map_err(&fail)?;
+            match tofu.get_stream(workspace).await.map_err(&fail)? {
+                Some(state) => Reply::streamed(state.row.size.max(0) as u64, relay(state.chunks)),
                 None => error_reply(&ApiError::NotFound(format!(
                     "workspace {workspace:?} has no state yet"
                 ))),
             }
         }
-        TfAction::Write { lock_id } => {
-            let md5 = session
-                .req_header()
-                .headers
-                .get("content-md5")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            verify_content_md5(md5.as_deref(), &body).map_err(&fail)?;
-            tofu.write(workspace, lock_id, body).await.map_err(&fail)?;
-            Reply::empty()
-        }
+        TfAction::Write { .. } => unreachable!("handled above"),
         TfAction::Lock => {
             tofu.lock(workspace, &body).await.map_err(&fail)?;
             Reply::empty()
@@ -72,4 +70,58 @@ pub(super) async fn handle(
         }
     };
     Ok(Handled::done(reply, read).holding(held))
+}
+
+/// Store errors in a state being sent become API errors (the reply aborts on them).
+fn relay(
+    mut chunks: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, crate::store::StoreError>>,
+) -> super::body::BodyStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        while let Some(piece) = chunks.recv().await {
+            if tx.send(piece.map_err(ApiError::from)).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// POST: the body streams into the store as it arrives (never held whole); the lock
+/// check runs before the first byte is stored and again in the commit.
+async fn write(
+    app: &App,
+    session: &mut Session,
+    workspace: &str,
+    lock_id: Option<String>,
+) -> Result<Handled, Failure> {
+    let md5 = session
+        .req_header()
+        .headers
+        .get("content-md5")
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))
+        })
+        .transpose()
+        .and_then(|v| v.map(decode_content_md5).transpose())
+        .map_err(Failure::early)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(BODY_CHANNEL);
+    let feed = stream_body(
+        session,
+        app.max_state_bytes,
+        &app.body_budget,
+        app.body_limits,
+        tx,
+    );
+    let store = app.tofu.write_stream(workspace, lock_id, md5, rx);
+    let ((read, consumed), outcome) = tokio::join!(feed, store);
+    match outcome {
+        Ok(_) => Ok(Handled::done(Reply::empty(), read)),
+        Err(error) => Err(Failure {
+            error,
+            bytes_in: read,
+            body_consumed: consumed,
+        }),
+    }
 }

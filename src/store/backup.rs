@@ -140,7 +140,7 @@ pub fn seal(root: &RootKey, id: &str, snapshot: &[u8], now: &str) -> Result<Vec<
 /// Opens the sealed backup `id`: the key, the header's scope and the content hash must all match.
 pub fn open(root: &RootKey, id: &str, sealed: &[u8]) -> Result<Vec<u8>, FormatError> {
     let scope = scope_of(id);
-    let (header, _) = format::read_header(sealed)?;
+    let header = format::read_header(sealed)?;
     format::decode(
         &root.blob_key(&scope),
         sealed,

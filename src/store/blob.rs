@@ -20,12 +20,38 @@ pub enum BlobError {
     Failed(String),
 }
 
+/// A blob being written piece by piece. Nothing is visible under its key until
+/// [`BlobSink::finish`] returned; [`BlobSink::abort`] (or dropping the sink unfinished)
+/// leaves nothing behind.
+#[async_trait]
+pub trait BlobSink: Send {
+    async fn write(&mut self, data: Bytes) -> Result<(), BlobError>;
+    /// Makes the blob durable and visible under its key.
+    async fn finish(self: Box<Self>) -> Result<(), BlobError>;
+    async fn abort(self: Box<Self>);
+}
+
+/// A blob being read: its length, then its bytes in order.
+pub struct BlobReader {
+    pub len: u64,
+    pub chunks: tokio::sync::mpsc::Receiver<Result<Bytes, BlobError>>,
+}
+
+/// How many read pieces a [`BlobReader`] keeps ahead of its consumer.
+pub const READ_AHEAD: usize = 2;
+/// Size of the pieces a local blob is read in.
+const READ_PIECE: usize = 128 * 1024;
+
 #[async_trait]
 pub trait BlobStore: Send + Sync + 'static {
     /// Writes `data` under `key` durably before returning.
     async fn put(&self, key: &str, data: Bytes) -> Result<(), BlobError>;
+    /// Starts writing a blob under `key` (a new key: blobs are never overwritten).
+    async fn create(&self, key: &str) -> Result<Box<dyn BlobSink>, BlobError>;
     /// `Ok(None)` only when the store positively says the key does not exist.
     async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError>;
+    /// Like [`BlobStore::get`], but the bytes arrive in pieces, a few ahead at most.
+    async fn read(&self, key: &str) -> Result<Option<BlobReader>, BlobError>;
     async fn delete(&self, key: &str) -> Result<(), BlobError>;
     /// Keys under `prefix` (used to rebuild the index and sweep garbage).
     async fn list(&self, prefix: &str) -> Result<Vec<String>, BlobError>;
@@ -129,6 +155,56 @@ fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// A local blob in the making: a temp file in the blob's directory, renamed into place
+/// (after fsync, then a directory fsync) by `finish`.
+struct LocalSink {
+    file: Option<tokio::fs::File>,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+#[async_trait]
+impl BlobSink for LocalSink {
+    async fn write(&mut self, data: Bytes) -> Result<(), BlobError> {
+        use tokio::io::AsyncWriteExt;
+        let file = self.file.as_mut().expect("sink not finished");
+        file.write_all(&data)
+            .await
+            .map_err(|e| BlobError::Failed(format!("write {}: {e}", self.tmp.display())))
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<(), BlobError> {
+        use tokio::io::AsyncWriteExt;
+        let mut file = self.file.take().expect("sink not finished");
+        let (tmp, path) = (self.tmp.clone(), self.path.clone());
+        let result = async {
+            file.flush().await?;
+            file.sync_all().await?;
+            drop(file);
+            tokio::task::spawn_blocking(move || {
+                std::fs::rename(&tmp, &path)?;
+                std::fs::File::open(path.parent().expect("blob path has a parent"))?.sync_all()
+            })
+            .await
+            .map_err(std::io::Error::other)?
+        }
+        .await;
+        result.map_err(|e| BlobError::Failed(format!("write {}: {e}", self.path.display())))
+    }
+
+    async fn abort(self: Box<Self>) {
+        // Drop removes the temp file.
+    }
+}
+
+impl Drop for LocalSink {
+    fn drop(&mut self) {
+        // Unfinished (aborted, failed, or the request went away): leave nothing behind.
+        // After a successful rename the temp name is gone and this is a no-op.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BlobError> + Send + 'static,
 ) -> Result<T, BlobError> {
@@ -146,6 +222,60 @@ impl BlobStore for LocalStore {
                 .map_err(|e| BlobError::Failed(format!("write {}: {e}", path.display())))
         })
         .await
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn BlobSink>, BlobError> {
+        let path = self.path_for(key)?;
+        let dir = path.parent().expect("blob path has a parent").to_path_buf();
+        let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4().simple()));
+        let file = {
+            let (dir, tmp) = (dir.clone(), tmp.clone());
+            blocking(move || {
+                create_dir_durably(&dir)
+                    .and_then(|()| std::fs::File::create_new(&tmp))
+                    .map_err(|e| BlobError::Failed(format!("create {}: {e}", tmp.display())))
+            })
+            .await?
+        };
+        Ok(Box::new(LocalSink {
+            file: Some(tokio::fs::File::from_std(file)),
+            tmp,
+            path,
+        }))
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<BlobReader>, BlobError> {
+        use tokio::io::AsyncReadExt;
+        let path = self.path_for(key)?;
+        let mut file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(BlobError::Failed(format!("read {}: {e}", path.display()))),
+        };
+        let len = file
+            .metadata()
+            .await
+            .map_err(|e| BlobError::Failed(format!("read {}: {e}", path.display())))?
+            .len();
+        let (tx, chunks) = tokio::sync::mpsc::channel(READ_AHEAD);
+        tokio::spawn(async move {
+            loop {
+                let mut buf = bytes::BytesMut::zeroed(READ_PIECE);
+                let piece = match file.read(&mut buf).await {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        Ok(buf.freeze())
+                    }
+                    Err(e) => Err(BlobError::Failed(format!("read {}: {e}", path.display()))),
+                };
+                let failed = piece.is_err();
+                if tx.send(piece).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Some(BlobReader { len, chunks }))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError> {

@@ -1,21 +1,53 @@
 //! The on-store blob format: a plaintext header that makes the blob self-describing
 //! (so the SQLite index can be rebuilt from the store alone), then the sealed state.
 //!
+//! Today's blobs are `SGB2`, written and read in chunks so a state of any size passes
+//! through bounded memory:
+//!
+//! ```text
+//! "SGB2" | u32 BE n | header JSON (n bytes)                      ← AD of every chunk
+//! chunk 0 .. chunk k-1: AES-256-GCM(≤ 64 KiB plaintext) ‖ 16-byte tag
+//! trailer JSON (m bytes) | u32 BE m | "SGT2"                     ← also AD of chunk k-1
+//! ```
+//! The chunks are the STREAM construction (Hoang, Reyhanitabar, Rogaway, Vizár 2015;
+//! RustCrypto's `StreamBE32`): nonce = 7-byte random prefix (in the header) ‖ u32 BE
+//! chunk counter ‖ last-chunk flag, so a dropped, reordered, duplicated or foreign
+//! chunk, or a blob cut at a chunk boundary, fails to open. The header (scope,
+//! version, chunk size, nonce prefix, created_at, actor, parent) is the associated
+//! data of every chunk, so a blob moved to another scope or version fails. What is
+//! only known at the end (serial, lineage, sha256 and size of the whole plaintext)
+//! is the trailer, in clear for the index rebuild and authenticated as part of the
+//! final chunk's associated data. Every chunk but the last holds exactly the chunk
+//! size; the last holds 0..=chunk size bytes, so the size fixes the layout.
+//!
+//! `SGB1` blobs (earlier releases) still read: one AEAD message, header as AD.
 //! ```text
 //! "SGB1" | u32 BE header length | header JSON | nonce | ciphertext | tag
 //! ```
-//! The AEAD associated data is everything before the nonce, so the header (scope,
-//! version, serial, lineage, sha256) cannot be altered and a blob copied to another
-//! scope or version fails to open.
 
+use aes_gcm::aead::stream::{DecryptorBE32, EncryptorBE32};
+use aes_gcm::Aes256Gcm;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 
 use crate::crypto::{SealError, SealKey};
 
-const MAGIC: &[u8; 4] = b"SGB1";
+const MAGIC_V1: &[u8; 4] = b"SGB1";
+const MAGIC_V2: &[u8; 4] = b"SGB2";
+const TRAILER_MAGIC: &[u8; 4] = b"SGT2";
 /// Headers are small; anything larger is not one of ours.
 const MAX_HEADER: usize = 64 * 1024;
+/// Trailers too (a lineage is at most 256 bytes).
+const MAX_TRAILER: usize = 16 * 1024;
+/// Plaintext bytes per chunk. 64 KiB is what one body read from the client carries, so
+/// a write buffers about one chunk; the 16-byte tag per chunk costs 0.02%.
+pub const CHUNK_SIZE: usize = 64 * 1024;
+const TAG_LEN: usize = 16;
+/// STREAM's nonce prefix: 12-byte GCM nonce minus the 4-byte counter and the flag byte.
+const PREFIX_LEN: usize = 7;
 
+/// What the index knows about a blob (for SGB2: header and trailer together).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlobHeader {
     pub scope: String,
@@ -34,6 +66,34 @@ pub struct BlobHeader {
     pub parent: Option<String>,
 }
 
+/// Who a blob is, known before its first byte is written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobIdentity {
+    pub scope: String,
+    pub version: i64,
+    pub created_at: String,
+    pub actor: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StreamHeader {
+    #[serde(flatten)]
+    id: BlobIdentity,
+    chunk_size: u32,
+    nonce_prefix: String,
+}
+
+/// What is known only once the whole body went through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trailer {
+    pub serial: Option<i64>,
+    pub lineage: Option<String>,
+    pub sha256: String,
+    pub size: i64,
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
     #[error("not a stategate blob (bad magic or header)")]
@@ -42,35 +102,398 @@ pub enum FormatError {
     WrongIdentity { expected: String, found: String },
     #[error("content hash does not match the version index")]
     HashMismatch,
+    #[error("blob is truncated or longer than its index entry says")]
+    BadLength,
     #[error(transparent)]
     Seal(#[from] SealError),
 }
 
-pub fn encode(key: &SealKey, header: &BlobHeader, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
-    let header_json = serde_json::to_vec(header).expect("header serializes");
-    let mut out = Vec::with_capacity(8 + header_json.len() + plaintext.len() + 28);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(header_json.len() as u32).to_be_bytes());
-    out.extend_from_slice(&header_json);
-    let sealed = key.seal(&out, plaintext)?;
-    out.extend_from_slice(&sealed);
-    Ok(out)
+/// Seals a body chunk by chunk as it arrives. Holds at most one chunk of plaintext.
+pub struct Sealer {
+    enc: EncryptorBE32<Aes256Gcm>,
+    header: Vec<u8>,
+    pending: Vec<u8>,
+    sha: sha2::Sha256,
+    size: u64,
 }
 
-/// Reads the header without decrypting (for index rebuilds).
-pub fn read_header(blob: &[u8]) -> Result<(BlobHeader, usize), FormatError> {
-    if blob.len() < 8 || &blob[..4] != MAGIC {
+impl Sealer {
+    /// A sealer and the blob's first bytes (magic and header).
+    pub fn new(key: &SealKey, id: &BlobIdentity) -> Result<(Sealer, Bytes), SealError> {
+        let mut prefix = [0u8; PREFIX_LEN];
+        getrandom::getrandom(&mut prefix).map_err(|_| SealError::Random)?;
+        let header = encode_header(&StreamHeader {
+            id: id.clone(),
+            chunk_size: CHUNK_SIZE as u32,
+            nonce_prefix: hex::encode(prefix),
+        });
+        let enc = EncryptorBE32::from_aead(key.cipher(), prefix.as_slice().into());
+        let sealer = Sealer {
+            enc,
+            header: header.clone(),
+            pending: Vec::with_capacity(2 * CHUNK_SIZE),
+            sha: sha2::Sha256::new(),
+            size: 0,
+        };
+        Ok((sealer, Bytes::from(header)))
+    }
+
+    /// Takes the next piece of plaintext; returns the chunks it completed, sealed
+    /// (empty while a chunk is still filling). A full chunk is kept until more data
+    /// shows it is not the last.
+    pub fn push(&mut self, data: &[u8]) -> Result<Bytes, SealError> {
+        self.sha.update(data);
+        self.size += data.len() as u64;
+        self.pending.extend_from_slice(data);
+        let full = (self.pending.len().saturating_sub(1)) / CHUNK_SIZE;
+        if full == 0 {
+            return Ok(Bytes::new());
+        }
+        let mut out = Vec::with_capacity(full * (CHUNK_SIZE + TAG_LEN));
+        for i in 0..full {
+            let mut chunk = self.pending[i * CHUNK_SIZE..(i + 1) * CHUNK_SIZE].to_vec();
+            self.enc
+                .encrypt_next_in_place(&self.header, &mut chunk)
+                .map_err(|_| SealError::Authentication)?;
+            out.extend_from_slice(&chunk);
+        }
+        self.pending.drain(..full * CHUNK_SIZE);
+        Ok(Bytes::from(out))
+    }
+
+    /// The sha256 (hex) and size of everything pushed so far.
+    pub fn digest(&self) -> (String, u64) {
+        (hex::encode(self.sha.clone().finalize()), self.size)
+    }
+
+    /// Seals the last chunk with the trailer bound in; returns the blob's remaining
+    /// bytes and the trailer.
+    pub fn finish(
+        self,
+        serial: Option<i64>,
+        lineage: Option<String>,
+    ) -> Result<(Bytes, Trailer), SealError> {
+        let trailer = Trailer {
+            serial,
+            lineage,
+            sha256: hex::encode(self.sha.finalize()),
+            size: self.size as i64,
+        };
+        let trailer_json = serde_json::to_vec(&trailer).expect("trailer serializes");
+        let mut ad = self.header;
+        ad.extend_from_slice(&trailer_json);
+        let mut chunk = self.pending;
+        self.enc
+            .encrypt_last_in_place(&ad, &mut chunk)
+            .map_err(|_| SealError::Authentication)?;
+        chunk.extend_from_slice(&trailer_json);
+        chunk.extend_from_slice(&(trailer_json.len() as u32).to_be_bytes());
+        chunk.extend_from_slice(TRAILER_MAGIC);
+        Ok((Bytes::from(chunk), trailer))
+    }
+}
+
+fn encode_header(header: &StreamHeader) -> Vec<u8> {
+    let json = serde_json::to_vec(header).expect("header serializes");
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(MAGIC_V2);
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+/// Plaintext length of a chunked blob's chunk region for a body of `size` bytes.
+fn sealed_len(size: u64, chunk: u64) -> u64 {
+    let chunks = size.div_ceil(chunk).max(1);
+    size + chunks * TAG_LEN as u64
+}
+
+/// Opens a blob as its bytes arrive, checking it is exactly the version the index
+/// says it is (`scope`, `version`, `size`, `sha256`). Plaintext comes out chunk by
+/// chunk as each is verified, except the last, which [`Opener::finish`] returns only
+/// once the whole-body hash matched. SGB1 blobs are collected and opened whole.
+pub struct Opener {
+    cipher: Aes256Gcm,
+    scope: String,
+    version: i64,
+    size: u64,
+    sha256: Option<String>,
+    buf: Vec<u8>,
+    state: OpenState,
+    sha: sha2::Sha256,
+}
+
+enum OpenState {
+    /// Waiting for the magic and header.
+    Start,
+    /// SGB1: the whole blob is collected.
+    Whole,
+    Chunks {
+        dec: Box<DecryptorBE32<Aes256Gcm>>,
+        header: Vec<u8>,
+        chunk: usize,
+        /// Sealed bytes of the non-final chunks not yet opened.
+        body_left: u64,
+        /// Sealed length of the final chunk.
+        last_len: usize,
+    },
+}
+
+impl Opener {
+    pub fn new(
+        key: &SealKey,
+        scope: &str,
+        version: i64,
+        size: u64,
+        sha256: Option<String>,
+    ) -> Opener {
+        Opener {
+            cipher: key.cipher(),
+            scope: scope.to_string(),
+            version,
+            size,
+            sha256,
+            buf: Vec::new(),
+            state: OpenState::Start,
+            sha: sha2::Sha256::new(),
+        }
+    }
+
+    /// Feeds the blob's next bytes; returns the plaintext chunks verified so far.
+    pub fn push(&mut self, data: &[u8]) -> Result<Vec<Bytes>, FormatError> {
+        self.buf.extend_from_slice(data);
+        if let OpenState::Start = self.state {
+            if !self.start()? {
+                return Ok(Vec::new());
+            }
+        }
+        let OpenState::Chunks {
+            dec,
+            header,
+            chunk,
+            body_left,
+            last_len,
+        } = &mut self.state
+        else {
+            return Ok(Vec::new()); // SGB1: opened whole at the end
+        };
+        let sealed_chunk = *chunk + TAG_LEN;
+        let mut out = Vec::new();
+        let mut at = 0;
+        while *body_left > 0 && self.buf.len() - at >= sealed_chunk {
+            let mut piece = self.buf[at..at + sealed_chunk].to_vec();
+            dec.decrypt_next_in_place(header, &mut piece)
+                .map_err(|_| SealError::Authentication)?;
+            self.sha.update(&piece);
+            out.push(Bytes::from(piece));
+            at += sealed_chunk;
+            *body_left -= sealed_chunk as u64;
+        }
+        self.buf.drain(..at);
+        if *body_left == 0 && self.buf.len() > *last_len + 8 + MAX_TRAILER {
+            return Err(FormatError::BadLength);
+        }
+        Ok(out)
+    }
+
+    /// Parses the magic and header once they are all there; false while they are not.
+    fn start(&mut self) -> Result<bool, FormatError> {
+        if self.buf.len() < 8 {
+            return Ok(false);
+        }
+        let magic = &self.buf[..4];
+        if magic == MAGIC_V1 {
+            self.state = OpenState::Whole;
+            return Ok(true);
+        }
+        if magic != MAGIC_V2 {
+            return Err(FormatError::NotABlob);
+        }
+        let len = header_len(&self.buf)?;
+        if self.buf.len() < 8 + len {
+            return Ok(false);
+        }
+        let parsed: StreamHeader =
+            serde_json::from_slice(&self.buf[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
+        check_identity(
+            &parsed.id.scope,
+            parsed.id.version,
+            &self.scope,
+            self.version,
+        )?;
+        let chunk = parsed.chunk_size as usize;
+        let prefix = hex::decode(&parsed.nonce_prefix).map_err(|_| FormatError::NotABlob)?;
+        if chunk == 0 || chunk > 16 << 20 || prefix.len() != PREFIX_LEN {
+            return Err(FormatError::NotABlob);
+        }
+        let sealed = sealed_len(self.size, chunk as u64);
+        let last_plain = self.size - (self.size.div_ceil(chunk as u64).max(1) - 1) * chunk as u64;
+        let last_len = last_plain as usize + TAG_LEN;
+        self.state = OpenState::Chunks {
+            dec: Box::new(DecryptorBE32::from_aead(
+                self.cipher.clone(),
+                prefix.as_slice().into(),
+            )),
+            header: self.buf[..8 + len].to_vec(),
+            chunk,
+            body_left: sealed - last_len as u64,
+            last_len,
+        };
+        self.buf.drain(..8 + len);
+        Ok(true)
+    }
+
+    /// The blob ended: opens the final chunk with the trailer bound in, checks the
+    /// trailer and the whole-body hash, and returns the final plaintext.
+    pub fn finish(mut self) -> Result<Bytes, FormatError> {
+        let state = std::mem::replace(&mut self.state, OpenState::Start);
+        let (dec, mut ad, last_len) = match state {
+            OpenState::Start => return Err(FormatError::NotABlob),
+            OpenState::Whole => {
+                let plaintext = decode_v1(&self, &self.buf)?;
+                return Ok(Bytes::from(plaintext));
+            }
+            OpenState::Chunks {
+                dec,
+                header,
+                body_left,
+                last_len,
+                ..
+            } => {
+                if body_left > 0 {
+                    return Err(FormatError::BadLength);
+                }
+                (dec, header, last_len)
+            }
+        };
+        let trailer_json = split_trailer(&self.buf)?;
+        if self.buf.len() != last_len + trailer_json.len() + 8 {
+            return Err(FormatError::BadLength);
+        }
+        let trailer: Trailer =
+            serde_json::from_slice(trailer_json).map_err(|_| FormatError::NotABlob)?;
+        if trailer.size != self.size as i64 {
+            return Err(FormatError::BadLength);
+        }
+        ad.extend_from_slice(trailer_json);
+        let mut last = self.buf[..last_len].to_vec();
+        dec.decrypt_last_in_place(&ad, &mut last)
+            .map_err(|_| SealError::Authentication)?;
+        self.sha.update(&last);
+        let digest = hex::encode(self.sha.finalize_reset());
+        if digest != trailer.sha256 || self.sha256.as_ref().is_some_and(|s| *s != digest) {
+            return Err(FormatError::HashMismatch);
+        }
+        Ok(Bytes::from(last))
+    }
+}
+
+fn header_len(blob: &[u8]) -> Result<usize, FormatError> {
+    let len = u32::from_be_bytes(blob[4..8].try_into().expect("4 bytes")) as usize;
+    if len > MAX_HEADER {
         return Err(FormatError::NotABlob);
     }
-    let len = u32::from_be_bytes(blob[4..8].try_into().expect("4 bytes")) as usize;
-    if len > MAX_HEADER || blob.len() < 8 + len {
+    Ok(len)
+}
+
+/// The trailer JSON at the end of `tail` (which ends where the blob ends).
+fn split_trailer(tail: &[u8]) -> Result<&[u8], FormatError> {
+    let n = tail.len();
+    if n < 8 || &tail[n - 4..] != TRAILER_MAGIC {
+        return Err(FormatError::BadLength);
+    }
+    let len = u32::from_be_bytes(tail[n - 8..n - 4].try_into().expect("4 bytes")) as usize;
+    if len > MAX_TRAILER || len + 8 > n {
+        return Err(FormatError::BadLength);
+    }
+    Ok(&tail[n - 8 - len..n - 8])
+}
+
+fn check_identity(
+    scope: &str,
+    version: i64,
+    want_scope: &str,
+    want_version: i64,
+) -> Result<(), FormatError> {
+    if scope != want_scope || version != want_version {
+        return Err(FormatError::WrongIdentity {
+            expected: format!("{want_scope} v{want_version}"),
+            found: format!("{scope} v{version}"),
+        });
+    }
+    Ok(())
+}
+
+fn decode_v1(opener: &Opener, blob: &[u8]) -> Result<Vec<u8>, FormatError> {
+    let (header, body_at) = read_header_v1(blob)?;
+    check_identity(&header.scope, header.version, &opener.scope, opener.version)?;
+    let key_cipher = &opener.cipher;
+    let sealed = &blob[body_at..];
+    if sealed.len() < 12 + TAG_LEN {
+        return Err(SealError::Truncated.into());
+    }
+    use aes_gcm::aead::{Aead, Payload};
+    let (nonce, body) = sealed.split_at(12);
+    let plaintext = key_cipher
+        .decrypt(
+            aes_gcm::Nonce::from_slice(nonce),
+            Payload {
+                msg: body,
+                aad: &blob[..body_at],
+            },
+        )
+        .map_err(|_| SealError::Authentication)?;
+    if let Some(expected) = &opener.sha256 {
+        if hex::encode(sha2_digest(&plaintext)) != *expected {
+            return Err(FormatError::HashMismatch);
+        }
+    }
+    Ok(plaintext)
+}
+
+fn read_header_v1(blob: &[u8]) -> Result<(BlobHeader, usize), FormatError> {
+    let len = header_len(blob)?;
+    if blob.len() < 8 + len {
         return Err(FormatError::NotABlob);
     }
     let header = serde_json::from_slice(&blob[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
     Ok((header, 8 + len))
 }
 
-/// Opens a blob, checking it is exactly the version the index says it is.
+/// Reads a whole blob's identity without decrypting (for index rebuilds): the header,
+/// and for SGB2 the trailer. Nothing here is trusted until [`decode`] opened the blob.
+pub fn read_header(blob: &[u8]) -> Result<BlobHeader, FormatError> {
+    if blob.len() < 8 {
+        return Err(FormatError::NotABlob);
+    }
+    if &blob[..4] == MAGIC_V1 {
+        return Ok(read_header_v1(blob)?.0);
+    }
+    if &blob[..4] != MAGIC_V2 {
+        return Err(FormatError::NotABlob);
+    }
+    let len = header_len(blob)?;
+    if blob.len() < 8 + len {
+        return Err(FormatError::NotABlob);
+    }
+    let header: StreamHeader =
+        serde_json::from_slice(&blob[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
+    let trailer: Trailer = serde_json::from_slice(split_trailer(&blob[8 + len..])?)
+        .map_err(|_| FormatError::NotABlob)?;
+    Ok(BlobHeader {
+        scope: header.id.scope,
+        version: header.id.version,
+        serial: trailer.serial,
+        lineage: trailer.lineage,
+        sha256: trailer.sha256,
+        size: trailer.size,
+        created_at: header.id.created_at,
+        actor: header.id.actor,
+        parent: header.id.parent,
+    })
+}
+
+/// Opens a whole blob, checking it is exactly the version the index says it is.
 pub fn decode(
     key: &SealKey,
     blob: &[u8],
@@ -78,24 +501,41 @@ pub fn decode(
     version: i64,
     sha256: Option<&str>,
 ) -> Result<Vec<u8>, FormatError> {
-    let (header, body_at) = read_header(blob)?;
-    if header.scope != scope || header.version != version {
-        return Err(FormatError::WrongIdentity {
-            expected: format!("{scope} v{version}"),
-            found: format!("{} v{}", header.scope, header.version),
-        });
+    let claimed = read_header(blob)?;
+    let mut opener = Opener::new(
+        key,
+        scope,
+        version,
+        claimed.size.max(0) as u64,
+        sha256.map(str::to_string),
+    );
+    let mut out = Vec::with_capacity(claimed.size.clamp(0, 1 << 30) as usize);
+    for piece in opener.push(blob)? {
+        out.extend_from_slice(&piece);
     }
-    let plaintext = key.open(&blob[..body_at], &blob[body_at..])?;
-    if let Some(expected) = sha256 {
-        if hex::encode(sha2_digest(&plaintext)) != expected {
-            return Err(FormatError::HashMismatch);
-        }
-    }
-    Ok(plaintext)
+    out.extend_from_slice(&opener.finish()?);
+    Ok(out)
+}
+
+/// Seals a whole body as one SGB2 blob with `header`'s identity, serial and lineage
+/// (its sha256 and size are computed from `plaintext`). For tools and tests.
+pub fn encode(key: &SealKey, header: &BlobHeader, plaintext: &[u8]) -> Result<Vec<u8>, SealError> {
+    let id = BlobIdentity {
+        scope: header.scope.clone(),
+        version: header.version,
+        created_at: header.created_at.clone(),
+        actor: header.actor.clone(),
+        parent: header.parent.clone(),
+    };
+    let (mut sealer, head) = Sealer::new(key, &id)?;
+    let mut out = head.to_vec();
+    out.extend_from_slice(&sealer.push(plaintext)?);
+    let (tail, _) = sealer.finish(header.serial, header.lineage.clone())?;
+    out.extend_from_slice(&tail);
+    Ok(out)
 }
 
 pub fn sha2_digest(data: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
     sha2::Sha256::digest(data).into()
 }
 
@@ -104,64 +544,218 @@ mod tests {
     use super::*;
     use crate::crypto::RootKey;
 
-    fn header(scope: &str, version: i64, body: &[u8]) -> BlobHeader {
-        BlobHeader {
-            parent: None,
+    /// The SGB1 encoder of earlier releases, kept to prove their blobs still read.
+    fn encode_v1(key: &SealKey, header: &BlobHeader, plaintext: &[u8]) -> Vec<u8> {
+        let header_json = serde_json::to_vec(header).unwrap();
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC_V1);
+        out.extend_from_slice(&(header_json.len() as u32).to_be_bytes());
+        out.extend_from_slice(&header_json);
+        let sealed = key.seal(&out, plaintext).unwrap();
+        out.extend_from_slice(&sealed);
+        out
+    }
+
+    fn id(scope: &str, version: i64) -> BlobIdentity {
+        BlobIdentity {
             scope: scope.into(),
             version,
-            serial: Some(3),
-            lineage: Some("l".into()),
-            sha256: hex::encode(sha2_digest(body)),
-            size: body.len() as i64,
             created_at: "2026-01-01T00:00:00Z".into(),
             actor: "test".into(),
+            parent: Some("states/x/1.blob".into()),
         }
     }
 
+    fn body(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    fn key() -> SealKey {
+        RootKey::from_bytes([1; 32]).blob_key("tf/a")
+    }
+
+    /// Seals `plain` fed in `piece`-byte writes.
+    fn seal(plain: &[u8], piece: usize) -> (Vec<u8>, Trailer) {
+        let (mut sealer, header) = Sealer::new(&key(), &id("tf/a", 2)).unwrap();
+        let mut out = header.to_vec();
+        for part in plain.chunks(piece.max(1)) {
+            out.extend_from_slice(&sealer.push(part).unwrap());
+        }
+        let (tail, trailer) = sealer.finish(Some(3), Some("l".into())).unwrap();
+        out.extend_from_slice(&tail);
+        (out, trailer)
+    }
+
+    /// Opens `blob` fed in `piece`-byte reads, as the index row for tf/a v2 says.
+    fn open(blob: &[u8], size: usize, piece: usize) -> Result<Vec<u8>, FormatError> {
+        let sha = hex::encode(sha2_digest(&body(size)));
+        let mut opener = Opener::new(&key(), "tf/a", 2, size as u64, Some(sha));
+        let mut out = Vec::new();
+        for part in blob.chunks(piece.max(1)) {
+            for p in opener.push(part)? {
+                out.extend_from_slice(&p);
+            }
+        }
+        out.extend_from_slice(&opener.finish()?);
+        Ok(out)
+    }
+
+    const C: usize = CHUNK_SIZE;
+
     #[test]
-    fn round_trip_and_identity_checks() {
-        let root = RootKey::from_bytes([1; 32]);
-        let key = root.blob_key("tf/a");
-        let body = b"{\"serial\":3}";
-        let h = header("tf/a", 2, body);
-        let blob = encode(&key, &h, body).unwrap();
-        assert_eq!(read_header(&blob).unwrap().0, h);
-        assert_eq!(
-            decode(&key, &blob, "tf/a", 2, Some(&h.sha256)).unwrap(),
-            body
-        );
-        assert!(matches!(
-            decode(&key, &blob, "tf/a", 3, None),
-            Err(FormatError::WrongIdentity { .. })
-        ));
-        assert!(matches!(
-            decode(&key, &blob, "tf/a", 2, Some("00")),
-            Err(FormatError::HashMismatch)
-        ));
-        // A header edited to claim another identity fails authentication.
-        let forged = encode(&key, &header("tf/a", 9, body), body).unwrap();
+    fn round_trip_across_chunk_boundaries() {
+        for size in [0, 1, C - 1, C, C + 1, 2 * C, 3 * C + 5] {
+            let plain = body(size);
+            for (write, read) in [(size + 1, size + 100), (7_001, 65_537), (C, 1_000)] {
+                let (blob, trailer) = seal(&plain, write);
+                assert_eq!(trailer.size, size as i64);
+                assert_eq!(blob.len() as u64, {
+                    let header = read_header(&blob).unwrap();
+                    assert_eq!((header.serial, header.size), (Some(3), size as i64));
+                    blob.len() as u64
+                });
+                assert_eq!(
+                    open(&blob, size, read).unwrap(),
+                    plain,
+                    "{size} {write} {read}"
+                );
+                let whole = decode(&key(), &blob, "tf/a", 2, Some(&trailer.sha256)).unwrap();
+                assert_eq!(whole, plain);
+            }
+        }
+    }
+
+    /// Byte offsets of the sealed chunks of a blob made by `seal`.
+    fn chunk_at(blob: &[u8], i: usize) -> std::ops::Range<usize> {
+        let start = 8 + header_len(blob).unwrap() + i * (C + TAG_LEN);
+        start..start + C + TAG_LEN
+    }
+
+    #[test]
+    fn tampering_is_detected() {
+        let size = 3 * C + 10;
+        let (blob, _) = seal(&body(size), C);
+        let (other, _) = seal(&body(size), C); // same key, scope and version, other nonces
+        let fails = |name: &str, bad: Vec<u8>| {
+            assert!(open(&bad, size, 10_000).is_err(), "{name}");
+            assert!(decode(&key(), &bad, "tf/a", 2, None).is_err(), "{name}");
+        };
+        let (c0, c1, c3) = (chunk_at(&blob, 0), chunk_at(&blob, 1), chunk_at(&blob, 3));
+        // Reordered chunks.
+        let mut swapped = blob.clone();
+        swapped[c0.clone()].copy_from_slice(&blob[c1.clone()]);
+        swapped[c1.clone()].copy_from_slice(&blob[c0.clone()]);
+        fails("reorder", swapped);
+        // A chunk spliced in from another blob of the same version.
         let mut spliced = blob.clone();
-        let (_, at) = read_header(&blob).unwrap();
-        let (_, forged_at) = read_header(&forged).unwrap();
-        spliced.splice(..at, forged[..forged_at].iter().copied());
+        spliced[c1.clone()].copy_from_slice(&other[c1.clone()]);
+        fails("splice", spliced);
+        // A flipped bit in the middle.
+        let mut flipped = blob.clone();
+        flipped[c1.start + 100] ^= 1;
+        fails("bit flip", flipped);
+        // Truncated at a chunk boundary, with the trailer kept: the row's size no
+        // longer fits, and a non-final chunk cannot pass as the last one.
+        let mut cut = blob[..c3.start].to_vec();
+        cut.extend_from_slice(&blob[c3.start + 10 + TAG_LEN..]);
+        fails("cut at boundary", cut.clone());
+        assert!(
+            open(&cut, 3 * C, 10_000).is_err(),
+            "a shorter blob does not pass as a shorter state"
+        );
+        fails("cut in the trailer", blob[..blob.len() - 3].to_vec());
+        fails("cut mid-chunk", blob[..c1.start + 5].to_vec());
+        fails("extra bytes", [blob.clone(), b"x".to_vec()].concat());
+        // A trailer edited to claim another serial (same length) fails the last chunk.
+        let at = blob.len() - 8 - read_trailer_len(&blob);
+        let tail = String::from_utf8(blob[at..].to_vec()).unwrap();
+        let mut forged = blob[..at].to_vec();
+        forged.extend_from_slice(tail.replace("\"serial\":3", "\"serial\":4").as_bytes());
+        assert_eq!(read_header(&forged).unwrap().serial, Some(4));
+        fails("trailer tamper", forged);
+    }
+
+    fn read_trailer_len(blob: &[u8]) -> usize {
+        split_trailer(blob).unwrap().len()
+    }
+
+    #[test]
+    fn identity_is_bound() {
+        let (blob, _) = seal(&body(C + 3), 1_000);
+        let err = |scope: &str, version: i64| {
+            let mut opener = Opener::new(&key(), scope, version, (C + 3) as u64, None);
+            opener.push(&blob).err()
+        };
+        assert!(matches!(
+            err("tf/b", 2),
+            Some(FormatError::WrongIdentity { .. })
+        ));
+        assert!(matches!(
+            err("tf/a", 3),
+            Some(FormatError::WrongIdentity { .. })
+        ));
+        // A header edited to claim another version fails authentication.
+        let text = String::from_utf8(blob[8..64].to_vec()).unwrap();
+        let mut forged = blob.clone();
+        forged[8..64].copy_from_slice(text.replace("\"version\":2", "\"version\":7").as_bytes());
+        let mut opener = Opener::new(&key(), "tf/a", 7, (C + 3) as u64, None);
         assert_eq!(
-            decode(&key, &spliced, "tf/a", 9, None),
-            Err(FormatError::Seal(SealError::Authentication))
+            opener.push(&forged).err(),
+            Some(FormatError::Seal(SealError::Authentication))
         );
         // Another scope's key cannot open it.
-        assert!(decode(&root.blob_key("tf/b"), &blob, "tf/a", 2, None).is_err());
+        let wrong = RootKey::from_bytes([1; 32]).blob_key("tf/b");
+        assert!(decode(&wrong, &blob, "tf/a", 2, None).is_err());
+        // The index's hash must match.
+        assert_eq!(
+            decode(&key(), &blob, "tf/a", 2, Some("00")),
+            Err(FormatError::HashMismatch)
+        );
+    }
+
+    #[test]
+    fn sgb1_blobs_of_earlier_releases_still_read() {
+        let plain = body(1000);
+        let header = BlobHeader {
+            parent: None,
+            scope: "tf/a".into(),
+            version: 2,
+            serial: Some(3),
+            lineage: Some("l".into()),
+            sha256: hex::encode(sha2_digest(&plain)),
+            size: plain.len() as i64,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            actor: "test".into(),
+        };
+        let blob = encode_v1(&key(), &header, &plain);
+        assert_eq!(read_header(&blob).unwrap(), header);
+        assert_eq!(open(&blob, 1000, 7).unwrap(), plain);
+        assert_eq!(
+            decode(&key(), &blob, "tf/a", 2, Some(&header.sha256)).unwrap(),
+            plain
+        );
+        assert!(matches!(
+            decode(&key(), &blob, "tf/a", 3, None),
+            Err(FormatError::WrongIdentity { .. })
+        ));
+        assert_eq!(
+            decode(&key(), &blob, "tf/a", 2, Some("00")),
+            Err(FormatError::HashMismatch)
+        );
     }
 
     #[test]
     fn garbage_is_rejected() {
-        let key = RootKey::from_bytes([1; 32]).blob_key("s");
         for bad in [
             &b""[..],
             b"SGB1",
+            b"SGB2",
             b"SGB1\xff\xff\xff\xff",
+            b"SGB2\xff\xff\xff\xff",
+            b"SGB2\0\0\0\x02{}",
             b"XXXX\0\0\0\x02{}",
         ] {
-            assert!(decode(&key, bad, "s", 1, None).is_err());
+            assert!(decode(&key(), bad, "s", 1, None).is_err());
         }
     }
 }

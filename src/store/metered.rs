@@ -8,6 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::blob::{BlobReader, BlobSink};
 use super::{BlobError, BlobStore};
 use crate::metrics::Metrics;
 
@@ -36,9 +37,35 @@ impl BlobStore for MeteredStore {
         result
     }
 
+    async fn create(&self, key: &str) -> Result<Box<dyn BlobSink>, BlobError> {
+        let started = Instant::now();
+        let result = self.inner.create(key).await;
+        match result {
+            Ok(inner) => Ok(Box::new(MeteredSink {
+                inner,
+                metrics: self.metrics.clone(),
+                busy: started.elapsed(),
+            })),
+            Err(e) => {
+                let failed = Err(e);
+                self.record("put", started, &failed);
+                failed
+            }
+        }
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError> {
         let started = Instant::now();
         let result = self.inner.get(key).await;
+        self.record("get", started, &result);
+        result
+    }
+
+    /// Timed until the reader is open (the first piece's latency); the rest of the
+    /// read is paced by the client, which is not the store's time.
+    async fn read(&self, key: &str) -> Result<Option<BlobReader>, BlobError> {
+        let started = Instant::now();
+        let result = self.inner.read(key).await;
         self.record("get", started, &result);
         result
     }
@@ -66,6 +93,42 @@ impl BlobStore for MeteredStore {
     }
 }
 
+/// A streamed write, observed as one `put` of the time spent inside the store's own
+/// calls (not the time waiting for the client's next bytes in between). An aborted
+/// write is the client's doing and records nothing; a failed piece counts as a failed put.
+struct MeteredSink {
+    inner: Box<dyn BlobSink>,
+    metrics: Metrics,
+    busy: std::time::Duration,
+}
+
+#[async_trait]
+impl BlobSink for MeteredSink {
+    async fn write(&mut self, data: Bytes) -> Result<(), BlobError> {
+        let started = Instant::now();
+        let result = self.inner.write(data).await;
+        self.busy += started.elapsed();
+        if result.is_err() {
+            self.metrics
+                .observe_store_op("put", self.busy.as_secs_f64(), false);
+        }
+        result
+    }
+
+    async fn finish(self: Box<Self>) -> Result<(), BlobError> {
+        let started = Instant::now();
+        let result = self.inner.finish().await;
+        let busy = self.busy + started.elapsed();
+        self.metrics
+            .observe_store_op("put", busy.as_secs_f64(), result.is_ok());
+        result
+    }
+
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,10 +146,20 @@ mod tests {
         assert!(store.get("a/b").await.unwrap().is_some());
         assert_eq!(store.list("a/").await.unwrap(), vec!["a/b".to_string()]);
         assert!(store.get("../escape").await.is_err());
+        let mut sink = store.create("a/c").await.unwrap();
+        sink.write(Bytes::from_static(b"streamed")).await.unwrap();
+        sink.finish().await.unwrap();
+        store.create("a/d").await.unwrap().abort().await;
+        let mut reader = store.read("a/c").await.unwrap().unwrap();
+        assert_eq!(reader.len, 8);
+        assert_eq!(
+            reader.chunks.recv().await.unwrap().unwrap(),
+            &b"streamed"[..]
+        );
         let text = String::from_utf8(metrics.render()).unwrap();
         for line in [
-            r#"stategate_store_operation_duration_seconds_count{op="put"} 1"#,
-            r#"stategate_store_operation_duration_seconds_count{op="get"} 2"#,
+            r#"stategate_store_operation_duration_seconds_count{op="put"} 2"#,
+            r#"stategate_store_operation_duration_seconds_count{op="get"} 3"#,
             r#"stategate_store_operation_duration_seconds_count{op="list"} 1"#,
             r#"stategate_store_operation_errors_total{op="get"} 1"#,
         ] {

@@ -27,7 +27,7 @@ pub use blob::{BlobError, BlobStore, LocalStore};
 pub use db::{Db, DbError};
 
 use crate::crypto::SealKey;
-use format::{BlobHeader, FormatError};
+use format::{BlobIdentity, FormatError, Opener, Sealer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -53,6 +53,8 @@ pub enum StoreError {
     Tombstone { scope: String, version: i64 },
     #[error("{scope} changed while the request ran (now at version {found}); nothing was written, retry")]
     Moved { scope: String, found: i64 },
+    #[error("the request body ended before it was complete; nothing was written")]
+    BodyAborted,
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -127,11 +129,82 @@ pub struct NewVersion {
     pub audit: Option<AuditEntry>,
 }
 
+/// What a streamed write learns from its body: checked piece by piece as it passes,
+/// and at the end, the version's serial, lineage and audit entry.
+pub trait BodyCheck<E>: Send + 'static {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), E>;
+    /// The body ended after `size` bytes whose sha256 is `sha256` (hex).
+    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, E>;
+}
+
+pub struct BodyMeta {
+    pub serial: Option<i64>,
+    pub lineage: Option<String>,
+    /// Written in the same transaction when the version is stored.
+    pub audit: Option<AuditEntry>,
+}
+
+/// A streamed state write: the body arrives through a [`BodySource`].
+pub struct StreamedVersion<E> {
+    pub scope: String,
+    pub actor: String,
+    pub check: Box<dyn BodyCheck<E>>,
+}
+
+/// The pieces of a body as the HTTP layer receives them: `Ok(Some(piece))`, then
+/// `Ok(None)` once the body is complete. A channel closed before that, or an `Err`,
+/// aborts the write and leaves nothing behind.
+pub type BodyChunks<E> = tokio::sync::mpsc::Receiver<Result<Option<Bytes>, E>>;
+
+/// How many body pieces a streamed write lets the client get ahead of the store.
+pub const BODY_CHANNEL: usize = 4;
+
+enum BodySource<E> {
+    /// A whole body already in memory, handed to the sealer a slice at a time.
+    Whole(Bytes),
+    Stream(BodyChunks<E>),
+}
+
+/// Slices a whole body is fed in (zero-copy), so sealing it needs no second copy.
+const WHOLE_SLICE: usize = 1 << 20;
+
+impl<E: From<StoreError>> BodySource<E> {
+    async fn next(&mut self) -> Result<Option<Bytes>, E> {
+        match self {
+            BodySource::Whole(rest) if rest.is_empty() => Ok(None),
+            BodySource::Whole(rest) => Ok(Some(rest.split_to(rest.len().min(WHOLE_SLICE)))),
+            BodySource::Stream(rx) => match rx.recv().await {
+                Some(piece) => piece,
+                None => Err(E::from(StoreError::BodyAborted)),
+            },
+        }
+    }
+}
+
+/// A body whose metadata is known up front (buffered writes and rollbacks).
+struct Known(Option<BodyMeta>);
+
+impl<E: Send + 'static> BodyCheck<E> for Known {
+    fn chunk(&mut self, _: &[u8]) -> Result<(), E> {
+        Ok(())
+    }
+    fn finish(mut self: Box<Self>, _: &str, _: u64) -> Result<BodyMeta, E> {
+        Ok(self.0.take().expect("finished once"))
+    }
+}
+
 #[derive(Debug)]
 pub enum WriteOutcome {
     Stored(VersionRow),
     /// The newest version already has exactly this content (a client retry).
     Unchanged(VersionRow),
+}
+
+/// How one write attempt ended.
+enum Attempt {
+    Done(WriteOutcome),
+    /// Another writer took the version number (newest is now `found`).
+    Raced(i64),
 }
 
 /// Runs on the newest row before anything is written and again inside the commit
@@ -143,6 +216,13 @@ pub trait WriteGuard<E>:
 impl<E, F> WriteGuard<E> for F where
     F: Fn(&Connection, Option<&VersionRow>) -> Result<(), E> + Send + Sync + 'static
 {
+}
+
+/// A state being read: its row, then its plaintext in verified pieces. An `Err`
+/// piece means the blob failed verification part way: the reader must abort.
+pub struct StateStream {
+    pub row: VersionRow,
+    pub chunks: tokio::sync::mpsc::Receiver<Result<Bytes, StoreError>>,
 }
 
 #[derive(Clone)]
@@ -191,30 +271,113 @@ impl StateStore {
         }
     }
 
+    /// The current state as a stream: `None` only when no version exists or the newest
+    /// is a tombstone. Returns once the blob's header and first chunk verified, so a
+    /// blob that is missing or unreadable from the start is an error here.
+    pub async fn stream_current(
+        &self,
+        scope: &str,
+        key: &SealKey,
+    ) -> Result<Option<StateStream>, StoreError> {
+        match self.latest(scope).await? {
+            None => Ok(None),
+            Some(row) if row.is_tombstone() => Ok(None),
+            Some(row) => Ok(Some(self.stream_version_blob(row, key).await?)),
+        }
+    }
+
     async fn read_version_blob(
         &self,
         row: &VersionRow,
         key: &SealKey,
     ) -> Result<Vec<u8>, StoreError> {
+        let mut stream = self.stream_version_blob(row.clone(), key).await?;
+        let mut plaintext = Vec::with_capacity(row.size.clamp(0, 1 << 30) as usize);
+        while let Some(piece) = stream.chunks.recv().await {
+            plaintext.extend_from_slice(&piece?);
+        }
+        Ok(plaintext)
+    }
+
+    async fn stream_version_blob(
+        &self,
+        row: VersionRow,
+        key: &SealKey,
+    ) -> Result<StateStream, StoreError> {
         let blob_key = row.blob_key.as_deref().expect("not a tombstone");
-        let blob = self
-            .blobs
-            .get(blob_key)
-            .await?
-            .ok_or_else(|| StoreError::BlobMissing {
-                scope: row.scope.clone(),
-                version: row.version,
-            })?;
-        format::decode(key, &blob, &row.scope, row.version, row.sha256.as_deref()).map_err(
-            |reason| StoreError::BlobUnreadable {
-                scope: row.scope.clone(),
-                version: row.version,
+        let missing = || StoreError::BlobMissing {
+            scope: row.scope.clone(),
+            version: row.version,
+        };
+        let mut reader = self.blobs.read(blob_key).await?.ok_or_else(missing)?;
+        let unreadable = {
+            let (scope, version) = (row.scope.clone(), row.version);
+            move |reason| StoreError::BlobUnreadable {
+                scope: scope.clone(),
+                version,
                 reason,
-            },
-        )
+            }
+        };
+        let mut opener = Some(Opener::new(
+            key,
+            &row.scope,
+            row.version,
+            row.size.max(0) as u64,
+            row.sha256.clone(),
+        ));
+        // Nothing goes out before the header and the first chunk verified.
+        let mut ready = Vec::new();
+        while ready.is_empty() && opener.is_some() {
+            match reader.chunks.recv().await {
+                Some(piece) => {
+                    let open = opener.as_mut().expect("open");
+                    ready = open.push(&piece?).map_err(&unreadable)?;
+                }
+                None => {
+                    let open = opener.take().expect("open");
+                    ready.push(open.finish().map_err(&unreadable)?);
+                }
+            }
+        }
+        let (tx, chunks) = tokio::sync::mpsc::channel(blob::READ_AHEAD);
+        tokio::spawn(async move {
+            for piece in ready {
+                if tx.send(Ok(piece)).await.is_err() {
+                    return;
+                }
+            }
+            let Some(mut open) = opener else { return };
+            loop {
+                let pieces = match reader.chunks.recv().await {
+                    Some(Ok(piece)) => open.push(&piece).map_err(&unreadable),
+                    Some(Err(e)) => Err(StoreError::from(e)),
+                    None => {
+                        let last = open.finish().map_err(&unreadable);
+                        let _ = tx.send(last).await;
+                        return;
+                    }
+                };
+                match pieces {
+                    Ok(pieces) => {
+                        for piece in pieces {
+                            if tx.send(Ok(piece)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(StateStream { row, chunks })
     }
 
     /// Stores a new version unless `guard` rejects it or the content is unchanged.
+    /// The whole body is in memory (the cluster API, rollbacks); a version-number
+    /// race is retried.
     pub async fn write_version<E>(
         &self,
         new: NewVersion,
@@ -228,74 +391,183 @@ impl StateStore {
         let guard = Arc::new(guard);
         let sha256 = hex::encode(format::sha2_digest(&new.plaintext));
         for _ in 0..WRITE_ATTEMPTS {
-            // The newest row and the guard's early verdict, in one read.
-            let (latest, verdict) = {
-                let guard = guard.clone();
-                let scope = new.scope.clone();
-                self.db
-                    .read(move |c| {
-                        let latest = latest_row(c, &scope)?;
-                        let verdict = guard(c, latest.as_ref());
-                        Ok((latest, verdict))
-                    })
-                    .await
-                    .map_err(E::from)?
-            };
-            verdict?;
-            if let Some(row) = latest.as_ref().filter(|r| !r.is_tombstone()) {
-                if row.sha256.as_deref() == Some(sha256.as_str()) {
-                    return Ok(WriteOutcome::Unchanged(row.clone()));
-                }
-            }
-            let version = latest.as_ref().map_or(1, |r| r.version + 1);
-            let parent = latest.as_ref().and_then(|r| r.blob_key.clone());
-            let row = VersionRow {
+            let streamed = StreamedVersion {
                 scope: new.scope.clone(),
-                version,
-                serial: new.serial,
-                lineage: new.lineage.clone(),
-                sha256: Some(sha256.clone()),
-                size: new.plaintext.len() as i64,
-                blob_key: Some(blob_key_for(&new.scope, version)),
-                created_at: now_rfc3339(),
                 actor: new.actor.clone(),
+                check: Box::new(Known(Some(BodyMeta {
+                    serial: new.serial,
+                    lineage: new.lineage.clone(),
+                    audit: new.audit.clone(),
+                }))),
             };
-            let blob = format::encode(key, &header_for(&row, parent), &new.plaintext)
-                .map_err(|e| E::from(StoreError::from(e)))?;
-            let blob_key = row.blob_key.clone().expect("new row has a blob");
-            self.blobs
-                .put(&blob_key, Bytes::from(blob))
-                .await
-                .map_err(|e| E::from(StoreError::from(e)))?;
-
-            let guard = guard.clone();
-            let audit = new.audit.clone();
-            let committed = self
-                .db
-                .write(move |c| -> Result<Option<VersionRow>, E> {
-                    let current =
-                        latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
-                    guard(c, current.as_ref())?;
-                    if current.as_ref().map_or(0, |r| r.version) != row.version - 1 {
-                        return Ok(None); // another writer took this number: try again
-                    }
-                    insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
-                    if let Some(entry) = &audit {
-                        insert_audit(c, entry).map_err(|e| E::from(DbError::from(e)))?;
-                    }
-                    Ok(Some(row))
-                })
-                .await;
-            match committed {
-                Ok(Some(row)) => return Ok(WriteOutcome::Stored(row)),
-                Ok(None) => self.discard_blob(&blob_key).await,
-                Err(e) => {
-                    self.discard_blob(&blob_key).await;
-                    return Err(e);
-                }
+            let body = BodySource::Whole(new.plaintext.clone());
+            let attempt = self
+                .write_attempt(streamed, body, key, guard.clone(), Some(&sha256))
+                .await?;
+            if let Attempt::Done(outcome) = attempt {
+                return Ok(outcome);
             }
         }
         Err(E::from(StoreError::Contended))
+    }
+
+    /// Stores a new version from a body that arrives in pieces: each is checked,
+    /// hashed, sealed and written to the store as it comes, never held whole. The
+    /// guard runs before the first byte is stored and again in the commit; an
+    /// identical retry (same sha256 as the newest version) stores nothing.
+    pub async fn write_stream<E>(
+        &self,
+        new: StreamedVersion<E>,
+        body: BodyChunks<E>,
+        key: &SealKey,
+        guard: impl WriteGuard<E>,
+    ) -> Result<WriteOutcome, E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+    {
+        let _turn = self.write_turns.wait(new.scope.clone()).await;
+        let scope = new.scope.clone();
+        let source = BodySource::Stream(body);
+        match self
+            .write_attempt(new, source, key, Arc::new(guard), None)
+            .await?
+        {
+            Attempt::Done(outcome) => Ok(outcome),
+            // The body is gone, so a race cannot be retried here (only a delete can race
+            // a writer, as writers of one scope take turns).
+            Attempt::Raced(found) => Err(E::from(StoreError::Moved { scope, found })),
+        }
+    }
+
+    async fn write_attempt<E, G>(
+        &self,
+        new: StreamedVersion<E>,
+        mut body: BodySource<E>,
+        key: &SealKey,
+        guard: Arc<G>,
+        known_sha256: Option<&str>,
+    ) -> Result<Attempt, E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+        G: WriteGuard<E>,
+    {
+        // The newest row and the guard's early verdict, in one read.
+        let (latest, verdict) = {
+            let guard = guard.clone();
+            let scope = new.scope.clone();
+            self.db
+                .read(move |c| {
+                    let latest = latest_row(c, &scope)?;
+                    let verdict = guard(c, latest.as_ref());
+                    Ok((latest, verdict))
+                })
+                .await
+                .map_err(E::from)?
+        };
+        verdict?;
+        let live = latest.as_ref().filter(|r| !r.is_tombstone());
+        if let (Some(row), Some(sha)) = (live, known_sha256) {
+            if row.sha256.as_deref() == Some(sha) {
+                return Ok(Attempt::Done(WriteOutcome::Unchanged(row.clone())));
+            }
+        }
+        let version = latest.as_ref().map_or(1, |r| r.version + 1);
+        let id = BlobIdentity {
+            scope: new.scope.clone(),
+            version,
+            created_at: now_rfc3339(),
+            actor: new.actor.clone(),
+            parent: latest.as_ref().and_then(|r| r.blob_key.clone()),
+        };
+        let blob_key = blob_key_for(&new.scope, version);
+        let (meta, trailer) = self
+            .store_blob(&blob_key, &id, key, new.check, &mut body)
+            .await?;
+        let row = VersionRow {
+            scope: id.scope,
+            version,
+            serial: meta.serial,
+            lineage: meta.lineage,
+            sha256: Some(trailer.sha256),
+            size: trailer.size,
+            blob_key: Some(blob_key.clone()),
+            created_at: id.created_at,
+            actor: id.actor,
+        };
+        let audit = meta.audit;
+        let committed = self
+            .db
+            .write(move |c| -> Result<Attempt, E> {
+                let current = latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
+                guard(c, current.as_ref())?;
+                if let Some(live) = current.as_ref().filter(|r| !r.is_tombstone()) {
+                    if live.sha256 == row.sha256 {
+                        return Ok(Attempt::Done(WriteOutcome::Unchanged(live.clone())));
+                    }
+                }
+                let found = current.as_ref().map_or(0, |r| r.version);
+                if found != row.version - 1 {
+                    return Ok(Attempt::Raced(found)); // another writer took this number
+                }
+                insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
+                if let Some(entry) = &audit {
+                    insert_audit(c, entry).map_err(|e| E::from(DbError::from(e)))?;
+                }
+                Ok(Attempt::Done(WriteOutcome::Stored(row)))
+            })
+            .await;
+        if !matches!(committed, Ok(Attempt::Done(WriteOutcome::Stored(_)))) {
+            self.discard_blob(&blob_key).await;
+        }
+        committed
+    }
+
+    /// Streams `body` through `check` and the sealer into a new blob under `blob_key`;
+    /// on any failure nothing is left under the key.
+    async fn store_blob<E>(
+        &self,
+        blob_key: &str,
+        id: &BlobIdentity,
+        key: &SealKey,
+        mut check: Box<dyn BodyCheck<E>>,
+        body: &mut BodySource<E>,
+    ) -> Result<(BodyMeta, format::Trailer), E>
+    where
+        E: From<StoreError> + Send + 'static,
+    {
+        let store_err = |e: BlobError| E::from(StoreError::from(e));
+        let (mut sealer, head) = Sealer::new(key, id).map_err(|e| E::from(StoreError::from(e)))?;
+        let mut sink = self.blobs.create(blob_key).await.map_err(store_err)?;
+        let sealed = async {
+            sink.write(head).await.map_err(store_err)?;
+            while let Some(piece) = body.next().await? {
+                check.chunk(&piece)?;
+                let sealed = sealer
+                    .push(&piece)
+                    .map_err(|e| E::from(StoreError::from(e)))?;
+                if !sealed.is_empty() {
+                    sink.write(sealed).await.map_err(store_err)?;
+                }
+            }
+            let (sha256, size) = sealer.digest();
+            let meta = check.finish(&sha256, size)?;
+            let (tail, trailer) = sealer
+                .finish(meta.serial, meta.lineage.clone())
+                .map_err(|e| E::from(StoreError::from(e)))?;
+            sink.write(tail).await.map_err(store_err)?;
+            Ok::<_, E>((meta, trailer))
+        }
+        .await;
+        match sealed {
+            Ok(done) => {
+                sink.finish().await.map_err(store_err)?;
+                Ok(done)
+            }
+            Err(e) => {
+                sink.abort().await;
+                Err(e)
+            }
+        }
     }
 
     /// Marks the state deleted with a tombstone row; history stays for rollback.
@@ -364,20 +636,6 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::E
         ],
     )?;
     Ok(())
-}
-
-fn header_for(row: &VersionRow, parent: Option<String>) -> BlobHeader {
-    BlobHeader {
-        parent,
-        scope: row.scope.clone(),
-        version: row.version,
-        serial: row.serial,
-        lineage: row.lineage.clone(),
-        sha256: row.sha256.clone().unwrap_or_default(),
-        size: row.size,
-        created_at: row.created_at.clone(),
-        actor: row.actor.clone(),
-    }
 }
 
 /// Where every version blob lives in the store (the index rebuild and the sweep list it).

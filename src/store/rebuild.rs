@@ -192,7 +192,7 @@ pub async fn collect_claims_with_progress(
 }
 
 fn verify(blob: &[u8], keys: &ScopeKeys) -> Result<BlobHeader, String> {
-    let (header, _) = format::read_header(blob).map_err(|e| e.to_string())?;
+    let header = format::read_header(blob).map_err(|e| e.to_string())?;
     let key = keys.key_for(&header.scope)?;
     let plaintext = format::decode(
         &key,

@@ -265,7 +265,7 @@ impl StateStore {
                 continue; // deleted meanwhile
             };
             let header = match format::read_header(&blob) {
-                Ok((header, _)) => header,
+                Ok(header) => header,
                 Err(_) => {
                     report.unrecognized.push(key);
                     continue;

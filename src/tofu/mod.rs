@@ -16,7 +16,8 @@ use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
 use crate::store::{
     audit::{insert_audit, AuditEntry},
-    DbError, NewVersion, StateStore, WriteOutcome,
+    BodyCheck, BodyChunks, BodyMeta, DbError, NewVersion, StateStore, StateStream, StreamedVersion,
+    WriteOutcome,
 };
 use crate::tfstate::parse_state;
 pub use lock::SCHEMA;
@@ -82,6 +83,38 @@ fn locked_by(holder: HeldLock) -> ApiError {
 }
 
 /// May a write carrying `lock_id` proceed right now? ([`lock::decide_write`])
+/// What a streamed state write checks as its body passes.
+struct StateCheck {
+    workspace: String,
+    scanner: crate::tfstate::StateScanner,
+    md5: Option<(Vec<u8>, md5::Md5)>,
+}
+
+impl BodyCheck<ApiError> for StateCheck {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), ApiError> {
+        if let Some((_, hasher)) = &mut self.md5 {
+            md5::Digest::update(hasher, data);
+        }
+        self.scanner.push(data)
+    }
+
+    fn finish(self: Box<Self>, _sha256: &str, size: u64) -> Result<BodyMeta, ApiError> {
+        if let Some((expected, hasher)) = self.md5 {
+            protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
+        }
+        let meta = self.scanner.finish()?;
+        Ok(BodyMeta {
+            serial: Some(meta.serial),
+            lineage: Some(meta.lineage.clone()),
+            audit: Some(audit(
+                &self.workspace,
+                EVENT_WRITTEN,
+                serde_json::json!({ "serial": meta.serial, "lineage": meta.lineage, "size": size }),
+            )),
+        })
+    }
+}
+
 fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), ApiError> {
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
     match (decide_write(held.as_ref(), lock_id), held) {
@@ -234,6 +267,14 @@ impl TofuBackend {
         Ok(current.map(|(_, body)| body))
     }
 
+    /// The current state as verified pieces, or `None` when there is none. Returns once
+    /// the blob's header and first chunk verified (a blob unreadable from the start is
+    /// an error here, before anything was sent).
+    pub async fn get_stream(&self, workspace: &str) -> Result<Option<StateStream>, ApiError> {
+        let key = self.root.blob_key(&scope(workspace));
+        Ok(self.store.stream_current(&scope(workspace), &key).await?)
+    }
+
     /// Size in bytes of the current state (0 when there is none); read from the index.
     pub async fn stored_size(&self, workspace: &str) -> Result<u64, ApiError> {
         let latest = self.store.latest(&scope(workspace)).await?;
@@ -264,6 +305,34 @@ impl TofuBackend {
         };
         self.store
             .write_version(new, &key, move |conn, _latest| {
+                check_writer(conn, &ws, lock_id.as_deref())
+            })
+            .await
+    }
+
+    /// A state write whose body arrives in pieces through `body`: scanned for serial
+    /// and lineage, hashed (and checked against `content_md5`, the decoded header) and
+    /// sealed into the store as it comes. Any failure stores nothing.
+    pub async fn write_stream(
+        &self,
+        workspace: &str,
+        lock_id: Option<String>,
+        content_md5: Option<Vec<u8>>,
+        body: BodyChunks<ApiError>,
+    ) -> Result<WriteOutcome, ApiError> {
+        let key = self.root.blob_key(&scope(workspace));
+        let ws = workspace.to_string();
+        let new = StreamedVersion {
+            scope: scope(workspace),
+            actor: actor(workspace),
+            check: Box::new(StateCheck {
+                workspace: workspace.to_string(),
+                scanner: crate::tfstate::StateScanner::new(),
+                md5: content_md5.map(|expected| (expected, md5::Md5::default())),
+            }),
+        };
+        self.store
+            .write_stream(new, body, &key, move |conn, _latest| {
                 check_writer(conn, &ws, lock_id.as_deref())
             })
             .await

@@ -65,6 +65,24 @@ impl UnlockRequest {
     }
 }
 
+/// Decodes a `Content-MD5` header (base64 of the body's MD5).
+pub fn decode_content_md5(header: &str) -> Result<Vec<u8>, ApiError> {
+    BASE64
+        .decode(header.trim())
+        .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))
+}
+
+/// Compares the body's MD5 with the one the client declared.
+pub fn check_md5(expected: &[u8], actual: &[u8]) -> Result<(), ApiError> {
+    if expected != actual {
+        return Err(ApiError::BadRequest(
+            "Content-MD5 does not match the body (corrupted in transit?); nothing was written"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Verifies a `Content-MD5` header (base64 of the body's MD5) when the client sent one.
 pub fn verify_content_md5(header: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
     use md5::Digest;

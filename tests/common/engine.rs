@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use stategate::crypto::RootKey;
 use stategate::schema::open_db;
+use stategate::store::blob::{BlobReader, BlobSink};
 use stategate::store::format::{self, BlobHeader};
 use stategate::store::history::history_rows;
 use stategate::store::{
@@ -31,8 +32,14 @@ impl BlobStore for WatchedStore {
     async fn put(&self, key: &str, data: Bytes) -> Result<(), BlobError> {
         self.inner.put(key, data).await
     }
+    async fn create(&self, key: &str) -> Result<Box<dyn BlobSink>, BlobError> {
+        self.inner.create(key).await
+    }
     async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError> {
         self.inner.get(key).await
+    }
+    async fn read(&self, key: &str) -> Result<Option<BlobReader>, BlobError> {
+        self.inner.read(key).await
     }
     async fn delete(&self, key: &str) -> Result<(), BlobError> {
         let conn = rusqlite::Connection::open(&self.db_path).unwrap();

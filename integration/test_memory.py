@@ -1,0 +1,124 @@
+"""Peak memory of a real `stategate serve` (VmHWM from /proc/<pid>/status) while it
+takes and serves large states: a 256 MiB POST then GET must stay below 96 MiB, and
+8 concurrent 64 MiB uploads below 160 MiB. Bodies are streamed from generators, so
+the test process holds none of them whole either.
+
+Slow on a debug build (hashing and sealing 768 MiB), so opt-in:
+STATEGATE_MEMORY_TEST=1 (prints the figures with -s)."""
+import base64
+import http.client
+import hashlib
+import os
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from harness import Server
+
+pytestmark = pytest.mark.skipif(not os.environ.get("STATEGATE_MEMORY_TEST"),
+                                reason="set STATEGATE_MEMORY_TEST=1 (slow; measures peak RSS)")
+
+MiB = 1 << 20
+PIECE = 64 * 1024
+
+
+def state_pieces(size: int, lineage: str):
+    """A valid tfstate of exactly `size` bytes, yielded in 64 KiB pieces."""
+    head = ('{"version":4,"serial":1,"lineage":"%s","outputs":{},"resources":[{"pad":"' % lineage).encode()
+    tail = b'"}]}'
+    pad = size - len(head) - len(tail)
+    yield head
+    filler = b"0123456789abcdef" * (PIECE // 16)
+    while pad > 0:
+        n = min(pad, PIECE)
+        yield filler[:n]
+        pad -= n
+    yield tail
+
+
+def post(ws, size: int):
+    url = urlparse(ws.address)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    auth = base64.b64encode(f"{ws.user}:{ws.password}".encode()).decode()
+    conn.putrequest("POST", url.path)
+    conn.putheader("Authorization", f"Basic {auth}")
+    conn.putheader("Content-Length", str(size))
+    conn.endheaders()
+    for piece in state_pieces(size, ws.name):
+        conn.send(piece)
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    assert resp.status == 200, (resp.status, body[:300])
+
+
+def get_digest(ws) -> tuple[int, str]:
+    url = urlparse(ws.address)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    auth = base64.b64encode(f"{ws.user}:{ws.password}".encode()).decode()
+    conn.request("GET", url.path, headers={"Authorization": f"Basic {auth}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    h, n = hashlib.sha256(), 0
+    while piece := resp.read(PIECE):
+        h.update(piece)
+        n += len(piece)
+    conn.close()
+    return n, h.hexdigest()
+
+
+def vm_hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def expected_digest(size: int, lineage: str) -> str:
+    h = hashlib.sha256()
+    for piece in state_pieces(size, lineage):
+        h.update(piece)
+    return h.hexdigest()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path / "data", "local",
+               extra_env={"STATEGATE_MAX_STATE_BYTES": str(512 * MiB),
+                          "STATEGATE_MAX_INFLIGHT_BODY_BYTES": str(512 * MiB)}).start()
+    yield s
+    s.stop()
+
+
+def test_256_mib_state_round_trip_in_bounded_memory(server):
+    ws = server.workspace("huge")
+    base = vm_hwm_mib(server.proc.pid)
+    post(ws, 256 * MiB)
+    after_post = vm_hwm_mib(server.proc.pid)
+    assert get_digest(ws) == (256 * MiB, expected_digest(256 * MiB, "huge"))
+    after_get = vm_hwm_mib(server.proc.pid)
+    print(f"\nVmHWM: idle {base:.1f} MiB, after 256 MiB POST {after_post:.1f} MiB, after GET {after_get:.1f} MiB")
+    assert after_get < 96, after_get
+
+
+def test_8_concurrent_64_mib_uploads_in_bounded_memory(server):
+    spaces = [server.workspace(f"c{i}") for i in range(8)]
+    errors = []
+
+    def run(ws):
+        try:
+            post(ws, 64 * MiB)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(ws,)) for ws in spaces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    peak = vm_hwm_mib(server.proc.pid)
+    print(f"\nVmHWM after 8 concurrent 64 MiB uploads: {peak:.1f} MiB")
+    assert peak < 160, peak

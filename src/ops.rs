@@ -13,7 +13,7 @@ use stategate::error::ApiError;
 use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::retention::Retention;
-use stategate::store::{backup, history, rebuild, VersionRow, WriteOutcome};
+use stategate::store::{backup, history, rebuild, WriteOutcome};
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -43,19 +43,6 @@ fn cli_error(e: ApiError) -> anyhow::Error {
         ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),
     }
-}
-
-fn version_json(row: &VersionRow) -> serde_json::Value {
-    serde_json::json!({
-        "version": row.version,
-        "serial": row.serial,
-        "lineage": row.lineage,
-        "size": row.size,
-        "sha256": row.sha256,
-        "created_at": row.created_at,
-        "tombstone": row.is_tombstone(),
-        "actor": row.actor,
-    })
 }
 
 /// One JSON object per line on stdout: what the listing commands print.
@@ -125,7 +112,7 @@ pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::
         eprintln!("workspace {workspace} has no versions");
     }
     for row in &rows {
-        json_line(&version_json(row));
+        json_line(&stategate::operator::version_json(row));
     }
     Ok(())
 }
@@ -144,7 +131,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
             .map_err(cli_error)?;
         match done.outcome {
             WriteOutcome::Stored(row) => {
-                json_line(&version_json(&row));
+                json_line(&stategate::operator::version_json(&row));
                 eprintln!(
                     "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
                     row.version, done.from_version

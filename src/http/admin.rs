@@ -23,13 +23,7 @@ pub(super) async fn handle(
     session: &mut Session,
     action: AdminAction,
 ) -> Result<Handled, Failure> {
-    let token = auth::presented_secret(
-        session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes()),
-    );
+    let token = auth::presented_secret(auth::authorization(session));
     // 1. the operator (401, one body for missing, wrong and revoked tokens).
     let who = app
         .operator

@@ -12,6 +12,15 @@ use crate::crypto::secrets_equal;
 /// Longest Authorization header we look at.
 const MAX_AUTH_HEADER: usize = 4096;
 
+/// The raw `Authorization` header of a request, if any.
+pub fn authorization(session: &pingora::proxy::Session) -> Option<&[u8]> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+}
+
 /// The secret in an `Authorization` header, if it is a well-formed Basic or Bearer credential.
 pub fn presented_secret(header: Option<&[u8]>) -> Option<Vec<u8>> {
     let header = std::str::from_utf8(header?).ok()?;

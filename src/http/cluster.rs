@@ -19,13 +19,7 @@ pub(super) async fn handle(
     let svc = &app.cluster;
     // Rejections before the body is read close the connection instead of draining it.
     let early = Failure::early;
-    let token = auth::presented_secret(
-        session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes()),
-    );
+    let token = auth::presented_secret(auth::authorization(session));
     // 1. auth, org, role (401/404/403), then the feature flag (503).
     let who = svc.authorize(token, id).await.map_err(early)?;
     let limit = match action {

@@ -18,12 +18,10 @@ pub(super) async fn handle(
     action: TfAction,
 ) -> Result<Handled, Failure> {
     let tofu = &app.tofu;
-    let auth = session
-        .req_header()
-        .headers
-        .get(http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    if !auth::is_authorized(auth, &tofu.expected_bearer(workspace)) {
+    if !auth::is_authorized(
+        auth::authorization(session),
+        &tofu.expected_bearer(workspace),
+    ) {
         return Err(Failure::early(ApiError::Unauthorized));
     }
     if let TfAction::Write { lock_id } = action {

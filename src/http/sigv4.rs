@@ -123,7 +123,24 @@ pub fn verify(
     keys: &[Credentials],
     now_unix: i64,
 ) -> Verdict {
-    match check(method, raw_path, raw_query, headers, keys, now_unix) {
+    verify_covering(method, raw_path, raw_query, headers, keys, now_unix, &[])
+}
+
+/// [`verify`], and each header of `must_sign` (lowercase names) that the request
+/// carries must be among the signed ones: a signature that does not cover it says
+/// nothing about it (a captured request could be replayed with it added).
+pub fn verify_covering(
+    method: &str,
+    raw_path: &str,
+    raw_query: Option<&str>,
+    headers: &HeaderMap,
+    keys: &[Credentials],
+    now_unix: i64,
+    must_sign: &[&str],
+) -> Verdict {
+    match check(
+        method, raw_path, raw_query, headers, keys, now_unix, must_sign,
+    ) {
         Ok(()) => Verdict::Verified,
         Err(verdict) => verdict,
     }
@@ -162,6 +179,7 @@ fn check(
     headers: &HeaderMap,
     keys: &[Credentials],
     now_unix: i64,
+    must_sign: &[&str],
 ) -> Result<(), Verdict> {
     if method.len() > MAX_FIELD {
         return Err(invalid("method too long"));
@@ -177,7 +195,7 @@ fn check(
     if !claim.timestamp.starts_with(scope.date) {
         return Err(invalid("credential scope date differs from X-Amz-Date"));
     }
-    let signed_headers = parse_signed_headers(claim.signed_headers, headers)?;
+    let signed_headers = parse_signed_headers(claim.signed_headers, headers, must_sign)?;
     let signature = parse_signature(claim.signature)?;
     if !valid_payload_hash(claim.payload_hash) {
         return Err(invalid("malformed x-amz-content-sha256"));
@@ -444,7 +462,11 @@ fn check_time(signed_at: i64, expires: Option<i64>, now: i64) -> Result<(), Verd
 /// The signed header names, lowercased and sorted as the client sorted them to
 /// sign. `host` and every `x-amz-*` header the request carries must be among them,
 /// as S3 requires.
-fn parse_signed_headers(list: &str, headers: &HeaderMap) -> Result<Vec<String>, Verdict> {
+fn parse_signed_headers(
+    list: &str,
+    headers: &HeaderMap,
+    must_sign: &[&str],
+) -> Result<Vec<String>, Verdict> {
     let mut names = Vec::new();
     for name in list.split(';') {
         if names.len() == MAX_SIGNED_HEADERS {
@@ -468,6 +490,12 @@ fn parse_signed_headers(list: &str, headers: &HeaderMap) -> Result<Vec<String>, 
         .any(|name| name.as_str().starts_with("x-amz-") && !signed(name.as_str()))
     {
         return Err(invalid("an x-amz-* header is not signed"));
+    }
+    if must_sign
+        .iter()
+        .any(|name| headers.contains_key(*name) && !signed(name))
+    {
+        return Err(invalid("a header that must be signed is not"));
     }
     Ok(names)
 }
@@ -705,13 +733,18 @@ mod tests {
         }
 
         fn verify(&self, keys: &[Credentials], now: i64) -> Verdict {
-            verify(
+            self.verify_covering(keys, now, &[])
+        }
+
+        fn verify_covering(&self, keys: &[Credentials], now: i64, must_sign: &[&str]) -> Verdict {
+            verify_covering(
                 self.method,
                 &self.path,
                 self.query.as_deref(),
                 &self.header_map(),
                 keys,
                 now,
+                must_sign,
             )
         }
     }
@@ -929,6 +962,53 @@ mod tests {
     }
 
     const MISMATCH: Verdict = Verdict::Invalid("signature does not match");
+
+    #[test]
+    fn required_headers_must_be_covered_by_the_signature() {
+        const CONDITIONS: &[&str] = &["if-none-match", "if-match"];
+        let not_covered = Verdict::Invalid("a header that must be signed is not");
+        // (what, request, verdict with the condition headers required)
+        let table: Vec<(&str, Request, Verdict)> = vec![
+            (
+                "botocore signs If-None-Match",
+                boto_put(),
+                Verdict::Verified,
+            ),
+            (
+                "If-None-Match added to a request signed without it",
+                aws_get_object().add("if-none-match", "*"),
+                not_covered,
+            ),
+            (
+                "If-Match added to a request signed without it",
+                aws_get_object().add("if-match", "\"abc\""),
+                not_covered,
+            ),
+            (
+                "absent required headers need nothing",
+                aws_get_object(),
+                Verdict::Verified,
+            ),
+        ];
+        for (what, request, want) in table {
+            let now = if request
+                .headers
+                .iter()
+                .any(|(_, v)| v.contains("AKIAIOSFODNN7EXAMPLE"))
+            {
+                AWS_NOW
+            } else {
+                BOTO_NOW
+            };
+            assert_eq!(
+                request.verify_covering(BOTH, now, CONDITIONS),
+                want,
+                "{what}"
+            );
+            // Without the requirement, an extra unsigned header is fine.
+            assert_eq!(request.verify(BOTH, now), Verdict::Verified, "{what}");
+        }
+    }
 
     #[test]
     fn signed_requests() {

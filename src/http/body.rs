@@ -24,7 +24,7 @@ pub struct Reply {
     pub stream: Option<(u64, BodyStream)>,
 }
 
-pub type BodyStream = tokio::sync::mpsc::Receiver<Result<Bytes, ApiError>>;
+pub type BodyStream = tokio::sync::mpsc::Receiver<Result<Bytes, crate::store::StoreError>>;
 
 impl Reply {
     pub fn json(status: u16, body: impl Into<Bytes>) -> Reply {
@@ -406,6 +406,7 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
     while let Some(piece) = stream.recv().await {
         let piece = piece.map_err(|e| {
             // Logged once here; the client only sees the connection close early.
+            let e = ApiError::from(e);
             tracing::error!(
                 error = e.log_detail().unwrap_or_default(),
                 "state read failed mid-response; connection closed"

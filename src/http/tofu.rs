@@ -24,11 +24,8 @@ pub(super) async fn handle(
     ) {
         return Err(Failure::early(ApiError::Unauthorized));
     }
-    if let TfAction::Write { lock_id } = action {
-        return write(app, session, workspace, lock_id).await;
-    }
     let limit = match action {
-        TfAction::Write { .. } => app.max_state_bytes,
+        TfAction::Write { lock_id } => return write(app, session, workspace, lock_id).await,
         TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
         TfAction::Get | TfAction::Delete => 0,
     };
@@ -38,21 +35,21 @@ pub(super) async fn handle(
     let read = body.len();
     let fail = Failure::after_body(read);
     let reply = match action {
-        TfAction::Get => {
-            // A few verified chunks are in flight at a time (a blob of an earlier
-            // release is opened whole, as before).
-            let size = tofu.stored_size(workspace).await.map_err(&fail)?;
-            held = app
-                .body_budget
-                .reserve((2 * size).min(super::body::STREAM_RESERVE))
-                .map_err(&fail)?;
-            match tofu.get_stream(workspace).await.map_err(&fail)? {
-                Some(state) => Reply::streamed(state.row.size.max(0) as u64, relay(state.chunks)),
-                None => error_reply(&ApiError::NotFound(format!(
-                    "workspace {workspace:?} has no state yet"
-                ))),
+        TfAction::Get => match tofu.get_stream(workspace).await.map_err(&fail)? {
+            Some(state) => {
+                // A few verified chunks are in flight at a time (a blob of an earlier
+                // release is opened whole, as before); counted before any is sent.
+                let size = state.row.size.max(0) as u64;
+                held = app
+                    .body_budget
+                    .reserve((2 * size).min(super::body::STREAM_RESERVE))
+                    .map_err(&fail)?;
+                Reply::streamed(size, state.chunks)
             }
-        }
+            None => error_reply(&ApiError::NotFound(format!(
+                "workspace {workspace:?} has no state yet"
+            ))),
+        },
         TfAction::Write { .. } => unreachable!("handled above"),
         TfAction::Lock => {
             tofu.lock(workspace, &body).await.map_err(&fail)?;
@@ -68,21 +65,6 @@ pub(super) async fn handle(
         }
     };
     Ok(Handled::done(reply, read).holding(held))
-}
-
-/// Store errors in a state being sent become API errors (the reply aborts on them).
-fn relay(
-    mut chunks: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, crate::store::StoreError>>,
-) -> super::body::BodyStream {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        while let Some(piece) = chunks.recv().await {
-            if tx.send(piece.map_err(ApiError::from)).await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// POST: the body streams into the store as it arrives (never held whole); the lock

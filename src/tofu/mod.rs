@@ -260,25 +260,12 @@ impl TofuBackend {
         self.root.workspace_bearer(workspace)
     }
 
-    /// The current state, or `None` when there is none (never when it exists but is unreadable).
-    pub async fn get(&self, workspace: &str) -> Result<Option<Vec<u8>>, ApiError> {
-        let key = self.root.blob_key(&scope(workspace));
-        let current = self.store.read_current(&scope(workspace), &key).await?;
-        Ok(current.map(|(_, body)| body))
-    }
-
     /// The current state as verified pieces, or `None` when there is none. Returns once
     /// the blob's header and first chunk verified (a blob unreadable from the start is
     /// an error here, before anything was sent).
     pub async fn get_stream(&self, workspace: &str) -> Result<Option<StateStream>, ApiError> {
         let key = self.root.blob_key(&scope(workspace));
         Ok(self.store.stream_current(&scope(workspace), &key).await?)
-    }
-
-    /// Size in bytes of the current state (0 when there is none); read from the index.
-    pub async fn stored_size(&self, workspace: &str) -> Result<u64, ApiError> {
-        let latest = self.store.latest(&scope(workspace)).await?;
-        Ok(latest.map_or(0, |row| row.size.max(0) as u64))
     }
 
     pub async fn write(

@@ -31,6 +31,25 @@ pub struct S3Store {
 }
 
 impl S3Store {
+    /// GetObject; `None` when the key does not exist.
+    async fn get_object(
+        &self,
+        key: &str,
+    ) -> Result<Option<aws_sdk_s3::operation::get_object::GetObjectOutput>, BlobError> {
+        let result = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.full_key(key))
+            .send()
+            .await;
+        match result {
+            Ok(output) => Ok(Some(output)),
+            Err(SdkError::ServiceError(e)) if e.err().is_no_such_key() => Ok(None),
+            Err(e) => Err(classify("get object", e)),
+        }
+    }
+
     pub fn new(config: &S3Config) -> Self {
         let credentials = Credentials::new(
             &config.access_key_id,
@@ -267,17 +286,8 @@ impl BlobStore for S3Store {
     }
 
     async fn read(&self, key: &str) -> Result<Option<BlobReader>, BlobError> {
-        let result = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .send()
-            .await;
-        let mut output = match result {
-            Ok(output) => output,
-            Err(SdkError::ServiceError(e)) if e.err().is_no_such_key() => return Ok(None),
-            Err(e) => return Err(classify("get object", e)),
+        let Some(mut output) = self.get_object(key).await? else {
+            return Ok(None);
         };
         let len = output.content_length().unwrap_or(0).max(0) as u64;
         let (tx, chunks) = tokio::sync::mpsc::channel(READ_AHEAD);
@@ -313,17 +323,8 @@ impl BlobStore for S3Store {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>, BlobError> {
-        let result = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(self.full_key(key))
-            .send()
-            .await;
-        let output = match result {
-            Ok(output) => output,
-            Err(SdkError::ServiceError(e)) if e.err().is_no_such_key() => return Ok(None),
-            Err(e) => return Err(classify("get object", e)),
+        let Some(output) = self.get_object(key).await? else {
+            return Ok(None);
         };
         let body = output
             .body

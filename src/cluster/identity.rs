@@ -225,6 +225,7 @@ fn org_id(conn: &Connection, name: &str) -> Result<i64, AdminError> {
         .ok_or_else(|| AdminError::NotFound(format!("no org named {name:?}")))
 }
 
+/// An audit row of an admin-CLI change in `org`.
 fn admin_audit(
     conn: &Connection,
     org: &str,
@@ -232,17 +233,7 @@ fn admin_audit(
     event: &'static str,
     payload: serde_json::Value,
 ) -> Result<(), AdminError> {
-    insert_audit(
-        conn,
-        &AuditEntry {
-            actor: "admin-cli".into(),
-            org: Some(org.to_string()),
-            scope,
-            event,
-            payload,
-        },
-    )?;
-    Ok(())
+    audit_as(conn, "admin-cli", org, scope, event, payload)
 }
 
 pub fn create_org(conn: &Connection, name: &str) -> Result<(), AdminError> {
@@ -410,10 +401,12 @@ pub struct TokenRow {
     pub revoked_at: Option<String>,
 }
 
+/// An audit row of a change in `org`, by `actor`.
 fn audit_as(
     conn: &Connection,
     actor: &str,
     org: &str,
+    scope: String,
     event: &'static str,
     payload: serde_json::Value,
 ) -> Result<(), AdminError> {
@@ -422,7 +415,7 @@ fn audit_as(
         &AuditEntry {
             actor: actor.to_string(),
             org: Some(org.to_string()),
-            scope: format!("org/{org}"),
+            scope,
             event,
             payload,
         },
@@ -459,7 +452,14 @@ pub fn set_role(
     )?;
     let payload =
         serde_json::json!({ "email": normalize_email(email)?, "from": old, "to": role.as_str() });
-    audit_as(conn, actor, &org, "admin.user_role_changed", payload)?;
+    audit_as(
+        conn,
+        actor,
+        &org,
+        format!("org/{org}"),
+        "admin.user_role_changed",
+        payload,
+    )?;
     Ok(true)
 }
 
@@ -476,7 +476,14 @@ pub fn disable_principal(conn: &Connection, email: &str, actor: &str) -> Result<
         return Ok(false);
     }
     let payload = serde_json::json!({ "email": normalize_email(email)? });
-    audit_as(conn, actor, &org, "admin.user_disabled", payload)?;
+    audit_as(
+        conn,
+        actor,
+        &org,
+        format!("org/{org}"),
+        "admin.user_disabled",
+        payload,
+    )?;
     Ok(true)
 }
 
@@ -523,7 +530,14 @@ pub fn revoke_principal_token(conn: &Connection, id: &str, actor: &str) -> Resul
         [hash],
     )?;
     let payload = serde_json::json!({ "email": email, "token_id": id });
-    audit_as(conn, actor, org, "admin.token_revoked", payload)
+    audit_as(
+        conn,
+        actor,
+        org,
+        format!("org/{org}"),
+        "admin.token_revoked",
+        payload,
+    )
 }
 
 #[cfg(test)]

@@ -31,17 +31,17 @@ pub struct AuditEntry {
 }
 
 pub fn insert_audit(conn: &Connection, entry: &AuditEntry) -> Result<(), rusqlite::Error> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO audit (at, actor, org, scope, event, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            now_rfc3339(),
-            entry.actor,
-            entry.org,
-            entry.scope,
-            entry.event,
-            entry.payload.to_string()
-        ],
-    )?;
+    )?
+    .execute(params![
+        now_rfc3339(),
+        entry.actor,
+        entry.org,
+        entry.scope,
+        entry.event,
+        entry.payload.to_string()
+    ])?;
     Ok(())
 }
 

@@ -21,7 +21,7 @@ pub fn history_rows(
     limit: Option<u32>,
 ) -> Result<Vec<VersionRow>, rusqlite::Error> {
     let limit = limit.map_or(-1, i64::from); // SQLite: a negative LIMIT means none
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2"
     ))?;
     let rows = stmt.query_map(params![scope, limit], row_to_version)?;
@@ -35,11 +35,10 @@ pub fn version_row(
     version: i64,
 ) -> Result<Option<VersionRow>, rusqlite::Error> {
     use rusqlite::OptionalExtension;
-    conn.query_row(
-        &format!("SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 AND version = ?2"),
-        params![scope, version],
-        row_to_version,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 AND version = ?2"
+    ))?
+    .query_row(params![scope, version], row_to_version)
     .optional()
 }
 

@@ -108,13 +108,10 @@ fn row_to_version(row: &rusqlite::Row<'_>) -> Result<VersionRow, rusqlite::Error
 
 /// The newest row of a scope (tombstones included). Usable inside a write transaction.
 pub fn latest_row(conn: &Connection, scope: &str) -> Result<Option<VersionRow>, rusqlite::Error> {
-    conn.query_row(
-        &format!(
-            "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT 1"
-        ),
-        [scope],
-        row_to_version,
-    )
+    conn.prepare_cached(&format!(
+        "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT 1"
+    ))?
+    .query_row([scope], row_to_version)
     .optional()
 }
 
@@ -619,22 +616,20 @@ impl StateStore {
 }
 
 fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::Error> {
-    conn.execute(
-        &format!(
-            "INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-        ),
-        params![
-            row.scope,
-            row.version,
-            row.serial,
-            row.lineage,
-            row.sha256,
-            row.size,
-            row.blob_key,
-            row.created_at,
-            row.actor
-        ],
-    )?;
+    conn.prepare_cached(&format!(
+        "INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    ))?
+    .execute(params![
+        row.scope,
+        row.version,
+        row.serial,
+        row.lineage,
+        row.sha256,
+        row.size,
+        row.blob_key,
+        row.created_at,
+        row.actor
+    ])?;
     Ok(())
 }
 

@@ -87,17 +87,14 @@ pub fn decide_write(held: Option<&HeldLock>, lock_id: Option<&str>) -> Write {
 }
 
 pub fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
-    conn.query_row(
-        "SELECT lock_id, info FROM tf_locks WHERE workspace = ?1",
-        [workspace],
-        |r| {
+    conn.prepare_cached("SELECT lock_id, info FROM tf_locks WHERE workspace = ?1")?
+        .query_row([workspace], |r| {
             Ok(HeldLock {
                 id: r.get(0)?,
                 info: r.get(1)?,
             })
-        },
-    )
-    .optional()
+        })
+        .optional()
 }
 
 pub fn put_lock(
@@ -105,15 +102,21 @@ pub fn put_lock(
     workspace: &str,
     lock: &HeldLock,
 ) -> Result<(), rusqlite::Error> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO tf_locks (workspace, lock_id, info, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![workspace, lock.id, lock.info, crate::store::now_rfc3339()],
-    )?;
+    )?
+    .execute(params![
+        workspace,
+        lock.id,
+        lock.info,
+        crate::store::now_rfc3339()
+    ])?;
     Ok(())
 }
 
 pub fn delete_lock(conn: &Connection, workspace: &str) -> Result<(), rusqlite::Error> {
-    conn.execute("DELETE FROM tf_locks WHERE workspace = ?1", [workspace])?;
+    conn.prepare_cached("DELETE FROM tf_locks WHERE workspace = ?1")?
+        .execute([workspace])?;
     Ok(())
 }
 

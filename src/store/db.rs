@@ -141,6 +141,11 @@ impl Db {
         for schema in schemas {
             writer_conn.execute_batch(schema)?;
         }
+        // Checkpoints run on their own thread (below), not inside a client's commit:
+        // with a large index a checkpoint writes back scattered pages and fsyncs the
+        // database file, and that must not land on whichever write crossed the limit.
+        writer_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let checkpoints = spawn_checkpointer(open_connection(path)?)?;
         let conns = (0..READERS)
             .map(|_| open_connection(path).map(Mutex::new))
             .collect::<Result<Vec<_>, _>>()?;
@@ -150,7 +155,7 @@ impl Db {
             .name("sqlite-writer".into())
             .spawn({
                 let stats = stats.clone();
-                move || writer_loop(writer_conn, rx, max_group.max(1), &stats)
+                move || writer_loop(writer_conn, rx, max_group.max(1), &stats, checkpoints)
             })
             .map_err(|e| DbError::Task(e.to_string()))?;
         Ok(Db {
@@ -229,7 +234,37 @@ fn run_in_savepoint<T, E: From<DbError>>(
     outcome
 }
 
-fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize, stats: &WriterStats) {
+/// How long the checkpointer lets commits gather before it copies them into the
+/// database file: one checkpoint then covers many commits.
+const CHECKPOINT_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Starts the thread that copies committed WAL frames into the database file
+/// (`PRAGMA wal_checkpoint(PASSIVE)`: it never blocks the writer or a reader). It runs
+/// a while after commits happened and ends when the writer does (the sender drops).
+fn spawn_checkpointer(conn: Connection) -> Result<mpsc::SyncSender<()>, DbError> {
+    let (tx, rx) = mpsc::sync_channel::<()>(1);
+    std::thread::Builder::new()
+        .name("sqlite-checkpoint".into())
+        .spawn(move || {
+            while rx.recv().is_ok() {
+                std::thread::sleep(CHECKPOINT_DELAY);
+                while rx.try_recv().is_ok() {}
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::warn!(error = %e, "WAL checkpoint failed; it is retried after the next commit");
+                }
+            }
+        })
+        .map_err(|e| DbError::Task(e.to_string()))?;
+    Ok(tx)
+}
+
+fn writer_loop(
+    conn: Connection,
+    jobs: mpsc::Receiver<Job>,
+    max_group: usize,
+    stats: &WriterStats,
+    checkpoints: mpsc::SyncSender<()>,
+) {
     use std::sync::atomic::Ordering::Relaxed;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
@@ -260,6 +295,8 @@ fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>, max_group: usize, st
         for complete in completions {
             complete(committed.clone());
         }
+        // Full means a checkpoint is already due.
+        let _ = checkpoints.try_send(());
     }
 }
 
@@ -350,5 +387,31 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((count, odd), (25, 0));
+    }
+
+    /// Commits reach the database file through the checkpointer thread (the writer's
+    /// own autocheckpoint is off): without it the WAL would grow without end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpointer_copies_commits_into_the_database_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = Db::open(&path, &["CREATE TABLE t (x BLOB)"]).unwrap();
+        let before = std::fs::metadata(&path).unwrap().len();
+        for _ in 0..64 {
+            db.write(|c| -> Result<(), DbError> {
+                c.execute("INSERT INTO t VALUES (zeroblob(16384))", [])?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::fs::metadata(&path).unwrap().len() < before + 64 * 16384 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "commits never reached the database file"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 }

@@ -912,14 +912,38 @@ fn time_query(db: &Path, runs: usize, f: impl Fn(&rusqlite::Connection) -> usize
 }
 
 /// One write/GET probe: 1-client cycles and 1-client GETs of 100 KiB.
-async fn probe(api: &Api, prefix: &str, cell: Duration) -> (f64, Samples, Samples) {
-    let st = cycles(api, prefix, 1, 1, 100 * KIB, cell).await;
+/// One probe round: 1-client cycles (cycles, POST latencies) then GETs of 100 KiB.
+#[derive(Default)]
+struct Probe {
+    cycles: u64,
+    secs: f64,
+    post: Samples,
+    get: Samples,
+}
+
+impl Probe {
+    fn rate(&self) -> f64 {
+        self.cycles as f64 / self.secs
+    }
+}
+
+async fn probe(api: &Api, prefix: &str, round: usize, cell: Duration, into: &mut Probe) {
+    let st = cycles(api, &format!("{prefix}-r{round}"), 1, 1, 100 * KIB, cell).await;
     let ws = format!("{prefix}-get");
     let body = state(100 * KIB, 1, "lineage-probe");
-    api.post(&ws, body.clone()).await;
+    if round == 0 {
+        api.post(&ws, body.clone()).await;
+    }
     let g = gets(api, &ws, 1, body.len(), cell).await;
-    (st.cycles as f64 / st.elapsed, st.post, g.lat)
+    into.cycles += st.cycles;
+    into.secs += st.elapsed;
+    into.post.extend(st.post);
+    into.get.extend(g.lat);
 }
+
+/// Rounds each server is probed in, alternating: drift in the machine's load (other
+/// processes, the page cache) then lands on both sides alike.
+const SCALE_ROUNDS: usize = 4;
 
 async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
     let (workspaces, versions) = if opts.quick {
@@ -929,13 +953,15 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
     };
     println!("\n== scale: empty index vs {workspaces} workspaces × {versions} versions");
     let dir = tempfile::tempdir_in(&opts.base).unwrap();
-    let data = dir.path().join("data");
-    let server = Server::start(opts, &data).await;
-    let api = Api::new(&server.url);
-    let empty = probe(&api, &format!("{run}-e"), opts.cell()).await;
-    // A real blob for the filler rows to point at.
+    let (empty_dir, full_dir) = (dir.path().join("empty"), dir.path().join("full"));
+    // A real blob for the filler rows to point at, written by the server that gets them.
+    let seed = Server::start(opts, &full_dir).await;
+    Api::new(&seed.url)
+        .post(&format!("{run}-seed"), state(100 * KIB, 1, "lineage-seed"))
+        .await;
+    seed.stop();
     let blob_key: String = {
-        let conn = rusqlite::Connection::open(data.join("stategate.db")).unwrap();
+        let conn = rusqlite::Connection::open(full_dir.join("stategate.db")).unwrap();
         conn.query_row(
             "SELECT blob_key FROM versions WHERE blob_key IS NOT NULL LIMIT 1",
             [],
@@ -943,48 +969,62 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
         )
         .unwrap()
     };
-    server.stop();
-    let took = populate(&data.join("stategate.db"), workspaces, versions, &blob_key);
+    let took = populate(
+        &full_dir.join("stategate.db"),
+        workspaces,
+        versions,
+        &blob_key,
+    );
     println!(
         "  populated {} version rows (+ as many audit rows) in {:.1} s",
         workspaces * versions,
         took.as_secs_f64()
     );
-    let server = Server::start(opts, &data).await;
-    let api = Api::new(&server.url);
-    let full = probe(&api, &format!("{run}-f"), opts.cell()).await;
+    let (empty_server, full_server) = (
+        Server::start(opts, &empty_dir).await,
+        Server::start(opts, &full_dir).await,
+    );
+    let (empty_api, full_api) = (Api::new(&empty_server.url), Api::new(&full_server.url));
+    let cell = opts.cell().div_f64(SCALE_ROUNDS as f64);
+    let (mut empty, mut full) = (Probe::default(), Probe::default());
+    for round in 0..SCALE_ROUNDS {
+        probe(&empty_api, &format!("{run}-e"), round, cell, &mut empty).await;
+        probe(&full_api, &format!("{run}-f"), round, cell, &mut full).await;
+    }
+    empty_server.stop();
+    full_server.stop();
+    let data = full_dir;
     let rows = format!("{}k rows", workspaces * versions / 1000);
     report.row(
         format!("scale: 1-client cycles, {rows} vs empty"),
-        format!("{:.0}/s vs {:.0}/s", full.0, empty.0),
+        format!("{:.0}/s vs {:.0}/s", full.rate(), empty.rate()),
         "within 10%".into(),
-        ratio(full.0, empty.0),
+        ratio(full.rate(), empty.rate()),
     );
     report.row(
         format!("scale: POST p50, {rows} vs empty"),
         format!(
             "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
-            full.1.pct(50.0) * 1e3,
-            empty.1.pct(50.0) * 1e3,
-            full.1.pct(99.0) * 1e3,
-            empty.1.pct(99.0) * 1e3
+            full.post.pct(50.0) * 1e3,
+            empty.post.pct(50.0) * 1e3,
+            full.post.pct(99.0) * 1e3,
+            empty.post.pct(99.0) * 1e3
         ),
         "within 10%".into(),
-        ratio(full.1.pct(50.0), empty.1.pct(50.0)),
+        ratio(full.post.pct(50.0), empty.post.pct(50.0)),
     );
     report.row(
         format!("scale: GET 100 KiB p50, {rows} vs empty"),
         format!(
             "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
-            full.2.pct(50.0) * 1e3,
-            empty.2.pct(50.0) * 1e3,
-            full.2.pct(99.0) * 1e3,
-            empty.2.pct(99.0) * 1e3
+            full.get.pct(50.0) * 1e3,
+            empty.get.pct(50.0) * 1e3,
+            full.get.pct(99.0) * 1e3,
+            empty.get.pct(99.0) * 1e3
         ),
         "within 10%".into(),
-        ratio(full.2.pct(50.0), empty.2.pct(50.0)),
+        ratio(full.get.pct(50.0), empty.get.pct(50.0)),
     );
-    server.stop();
     let ws = format!("fill-{:05}", workspaces / 2);
     let (ms, lines) = time_cli(opts, &data, &["workspace", "history", &ws], 5);
     assert_eq!(lines, versions, "history lists every version");

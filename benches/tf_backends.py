@@ -3,6 +3,7 @@
 
     ~/.cache/stategate/venv/bin/python benches/tf_backends.py            # K=10, 50 resources, 4 parallel
     ~/.cache/stategate/venv/bin/python benches/tf_backends.py -k 20 --resources 200 --concurrency 8
+    ~/.cache/stategate/venv/bin/python benches/tf_backends.py --resources 1,500   # one table per size
 
 Backends (all on loopback, all started and stopped by this script):
 
@@ -764,7 +765,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", type=int, default=10, help="timed applies and plans per backend (default 10)")
-    ap.add_argument("--resources", type=int, default=50, help="terraform_data resources (default 50)")
+    ap.add_argument("--resources", default="50",
+                    help="terraform_data resources; a comma list (e.g. 1,50,500) runs one full "
+                         "comparison per size, each with its own table (default 50)")
     ap.add_argument("--concurrency", "-n", type=int, default=4,
                     help="workspaces applied in parallel per backend (default 4; 0 = skip)")
     ap.add_argument("--conc-rounds", type=int, default=3, help="parallel rounds per backend (default 3)")
@@ -788,7 +791,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.backends = [x.strip() for x in a.backends.split(",") if x.strip()]
     bad = [x for x in a.backends if x not in ALL_BACKENDS]
-    if bad or a.k < 1 or a.resources < 1:
+    try:
+        sizes = [int(x) for x in a.resources.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--resources {a.resources!r}: a number or a comma list of numbers")
+    if bad or a.k < 1 or not sizes or min(sizes) < 1:
         ap.error(f"unknown backends {bad}" if bad else "-k and --resources must be >= 1")
     os.environ["STATEGATE_BIN"] = str(Path(a.stategate_bin).resolve())  # read by harness.Server
     if a.terraform:
@@ -799,12 +806,33 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
+    t0 = time.monotonic()
+    runs = {}
+    for size in sizes:
+        a.resources = size
+        rc, b = run_one(a)
+        if rc:
+            return rc
+        runs[size] = b
+    log(f"total {time.monotonic() - t0:.0f}s")
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "args": {**vars(a), "resources": sizes},
+            "runs": {str(size): {
+                "versions": b.versions, "terraform_version_floor": b.floor,
+                "results": {k: vars(r) for k, r in b.results.items()},
+            } for size, b in runs.items()},
+        }, indent=2))
+    return 0 if all(any(r.apply for r in b.results.values()) for b in runs.values()) else 1
+
+
+def run_one(a):
+    """One full comparison at `a.resources` resources: (exit code, Bench); prints its table."""
     try:
         b = Bench(a)
     except RuntimeError as e:  # no terraform shim: nothing can run
         print(f"tf_backends: {e}", file=sys.stderr)
-        return 2
-    t0 = time.monotonic()
+        return 2, None
     rc = 0
     try:
         b.run()
@@ -817,19 +845,9 @@ def main(argv=None) -> int:
             log(f"kept {b.base}")
         else:
             shutil.rmtree(b.base, ignore_errors=True)
-    if rc:
-        return rc
-    table = report(b)
-    print(table)
-    log(f"total {time.monotonic() - t0:.0f}s")
-    if a.json:
-        Path(a.json).write_text(json.dumps({
-            "args": {k: v for k, v in vars(a).items()},
-            "versions": b.versions, "terraform_version_floor": b.floor,
-            "results": {k: vars(r) for k, r in b.results.items()},
-        }, indent=2))
-    return 0 if any(r.apply for r in b.results.values()) else 1
-
+    if not rc:
+        print(report(b))
+    return rc, b
 
 if __name__ == "__main__":
     sys.exit(main())

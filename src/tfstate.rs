@@ -266,9 +266,19 @@ impl StateScanner {
             return Err(not_a_state("invalid JSON"));
         }
         let result = self.check_utf8(data).and_then(|()| {
-            for &b in data {
-                self.byte(b)?;
-                self.offset += 1;
+            let mut at = 0;
+            while at < data.len() {
+                // Most of a state is string content: take a run of plain string bytes
+                // at once instead of a byte at a time through the state machine.
+                let run = self.plain_string_run(&data[at..]);
+                if run > 0 {
+                    self.keep(&data[at..at + run]);
+                } else {
+                    self.byte(data[at])?;
+                }
+                let step = run.max(1);
+                self.offset += step as u64;
+                at += step;
             }
             Ok(())
         });
@@ -518,6 +528,17 @@ impl StateScanner {
         self.strict = capture;
         self.capture = capture.then(Vec::new);
         self.overflow = false;
+    }
+
+    /// How many leading bytes of `data` are plain string content (inside a string, no
+    /// escape pending): everything before the next quote, backslash or control byte.
+    fn plain_string_run(&self, data: &[u8]) -> usize {
+        if self.expect != Expect::InString || self.esc != Esc::None || self.high.is_some() {
+            return 0;
+        }
+        data.iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .unwrap_or(data.len())
     }
 
     fn keep(&mut self, bytes: &[u8]) {

@@ -161,7 +161,7 @@ fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
 /// common case) becomes one blocking call in all — create, write, fsync, rename and
 /// directory fsync — instead of a thread handoff per piece; a large one is written a
 /// bounded slice at a time.
-const LOCAL_FLUSH: usize = 1 << 20;
+const LOCAL_FLUSH: usize = 256 * 1024;
 
 /// A local blob in the making: a temp file in the blob's directory (created by the
 /// first write-out), renamed into place after fsync, then a directory fsync, by `finish`.

@@ -93,7 +93,7 @@ fn unix_seconds(rfc3339: &str) -> Option<i64> {
 /// `just now`, `42s ago`, `5 min ago`, `3 h ago`, `2 days ago`.
 pub fn ago(seconds: i64) -> String {
     match seconds {
-        s if s < 5 => "just now".into(),
+        s if s < 1 => "just now".into(),
         s if s < 120 => format!("{s}s ago"),
         s if s < 2 * 3600 => format!("{} min ago", s / 60),
         s if s < 2 * 86400 => format!("{} h ago", s / 3600),
@@ -139,7 +139,6 @@ fn ws_href(workspace: &str) -> String {
 }
 
 fn lock_summary(lock: &LockState, now: i64) -> Markup {
-    let since = now - lock.age_seconds;
     html! {
         span.badge.locked { "locked" }
         @if lock.stale { span.badge.stale { "STALE" } }
@@ -148,7 +147,7 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
         " · "
         span.muted { (lock.operation) }
         " · "
-        span title=(format!("held for {}s", lock.age_seconds)) { (ago(now - since)) }
+        "locked " (when(&lock.created_at, now))
     }
 }
 
@@ -166,8 +165,8 @@ pub fn login(error: Option<&str>) -> Markup {
                 button type="submit" { "Log in" }
             }
             p.muted {
-                "Create one with " code { "stategate admin operator create <email>" }
-                " (or " code { "admin operator token create" } "). Workspace bearers do not work here."
+                "Create one with " code { "stategate admin operator create --email <email>" }
+                " (another with " code { "admin operator token create --email <email>" } "). Workspace bearers do not work here."
             }
         }
     };
@@ -318,7 +317,7 @@ fn rollback_form(chrome: &Chrome, ws: &WorkspaceSummary, default_to: Option<i64>
                 " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
             }
         }
-        p.muted { "Writes the chosen version’s content as a new version (nothing is deleted); the serial moves forward." }
+        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run." }
         form.inline #rollback method="post" action=(format!("{}/rollback", ws_href(&ws.name))) {
             input type="hidden" name="csrf" value=(chrome.csrf);
             label { "Version to restore" input type="number" name="to" min="1" required value=[default_to]; }
@@ -486,10 +485,10 @@ pub fn audit(chrome: &Chrome, form: &AuditForm, rows: &[AuditRow], older: Option
                     th { "When" } th { "Event" } th { "Actor" } th { "Scope" } th.hide-narrow { "Details" }
                 } }
                 tbody { @for r in rows { tr {
-                    td { (when(&r.at, chrome.now)) }
-                    td { code { (r.event) } }
+                    td.nowrap { (when(&r.at, chrome.now)) }
+                    td.nowrap { code { (r.event) } }
                     td { (r.actor) }
-                    td { code { (r.scope) } @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } } }
+                    td.nowrap { code { (r.scope) } @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } } }
                     td.hide-narrow { code { (r.payload.to_string()) } }
                 } } }
             } }
@@ -563,6 +562,7 @@ mod tests {
         let table = [
             (0, "just now"),
             (-30, "just now"),
+            (2, "2s ago"),
             (42, "42s ago"),
             (300, "5 min ago"),
             (3 * 3600, "3 h ago"),

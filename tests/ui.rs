@@ -7,7 +7,7 @@ mod common;
 
 use common::{state, status, TestServer};
 use reqwest::header::HeaderMap;
-use stategate::cluster::identity;
+use stategate::cluster::identity::{self, Role};
 use stategate::operator::identity as operators;
 
 const OPS: &str = "ops@example.com";
@@ -42,7 +42,11 @@ impl Env {
     }
 
     async fn start_with_app(adjust_app: impl FnOnce(&mut stategate::http::App)) -> Env {
-        let server = TestServer::start_with_app(|_| {}, adjust_app).await;
+        let server = TestServer::start_with_app(
+            |c| c.cluster.state_enc_key = Some(common::DEK.into()),
+            adjust_app,
+        )
+        .await;
         let token = server
             .app
             .operator
@@ -671,4 +675,54 @@ async fn logout_ends_the_session() {
     assert_eq!(r.status, 303);
     assert!(env.locked("prod"));
     assert_eq!(env.server.count("SELECT count(*) FROM ui_sessions"), 0);
+}
+
+#[tokio::test]
+async fn deleted_workspaces_and_cluster_leases_are_shown() {
+    let env = seeded().await;
+    env.write("gone", state(1, "lin", &resource("a", "x")))
+        .await;
+    let (code, text) = status(env.server.tf("DELETE", "gone")).await;
+    assert_eq!(code, 200, "{text}");
+    let cookie = env.login().await;
+    let list = env.page("/ui/workspaces", &cookie).await;
+    let row = &list[list.find(">gone<").unwrap()..];
+    assert!(
+        row[..row.find("</tr>").unwrap()].contains("deleted"),
+        "{list}"
+    );
+    let page = env.page("/ui/workspaces/gone", &cookie).await;
+    assert!(page.contains("badge deleted"), "{page}");
+
+    let admin = env
+        .server
+        .app
+        .operator
+        .admin_write(|c| {
+            identity::create_org(c, "acme")?;
+            let t = identity::create_principal(c, "acme", "a@acme", Role::Admin)?;
+            identity::create_cluster(c, "acme", Some("edge"), None)?;
+            Ok(t)
+        })
+        .await
+        .unwrap();
+    let page = env.page("/ui/clusters", &cookie).await;
+    assert!(page.contains("acme") && page.contains("edge") && page.contains("free"));
+    let id = env.server.app.operator.clusters().await.unwrap()[0]
+        .id
+        .clone();
+    let (code, text) = status(
+        reqwest::Client::new()
+            .post(format!("{}/v1/clusters/{id}/lock", env.server.base))
+            .bearer_auth(&admin)
+            .body(r#"{"operation":"provision","host":"<b>box</b>"}"#),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let page = env.page("/ui/clusters", &cookie).await;
+    assert!(page.contains("a@acme") && page.contains("leased"), "{page}");
+    assert!(
+        !page.contains("<b>") && page.contains("&lt;b&gt;box"),
+        "{page}"
+    );
 }

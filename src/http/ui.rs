@@ -124,10 +124,14 @@ fn error_page(chrome: Option<&Chrome>, e: &ApiError) -> Answer {
 }
 
 pub(super) async fn handle(app: &App, session: &mut Session, route: UiRoute) -> Handled {
-    let takes_body = route.takes_form() || matches!(route, UiRoute::NotAllowed { .. });
+    // A request that may carry a body keeps its connection only once the body is read.
+    let bodiless = matches!(
+        session.req_header().method,
+        http::Method::GET | http::Method::HEAD
+    );
     let (answer, bytes_in, consumed) = serve(app, session, route).await;
     let reply = answer.into_reply();
-    if consumed || !takes_body {
+    if consumed || bodiless {
         Handled::done(reply, bytes_in)
     } else {
         Handled::unread(reply)

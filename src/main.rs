@@ -473,6 +473,7 @@ fn run_admin(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                 event,
                 since,
                 until,
+                before_id: None,
             };
             admin::list_audit(config, filter, cluster, limit)
         }

@@ -133,6 +133,7 @@ pub async fn build_app_with_clock(
         upstream: upstream_for(config)?,
         conditional: conditional_guard_for(config).await,
         inflight: crate::drain::Inflight::default(),
+        tls: config.tls.cert_file.is_some(),
     }))
 }
 

@@ -218,6 +218,7 @@ async fn run(
                 event,
                 since: instant("since", since)?,
                 until: instant("until", until)?,
+                before_id: None,
             };
             let limit = number("limit", limit.as_deref())?.unwrap_or(100);
             let limit = u32::try_from(limit)

@@ -2,9 +2,10 @@
 //! routes in `request_filter` and forwards everything else upstream.
 //!
 //! The rooms: `router` parses a request line, `tofu` and `cluster` frame the two
-//! APIs, `pass_through` decides S3 requests (with `upstream` and `conditional`),
-//! `body` reads bounded bodies and writes replies. None of them touch SQL or blobs;
-//! they call the domain modules with plain values.
+//! APIs, `admin` and `ui` the operator API and the web UI, `pass_through` decides
+//! S3 requests (with `upstream` and `conditional`), `body` reads bounded bodies and
+//! writes replies. None of them touch SQL or blobs; they call the domain modules
+//! with plain values.
 
 mod admin;
 pub mod auth;
@@ -16,6 +17,7 @@ pub mod router;
 pub mod s3_target;
 pub mod sigv4;
 mod tofu;
+mod ui;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -54,6 +56,8 @@ pub struct App {
     pub inflight: crate::drain::Inflight,
     /// The operator surface (admin API), over the same engine.
     pub operator: crate::operator::Operations,
+    /// The listener serves TLS (the UI's session cookie is then `Secure`).
+    pub tls: bool,
 }
 
 /// The pingora service.
@@ -107,6 +111,7 @@ impl ProxyHttp for Gateway {
             Ok(Endpoint::Tf { workspace, .. }) => ctx.workspace = Some(workspace.clone()),
             Ok(Endpoint::Cluster { id, .. }) => ctx.workspace = Some(format!("cluster/{id}")),
             Ok(Endpoint::Admin(action)) => ctx.workspace = action.workspace().map(str::to_string),
+            Ok(Endpoint::Ui(route)) => ctx.workspace = route.workspace().map(str::to_string),
             _ => {}
         }
         let handled = match endpoint {
@@ -295,6 +300,7 @@ impl Gateway {
             Endpoint::Admin(action) => admin::handle(&self.app, session, action)
                 .await
                 .unwrap_or_else(Handled::from),
+            Endpoint::Ui(route) => ui::handle(&self.app, session, route).await,
             Endpoint::Cluster { id, action } => cluster::handle(&self.app, session, &id, action)
                 .await
                 .unwrap_or_else(Handled::from),

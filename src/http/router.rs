@@ -10,6 +10,7 @@ use crate::names::validate_workspace;
 const TF_PREFIX: &str = "/api/v1/tf/state/";
 const CLUSTER_PREFIX: &str = "/v1/clusters/";
 const ADMIN_PREFIX: &str = "/api/v1/admin/";
+const UI_PREFIX: &str = "/ui/";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -28,6 +29,9 @@ pub enum Endpoint {
     /// The operator API (`docs/admin-api.md`). Values are raw: they are checked only
     /// after the operator token, so the check order is auth, then input, then state.
     Admin(AdminAction),
+    /// The operator web UI under `/ui/` (`crate::ui`). Values are raw, judged after the
+    /// session like the admin API's are after the token.
+    Ui(UiRoute),
     /// Not ours.
     Upstream,
 }
@@ -116,6 +120,110 @@ impl AdminAction {
     }
 }
 
+/// A page or form of the web UI under `/ui/`, with its raw path and query values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UiRoute {
+    /// `GET static/app.css` (public)
+    Stylesheet,
+    /// `GET login` (public)
+    LoginForm,
+    /// `POST login` with `token` (public)
+    Login,
+    /// `POST logout` with `csrf`
+    Logout,
+    /// `GET /ui`, `GET /ui/`, `GET workspaces[?q=]`
+    Workspaces { filter: Option<String> },
+    /// `GET workspaces/{ws}[?page=N]`; `rolled_back`/`unlocked` report a finished action.
+    Workspace {
+        workspace: String,
+        page: Option<String>,
+        rolled_back: Option<String>,
+        unlocked: Option<String>,
+    },
+    /// `GET workspaces/{ws}/versions/{n}[?reveal=1]`
+    Version {
+        workspace: String,
+        version: String,
+        reveal: Option<String>,
+    },
+    /// `GET workspaces/{ws}/versions/{n}/download`
+    Download { workspace: String, version: String },
+    /// `GET workspaces/{ws}/diff?from=A&to=B`
+    Diff {
+        workspace: String,
+        from: Option<String>,
+        to: Option<String>,
+    },
+    /// `POST workspaces/{ws}/rollback` with `csrf`, `to`, `confirm`
+    Rollback { workspace: String },
+    /// `POST workspaces/{ws}/unlock` with `csrf`, `lock_id`, `confirm`
+    Unlock { workspace: String },
+    /// `GET audit[?scope=&event=&since=&until=&before=]`
+    Audit {
+        scope: Option<String>,
+        event: Option<String>,
+        since: Option<String>,
+        until: Option<String>,
+        before: Option<String>,
+    },
+    /// `GET clusters`
+    Clusters,
+    /// No such page (answered after the session check, so it reveals nothing).
+    NotFound,
+    /// A page asked for with the wrong method.
+    NotAllowed { allowed: &'static str },
+}
+
+impl UiRoute {
+    pub fn name(&self) -> &'static str {
+        match self {
+            UiRoute::Stylesheet => "ui.static",
+            UiRoute::LoginForm => "ui.login_form",
+            UiRoute::Login => "ui.login",
+            UiRoute::Logout => "ui.logout",
+            UiRoute::Workspaces { .. } => "ui.workspaces",
+            UiRoute::Workspace { .. } => "ui.workspace",
+            UiRoute::Version { .. } => "ui.version",
+            UiRoute::Download { .. } => "ui.download",
+            UiRoute::Diff { .. } => "ui.diff",
+            UiRoute::Rollback { .. } => "ui.rollback",
+            UiRoute::Unlock { .. } => "ui.unlock",
+            UiRoute::Audit { .. } => "ui.audit",
+            UiRoute::Clusters => "ui.clusters",
+            UiRoute::NotFound | UiRoute::NotAllowed { .. } => "ui.invalid",
+        }
+    }
+
+    /// Served without a session (everything else answers 303 to the login page).
+    pub fn is_public(&self) -> bool {
+        matches!(
+            self,
+            UiRoute::Stylesheet | UiRoute::LoginForm | UiRoute::Login
+        )
+    }
+
+    /// A form POST (bounded `application/x-www-form-urlencoded` body).
+    pub fn takes_form(&self) -> bool {
+        matches!(
+            self,
+            UiRoute::Login | UiRoute::Logout | UiRoute::Rollback { .. } | UiRoute::Unlock { .. }
+        )
+    }
+
+    /// The workspace a route is about (for the request log line).
+    pub fn workspace(&self) -> Option<&str> {
+        match self {
+            UiRoute::Workspace { workspace, .. }
+            | UiRoute::Version { workspace, .. }
+            | UiRoute::Download { workspace, .. }
+            | UiRoute::Diff { workspace, .. }
+            | UiRoute::Rollback { workspace }
+            | UiRoute::Unlock { workspace } => Some(workspace),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClusterAction {
     /// `GET /v1/clusters/{id}/tfstate`
@@ -173,6 +281,7 @@ impl Endpoint {
             Endpoint::Tf { action, .. } => action.name(),
             Endpoint::Cluster { action, .. } => action.name(),
             Endpoint::Admin(action) => action.name(),
+            Endpoint::Ui(route) => route.name(),
             Endpoint::Upstream => "upstream",
         }
     }
@@ -202,6 +311,12 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     }
     if let Some(rest) = path.strip_prefix(ADMIN_PREFIX) {
         return route_admin(method, rest, query).map(Endpoint::Admin);
+    }
+    if path == "/ui" {
+        return Ok(Endpoint::Ui(route_ui(method, "", query)));
+    }
+    if let Some(rest) = path.strip_prefix(UI_PREFIX) {
+        return Ok(Endpoint::Ui(route_ui(method, rest, query)));
     }
     let Some(rest) = path.strip_prefix(TF_PREFIX) else {
         return Ok(Endpoint::Upstream);
@@ -326,6 +441,70 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         return Err(not_allowed(method, allowed));
     }
     Ok(action)
+}
+
+/// The web UI's routes (see [`UiRoute`]); names and numbers are judged by the handler.
+fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
+    let q = |name| query_param(query, name);
+    let segments: Vec<&str> = rest.split('/').collect();
+    let ws = |w: &str| w.to_string();
+    let (route, allowed) = match segments.as_slice() {
+        ["static", "app.css"] => (UiRoute::Stylesheet, "GET"),
+        ["login"] if method == "POST" => (UiRoute::Login, "POST"),
+        ["login"] => (UiRoute::LoginForm, "GET"),
+        ["logout"] => (UiRoute::Logout, "POST"),
+        [""] | ["workspaces"] => (UiRoute::Workspaces { filter: q("q") }, "GET"),
+        ["audit"] => (
+            UiRoute::Audit {
+                scope: q("scope"),
+                event: q("event"),
+                since: q("since"),
+                until: q("until"),
+                before: q("before"),
+            },
+            "GET",
+        ),
+        ["clusters"] => (UiRoute::Clusters, "GET"),
+        ["workspaces", w] => (
+            UiRoute::Workspace {
+                workspace: ws(w),
+                page: q("page"),
+                rolled_back: q("rolled_back"),
+                unlocked: q("unlocked"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "versions", v] => (
+            UiRoute::Version {
+                workspace: ws(w),
+                version: v.to_string(),
+                reveal: q("reveal"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "versions", v, "download"] => (
+            UiRoute::Download {
+                workspace: ws(w),
+                version: v.to_string(),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "diff"] => (
+            UiRoute::Diff {
+                workspace: ws(w),
+                from: q("from"),
+                to: q("to"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "rollback"] => (UiRoute::Rollback { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "unlock"] => (UiRoute::Unlock { workspace: ws(w) }, "POST"),
+        _ => return UiRoute::NotFound,
+    };
+    if method != allowed {
+        return UiRoute::NotAllowed { allowed };
+    }
+    route
 }
 
 fn not_allowed(method: &str, allowed: &'static str) -> ApiError {
@@ -678,5 +857,125 @@ mod tests {
             let err = route(method, path, None).unwrap_err();
             assert_eq!(err.http_status(), *status, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn ui_routes() {
+        let w = || "prod".to_string();
+        let table: Vec<(&str, &str, Option<&str>, UiRoute)> = vec![
+            ("GET", "/ui", None, UiRoute::Workspaces { filter: None }),
+            (
+                "GET",
+                "/ui/",
+                Some("q=pr"),
+                UiRoute::Workspaces {
+                    filter: Some("pr".into()),
+                },
+            ),
+            (
+                "GET",
+                "/ui/workspaces",
+                None,
+                UiRoute::Workspaces { filter: None },
+            ),
+            ("GET", "/ui/static/app.css", None, UiRoute::Stylesheet),
+            ("GET", "/ui/login", None, UiRoute::LoginForm),
+            ("POST", "/ui/login", None, UiRoute::Login),
+            ("POST", "/ui/logout", None, UiRoute::Logout),
+            (
+                "GET",
+                "/ui/logout",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod",
+                Some("page=2&rolled_back=7"),
+                UiRoute::Workspace {
+                    workspace: w(),
+                    page: Some("2".into()),
+                    rolled_back: Some("7".into()),
+                    unlocked: None,
+                },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/versions/3",
+                Some("reveal=1"),
+                UiRoute::Version {
+                    workspace: w(),
+                    version: "3".into(),
+                    reveal: Some("1".into()),
+                },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/versions/3/download",
+                None,
+                UiRoute::Download {
+                    workspace: w(),
+                    version: "3".into(),
+                },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/diff",
+                Some("from=1&to=2"),
+                UiRoute::Diff {
+                    workspace: w(),
+                    from: Some("1".into()),
+                    to: Some("2".into()),
+                },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/rollback",
+                None,
+                UiRoute::Rollback { workspace: w() },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/rollback",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/unlock",
+                None,
+                UiRoute::Unlock { workspace: w() },
+            ),
+            (
+                "GET",
+                "/ui/audit",
+                Some("scope=tf%2Fprod&before=9"),
+                UiRoute::Audit {
+                    scope: Some("tf/prod".into()),
+                    event: None,
+                    since: None,
+                    until: None,
+                    before: Some("9".into()),
+                },
+            ),
+            ("GET", "/ui/clusters", None, UiRoute::Clusters),
+            (
+                "POST",
+                "/ui/clusters",
+                None,
+                UiRoute::NotAllowed { allowed: "GET" },
+            ),
+            ("GET", "/ui/nope", None, UiRoute::NotFound),
+            ("GET", "/ui/workspaces/prod/x", None, UiRoute::NotFound),
+        ];
+        for (method, path, query, expected) in table {
+            assert_eq!(
+                route(method, path, query).unwrap(),
+                Endpoint::Ui(expected),
+                "{method} {path}"
+            );
+        }
+        // Not the UI: a bucket cannot be called "ui", but "uix" can.
+        assert_eq!(route("GET", "/uix/key", None).unwrap(), Endpoint::Upstream);
     }
 }

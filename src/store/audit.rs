@@ -81,6 +81,8 @@ pub struct AuditFilter {
     pub since: Option<time::OffsetDateTime>,
     /// Rows strictly before this instant.
     pub until: Option<time::OffsetDateTime>,
+    /// Rows with an id below this one (the next page of a listing, newest first).
+    pub before_id: Option<i64>,
 }
 
 /// Seconds since the epoch with the fraction, as SQLite's `unixepoch(at, 'subsec')`
@@ -117,12 +119,14 @@ pub fn list_audit_filtered(
           WHERE scope = ?1 AND (?2 IS NULL OR event = ?2)
             AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
             AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
+            AND (?6 IS NULL OR id < ?6)
           ORDER BY id DESC LIMIT ?3"
     } else {
         "SELECT id, at, actor, org, scope, event, payload FROM audit
           WHERE ?1 IS NULL AND (?2 IS NULL OR event = ?2)
             AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
             AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
+            AND (?6 IS NULL OR id < ?6)
           ORDER BY id DESC LIMIT ?3"
     };
     let mut stmt = conn.prepare_cached(sql)?;
@@ -131,7 +135,8 @@ pub fn list_audit_filtered(
         filter.event,
         limit,
         epoch(filter.since),
-        epoch(filter.until)
+        epoch(filter.until),
+        filter.before_id
     ];
     let mut rows = stmt
         .query_map(params, |r| {
@@ -256,6 +261,24 @@ mod tests {
                 .map(|r| r.id)
                 .collect();
             assert_eq!(&got, ids, "{since:?} {until:?}");
+        }
+        // Paging: rows below an id, newest `limit` of them, still oldest first.
+        for (before, limit, ids) in [
+            (Some(4), 2, &[2i64, 3][..]),
+            (Some(2), 5, &[1]),
+            (Some(1), 5, &[]),
+            (None, 1, &[4]),
+        ] {
+            let filter = AuditFilter {
+                before_id: before,
+                ..AuditFilter::default()
+            };
+            let got: Vec<i64> = list_audit_filtered(&conn, &filter, limit)
+                .unwrap()
+                .iter()
+                .map(|r| r.id)
+                .collect();
+            assert_eq!(got, ids, "{before:?} {limit}");
         }
     }
 

@@ -1,0 +1,257 @@
+"""The operator web UI in a real headless browser (Debian's chromium + chromedriver,
+driven by selenium), against the real binary and the real Terraform CLI.
+
+Terraform applies a workspace three times; an operator made with the CLI logs in
+through the form, opens the workspace, diffs two versions and sees the changed
+resource, rolls back (typing the name) and sees the new version, force-unlocks the
+lock a SIGKILLed `terraform apply` left behind, and reads the audit rows of both
+actions. Every step checks the text the page shows; screenshots go to the test's
+temp dir (and the workspace page to docs/ui-workspace.png when
+STATEGATE_UI_SCREENSHOT_OUT is set, for the README: `1` for that path, or a path).
+
+Not skipped anywhere: without chromium, chromedriver or selenium the test fails
+(scripts/setup-test-deps.sh installs them). Run once, on the local store: the UI is
+a client of the same operations the store-parametrized suites already cover.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import BACKEND_HTTP, Server, data_resource, stategate_bin
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+OPERATOR = "ui-e2e@example.com"
+ACTOR = f"operator:{OPERATOR}"
+REPO = Path(__file__).resolve().parent.parent
+SLOW = 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 120"\n  }\n}\n'
+WAIT = 30
+
+
+def _selenium():
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+    except ImportError as e:  # a missing tool fails: the setup script installs it
+        pytest.fail(f"selenium is not installed ({e}); run scripts/setup-test-deps.sh")
+    return webdriver, By, WebDriverWait
+
+
+@pytest.fixture
+def browser(tmp_path):
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            pytest.fail(f"{path} is missing; run scripts/setup-test-deps.sh (apt chromium chromium-driver)")
+    webdriver, _, _ = _selenium()
+    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000"):
+        opts.add_argument(arg)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(options=opts, service=service)
+    driver.set_page_load_timeout(WAIT)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def ui_server(tmp_path, check_binary):
+    s = Server(data_dir=tmp_path / "data", store="local",
+               extra_env={"STATEGATE_LOCKS_STALE_AFTER_SECONDS": "1"})
+    s.start()
+    yield s
+    s.stop()
+
+
+def cli(server, *args) -> str:
+    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+class Page:
+    """The browser, with waits on visible text (never fixed sleeps)."""
+
+    def __init__(self, driver, base: str, shots: Path):
+        self.d = driver
+        self.base = base
+        self.shots = shots
+        _, self.By, self.Wait = _selenium()
+
+    def open(self, path: str):
+        self.d.get(self.base + path)
+
+    def text(self) -> str:
+        return self.d.find_element(self.By.TAG_NAME, "body").text
+
+    def wait_text(self, *needles: str) -> str:
+        try:
+            self.Wait(self.d, WAIT).until(lambda d: all(n in self.text() for n in needles))
+        except Exception:
+            self.shot("failed-wait")
+            raise AssertionError(f"page never showed {needles}; it shows:\n{self.text()}")
+        return self.text()
+
+    def css(self, selector: str):
+        return self.d.find_element(self.By.CSS_SELECTOR, selector)
+
+    def fill(self, selector: str, value: str):
+        field = self.css(selector)
+        field.clear()
+        field.send_keys(value)
+
+    def submit(self, form: str):
+        self.css(f"{form} button[type=submit]").click()
+
+    def shot(self, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        self.d.save_screenshot(str(path))
+        return path
+
+
+def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
+    server = ui_server
+    ws_name = "ui-e2e-prod"
+    ws = server.workspace(ws_name)
+    tf = make_tf("w", ws.env)
+    tf.write(BACKEND_HTTP + data_resource("web", "v-one") + 'output "greeting" {\n  value = "hello-one"\n}\n')
+    tf.init()
+    tf.apply()
+    for value in ("v-two", "v-three"):
+        tf.write(BACKEND_HTTP + data_resource("web", value) + f'output "greeting" {{\n  value = "hello-{value}"\n}}\n')
+        tf.apply()
+    token = cli(server, "admin", "operator", "create", "--email", OPERATOR).strip().splitlines()[-1]
+    assert token.startswith("sgo_"), token
+
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    page = Page(browser, server.url, shots)
+
+    # No session: the UI sends the browser to the login form; a wrong token is refused.
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Operator login")
+    assert browser.current_url.endswith("/ui/login")
+    assert ws_name not in page.text()
+    page.fill("input[name=token]", "sgo_not-a-real-token")
+    page.submit("form[action='/ui/login']")
+    page.wait_text("not a valid operator token")
+    page.fill("input[name=token]", token)
+    page.submit("form[action='/ui/login']")
+    text = page.wait_text("Workspaces", OPERATOR, ws_name)
+    assert "unlocked" in text
+    page.shot("01-workspaces")
+
+    # The workspace: three versions written by Terraform, newest first.
+    browser.find_element(page.By.LINK_TEXT, ws_name).click()
+    text = page.wait_text("Versions", "Compare two versions", "Roll back")
+    rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#versions tbody tr")]
+    assert [r.split()[0] for r in rows] == ["3", "2", "1"], rows
+    page.shot("02-workspace")
+
+    # Diff version 1 against 3: the changed resource and its attribute, and the output.
+    page.fill("#diff input[name=from]", "1")
+    page.fill("#diff input[name=to]", "3")
+    page.submit("#diff")
+    text = page.wait_text("version 1 → 3", "terraform_data.web")
+    assert "changed" in text and '"v-one"' in text and '"v-three"' in text, text
+    assert "greeting" in text and '"hello-v-three"' in text, text
+    page.shot("03-diff")
+
+    # Roll back to version 1, typing the name: version 4 appears, written by the operator.
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Roll back")
+    page.fill("#rollback input[name=to]", "1")
+    page.fill("#rollback input[name=confirm]", ws_name)
+    page.submit("#rollback")
+    text = page.wait_text("Rolled back: the workspace is now at version 4.")
+    rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#versions tbody tr")]
+    assert rows[0].split()[0] == "4" and ACTOR in rows[0], rows
+    page.shot("04-rolled-back")
+    assert '"v-one"' in ws.get().text(), "Terraform's backend serves the rolled-back content"
+
+    # A terraform apply killed with SIGKILL leaves its lock; the UI shows it, stale.
+    tf.write(BACKEND_HTTP + data_resource("web", "v-one") + 'output "greeting" {\n  value = "hello-one"\n}\n' + SLOW)
+    p = tf.start("apply", "-auto-approve", "-input=false", "-no-color")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            page.open(f"/ui/workspaces/{ws_name}")
+            if "Force unlock" in page.text():
+                break
+            if p.poll() is not None:
+                out, err = p.communicate()
+                raise AssertionError(f"terraform ended before its lock was seen:\n{out}\n{err}")
+            assert time.monotonic() < deadline, "terraform never took the lock"
+            time.sleep(0.3)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=30)
+    time.sleep(2.2)  # past STATEGATE_LOCKS_STALE_AFTER_SECONDS=1 (ages are whole seconds)
+    page.open(f"/ui/workspaces/{ws_name}")
+    text = page.wait_text("Force unlock", "OperationTypeApply", "STALE")
+    assert "Rollback is refused while the workspace is locked" in text
+    assert page.css("#rollback button[type=submit]").get_attribute("disabled") is not None
+    page.shot("05-locked")
+    page.css("#lock input[name=confirm]").click()
+    page.submit("#lock form")
+    text = page.wait_text("The lock was released.", "Not locked.")
+    page.shot("06-unlocked")
+    # Terraform can apply again.
+    tf.write(BACKEND_HTTP + data_resource("web", "v-four") + 'output "greeting" {\n  value = "hello-four"\n}\n')
+    tf.apply()
+
+    # The audit log names the operator for both actions.
+    browser.find_element(page.By.LINK_TEXT, "Audit").click()
+    page.wait_text("Audit log")
+    page.fill("input[name=scope]", f"tf/{ws_name}")
+    page.submit("form[action='/ui/audit']")
+    text = page.wait_text("tf.rollback", "tf.lock_forced")
+    audit_rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#audit tbody tr")]
+    for event in ("tf.rollback", "tf.lock_forced"):
+        assert any(event in r and ACTOR in r for r in audit_rows), (event, audit_rows)
+    page.shot("07-audit")
+
+    # The README's screenshot: the workspace page as an operator sees it.
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Versions")
+    shot = page.shot("08-workspace-final")
+    out = os.environ.get("STATEGATE_UI_SCREENSHOT_OUT")
+    if out:
+        target = REPO / "docs" / "ui-workspace.png" if out == "1" else Path(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, target)
+
+    # On a phone-sized screen the page still fits: wide tables scroll inside their box.
+    browser.set_window_size(390, 844)
+    for path in (f"/ui/workspaces/{ws_name}", "/ui/workspaces", "/ui/audit",
+                 f"/ui/workspaces/{ws_name}/diff?from=1&to=3"):
+        page.open(path)
+        page.wait_text(OPERATOR)
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"{path} is {overflow}px wider than a phone screen"
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Versions")
+    page.shot("09-phone-workspace")
+
+    # Logging out ends the session: the pages are gone again.
+    page.submit("header form[action='/ui/logout']")
+    page.wait_text("Operator login")
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Operator login")
+    assert ws_name not in page.text()

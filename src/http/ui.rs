@@ -1,0 +1,514 @@
+//! HTTP framing for the web UI (`crate::ui`): the session cookie first (no session →
+//! 303 to the login page, before anything is read or shown), then the form body
+//! (bounded, urlencoded) and its CSRF token, then one `Operations` call and its page.
+//! Every answer carries the UI's security headers. No SQL or blobs here.
+
+use bytes::Bytes;
+use maud::Markup;
+use pingora::proxy::Session;
+
+use super::body::{read_body, Handled, Reply};
+use super::router::UiRoute;
+use super::App;
+use crate::error::ApiError;
+use crate::operator::diff::mask_state;
+use crate::store::audit::{parse_instant, AuditFilter};
+use crate::store::WriteOutcome;
+use crate::ui::pages::{self, AuditForm, Chrome, Content, Notice, VersionsPage};
+use crate::ui::session::{self, UiSession};
+
+/// Largest form body (a token, a version number, a lock ID, a CSRF token).
+const MAX_FORM: u64 = 8192;
+/// Versions per page of the workspace page.
+const VERSIONS_PER_PAGE: u32 = 20;
+/// Audit rows per page.
+const AUDIT_PER_PAGE: u32 = 50;
+/// Where a request without a session is sent.
+const LOGIN: &str = "/ui/login";
+
+/// Sent with every UI response (`Cache-Control: no-store` is on every local reply).
+const SECURITY_HEADERS: [(&str, &str); 3] = [
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+];
+
+/// What a UI handler answers, before the security headers.
+enum Answer {
+    Page(u16, Markup),
+    /// 303 to a path of ours, optionally setting a cookie.
+    Redirect(String, Option<String>),
+    Stylesheet,
+    /// A version's content as a download.
+    File {
+        name: String,
+        body: Vec<u8>,
+    },
+}
+
+impl Answer {
+    fn into_reply(self) -> Reply {
+        let mut reply = match self {
+            Answer::Page(status, markup) => html(status, markup),
+            Answer::Redirect(to, cookie) => {
+                let mut r = html(303, maud::html! { a href=(to) { "Continue" } });
+                r.headers.push(("Location", to));
+                if let Some(c) = cookie {
+                    r.headers.push(("Set-Cookie", c));
+                }
+                r
+            }
+            Answer::Stylesheet => Reply {
+                content_type: "text/css; charset=utf-8",
+                ..Reply::json(200, Bytes::from_static(crate::ui::STYLESHEET.as_bytes()))
+            },
+            Answer::File { name, body } => {
+                let mut r = Reply::json(200, body);
+                r.headers.push((
+                    "Content-Disposition",
+                    format!("attachment; filename=\"{name}\""),
+                ));
+                r
+            }
+        };
+        for (name, value) in SECURITY_HEADERS {
+            reply.headers.push((name, value.to_string()));
+        }
+        reply
+    }
+}
+
+fn html(status: u16, markup: Markup) -> Reply {
+    Reply {
+        content_type: "text/html; charset=utf-8",
+        ..Reply::json(status, markup.into_string())
+    }
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// The session cookie's value, from any `Cookie` header.
+fn cookie_value(session: &Session) -> Option<String> {
+    session
+        .req_header()
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(session::from_cookie_header)
+        .map(str::to_string)
+}
+
+fn error_page(chrome: Option<&Chrome>, e: &ApiError) -> Answer {
+    let status = e.http_status();
+    if let Some(detail) = e.log_detail().filter(|_| status >= 500) {
+        tracing::error!(status, error = detail, "ui request failed");
+    }
+    let (message, holder) = match e {
+        ApiError::Locked { holder_info } => {
+            let info: serde_json::Value = serde_json::from_slice(holder_info).unwrap_or_default();
+            let field = |k: &str| info[k].as_str().unwrap_or("?").chars().take(256).collect();
+            (e.to_string(), Some((field("Who"), field("Operation"))))
+        }
+        other => (other.to_string(), None),
+    };
+    let holder = holder
+        .as_ref()
+        .map(|(w, o): &(String, String)| (w.as_str(), o.as_str()));
+    Answer::Page(status, pages::error(chrome, status, &message, holder))
+}
+
+pub(super) async fn handle(app: &App, session: &mut Session, route: UiRoute) -> Handled {
+    // A request that may carry a body keeps its connection only once the body is read.
+    let bodiless = matches!(
+        session.req_header().method,
+        http::Method::GET | http::Method::HEAD
+    );
+    let (answer, bytes_in, consumed) = serve(app, session, route).await;
+    let reply = answer.into_reply();
+    if consumed || bodiless {
+        Handled::done(reply, bytes_in)
+    } else {
+        Handled::unread(reply)
+    }
+}
+
+/// The answer, the body bytes read and whether the body was consumed.
+async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usize, bool) {
+    if route == UiRoute::Stylesheet {
+        return (Answer::Stylesheet, 0, false);
+    }
+    let now = now();
+    let cookie = cookie_value(session);
+    let current = match &cookie {
+        None => None,
+        Some(c) => {
+            let c = c.clone();
+            match app
+                .operator
+                .admin_read(move |conn| Ok(session::find(conn, &c, now)?))
+                .await
+            {
+                Ok(found) => found,
+                Err(e) => return (error_page(None, &e), 0, false),
+            }
+        }
+    };
+    match (&route, current) {
+        (UiRoute::LoginForm, Some(_)) => (redirect("/ui/"), 0, false),
+        (UiRoute::LoginForm, None) => (Answer::Page(200, pages::login(None)), 0, false),
+        (UiRoute::Login, _) => login(app, session, now).await,
+        (_, None) => (redirect(LOGIN), 0, false),
+        (_, Some(me)) => {
+            let chrome = Chrome {
+                email: &me.operator.email,
+                csrf: &me.csrf,
+                now,
+            };
+            if !route.takes_form() {
+                let answer = page(app, &chrome, route)
+                    .await
+                    .unwrap_or_else(|e| error_page(Some(&chrome), &e));
+                return (answer, 0, false);
+            }
+            let form = match read_form(app, session).await {
+                Ok(form) => form,
+                Err(e) => return (error_page(Some(&chrome), &e), 0, false),
+            };
+            let read = form.len;
+            if !session::csrf_matches(&me, form.get("csrf")) {
+                let refused = ApiError::Forbidden(
+                    "this form is stale or was not sent by this UI (CSRF token mismatch); nothing was changed".into(),
+                );
+                return (error_page(Some(&chrome), &refused), read, true);
+            }
+            let answer = action(app, &me, cookie.as_deref(), route, &form)
+                .await
+                .unwrap_or_else(|e| error_page(Some(&chrome), &e));
+            (answer, read, true)
+        }
+    }
+}
+
+fn redirect(to: &str) -> Answer {
+    Answer::Redirect(to.to_string(), None)
+}
+
+/// A decoded form body (the first value of each name).
+struct Form {
+    fields: Vec<(String, String)>,
+    len: usize,
+}
+
+impl Form {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+async fn read_form(app: &App, session: &mut Session) -> Result<Form, ApiError> {
+    let (body, _held) = read_body(session, MAX_FORM, &app.body_budget, app.body_limits).await?;
+    Ok(Form {
+        fields: form_urlencoded::parse(&body).into_owned().collect(),
+        len: body.len(),
+    })
+}
+
+async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bool) {
+    let form = match read_form(app, session).await {
+        Ok(form) => form,
+        Err(e) => return (error_page(None, &e), 0, false),
+    };
+    let token = form.get("token").unwrap_or("").trim().as_bytes().to_vec();
+    let opened = if token.is_empty() {
+        Ok(None)
+    } else {
+        app.operator
+            .admin_write(move |conn| session::open(conn, &token, now))
+            .await
+    };
+    let answer = match opened {
+        Ok(Some(opened)) => Answer::Redirect(
+            "/ui/".into(),
+            Some(session::set_cookie(&opened.cookie_value, app.tls)),
+        ),
+        Ok(None) => Answer::Page(
+            401,
+            pages::login(Some(
+                "That is not a valid operator token (wrong, revoked, or a workspace bearer).",
+            )),
+        ),
+        Err(e) => error_page(None, &e),
+    };
+    (answer, form.len, true)
+}
+
+fn workspace(name: &str) -> Result<&str, ApiError> {
+    crate::names::validate_workspace(name)?;
+    Ok(name)
+}
+
+/// A positive whole number from a query or form value.
+fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+    value
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("{name} must be a positive whole number"))
+                })
+        })
+        .transpose()
+}
+
+fn required(name: &str, value: Option<&str>) -> Result<i64, ApiError> {
+    number(name, value)?.ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
+}
+
+fn text(value: Option<String>) -> Option<String> {
+    value
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// The read-only pages.
+async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, ApiError> {
+    let ops = &app.operator;
+    let ok = |markup| Ok(Answer::Page(200, markup));
+    match route {
+        UiRoute::Workspaces { filter } => {
+            let filter = filter.unwrap_or_default();
+            let needle = filter.trim().to_lowercase();
+            let rows: Vec<_> = ops
+                .list_workspaces()
+                .await?
+                .into_iter()
+                .filter(|w| w.name.to_lowercase().contains(&needle))
+                .collect();
+            ok(pages::workspaces(chrome, &rows, &filter))
+        }
+        UiRoute::Workspace {
+            workspace: w,
+            page,
+            rolled_back,
+            unlocked,
+        } => {
+            let w = workspace(&w)?;
+            let summary = ops.workspace(w).await?;
+            let page = number("page", page.as_deref())?
+                .and_then(|p| u32::try_from(p).ok())
+                .unwrap_or(1)
+                .min(100_000);
+            let skip = (page - 1) * VERSIONS_PER_PAGE;
+            let rows = match ops.history(w, Some(skip + VERSIONS_PER_PAGE + 1)).await {
+                Ok(rows) => rows,
+                Err(ApiError::NotFound(_)) => Vec::new(), // only a lock so far
+                Err(e) => return Err(e),
+            };
+            let has_more = rows.len() > (skip + VERSIONS_PER_PAGE) as usize;
+            let rows: Vec<_> = rows
+                .into_iter()
+                .skip(skip as usize)
+                .take(VERSIONS_PER_PAGE as usize)
+                .collect();
+            let shown = match (number("rolled_back", rolled_back.as_deref()), unlocked) {
+                (Ok(Some(v)), _) => Some(Notice::RolledBack(v)),
+                (_, Some(u)) if u == "1" => Some(Notice::Unlocked),
+                (_, Some(u)) if u == "0" => Some(Notice::WasNotLocked),
+                _ => None,
+            };
+            let versions = VersionsPage {
+                rows: &rows,
+                page,
+                has_more,
+            };
+            ok(pages::workspace(chrome, &summary, &versions, shown))
+        }
+        UiRoute::Version {
+            workspace: w,
+            version,
+            reveal,
+        } => {
+            let w = workspace(&w)?;
+            let v = required("version", Some(&version))?;
+            let revealed = reveal.as_deref() == Some("1");
+            let (row, body) = ops.show(w, Some(v)).await?;
+            let shown = if revealed {
+                serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .filter(|d| d.get("resources").is_some() || d.get("outputs").is_some())
+            } else {
+                mask_state(&body, row.version).ok()
+            };
+            let content = match shown {
+                Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
+                None => Content::NotPlain,
+            };
+            ok(pages::version(chrome, w, &row, &content, revealed))
+        }
+        UiRoute::Download {
+            workspace: w,
+            version,
+        } => {
+            let w = workspace(&w)?;
+            let v = required("version", Some(&version))?;
+            let (row, body) = ops.show(w, Some(v)).await?;
+            Ok(Answer::File {
+                name: format!("{w}-v{}.tfstate", row.version),
+                body,
+            })
+        }
+        UiRoute::Diff {
+            workspace: w,
+            from,
+            to,
+        } => {
+            let w = workspace(&w)?;
+            let (from, to) = (
+                required("from", from.as_deref())?,
+                required("to", to.as_deref())?,
+            );
+            let d = ops.diff(w, from, to).await?;
+            ok(pages::diff(chrome, w, from, to, &d))
+        }
+        UiRoute::Audit {
+            scope,
+            event,
+            since,
+            until,
+            before,
+        } => {
+            let form = AuditForm {
+                scope: text(scope).unwrap_or_default(),
+                event: text(event).unwrap_or_default(),
+                since: text(since).unwrap_or_default(),
+                until: text(until).unwrap_or_default(),
+            };
+            let instant = |name: &str, t: &str| {
+                (!t.is_empty())
+                    .then(|| {
+                        parse_instant(t)
+                            .map_err(|why| ApiError::BadRequest(format!("{name}: {why}")))
+                    })
+                    .transpose()
+            };
+            let filter = AuditFilter {
+                scope: text(Some(form.scope.clone())),
+                event: text(Some(form.event.clone())),
+                since: instant("since", &form.since)?,
+                until: instant("until", &form.until)?,
+                before_id: number("before", before.as_deref())?,
+            };
+            let mut rows = ops.audit(filter, AUDIT_PER_PAGE).await?;
+            rows.reverse();
+            let older = (rows.len() == AUDIT_PER_PAGE as usize)
+                .then(|| rows.last().map(|r| older_href(&form, r.id)))
+                .flatten();
+            ok(pages::audit(chrome, &form, &rows, older.as_deref()))
+        }
+        UiRoute::Clusters => ok(pages::clusters(chrome, &ops.clusters().await?)),
+        UiRoute::NotFound => Err(ApiError::NotFound("no such page".into())),
+        UiRoute::NotAllowed { allowed } => Err(ApiError::MethodNotAllowed {
+            method: "this method".into(),
+            allowed,
+        }),
+        // Public or form routes never get here.
+        UiRoute::Stylesheet
+        | UiRoute::LoginForm
+        | UiRoute::Login
+        | UiRoute::Logout
+        | UiRoute::Rollback { .. }
+        | UiRoute::Unlock { .. } => Err(ApiError::NotFound("no such page".into())),
+    }
+}
+
+fn older_href(form: &AuditForm, before: i64) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in [
+        ("scope", &form.scope),
+        ("event", &form.event),
+        ("since", &form.since),
+        ("until", &form.until),
+    ] {
+        if !v.is_empty() {
+            q.append_pair(k, v);
+        }
+    }
+    q.append_pair("before", &before.to_string());
+    format!("/ui/audit?{}", q.finish())
+}
+
+/// The state-changing forms (CSRF already checked).
+async fn action(
+    app: &App,
+    me: &UiSession,
+    cookie: Option<&str>,
+    route: UiRoute,
+    form: &Form,
+) -> Result<Answer, ApiError> {
+    let ops = &app.operator;
+    let actor = me.operator.actor();
+    match route {
+        UiRoute::Logout => {
+            if let Some(c) = cookie.map(str::to_string) {
+                ops.admin_write(move |conn| session::close(conn, &c))
+                    .await?;
+            }
+            Ok(Answer::Redirect(
+                LOGIN.into(),
+                Some(session::clear_cookie(app.tls)),
+            ))
+        }
+        UiRoute::Rollback { workspace: w } => {
+            let w = workspace(&w)?;
+            let to = required("to", form.get("to"))?;
+            if form.get("confirm").map(str::trim) != Some(w) {
+                return Err(ApiError::BadRequest(
+                    "type the workspace name exactly to confirm the rollback; nothing was changed"
+                        .into(),
+                ));
+            }
+            let done = ops.rollback(w, to, &actor).await?;
+            let (WriteOutcome::Stored(row) | WriteOutcome::Unchanged(row)) = &done.outcome;
+            Ok(redirect(&format!(
+                "/ui/workspaces/{w}?rolled_back={}",
+                row.version
+            )))
+        }
+        UiRoute::Unlock { workspace: w } => {
+            let w = workspace(&w)?;
+            if form.get("confirm") != Some("yes") {
+                return Err(ApiError::BadRequest(
+                    "tick the confirmation to break the lock; nothing was changed".into(),
+                ));
+            }
+            let lock_id = form
+                .get("lock_id")
+                .filter(|id| !id.is_empty())
+                .map(str::to_string);
+            if lock_id
+                .as_deref()
+                .is_some_and(|id| !crate::tfstate::is_safe_id(id, 256))
+            {
+                return Err(ApiError::BadRequest(
+                    "lock_id must be printable ASCII".into(),
+                ));
+            }
+            let done = ops.unlock(w, lock_id, &actor).await?;
+            let flag = if done.unlocked { 1 } else { 0 };
+            Ok(redirect(&format!("/ui/workspaces/{w}?unlocked={flag}")))
+        }
+        _ => Err(ApiError::NotFound("no such form".into())),
+    }
+}

@@ -1,0 +1,17 @@
+//! The operator web UI under `/ui/`: server-rendered pages for workspaces, versions,
+//! diffs, rollback, force-unlock, the audit log and clusters. It is a client of
+//! `operator::Operations`, the same functions the admin API and the CLI call, so the
+//! three can never disagree; every change it makes is audited with the operator's
+//! identity by those functions.
+//!
+//! `session` keeps logins server-side (the only SQL here, on its own table);
+//! `pages` turns plain values into HTML (maud escapes every value it is given);
+//! `http::ui` is the pingora glue (cookies, forms, CSRF, security headers).
+
+pub mod pages;
+pub mod session;
+
+pub use session::SCHEMA;
+
+/// The hand-written stylesheet, served at `/ui/static/app.css`.
+pub const STYLESHEET: &str = include_str!("app.css");

@@ -1,0 +1,659 @@
+//! The UI's HTML, from plain values: one function per page, one shared layout. maud
+//! escapes every value interpolated with `(…)`; nothing here uses `PreEscaped`, so a
+//! workspace's `Who`, a lineage, an output or an audit payload is always text.
+
+use maud::{html, Markup, DOCTYPE};
+use serde_json::Value;
+
+use crate::operator::diff::{AttributeChange, Change, StateDiff};
+use crate::operator::{ClusterSummary, LockState, WorkspaceSummary};
+use crate::store::audit::AuditRow;
+use crate::store::VersionRow;
+
+/// What every signed-in page shows in its header, and the clock pages are rendered at.
+pub struct Chrome<'a> {
+    pub email: &'a str,
+    pub csrf: &'a str,
+    pub now: i64,
+}
+
+/// A finished action, reported on the workspace page after its redirect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// Rolled back; the workspace's newest version is now this one.
+    RolledBack(i64),
+    Unlocked,
+    WasNotLocked,
+}
+
+/// One page of a workspace's versions, newest first.
+pub struct VersionsPage<'a> {
+    pub rows: &'a [VersionRow],
+    pub page: u32,
+    pub has_more: bool,
+}
+
+/// A version's content as the viewer shows it.
+pub enum Content {
+    /// Pretty-printed JSON (masked unless the operator asked to reveal).
+    Json(String),
+    /// Not a plain JSON state (e.g. encrypted by the client): only the download.
+    NotPlain,
+}
+
+/// The audit page's filters, as typed (echoed back into the form and the pager).
+#[derive(Debug, Default, Clone)]
+pub struct AuditForm {
+    pub scope: String,
+    pub event: String,
+    pub since: String,
+    pub until: String,
+}
+
+const PAGE_TITLE_SUFFIX: &str = " · stategate";
+
+fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) (PAGE_TITLE_SUFFIX) }
+                link rel="stylesheet" href="/ui/static/app.css";
+            }
+            body {
+                header.top {
+                    a.brand href="/ui/" { "stategate" }
+                    @if let Some(c) = chrome {
+                        nav {
+                            a href="/ui/workspaces" { "Workspaces" }
+                            a href="/ui/audit" { "Audit" }
+                            a href="/ui/clusters" { "Clusters" }
+                        }
+                        form method="post" action="/ui/logout" {
+                            span.who { (c.email) }
+                            input type="hidden" name="csrf" value=(c.csrf);
+                            button type="submit" { "Log out" }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+fn unix_seconds(rfc3339: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+/// `just now`, `42s ago`, `5 min ago`, `3 h ago`, `2 days ago`.
+pub fn ago(seconds: i64) -> String {
+    match seconds {
+        s if s < 1 => "just now".into(),
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 2 * 3600 => format!("{} min ago", s / 60),
+        s if s < 2 * 86400 => format!("{} h ago", s / 3600),
+        s => format!("{} days ago", s / 86400),
+    }
+}
+
+/// A time in relative form, with the absolute time on hover.
+fn when(rfc3339: &str, now: i64) -> Markup {
+    match unix_seconds(rfc3339) {
+        Some(t) => html! { time datetime=(rfc3339) title=(rfc3339) { (ago(now - t)) } },
+        None => html! { span.muted { (rfc3339) } },
+    }
+}
+
+/// `812 B`, `4.2 KiB`, `1.5 MiB`.
+pub fn size(bytes: i64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1024 * 1024 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+    }
+}
+
+fn dash<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "–".into(), |v| v.to_string())
+}
+
+/// A regex matching exactly `text` (the `pattern` of a typed confirmation). Only
+/// syntax characters are escaped: browsers compile `pattern` in Unicode mode, where
+/// any other escape (`\-`) makes the whole pattern invalid and ignored.
+fn exact_pattern(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escape = r"^$\.*+?()[]{}|/".contains(c);
+            escape.then_some('\\').into_iter().chain(std::iter::once(c))
+        })
+        .collect()
+}
+
+fn ws_href(workspace: &str) -> String {
+    format!("/ui/workspaces/{workspace}")
+}
+
+fn lock_summary(lock: &LockState, now: i64) -> Markup {
+    html! {
+        span.badge.locked { "locked" }
+        @if lock.stale { span.badge.stale { "STALE" } }
+        " "
+        span { (lock.who) }
+        " · "
+        span.muted { (lock.operation) }
+        " · "
+        "locked " (when(&lock.created_at, now))
+    }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    let body = html! {
+        section.card.login {
+            h1 { "Operator login" }
+            @if let Some(e) = error { p.notice.error { (e) } }
+            form method="post" action="/ui/login" {
+                label {
+                    "Operator token"
+                    input type="password" name="token" required autocomplete="off"
+                        placeholder="sgo_…" autofocus;
+                }
+                button type="submit" { "Log in" }
+            }
+            p.muted {
+                "Create one with " code { "stategate admin operator create --email <email>" }
+                " (another with " code { "admin operator token create --email <email>" } "). Workspace bearers do not work here."
+            }
+        }
+    };
+    layout("Log in", None, body)
+}
+
+pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> Markup {
+    let body = html! {
+        h1 { "Workspaces" }
+        form.inline method="get" action="/ui/workspaces" {
+            label { "Filter by name" input type="search" name="q" value=(filter); }
+            button type="submit" { "Filter" }
+            @if !filter.is_empty() { a href="/ui/workspaces" { "Clear" } }
+        }
+        @if rows.is_empty() {
+            div.card.empty {
+                @if filter.is_empty() {
+                    "No workspaces yet. Point a Terraform/OpenTofu http backend at "
+                    code { "/api/v1/tf/state/<name>" } " and apply."
+                } @else {
+                    "No workspace name contains “" (filter) "”."
+                }
+            }
+        } @else {
+            div.table-wrap { table {
+                thead { tr {
+                    th { "Workspace" } th { "Lock" } th.num { "Version" } th.num.hide-narrow { "Serial" }
+                    th.num.hide-narrow { "Size" } th { "Updated" }
+                } }
+                tbody { @for w in rows { tr {
+                    td {
+                        a href=(ws_href(&w.name)) { (w.name) }
+                        @if w.deleted { span.badge.deleted { "deleted" } }
+                    }
+                    td { @match &w.lock {
+                        Some(lock) => (lock_summary(lock, chrome.now)),
+                        None => span.muted { "unlocked" },
+                    } }
+                    td.num { (dash(w.version)) }
+                    td.num.hide-narrow { (dash(w.serial)) }
+                    td.num.hide-narrow { (dash(w.size.map(size))) }
+                    td { @match &w.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
+                } } }
+            } }
+        }
+    };
+    layout("Workspaces", Some(chrome), body)
+}
+
+fn notice(n: Notice) -> Markup {
+    match n {
+        Notice::RolledBack(v) => html! {
+            p.notice.ok { "Rolled back: the workspace is now at version " (v) "." }
+        },
+        Notice::Unlocked => html! { p.notice.ok { "The lock was released." } },
+        Notice::WasNotLocked => {
+            html! { p.notice.warn { "The workspace was not locked; nothing changed." } }
+        }
+    }
+}
+
+fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
+    let Some(lock) = &ws.lock else {
+        return html! { section.card { h2 { "Lock" } p.muted { "Not locked." } } };
+    };
+    html! {
+        section.card #lock {
+            h2 { "Lock" @if lock.stale { span.badge.stale { "STALE" } } }
+            dl.facts {
+                dt { "Who" } dd { (lock.who) }
+                dt { "Operation" } dd { (lock.operation) }
+                dt { "Held since" } dd { (when(&lock.created_at, chrome.now)) }
+                dt { "Lock ID" } dd { code { (lock.id) } }
+            }
+            p {
+                "Force-unlocking breaks " strong { (lock.who) } "’s " (lock.operation)
+                ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
+                "Only do this when that run is dead."
+            }
+            form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
+                input type="hidden" name="csrf" value=(chrome.csrf);
+                input type="hidden" name="lock_id" value=(lock.id);
+                label.check {
+                    input type="checkbox" name="confirm" value="yes" required;
+                    " I understand; break this lock"
+                }
+                button.danger type="submit" { "Force unlock" }
+            }
+        }
+    }
+}
+
+fn versions_table(ws: &str, page: &VersionsPage, now: i64) -> Markup {
+    html! {
+        @if page.rows.is_empty() {
+            div.card.empty { "No versions on this page." }
+        } @else {
+            div.table-wrap { table #versions {
+                thead { tr {
+                    th.num { "Version" } th.num { "Serial" } th.hide-narrow { "Lineage" }
+                    th.num.hide-narrow { "Size" } th { "Written by" } th { "When" } th { "" }
+                } }
+                tbody { @for v in page.rows { tr {
+                    td.num { (v.version) }
+                    td.num { (dash(v.serial)) }
+                    td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
+                    td.num.hide-narrow { (size(v.size)) }
+                    td { (v.actor) }
+                    td { (when(&v.created_at, now)) }
+                    td {
+                        @if v.is_tombstone() {
+                            span.badge.deleted { "deleted" }
+                        } @else {
+                            a href=(format!("{}/versions/{}", ws_href(ws), v.version)) { "view" }
+                            " · "
+                            a href=(format!("{}/versions/{}/download", ws_href(ws), v.version)) { "download" }
+                        }
+                    }
+                } } }
+            } }
+        }
+        div.pager {
+            @if page.page > 1 {
+                a href=(format!("{}?page={}", ws_href(ws), page.page - 1)) { "← Newer" }
+            } @else { span {} }
+            @if page.has_more {
+                a href=(format!("{}?page={}", ws_href(ws), page.page + 1)) { "Older →" }
+            }
+        }
+    }
+}
+
+fn diff_form(ws: &str, from: Option<i64>, to: Option<i64>) -> Markup {
+    html! {
+        form.inline #diff method="get" action=(format!("{}/diff", ws_href(ws))) {
+            label { "From version" input type="number" name="from" min="1" required value=[from]; }
+            label { "To version" input type="number" name="to" min="1" required value=[to]; }
+            button type="submit" { "Diff" }
+        }
+    }
+}
+
+fn rollback_form(chrome: &Chrome, ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
+    html! {
+        @if let Some(lock) = &ws.lock {
+            p.notice.warn {
+                "Rollback is refused while the workspace is locked by " strong { (lock.who) }
+                " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
+            }
+        }
+        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run." }
+        form.inline #rollback method="post" action=(format!("{}/rollback", ws_href(&ws.name))) {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            label { "Version to restore" input type="number" name="to" min="1" required value=[default_to]; }
+            label {
+                "Type " code { (ws.name) } " to confirm"
+                input type="text" name="confirm" required autocomplete="off"
+                    pattern=(exact_pattern(&ws.name));
+            }
+            button.danger type="submit" disabled[ws.lock.is_some()] { "Roll back" }
+        }
+    }
+}
+
+pub fn workspace(
+    chrome: &Chrome,
+    ws: &WorkspaceSummary,
+    versions: &VersionsPage,
+    shown: Option<Notice>,
+) -> Markup {
+    let live: Vec<i64> = versions
+        .rows
+        .iter()
+        .filter(|v| !v.is_tombstone())
+        .map(|v| v.version)
+        .collect();
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
+        h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } } }
+        @if let Some(n) = shown { (notice(n)) }
+        section.card {
+            dl.facts {
+                dt { "Latest version" } dd { (dash(ws.version)) }
+                dt { "Serial" } dd { (dash(ws.serial)) }
+                dt { "Size" } dd { (dash(ws.size.map(size))) }
+                dt { "Updated" } dd { @match &ws.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
+            }
+        }
+        (lock_panel(chrome, ws))
+        h2 { "Versions" }
+        (versions_table(&ws.name, versions, chrome.now))
+        h2 { "Compare two versions" }
+        (diff_form(&ws.name, live.get(1).copied(), live.first().copied()))
+        h2 { "Roll back" }
+        (rollback_form(chrome, ws, live.get(1).copied()))
+    };
+    layout(&ws.name, Some(chrome), body)
+}
+
+pub fn version(
+    chrome: &Chrome,
+    workspace: &str,
+    row: &VersionRow,
+    content: &Content,
+    revealed: bool,
+) -> Markup {
+    let base = format!("{}/versions/{}", ws_href(workspace), row.version);
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
+        h1 { (workspace) " · version " (row.version) }
+        section.card { dl.facts {
+            dt { "Serial" } dd { (dash(row.serial)) }
+            dt { "Lineage" } dd { code { (row.lineage.as_deref().unwrap_or("–")) } }
+            dt { "Size" } dd { (size(row.size)) }
+            dt { "Written by" } dd { (row.actor) }
+            dt { "When" } dd { (when(&row.created_at, chrome.now)) }
+            dt { "SHA-256" } dd { code { (row.sha256.as_deref().unwrap_or("–")) } }
+        } }
+        p {
+            a href=(format!("{base}/download")) { "Download .tfstate" }
+            " · "
+            @if revealed {
+                a href=(base) { "Mask sensitive values" }
+            } @else {
+                a href=(format!("{base}?reveal=1")) { "Show sensitive values" }
+            }
+        }
+        @match content {
+            Content::Json(text) => {
+                @if !revealed { p.muted { "Sensitive values are shown as “(sensitive)”." } }
+                pre #content { (text) }
+            }
+            Content::NotPlain => p.notice.warn { "This version is not a plain JSON state (encrypted by the client?); download it to inspect it." },
+        }
+    };
+    layout(&format!("{workspace} v{}", row.version), Some(chrome), body)
+}
+
+fn change_badge(change: &Change) -> Markup {
+    match change {
+        Change::Added => html! { span.badge.added { "added" } },
+        Change::Removed => html! { span.badge.removed { "removed" } },
+        Change::Changed => html! { span.badge.changed { "changed" } },
+    }
+}
+
+fn json_text(value: &Option<Value>) -> String {
+    value.as_ref().map_or_else(|| "–".into(), Value::to_string)
+}
+
+fn attribute_rows(attrs: &[AttributeChange]) -> Markup {
+    html! {
+        @for a in attrs { tr {
+            td { code { (a.name) } }
+            td { code { (json_text(&a.before)) } }
+            td { code { (json_text(&a.after)) } }
+        } }
+    }
+}
+
+pub fn diff(chrome: &Chrome, workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
+        h1 { (workspace) " · version " (from) " → " (to) }
+        (diff_form(workspace, Some(from), Some(to)))
+        @if d.is_empty() {
+            div.card.empty { "No differences in resources or outputs." }
+        }
+        @if !d.resources.is_empty() {
+            h2 { "Resources" }
+            @for r in &d.resources {
+                section.card.resource {
+                    h3 { code { (r.address) } (change_badge(&r.change)) }
+                    @if !r.attributes.is_empty() {
+                        div.table-wrap { table {
+                            thead { tr { th { "Attribute" } th { "Before (v" (from) ")" } th { "After (v" (to) ")" } } }
+                            tbody { (attribute_rows(&r.attributes)) }
+                        } }
+                    }
+                }
+            }
+        }
+        @if !d.outputs.is_empty() {
+            h2 { "Outputs" }
+            div.table-wrap { table #outputs {
+                thead { tr { th { "Output" } th { "Change" } th { "Before" } th { "After" } } }
+                tbody { @for o in &d.outputs { tr {
+                    td { code { (o.name) } }
+                    td { (change_badge(&o.change)) }
+                    td { code { (json_text(&o.before)) } }
+                    td { code { (json_text(&o.after)) } }
+                } } }
+            } }
+        }
+    };
+    layout(&format!("{workspace} diff"), Some(chrome), body)
+}
+
+/// `rows` newest first; `older`: the link to the next page, if there is one.
+pub fn audit(chrome: &Chrome, form: &AuditForm, rows: &[AuditRow], older: Option<&str>) -> Markup {
+    let body = html! {
+        h1 { "Audit log" }
+        form.inline method="get" action="/ui/audit" {
+            label { "Scope" input type="text" name="scope" value=(form.scope) placeholder="tf/prod"; }
+            label { "Event" input type="text" name="event" value=(form.event) placeholder="tf.rollback"; }
+            label { "Since" input type="text" name="since" value=(form.since) placeholder="2026-03-01"; }
+            label { "Until" input type="text" name="until" value=(form.until) placeholder="2026-03-02T10:00:00Z"; }
+            button type="submit" { "Filter" }
+            a href="/ui/audit" { "Clear" }
+        }
+        @if rows.is_empty() {
+            div.card.empty { "No audit rows match." }
+        } @else {
+            div.table-wrap { table #audit {
+                thead { tr {
+                    th { "When" } th { "Event" } th { "Actor" } th { "Scope" } th.hide-narrow { "Details" }
+                } }
+                tbody { @for r in rows { tr {
+                    td.nowrap { (when(&r.at, chrome.now)) }
+                    td.nowrap { code { (r.event) } }
+                    td { (r.actor) }
+                    td.nowrap { code { (r.scope) } @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } } }
+                    td.hide-narrow { code { (r.payload.to_string()) } }
+                } } }
+            } }
+        }
+        div.pager {
+            span {}
+            @if let Some(href) = older { a href=(href) { "Older →" } }
+        }
+    };
+    layout("Audit", Some(chrome), body)
+}
+
+fn lease_cell(lease: &Value) -> Markup {
+    let text = |k: &str| lease[k].as_str().unwrap_or("").to_string();
+    html! {
+        span.badge.locked { "leased" }
+        @if lease["stale"] == Value::Bool(true) { span.badge.stale { "STALE" } }
+        " " (text("holder_email")) " · " span.muted { (text("operation")) }
+        @if !text("host").is_empty() { " · " span.muted { (text("host")) } }
+        @if let Some(s) = lease["held_seconds"].as_i64() { " · held " (ago(s).trim_end_matches(" ago")) }
+    }
+}
+
+pub fn clusters(chrome: &Chrome, rows: &[ClusterSummary]) -> Markup {
+    let body = html! {
+        h1 { "Clusters" }
+        @if rows.is_empty() {
+            div.card.empty { "No clusters. Create one with " code { "stategate admin cluster create" } "." }
+        } @else {
+            div.table-wrap { table {
+                thead { tr {
+                    th { "Org" } th { "Cluster" } th { "Lease" } th.num { "Version" } th.num { "Serial" }
+                } }
+                tbody { @for c in rows { tr {
+                    td { (c.org) }
+                    td { (c.name.as_deref().unwrap_or("–")) br; code.muted { (c.id) } }
+                    td { @match &c.lease { Some(l) => (lease_cell(l)), None => span.muted { "free" } } }
+                    td.num { (dash(c.version)) }
+                    td.num { (dash(c.serial)) }
+                } } }
+            } }
+        }
+    };
+    layout("Clusters", Some(chrome), body)
+}
+
+/// An error page; `holder`: the lock holder's (Who, Operation) when a lock refused it.
+pub fn error(
+    chrome: Option<&Chrome>,
+    status: u16,
+    message: &str,
+    holder: Option<(&str, &str)>,
+) -> Markup {
+    let body = html! {
+        h1 { "Error " (status) }
+        p.notice.error { (message) }
+        @if let Some((who, operation)) = holder {
+            p { "The workspace is locked by " strong { (who) } " (" (operation) "). Nothing was changed." }
+        }
+        p { a href="/ui/" { "Back to workspaces" } }
+    };
+    layout("Error", chrome, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times_and_sizes() {
+        let table = [
+            (0, "just now"),
+            (-30, "just now"),
+            (2, "2s ago"),
+            (42, "42s ago"),
+            (300, "5 min ago"),
+            (3 * 3600, "3 h ago"),
+            (5 * 86400, "5 days ago"),
+        ];
+        for (s, want) in table {
+            assert_eq!(ago(s), want, "{s}");
+        }
+        for (b, want) in [(812, "812 B"), (4300, "4.2 KiB"), (1572864, "1.5 MiB")] {
+            assert_eq!(size(b), want);
+        }
+    }
+
+    #[test]
+    fn confirmation_patterns_match_only_the_name() {
+        for (name, want) in [
+            ("prod", "prod"),
+            ("my.ws-1_x", r"my\.ws-1_x"),
+            ("a.b.c", r"a\.b\.c"),
+        ] {
+            assert_eq!(exact_pattern(name), want);
+        }
+    }
+
+    #[test]
+    fn values_are_escaped_everywhere() {
+        let evil = "<script>alert(1)</script>\"'&";
+        let chrome = Chrome {
+            email: evil,
+            csrf: evil,
+            now: 0,
+        };
+        let lock = LockState {
+            id: evil.into(),
+            who: evil.into(),
+            operation: evil.into(),
+            created_at: evil.into(),
+            age_seconds: 1,
+            stale: true,
+        };
+        let ws = WorkspaceSummary {
+            name: "prod".into(),
+            version: Some(1),
+            serial: Some(1),
+            size: Some(1),
+            updated_at: Some(evil.into()),
+            deleted: false,
+            lock: Some(lock),
+        };
+        let row = VersionRow {
+            scope: "tf/prod".into(),
+            version: 1,
+            serial: Some(1),
+            lineage: Some(evil.into()),
+            sha256: Some(evil.into()),
+            size: 1,
+            blob_key: Some("k".into()),
+            created_at: evil.into(),
+            actor: evil.into(),
+        };
+        let rows = [row.clone()];
+        let page = VersionsPage {
+            rows: &rows,
+            page: 1,
+            has_more: false,
+        };
+        let audit_row = AuditRow {
+            id: 1,
+            at: evil.into(),
+            actor: evil.into(),
+            org: Some(evil.into()),
+            scope: evil.into(),
+            event: evil.into(),
+            payload: serde_json::json!({ "x": evil }),
+        };
+        let form = AuditForm {
+            scope: evil.into(),
+            ..AuditForm::default()
+        };
+        let pages = [
+            login(Some(evil)),
+            workspaces(&chrome, std::slice::from_ref(&ws), evil),
+            workspace(&chrome, &ws, &page, None),
+            version(&chrome, "prod", &row, &Content::Json(evil.into()), true),
+            audit(&chrome, &form, &[audit_row], Some(evil)),
+            error(Some(&chrome), 423, evil, Some((evil, evil))),
+        ];
+        for (i, page) in pages.iter().enumerate() {
+            let html = page.clone().into_string();
+            assert!(!html.contains("<script>"), "page {i}: {html}");
+            assert!(html.contains("&lt;script&gt;"), "page {i}");
+        }
+    }
+}

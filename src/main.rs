@@ -276,7 +276,8 @@ enum WorkspaceCommand {
         json: bool,
     },
     /// Print a version's state content (default: the current one). An unreadable
-    /// version is an error, never empty output.
+    /// version is an error, never empty output. Without --masked the real values are
+    /// printed and the read is audited as `state.revealed`.
     Show {
         workspace: String,
         #[arg(long)]

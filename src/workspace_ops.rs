@@ -150,7 +150,13 @@ pub fn show(
     masked: bool,
 ) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
-    let (row, content) = o.run(o.ops.show(workspace, version))?;
+    let (row, content) = if masked {
+        o.run(o.ops.show(workspace, version))?
+    } else {
+        // The real values leave the server: audited as `state.revealed`.
+        let via = stategate::operator::Reveal::Cli;
+        o.run(o.ops.reveal(workspace, version, &operator(), via))?
+    };
     let content = if masked {
         let doc = stategate::operator::diff::mask_state(&content, row.version)
             .map_err(|e| anyhow::anyhow!("{e}"))?;

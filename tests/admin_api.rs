@@ -147,8 +147,10 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("GET", "workspaces/prod/versions"),
         ("GET", "workspaces/prod/versions/1"),
         ("GET", "workspaces/prod/diff?from=1&to=1"),
+        ("GET", "workspaces/prod/rollback?to=1"),
         ("POST", "workspaces/prod/rollback"),
         ("POST", "workspaces/prod/unlock"),
+        ("GET", "search?q=null_resource"),
         ("POST", "workspaces/prod/restore"),
         ("GET", "audit"),
         ("GET", "clusters"),
@@ -198,6 +200,24 @@ async fn check_order_is_auth_then_input_then_state() {
         ("GET", "workspaces/prod/diff?from=1", None, 400),
         ("GET", "workspaces/prod/diff?from=1&to=9", None, 404),
         ("POST", "workspaces/prod/rollback", None, 400),
+        ("GET", "workspaces/prod/rollback", None, 400),
+        ("GET", "workspaces/prod/rollback?to=x", None, 400),
+        ("GET", "workspaces/prod/rollback?to=9", None, 404),
+        ("GET", "workspaces/nope/rollback?to=1", None, 404),
+        (
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 1, "from": 0})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 1, "from": 7})),
+            409,
+        ),
+        ("GET", "search", None, 400),
+        ("GET", "search?q=%20", None, 400),
         (
             "POST",
             "workspaces/prod/rollback",
@@ -527,6 +547,160 @@ async fn an_unreadable_version_is_an_error_never_empty() {
         assert_eq!(code, 500, "{path}: {text}");
         assert!(text.contains("cannot be read"), "{text}");
     }
+    // Nothing was revealed, so nothing was audited as revealed.
+    assert!(!env.audit("tf/prod").iter().any(|e| e.0 == "state.revealed"));
+    // Search names it as unreadable rather than passing over it.
+    let found = env.json("GET", "search?q=null", None).await;
+    assert_eq!(found["unreadable"], json!(["prod"]));
+    assert_eq!(found["hits"], json!([]));
+}
+
+/// `state.revealed` rows as (actor, payload).
+fn reveals(env: &Env) -> Vec<(String, Value)> {
+    let conn = env.server.db();
+    let mut stmt = conn
+        .prepare("SELECT actor, payload FROM audit WHERE event = 'state.revealed' ORDER BY id")
+        .unwrap();
+    stmt.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            serde_json::from_str(&r.get::<_, String>(1)?).unwrap(),
+        ))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+#[tokio::test]
+async fn an_unmasked_show_is_audited_as_a_reveal_and_a_masked_one_is_not() {
+    let env = Env::start().await;
+    env.write(
+        "prod",
+        1,
+        &resource("a", r#"{"id":"1","password":"hunter2"}"#),
+    )
+    .await;
+    let masked = env
+        .json("GET", "workspaces/prod/versions/1?masked=1", None)
+        .await;
+    assert!(!masked.to_string().contains("hunter2"));
+    assert!(reveals(&env).is_empty(), "masked is not a reveal");
+    let (code, text) = env
+        .call("GET", "workspaces/prod/versions/latest", None)
+        .await;
+    assert_eq!(code, 200);
+    assert!(text.contains("hunter2"));
+    assert_eq!(
+        reveals(&env),
+        [(ACTOR.to_string(), json!({"version": 1, "via": "api"}))]
+    );
+    let (code, _) = env.call("GET", "workspaces/prod/versions/5", None).await;
+    assert_eq!(code, 404);
+    assert_eq!(reveals(&env).len(), 1, "a refused show reveals nothing");
+    let listed = env
+        .json("GET", "audit?scope=tf%2Fprod&event=state.revealed", None)
+        .await;
+    assert_eq!(listed["audit"][0]["scope"], "tf/prod");
+    assert!(!listed.to_string().contains("hunter2"));
+}
+
+#[tokio::test]
+async fn rollback_preview_and_a_rollback_pinned_to_what_was_seen() {
+    let env = Env::start().await;
+    env.write("prod", 1, &resource("a", r#"{"id":"1","x":1}"#))
+        .await;
+    env.write(
+        "prod",
+        2,
+        &resource("b", r#"{"id":"2","password":"hunter2"}"#),
+    )
+    .await;
+    let preview = env.json("GET", "workspaces/prod/rollback?to=1", None).await;
+    assert_eq!(
+        (
+            preview["from_version"].as_i64(),
+            preview["to_version"].as_i64(),
+            preview["to_serial"].as_i64(),
+        ),
+        (Some(2), Some(1), Some(1))
+    );
+    assert_eq!(
+        preview["diff"]["resources"],
+        json!([
+            {"address": "null_resource.a", "change": "added"},
+            {"address": "null_resource.b", "change": "removed"},
+        ])
+    );
+    assert_eq!(preview["lock"], Value::Null);
+    assert!(!preview.to_string().contains("hunter2"));
+    // Locked: the preview names the holder.
+    let (code, _) = status(env.server.tf("LOCK", "prod").body(lock_info("L1"))).await;
+    assert_eq!(code, 200);
+    let preview = env.json("GET", "workspaces/prod/rollback?to=1", None).await;
+    assert_eq!(preview["lock"]["id"], "L1");
+    let (code, _) = status(env.server.tf("UNLOCK", "prod").body(lock_info("L1"))).await;
+    assert_eq!(code, 200);
+    // A write after the preview: a rollback pinned to version 2 is refused.
+    env.write("prod", 3, "").await;
+    let (code, text) = env
+        .call(
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 1, "from": 2})),
+        )
+        .await;
+    assert_eq!(code, 409, "{text}");
+    assert!(!env.audit("tf/prod").iter().any(|e| e.0 == "tf.rollback"));
+    let done = env
+        .json(
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 1, "from": 3})),
+        )
+        .await;
+    assert_eq!(done["current"]["version"], 4);
+}
+
+#[tokio::test]
+async fn search_finds_resources_in_every_workspaces_newest_version() {
+    let env = Env::start().await;
+    env.write("prod", 1, &resource("old", r#"{"id":"1"}"#))
+        .await;
+    env.write(
+        "prod",
+        2,
+        &resource("web", r#"{"id":"1","password":"hunter2"}"#),
+    )
+    .await;
+    env.write("dev", 1, &resource("web", r#"{"id":"2"}"#)).await;
+    let found = env.json("GET", "search?q=null_resource.WEB", None).await;
+    let hits: Vec<(&str, i64, &str, &str)> = found["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["workspace"].as_str().unwrap(),
+                h["version"].as_i64().unwrap(),
+                h["address"].as_str().unwrap(),
+                h["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        hits,
+        [
+            ("dev", 1, "null_resource.web", "null_resource"),
+            ("prod", 2, "null_resource.web", "null_resource"),
+        ]
+    );
+    assert_eq!(found["workspaces_scanned"], 2);
+    assert_eq!(found["truncated"], Value::Null);
+    assert_eq!(found["limits"]["max_workspaces"], 500);
+    assert!(!found.to_string().contains("hunter2"));
+    let old = env.json("GET", "search?q=old", None).await;
+    assert_eq!(old["hits"], json!([]), "only the newest versions");
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The web UI (`/ui/`) in process on port 0: no session → 303 to login and nothing
 //! shown, login with operator tokens only, cookie flags, CSRF on every form (refused
 //! forms change nothing), escaping of values from state and LockInfo, rollback and
-//! force-unlock audited as the operator, logout and token revocation ending sessions.
+//! force-unlock audited as the operator, logout and token revocation ending sessions;
+//! audited reveals and downloads, the rollback preview, and search across workspaces.
 
 mod common;
 
@@ -152,6 +153,20 @@ impl Env {
         )) == 1
     }
 
+    /// `state.revealed` rows of a scope as (actor, payload text).
+    fn reveals(&self, scope: &str) -> Vec<(String, String)> {
+        let conn = self.server.db();
+        let mut stmt = conn
+            .prepare(
+                "SELECT actor, payload FROM audit WHERE scope = ?1 AND event = 'state.revealed' ORDER BY id",
+            )
+            .unwrap();
+        stmt.query_map([scope], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
     fn audit(&self, scope: &str) -> Vec<(String, String)> {
         let conn = self.server.db();
         let mut stmt = conn
@@ -205,8 +220,19 @@ fn private_routes() -> Vec<(&'static str, &'static str, Option<Fields>)> {
         ("GET", "/ui/workspaces/prod", None),
         ("GET", "/ui/workspaces/prod/versions/1", None),
         ("GET", "/ui/workspaces/prod/versions/1?reveal=1", None),
-        ("GET", "/ui/workspaces/prod/versions/1/download", None),
+        (
+            "POST",
+            "/ui/workspaces/prod/versions/1/reveal",
+            Some(vec![]),
+        ),
+        (
+            "POST",
+            "/ui/workspaces/prod/versions/1/download",
+            Some(vec![]),
+        ),
         ("GET", "/ui/workspaces/prod/diff?from=1&to=2", None),
+        ("GET", "/ui/workspaces/prod/rollback?to=1", None),
+        ("GET", "/ui/search?q=terraform_data", None),
         ("GET", "/ui/audit", None),
         ("GET", "/ui/clusters", None),
         ("GET", "/ui/nope", None),
@@ -280,8 +306,9 @@ async fn without_a_session_every_route_redirects_to_login_and_shows_nothing() {
             }
         }
     }
-    // Nothing changed through any of them.
+    // Nothing changed or was revealed through any of them.
     assert_eq!(env.versions("prod"), 2);
+    assert!(env.reveals("tf/prod").is_empty());
     assert!(env.locked("prod"));
     // The login page and the stylesheet are public.
     let r = env.send("GET", "/ui/login", None, None).await;
@@ -389,6 +416,8 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
                 "/ui/workspaces/prod/rollback",
                 with(vec![("to", "1".into()), ("confirm", "prod".into())]),
             ),
+            ("/ui/workspaces/prod/versions/1/reveal", with(vec![])),
+            ("/ui/workspaces/prod/versions/1/download", with(vec![])),
             ("/ui/logout", with(vec![])),
         ];
         for (path, fields) in forms {
@@ -396,6 +425,7 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
             let r = env.post(path, &cookie, &fields).await;
             assert_eq!(r.status, 403, "{path} with {token:?}: {}", r.body);
             assert!(r.body.contains("nothing was changed"), "{path}");
+            assert!(!r.body.contains("hunter2"), "{path}: nothing revealed");
             assert!(r.set_cookie().is_none(), "{path}");
             assert_security_headers(&r, path);
         }
@@ -406,6 +436,10 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
         .audit("tf/prod")
         .iter()
         .any(|(e, _)| e == "tf.rollback" || e == "tf.lock_forced"));
+    assert!(
+        env.reveals("tf/prod").is_empty(),
+        "a refused reveal is not one"
+    );
     // The session survived the refused logouts.
     assert_eq!(env.get("/ui/", &cookie).await.status, 200);
 }
@@ -430,6 +464,9 @@ async fn markup_from_lockinfo_lineage_and_outputs_is_shown_escaped() {
         "/ui/workspaces/evil/versions/1",
         "/ui/workspaces/evil/versions/1?reveal=1",
         "/ui/workspaces/evil/diff?from=1&to=2",
+        "/ui/workspaces/evil/rollback?to=1",
+        "/ui/search?q=terraform",
+        "/ui/search?q=%3Cscript%3E",
         "/ui/audit",
         "/ui/audit?scope=%3Cscript%3E",
     ];
@@ -489,10 +526,15 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
     let shown = env.page("/ui/workspaces/prod/versions/1", &cookie).await;
     assert!(shown.contains("out-one") && shown.contains("(sensitive)"));
     assert!(!shown.contains("hunter2"), "masked by default");
-    let revealed = env
+    // The old GET link reveals nothing any more.
+    let old_link = env
         .page("/ui/workspaces/prod/versions/1?reveal=1", &cookie)
         .await;
-    assert!(revealed.contains("hunter2-secret"));
+    assert!(!old_link.contains("hunter2"), "a GET never reveals");
+    assert!(
+        env.reveals("tf/prod").is_empty(),
+        "viewing masked is not audited"
+    );
     let diff = env
         .page("/ui/workspaces/prod/diff?from=1&to=2", &cookie)
         .await;
@@ -506,8 +548,14 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
     ] {
         assert!(diff.contains(text), "diff lacks {text}");
     }
+    // The download is a CSRF-carrying POST and a reveal: audited.
+    let csrf = env.csrf(&cookie).await;
     let r = env
-        .get("/ui/workspaces/prod/versions/1/download", &cookie)
+        .post(
+            "/ui/workspaces/prod/versions/1/download",
+            &cookie,
+            &[("csrf", &csrf)],
+        )
         .await;
     assert_eq!(r.status, 200);
     assert_eq!(
@@ -515,6 +563,15 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
         "attachment; filename=\"prod-v1.tfstate\""
     );
     assert!(r.body.contains("hunter2-secret") && r.body.contains("\"serial\":1"));
+    assert_eq!(
+        env.reveals("tf/prod"),
+        [(ACTOR.into(), r#"{"version":1,"via":"ui.download"}"#.into())]
+    );
+    let r = env
+        .get("/ui/workspaces/prod/versions/1/download", &cookie)
+        .await;
+    assert_eq!(r.status, 405, "GET download: {}", r.body);
+    assert!(!r.body.contains("hunter2"));
     // Bad input is a clear error page, not data.
     for (path, code) in [
         ("/ui/workspaces/prod/versions/x", 400),
@@ -725,4 +782,340 @@ async fn deleted_workspaces_and_cluster_leases_are_shown() {
         !page.contains("<b>") && page.contains("&lt;b&gt;box"),
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_values() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    // The version page offers the reveal as a form carrying this session's token.
+    let page = env.page("/ui/workspaces/prod/versions/1", &cookie).await;
+    assert!(
+        page.contains(r#"action="/ui/workspaces/prod/versions/1/reveal""#),
+        "{page}"
+    );
+    assert!(page.contains(&format!(r#"name="csrf" value="{csrf}""#)));
+    assert!(!page.contains("hunter2"));
+    // A GET of the reveal is refused and shows nothing.
+    let r = env
+        .get("/ui/workspaces/prod/versions/1/reveal", &cookie)
+        .await;
+    assert_eq!(r.status, 405);
+    assert!(!r.body.contains("hunter2"));
+
+    let r = env
+        .post(
+            "/ui/workspaces/prod/versions/1/reveal",
+            &cookie,
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("hunter2-secret"), "revealed");
+    assert!(r.body.contains("Mask sensitive values") && r.body.contains("state.revealed"));
+    // Exactly one row, naming the operator and the version, never a value.
+    let rows = env.reveals("tf/prod");
+    assert_eq!(
+        rows,
+        [(ACTOR.into(), r#"{"version":1,"via":"ui.view"}"#.into())]
+    );
+    let all: String = {
+        let conn = env.server.db();
+        let mut stmt = conn.prepare("SELECT payload FROM audit").unwrap();
+        let texts: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        texts.join("\n")
+    };
+    assert!(!all.contains("hunter2"), "no value in any audit row: {all}");
+    // The audit page shows it to other operators.
+    let audit = env.page("/ui/audit?event=state.revealed", &cookie).await;
+    assert!(audit.contains("state.revealed") && audit.contains(ACTOR));
+
+    // A refused reveal (unknown version, bad input) writes nothing.
+    for (path, code) in [
+        ("/ui/workspaces/prod/versions/9/reveal", 404),
+        ("/ui/workspaces/prod/versions/x/reveal", 400),
+        ("/ui/workspaces/nothing/versions/1/reveal", 404),
+    ] {
+        let r = env.post(path, &cookie, &[("csrf", &csrf)]).await;
+        assert_eq!(r.status, code, "{path}: {}", r.body);
+    }
+    assert_eq!(env.reveals("tf/prod").len(), 1);
+    assert_eq!(
+        env.server
+            .count("SELECT count(*) FROM audit WHERE event = 'state.revealed'"),
+        1
+    );
+}
+
+#[tokio::test]
+async fn rollback_preview_shows_the_diff_then_the_confirmed_rollback_applies_it() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    // The workspace page's rollback form only leads to the preview (a GET, no CSRF).
+    let ws = env.page("/ui/workspaces/prod", &cookie).await;
+    let form = &ws[ws.find(r#"id="rollback""#).unwrap()..];
+    let form = &form[..form.find("</form>").unwrap()];
+    assert!(form.contains(r#"method="get""#) && form.contains("Preview rollback"));
+
+    // Locked: the preview shows what would change and who holds the lock; the
+    // confirmation is disabled.
+    let before = env.audit("tf/prod").len();
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    for text in [
+        "The workspace is at version <strong>2</strong>",
+        "terraform_data.a",
+        "badge changed",
+        "&quot;two&quot;",
+        "&quot;one&quot;",
+        "out-two",
+        "out-one",
+        "Rollback is refused while the workspace is locked by",
+        "holder-who@box",
+    ] {
+        assert!(preview.contains(text), "preview lacks {text}: {preview}");
+    }
+    assert!(!preview.contains("hunter2"), "masked in the preview");
+    let confirm = &preview[preview.find(r#"id="confirm-rollback""#).unwrap()..];
+    let confirm = &confirm[..confirm.find("</form>").unwrap()];
+    assert!(confirm.contains(r#"method="post""#) && confirm.contains(&csrf));
+    assert!(confirm.contains(r#"name="from" value="2""#));
+    assert!(confirm.contains("disabled"), "{confirm}");
+    // The preview changes and audits nothing.
+    assert_eq!(env.versions("prod"), 2);
+    assert_eq!(env.audit("tf/prod").len(), before);
+
+    // Still refused while locked, naming the holder.
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("to", "1"),
+        ("from", "2"),
+        ("confirm", "prod"),
+    ];
+    let r = env
+        .post("/ui/workspaces/prod/rollback", &cookie, &fields)
+        .await;
+    assert_eq!(r.status, 423, "{}", r.body);
+    assert!(r.body.contains("holder-who@box"));
+    assert_eq!(env.versions("prod"), 2);
+
+    let (code, text) = status(
+        env.server
+            .tf("UNLOCK", "prod")
+            .body(r#"{"ID":"L1"}"#.to_string()),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    let confirm = &preview[preview.find(r#"id="confirm-rollback""#).unwrap()..];
+    assert!(!confirm[..confirm.find("</form>").unwrap()].contains("disabled"));
+
+    // A write after the preview: the confirmed rollback is refused, nothing written.
+    env.write(
+        "prod",
+        with_output(3, "lineage-secret-1", &resource("a", "three"), "out-3"),
+    )
+    .await;
+    let r = env
+        .post("/ui/workspaces/prod/rollback", &cookie, &fields)
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("changed since you looked"), "{}", r.body);
+    assert_eq!(env.versions("prod"), 3);
+    // Looked again: confirmed against version 3, it applies.
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    assert!(preview.contains("&quot;three&quot;") && preview.contains(r#"name="from" value="3""#));
+    let r = env
+        .post(
+            "/ui/workspaces/prod/rollback",
+            &cookie,
+            &[
+                ("csrf", csrf.as_str()),
+                ("to", "1"),
+                ("from", "3"),
+                ("confirm", "prod"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod?rolled_back=4")),
+        "{}",
+        r.body
+    );
+    let audit = env.audit("tf/prod");
+    let rollbacks: Vec<_> = audit.iter().filter(|(e, _)| e == "tf.rollback").collect();
+    assert_eq!(
+        rollbacks,
+        [&("tf.rollback".into(), ACTOR.into())],
+        "{audit:?}"
+    );
+    // Bad input is an error page.
+    for (path, code) in [
+        ("/ui/workspaces/prod/rollback", 400),
+        ("/ui/workspaces/prod/rollback?to=0", 400),
+        ("/ui/workspaces/prod/rollback?to=99", 404),
+        ("/ui/workspaces/nothing/rollback?to=1", 404),
+    ] {
+        assert_eq!(env.get(path, &cookie).await.status, code, "{path}");
+    }
+}
+
+/// A state with one resource per (module, type, name).
+fn resources_state(serial: u64, list: &[(Option<&str>, &str, &str)]) -> String {
+    let resources: Vec<String> = list
+        .iter()
+        .map(|(module, kind, name)| {
+            let mut r = serde_json::json!({
+                "mode": "managed", "type": kind, "name": name, "provider": "p",
+                "instances": [{"attributes": {"id": name, "password": "hunter2-secret"}}],
+            });
+            if let Some(m) = module {
+                r["module"] = (*m).into();
+            }
+            r.to_string()
+        })
+        .collect();
+    state(serial, "lin", &resources.join(","))
+}
+
+#[tokio::test]
+async fn search_finds_resources_by_type_and_name_across_workspaces() {
+    let env = Env::start().await;
+    env.write(
+        "alpha",
+        resources_state(
+            1,
+            &[
+                (None, "aws_instance", "web"),
+                (Some("module.db"), "aws_db_instance", "main"),
+            ],
+        ),
+    )
+    .await;
+    env.write("beta", resources_state(1, &[(None, "aws_instance", "api")]))
+        .await;
+    env.write(
+        "beta",
+        resources_state(2, &[(None, "aws_instance", "api2")]),
+    )
+    .await;
+    env.write(
+        "gamma",
+        resources_state(1, &[(None, "<b>evil</b>", "<script>x</script>")]),
+    )
+    .await;
+    let cookie = env.login().await;
+    let empty = env.page("/ui/search", &cookie).await;
+    assert!(empty.contains("Search resources") && !empty.contains("id=\"results\""));
+
+    // By type: both workspaces, only their newest versions, linked to the version view.
+    let by_type = env.page("/ui/search?q=AWS_INSTANCE", &cookie).await;
+    for text in [
+        "aws_instance.web",
+        "aws_instance.api2",
+        r#"href="/ui/workspaces/alpha/versions/1""#,
+        r#"href="/ui/workspaces/beta/versions/2""#,
+        "2 matches in 3 workspaces searched",
+    ] {
+        assert!(by_type.contains(text), "{text}: {by_type}");
+    }
+    assert!(
+        !by_type.contains("aws_instance.api<"),
+        "only the newest version"
+    );
+    assert!(
+        !by_type.contains("aws_db_instance"),
+        "aws_instance is not a substring of it"
+    );
+    // By module and by name.
+    let by_module = env.page("/ui/search?q=module.db", &cookie).await;
+    assert!(by_module.contains("module.db.aws_db_instance.main"));
+    assert!(by_module.contains("1 match in"));
+    let by_name = env.page("/ui/search?q=.web", &cookie).await;
+    assert!(by_name.contains("aws_instance.web") && !by_name.contains("api2"));
+    // Values are never searched or shown; markup in a type or name is escaped.
+    for q in ["hunter2", "password"] {
+        let page = env.page(&format!("/ui/search?q={q}"), &cookie).await;
+        assert!(page.contains("No resource address contains"), "{q}");
+    }
+    let evil = env.page("/ui/search?q=evil", &cookie).await;
+    assert!(
+        !evil.contains("<b>evil") && !evil.contains("<script>x"),
+        "{evil}"
+    );
+    assert!(evil.contains("&lt;b&gt;evil&lt;/b&gt;") && evil.contains("&lt;script&gt;x"));
+    let long = "x".repeat(201);
+    assert_eq!(
+        env.get(&format!("/ui/search?q={long}"), &cookie)
+            .await
+            .status,
+        400
+    );
+    // Searching reveals nothing: no audit rows.
+    assert_eq!(
+        env.server
+            .count("SELECT count(*) FROM audit WHERE event = 'state.revealed'"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn search_stops_at_its_bounds_and_says_so() {
+    use stategate::operator::SearchLimits;
+    let bounded = |limits: SearchLimits| async move {
+        let env = Env::start_with_app(move |app| {
+            app.operator = app.operator.clone().with_search_limits(limits);
+        })
+        .await;
+        for ws in ["a1", "a2", "a3"] {
+            env.write(ws, resources_state(1, &[(None, "aws_instance", ws)]))
+                .await;
+        }
+        let cookie = env.login().await;
+        let page = env.page("/ui/search?q=aws_instance", &cookie).await;
+        let hits: Vec<String> = ["a1", "a2", "a3"]
+            .iter()
+            .filter(|ws| page.contains(&format!("aws_instance.{ws}<")))
+            .map(|ws| ws.to_string())
+            .collect();
+        (page, hits)
+    };
+    let roomy = SearchLimits::default();
+    let (page, hits) = bounded(roomy).await;
+    assert_eq!(hits, ["a1", "a2", "a3"]);
+    assert!(!page.contains("id=\"truncated\""));
+
+    let (page, hits) = bounded(SearchLimits {
+        max_workspaces: 2,
+        ..roomy
+    })
+    .await;
+    assert_eq!(hits, ["a1", "a2"], "by name, first two");
+    assert!(page.contains("Stopped after 2 workspaces"), "{page}");
+
+    let one = resources_state(1, &[(None, "aws_instance", "a1")]).len() as i64;
+    let (page, hits) = bounded(SearchLimits {
+        max_bytes: one + one / 2,
+        ..roomy
+    })
+    .await;
+    assert_eq!(hits, ["a1"], "the second state would pass the byte bound");
+    assert!(
+        page.contains("limit of") && page.contains("of state read"),
+        "{page}"
+    );
+
+    let (page, hits) = bounded(SearchLimits {
+        max_hits: 1,
+        ..roomy
+    })
+    .await;
+    assert_eq!(hits, ["a1"]);
+    assert!(page.contains("Showing the first 1 matches"), "{page}");
 }

@@ -10,7 +10,7 @@ use super::body::{read_body, Failure, Handled, Reply};
 use super::router::AdminAction;
 use super::{auth, App};
 use crate::error::ApiError;
-use crate::operator::{diff, rolled_back_json, version_json, Operator, MAX_AUDIT_LIMIT};
+use crate::operator::{diff, rolled_back_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT};
 use crate::store::audit::{parse_instant, AuditFilter};
 
 /// Largest admin request body (a version number or a lock ID).
@@ -90,6 +90,8 @@ fn json_body<T: for<'de> Deserialize<'de>>(body: &[u8], expected: &str) -> Resul
 #[serde(deny_unknown_fields)]
 struct RollbackBody {
     to: Option<i64>,
+    /// The current version the caller saw (e.g. in the preview); 409 if it moved.
+    from: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -141,14 +143,14 @@ async fn run(
                 n => Some(required("version", Some(n))?),
             };
             let masked = flag("masked", masked.as_deref())?;
-            let (row, content) = ops.show(w, version).await?;
-            let content = if masked {
-                diff::mask_state(&content, row.version)
-                    .map_err(|e| ApiError::Conflict(e.to_string()))?
-                    .to_string()
-                    .into_bytes()
+            let (row, content) = if masked {
+                let (row, content) = ops.show(w, version).await?;
+                let shown = diff::mask_state(&content, row.version)
+                    .map_err(|e| ApiError::Conflict(e.to_string()))?;
+                (row, shown.to_string().into_bytes())
             } else {
-                content
+                // The real values leave the server: audited as `state.revealed`.
+                ops.reveal(w, version, &actor, Reveal::Api).await?
             };
             let mut reply = Reply::json(200, content);
             reply
@@ -171,11 +173,20 @@ async fn run(
                 serde_json::json!({ "from": from, "to": to, "resources": d.resources, "outputs": d.outputs }),
             )
         }
+        AdminAction::RollbackPreview { workspace: w, to } => {
+            let w = workspace(&w)?;
+            let to = required("to", to.as_deref())?;
+            ok(serde_json::to_value(ops.rollback_preview(w, to).await?).unwrap_or_default())
+        }
         AdminAction::Rollback { workspace: w } => {
             let w = workspace(&w)?;
-            let parsed: RollbackBody = json_body(body, r#"{"to": <version>}"#)?;
+            let parsed: RollbackBody = json_body(
+                body,
+                r#"{"to": <version>, "from": <current version, optional>}"#,
+            )?;
             let to = required("to", parsed.to.map(|n| n.to_string()).as_deref())?;
-            ok(rolled_back_json(&ops.rollback(w, to, &actor).await?))
+            let from = number("from", parsed.from.map(|n| n.to_string()).as_deref())?;
+            ok(rolled_back_json(&ops.rollback(w, to, from, &actor).await?))
         }
         AdminAction::Unlock { workspace: w } => {
             let w = workspace(&w)?;
@@ -230,5 +241,9 @@ async fn run(
             ok(serde_json::json!({ "audit": ops.audit(filter, limit).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
+        AdminAction::Search { q } => ok(serde_json::to_value(
+            ops.search(q.as_deref().unwrap_or("")).await?,
+        )
+        .unwrap_or_default()),
     })
 }

@@ -62,7 +62,12 @@ pub enum AdminAction {
         from: Option<String>,
         to: Option<String>,
     },
-    /// `POST workspaces/{ws}/rollback` with `{"to": N}`
+    /// `GET workspaces/{ws}/rollback?to=N`: what the rollback would change
+    RollbackPreview {
+        workspace: String,
+        to: Option<String>,
+    },
+    /// `POST workspaces/{ws}/rollback` with `{"to": N[, "from": M]}`
     Rollback { workspace: String },
     /// `POST workspaces/{ws}/unlock` with an optional `{"lock_id": "…"}`
     Unlock { workspace: String },
@@ -78,6 +83,8 @@ pub enum AdminAction {
     },
     /// `GET clusters`
     Clusters,
+    /// `GET search?q=`
+    Search { q: Option<String> },
 }
 
 impl AdminAction {
@@ -89,11 +96,13 @@ impl AdminAction {
             AdminAction::Versions { .. } => "admin.versions",
             AdminAction::Version { .. } => "admin.version",
             AdminAction::Diff { .. } => "admin.diff",
+            AdminAction::RollbackPreview { .. } => "admin.rollback_preview",
             AdminAction::Rollback { .. } => "admin.rollback",
             AdminAction::Unlock { .. } => "admin.unlock",
             AdminAction::Restore { .. } => "admin.restore",
             AdminAction::Audit { .. } => "admin.audit",
             AdminAction::Clusters => "admin.clusters",
+            AdminAction::Search { .. } => "admin.search",
         }
     }
 
@@ -112,6 +121,7 @@ impl AdminAction {
             | AdminAction::Versions { workspace, .. }
             | AdminAction::Version { workspace, .. }
             | AdminAction::Diff { workspace, .. }
+            | AdminAction::RollbackPreview { workspace, .. }
             | AdminAction::Rollback { workspace }
             | AdminAction::Unlock { workspace }
             | AdminAction::Restore { workspace } => Some(workspace),
@@ -140,13 +150,11 @@ pub enum UiRoute {
         rolled_back: Option<String>,
         unlocked: Option<String>,
     },
-    /// `GET workspaces/{ws}/versions/{n}[?reveal=1]`
-    Version {
-        workspace: String,
-        version: String,
-        reveal: Option<String>,
-    },
-    /// `GET workspaces/{ws}/versions/{n}/download`
+    /// `GET workspaces/{ws}/versions/{n}` (sensitive values masked)
+    Version { workspace: String, version: String },
+    /// `POST workspaces/{ws}/versions/{n}/reveal` with `csrf`: unmasked, audited
+    Reveal { workspace: String, version: String },
+    /// `POST workspaces/{ws}/versions/{n}/download` with `csrf`: the raw state, audited
     Download { workspace: String, version: String },
     /// `GET workspaces/{ws}/diff?from=A&to=B`
     Diff {
@@ -154,7 +162,12 @@ pub enum UiRoute {
         from: Option<String>,
         to: Option<String>,
     },
-    /// `POST workspaces/{ws}/rollback` with `csrf`, `to`, `confirm`
+    /// `GET workspaces/{ws}/rollback?to=N`: the diff and the confirmation form
+    RollbackPreview {
+        workspace: String,
+        to: Option<String>,
+    },
+    /// `POST workspaces/{ws}/rollback` with `csrf`, `to`, `from`, `confirm`
     Rollback { workspace: String },
     /// `POST workspaces/{ws}/unlock` with `csrf`, `lock_id`, `confirm`
     Unlock { workspace: String },
@@ -168,6 +181,8 @@ pub enum UiRoute {
     },
     /// `GET clusters`
     Clusters,
+    /// `GET search?q=`
+    Search { q: Option<String> },
     /// No such page (answered after the session check, so it reveals nothing).
     NotFound,
     /// A page asked for with the wrong method.
@@ -184,12 +199,15 @@ impl UiRoute {
             UiRoute::Workspaces { .. } => "ui.workspaces",
             UiRoute::Workspace { .. } => "ui.workspace",
             UiRoute::Version { .. } => "ui.version",
+            UiRoute::Reveal { .. } => "ui.reveal",
             UiRoute::Download { .. } => "ui.download",
             UiRoute::Diff { .. } => "ui.diff",
+            UiRoute::RollbackPreview { .. } => "ui.rollback_preview",
             UiRoute::Rollback { .. } => "ui.rollback",
             UiRoute::Unlock { .. } => "ui.unlock",
             UiRoute::Audit { .. } => "ui.audit",
             UiRoute::Clusters => "ui.clusters",
+            UiRoute::Search { .. } => "ui.search",
             UiRoute::NotFound | UiRoute::NotAllowed { .. } => "ui.invalid",
         }
     }
@@ -206,7 +224,12 @@ impl UiRoute {
     pub fn takes_form(&self) -> bool {
         matches!(
             self,
-            UiRoute::Login | UiRoute::Logout | UiRoute::Rollback { .. } | UiRoute::Unlock { .. }
+            UiRoute::Login
+                | UiRoute::Logout
+                | UiRoute::Reveal { .. }
+                | UiRoute::Download { .. }
+                | UiRoute::Rollback { .. }
+                | UiRoute::Unlock { .. }
         )
     }
 
@@ -215,8 +238,10 @@ impl UiRoute {
         match self {
             UiRoute::Workspace { workspace, .. }
             | UiRoute::Version { workspace, .. }
+            | UiRoute::Reveal { workspace, .. }
             | UiRoute::Download { workspace, .. }
             | UiRoute::Diff { workspace, .. }
+            | UiRoute::RollbackPreview { workspace, .. }
             | UiRoute::Rollback { workspace }
             | UiRoute::Unlock { workspace } => Some(workspace),
             _ => None,
@@ -394,6 +419,7 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         ["whoami"] => (AdminAction::WhoAmI, "GET"),
         ["workspaces"] => (AdminAction::Workspaces, "GET"),
         ["clusters"] => (AdminAction::Clusters, "GET"),
+        ["search"] => (AdminAction::Search { q: q("q") }, "GET"),
         ["audit"] => (
             AdminAction::Audit {
                 scope: q("scope"),
@@ -424,6 +450,13 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             AdminAction::Diff {
                 workspace: ws(w),
                 from: q("from"),
+                to: q("to"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "rollback"] if method == "GET" => (
+            AdminAction::RollbackPreview {
+                workspace: ws(w),
                 to: q("to"),
             },
             "GET",
@@ -465,6 +498,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
             "GET",
         ),
         ["clusters"] => (UiRoute::Clusters, "GET"),
+        ["search"] => (UiRoute::Search { q: q("q") }, "GET"),
         ["workspaces", w] => (
             UiRoute::Workspace {
                 workspace: ws(w),
@@ -478,21 +512,34 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
             UiRoute::Version {
                 workspace: ws(w),
                 version: v.to_string(),
-                reveal: q("reveal"),
             },
             "GET",
+        ),
+        ["workspaces", w, "versions", v, "reveal"] => (
+            UiRoute::Reveal {
+                workspace: ws(w),
+                version: v.to_string(),
+            },
+            "POST",
         ),
         ["workspaces", w, "versions", v, "download"] => (
             UiRoute::Download {
                 workspace: ws(w),
                 version: v.to_string(),
             },
-            "GET",
+            "POST",
         ),
         ["workspaces", w, "diff"] => (
             UiRoute::Diff {
                 workspace: ws(w),
                 from: q("from"),
+                to: q("to"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "rollback"] if method == "GET" => (
+            UiRoute::RollbackPreview {
+                workspace: ws(w),
                 to: q("to"),
             },
             "GET",
@@ -817,6 +864,23 @@ mod tests {
                 admin(AdminAction::Rollback { workspace: w() }),
             ),
             (
+                "GET",
+                "/api/v1/admin/workspaces/prod/rollback",
+                Some("to=2"),
+                admin(AdminAction::RollbackPreview {
+                    workspace: w(),
+                    to: Some("2".into()),
+                }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/search",
+                Some("q=module.db"),
+                admin(AdminAction::Search {
+                    q: Some("module.db".into()),
+                }),
+            ),
+            (
                 "POST",
                 "/api/v1/admin/workspaces/prod/unlock",
                 None,
@@ -847,7 +911,8 @@ mod tests {
         }
         let rejected: &[(&str, &str, u16)] = &[
             ("POST", "/api/v1/admin/workspaces", 405),
-            ("GET", "/api/v1/admin/workspaces/prod/rollback", 405),
+            ("PUT", "/api/v1/admin/workspaces/prod/rollback", 405),
+            ("POST", "/api/v1/admin/search", 405),
             ("DELETE", "/api/v1/admin/workspaces/prod", 405),
             ("GET", "/api/v1/admin/nope", 404),
             ("GET", "/api/v1/admin/workspaces/prod/versions/1/x", 404),
@@ -906,16 +971,44 @@ mod tests {
                 UiRoute::Version {
                     workspace: w(),
                     version: "3".into(),
-                    reveal: Some("1".into()),
+                },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/versions/3/reveal",
+                None,
+                UiRoute::Reveal {
+                    workspace: w(),
+                    version: "3".into(),
+                },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/versions/3/reveal",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/versions/3/download",
+                None,
+                UiRoute::Download {
+                    workspace: w(),
+                    version: "3".into(),
                 },
             ),
             (
                 "GET",
                 "/ui/workspaces/prod/versions/3/download",
                 None,
-                UiRoute::Download {
-                    workspace: w(),
-                    version: "3".into(),
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "GET",
+                "/ui/search",
+                Some("q=aws_instance"),
+                UiRoute::Search {
+                    q: Some("aws_instance".into()),
                 },
             ),
             (
@@ -936,6 +1029,15 @@ mod tests {
             ),
             (
                 "GET",
+                "/ui/workspaces/prod/rollback",
+                Some("to=2"),
+                UiRoute::RollbackPreview {
+                    workspace: w(),
+                    to: Some("2".into()),
+                },
+            ),
+            (
+                "PUT",
                 "/ui/workspaces/prod/rollback",
                 None,
                 UiRoute::NotAllowed { allowed: "POST" },

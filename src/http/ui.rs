@@ -12,6 +12,7 @@ use super::router::UiRoute;
 use super::App;
 use crate::error::ApiError;
 use crate::operator::diff::mask_state;
+use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
 use crate::store::WriteOutcome;
 use crate::ui::pages::{self, AuditForm, Chrome, Content, Notice, VersionsPage};
@@ -187,7 +188,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 );
                 return (error_page(Some(&chrome), &refused), read, true);
             }
-            let answer = action(app, &me, cookie.as_deref(), route, &form)
+            let answer = action(app, &chrome, &me, cookie.as_deref(), route, &form)
                 .await
                 .unwrap_or_else(|e| error_page(Some(&chrome), &e));
             (answer, read, true)
@@ -338,36 +339,27 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         UiRoute::Version {
             workspace: w,
             version,
-            reveal,
         } => {
             let w = workspace(&w)?;
             let v = required("version", Some(&version))?;
-            let revealed = reveal.as_deref() == Some("1");
             let (row, body) = ops.show(w, Some(v)).await?;
-            let shown = if revealed {
-                serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .filter(|d| d.get("resources").is_some() || d.get("outputs").is_some())
-            } else {
-                mask_state(&body, row.version).ok()
-            };
-            let content = match shown {
-                Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
-                None => Content::NotPlain,
-            };
-            ok(pages::version(chrome, w, &row, &content, revealed))
+            let content = json_content(mask_state(&body, row.version).ok());
+            ok(pages::version(chrome, w, &row, &content, false))
         }
-        UiRoute::Download {
-            workspace: w,
-            version,
-        } => {
+        UiRoute::RollbackPreview { workspace: w, to } => {
             let w = workspace(&w)?;
-            let v = required("version", Some(&version))?;
-            let (row, body) = ops.show(w, Some(v)).await?;
-            Ok(Answer::File {
-                name: format!("{w}-v{}.tfstate", row.version),
-                body,
-            })
+            let to = required("to", to.as_deref())?;
+            let preview = ops.rollback_preview(w, to).await?;
+            let summary = ops.workspace(w).await?;
+            ok(pages::rollback_preview(chrome, &summary, &preview))
+        }
+        UiRoute::Search { q } => {
+            let query = q.unwrap_or_default();
+            if query.trim().is_empty() {
+                return ok(pages::search(chrome, "", None));
+            }
+            let results = ops.search(&query).await?;
+            ok(pages::search(chrome, &query, Some(&results)))
         }
         UiRoute::Diff {
             workspace: w,
@@ -428,8 +420,18 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::LoginForm
         | UiRoute::Login
         | UiRoute::Logout
+        | UiRoute::Reveal { .. }
+        | UiRoute::Download { .. }
         | UiRoute::Rollback { .. }
         | UiRoute::Unlock { .. } => Err(ApiError::NotFound("no such page".into())),
+    }
+}
+
+/// A state document as the viewer shows it; `None`: not a plain JSON state.
+fn json_content(doc: Option<serde_json::Value>) -> Content {
+    match doc {
+        Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
+        None => Content::NotPlain,
     }
 }
 
@@ -452,6 +454,7 @@ fn older_href(form: &AuditForm, before: i64) -> String {
 /// The state-changing forms (CSRF already checked).
 async fn action(
     app: &App,
+    chrome: &Chrome<'_>,
     me: &UiSession,
     cookie: Option<&str>,
     route: UiRoute,
@@ -470,16 +473,45 @@ async fn action(
                 Some(session::clear_cookie(app.tls)),
             ))
         }
+        UiRoute::Reveal {
+            workspace: w,
+            version,
+        } => {
+            let w = workspace(&w)?;
+            let v = required("version", Some(&version))?;
+            let (row, body) = ops.reveal(w, Some(v), &actor, Reveal::UiView).await?;
+            let doc = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .filter(|d| d.get("resources").is_some() || d.get("outputs").is_some());
+            let content = json_content(doc);
+            Ok(Answer::Page(
+                200,
+                pages::version(chrome, w, &row, &content, true),
+            ))
+        }
+        UiRoute::Download {
+            workspace: w,
+            version,
+        } => {
+            let w = workspace(&w)?;
+            let v = required("version", Some(&version))?;
+            let (row, body) = ops.reveal(w, Some(v), &actor, Reveal::UiDownload).await?;
+            Ok(Answer::File {
+                name: format!("{w}-v{}.tfstate", row.version),
+                body,
+            })
+        }
         UiRoute::Rollback { workspace: w } => {
             let w = workspace(&w)?;
             let to = required("to", form.get("to"))?;
+            let from = number("from", form.get("from"))?;
             if form.get("confirm").map(str::trim) != Some(w) {
                 return Err(ApiError::BadRequest(
                     "type the workspace name exactly to confirm the rollback; nothing was changed"
                         .into(),
                 ));
             }
-            let done = ops.rollback(w, to, &actor).await?;
+            let done = ops.rollback(w, to, from, &actor).await?;
             let (WriteOutcome::Stored(row) | WriteOutcome::Unchanged(row)) = &done.outcome;
             Ok(redirect(&format!(
                 "/ui/workspaces/{w}?rolled_back={}",

@@ -142,7 +142,7 @@ fn parse(bytes: &[u8], version: i64) -> Result<Value, DiffError> {
 }
 
 /// `module.m.data.aws_x.name["key"]`: Terraform's own address of an instance.
-fn address(resource: &Value, instance: &Value) -> String {
+pub(crate) fn address(resource: &Value, instance: &Value) -> String {
     let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
     let mut out = String::new();
     if let Some(module) = resource.get("module").and_then(Value::as_str) {

@@ -10,6 +10,7 @@
 
 pub mod diff;
 pub mod identity;
+pub mod search;
 
 use rusqlite::Connection;
 use serde::Serialize;
@@ -18,18 +19,63 @@ use crate::cluster::identity::{list_clusters, AdminError};
 use crate::cluster::{lease::current_lease, ClusterService};
 use crate::error::ApiError;
 use crate::names::validate_workspace;
-use crate::store::audit::{list_audit_filtered, AuditFilter, AuditRow};
+use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
 use crate::store::{latest_row, VersionRow};
 use crate::tofu::lock::HeldLock;
 use crate::tofu::TofuBackend;
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
+pub use search::{SearchLimits, SearchResults};
 
 /// Longest `Who`/`Operation` shown from a client's LockInfo.
 const MAX_LOCK_FIELD: usize = 256;
 /// Most audit rows one listing returns.
 pub const MAX_AUDIT_LIMIT: u32 = 1000;
+/// The audit event of every unmasked read of a workspace's state by an operator.
+pub const EVENT_REVEALED: &str = "state.revealed";
+
+/// How a version's real (unmasked) values left the server: the `via` of its
+/// `state.revealed` audit row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reveal {
+    /// The UI's "Show sensitive values" form.
+    UiView,
+    /// The UI's download of the raw `.tfstate`.
+    UiDownload,
+    /// `GET /api/v1/admin/workspaces/{ws}/versions/{n}` without `masked=1`.
+    Api,
+    /// `stategate workspace show` without `--masked`.
+    Cli,
+}
+
+impl Reveal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reveal::UiView => "ui.view",
+            Reveal::UiDownload => "ui.download",
+            Reveal::Api => "api",
+            Reveal::Cli => "cli",
+        }
+    }
+}
+
+/// What a rollback would do, shown before it is confirmed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RollbackPreview {
+    /// The workspace's newest version now (what the diff starts from).
+    pub from_version: i64,
+    pub to_version: i64,
+    /// Serial the rolled-back version would carry (the target's own).
+    pub to_serial: Option<i64>,
+    /// From the current version to the target; `None` when either is not a plain
+    /// JSON state (encrypted by the client): the rollback still works, unseen.
+    pub diff: Option<StateDiff>,
+    /// Why there is no diff, when there is none.
+    pub diff_unavailable: Option<String>,
+    /// The holder while locked: the rollback would be refused (423).
+    pub lock: Option<LockState>,
+}
 
 /// A workspace lock as operators see it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -204,6 +250,7 @@ pub struct Operations {
     tofu: TofuBackend,
     clusters: ClusterService,
     stale_after: i64,
+    search_limits: SearchLimits,
 }
 
 impl Operations {
@@ -212,7 +259,18 @@ impl Operations {
             tofu,
             clusters,
             stale_after: i64::try_from(stale_after_seconds).unwrap_or(i64::MAX),
+            search_limits: SearchLimits::default(),
         }
+    }
+
+    /// The same operations with other bounds per search.
+    pub fn with_search_limits(mut self, limits: SearchLimits) -> Self {
+        self.search_limits = limits;
+        self
+    }
+
+    pub fn search_limits(&self) -> SearchLimits {
+        self.search_limits
     }
 
     pub fn stale_after(&self) -> i64 {
@@ -294,6 +352,7 @@ impl Operations {
 
     /// A version's content (the newest when `version` is `None`). A deleted workspace,
     /// an unknown or pruned version are errors; an unreadable one is a 500, never empty.
+    /// Not audited: callers show it masked (`diff::mask_state`) or go through [`Self::reveal`].
     pub async fn show(
         &self,
         workspace: &str,
@@ -321,6 +380,33 @@ impl Operations {
         self.tofu.read_version(workspace, version).await
     }
 
+    /// A version's unmasked content, for `who`. The `state.revealed` audit row (scope
+    /// `tf/<ws>`, payload `{version, via}`: never a value) commits before the content is
+    /// returned, so no row means no content; a refused read (unknown, pruned, deleted,
+    /// unreadable) audits nothing.
+    pub async fn reveal(
+        &self,
+        workspace: &str,
+        version: Option<i64>,
+        who: &str,
+        via: Reveal,
+    ) -> Result<(VersionRow, Vec<u8>), ApiError> {
+        let (row, body) = self.show(workspace, version).await?;
+        let entry = AuditEntry {
+            actor: who.to_string(),
+            org: None,
+            scope: crate::tofu::scope(workspace),
+            event: EVENT_REVEALED,
+            payload: serde_json::json!({ "version": row.version, "via": via.as_str() }),
+        };
+        self.tofu
+            .store()
+            .db
+            .write(move |c| insert_audit(c, &entry).map_err(crate::store::db::DbError::from))
+            .await?;
+        Ok((row, body))
+    }
+
     /// What changed from version `from` to version `to`.
     pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, ApiError> {
         validate_workspace(workspace)?;
@@ -330,14 +416,98 @@ impl Operations {
             .map_err(|e| ApiError::Conflict(e.to_string()))
     }
 
+    /// Rolls back to version `to`. `expected_from`: the current version the operator
+    /// was shown (the preview's); if another write landed since, nothing is written (409).
     pub async fn rollback(
         &self,
         workspace: &str,
         to: i64,
+        expected_from: Option<i64>,
         who: &str,
     ) -> Result<RolledBack, ApiError> {
         validate_workspace(workspace)?;
-        self.tofu.rollback(workspace, to, who).await
+        self.tofu
+            .rollback_from(workspace, to, expected_from, who)
+            .await
+    }
+
+    /// What rolling back to `to` would change (current → `to`), and the lock that would
+    /// refuse it. Reads only; nothing is audited.
+    pub async fn rollback_preview(
+        &self,
+        workspace: &str,
+        to: i64,
+    ) -> Result<RollbackPreview, ApiError> {
+        validate_workspace(workspace)?;
+        let latest = self
+            .tofu
+            .store()
+            .latest(&crate::tofu::scope(workspace))
+            .await?
+            .ok_or_else(|| {
+                ApiError::NotFound(format!("workspace {workspace:?} has no versions"))
+            })?;
+        let (target, target_body) = self.tofu.read_version(workspace, to).await?;
+        let current = if latest.is_tombstone() {
+            Err(format!(
+                "version {} is a deletion; the rollback brings the state back",
+                latest.version
+            ))
+        } else {
+            let (row, body) = self.tofu.read_version(workspace, latest.version).await?;
+            Ok((row, body))
+        };
+        let (diff, diff_unavailable) = match current {
+            Ok((row, body)) => {
+                match diff::diff_states(&body, row.version, &target_body, target.version) {
+                    Ok(d) => (Some(d), None),
+                    Err(e) => (None, Some(e.to_string())),
+                }
+            }
+            Err(why) => (None, Some(why)),
+        };
+        Ok(RollbackPreview {
+            from_version: latest.version,
+            to_version: target.version,
+            to_serial: target.serial,
+            diff,
+            diff_unavailable,
+            lock: self.lock(workspace).await?,
+        })
+    }
+
+    /// Resources whose address contains `query`, across every workspace's newest version
+    /// (bounded by [`Self::search_limits`]; see [`search`]). A version that cannot be
+    /// read is listed as unreadable (and logged), not skipped silently.
+    pub async fn search(&self, query: &str) -> Result<SearchResults, ApiError> {
+        let limits = self.search_limits;
+        let needle = search::needle(query)?;
+        let mut workspaces: Vec<WorkspaceSummary> = self
+            .list_workspaces()
+            .await?
+            .into_iter()
+            .filter(|w| !w.deleted && w.version.is_some())
+            .collect();
+        workspaces.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut out = SearchResults::new(query, limits);
+        for ws in workspaces {
+            let (Some(version), Some(size)) = (ws.version, ws.size) else {
+                continue;
+            };
+            if out.admit(size) {
+                match self.tofu.read_version(&ws.name, version).await {
+                    Ok((row, body)) => out.scan(&ws.name, row.version, &body, &needle),
+                    Err(e) => {
+                        tracing::error!(workspace = %ws.name, version, error = e.log_detail().unwrap_or_default(), "search cannot read a version");
+                        out.unreadable.push(ws.name.clone());
+                    }
+                }
+            }
+            if out.done() {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     pub async fn restore(&self, workspace: &str, who: &str) -> Result<RolledBack, ApiError> {

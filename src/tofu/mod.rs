@@ -150,6 +150,18 @@ impl TofuBackend {
         to_version: i64,
         actor: &str,
     ) -> Result<RolledBack, ApiError> {
+        self.rollback_from(workspace, to_version, None, actor).await
+    }
+
+    /// [`Self::rollback`], refused (409) unless the current version is still
+    /// `expected_from` (when given): what the operator previewed is what changes.
+    pub async fn rollback_from(
+        &self,
+        workspace: &str,
+        to_version: i64,
+        expected_from: Option<i64>,
+        actor: &str,
+    ) -> Result<RolledBack, ApiError> {
         let scope = scope(workspace);
         let key = self.root.blob_key(&scope);
         let ws = workspace.to_string();
@@ -161,7 +173,14 @@ impl TofuBackend {
             event: EVENT_ROLLBACK,
         };
         self.store
-            .rollback(request, &key, move |conn, _latest| {
+            .rollback(request, &key, move |conn, latest| {
+                let now = latest.map(|r| r.version);
+                if expected_from.is_some_and(|e| now != Some(e)) {
+                    return Err(ApiError::Conflict(format!(
+                        "{ws} changed since you looked (now at version {}); nothing was rolled back, look again",
+                        now.unwrap_or(0)
+                    )));
+                }
                 ensure_unlocked(conn, &ws)
             })
             .await

@@ -6,7 +6,8 @@ use maud::{html, Markup, DOCTYPE};
 use serde_json::Value;
 
 use crate::operator::diff::{AttributeChange, Change, StateDiff};
-use crate::operator::{ClusterSummary, LockState, WorkspaceSummary};
+use crate::operator::search::{SearchResults, Truncated};
+use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
 use crate::store::audit::AuditRow;
 use crate::store::VersionRow;
 
@@ -70,6 +71,7 @@ fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
                             a href="/ui/workspaces" { "Workspaces" }
                             a href="/ui/audit" { "Audit" }
                             a href="/ui/clusters" { "Clusters" }
+                            a href="/ui/search" { "Search" }
                         }
                         form method="post" action="/ui/logout" {
                             span.who { (c.email) }
@@ -136,6 +138,20 @@ fn exact_pattern(text: &str) -> String {
 
 fn ws_href(workspace: &str) -> String {
     format!("/ui/workspaces/{workspace}")
+}
+
+fn version_href(workspace: &str, version: i64) -> String {
+    format!("{}/versions/{version}", ws_href(workspace))
+}
+
+/// A POST button carrying the session's CSRF token (reveals are audited, so never a link).
+fn post_button(csrf: &str, action: &str, label: &str) -> Markup {
+    html! {
+        form.link method="post" action=(action) {
+            input type="hidden" name="csrf" value=(csrf);
+            button.link type="submit" { (label) }
+        }
+    }
 }
 
 fn lock_summary(lock: &LockState, now: i64) -> Markup {
@@ -259,7 +275,8 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
     }
 }
 
-fn versions_table(ws: &str, page: &VersionsPage, now: i64) -> Markup {
+fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
+    let now = chrome.now;
     html! {
         @if page.rows.is_empty() {
             div.card.empty { "No versions on this page." }
@@ -280,9 +297,9 @@ fn versions_table(ws: &str, page: &VersionsPage, now: i64) -> Markup {
                         @if v.is_tombstone() {
                             span.badge.deleted { "deleted" }
                         } @else {
-                            a href=(format!("{}/versions/{}", ws_href(ws), v.version)) { "view" }
+                            a href=(version_href(ws, v.version)) { "view" }
                             " · "
-                            a href=(format!("{}/versions/{}/download", ws_href(ws), v.version)) { "download" }
+                            (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
                         }
                     }
                 } } }
@@ -309,24 +326,23 @@ fn diff_form(ws: &str, from: Option<i64>, to: Option<i64>) -> Markup {
     }
 }
 
-fn rollback_form(chrome: &Chrome, ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
+fn locked_refusal(lock: &LockState) -> Markup {
     html! {
-        @if let Some(lock) = &ws.lock {
-            p.notice.warn {
-                "Rollback is refused while the workspace is locked by " strong { (lock.who) }
-                " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
-            }
+        p.notice.warn {
+            "Rollback is refused while the workspace is locked by " strong { (lock.who) }
+            " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
         }
-        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run." }
-        form.inline #rollback method="post" action=(format!("{}/rollback", ws_href(&ws.name))) {
-            input type="hidden" name="csrf" value=(chrome.csrf);
+    }
+}
+
+/// Step one of a rollback: pick the version, then see what it would change.
+fn rollback_form(ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
+    html! {
+        @if let Some(lock) = &ws.lock { (locked_refusal(lock)) }
+        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run. You see what changes before you confirm." }
+        form.inline #rollback method="get" action=(format!("{}/rollback", ws_href(&ws.name))) {
             label { "Version to restore" input type="number" name="to" min="1" required value=[default_to]; }
-            label {
-                "Type " code { (ws.name) } " to confirm"
-                input type="text" name="confirm" required autocomplete="off"
-                    pattern=(exact_pattern(&ws.name));
-            }
-            button.danger type="submit" disabled[ws.lock.is_some()] { "Roll back" }
+            button type="submit" { "Preview rollback" }
         }
     }
 }
@@ -357,11 +373,11 @@ pub fn workspace(
         }
         (lock_panel(chrome, ws))
         h2 { "Versions" }
-        (versions_table(&ws.name, versions, chrome.now))
+        (versions_table(chrome, &ws.name, versions))
         h2 { "Compare two versions" }
         (diff_form(&ws.name, live.get(1).copied(), live.first().copied()))
         h2 { "Roll back" }
-        (rollback_form(chrome, ws, live.get(1).copied()))
+        (rollback_form(ws, live.get(1).copied()))
     };
     layout(&ws.name, Some(chrome), body)
 }
@@ -373,7 +389,7 @@ pub fn version(
     content: &Content,
     revealed: bool,
 ) -> Markup {
-    let base = format!("{}/versions/{}", ws_href(workspace), row.version);
+    let base = version_href(workspace, row.version);
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (row.version) }
@@ -385,18 +401,22 @@ pub fn version(
             dt { "When" } dd { (when(&row.created_at, chrome.now)) }
             dt { "SHA-256" } dd { code { (row.sha256.as_deref().unwrap_or("–")) } }
         } }
-        p {
-            a href=(format!("{base}/download")) { "Download .tfstate" }
-            " · "
+        div.actions #reveal {
+            (post_button(chrome.csrf, &format!("{base}/download"), "Download .tfstate"))
             @if revealed {
                 a href=(base) { "Mask sensitive values" }
-            } @else {
-                a href=(format!("{base}?reveal=1")) { "Show sensitive values" }
+            } @else if matches!(content, Content::Json(_)) {
+                (post_button(chrome.csrf, &format!("{base}/reveal"), "Show sensitive values"))
             }
+            span.muted { "Showing or downloading the real values is recorded in the audit log." }
         }
         @match content {
             Content::Json(text) => {
-                @if !revealed { p.muted { "Sensitive values are shown as “(sensitive)”." } }
+                @if revealed {
+                    p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } "." }
+                } @else {
+                    p.muted { "Sensitive values are shown as “(sensitive)”." }
+                }
                 pre #content { (text) }
             }
             Content::NotPlain => p.notice.warn { "This version is not a plain JSON state (encrypted by the client?); download it to inspect it." },
@@ -432,6 +452,14 @@ pub fn diff(chrome: &Chrome, workspace: &str, from: i64, to: i64, d: &StateDiff)
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (from) " → " (to) }
         (diff_form(workspace, Some(from), Some(to)))
+        (diff_sections(from, to, d))
+    };
+    layout(&format!("{workspace} diff"), Some(chrome), body)
+}
+
+/// Resources and outputs that differ from version `from` to version `to`.
+fn diff_sections(from: i64, to: i64, d: &StateDiff) -> Markup {
+    html! {
         @if d.is_empty() {
             div.card.empty { "No differences in resources or outputs." }
         }
@@ -461,8 +489,103 @@ pub fn diff(chrome: &Chrome, workspace: &str, from: i64, to: i64, d: &StateDiff)
                 } } }
             } }
         }
+    }
+}
+
+/// Step two of a rollback: what it changes (current → target), then the typed confirmation.
+pub fn rollback_preview(chrome: &Chrome, ws: &WorkspaceSummary, p: &RollbackPreview) -> Markup {
+    let name = &ws.name;
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(name)) { (name) } " /" }
+        h1 { (name) " · roll back to version " (p.to_version) }
+        p {
+            "The workspace is at version " strong { (p.from_version) } ". Rolling back stores version "
+            (p.to_version) "’s content (serial " (dash(p.to_serial)) ") as version " (p.from_version + 1)
+            ". These are the changes from version " (p.from_version) " to what it would become:"
+        }
+        @match (&p.diff, &p.diff_unavailable) {
+            (Some(d), _) => (diff_sections(p.from_version, p.to_version, d)),
+            (None, why) => p.notice.warn {
+                "No preview: " (why.as_deref().unwrap_or("the versions cannot be compared")) ". The rollback itself still works."
+            },
+        }
+        h2 { "Confirm" }
+        @if let Some(lock) = &p.lock { (locked_refusal(lock)) }
+        form.inline #confirm-rollback method="post" action=(format!("{}/rollback", ws_href(name))) {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            input type="hidden" name="to" value=(p.to_version);
+            input type="hidden" name="from" value=(p.from_version);
+            label {
+                "Type " code { (name) } " to confirm"
+                input type="text" name="confirm" required autocomplete="off"
+                    pattern=(exact_pattern(name));
+            }
+            button.danger type="submit" disabled[p.lock.is_some()] { "Roll back to version " (p.to_version) }
+            a href=(ws_href(name)) { "Cancel" }
+        }
+        p.muted { "If anything writes to the workspace before you confirm, the rollback is refused and nothing changes; look again." }
     };
-    layout(&format!("{workspace} diff"), Some(chrome), body)
+    layout(&format!("{name} rollback"), Some(chrome), body)
+}
+
+fn truncation(r: &SearchResults) -> Option<String> {
+    let l = &r.limits;
+    Some(match r.truncated? {
+        Truncated::Workspaces => format!(
+            "Stopped after {} workspaces (the limit per search); later workspaces were not searched.",
+            l.max_workspaces
+        ),
+        Truncated::Bytes => format!(
+            "Reached the limit of {} of state read per search; some workspaces were not searched.",
+            size(l.max_bytes)
+        ),
+        Truncated::Hits => format!(
+            "Showing the first {} matches (the limit per search); refine the query.",
+            l.max_hits
+        ),
+    })
+}
+
+/// `results`: `None` before anything was searched.
+pub fn search(chrome: &Chrome, query: &str, results: Option<&SearchResults>) -> Markup {
+    let body = html! {
+        h1 { "Search resources" }
+        form.inline method="get" action="/ui/search" {
+            label {
+                "Resource address, type or name"
+                input type="search" name="q" value=(query) required placeholder="aws_instance, module.db";
+            }
+            button type="submit" { "Search" }
+        }
+        p.muted { "Searches the newest version of every workspace by resource address (module, type, name, index). Values are never shown." }
+        @if let Some(r) = results {
+            @if let Some(why) = truncation(r) { p.notice.warn #truncated { (why) } }
+            p.muted {
+                (r.hits.len()) " match" @if r.hits.len() != 1 { "es" } " in " (r.workspaces_scanned)
+                " workspace" @if r.workspaces_scanned != 1 { "s" } " searched (" (size(r.bytes_read)) " read)."
+            }
+            @if !r.not_searchable.is_empty() {
+                p.muted { "Not searchable (not a plain JSON state): " (r.not_searchable.join(", ")) }
+            }
+            @if !r.unreadable.is_empty() {
+                p.notice.error { "Could not be read (see the server log): " (r.unreadable.join(", ")) }
+            }
+            @if r.hits.is_empty() {
+                div.card.empty { "No resource address contains “" (r.query) "”." }
+            } @else {
+                div.table-wrap { table #results {
+                    thead { tr { th { "Workspace" } th { "Resource" } th.hide-narrow { "Type" } th.num { "Version" } } }
+                    tbody { @for h in &r.hits { tr {
+                        td { a href=(ws_href(&h.workspace)) { (h.workspace) } }
+                        td { a href=(version_href(&h.workspace, h.version)) { code { (h.address) } } }
+                        td.hide-narrow { code { (h.kind) } @if h.mode == "data" { " " span.muted { "(data)" } } }
+                        td.num { (h.version) }
+                    } } }
+                } }
+            }
+        }
+    };
+    layout("Search", Some(chrome), body)
 }
 
 /// `rows` newest first; `older`: the link to the next page, if there is one.
@@ -642,7 +765,38 @@ mod tests {
             scope: evil.into(),
             ..AuditForm::default()
         };
+        let preview = RollbackPreview {
+            from_version: 2,
+            to_version: 1,
+            to_serial: Some(1),
+            diff: Some(StateDiff {
+                resources: vec![crate::operator::diff::ResourceChange {
+                    address: evil.into(),
+                    change: Change::Changed,
+                    attributes: vec![AttributeChange {
+                        name: evil.into(),
+                        before: Some(Value::from(evil)),
+                        after: None,
+                    }],
+                }],
+                outputs: Vec::new(),
+            }),
+            diff_unavailable: None,
+            lock: ws.lock.clone(),
+        };
+        let mut found = SearchResults::new(evil, crate::operator::SearchLimits::default());
+        found.hits.push(crate::operator::search::SearchHit {
+            workspace: "prod".into(),
+            version: 1,
+            address: evil.into(),
+            kind: evil.into(),
+            mode: evil.into(),
+        });
+        found.not_searchable.push(evil.into());
+        found.unreadable.push(evil.into());
         let pages = [
+            rollback_preview(&chrome, &ws, &preview),
+            search(&chrome, evil, Some(&found)),
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
             workspace(&chrome, &ws, &page, None),

@@ -3,9 +3,10 @@ driven by selenium), against the real binary and the real Terraform CLI.
 
 Terraform applies a workspace three times; an operator made with the CLI logs in
 through the form, opens the workspace, diffs two versions and sees the changed
-resource, rolls back (typing the name) and sees the new version, force-unlocks the
-lock a SIGKILLed `terraform apply` left behind, and reads the audit rows of both
-actions. Every step checks the text the page shows; screenshots go to the test's
+resource, sees a sensitive output masked and reveals it (a POST form, audited),
+previews a rollback (the diff it would make) and confirms it (typing the name) and
+sees the new version, finds the resource by searching, force-unlocks the lock a
+SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows; screenshots go to the test's
 temp dir (and the workspace page to docs/ui-workspace.png when
 STATEGATE_UI_SCREENSHOT_OUT is set, for the README: `1` for that path, or a path).
 
@@ -33,6 +34,12 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 OPERATOR = "ui-e2e@example.com"
 ACTOR = f"operator:{OPERATOR}"
 REPO = Path(__file__).resolve().parent.parent
+def config(value: str) -> str:
+    return (BACKEND_HTTP + data_resource("web", value)
+            + f'output "greeting" {{\n  value = "hello-{value}"\n}}\n'
+            + f'output "db_password" {{\n  value = "pw-{value}"\n  sensitive = true\n}}\n')
+
+
 SLOW = 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 120"\n  }\n}\n'
 WAIT = 30
 
@@ -129,11 +136,11 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     ws_name = "ui-e2e-prod"
     ws = server.workspace(ws_name)
     tf = make_tf("w", ws.env)
-    tf.write(BACKEND_HTTP + data_resource("web", "v-one") + 'output "greeting" {\n  value = "hello-one"\n}\n')
+    tf.write(config("v-one"))
     tf.init()
     tf.apply()
     for value in ("v-two", "v-three"):
-        tf.write(BACKEND_HTTP + data_resource("web", value) + f'output "greeting" {{\n  value = "hello-{value}"\n}}\n')
+        tf.write(config(value))
         tf.apply()
     token = cli(server, "admin", "operator", "create", "--email", OPERATOR).strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
@@ -170,22 +177,46 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     text = page.wait_text("version 1 → 3", "terraform_data.web")
     assert "changed" in text and '"v-one"' in text and '"v-three"' in text, text
     assert "greeting" in text and '"hello-v-three"' in text, text
+    assert "pw-v-" not in text, "sensitive output masked in the diff"
     page.shot("03-diff")
 
-    # Roll back to version 1, typing the name: version 4 appears, written by the operator.
+    # Version 3 masks the sensitive output; revealing it is a form, and it is audited.
+    page.open(f"/ui/workspaces/{ws_name}/versions/3")
+    text = page.wait_text("Sensitive values are shown as", "(sensitive)")
+    assert "pw-v-three" not in text
+    page.submit("form[action$='/versions/3/reveal']")
+    text = page.wait_text("pw-v-three", "recorded in the audit log as state.revealed")
+    page.shot("03b-revealed")
+
+    # Roll back to version 1: the preview shows what changes, then the typed name confirms it;
+    # version 4 appears, written by the operator.
     page.open(f"/ui/workspaces/{ws_name}")
     page.wait_text("Roll back")
     page.fill("#rollback input[name=to]", "1")
-    page.fill("#rollback input[name=confirm]", ws_name)
     page.submit("#rollback")
+    text = page.wait_text("roll back to version 1", "The workspace is at version 3", "terraform_data.web")
+    assert '"v-three"' in text and '"v-one"' in text and '"hello-v-one"' in text, text
+    assert "pw-v-" not in text, "masked in the preview"
+    page.shot("04a-rollback-preview")
+    page.fill("#confirm-rollback input[name=confirm]", ws_name)
+    page.submit("#confirm-rollback")
     text = page.wait_text("Rolled back: the workspace is now at version 4.")
     rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#versions tbody tr")]
     assert rows[0].split()[0] == "4" and ACTOR in rows[0], rows
     page.shot("04-rolled-back")
     assert '"v-one"' in ws.get().text(), "Terraform's backend serves the rolled-back content"
 
+    # Search across workspaces by type: the resource, linked to the newest version.
+    browser.find_element(page.By.LINK_TEXT, "Search").click()
+    page.wait_text("Search resources")
+    page.fill("input[name=q]", "terraform_data")
+    page.submit("form[action='/ui/search']")
+    text = page.wait_text("terraform_data.web", "1 match in 1 workspace searched")
+    browser.find_element(page.By.LINK_TEXT, "terraform_data.web").click()
+    page.wait_text(f"{ws_name} · version 4", "(sensitive)")
+
     # A terraform apply killed with SIGKILL leaves its lock; the UI shows it, stale.
-    tf.write(BACKEND_HTTP + data_resource("web", "v-one") + 'output "greeting" {\n  value = "hello-one"\n}\n' + SLOW)
+    tf.write(config("v-one") + SLOW)
     p = tf.start("apply", "-auto-approve", "-input=false", "-no-color")
     try:
         deadline = time.monotonic() + 60
@@ -205,25 +236,31 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.open(f"/ui/workspaces/{ws_name}")
     text = page.wait_text("Force unlock", "OperationTypeApply", "STALE")
     assert "Rollback is refused while the workspace is locked" in text
-    assert page.css("#rollback button[type=submit]").get_attribute("disabled") is not None
     page.shot("05-locked")
+    # The preview still shows the diff, and why the confirmation is disabled.
+    page.open(f"/ui/workspaces/{ws_name}/rollback?to=2")
+    page.wait_text("Rollback is refused while the workspace is locked", "terraform_data.web")
+    assert page.css("#confirm-rollback button[type=submit]").get_attribute("disabled") is not None
+    page.open(f"/ui/workspaces/{ws_name}")
+    page.wait_text("Force unlock")
     page.css("#lock input[name=confirm]").click()
     page.submit("#lock form")
     text = page.wait_text("The lock was released.", "Not locked.")
     page.shot("06-unlocked")
     # Terraform can apply again.
-    tf.write(BACKEND_HTTP + data_resource("web", "v-four") + 'output "greeting" {\n  value = "hello-four"\n}\n')
+    tf.write(config("v-four"))
     tf.apply()
 
-    # The audit log names the operator for both actions.
+    # The audit log names the operator for all three actions; the reveal row holds no value.
     browser.find_element(page.By.LINK_TEXT, "Audit").click()
     page.wait_text("Audit log")
     page.fill("input[name=scope]", f"tf/{ws_name}")
     page.submit("form[action='/ui/audit']")
-    text = page.wait_text("tf.rollback", "tf.lock_forced")
+    text = page.wait_text("tf.rollback", "tf.lock_forced", "state.revealed")
     audit_rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#audit tbody tr")]
-    for event in ("tf.rollback", "tf.lock_forced"):
+    for event in ("tf.rollback", "tf.lock_forced", "state.revealed"):
         assert any(event in r and ACTOR in r for r in audit_rows), (event, audit_rows)
+    assert "pw-v-" not in text, "no value in the audit log"
     page.shot("07-audit")
 
     # The README's screenshot: the workspace page as an operator sees it.
@@ -239,7 +276,8 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     # On a phone-sized screen the page still fits: wide tables scroll inside their box.
     browser.set_window_size(390, 844)
     for path in (f"/ui/workspaces/{ws_name}", "/ui/workspaces", "/ui/audit",
-                 f"/ui/workspaces/{ws_name}/diff?from=1&to=3"):
+                 f"/ui/workspaces/{ws_name}/diff?from=1&to=3", f"/ui/workspaces/{ws_name}/rollback?to=1",
+                 "/ui/search?q=terraform_data"):
         page.open(path)
         page.wait_text(OPERATOR)
         overflow = browser.execute_script(

@@ -750,6 +750,14 @@ async fn deleted_workspaces_and_cluster_leases_are_shown() {
     );
     let page = env.page("/ui/workspaces/gone", &cookie).await;
     assert!(page.contains("badge deleted"), "{page}");
+    // Rolling a deleted workspace back: no diff against a deletion, but it can be confirmed.
+    let preview = env.page("/ui/workspaces/gone/rollback?to=1", &cookie).await;
+    assert!(preview.contains("version 2 is a deletion"), "{preview}");
+    assert!(preview.contains(r#"id="confirm-rollback""#));
+    // Search passes over it (its newest version is the deletion).
+    let found = env.page("/ui/search?q=terraform_data", &cookie).await;
+    assert!(found.contains(r#"href="/ui/workspaces/prod/versions/2""#));
+    assert!(!found.contains("/ui/workspaces/gone/"), "{found}");
 
     let admin = env
         .server

@@ -68,6 +68,12 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
     assert "s3cr3t-value" not in masked and "s3cr3t-value" in shown.stdout
     missing = cli(server, "workspace", "show", ws_name, "--version", "9", ok=False)
     assert missing.returncode != 0 and missing.stdout == "" and "no version 9" in missing.stderr, missing
+    # the two unmasked shows were reveals: audited, without the value; masked and refused ones not
+    with sqlite3.connect(server.data_dir / "stategate.db") as db:
+        revealed = db.execute("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'state.revealed'"
+                              " ORDER BY id", (f"tf/{ws_name}",)).fetchall()
+    assert [json.loads(p) for _, p in revealed] == [{"version": 2, "via": "cli"}, {"version": 1, "via": "cli"}], revealed
+    assert all(a.startswith("operator:") and "s3cr3t" not in p for a, p in revealed), revealed
 
     # diff: by address, the changed attribute, outputs (the sensitive one masked)
     d = cli(server, "workspace", "diff", ws_name, "1", "2").stdout

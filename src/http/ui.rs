@@ -350,8 +350,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let w = workspace(&w)?;
             let to = required("to", to.as_deref())?;
             let preview = ops.rollback_preview(w, to).await?;
-            let summary = ops.workspace(w).await?;
-            ok(pages::rollback_preview(chrome, &summary, &preview))
+            ok(pages::rollback_preview(chrome, w, &preview))
         }
         UiRoute::Search { q } => {
             let query = q.unwrap_or_default();

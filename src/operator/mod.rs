@@ -1,8 +1,10 @@
-//! The operator surface: every day-two operation (list, show, diff, history, rollback,
-//! unlock, restore, audit, clusters) as one domain function, called by both the CLI
-//! (`workspace …`, `admin …`) and the admin HTTP API (`http::admin`), so the two can
-//! never disagree. Operators authenticate with their own tokens (`identity`); every
-//! change is audited with the operator's identity in the change's transaction.
+//! The operator surface: every day-two operation (list, show, reveal, diff, history,
+//! rollback and its preview, unlock, restore, search, audit, clusters) as one domain
+//! function, called by the CLI (`workspace …`, `admin …`), the admin HTTP API
+//! (`http::admin`) and the web UI (`crate::ui`), so they can never disagree. Operators
+//! authenticate with their own tokens (`identity`); every change is audited with the
+//! operator's identity in the change's transaction, and so is every read that hands out
+//! unmasked state (`reveal`, event `state.revealed`).
 //!
 //! Functions take plain values and return plain results or a typed `ApiError`; lock
 //! and lease staleness is judged here, against `locks.stale_after_seconds` and the

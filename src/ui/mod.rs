@@ -1,5 +1,7 @@
-//! The operator web UI under `/ui/`: server-rendered pages for workspaces, versions,
-//! diffs, rollback, force-unlock, the audit log and clusters. It is a client of
+//! The operator web UI under `/ui/`: server-rendered pages for workspaces, versions
+//! (masked, with an audited reveal and download as POST forms), diffs, rollback (a
+//! preview of its diff, then a typed confirmation), force-unlock, search across
+//! workspaces, the audit log and clusters. It is a client of
 //! `operator::Operations`, the same functions the admin API and the CLI call, so the
 //! three can never disagree; every change it makes is audited with the operator's
 //! identity by those functions.

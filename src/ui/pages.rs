@@ -493,15 +493,15 @@ fn diff_sections(from: i64, to: i64, d: &StateDiff) -> Markup {
 }
 
 /// Step two of a rollback: what it changes (current → target), then the typed confirmation.
-pub fn rollback_preview(chrome: &Chrome, ws: &WorkspaceSummary, p: &RollbackPreview) -> Markup {
-    let name = &ws.name;
+pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Markup {
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(name)) { (name) } " /" }
         h1 { (name) " · roll back to version " (p.to_version) }
         p {
             "The workspace is at version " strong { (p.from_version) } ". Rolling back stores version "
             (p.to_version) "’s content (serial " (dash(p.to_serial)) ") as version " (p.from_version + 1)
-            ". These are the changes from version " (p.from_version) " to what it would become:"
+            " (nothing is written if that is the current content already). These are the changes from version "
+            (p.from_version) " to what it would become:"
         }
         @match (&p.diff, &p.diff_unavailable) {
             (Some(d), _) => (diff_sections(p.from_version, p.to_version, d)),
@@ -795,7 +795,7 @@ mod tests {
         found.not_searchable.push(evil.into());
         found.unreadable.push(evil.into());
         let pages = [
-            rollback_preview(&chrome, &ws, &preview),
+            rollback_preview(&chrome, evil, &preview),
             search(&chrome, evil, Some(&found)),
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),

@@ -7,6 +7,7 @@ use pingora::proxy::Session;
 use serde::Deserialize;
 
 use super::body::{read_body, Failure, Handled, Reply};
+use super::params::{number, required, workspace};
 use super::router::AdminAction;
 use super::{auth, App};
 use crate::error::ApiError;
@@ -48,31 +49,12 @@ fn ok(value: serde_json::Value) -> Reply {
     Reply::json(200, value.to_string())
 }
 
-fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
-    value
-        .map(|v| {
-            v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                ApiError::BadRequest(format!("{name} must be a positive whole number"))
-            })
-        })
-        .transpose()
-}
-
-fn required(name: &str, value: Option<&str>) -> Result<i64, ApiError> {
-    number(name, value)?.ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
-}
-
 fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
     match value {
         None | Some("" | "0" | "false") => Ok(false),
         Some("1" | "true") => Ok(true),
         Some(_) => Err(ApiError::BadRequest(format!("{name} must be 1 or 0"))),
     }
-}
-
-fn workspace(name: &str) -> Result<&str, ApiError> {
-    crate::names::validate_workspace(name)?;
-    Ok(name)
 }
 
 /// A small JSON body; an empty body is `{}`.

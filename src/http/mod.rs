@@ -12,6 +12,7 @@ pub mod auth;
 pub mod body;
 mod cluster;
 pub mod conditional;
+mod params;
 pub mod pass_through;
 pub mod router;
 pub mod s3_target;

@@ -8,6 +8,7 @@ use maud::Markup;
 use pingora::proxy::Session;
 
 use super::body::{read_body, Handled, Reply};
+use super::params::{number, required, workspace};
 use super::router::UiRoute;
 use super::App;
 use crate::error::ApiError;
@@ -250,31 +251,6 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
         Err(e) => error_page(None, &e),
     };
     (answer, form.len, true)
-}
-
-fn workspace(name: &str) -> Result<&str, ApiError> {
-    crate::names::validate_workspace(name)?;
-    Ok(name)
-}
-
-/// A positive whole number from a query or form value.
-fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
-    value
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            v.trim()
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| {
-                    ApiError::BadRequest(format!("{name} must be a positive whole number"))
-                })
-        })
-        .transpose()
-}
-
-fn required(name: &str, value: Option<&str>) -> Result<i64, ApiError> {
-    number(name, value)?.ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
 }
 
 fn text(value: Option<String>) -> Option<String> {

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::body::{read_body, Failure, Handled, Reply};
 use super::router::AdminAction;
 use super::{auth, App};
+use crate::drift::{DriftService, Started, MAX_LIST};
 use crate::error::ApiError;
 use crate::operator::{diff, rolled_back_json, version_json, Operator, MAX_AUDIT_LIMIT};
 use crate::store::audit::{parse_instant, AuditFilter};
@@ -229,5 +230,53 @@ async fn run(
             ok(serde_json::json!({ "audit": ops.audit(filter, limit).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
+        AdminAction::Drift {
+            workspace: w,
+            limit,
+        } => {
+            let limit = number("limit", limit.as_deref())?.unwrap_or(50);
+            let limit = u32::try_from(limit)
+                .ok()
+                .filter(|n| *n <= MAX_LIST)
+                .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))?;
+            ok(serde_json::json!({
+                "checks": app.drift.checks().await?,
+                "runs": app.drift.runs(w, limit).await?,
+            }))
+        }
+        AdminAction::DriftRun { run } => {
+            let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
+            ok(serde_json::json!({ "run": run, "output": output }))
+        }
+        AdminAction::DriftCheck { workspace: w } => {
+            let w = workspace(&w)?;
+            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let started = app.drift.start_check(w, &actor).await?;
+            accepted(&app.drift, started)
+        }
+        AdminAction::DriftApply { run } => {
+            let run = required("run", Some(&run))?;
+            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let started = app.drift.approve(run, &actor).await?;
+            accepted(&app.drift, started)
+        }
     })
+}
+
+/// 202 for a drift run admitted and now executing on its own task (poll `GET drift/{run}`).
+fn accepted(drift: &DriftService, started: Started) -> Reply {
+    let body = serde_json::json!({
+        "run": started.id,
+        "workspace": started.workspace,
+        "kind": started.kind,
+        "applies": started.applies,
+        "status": "running",
+    });
+    let drift = drift.clone();
+    tokio::spawn(async move {
+        if let Err(e) = drift.execute(started).await {
+            tracing::error!(error = %e, "cannot record a drift run");
+        }
+    });
+    Reply::json(202, body.to_string())
 }

@@ -136,6 +136,19 @@ fn bounded(mut text: String) -> String {
     text
 }
 
+/// Writes a new file with mode 0600 (never an existing one), exactly `bytes`, fsynced.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
 /// The associated data a run's sealed output or plan is bound to.
 fn sealed_ad(what: &str, workspace: &str, run: i64) -> Vec<u8> {
     format!("stategate-drift-{what}:{workspace}:{run}").into_bytes()
@@ -597,7 +610,7 @@ impl DriftService {
         let path = self.plan_path(s.id);
         tokio::task::spawn_blocking(move || {
             create_private_dir(&plans)?;
-            crate::crypto::write_secret_file(&path, &sealed)
+            write_private(&path, &sealed)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -762,8 +775,7 @@ impl DriftService {
         let planfile = work.join(format!("apply-{}.tfplan", s.id));
         let written = {
             let path = planfile.clone();
-            tokio::task::spawn_blocking(move || crate::crypto::write_secret_file(&path, &plain))
-                .await
+            tokio::task::spawn_blocking(move || write_private(&path, &plain)).await
         };
         if !matches!(written, Ok(Ok(()))) {
             let _ = tokio::fs::remove_file(&planfile).await;

@@ -55,6 +55,8 @@ pub const MAX_LIST: u32 = 1000;
 /// An unfinished run older than its check's timeout plus this was abandoned by a
 /// process that stopped; it is closed as an error so the workspace can run again.
 const ABANDONED_AFTER: i64 = 300;
+/// Webhook deliveries remembered before finished ones are forgotten.
+const MAX_PENDING: usize = 64;
 /// The scheduler looks at least this often (new runs from the CLI move the schedule).
 const MAX_TICK: Duration = Duration::from_secs(60);
 
@@ -921,7 +923,11 @@ impl DriftService {
         }
         let delivery = self.inner.notifier.send(event_json(run, previous));
         let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.retain(|d| !d.is_finished());
+        // Finished deliveries are kept for `flush_webhooks` to report, up to a bound
+        // (a server never flushes).
+        if pending.len() >= MAX_PENDING {
+            pending.retain(|d| !d.is_finished());
+        }
         pending.push(delivery);
     }
 
@@ -1035,7 +1041,7 @@ impl DriftService {
                         continue;
                     }
                 };
-                let due_in = last.map_or(0, |t| t + check.interval_seconds as i64 - now);
+                let due_in = due_in(last, check.interval_seconds, now);
                 if due_in > 0 {
                     next = next.min(due_in);
                     continue;
@@ -1066,6 +1072,13 @@ impl DriftService {
     pub fn has_checks(&self) -> bool {
         !self.inner.checks.is_empty()
     }
+}
+
+/// Seconds until a check with `interval` is due, given when its last check started
+/// (never: due now). Zero or less: due.
+pub fn due_in(last_started: Option<i64>, interval: u64, now: i64) -> i64 {
+    let interval = i64::try_from(interval).unwrap_or(i64::MAX);
+    last_started.map_or(0, |t| t.saturating_add(interval) - now)
 }
 
 /// The webhook event of a check whose outcome changed.
@@ -1104,5 +1117,37 @@ impl Finished {
             message,
             ..Finished::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_are_due_an_interval_after_the_last_start() {
+        let table: &[(Option<i64>, u64, i64, i64)] = &[
+            (None, 60, 1000, 0),
+            (Some(1000), 60, 1000, 60),
+            (Some(1000), 60, 1059, 1),
+            (Some(1000), 60, 1060, 0),
+            (Some(1000), 60, 5000, -3940),
+            (Some(1000), u64::MAX, 1000, i64::MAX - 1000),
+        ];
+        for (last, interval, now, want) in table {
+            assert_eq!(
+                due_in(*last, *interval, *now),
+                *want,
+                "{last:?} {interval} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn outputs_are_bounded_on_a_character_boundary() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = "é".repeat(MAX_OUTPUT);
+        let cut = bounded(long);
+        assert!(cut.len() < MAX_OUTPUT + 64 && cut.ends_with("(output truncated)\n"));
     }
 }

@@ -466,3 +466,45 @@ async fn the_admin_api_lists_runs_starts_checks_and_refuses_bad_approvals() {
         assert!(body["error"].is_string(), "{body}");
     }
 }
+
+#[tokio::test]
+async fn the_scheduler_runs_due_checks_and_stops_on_shutdown() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "same").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    let mut scheduled = check("prod", dir, &tofu);
+    scheduled.interval_seconds = 3600;
+    let manual = check("manual", dir, &tofu);
+    let drift = service(&server, vec![scheduled, manual], vec![]);
+    let (stop, watch) = tokio::sync::watch::channel(false);
+    let scheduler = tokio::spawn({
+        let drift = drift.clone();
+        async move { drift.schedule(watch).await }
+    });
+    let mut runs = Vec::new();
+    for _ in 0..500 {
+        runs = drift.runs(None, 10).await.unwrap();
+        if runs.iter().any(|r| r.finished_at.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        runs.len(),
+        1,
+        "only the check with an interval, once: {runs:?}"
+    );
+    assert_eq!(
+        (runs[0].workspace.as_str(), runs[0].trigger.as_str()),
+        ("prod", "schedule")
+    );
+    assert_eq!(runs[0].outcome, Some(Outcome::InSync));
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), scheduler)
+        .await
+        .expect("the scheduler stops on shutdown")
+        .unwrap();
+}

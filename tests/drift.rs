@@ -508,3 +508,58 @@ async fn the_scheduler_runs_due_checks_and_stops_on_shutdown() {
         .expect("the scheduler stops on shutdown")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_run_abandoned_by_a_stopped_process_is_closed_and_its_lock_cleared() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let drift = service(&server, vec![check("prod", scratch.path(), "tofu")], vec![]);
+    // A run started an hour ago by a process that died with its child holding the lock.
+    let started = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let rfc = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    server
+        .db()
+        .execute(
+            "INSERT INTO drift_runs (workspace, kind, trigger, started_at) VALUES ('prod', 'check', 'schedule', ?1)",
+            [rfc(started)],
+        )
+        .unwrap();
+    let child_lock = serde_json::json!({
+        "ID": "child-lock", "Operation": "OperationTypePlan", "Who": "x@y",
+        "Created": rfc(started + time::Duration::seconds(2)),
+    });
+    let lock = server
+        .tf("LOCK", "prod")
+        .body(child_lock.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lock.status(), 200);
+    assert_eq!(
+        drift
+            .start_check("prod", "test")
+            .await
+            .unwrap_err()
+            .http_status(),
+        409,
+        "the abandoned run still blocks the workspace"
+    );
+    drift.tidy().await.unwrap();
+    let run = &drift.runs(Some("prod".into()), 1).await.unwrap()[0];
+    assert_eq!(run.outcome, Some(Outcome::Error));
+    let message = run.message.as_deref().unwrap();
+    assert!(
+        message.contains("abandoned") && message.contains("force-cleared"),
+        "{message}"
+    );
+    assert!(server.app.tofu.lock_holder("prod").await.unwrap().is_none());
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM audit WHERE event = 'tf.lock_forced' AND actor = 'drift:run-1'"
+        ),
+        1
+    );
+}

@@ -239,8 +239,8 @@ impl DriftService {
                     status_at: status.map(|s| s.2.clone()),
                     running: running
                         .iter()
-                        .find(|(_, ws, _)| ws == &c.workspace)
-                        .map(|r| r.0),
+                        .find(|r| r.workspace == c.workspace)
+                        .map(|r| r.id),
                 }
             })
             .collect())
@@ -622,20 +622,31 @@ impl DriftService {
     /// After a killed child: force-clears the workspace lock if it is the one the
     /// child took (audited as `tf.lock_forced` by `drift:run-<id>`). Returns a note.
     async fn clear_child_lock(&self, s: &Started, operation: &str) -> Option<String> {
-        let holder = self.inner.tofu.lock_holder(&s.workspace).await.ok()??;
-        if !plan::is_lock_of_child(&holder.info, operation, s.started_unix) {
-            tracing::warn!(workspace = %s.workspace, lock_id = %holder.id, "a killed drift run left a lock that is not its own; left alone");
+        self.clear_lock_of(&s.workspace, s.id, s.started_unix, operation)
+            .await
+    }
+
+    async fn clear_lock_of(
+        &self,
+        workspace: &str,
+        run: i64,
+        started_unix: i64,
+        operation: &str,
+    ) -> Option<String> {
+        let holder = self.inner.tofu.lock_holder(workspace).await.ok()??;
+        if !plan::is_lock_of_child(&holder.info, operation, started_unix) {
+            tracing::warn!(workspace = %workspace, lock_id = %holder.id, "a killed drift run left a lock that is not its own; left alone");
             return None;
         }
-        let actor = format!("drift:run-{}", s.id);
+        let actor = format!("drift:run-{run}");
         match self
             .inner
             .tofu
-            .force_unlock(&s.workspace, Some(holder.id.clone()), &actor)
+            .force_unlock(workspace, Some(holder.id.clone()), &actor)
             .await
         {
             Ok(Some(_)) => {
-                tracing::warn!(workspace = %s.workspace, run = s.id, lock_id = %holder.id, "force-cleared the lock a killed drift run left behind (audited as tf.lock_forced)");
+                tracing::warn!(workspace = %workspace, run, lock_id = %holder.id, "force-cleared the lock a killed drift run left behind (audited as tf.lock_forced)");
                 Some(format!(
                     "; the lock it left ({}) was force-cleared (audited as tf.lock_forced)",
                     holder.id
@@ -643,7 +654,7 @@ impl DriftService {
             }
             Ok(None) => None,
             Err(e) => {
-                tracing::error!(workspace = %s.workspace, error = %e, "cannot clear the lock a killed drift run left behind");
+                tracing::error!(workspace = %workspace, error = %e, "cannot clear the lock a killed drift run left behind");
                 Some(format!(
                     "; the lock it left ({}) could not be cleared: {e}",
                     holder.id
@@ -969,17 +980,33 @@ impl DriftService {
     pub async fn tidy(&self) -> Result<(), ApiError> {
         let now = now_unix();
         let unfinished = self.read(outcomes::unfinished).await?;
-        for (id, ws, started_at) in unfinished {
+        for run in unfinished {
+            let (id, ws) = (run.id, run.workspace.clone());
             let timeout = self
                 .inner
                 .checks
                 .get(&ws)
                 .map_or(3600, |c| c.timeout_seconds as i64);
-            if unix_of(&started_at).is_some_and(|t| now - t > timeout + ABANDONED_AFTER) {
-                let done = Finished::error(
+            let Some(started) = unix_of(&run.started_at) else {
+                continue;
+            };
+            if now - started > timeout + ABANDONED_AFTER {
+                // The process died with its child: a lock that child took is left.
+                let operation = match run.kind {
+                    Kind::Check => "OperationTypePlan",
+                    Kind::Apply => "OperationTypeApply",
+                };
+                let note = self
+                    .clear_lock_of(&ws, id, started, operation)
+                    .await
+                    .unwrap_or_default();
+                let mut done = Finished::error(
                     None,
-                    "abandoned: the process running it stopped before it finished".into(),
+                    format!("abandoned: the process running it stopped before it finished{note}"),
                 );
+                if run.kind == Kind::Apply {
+                    done.outcome = Some(Outcome::ApplyFailed);
+                }
                 let closed = self
                     .inner
                     .tofu

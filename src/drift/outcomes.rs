@@ -298,11 +298,32 @@ pub fn last_check_started(
     .optional()
 }
 
-/// Every unfinished run: (id, workspace, started_at).
-pub fn unfinished(conn: &Connection) -> Result<Vec<(i64, String, String)>, rusqlite::Error> {
-    let mut stmt =
-        conn.prepare("SELECT id, workspace, started_at FROM drift_runs WHERE finished_at IS NULL")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+/// An unfinished run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    pub id: i64,
+    pub workspace: String,
+    pub kind: Kind,
+    pub started_at: String,
+}
+
+/// Every unfinished run.
+pub fn unfinished(conn: &Connection) -> Result<Vec<Unfinished>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT id, workspace, kind, started_at FROM drift_runs WHERE finished_at IS NULL",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Unfinished {
+            id: r.get(0)?,
+            workspace: r.get(1)?,
+            kind: if r.get::<_, String>(2)? == "apply" {
+                Kind::Apply
+            } else {
+                Kind::Check
+            },
+            started_at: r.get(3)?,
+        })
+    })?;
     rows.collect()
 }
 

@@ -110,6 +110,17 @@ fn kill_group(pgid: u32) {
     }
 }
 
+/// Kills a process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            kill_group(pgid);
+        }
+    }
+}
+
 /// Runs `program args…` in `dir` with exactly `env`, until it exits or `deadline`.
 /// At the deadline the child's whole process group is killed.
 pub async fn run(
@@ -131,6 +142,9 @@ pub async fn run(
         .kill_on_drop(true)
         .spawn()?;
     let pgid = child.id().unwrap_or(0);
+    // Dropped before the end (the caller's future cancelled, the runtime stopping):
+    // the whole group goes, not only the leader `kill_on_drop` would end.
+    let mut guard = GroupGuard(Some(pgid));
     let stdout = tokio::spawn(capture(child.stdout.take().expect("piped")));
     let stderr = tokio::spawn(capture(child.stderr.take().expect("piped")));
     let ended = match tokio::time::timeout_at(deadline, child.wait()).await {
@@ -157,6 +171,7 @@ pub async fn run(
             collect.await
         }
     };
+    guard.0 = None;
     Ok(ChildOutput {
         ended,
         stdout: out.unwrap_or_default(),

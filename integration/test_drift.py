@@ -183,7 +183,10 @@ def test_in_sync_drifted_approved_apply_in_sync(server_factory, ws_name, make_tf
         (tfdir / "drift.tfvars").write_text('v = "three"\n')
         stale_check = run_check(server, ws_name)
         assert stale_check["outcome"] == "drifted", stale_check
+        assert stale_check["state_moved"] is False, stale_check
         tf.apply("-var-file=drift.tfvars")
+        moved = json.loads(cli(server, "drift", "show", str(stale_check["id"]), "--json").stdout)["run"]
+        assert moved["state_moved"] is True and moved["approvable"] is True, moved
         stale = cli(server, "drift", "apply", str(stale_check["id"]), "--yes", ok=False)
         assert stale.returncode != 0 and "Saved plan is stale" in stale.stderr, stale.stderr
         listed = [json.loads(line) for line in cli(server, "drift", "list", "--workspace", ws_name, "--json").stdout.splitlines()]

@@ -92,13 +92,19 @@ pub struct Run {
     pub applied_by: Option<i64>,
     /// A drifted check whose kept plan may be approved now (set by `DriftService`).
     pub approvable: bool,
+    /// An in_sync/drifted check whose workspace has a newer state (another serial or
+    /// lineage) than the one it planned against: its finding may no longer hold, and
+    /// Terraform will refuse its kept plan as stale.
+    pub state_moved: bool,
 }
 
 const COLUMNS: &str =
     "r.id, r.workspace, r.kind, r.trigger, r.applies, r.started_at, r.finished_at,
     r.exit_code, r.outcome, r.message, r.to_add, r.to_change, r.to_destroy, r.serial, r.lineage,
     r.output_blob, r.plan_expires_at,
-    (SELECT a.id FROM drift_runs a WHERE a.applies = r.id)";
+    (SELECT a.id FROM drift_runs a WHERE a.applies = r.id),
+    (SELECT v.serial IS NOT r.serial OR v.lineage IS NOT r.lineage FROM versions v
+      WHERE v.scope = 'tf/' || r.workspace ORDER BY v.version DESC LIMIT 1)";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
     let kind: String = r.get(2)?;
@@ -133,6 +139,10 @@ fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
         plan_expires_at: r.get(16)?,
         applied_by: r.get(17)?,
         approvable: false,
+        state_moved: matches!(
+            outcome.as_deref().and_then(Outcome::parse),
+            Some(Outcome::InSync | Outcome::Drifted)
+        ) && r.get::<_, Option<bool>>(18)?.unwrap_or(false),
     })
 }
 
@@ -333,6 +343,7 @@ mod tests {
 
     fn db() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(crate::store::db::SCHEMA).unwrap();
         conn.execute_batch(SCHEMA).unwrap();
         conn
     }

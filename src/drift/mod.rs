@@ -99,7 +99,9 @@ struct Inner {
     root: RootKey,
     checks: BTreeMap<String, DriftCheck>,
     settings: DriftSettings,
-    base_url: String,
+    /// Where the backend address comes from, looked up at each run (the server records
+    /// its address after it built this service).
+    config: Config,
     /// `<data_dir>/drift`: `plans/` (sealed kept plans), `work/` (plaintext while in use).
     dir: PathBuf,
     slots: tokio::sync::Semaphore,
@@ -186,7 +188,7 @@ impl DriftService {
                     .map(|c| (c.workspace.clone(), c.clone()))
                     .collect(),
                 slots: tokio::sync::Semaphore::new(settings.max_concurrent as usize),
-                base_url: crate::address::for_clients(config),
+                config: config.clone(),
                 dir: config.data_dir.join("drift"),
                 settings,
                 notifier,
@@ -405,7 +407,7 @@ impl DriftService {
             ));
         }
         let mut extra: Vec<(String, String)> = crate::tofu::client_vars(
-            &self.inner.base_url,
+            &crate::address::for_clients(&self.inner.config),
             &check.workspace,
             &self.inner.root,
             check.opentofu_encryption,

@@ -5,7 +5,8 @@ check drifted (a test HTTP server receives the webhook and verifies its HMAC
 signature; /metrics flips); `drift apply` applies exactly the kept plan (audited), and
 the next check is in sync again; a plan kept across a newer apply is refused as stale;
 approving twice or a run that was not drifted is refused. A workspace locked by
-another client is `skipped_locked` and its lock untouched; a check that hangs is
+another client (a LOCK request, and a real `terraform apply` blocked in a provisioner)
+is `skipped_locked` and the holder untouched (the apply finishes); a check that hangs is
 killed with its process group at its timeout and leaves the workspace unlocked (the
 lock it took force-cleared and audited); a missing directory or binary is an error
 outcome with a clear message. Once per store.
@@ -18,6 +19,7 @@ import hmac
 import http.server
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -81,6 +83,15 @@ def metric(server, name: str, ws: str) -> str | None:
     text = http_call("GET", f"{server.url}/metrics").text()
     prefix = f'{name}{{workspace="{ws}"}} '
     return next((line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)), None)
+
+
+def lock_held(server, ws: str) -> bool:
+    """Read-only look at the lock table (no LOCK probe that could race the apply)."""
+    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
+    try:
+        return con.execute("SELECT count(*) FROM tf_locks WHERE workspace = ?", (ws,)).fetchone()[0] == 1
+    finally:
+        con.close()
 
 
 def config_file(path: Path, checks: list[dict], webhooks: list[str] = ()) -> Path:
@@ -241,6 +252,20 @@ def test_locked_workspace_is_skipped_and_bad_checks_are_errors(server_factory, w
     assert metric(server, "stategate_drift_status", ws_name) is None, "a skipped check says nothing"
     assert ws.unlock(holder).status == 200
     assert run_check(server, ws_name)["outcome"] == "in_sync"
+
+    # a real apply holding the lock (blocked in a provisioner): skipped, the apply unharmed
+    tf.write(BACKEND_HTTP + 'resource "terraform_data" "a" {\n  input = "x"\n}\n'
+             + 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
+    applying = tf.start("apply", "-auto-approve", "-input=false", "-no-color")
+    deadline = time.monotonic() + 30
+    while not lock_held(server, ws_name):
+        assert time.monotonic() < deadline and applying.poll() is None, "the apply never took the lock"
+        time.sleep(0.1)
+    during = run_check(server, ws_name)
+    assert during["outcome"] == "skipped_locked" and "OperationTypeApply" in during["message"], during
+    done = tf.finish(applying, ["apply"])
+    assert done.returncode == 0, str(done)
+    assert "terraform_data.slow" in [r["type"] + "." + r["name"] for r in ws.get().json()["resources"]]
 
     for suffix, why in (("-nodir", "does not exist"), ("-noconf", "has no configuration"),
                         ("-nobin", "was not found on PATH")):

@@ -38,7 +38,7 @@ use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
 use crate::store::DbError;
 use crate::tofu::TofuBackend;
-pub use outcomes::{Kind, Run, SCHEMA};
+pub use outcomes::{Finished, Kind, Run, SCHEMA};
 use plan::Ended;
 pub use plan::{Changes, Outcome};
 
@@ -496,29 +496,8 @@ impl DriftService {
             Ok(ready) => ready,
             Err(why) => return (Finished::error(None, why), None),
         };
-        // A held lock postpones the check without disturbing its holder.
-        match self.inner.tofu.lock_holder(&s.workspace).await {
-            Ok(Some(holder)) => {
-                let summary = crate::operator::lock_state(&holder, "", 0, i64::MAX);
-                return (
-                    Finished {
-                        outcome: Some(Outcome::SkippedLocked),
-                        message: format!(
-                            "the workspace is locked by {:?} ({}, lock {}); nothing was disturbed",
-                            summary.who, summary.operation, summary.id
-                        ),
-                        ..Finished::default()
-                    },
-                    None,
-                );
-            }
-            Ok(None) => {}
-            Err(e) => {
-                return (
-                    Finished::error(None, format!("cannot read the lock: {e}")),
-                    None,
-                )
-            }
+        if let Some(skipped) = self.skip_if_locked(&s.workspace).await {
+            return (skipped, None);
         }
         if let Err(failed) = self.init_if_needed(check, &binary, &env, deadline).await {
             return failed;
@@ -528,21 +507,7 @@ impl DriftService {
             Err(why) => return (Finished::error(None, why), None),
         };
         let planfile = work.join(format!("check-{}.tfplan", s.id));
-        let mut args = vec![
-            "plan".to_string(),
-            "-detailed-exitcode".into(),
-            "-lock=true".into(),
-            self.lock_timeout(),
-            "-input=false".into(),
-            "-json".into(),
-            format!("-out={}", planfile.display()),
-        ];
-        args.extend(
-            check
-                .var_files
-                .iter()
-                .map(|f| format!("-var-file={}", f.display())),
-        );
+        let args = self.plan_args(check, &planfile);
         let out = match runner::run(&binary, &args, &check.dir, &env, deadline).await {
             Ok(out) => out,
             Err(e) => {
@@ -597,6 +562,47 @@ impl DriftService {
             },
             Some(text),
         )
+    }
+
+    /// A held lock postpones the check without disturbing its holder: the outcome
+    /// `skipped_locked` naming the holder (or an error when the lock cannot be read).
+    async fn skip_if_locked(&self, workspace: &str) -> Option<Finished> {
+        match self.inner.tofu.lock_holder(workspace).await {
+            Ok(None) => None,
+            Ok(Some(holder)) => {
+                let lock = crate::operator::lock_state(&holder, "", 0, i64::MAX);
+                Some(Finished {
+                    outcome: Some(Outcome::SkippedLocked),
+                    message: format!(
+                        "the workspace is locked by {:?} ({}, lock {}); nothing was disturbed",
+                        lock.who, lock.operation, lock.id
+                    ),
+                    ..Finished::default()
+                })
+            }
+            Err(e) => Some(Finished::error(None, format!("cannot read the lock: {e}"))),
+        }
+    }
+
+    /// `plan -detailed-exitcode -lock=true -lock-timeout=… -input=false -json -out=…`
+    /// and the check's `-var-file`s.
+    fn plan_args(&self, check: &DriftCheck, planfile: &Path) -> Vec<String> {
+        let mut args = vec![
+            "plan".to_string(),
+            "-detailed-exitcode".into(),
+            "-lock=true".into(),
+            self.lock_timeout(),
+            "-input=false".into(),
+            "-json".into(),
+            format!("-out={}", planfile.display()),
+        ];
+        args.extend(
+            check
+                .var_files
+                .iter()
+                .map(|f| format!("-var-file={}", f.display())),
+        );
+        args
     }
 
     /// Seals the saved plan into `plans/<run>.plan` (0600 in a 0700 directory).
@@ -1126,8 +1132,6 @@ pub fn event_json(run: &Run, previous: Option<Outcome>) -> serde_json::Value {
         "finished_at": run.finished_at,
     })
 }
-
-pub use outcomes::Finished;
 
 impl Finished {
     fn error(exit_code: Option<i64>, message: String) -> Self {

@@ -101,7 +101,7 @@ struct UnlockBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RestoreBody {}
+struct EmptyBody {}
 
 async fn run(
     app: &App,
@@ -198,7 +198,7 @@ async fn run(
         }
         AdminAction::Restore { workspace: w } => {
             let w = workspace(&w)?;
-            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
             ok(rolled_back_json(&ops.restore(w, &actor).await?))
         }
         AdminAction::Audit {
@@ -250,13 +250,13 @@ async fn run(
         }
         AdminAction::DriftCheck { workspace: w } => {
             let w = workspace(&w)?;
-            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
             let started = app.drift.start_check(w, &actor).await?;
             accepted(&app.drift, started)
         }
         AdminAction::DriftApply { run } => {
             let run = required("run", Some(&run))?;
-            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
             let started = app.drift.approve(run, &actor).await?;
             accepted(&app.drift, started)
         }

@@ -285,6 +285,159 @@ impl UpstreamConfig {
     }
 }
 
+/// The program a drift check runs: `tofu`, `terraform`, or a path to either.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct DriftBinary(pub String);
+
+impl Default for DriftBinary {
+    fn default() -> Self {
+        DriftBinary("tofu".into())
+    }
+}
+
+/// One `[[drift]]` entry: a scheduled `plan -detailed-exitcode` of one workspace
+/// (`crate::drift`). The backend credentials are derived, never configured here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriftCheck {
+    pub workspace: String,
+    /// The working directory with the configuration (`backend "http" {}`).
+    pub dir: PathBuf,
+    #[serde(default)]
+    pub binary: DriftBinary,
+    /// Extra `-var-file`s, relative to `dir` unless absolute.
+    #[serde(default)]
+    pub var_files: Vec<PathBuf>,
+    /// Extra environment for the child (provider credentials, `TF_VAR_*`).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, Secret>,
+    /// How often the server runs the check; 0: only on demand (`drift run`).
+    #[serde(default = "default_drift_interval")]
+    pub interval_seconds: u64,
+    /// The whole check (init, plan, show) is killed with its process group after this.
+    #[serde(default = "default_drift_timeout")]
+    pub timeout_seconds: u64,
+    /// Keep a drifted run's saved plan (encrypted) so an operator can approve it.
+    #[serde(default)]
+    pub approve_apply: bool,
+    /// Also inject OpenTofu's `TF_ENCRYPTION` with the workspace's derived passphrase.
+    #[serde(default)]
+    pub opentofu_encryption: bool,
+}
+
+fn default_drift_interval() -> u64 {
+    3600
+}
+
+fn default_drift_timeout() -> u64 {
+    600
+}
+
+/// `[drift_settings]`: what all drift checks share.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriftSettings {
+    /// Checks (and approved applies) running at once in one process.
+    pub max_concurrent: u64,
+    /// URLs that get a signed JSON event when a workspace's drift outcome changes.
+    pub webhooks: Vec<String>,
+    /// The child's `-lock-timeout`: a held lock makes the check `skipped_locked`.
+    pub lock_timeout_seconds: u64,
+    /// A kept plan may be approved for this long, then it is deleted.
+    pub plan_expiry_seconds: u64,
+    /// Deliveries per event and webhook (the first try included).
+    pub webhook_attempts: u32,
+    /// One delivery attempt is given up after this.
+    pub webhook_timeout_seconds: u64,
+}
+
+impl Default for DriftSettings {
+    fn default() -> Self {
+        DriftSettings {
+            max_concurrent: 2,
+            webhooks: Vec::new(),
+            lock_timeout_seconds: 5,
+            plan_expiry_seconds: 86_400,
+            webhook_attempts: 4,
+            webhook_timeout_seconds: 10,
+        }
+    }
+}
+
+/// What stategate puts into a drift check's environment itself (`tofu::client_vars`).
+pub const DRIFT_DERIVED_ENV: &[&str] = &[
+    "TF_HTTP_ADDRESS",
+    "TF_HTTP_LOCK_ADDRESS",
+    "TF_HTTP_UNLOCK_ADDRESS",
+    "TF_HTTP_USERNAME",
+    "TF_HTTP_PASSWORD",
+    "TF_ENCRYPTION",
+];
+
+fn validate_drift(checks: &[DriftCheck], settings: &DriftSettings) -> Result<(), ConfigError> {
+    let invalid = |m: String| Err(ConfigError::Invalid(m));
+    let mut seen = std::collections::BTreeSet::new();
+    for check in checks {
+        if crate::names::validate_workspace(&check.workspace).is_err() {
+            return invalid(format!(
+                "[[drift]] workspace {:?} is not a valid workspace name",
+                check.workspace
+            ));
+        }
+        if !seen.insert(check.workspace.as_str()) {
+            return invalid(format!(
+                "[[drift]] workspace {:?} is configured twice",
+                check.workspace
+            ));
+        }
+        if check.timeout_seconds == 0 {
+            return invalid(format!(
+                "[[drift]] {}: timeout_seconds must be > 0",
+                check.workspace
+            ));
+        }
+        if check.binary.0.trim().is_empty() {
+            return invalid(format!(
+                "[[drift]] {}: binary must be tofu, terraform or a path",
+                check.workspace
+            ));
+        }
+        if let Some(bad) = check.env.keys().find(|k| {
+            k.is_empty()
+                || k.contains('=')
+                || k.starts_with("STATEGATE_")
+                || DRIFT_DERIVED_ENV.contains(&k.as_str())
+        }) {
+            return invalid(format!(
+                "[[drift]] {}: env {bad:?} is not allowed (the backend address, credential and TF_ENCRYPTION are derived by stategate)",
+                check.workspace
+            ));
+        }
+    }
+    if settings.max_concurrent == 0 || settings.webhook_attempts == 0 {
+        return invalid(
+            "drift_settings.max_concurrent and webhook_attempts must be at least 1".into(),
+        );
+    }
+    if settings.webhook_timeout_seconds == 0 || settings.plan_expiry_seconds == 0 {
+        return invalid(
+            "drift_settings.webhook_timeout_seconds and plan_expiry_seconds must be > 0".into(),
+        );
+    }
+    for url in &settings.webhooks {
+        let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+        });
+        if !ok {
+            return invalid(format!(
+                "drift_settings.webhooks: {url:?} is not an http(s) URL"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
@@ -324,6 +477,9 @@ pub struct Config {
     pub retention: RetentionConfig,
     pub locks: LocksConfig,
     pub backup: BackupConfig,
+    /// Drift checks (`[[drift]]`), run by `serve` on their interval and by `drift run`.
+    pub drift: Vec<DriftCheck>,
+    pub drift_settings: DriftSettings,
 }
 
 impl Default for Config {
@@ -346,6 +502,8 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             locks: LocksConfig::default(),
             backup: BackupConfig::default(),
+            drift: Vec::new(),
+            drift_settings: DriftSettings::default(),
         }
     }
 }
@@ -612,6 +770,7 @@ impl Config {
             ));
         }
         self.upstream.validate()?;
+        validate_drift(&self.drift, &self.drift_settings)?;
         if self.backup.keep == 0 {
             return Err(ConfigError::Invalid(
                 "backup.keep must be at least 1 (turn backups off with backup.interval_seconds = 0)"
@@ -913,6 +1072,68 @@ mod tests {
             let err = with_env(&[(var, value)]).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
         }
+    }
+
+    #[test]
+    fn drift_checks_parse_with_defaults_and_bad_ones_are_refused() {
+        let ok: Config = toml::from_str(
+            r#"
+            [drift_settings]
+            webhooks = ["https://hooks.example.com/x"]
+            [[drift]]
+            workspace = "prod"
+            dir = "/srv/prod"
+            binary = "terraform"
+            var_files = ["prod.tfvars"]
+            env = { AWS_PROFILE = "ops" }
+            approve_apply = true
+            "#,
+        )
+        .unwrap();
+        ok.validate().unwrap();
+        let check = &ok.drift[0];
+        assert_eq!(check.binary.0, "terraform");
+        assert_eq!((check.interval_seconds, check.timeout_seconds), (3600, 600));
+        assert!(check.approve_apply && !check.opentofu_encryption);
+        assert_eq!(ok.drift_settings.max_concurrent, 2);
+        assert!(
+            format!("{ok:?}").contains("<redacted>"),
+            "env values are secrets"
+        );
+        let base = "[[drift]]\nworkspace = \"prod\"\ndir = \"/srv\"\n";
+        let bad: &[(String, &str)] = &[
+            (
+                format!("{base}[[drift]]\nworkspace = \"prod\"\ndir = \"/x\"\n"),
+                "twice",
+            ),
+            (
+                "[[drift]]\nworkspace = \"../x\"\ndir = \"/srv\"\n".into(),
+                "not a valid",
+            ),
+            (format!("{base}timeout_seconds = 0\n"), "timeout_seconds"),
+            (
+                format!("{base}env = {{ TF_HTTP_PASSWORD = \"x\" }}\n"),
+                "derived",
+            ),
+            (
+                format!("{base}env = {{ STATEGATE_DEK = \"x\" }}\n"),
+                "not allowed",
+            ),
+            (
+                format!("[drift_settings]\nwebhooks = [\"ftp://x\"]\n{base}"),
+                "http(s) URL",
+            ),
+            (
+                format!("[drift_settings]\nmax_concurrent = 0\n{base}"),
+                "at least 1",
+            ),
+        ];
+        for (text, why) in bad {
+            let c: Config = toml::from_str(text).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+        assert!(toml::from_str::<Config>(&format!("{base}colour = 1\n")).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod crypto;
 pub mod drain;
+pub mod drift;
 pub mod error;
 pub mod http;
 pub mod metrics;

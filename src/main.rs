@@ -1,6 +1,6 @@
 //! The `stategate` command line: clap parsing and dispatch only. The commands live in
-//! `ops.rs` (workspace, prune, index) and `admin.rs` (the cluster API's identities and
-//! audit log), both binary-only.
+//! `ops.rs` (workspace, prune, index), `admin.rs` (the cluster API's identities and
+//! audit log) and `drift_ops.rs` (drift checks), all binary-only.
 
 use std::path::PathBuf;
 
@@ -12,6 +12,7 @@ use stategate::config::Config;
 use stategate::server;
 
 mod admin;
+mod drift_ops;
 mod ops;
 mod workspace_ops;
 
@@ -78,12 +79,56 @@ enum Command {
         #[arg(long)]
         into: PathBuf,
     },
+    /// Drift checks ([[drift]] entries): run history, run one now, approve a kept plan.
+    Drift {
+        #[command(subcommand)]
+        command: DriftCommand,
+    },
     /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
     /// database in the data dir directly; the server may keep running.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum DriftCommand {
+    /// Recent drift runs, newest first: outcome, changes, the serial planned against.
+    List {
+        #[arg(long)]
+        workspace: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run and its plan output (decrypted from the store).
+    Show {
+        run: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a workspace's check now, in this process (the server must be reachable),
+    /// and wait for it and its webhooks.
+    Run {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a drifted check's kept plan and apply exactly that plan (audited). Asks
+    /// for the workspace name back unless --yes. Refused twice, for a run that is not
+    /// drifted, and once the plan expired.
+    Apply {
+        run: i64,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the secret webhook receivers verify X-Stategate-Signature with.
+    WebhookSecret,
 }
 
 #[derive(Subcommand)]
@@ -421,6 +466,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => ops::list_backups(&config),
         Command::Restore { from, into } => ops::restore(&config, &from, &into),
         Command::Admin { command } => run_admin(&config, command),
+        Command::Drift { command } => match command {
+            DriftCommand::List {
+                workspace,
+                limit,
+                json,
+            } => drift_ops::list(&config, workspace, limit, json),
+            DriftCommand::Show { run, json } => drift_ops::show(&config, run, json),
+            DriftCommand::Run { workspace, json } => drift_ops::run(&config, &workspace, json),
+            DriftCommand::Apply { run, yes, json } => drift_ops::apply(&config, run, yes, json),
+            DriftCommand::WebhookSecret => drift_ops::webhook_secret(&config),
+        },
     }
 }
 

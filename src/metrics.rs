@@ -4,7 +4,8 @@
 //!
 //! Besides requests: blob-store latency and errors by operation (`store::metered`),
 //! versions and bytes in the index (counted when scraped), the results of retention
-//! passes, and the time of the last backup an operator alerts on.
+//! passes, the time of the last backup an operator alerts on, and each configured
+//! drift check's status and time (`drift`).
 
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -18,6 +19,8 @@ pub struct Metrics {
     duration: HistogramVec,
     lock_held: IntGaugeVec,
     lease_held: IntGaugeVec,
+    drift_status: IntGaugeVec,
+    drift_checked: IntGaugeVec,
     store: StoreMetrics,
 }
 
@@ -183,7 +186,24 @@ impl Metrics {
             &["cluster"],
         )
         .expect("valid metric");
-        for gauge in [&lock_held, &lease_held] {
+        // Drift series are named by configured workspaces only (operator-chosen).
+        let drift_status = IntGaugeVec::new(
+            Opts::new(
+                "stategate_drift_status",
+                "Latest drift check outcome per configured workspace: 0 in sync, 1 drifted, 2 error",
+            ),
+            &["workspace"],
+        )
+        .expect("valid metric");
+        let drift_checked = IntGaugeVec::new(
+            Opts::new(
+                "stategate_drift_last_check_timestamp_seconds",
+                "When that outcome was found (Unix time; skipped checks do not count)",
+            ),
+            &["workspace"],
+        )
+        .expect("valid metric");
+        for gauge in [&lock_held, &lease_held, &drift_status, &drift_checked] {
             registry
                 .register(Box::new(gauge.clone()))
                 .expect("register once");
@@ -195,6 +215,8 @@ impl Metrics {
             duration,
             lock_held,
             lease_held,
+            drift_status,
+            drift_checked,
             store,
         }
     }
@@ -274,6 +296,18 @@ impl Metrics {
         }
     }
 
+    /// Replaces the drift gauges: (workspace, status 0/1/2, when found in Unix time).
+    pub fn set_drift(&self, rows: &[(String, i64, i64)]) {
+        self.drift_status.reset();
+        self.drift_checked.reset();
+        for (workspace, status, at) in rows {
+            self.drift_status
+                .with_label_values(&[workspace])
+                .set(*status);
+            self.drift_checked.with_label_values(&[workspace]).set(*at);
+        }
+    }
+
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         TextEncoder::new()
@@ -340,5 +374,13 @@ mod tests {
             !text.contains(r#"workspace="prod""#) && !text.contains("c-1"),
             "freed locks vanish: {text}"
         );
+        m.set_drift(&[("prod".into(), 1, 1_700_000_000)]);
+        let text = String::from_utf8(m.render()).unwrap();
+        for line in [
+            r#"stategate_drift_status{workspace="prod"} 1"#,
+            r#"stategate_drift_last_check_timestamp_seconds{workspace="prod"} 1700000000"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! `audit` (`store::db::SCHEMA`; `store::audit::SCHEMA` makes it append-only), `tofu`
 //! owns `tf_locks` (`tofu::SCHEMA`), `cluster` owns orgs, principals, tokens, clusters
 //! and leases (`cluster::SCHEMA`), `operator` owns operators and their tokens
-//! (`operator::SCHEMA`), `ui` owns the web UI's sessions (`ui::SCHEMA`). This module
+//! (`operator::SCHEMA`), `ui` owns the web UI's sessions (`ui::SCHEMA`), `drift` owns
+//! the drift run history (`drift::SCHEMA`). This module
 //! only lists them, so the server, the operator commands, the index rebuild and the
 //! tests all create the same database.
 
@@ -20,6 +21,7 @@ pub const ALL: &[&str] = &[
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
     crate::ui::SCHEMA,
+    crate::drift::SCHEMA,
 ];
 
 /// Opens (creating if needed) the database at `path` with every schema applied.

@@ -113,7 +113,8 @@ pub async fn build_app_with_clock(
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
-    let tofu = TofuBackend::new(store, root);
+    let tofu = TofuBackend::new(store, root.clone());
+    let drift = crate::drift::DriftService::new(config, tofu.clone(), root);
     let operator = crate::operator::Operations::new(
         tofu.clone(),
         cluster.clone(),
@@ -121,6 +122,7 @@ pub async fn build_app_with_clock(
     );
     Ok(Arc::new(App {
         operator,
+        drift,
         cluster,
         tofu,
         max_state_bytes: config.max_state_bytes,
@@ -310,6 +312,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
         },
     ));
+    if app.drift.has_checks() {
+        server.add_service(pingora::services::background::background_service(
+            "drift",
+            DriftScheduler(app.drift.clone()),
+        ));
+    }
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
     match (&config.tls.cert_file, &config.tls.key_file) {
@@ -448,6 +456,16 @@ impl pingora::services::background::BackgroundService for StaleLockService {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// Runs the configured drift checks on their intervals (`drift::DriftService::schedule`).
+struct DriftScheduler(crate::drift::DriftService);
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for DriftScheduler {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.schedule(shutdown).await
     }
 }
 

@@ -87,7 +87,7 @@ fn lock_text(lock: &LockState) -> String {
 }
 
 /// Left-aligned columns, two spaces apart.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

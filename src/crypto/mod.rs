@@ -21,6 +21,9 @@ use subtle::ConstantTimeEq;
 const LABEL_TF_BEARER: &[u8] = b"tf-backend";
 const LABEL_TF_PASSPHRASE: &[u8] = b"tf-encryption-passphrase";
 const LABEL_BLOB: &[u8] = b"stategate-blob-aead-v1";
+const LABEL_DRIFT_OUTPUT: &[u8] = b"stategate-drift-output-aead-v1";
+const LABEL_DRIFT_PLAN: &[u8] = b"stategate-drift-plan-aead-v1";
+const LABEL_WEBHOOK: &[u8] = b"stategate-drift-webhook-hmac-v1";
 
 const NONCE_LEN: usize = 12;
 
@@ -122,6 +125,22 @@ impl RootKey {
     /// The OpenTofu `TF_ENCRYPTION` passphrase for a workspace (44 characters).
     pub fn workspace_passphrase(&self, workspace: &str) -> String {
         BASE64.encode(self.derive(LABEL_TF_PASSPHRASE, workspace.as_bytes()))
+    }
+
+    /// The AEAD key of a workspace's drift-check outputs (the human plan text).
+    pub fn drift_output_key(&self, workspace: &str) -> SealKey {
+        SealKey(self.derive(LABEL_DRIFT_OUTPUT, workspace.as_bytes()))
+    }
+
+    /// The AEAD key of a workspace's saved plan files kept for approval.
+    pub fn drift_plan_key(&self, workspace: &str) -> SealKey {
+        SealKey(self.derive(LABEL_DRIFT_PLAN, workspace.as_bytes()))
+    }
+
+    /// The webhook signing secret (44 characters). Receivers use this text itself
+    /// as the HMAC-SHA256 key; `stategate drift webhook-secret` prints it.
+    pub fn webhook_secret(&self) -> String {
+        BASE64.encode(self.derive(LABEL_WEBHOOK, b""))
     }
 
     /// The AEAD key for every blob of one scope (`tf/<ws>` or `cluster/<uuid>`).
@@ -240,6 +259,10 @@ mod tests {
             k.workspace_bearer("b"),
             k.workspace_passphrase("a"),
             k.workspace_passphrase("b"),
+            k.webhook_secret(),
+            BASE64.encode(k.drift_output_key("a").0),
+            BASE64.encode(k.drift_plan_key("a").0),
+            BASE64.encode(k.blob_key("a").0),
         ];
         for (i, x) in cases.iter().enumerate() {
             for y in &cases[i + 1..] {

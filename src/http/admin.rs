@@ -10,6 +10,7 @@ use super::body::{read_body, Failure, Handled, Reply};
 use super::params::{number, required, workspace};
 use super::router::AdminAction;
 use super::{auth, App};
+use crate::drift::{DriftService, Started, MAX_LIST};
 use crate::error::ApiError;
 use crate::operator::{diff, rolled_back_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT};
 use crate::store::audit::{parse_instant, AuditFilter};
@@ -84,7 +85,7 @@ struct UnlockBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RestoreBody {}
+struct EmptyBody {}
 
 async fn run(
     app: &App,
@@ -190,7 +191,7 @@ async fn run(
         }
         AdminAction::Restore { workspace: w } => {
             let w = workspace(&w)?;
-            let _: RestoreBody = json_body(body, "{} or nothing")?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
             ok(rolled_back_json(&ops.restore(w, &actor).await?))
         }
         AdminAction::Audit {
@@ -227,5 +228,53 @@ async fn run(
             ops.search(q.as_deref().unwrap_or("")).await?,
         )
         .unwrap_or_default()),
+        AdminAction::Drift {
+            workspace: w,
+            limit,
+        } => {
+            let limit = number("limit", limit.as_deref())?.unwrap_or(50);
+            let limit = u32::try_from(limit)
+                .ok()
+                .filter(|n| *n <= MAX_LIST)
+                .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))?;
+            ok(serde_json::json!({
+                "checks": app.drift.checks().await?,
+                "runs": app.drift.runs(w, limit).await?,
+            }))
+        }
+        AdminAction::DriftRun { run } => {
+            let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
+            ok(serde_json::json!({ "run": run, "output": output }))
+        }
+        AdminAction::DriftCheck { workspace: w } => {
+            let w = workspace(&w)?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            let started = app.drift.start_check(w, &actor).await?;
+            accepted(&app.drift, started)
+        }
+        AdminAction::DriftApply { run } => {
+            let run = required("run", Some(&run))?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            let started = app.drift.approve(run, &actor).await?;
+            accepted(&app.drift, started)
+        }
     })
+}
+
+/// 202 for a drift run admitted and now executing on its own task (poll `GET drift/{run}`).
+fn accepted(drift: &DriftService, started: Started) -> Reply {
+    let body = serde_json::json!({
+        "run": started.id,
+        "workspace": started.workspace,
+        "kind": started.kind,
+        "applies": started.applies,
+        "status": "running",
+    });
+    let drift = drift.clone();
+    tokio::spawn(async move {
+        if let Err(e) = drift.execute(started).await {
+            tracing::error!(error = %e, "cannot record a drift run");
+        }
+    });
+    Reply::json(202, body.to_string())
 }

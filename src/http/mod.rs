@@ -59,6 +59,8 @@ pub struct App {
     pub operator: crate::operator::Operations,
     /// The listener serves TLS (the UI's session cookie is then `Secure`).
     pub tls: bool,
+    /// Drift checks: history, on-demand runs and approvals (admin API), metrics.
+    pub drift: crate::drift::DriftService,
 }
 
 /// The pingora service.
@@ -277,6 +279,10 @@ impl Gateway {
         match self.app.operator.held_locks().await {
             Ok((locks, leases)) => self.app.metrics.set_held_locks(&locks, &leases),
             Err(e) => tracing::warn!(error = %e, "cannot read lock ages for /metrics"),
+        }
+        match self.app.drift.metric_rows().await {
+            Ok(rows) => self.app.metrics.set_drift(&rows),
+            Err(e) => tracing::warn!(error = %e, "cannot read drift outcomes for /metrics"),
         }
         (self.app.metrics)
             .render_with_index(&self.app.tofu.store().db)

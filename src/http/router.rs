@@ -85,6 +85,17 @@ pub enum AdminAction {
     Clusters,
     /// `GET search?q=`
     Search { q: Option<String> },
+    /// `GET drift[?workspace=&limit=]`: configured checks and recent runs
+    Drift {
+        workspace: Option<String>,
+        limit: Option<String>,
+    },
+    /// `GET drift/{run}`: one run with its plan output
+    DriftRun { run: String },
+    /// `POST drift/{ws}/run`: start a check now
+    DriftCheck { workspace: String },
+    /// `POST drift/{run}/apply`: approve a drifted check's kept plan
+    DriftApply { run: String },
 }
 
 impl AdminAction {
@@ -103,6 +114,10 @@ impl AdminAction {
             AdminAction::Audit { .. } => "admin.audit",
             AdminAction::Clusters => "admin.clusters",
             AdminAction::Search { .. } => "admin.search",
+            AdminAction::Drift { .. } => "admin.drift",
+            AdminAction::DriftRun { .. } => "admin.drift_run",
+            AdminAction::DriftCheck { .. } => "admin.drift_check",
+            AdminAction::DriftApply { .. } => "admin.drift_apply",
         }
     }
 
@@ -110,7 +125,11 @@ impl AdminAction {
     pub fn takes_body(&self) -> bool {
         matches!(
             self,
-            AdminAction::Rollback { .. } | AdminAction::Unlock { .. } | AdminAction::Restore { .. }
+            AdminAction::Rollback { .. }
+                | AdminAction::Unlock { .. }
+                | AdminAction::Restore { .. }
+                | AdminAction::DriftCheck { .. }
+                | AdminAction::DriftApply { .. }
         )
     }
 
@@ -124,7 +143,8 @@ impl AdminAction {
             | AdminAction::RollbackPreview { workspace, .. }
             | AdminAction::Rollback { workspace }
             | AdminAction::Unlock { workspace }
-            | AdminAction::Restore { workspace } => Some(workspace),
+            | AdminAction::Restore { workspace }
+            | AdminAction::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
     }
@@ -464,6 +484,26 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         ["workspaces", w, "rollback"] => (AdminAction::Rollback { workspace: ws(w) }, "POST"),
         ["workspaces", w, "unlock"] => (AdminAction::Unlock { workspace: ws(w) }, "POST"),
         ["workspaces", w, "restore"] => (AdminAction::Restore { workspace: ws(w) }, "POST"),
+        ["drift"] => (
+            AdminAction::Drift {
+                workspace: q("workspace"),
+                limit: q("limit"),
+            },
+            "GET",
+        ),
+        ["drift", run] => (
+            AdminAction::DriftRun {
+                run: run.to_string(),
+            },
+            "GET",
+        ),
+        ["drift", w, "run"] => (AdminAction::DriftCheck { workspace: ws(w) }, "POST"),
+        ["drift", run, "apply"] => (
+            AdminAction::DriftApply {
+                run: run.to_string(),
+            },
+            "POST",
+        ),
         _ => {
             return Err(ApiError::NotFound(
                 "no such admin route; see docs/admin-api.md".into(),
@@ -892,6 +932,33 @@ mod tests {
                 None,
                 admin(AdminAction::Restore { workspace: w() }),
             ),
+            (
+                "GET",
+                "/api/v1/admin/drift",
+                Some("workspace=prod&limit=5"),
+                admin(AdminAction::Drift {
+                    workspace: Some("prod".into()),
+                    limit: Some("5".into()),
+                }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/drift/12",
+                None,
+                admin(AdminAction::DriftRun { run: "12".into() }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/drift/prod/run",
+                None,
+                admin(AdminAction::DriftCheck { workspace: w() }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/drift/12/apply",
+                None,
+                admin(AdminAction::DriftApply { run: "12".into() }),
+            ),
             // Names are judged after the operator token, not here.
             (
                 "GET",
@@ -917,6 +984,9 @@ mod tests {
             ("GET", "/api/v1/admin/nope", 404),
             ("GET", "/api/v1/admin/workspaces/prod/versions/1/x", 404),
             ("GET", "/api/v1/admin/", 404),
+            ("GET", "/api/v1/admin/drift/prod/run", 405),
+            ("POST", "/api/v1/admin/drift/12", 405),
+            ("GET", "/api/v1/admin/drift/12/apply", 405),
         ];
         for (method, path, status) in rejected {
             let err = route(method, path, None).unwrap_err();

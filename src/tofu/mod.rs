@@ -412,18 +412,24 @@ impl TofuBackend {
     }
 }
 
-/// Shell `export` lines for a workspace: the address, lock addresses and credential,
-/// and optionally OpenTofu's `TF_ENCRYPTION` with a derived passphrase.
-pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: bool) -> String {
+/// The variables that make `terraform init` work with a bare `backend "http" {}`:
+/// the address, lock addresses and credential, and optionally OpenTofu's
+/// `TF_ENCRYPTION` with a derived passphrase. `workspace env` prints them; drift
+/// checks put them into their child's environment.
+pub fn client_vars(
+    base_url: &str,
+    workspace: &str,
+    root: &RootKey,
+    encryption: bool,
+) -> Vec<(&'static str, String)> {
     let address = format!("{base_url}/api/v1/tf/state/{workspace}");
-    let mut out = format!(
-        "export TF_HTTP_ADDRESS='{address}'\n\
-         export TF_HTTP_LOCK_ADDRESS='{address}'\n\
-         export TF_HTTP_UNLOCK_ADDRESS='{address}'\n\
-         export TF_HTTP_USERNAME='stategate'\n\
-         export TF_HTTP_PASSWORD='{}'\n",
-        root.workspace_bearer(workspace)
-    );
+    let mut vars = vec![
+        ("TF_HTTP_ADDRESS", address.clone()),
+        ("TF_HTTP_LOCK_ADDRESS", address.clone()),
+        ("TF_HTTP_UNLOCK_ADDRESS", address),
+        ("TF_HTTP_USERNAME", "stategate".to_string()),
+        ("TF_HTTP_PASSWORD", root.workspace_bearer(workspace)),
+    ];
     if encryption {
         let passphrase = root.workspace_passphrase(workspace);
         let hcl = format!(
@@ -432,9 +438,17 @@ pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: b
              state {{ method = method.aes_gcm.stategate }}\n\
              plan {{ method = method.aes_gcm.stategate }}"
         );
-        out.push_str(&format!("export TF_ENCRYPTION='{hcl}'\n"));
+        vars.push(("TF_ENCRYPTION", hcl));
     }
-    out
+    vars
+}
+
+/// Shell `export` lines of [`client_vars`] (no value holds a single quote).
+pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: bool) -> String {
+    client_vars(base_url, workspace, root, encryption)
+        .into_iter()
+        .map(|(name, value)| format!("export {name}='{value}'\n"))
+        .collect()
 }
 
 #[cfg(test)]

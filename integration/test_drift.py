@@ -1,0 +1,326 @@
+"""Drift checks with the real binary and the real Terraform CLI, while `stategate serve`
+runs on the same data dir: a check of a `terraform_data` configuration whose input
+comes from the check's own `-var-file` is in sync; changing that file makes the next
+check drifted (a test HTTP server receives the webhook and verifies its HMAC
+signature; /metrics flips); `drift apply` applies exactly the kept plan (audited), and
+the next check is in sync again; a plan kept across a newer apply is refused as stale;
+approving twice or a run that was not drifted is refused. A workspace locked by
+another client (a LOCK request, and a real `terraform apply` blocked in a provisioner)
+is `skipped_locked` and the holder untouched (the apply finishes); a check that hangs is
+killed with its process group at its timeout and leaves the workspace unlocked (the
+lock it took force-cleared and audited); a missing directory or binary is an error
+outcome with a clear message. Once per store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.server
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from harness import BACKEND_HTTP, http as http_call, lock_info, stategate_bin, venv_dir
+
+
+def cli(server, *args, ok=True):
+    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    if ok:
+        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def run_check(server, ws: str) -> dict:
+    return json.loads(cli(server, "drift", "run", ws, "--json").stdout)
+
+
+class Hooks:
+    """A webhook receiver: records every POST (headers, body); answers 200."""
+
+    def __init__(self):
+        self.events: list[tuple[dict, bytes]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                outer.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+def verified(secret: str, headers: dict, body: bytes) -> dict:
+    """What a receiver does: recompute HMAC-SHA256(secret, "<t>.<body>"), compare in
+    constant time, refuse old timestamps; the body's timestamp is the signed one."""
+    fields = dict(part.split("=", 1) for part in headers["x-stategate-signature"].split(","))
+    expected = hmac.new(secret.encode(), f"{fields['t']}.".encode() + body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(expected, fields["v1"]), "bad signature"
+    assert abs(time.time() - int(fields["t"])) < 300, "old event"
+    event = json.loads(body)
+    assert event["timestamp"] == int(fields["t"])
+    return event
+
+
+def metric(server, name: str, ws: str) -> str | None:
+    text = http_call("GET", f"{server.url}/metrics").text()
+    prefix = f'{name}{{workspace="{ws}"}} '
+    return next((line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)), None)
+
+
+def lock_held(server, ws: str) -> bool:
+    """Read-only look at the lock table (no LOCK probe that could race the apply)."""
+    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
+    try:
+        return con.execute("SELECT count(*) FROM tf_locks WHERE workspace = ?", (ws,)).fetchone()[0] == 1
+    finally:
+        con.close()
+
+
+def config_file(path: Path, checks: list[dict], webhooks: list[str] = ()) -> Path:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return json.dumps(str(v))
+
+    lines = ["[drift_settings]", f"webhooks = {value(list(webhooks))}", "lock_timeout_seconds = 1",
+             "webhook_attempts = 2", ""]
+    for c in checks:
+        lines.append("[[drift]]")
+        lines += [f"{k} = {value(v)}" for k, v in c.items()]
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+TERRAFORM = str(venv_dir() / "bin" / "terraform")
+MAIN = BACKEND_HTTP + 'variable "v" {\n  type = string\n}\nresource "terraform_data" "a" {\n  input = var.v\n}\n'
+
+
+def tf_env_for_check(tf_env: dict) -> dict:
+    return {"TF_CLI_CONFIG_FILE": tf_env["TF_CLI_CONFIG_FILE"], "CHECKPOINT_DISABLE": "1"}
+
+
+def test_in_sync_drifted_approved_apply_in_sync(server_factory, ws_name, make_tf, tf_env, tmp_path):
+    hooks = Hooks()
+    try:
+        tfdir = tmp_path / "w"
+        cfg = config_file(tmp_path / "drift.toml", [{
+            "workspace": ws_name, "dir": str(tfdir), "binary": TERRAFORM,
+            "var_files": ["drift.tfvars"], "interval_seconds": 0, "timeout_seconds": 60,
+            "approve_apply": True, "env": tf_env_for_check(tf_env),
+        }], [hooks.url])
+        server = server_factory.new(STATEGATE_CONFIG=cfg)
+        ws = server.workspace(ws_name)
+        tf = make_tf("w", ws.env)
+        tf.write(MAIN)
+        (tfdir / "drift.tfvars").write_text('v = "one"\n')
+        tf.init()
+        tf.apply("-var-file=drift.tfvars")
+        secret = cli(server, "drift", "webhook-secret").stdout.strip()
+
+        # in sync: planned against the current serial; nothing to notify yet
+        first = run_check(server, ws_name)
+        assert first["outcome"] == "in_sync", first
+        assert first["serial"] == ws.get().json()["serial"] and first["exit_code"] == 0, first
+        assert hooks.events == []
+        assert metric(server, "stategate_drift_status", ws_name) == "0"
+        assert float(metric(server, "stategate_drift_last_check_timestamp_seconds", ws_name)) > 0
+
+        # the input the check reads changes: drifted, with counts, a kept plan, an event
+        (tfdir / "drift.tfvars").write_text('v = "two"\n')
+        drifted = run_check(server, ws_name)
+        assert drifted["outcome"] == "drifted" and drifted["exit_code"] == 2, drifted
+        assert drifted["changes"] == {"add": 0, "change": 1, "destroy": 0}, drifted
+        assert drifted["approvable"] is True, drifted
+        assert len(hooks.events) == 1, hooks.events
+        event = verified(secret, *hooks.events[0])
+        assert (event["event"], event["workspace"], event["run"]) == ("drift.outcome_changed", ws_name, drifted["id"])
+        assert (event["previous"], event["outcome"]) == ("in_sync", "drifted"), event
+        assert metric(server, "stategate_drift_status", ws_name) == "1"
+        shown = cli(server, "drift", "show", str(drifted["id"])).stdout
+        assert '"one" -> "two"' in shown and "1 to change" in shown, shown
+        kept = server.data_dir / "drift" / "plans" / f"{drifted['id']}.plan"
+        assert kept.exists() and oct(kept.stat().st_mode & 0o777) == "0o600"
+        assert oct((server.data_dir / "drift").stat().st_mode & 0o777) == "0o700"
+
+        # refusals: a run that is not drifted
+        refused = cli(server, "drift", "apply", str(first["id"]), "--yes", ok=False)
+        assert refused.returncode != 0 and "not a drifted check" in refused.stderr, refused.stderr
+
+        # the approved apply applies exactly the kept plan, once
+        applied = json.loads(cli(server, "drift", "apply", str(drifted["id"]), "--yes", "--json").stdout)
+        assert applied["outcome"] == "applied" and applied["applies"] == drifted["id"], applied
+        assert ws.get().json()["resources"][0]["instances"][0]["attributes"]["input"]["value"] == "two"
+        assert not kept.exists(), "a used plan is deleted"
+        twice = cli(server, "drift", "apply", str(drifted["id"]), "--yes", ok=False)
+        assert twice.returncode != 0 and "already approved" in twice.stderr, twice.stderr
+        audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout.splitlines()]
+        events = [a["event"] for a in audit]
+        assert "drift.apply_approved" in events and "drift.applied" in events, events
+
+        # in sync again: the change back is an event too
+        again = run_check(server, ws_name)
+        assert again["outcome"] == "in_sync", again
+        assert len(hooks.events) == 2
+        event = verified(secret, *hooks.events[1])
+        assert (event["previous"], event["outcome"]) == ("drifted", "in_sync"), event
+        assert metric(server, "stategate_drift_status", ws_name) == "0"
+
+        # a plan kept across a newer apply: Terraform refuses it, and the CLI says so
+        (tfdir / "drift.tfvars").write_text('v = "three"\n')
+        stale_check = run_check(server, ws_name)
+        assert stale_check["outcome"] == "drifted", stale_check
+        assert stale_check["state_moved"] is False, stale_check
+        tf.apply("-var-file=drift.tfvars")
+        moved = json.loads(cli(server, "drift", "show", str(stale_check["id"]), "--json").stdout)["run"]
+        assert moved["state_moved"] is True and moved["approvable"] is True, moved
+        stale = cli(server, "drift", "apply", str(stale_check["id"]), "--yes", ok=False)
+        assert stale.returncode != 0 and "Saved plan is stale" in stale.stderr, stale.stderr
+        listed = [json.loads(line) for line in cli(server, "drift", "list", "--workspace", ws_name, "--json").stdout.splitlines()]
+        assert listed[0]["outcome"] == "stale_plan" and listed[0]["applies"] == stale_check["id"], listed[0]
+        table = cli(server, "drift", "list").stdout
+        assert table.splitlines()[0].split()[:4] == ["RUN", "WORKSPACE", "KIND", "OUTCOME"], table
+
+        # the admin API shows the same and starts a check (202, then poll)
+        token = cli(server, "admin", "operator", "create", "--email", "ops@example.com").stdout.strip().split()[-1]
+        overview = http_call("GET", f"{server.url}/api/v1/admin/drift", bearer=token)
+        assert overview.status == 200, overview
+        body = overview.json()
+        assert body["checks"][0]["workspace"] == ws_name and body["checks"][0]["status"] == "drifted", body
+        started = http_call("POST", f"{server.url}/api/v1/admin/drift/{ws_name}/run", bearer=token)
+        assert started.status == 202, started
+        run_id = started.json()["run"]
+        deadline = time.monotonic() + 60
+        while True:
+            got = http_call("GET", f"{server.url}/api/v1/admin/drift/{run_id}", bearer=token).json()
+            if got["run"]["finished_at"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert got["run"]["outcome"] == "in_sync" and "ops@example.com" in got["run"]["trigger"], got
+        assert got["output"] is not None
+    finally:
+        hooks.close()
+
+
+def test_locked_workspace_is_skipped_and_bad_checks_are_errors(server_factory, ws_name, make_tf, tf_env, tmp_path):
+    tfdir = tmp_path / "w"
+    cfg = config_file(tmp_path / "drift.toml", [
+        {"workspace": ws_name, "dir": str(tfdir), "binary": TERRAFORM, "interval_seconds": 0,
+         "env": tf_env_for_check(tf_env)},
+        {"workspace": ws_name + "-nodir", "dir": str(tmp_path / "missing"), "binary": TERRAFORM},
+        {"workspace": ws_name + "-noconf", "dir": str(tmp_path), "binary": TERRAFORM},
+        {"workspace": ws_name + "-nobin", "dir": str(tfdir), "binary": "no-such-tofu"},
+    ])
+    server = server_factory.new(STATEGATE_CONFIG=cfg)
+    ws = server.workspace(ws_name)
+    tf = make_tf("w", ws.env)
+    tf.write(BACKEND_HTTP + 'resource "terraform_data" "a" {\n  input = "x"\n}\n')
+    tf.init()
+    tf.apply()
+
+    holder = lock_info(who="someone-applying@elsewhere")
+    assert ws.lock(holder).status == 200
+    skipped = run_check(server, ws_name)
+    assert skipped["outcome"] == "skipped_locked", skipped
+    assert "someone-applying@elsewhere" in skipped["message"], skipped
+    again = ws.lock(lock_info())
+    assert again.status == 423 and again.json()["ID"] == holder["ID"], "the holder was not disturbed"
+    assert metric(server, "stategate_drift_status", ws_name) is None, "a skipped check says nothing"
+    assert ws.unlock(holder).status == 200
+    assert run_check(server, ws_name)["outcome"] == "in_sync"
+
+    # a real apply holding the lock (blocked in a provisioner): skipped, the apply unharmed
+    tf.write(BACKEND_HTTP + 'resource "terraform_data" "a" {\n  input = "x"\n}\n'
+             + 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 4"\n  }\n}\n')
+    applying = tf.start("apply", "-auto-approve", "-input=false", "-no-color")
+    deadline = time.monotonic() + 30
+    while not lock_held(server, ws_name):
+        assert time.monotonic() < deadline and applying.poll() is None, "the apply never took the lock"
+        time.sleep(0.1)
+    during = run_check(server, ws_name)
+    assert during["outcome"] == "skipped_locked" and "OperationTypeApply" in during["message"], during
+    done = tf.finish(applying, ["apply"])
+    assert done.returncode == 0, str(done)
+    assert "terraform_data.slow" in [r["type"] + "." + r["name"] for r in ws.get().json()["resources"]]
+
+    for suffix, why in (("-nodir", "does not exist"), ("-noconf", "has no configuration"),
+                        ("-nobin", "was not found on PATH")):
+        bad = run_check(server, ws_name + suffix)
+        assert bad["outcome"] == "error" and why in bad["message"], bad
+    assert server.alive()
+
+
+HANG = """#!{python}
+import json, os, subprocess, sys, time, urllib.request, base64
+if sys.argv[1] == "init":
+    os.makedirs(".terraform", exist_ok=True)
+    sys.exit(0)
+if sys.argv[1] == "plan":
+    info = {{"ID": "hung-plan-lock", "Operation": "OperationTypePlan", "Who": "drift@test",
+            "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "Info": "", "Version": "1", "Path": ""}}
+    req = urllib.request.Request(os.environ["TF_HTTP_LOCK_ADDRESS"], data=json.dumps(info).encode(), method="LOCK")
+    cred = base64.b64encode((os.environ["TF_HTTP_USERNAME"] + ":" + os.environ["TF_HTTP_PASSWORD"]).encode()).decode()
+    req.add_header("Authorization", "Basic " + cred)
+    urllib.request.urlopen(req).read()
+    child = subprocess.Popen(["sleep", "300"])
+    open({pidfile!r}, "w").write(str(child.pid))
+    time.sleep(300)
+"""
+
+
+def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, ws_name, tmp_path):
+    tfdir = tmp_path / "w"
+    tfdir.mkdir()
+    (tfdir / "main.tf").write_text(BACKEND_HTTP)
+    pidfile = tmp_path / "grandchild.pid"
+    fake = tmp_path / "fake-tofu"
+    fake.write_text(HANG.format(python=sys.executable, pidfile=str(pidfile)))
+    fake.chmod(0o755)
+    cfg = config_file(tmp_path / "drift.toml", [{
+        "workspace": ws_name, "dir": str(tfdir), "binary": str(fake), "interval_seconds": 0,
+        "timeout_seconds": 3,
+    }])
+    server = server_factory.new(STATEGATE_CONFIG=cfg)
+    ws = server.workspace(ws_name)
+
+    started = time.monotonic()
+    hung = run_check(server, ws_name)
+    assert time.monotonic() - started < 30
+    assert hung["outcome"] == "error" and "timeout" in hung["message"], hung
+    assert "force-cleared" in hung["message"], hung
+    probe = lock_info()
+    assert ws.lock(probe).status == 200, "the workspace was left unlocked"
+    assert ws.unlock(probe).status == 200
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1][:3]:
+        assert time.monotonic() < deadline, f"the child's own child {pid} survived the timeout"
+        time.sleep(0.05)
+    audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--event", "tf.lock_forced").stdout.splitlines()]
+    assert [a["actor"] for a in audit] == [f"drift:run-{hung['id']}"], audit
+    assert audit[0]["payload"]["lock_id"] == "hung-plan-lock"
+    assert os.path.exists(server.data_dir / "drift")

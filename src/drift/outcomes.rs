@@ -1,0 +1,470 @@
+//! The drift run history: one row per check or approved apply in `drift_runs`.
+//!
+//! A row is inserted when a run starts and completed exactly once when it ends; the
+//! database enforces the rest with triggers and indexes, whoever writes:
+//! - a finished row can never change, and no row can ever be deleted;
+//! - a workspace has at most one unfinished run (a check or an apply), across every
+//!   process that opens the database (the server's scheduler, `drift run`);
+//! - a check can be approved (an apply row naming it) at most once.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use super::plan::{Changes, Outcome};
+
+/// The history table; `crate::schema` applies it.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS drift_runs (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    workspace       TEXT NOT NULL,
+    kind            TEXT NOT NULL CHECK (kind IN ('check', 'apply')),
+    trigger         TEXT NOT NULL,
+    applies         INTEGER REFERENCES drift_runs(id),
+    started_at      TEXT NOT NULL,
+    finished_at     TEXT,
+    exit_code       INTEGER,
+    outcome         TEXT,
+    message         TEXT,
+    to_add          INTEGER,
+    to_change       INTEGER,
+    to_destroy      INTEGER,
+    serial          INTEGER,
+    lineage         TEXT,
+    output_blob     TEXT,
+    plan_expires_at INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS drift_one_active_run
+    ON drift_runs (workspace) WHERE finished_at IS NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS drift_one_apply_per_check
+    ON drift_runs (applies) WHERE applies IS NOT NULL;
+CREATE INDEX IF NOT EXISTS drift_by_workspace ON drift_runs (workspace, id);
+CREATE TRIGGER IF NOT EXISTS drift_finished_rows_are_final BEFORE UPDATE ON drift_runs
+WHEN OLD.finished_at IS NOT NULL
+  OR NEW.id IS NOT OLD.id OR NEW.workspace IS NOT OLD.workspace OR NEW.kind IS NOT OLD.kind
+  OR NEW.applies IS NOT OLD.applies OR NEW.started_at IS NOT OLD.started_at
+BEGIN SELECT RAISE(ABORT, 'drift history is append-only: a finished run cannot be changed'); END;
+CREATE TRIGGER IF NOT EXISTS drift_runs_no_delete BEFORE DELETE ON drift_runs
+BEGIN SELECT RAISE(ABORT, 'drift history is append-only: runs cannot be deleted'); END;
+"#;
+
+/// Check or approved apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Check,
+    Apply,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Check => "check",
+            Kind::Apply => "apply",
+        }
+    }
+}
+
+/// One run as listings show it (the output itself is a sealed blob, fetched by `show`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Run {
+    pub id: i64,
+    pub workspace: String,
+    pub kind: Kind,
+    /// `schedule`, or the operator who asked (`operator:alice`).
+    pub trigger: String,
+    /// For an apply: the check whose saved plan it applies.
+    pub applies: Option<i64>,
+    pub started_at: String,
+    /// `None` while running.
+    pub finished_at: Option<String>,
+    pub exit_code: Option<i64>,
+    pub outcome: Option<Outcome>,
+    pub message: Option<String>,
+    pub changes: Option<Changes>,
+    /// The state serial and lineage current when the run started.
+    pub serial: Option<i64>,
+    pub lineage: Option<String>,
+    #[serde(skip)]
+    pub output_blob: Option<String>,
+    /// Until when (Unix time) the kept plan of a drifted check may be approved.
+    pub plan_expires_at: Option<i64>,
+    /// The apply run that approved this check's plan.
+    pub applied_by: Option<i64>,
+    /// A drifted check whose kept plan may be approved now (set by `DriftService`).
+    pub approvable: bool,
+    /// An in_sync/drifted check whose workspace has a newer state (another serial or
+    /// lineage) than the one it planned against: its finding may no longer hold, and
+    /// Terraform will refuse its kept plan as stale.
+    pub state_moved: bool,
+}
+
+const COLUMNS: &str =
+    "r.id, r.workspace, r.kind, r.trigger, r.applies, r.started_at, r.finished_at,
+    r.exit_code, r.outcome, r.message, r.to_add, r.to_change, r.to_destroy, r.serial, r.lineage,
+    r.output_blob, r.plan_expires_at,
+    (SELECT a.id FROM drift_runs a WHERE a.applies = r.id),
+    (SELECT v.serial IS NOT r.serial OR v.lineage IS NOT r.lineage FROM versions v
+      WHERE v.scope = 'tf/' || r.workspace ORDER BY v.version DESC LIMIT 1)";
+
+fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
+    let kind: String = r.get(2)?;
+    let outcome: Option<String> = r.get(8)?;
+    let counts: (Option<i64>, Option<i64>, Option<i64>) = (r.get(10)?, r.get(11)?, r.get(12)?);
+    Ok(Run {
+        id: r.get(0)?,
+        workspace: r.get(1)?,
+        kind: if kind == "apply" {
+            Kind::Apply
+        } else {
+            Kind::Check
+        },
+        trigger: r.get(3)?,
+        applies: r.get(4)?,
+        started_at: r.get(5)?,
+        finished_at: r.get(6)?,
+        exit_code: r.get(7)?,
+        outcome: outcome.as_deref().and_then(Outcome::parse),
+        message: r.get(9)?,
+        changes: match counts {
+            (Some(add), Some(change), Some(destroy)) => Some(Changes {
+                add,
+                change,
+                destroy,
+            }),
+            _ => None,
+        },
+        serial: r.get(13)?,
+        lineage: r.get(14)?,
+        output_blob: r.get(15)?,
+        plan_expires_at: r.get(16)?,
+        applied_by: r.get(17)?,
+        approvable: false,
+        state_moved: matches!(
+            outcome.as_deref().and_then(Outcome::parse),
+            Some(Outcome::InSync | Outcome::Drifted)
+        ) && r.get::<_, Option<bool>>(18)?.unwrap_or(false),
+    })
+}
+
+/// Why a run could not start.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StartRefused {
+    /// Another run of the workspace is unfinished.
+    Busy(i64),
+}
+
+/// Inserts an unfinished run, refused while the workspace has another.
+pub fn start_run(
+    conn: &Connection,
+    workspace: &str,
+    kind: Kind,
+    trigger: &str,
+    applies: Option<i64>,
+    serial: Option<i64>,
+    lineage: Option<&str>,
+) -> Result<Result<i64, StartRefused>, rusqlite::Error> {
+    if let Some(running) = active_run(conn, workspace)? {
+        return Ok(Err(StartRefused::Busy(running)));
+    }
+    conn.execute(
+        "INSERT INTO drift_runs (workspace, kind, trigger, applies, started_at, serial, lineage)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            workspace,
+            kind.as_str(),
+            trigger,
+            applies,
+            crate::store::now_rfc3339(),
+            serial,
+            lineage
+        ],
+    )?;
+    Ok(Ok(conn.last_insert_rowid()))
+}
+
+/// The unfinished run of a workspace.
+pub fn active_run(conn: &Connection, workspace: &str) -> Result<Option<i64>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT id FROM drift_runs WHERE workspace = ?1 AND finished_at IS NULL",
+        [workspace],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Default)]
+pub struct Finished {
+    pub exit_code: Option<i64>,
+    pub outcome: Option<Outcome>,
+    pub message: String,
+    pub changes: Option<Changes>,
+    pub output_blob: Option<String>,
+    pub plan_expires_at: Option<i64>,
+}
+
+/// Completes an unfinished run; `false` when it was already finished (never changed).
+pub fn finish_run(conn: &Connection, id: i64, done: &Finished) -> Result<bool, rusqlite::Error> {
+    let c = done.changes;
+    let changed = conn.execute(
+        "UPDATE drift_runs SET finished_at = ?2, exit_code = ?3, outcome = ?4, message = ?5,
+                to_add = ?6, to_change = ?7, to_destroy = ?8, output_blob = ?9, plan_expires_at = ?10
+          WHERE id = ?1 AND finished_at IS NULL",
+        params![
+            id,
+            crate::store::now_rfc3339(),
+            done.exit_code,
+            done.outcome.map(Outcome::as_str),
+            done.message,
+            c.map(|c| c.add),
+            c.map(|c| c.change),
+            c.map(|c| c.destroy),
+            done.output_blob,
+            done.plan_expires_at
+        ],
+    )?;
+    Ok(changed == 1)
+}
+
+pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, rusqlite::Error> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = ?1"),
+        [id],
+        row_to_run,
+    )
+    .optional()
+}
+
+/// The newest `limit` runs (of one workspace, or all), newest first.
+pub fn list_runs(
+    conn: &Connection,
+    workspace: Option<&str>,
+    limit: u32,
+) -> Result<Vec<Run>, rusqlite::Error> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM drift_runs r WHERE (?1 IS NULL OR r.workspace = ?1)
+          ORDER BY r.id DESC LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![workspace, limit], row_to_run)?;
+    rows.collect()
+}
+
+/// The outcome of the last finished check before run `before` that said something
+/// about the infrastructure (in sync, drifted, error).
+pub fn previous_status(
+    conn: &Connection,
+    workspace: &str,
+    before: i64,
+) -> Result<Option<Outcome>, rusqlite::Error> {
+    let text: Option<String> = conn
+        .query_row(
+            "SELECT outcome FROM drift_runs
+              WHERE workspace = ?1 AND id < ?2 AND kind = 'check'
+                AND outcome IN ('in_sync', 'drifted', 'error')
+              ORDER BY id DESC LIMIT 1",
+            params![workspace, before],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(text.as_deref().and_then(Outcome::parse))
+}
+
+/// Per workspace: the latest status-bearing check outcome and when it finished.
+pub fn latest_status(conn: &Connection) -> Result<Vec<(String, Outcome, String)>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT workspace, outcome, finished_at FROM drift_runs r
+          WHERE id = (SELECT max(id) FROM drift_runs s
+                       WHERE s.workspace = r.workspace AND s.kind = 'check'
+                         AND s.outcome IN ('in_sync', 'drifted', 'error'))",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (ws, outcome, at) = row?;
+        if let Some(outcome) = Outcome::parse(&outcome) {
+            out.push((ws, outcome, at));
+        }
+    }
+    Ok(out)
+}
+
+/// When the newest check of a workspace started (the schedule counts from it).
+pub fn last_check_started(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<String>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT started_at FROM drift_runs WHERE workspace = ?1 AND kind = 'check'
+          ORDER BY id DESC LIMIT 1",
+        [workspace],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// An unfinished run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    pub id: i64,
+    pub workspace: String,
+    pub kind: Kind,
+    pub started_at: String,
+}
+
+/// Every unfinished run.
+pub fn unfinished(conn: &Connection) -> Result<Vec<Unfinished>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT id, workspace, kind, started_at FROM drift_runs WHERE finished_at IS NULL",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(Unfinished {
+            id: r.get(0)?,
+            workspace: r.get(1)?,
+            kind: if r.get::<_, String>(2)? == "apply" {
+                Kind::Apply
+            } else {
+                Kind::Check
+            },
+            started_at: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(crate::store::db::SCHEMA).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn
+    }
+
+    fn finished(outcome: Outcome) -> Finished {
+        Finished {
+            exit_code: Some(0),
+            outcome: Some(outcome),
+            message: "m".into(),
+            ..Finished::default()
+        }
+    }
+
+    #[test]
+    fn one_active_run_per_workspace_and_finished_rows_are_final() {
+        let c = db();
+        let a = start_run(
+            &c,
+            "prod",
+            Kind::Check,
+            "schedule",
+            None,
+            Some(3),
+            Some("L"),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            start_run(&c, "prod", Kind::Check, "schedule", None, None, None).unwrap(),
+            Err(StartRefused::Busy(a))
+        );
+        assert!(
+            start_run(&c, "dev", Kind::Check, "schedule", None, None, None)
+                .unwrap()
+                .is_ok()
+        );
+        assert!(finish_run(&c, a, &finished(Outcome::InSync)).unwrap());
+        assert!(
+            !finish_run(&c, a, &finished(Outcome::Drifted)).unwrap(),
+            "finished once"
+        );
+        let run = get_run(&c, a).unwrap().unwrap();
+        assert_eq!(run.outcome, Some(Outcome::InSync));
+        assert_eq!(run.serial, Some(3));
+        for sql in [
+            "UPDATE drift_runs SET outcome = 'drifted' WHERE id = 1",
+            "DELETE FROM drift_runs WHERE id = 1",
+            "DELETE FROM drift_runs WHERE id = 2",
+        ] {
+            let err = c.execute(sql, []).unwrap_err().to_string();
+            assert!(err.contains("append-only"), "{sql}: {err}");
+        }
+        assert!(
+            start_run(&c, "prod", Kind::Check, "schedule", None, None, None)
+                .unwrap()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_check_is_approved_at_most_once() {
+        let c = db();
+        let check = start_run(&c, "prod", Kind::Check, "schedule", None, None, None)
+            .unwrap()
+            .unwrap();
+        finish_run(&c, check, &finished(Outcome::Drifted)).unwrap();
+        let apply = start_run(
+            &c,
+            "prod",
+            Kind::Apply,
+            "operator:a",
+            Some(check),
+            None,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+        finish_run(&c, apply, &finished(Outcome::Applied)).unwrap();
+        let err = start_run(
+            &c,
+            "prod",
+            Kind::Apply,
+            "operator:b",
+            Some(check),
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("UNIQUE"), "{err}");
+        assert_eq!(get_run(&c, check).unwrap().unwrap().applied_by, Some(apply));
+    }
+
+    #[test]
+    fn previous_and_latest_status_skip_what_says_nothing() {
+        let c = db();
+        let mut ids = Vec::new();
+        for outcome in [
+            Outcome::Drifted,
+            Outcome::SkippedLocked,
+            Outcome::InSync,
+            Outcome::SkippedLocked,
+        ] {
+            let id = start_run(&c, "prod", Kind::Check, "schedule", None, None, None)
+                .unwrap()
+                .unwrap();
+            finish_run(&c, id, &finished(outcome)).unwrap();
+            ids.push(id);
+        }
+        assert_eq!(
+            previous_status(&c, "prod", ids[2]).unwrap(),
+            Some(Outcome::Drifted)
+        );
+        assert_eq!(previous_status(&c, "prod", ids[0]).unwrap(), None);
+        let latest = latest_status(&c).unwrap();
+        assert_eq!(latest.len(), 1);
+        assert_eq!(latest[0].1, Outcome::InSync);
+        let listed = list_runs(&c, Some("prod"), 2).unwrap();
+        assert_eq!(
+            listed.iter().map(|r| r.id).collect::<Vec<_>>(),
+            vec![ids[3], ids[2]]
+        );
+        assert!(list_runs(&c, Some("dev"), 10).unwrap().is_empty());
+    }
+}

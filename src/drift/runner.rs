@@ -1,0 +1,288 @@
+//! Running `tofu`/`terraform` as a child: its own process group (so a timeout kills
+//! it with every provider plugin and script it started), a cleaned environment (no
+//! `STATEGATE_*` secret of the server is inherited) plus the derived backend
+//! variables, bounded output capture, and a deadline.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::time::Instant;
+
+use super::plan::Ended;
+
+/// Most bytes kept of each of a child's stdout and stderr (the rest is drained unread).
+const MAX_CAPTURE: usize = 8 * 1024 * 1024;
+/// After the child exits, how long its pipes may stay open (held by a grandchild)
+/// before the rest of its process group is killed.
+const PIPE_GRACE: Duration = Duration::from_secs(2);
+
+/// What a child did.
+#[derive(Debug)]
+pub struct ChildOutput {
+    pub ended: Ended,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl ChildOutput {
+    pub fn exit_code(&self) -> Option<i64> {
+        match self.ended {
+            Ended::Exited(code) => Some(i64::from(code)),
+            _ => None,
+        }
+    }
+}
+
+/// Finds the program: a path (with a `/`) must exist, a bare name is looked up on `PATH`.
+pub fn resolve_binary(name: &str, path_var: Option<&std::ffi::OsStr>) -> Result<PathBuf, String> {
+    let executable = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        return if executable(&p) {
+            Ok(p)
+        } else {
+            Err(format!(
+                "binary {name:?} does not exist or is not executable"
+            ))
+        };
+    }
+    path_var
+        .map(std::env::split_paths)
+        .into_iter()
+        .flatten()
+        .map(|dir| dir.join(name))
+        .find(|p| executable(p))
+        .ok_or_else(|| format!("binary {name:?} was not found on PATH"))
+}
+
+/// The environment a child starts with: the server's own minus everything stategate
+/// or the HTTP backend reads (secrets and addresses), then `extra`.
+pub fn child_env(
+    inherited: impl Iterator<Item = (OsString, OsString)>,
+    extra: &[(String, String)],
+) -> Vec<(OsString, OsString)> {
+    let ours = |name: &str| {
+        name.starts_with("STATEGATE_")
+            || name.starts_with("TF_HTTP_")
+            || name == "TF_ENCRYPTION"
+            || crate::config::ENV_VARS.iter().any(|(var, _)| *var == name)
+    };
+    let mut env: Vec<(OsString, OsString)> = inherited
+        .filter(|(k, _)| !ours(&k.to_string_lossy()))
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| k.to_string_lossy() == e.as_str()))
+        .collect();
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    env
+}
+
+async fn capture(mut pipe: impl tokio::io::AsyncRead + Unpin) -> String {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = MAX_CAPTURE.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// SIGKILL to the whole process group `pgid` (the child's pid: it leads its group).
+fn kill_group(pgid: u32) {
+    if let Ok(pgid) = i32::try_from(pgid) {
+        // SAFETY: kill(2) with a negative pid signals a process group; no memory involved.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Kills a process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            kill_group(pgid);
+        }
+    }
+}
+
+/// Runs `program args…` in `dir` with exactly `env`, until it exits or `deadline`.
+/// At the deadline the child's whole process group is killed.
+pub async fn run(
+    program: &Path,
+    args: &[String],
+    dir: &Path,
+    env: &[(OsString, OsString)],
+    deadline: Instant,
+) -> std::io::Result<ChildOutput> {
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pgid = child.id().unwrap_or(0);
+    // Dropped before the end (the caller's future cancelled, the runtime stopping):
+    // the whole group goes, not only the leader `kill_on_drop` would end.
+    let mut guard = GroupGuard(Some(pgid));
+    let stdout = tokio::spawn(capture(child.stdout.take().expect("piped")));
+    let stderr = tokio::spawn(capture(child.stderr.take().expect("piped")));
+    let ended = match tokio::time::timeout_at(deadline, child.wait()).await {
+        Ok(status) => {
+            let status = status?;
+            match status.code() {
+                Some(code) => Ended::Exited(code),
+                None => Ended::Signalled,
+            }
+        }
+        Err(_) => {
+            kill_group(pgid);
+            let _ = child.wait().await;
+            Ended::TimedOut
+        }
+    };
+    // A grandchild may still hold the pipes open: give it a moment, then end it.
+    let collect = async { (stdout.await, stderr.await) };
+    tokio::pin!(collect);
+    let (out, err) = match tokio::time::timeout(PIPE_GRACE, &mut collect).await {
+        Ok(both) => both,
+        Err(_) => {
+            kill_group(pgid);
+            collect.await
+        }
+    };
+    guard.0 = None;
+    Ok(ChildOutput {
+        ended,
+        stdout: out.unwrap_or_default(),
+        stderr: err.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_child_never_inherits_stategate_secrets() {
+        let inherited = [
+            ("PATH", "/bin"),
+            ("STATEGATE_DEK", "secret"),
+            ("ADJ_STATE_ENC_KEY", "secret"),
+            ("TF_HTTP_PASSWORD", "old"),
+            ("TF_ENCRYPTION", "old"),
+            ("AWS_PROFILE", "old"),
+            ("HOME", "/root"),
+        ]
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let env = child_env(
+            inherited.into_iter(),
+            &[
+                ("TF_HTTP_PASSWORD".into(), "derived".into()),
+                ("AWS_PROFILE".into(), "new".into()),
+            ],
+        );
+        let get = |k: &str| {
+            env.iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get("PATH"), vec!["/bin"]);
+        assert_eq!(get("HOME"), vec!["/root"]);
+        assert!(get("STATEGATE_DEK").is_empty());
+        assert!(get("ADJ_STATE_ENC_KEY").is_empty());
+        assert!(get("TF_ENCRYPTION").is_empty());
+        assert_eq!(get("TF_HTTP_PASSWORD"), vec!["derived"]);
+        assert_eq!(get("AWS_PROFILE"), vec!["new"]);
+    }
+
+    #[test]
+    fn binaries_resolve_on_path_or_as_paths() {
+        let path = std::env::var_os("PATH");
+        assert!(resolve_binary("sh", path.as_deref()).is_ok());
+        assert!(resolve_binary("/bin/sh", None).is_ok());
+        let missing = resolve_binary("no-such-tofu-xyz", path.as_deref()).unwrap_err();
+        assert!(missing.contains("not found on PATH"), "{missing}");
+        let missing = resolve_binary("/nonexistent/tofu", None).unwrap_err();
+        assert!(missing.contains("does not exist"), "{missing}");
+    }
+
+    /// Alive: exists and is not a zombie waiting to be reaped.
+    fn alive(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|s| !s.trim_start().starts_with('Z'))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("grandchild");
+        let script = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
+        let started = std::time::Instant::now();
+        let out = run(
+            Path::new("/bin/sh"),
+            &["-c".into(), script],
+            dir.path(),
+            &child_env(std::env::vars_os(), &[]),
+            Instant::now() + Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.ended, Ended::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let pid = pid.trim();
+        // SIGKILL was sent to the group; the kernel ends the grandchild promptly.
+        let gone = (0..200).any(|_| {
+            let dead = !alive(pid);
+            if !dead {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            dead
+        });
+        assert!(gone, "the background grandchild {pid} was killed too");
+    }
+
+    #[tokio::test]
+    async fn exit_codes_and_output_are_captured() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo out; echo err >&2; exit 2".into()],
+            dir.path(),
+            &child_env(std::env::vars_os(), &[]),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.ended, Ended::Exited(2));
+        assert_eq!(
+            (out.stdout.as_str(), out.stderr.as_str()),
+            ("out\n", "err\n")
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The drift commands of the binary (`mod drift_ops` in main.rs): `drift list|show|
+//! run|apply|webhook-secret`. Each is one call into `stategate::drift::DriftService`
+//! (the admin API and the server's scheduler call the same functions) plus printing:
+//! a table for people, `--json` for scripts. A check started here runs in this
+//! process (its child talks to the running server) and waits for its webhooks.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::bail;
+
+use stategate::config::Config;
+use stategate::drift::{DriftService, Run};
+use stategate::server;
+
+use crate::ops::{json_line, operator, runtime};
+use crate::workspace_ops::cli_error;
+
+struct DriftOps {
+    rt: tokio::runtime::Runtime,
+    drift: DriftService,
+}
+
+impl DriftOps {
+    fn open(config: &Config) -> anyhow::Result<DriftOps> {
+        if !config.db_path().exists() {
+            bail!(
+                "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
+                config.db_path().display()
+            );
+        }
+        let root = server::load_root_key(config, false)?;
+        let rt = runtime()?;
+        let store = rt.block_on(server::open_state_store(config))?;
+        let tofu = stategate::tofu::TofuBackend::new(store, root.clone());
+        let drift = DriftService::new(config, tofu, root);
+        Ok(DriftOps { rt, drift })
+    }
+
+    fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, stategate::error::ApiError>>,
+    ) -> anyhow::Result<T> {
+        self.rt.block_on(f).map_err(cli_error)
+    }
+}
+
+fn outcome_text(run: &Run) -> String {
+    match (run.outcome, &run.finished_at) {
+        (Some(o), _) => o.as_str().to_string(),
+        (None, None) => "running".into(),
+        (None, Some(_)) => "-".into(),
+    }
+}
+
+/// `+1 ~2 -0`, or `-` when the plan did not get that far.
+fn changes_text(run: &Run) -> String {
+    run.changes.map_or("-".into(), |c| {
+        format!("+{} ~{} -{}", c.add, c.change, c.destroy)
+    })
+}
+
+pub fn runs_table(rows: &[Run]) -> String {
+    let opt = |v: Option<i64>| v.map_or("-".to_string(), |n| n.to_string());
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let kind = match r.applies {
+                Some(check) => format!("apply of {check}"),
+                None => "check".into(),
+            };
+            let outcome = if r.approvable {
+                format!("{} (approvable)", outcome_text(r))
+            } else {
+                outcome_text(r)
+            };
+            vec![
+                r.id.to_string(),
+                r.workspace.clone(),
+                kind,
+                outcome,
+                changes_text(r),
+                opt(r.serial),
+                r.started_at.clone(),
+                r.trigger.clone(),
+                r.message.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    crate::workspace_ops::table(
+        &[
+            "RUN",
+            "WORKSPACE",
+            "KIND",
+            "OUTCOME",
+            "CHANGES",
+            "SERIAL",
+            "STARTED",
+            "TRIGGER",
+            "MESSAGE",
+        ],
+        &cells,
+    )
+}
+
+pub fn list(
+    config: &Config,
+    workspace: Option<String>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let o = DriftOps::open(config)?;
+    let rows = o.run(o.drift.runs(workspace, limit))?;
+    if json {
+        rows.iter().for_each(json_line);
+    } else if rows.is_empty() {
+        eprintln!("no drift runs yet");
+    } else {
+        print!("{}", runs_table(&rows));
+    }
+    Ok(())
+}
+
+pub fn show(config: &Config, run: i64, json: bool) -> anyhow::Result<()> {
+    let o = DriftOps::open(config)?;
+    let (row, output) = o.run(o.drift.show(run))?;
+    if json {
+        json_line(&serde_json::json!({ "run": row, "output": output }));
+        return Ok(());
+    }
+    eprint!("{}", runs_table(std::slice::from_ref(&row)));
+    match output {
+        Some(text) => print!("{text}"),
+        None => eprintln!("(no plan output stored for this run)"),
+    }
+    Ok(())
+}
+
+/// Prints a finished run and waits for its webhook deliveries.
+fn report(o: &DriftOps, row: &Run, json: bool) {
+    if json {
+        json_line(row);
+    } else {
+        print!("{}", runs_table(std::slice::from_ref(row)));
+    }
+    for d in o.rt.block_on(o.drift.flush_webhooks()) {
+        eprintln!(
+            "webhook {}: {} after {} attempt(s){}",
+            d.url,
+            if d.delivered {
+                "delivered"
+            } else {
+                "NOT delivered"
+            },
+            d.attempts,
+            d.status
+                .map_or(String::new(), |s| format!(" (last status {s})"))
+        );
+    }
+}
+
+pub fn run(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
+    let o = DriftOps::open(config)?;
+    let row = o.run(o.drift.check_now(workspace, &operator()))?;
+    report(&o, &row, json);
+    Ok(())
+}
+
+/// Asks for the workspace name back (from a terminal or a pipe); anything else aborts.
+fn confirmed(workspace: &str) -> anyhow::Result<bool> {
+    if std::io::stdin().is_terminal() {
+        eprint!("Type the workspace name ({workspace}) to apply this plan: ");
+        std::io::stderr().flush()?;
+    }
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(answer.trim() == workspace)
+}
+
+pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result<()> {
+    let o = DriftOps::open(config)?;
+    let (check, output) = o.run(o.drift.show(run))?;
+    if !check.approvable {
+        // Let the service say exactly why (already approved, not drifted, expired).
+        o.run(o.drift.approve(run, &operator()))?;
+        bail!("drift run {run} cannot be approved");
+    }
+    if !yes {
+        if let Some(text) = &output {
+            eprint!("{text}");
+        }
+        eprintln!(
+            "Applying the saved plan of drift run {run} to workspace {} ({}).",
+            check.workspace,
+            changes_text(&check)
+        );
+        if !confirmed(&check.workspace)? {
+            bail!("aborted: the name did not match; nothing was applied");
+        }
+    }
+    let started = o.run(o.drift.approve(run, &operator()))?;
+    let row = o.run(o.drift.execute(started))?;
+    report(&o, &row, json);
+    match row.outcome {
+        Some(stategate::drift::Outcome::Applied) => {
+            eprintln!(
+                "applied (audited as drift.apply_approved and drift.applied by {})",
+                operator()
+            );
+            Ok(())
+        }
+        _ => bail!(
+            "the apply did not succeed: {}",
+            row.message.unwrap_or_default()
+        ),
+    }
+}
+
+pub fn webhook_secret(config: &Config) -> anyhow::Result<()> {
+    let root = server::load_root_key(config, false)?;
+    println!("{}", root.webhook_secret());
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! Drift checks in process, over the real engine (SQLite, local blob store) with
+//! local webhook receivers on port 0 and small shell scripts standing in for
+//! `tofu`: signed webhook deliveries with bounded retries against endpoints that
+//! answer 500, hang or refuse; clear error outcomes for a missing directory,
+//! configuration or binary (and the next check still runs); a locked workspace
+//! skipped without disturbing its holder; the approval flow (exactly the kept plan
+//! applied once; twice, not drifted, expired refused). The real Terraform CLI runs in
+//! `integration/test_drift.py`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{lock_info, TestServer};
+use stategate::config::{Config, DriftBinary, DriftCheck};
+use stategate::drift::webhook::{verify, Notifier};
+use stategate::drift::{DriftService, Outcome};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One received request: its signature header and its body.
+type Request = (String, Vec<u8>);
+
+/// A webhook receiver answering the scripted statuses in order, then 200.
+struct Receiver {
+    url: String,
+    seen: Arc<Mutex<Vec<Request>>>,
+}
+
+async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<Request> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    let len: usize = header("content-length")?.parse().ok()?;
+    while buf.len() < head_end + len {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some((
+        header("x-stategate-signature").unwrap_or_default(),
+        buf[head_end..head_end + len].to_vec(),
+    ))
+}
+
+impl Receiver {
+    async fn start(mut statuses: Vec<u16>) -> Receiver {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        statuses.reverse();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let Some(request) = read_request(&mut stream).await else {
+                    continue;
+                };
+                record.lock().unwrap().push(request);
+                let status = statuses.pop().unwrap_or(200);
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+            }
+        });
+        Receiver { url, seen }
+    }
+
+    fn seen(&self) -> Vec<Request> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Accepts connections and never answers.
+async fn hanging_endpoint() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    url
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+#[tokio::test]
+async fn webhooks_are_signed_and_retried_a_bounded_number_of_times() {
+    let flaky = Receiver::start(vec![500, 503]).await;
+    let hanging = hanging_endpoint().await;
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/hook", l.local_addr().unwrap())
+    };
+    let notifier = Notifier::new(
+        vec![flaky.url.clone(), hanging.clone(), refused.clone()],
+        "s3cret".into(),
+        3,
+        Duration::from_millis(300),
+        Duration::from_millis(10),
+    );
+    let started = std::time::Instant::now();
+    let mut deliveries = notifier
+        .send(serde_json::json!({ "event": "test", "workspace": "prod" }))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "bounded");
+    deliveries.sort_by_key(|d| d.url.clone());
+    let by_url = |url: &str| deliveries.iter().find(|d| d.url == url).unwrap().clone();
+    let ok = by_url(&flaky.url);
+    assert!(
+        ok.delivered && ok.attempts == 3 && ok.status == Some(200),
+        "{ok:?}"
+    );
+    let hung = by_url(&hanging);
+    assert!(
+        !hung.delivered && hung.attempts == 3 && hung.status.is_none(),
+        "{hung:?}"
+    );
+    let gone = by_url(&refused);
+    assert!(!gone.delivered && gone.attempts == 3, "{gone:?}");
+
+    let seen = flaky.seen();
+    assert_eq!(seen.len(), 3, "one request per attempt");
+    for (signature, body) in &seen {
+        assert!(verify("s3cret", signature, body, now(), 300), "{signature}");
+        assert!(!verify("other", signature, body, now(), 300));
+        let event: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let t = signature
+            .split(',')
+            .next()
+            .unwrap()
+            .trim_start_matches("t=");
+        assert_eq!(
+            event["timestamp"].to_string(),
+            t,
+            "the signed timestamp is in the body"
+        );
+        assert_eq!(event["workspace"], "prod");
+    }
+    assert!(
+        seen.iter().all(|s| s == &seen[0]),
+        "retries resend the same event"
+    );
+}
+
+/// A `tofu` stand-in: plan reads `input` in its directory ("same" = no changes) and
+/// writes a plan file naming it; show prints it; apply copies the plan to `applied`.
+const FAKE_TOFU: &str = r#"#!/bin/sh
+cmd="$1"; shift
+case "$cmd" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  for a in "$@"; do case "$a" in -out=*) out="${a#-out=}" ;; esac; done
+  printf 'PLAN-%s' "$(cat input)" > "$out"
+  if [ "$(cat input)" = same ]; then
+    echo '{"type":"change_summary","@message":"No changes.","changes":{"add":0,"change":0,"remove":0}}'
+    exit 0
+  fi
+  echo '{"type":"planned_change","@message":"thing: Plan to update"}'
+  echo '{"type":"change_summary","@message":"Plan: 0 to add, 1 to change, 0 to destroy.","changes":{"add":0,"change":1,"remove":0}}'
+  exit 2 ;;
+show) echo "human text of the saved plan $2"; exit 0 ;;
+apply) for a in "$@"; do last="$a"; done; cat "$last" > applied; exit 0 ;;
+esac
+exit 1
+"#;
+
+fn fake_tofu(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("fake-tofu");
+    std::fs::write(&path, FAKE_TOFU).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn check(workspace: &str, dir: &Path, binary: &str) -> DriftCheck {
+    DriftCheck {
+        workspace: workspace.into(),
+        dir: dir.to_path_buf(),
+        binary: DriftBinary(binary.into()),
+        var_files: Vec::new(),
+        env: Default::default(),
+        interval_seconds: 0,
+        timeout_seconds: 30,
+        approve_apply: true,
+        opentofu_encryption: false,
+    }
+}
+
+fn service(server: &TestServer, checks: Vec<DriftCheck>, hooks: Vec<String>) -> DriftService {
+    let config = Config {
+        drift: checks,
+        public_url: Some(server.base.clone()),
+        drift_settings: stategate::config::DriftSettings {
+            webhooks: hooks,
+            webhook_attempts: 2,
+            ..Default::default()
+        },
+        ..server.config.clone()
+    };
+    DriftService::with_backoff(
+        &config,
+        server.app.tofu.clone(),
+        server.root.clone(),
+        Duration::from_millis(10),
+    )
+}
+
+#[tokio::test]
+async fn bad_checks_are_error_outcomes_and_the_change_is_notified() {
+    let server = TestServer::start().await;
+    let hooks = Receiver::start(vec![]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let empty = scratch.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let configured = scratch.path().join("conf");
+    std::fs::create_dir(&configured).unwrap();
+    std::fs::write(configured.join("main.tf"), "").unwrap();
+    let drift = service(
+        &server,
+        vec![
+            check("nodir", &scratch.path().join("missing"), "tofu"),
+            check("noconf", &empty, "tofu"),
+            check("nobin", &configured, "no-such-tofu-binary"),
+            check("badpath", &configured, "/nonexistent/tofu"),
+        ],
+        vec![hooks.url.clone()],
+    );
+    for (ws, why) in [
+        ("nodir", "does not exist"),
+        ("noconf", "has no configuration"),
+        ("nobin", "was not found on PATH"),
+        ("badpath", "does not exist or is not executable"),
+    ] {
+        let run = drift.check_now(ws, "test").await.unwrap();
+        assert_eq!(run.outcome, Some(Outcome::Error), "{ws}");
+        assert!(
+            run.message.as_deref().unwrap().contains(why),
+            "{ws}: {run:?}"
+        );
+    }
+    let delivered = drift.flush_webhooks().await;
+    assert_eq!(delivered.len(), 4);
+    assert!(delivered.iter().all(|d| d.delivered));
+    // The same error again is no news; the schedule goes on with every check.
+    let again = drift.check_now("nodir", "test").await.unwrap();
+    assert_eq!(again.outcome, Some(Outcome::Error));
+    assert!(drift.flush_webhooks().await.is_empty());
+    let events: Vec<serde_json::Value> = hooks
+        .seen()
+        .iter()
+        .map(|(_, body)| serde_json::from_slice(body).unwrap())
+        .collect();
+    assert_eq!(events.len(), 4);
+    assert!(events
+        .iter()
+        .all(|e| e["outcome"] == "error" && e["previous"].is_null()));
+    let err = drift.check_now("unconfigured", "test").await.unwrap_err();
+    assert_eq!(err.http_status(), 404);
+    let status = drift.metric_rows().await.unwrap();
+    assert_eq!(status.len(), 4);
+    assert!(status.iter().all(|(_, s, _)| *s == 2));
+}
+
+#[tokio::test]
+async fn a_locked_workspace_is_skipped_and_its_holder_kept() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::write(scratch.path().join("main.tf"), "").unwrap();
+    std::fs::write(scratch.path().join("input"), "same").unwrap();
+    let tofu = fake_tofu(scratch.path());
+    let drift = service(
+        &server,
+        vec![check("prod", scratch.path(), &tofu.display().to_string())],
+        vec![],
+    );
+    let lock = server
+        .tf("LOCK", "prod")
+        .body(lock_info("holder-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lock.status(), 200);
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(run.outcome, Some(Outcome::SkippedLocked));
+    let holder = server.app.tofu.lock_holder("prod").await.unwrap().unwrap();
+    assert_eq!(holder.id, "holder-1", "the holder was not disturbed");
+    assert!(
+        !scratch.path().join(".terraform").exists(),
+        "the binary never ran"
+    );
+    assert!(drift.metric_rows().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
+    let server = TestServer::start().await;
+    let hooks = Receiver::start(vec![]).await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "same").unwrap();
+    let tofu = fake_tofu(dir);
+    let drift = service(
+        &server,
+        vec![check("prod", dir, &tofu.display().to_string())],
+        vec![hooks.url.clone()],
+    );
+
+    let in_sync = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(in_sync.outcome, Some(Outcome::InSync));
+    assert!(dir.join(".terraform").exists(), "init ran once");
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let drifted = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(drifted.outcome, Some(Outcome::Drifted));
+    assert_eq!(drifted.changes.unwrap().change, 1);
+    assert!(drifted.approvable);
+    assert_eq!(drift.flush_webhooks().await.len(), 1, "in sync -> drifted");
+    let (_, output) = drift.show(drifted.id).await.unwrap();
+    assert!(output.unwrap().contains("human text of the saved plan"));
+
+    let kept = server
+        .config
+        .data_dir
+        .join(format!("drift/plans/{}.plan", drifted.id));
+    let sealed = std::fs::read(&kept).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&sealed).contains("PLAN-"),
+        "sealed at rest"
+    );
+    let no_plaintext = std::fs::read_dir(server.config.data_dir.join("drift/work"))
+        .unwrap()
+        .count();
+    assert_eq!(no_plaintext, 0, "no plaintext plan is left in work/");
+
+    let refused = drift.approve(in_sync.id, "operator:t").await.unwrap_err();
+    assert!(
+        refused.to_string().contains("not a drifted check"),
+        "{refused}"
+    );
+    let started = drift.approve(drifted.id, "operator:t").await.unwrap();
+    let busy = drift.start_check("prod", "test").await.unwrap_err();
+    assert_eq!(busy.http_status(), 409, "one run per workspace at a time");
+    let applied = drift.execute(started).await.unwrap();
+    assert_eq!(applied.outcome, Some(Outcome::Applied));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("applied")).unwrap(),
+        "PLAN-changed",
+        "exactly the kept plan was applied"
+    );
+    assert!(!kept.exists(), "a used plan is deleted");
+    let twice = drift.approve(drifted.id, "operator:t").await.unwrap_err();
+    assert!(twice.to_string().contains("already approved"), "{twice}");
+    assert_eq!(
+        server.count("SELECT count(*) FROM audit WHERE event IN ('drift.apply_approved', 'drift.applied') AND scope = 'tf/prod'"),
+        2
+    );
+
+    // A plan past its expiry is refused and deleted by the tidy pass.
+    let mut config = server.config.clone();
+    config.drift = vec![check("prod", dir, &tofu.display().to_string())];
+    config.drift_settings.plan_expiry_seconds = 0;
+    let expiring = DriftService::new(&config, server.app.tofu.clone(), server.root.clone());
+    let expired = expiring.check_now("prod", "test").await.unwrap();
+    assert_eq!(expired.outcome, Some(Outcome::Drifted));
+    assert!(!expired.approvable);
+    let refused = expiring
+        .approve(expired.id, "operator:t")
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("expired"), "{refused}");
+    expiring.tidy().await.unwrap();
+    assert!(!server
+        .config
+        .data_dir
+        .join(format!("drift/plans/{}.plan", expired.id))
+        .exists());
+}
+
+#[tokio::test]
+async fn the_admin_api_lists_runs_starts_checks_and_refuses_bad_approvals() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "same").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let server = TestServer::start_with(|c| c.drift = vec![check("prod", &dir, &tofu)]).await;
+    let token = server
+        .app
+        .operator
+        .admin_write(|c| stategate::operator::identity::create_operator(c, "ops@example.com", "t"))
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let call = |method: &str, path: &str, token: Option<&str>| {
+        let mut req = http.request(
+            method.parse().unwrap(),
+            format!("{}/api/v1/admin/{path}", server.base),
+        );
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let body: serde_json::Value =
+                serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap_or_default();
+            (status, body)
+        }
+    };
+    assert_eq!(call("GET", "drift", None).await.0, 401);
+    let (status, body) = call("GET", "drift", Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["checks"][0]["workspace"], "prod");
+    assert_eq!(body["runs"], serde_json::json!([]));
+
+    let (status, started) = call("POST", "drift/prod/run", Some(&token)).await;
+    assert_eq!(status, 202, "{started}");
+    let run = started["run"].as_i64().unwrap();
+    let mut shown = serde_json::Value::Null;
+    for _ in 0..500 {
+        shown = call("GET", &format!("drift/{run}"), Some(&token)).await.1;
+        if !shown["run"]["finished_at"].is_null() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(shown["run"]["outcome"], "in_sync", "{shown}");
+    assert_eq!(shown["run"]["trigger"], "operator:ops@example.com");
+    assert!(shown["output"].as_str().unwrap().contains("No changes."));
+
+    for (method, path, want) in [
+        ("POST", format!("drift/{run}/apply"), 409),
+        ("POST", "drift/9999/apply".to_string(), 404),
+        ("POST", "drift/nope/run".to_string(), 404),
+        ("POST", "drift/..%2f/run".to_string(), 400),
+        ("GET", "drift/abc".to_string(), 400),
+        ("GET", "drift?limit=0".to_string(), 400),
+    ] {
+        let (status, body) = call(method, &path, Some(&token)).await;
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert!(body["error"].is_string(), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn the_scheduler_runs_due_checks_and_stops_on_shutdown() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "same").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    let mut scheduled = check("prod", dir, &tofu);
+    scheduled.interval_seconds = 3600;
+    let manual = check("manual", dir, &tofu);
+    let drift = service(&server, vec![scheduled, manual], vec![]);
+    let (stop, watch) = tokio::sync::watch::channel(false);
+    let scheduler = tokio::spawn({
+        let drift = drift.clone();
+        async move { drift.schedule(watch).await }
+    });
+    let mut runs = Vec::new();
+    for _ in 0..500 {
+        runs = drift.runs(None, 10).await.unwrap();
+        if runs.iter().any(|r| r.finished_at.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        runs.len(),
+        1,
+        "only the check with an interval, once: {runs:?}"
+    );
+    assert_eq!(
+        (runs[0].workspace.as_str(), runs[0].trigger.as_str()),
+        ("prod", "schedule")
+    );
+    assert_eq!(runs[0].outcome, Some(Outcome::InSync));
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), scheduler)
+        .await
+        .expect("the scheduler stops on shutdown")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_run_abandoned_by_a_stopped_process_is_closed_and_its_lock_cleared() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let drift = service(&server, vec![check("prod", scratch.path(), "tofu")], vec![]);
+    // A run started an hour ago by a process that died with its child holding the lock.
+    let started = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let rfc = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    server
+        .db()
+        .execute(
+            "INSERT INTO drift_runs (workspace, kind, trigger, started_at) VALUES ('prod', 'check', 'schedule', ?1)",
+            [rfc(started)],
+        )
+        .unwrap();
+    let child_lock = serde_json::json!({
+        "ID": "child-lock", "Operation": "OperationTypePlan", "Who": "x@y",
+        "Created": rfc(started + time::Duration::seconds(2)),
+    });
+    let lock = server
+        .tf("LOCK", "prod")
+        .body(child_lock.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lock.status(), 200);
+    assert_eq!(
+        drift
+            .start_check("prod", "test")
+            .await
+            .unwrap_err()
+            .http_status(),
+        409,
+        "the abandoned run still blocks the workspace"
+    );
+    drift.tidy().await.unwrap();
+    let run = &drift.runs(Some("prod".into()), 1).await.unwrap()[0];
+    assert_eq!(run.outcome, Some(Outcome::Error));
+    let message = run.message.as_deref().unwrap();
+    assert!(
+        message.contains("abandoned") && message.contains("force-cleared"),
+        "{message}"
+    );
+    assert!(server.app.tofu.lock_holder("prod").await.unwrap().is_none());
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM audit WHERE event = 'tf.lock_forced' AND actor = 'drift:run-1'"
+        ),
+        1
+    );
+}

@@ -9,12 +9,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::drift::{check, fake_tofu};
 use common::{lock_info, TestServer};
-use stategate::config::{Config, DriftBinary, DriftCheck};
+use stategate::config::{Config, DriftCheck};
 use stategate::drift::webhook::{verify, Notifier};
 use stategate::drift::{DriftService, Outcome};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -165,50 +165,6 @@ async fn webhooks_are_signed_and_retried_a_bounded_number_of_times() {
         seen.iter().all(|s| s == &seen[0]),
         "retries resend the same event"
     );
-}
-
-/// A `tofu` stand-in: plan reads `input` in its directory ("same" = no changes) and
-/// writes a plan file naming it; show prints it; apply copies the plan to `applied`.
-const FAKE_TOFU: &str = r#"#!/bin/sh
-cmd="$1"; shift
-case "$cmd" in
-init) mkdir -p .terraform; exit 0 ;;
-plan)
-  for a in "$@"; do case "$a" in -out=*) out="${a#-out=}" ;; esac; done
-  printf 'PLAN-%s' "$(cat input)" > "$out"
-  if [ "$(cat input)" = same ]; then
-    echo '{"type":"change_summary","@message":"No changes.","changes":{"add":0,"change":0,"remove":0}}'
-    exit 0
-  fi
-  echo '{"type":"planned_change","@message":"thing: Plan to update"}'
-  echo '{"type":"change_summary","@message":"Plan: 0 to add, 1 to change, 0 to destroy.","changes":{"add":0,"change":1,"remove":0}}'
-  exit 2 ;;
-show) echo "human text of the saved plan $2"; exit 0 ;;
-apply) for a in "$@"; do last="$a"; done; cat "$last" > applied; exit 0 ;;
-esac
-exit 1
-"#;
-
-fn fake_tofu(dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join("fake-tofu");
-    std::fs::write(&path, FAKE_TOFU).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
-
-fn check(workspace: &str, dir: &Path, binary: &str) -> DriftCheck {
-    DriftCheck {
-        workspace: workspace.into(),
-        dir: dir.to_path_buf(),
-        binary: DriftBinary(binary.into()),
-        var_files: Vec::new(),
-        env: Default::default(),
-        interval_seconds: 0,
-        timeout_seconds: 30,
-        approve_apply: true,
-        opentofu_encryption: false,
-    }
 }
 
 fn service(server: &TestServer, checks: Vec<DriftCheck>, hooks: Vec<String>) -> DriftService {

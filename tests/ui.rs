@@ -2,7 +2,9 @@
 //! shown, login with operator tokens only, cookie flags, CSRF on every form (refused
 //! forms change nothing), escaping of values from state and LockInfo, rollback and
 //! force-unlock audited as the operator, logout and token revocation ending sessions;
-//! audited reveals and downloads, the rollback preview, and search across workspaces.
+//! audited reveals and downloads, the rollback preview, and search across workspaces;
+//! drift checks started and kept plans approved through `DriftService` as the operator
+//! (CSRF and a typed confirmation first; refusals change nothing), plan text escaped.
 
 mod common;
 
@@ -43,8 +45,22 @@ impl Env {
     }
 
     async fn start_with_app(adjust_app: impl FnOnce(&mut stategate::http::App)) -> Env {
+        Self::start_full(|_| {}, adjust_app).await
+    }
+
+    async fn start_with(adjust: impl FnOnce(&mut stategate::config::Config)) -> Env {
+        Self::start_full(adjust, |_| {}).await
+    }
+
+    async fn start_full(
+        adjust: impl FnOnce(&mut stategate::config::Config),
+        adjust_app: impl FnOnce(&mut stategate::http::App),
+    ) -> Env {
         let server = TestServer::start_with_app(
-            |c| c.cluster.state_enc_key = Some(common::DEK.into()),
+            |c| {
+                c.cluster.state_enc_key = Some(common::DEK.into());
+                adjust(c);
+            },
             adjust_app,
         )
         .await;
@@ -247,6 +263,11 @@ fn private_routes() -> Vec<(&'static str, &'static str, Option<Fields>)> {
             "/ui/workspaces/prod/unlock",
             Some(vec![("confirm", "yes")]),
         ),
+        ("GET", "/ui/drift", None),
+        ("GET", "/ui/drift?workspace=prod", None),
+        ("GET", "/ui/drift/1", None),
+        ("POST", "/ui/drift/prod/run", Some(vec![])),
+        ("POST", "/ui/drift/1/apply", Some(vec![("confirm", "prod")])),
     ]
 }
 
@@ -308,6 +329,7 @@ async fn without_a_session_every_route_redirects_to_login_and_shows_nothing() {
     }
     // Nothing changed or was revealed through any of them.
     assert_eq!(env.versions("prod"), 2);
+    assert_eq!(env.server.count("SELECT count(*) FROM drift_runs"), 0);
     assert!(env.reveals("tf/prod").is_empty());
     assert!(env.locked("prod"));
     // The login page and the stylesheet are public.
@@ -1126,4 +1148,232 @@ async fn search_stops_at_its_bounds_and_says_so() {
     .await;
     assert_eq!(hits, ["a1"]);
     assert!(page.contains("Showing the first 1 matches"), "{page}");
+}
+
+/// A `tofu` stand-in whose plan fails with markup on stderr.
+const MARKUP_TOFU: &str = "#!/bin/sh\necho '<script>alert(1)</script>' >&2\nexit 1\n";
+
+/// The run a drift form redirected to (`/ui/drift/{id}`), once it finished.
+async fn finished_run(env: &Env, location: Option<&str>) -> stategate::drift::Run {
+    let id: i64 = location
+        .and_then(|l| l.strip_prefix("/ui/drift/"))
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("not a run page: {location:?}"));
+    for _ in 0..500 {
+        let run = env.server.app.drift.run(id).await.unwrap();
+        if run.finished_at.is_some() {
+            return run;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("drift run {id} never finished");
+}
+
+#[tokio::test]
+async fn drift_checks_and_approvals_go_through_the_drift_service_as_the_operator() {
+    use stategate::drift::{Kind, Outcome};
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("prod");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "same").unwrap();
+    let tofu = common::drift::fake_tofu(&dir).display().to_string();
+    let evil_dir = scratch.path().join("evil");
+    std::fs::create_dir_all(evil_dir.join(".terraform")).unwrap();
+    std::fs::write(evil_dir.join("main.tf"), "").unwrap();
+    let evil_tofu = evil_dir.join("evil-tofu");
+    std::fs::write(&evil_tofu, MARKUP_TOFU).unwrap();
+    std::fs::set_permissions(&evil_tofu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let checks = vec![
+        common::drift::check("prod", &dir, &tofu),
+        common::drift::check("evil", &evil_dir, &evil_tofu.display().to_string()),
+    ];
+    let env = Env::start_with(move |c| c.drift = checks).await;
+    env.write("prod", state(1, "lineage-1", &resource("a", "one")))
+        .await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let runs = || env.server.count("SELECT count(*) FROM drift_runs");
+
+    let page = env.page("/ui/drift", &cookie).await;
+    assert!(
+        page.contains(r#"href="/ui/drift""#),
+        "the nav links the page"
+    );
+    assert!(page.contains("never run") && page.contains("Run check now"));
+    assert!(page.contains("No drift runs yet."));
+    let ws_page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(ws_page.contains(r#"id="drift-status""#) && ws_page.contains("never run"));
+
+    // Forms without this session's CSRF token start nothing.
+    for token in [None, Some("csrf_wrong")] {
+        let mut form = vec![];
+        if let Some(t) = token {
+            form.push(("csrf", t));
+        }
+        let r = env.post("/ui/drift/prod/run", &cookie, &form).await;
+        assert_eq!(r.status, 403, "{token:?}: {}", r.body);
+        assert!(r.body.contains("CSRF"), "{}", r.body);
+    }
+    assert_eq!(runs(), 0);
+
+    // Run check now: the service's check, triggered by the operator; its page.
+    let r = env
+        .post("/ui/drift/prod/run", &cookie, &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let in_sync = finished_run(&env, r.location()).await;
+    assert_eq!(
+        (in_sync.outcome, in_sync.trigger.as_str()),
+        (Some(Outcome::InSync), ACTOR)
+    );
+    let shown = env.page(r.location().unwrap(), &cookie).await;
+    assert!(
+        shown.contains("in_sync") && shown.contains("No changes."),
+        "{shown}"
+    );
+    assert!(!shown.contains(r#"id="approve""#));
+    assert!(env
+        .page("/ui/workspaces/prod", &cookie)
+        .await
+        .contains("in_sync"));
+
+    // Markup a child printed is shown as text, in the message and the plan output.
+    let r = env
+        .post("/ui/drift/evil/run", &cookie, &[("csrf", &csrf)])
+        .await;
+    let failed = finished_run(&env, r.location()).await;
+    assert_eq!(failed.outcome, Some(Outcome::Error));
+    let shown = env.page(r.location().unwrap(), &cookie).await;
+    assert!(!shown.contains(EVIL), "{shown}");
+    assert!(
+        shown.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{shown}"
+    );
+    let listing = env.page("/ui/drift", &cookie).await;
+    assert!(!listing.contains(EVIL));
+
+    // Drift: the kept plan can be approved, with the CSRF token and the typed name.
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let r = env
+        .post("/ui/drift/prod/run", &cookie, &[("csrf", &csrf)])
+        .await;
+    let drifted = finished_run(&env, r.location()).await;
+    assert!(drifted.outcome == Some(Outcome::Drifted) && drifted.approvable);
+    let run_page = r.location().unwrap().to_string();
+    let shown = env.page(&run_page, &cookie).await;
+    assert!(shown.contains(r#"id="approve""#) && shown.contains("Approve and apply"));
+    assert!(shown.contains("human text of the saved plan"), "{shown}");
+    assert!(shown.contains("0 to add, 1 to change, 0 to destroy"));
+    let listing = env.page("/ui/drift?workspace=prod", &cookie).await;
+    assert!(listing.contains("drifted") && listing.contains("awaiting approval"));
+
+    let apply = format!("{run_page}/apply");
+    let before = runs();
+    let approvals = || {
+        env.server
+            .count("SELECT count(*) FROM audit WHERE event = 'drift.apply_approved'")
+    };
+    for (token, confirm, want) in [
+        (None, "prod", 403),
+        (Some("csrf_wrong"), "prod", 403),
+        (Some(csrf.as_str()), "", 400),
+        (Some(csrf.as_str()), "prod2", 400),
+    ] {
+        let mut form = vec![("confirm", confirm)];
+        if let Some(t) = token {
+            form.push(("csrf", t));
+        }
+        let r = env.post(&apply, &cookie, &form).await;
+        assert_eq!(r.status, want, "{token:?} {confirm}: {}", r.body);
+        assert!(r.body.contains("nothing was"), "{}", r.body);
+    }
+    assert_eq!((runs(), approvals()), (before, 0), "nothing was approved");
+    assert!(!dir.join("applied").exists());
+
+    let r = env
+        .post(&apply, &cookie, &[("csrf", &csrf), ("confirm", "prod")])
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let applied = finished_run(&env, r.location()).await;
+    assert_eq!(applied.kind, Kind::Apply);
+    assert_eq!(applied.outcome, Some(Outcome::Applied), "{applied:?}");
+    assert_eq!(
+        (applied.applies, applied.trigger.as_str()),
+        (Some(drifted.id), ACTOR)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("applied")).unwrap(),
+        "PLAN-changed",
+        "exactly the kept plan was applied"
+    );
+    assert!(env
+        .audit("tf/prod")
+        .contains(&("drift.apply_approved".into(), ACTOR.into())));
+    let shown = env.page(r.location().unwrap(), &cookie).await;
+    assert!(shown.contains("applied") && shown.contains(&format!("check #{}", drifted.id)));
+    let shown = env.page(&run_page, &cookie).await;
+    assert!(!shown.contains(r#"id="approve""#));
+    assert!(shown.contains(&format!("apply run #{}", applied.id)));
+
+    // Approving twice, or a run that did not drift, is refused on the error page.
+    let in_sync_apply = format!("/ui/drift/{}/apply", in_sync.id);
+    for (path, says) in [
+        (apply.as_str(), "already approved"),
+        (in_sync_apply.as_str(), "not a drifted check"),
+    ] {
+        let r = env
+            .post(path, &cookie, &[("csrf", &csrf), ("confirm", "prod")])
+            .await;
+        assert_eq!(r.status, 409, "{path}: {}", r.body);
+        assert!(
+            r.body.contains(says) && r.body.contains("Error 409"),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(approvals(), 1);
+
+    // A check while another run of the workspace is going: 409, nothing started.
+    env.server
+        .db()
+        .execute(
+            "INSERT INTO drift_runs (workspace, kind, trigger, started_at) VALUES ('evil', 'check', 'schedule', '2026-11-30T00:00:00Z')",
+            [],
+        )
+        .unwrap();
+    let before = runs();
+    let r = env
+        .post("/ui/drift/evil/run", &cookie, &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("still going"), "{}", r.body);
+    assert_eq!(runs(), before);
+    let listing = env.page("/ui/drift", &cookie).await;
+    assert!(listing.contains("badge running"), "{listing}");
+    // Bad input on the pages is a clear 400 or 404.
+    for (path, want) in [
+        ("/ui/drift/abc", 400),
+        ("/ui/drift/9999", 404),
+        ("/ui/drift?limit=0", 400),
+        ("/ui/drift?workspace=..%2f", 400),
+    ] {
+        assert_eq!(env.get(path, &cookie).await.status, want, "{path}");
+    }
+    let r = env
+        .post("/ui/drift/nope/run", &cookie, &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
+#[tokio::test]
+async fn the_drift_page_says_how_to_configure_checks_when_there_are_none() {
+    let env = Env::start().await;
+    let cookie = env.login().await;
+    let page = env.page("/ui/drift", &cookie).await;
+    assert!(page.contains("No drift checks are configured"), "{page}");
+    assert!(page.contains("[[drift]]") && page.contains("Drift checks"));
+    let ws = env.page("/ui/workspaces", &cookie).await;
+    assert!(ws.contains("Drift"));
 }

@@ -74,6 +74,11 @@ pub struct CheckSummary {
     pub status_at: Option<String>,
     /// The unfinished run, if one is going.
     pub running: Option<i64>,
+    /// The newest finished check (any outcome, `skipped_locked` included), with its
+    /// counts and whether the state moved since.
+    pub last_check: Option<Run>,
+    /// When the schedule runs it next (RFC 3339; `None`: no interval, on demand only).
+    pub next_due_at: Option<String>,
 }
 
 /// A run that was admitted (its row exists, unfinished) and is ready to execute.
@@ -118,6 +123,14 @@ fn unix_of(rfc3339: &str) -> Option<i64> {
     time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
         .ok()
         .map(|t| t.unix_timestamp())
+}
+
+/// A Unix time as RFC 3339 (the far future when out of range).
+fn rfc3339_of(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .unwrap_or(time::macros::datetime!(9999-12-31 23:59:59 UTC))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 fn internal(public: &str, detail: impl std::fmt::Display) -> ApiError {
@@ -221,9 +234,17 @@ impl DriftService {
 
     /// Every configured check with its latest status.
     pub async fn checks(&self) -> Result<Vec<CheckSummary>, ApiError> {
-        let (latest, running) = self
-            .read(|c| Ok((outcomes::latest_status(c)?, outcomes::unfinished(c)?)))
+        let (latest, running, last_checks, started) = self
+            .read(|c| {
+                Ok((
+                    outcomes::latest_status(c)?,
+                    outcomes::unfinished(c)?,
+                    outcomes::latest_checks(c)?,
+                    outcomes::last_checks_started(c)?,
+                ))
+            })
             .await?;
+        let now = now_unix();
         Ok(self
             .inner
             .checks
@@ -243,9 +264,33 @@ impl DriftService {
                         .iter()
                         .find(|r| r.workspace == c.workspace)
                         .map(|r| r.id),
+                    last_check: last_checks
+                        .iter()
+                        .find(|r| r.workspace == c.workspace)
+                        .map(|r| Self::with_approvable(r.clone(), now)),
+                    next_due_at: (c.interval_seconds > 0).then(|| {
+                        let last = started
+                            .iter()
+                            .find(|(ws, _)| ws == &c.workspace)
+                            .and_then(|(_, at)| unix_of(at));
+                        rfc3339_of(now.saturating_add(due_in(last, c.interval_seconds, now).max(0)))
+                    }),
                 }
             })
             .collect())
+    }
+
+    /// Executes an admitted run on its own task (the admin API's and the UI's
+    /// "started, look at it later"); returns its id.
+    pub fn spawn(&self, started: Started) -> i64 {
+        let id = started.id;
+        let drift = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = drift.execute(started).await {
+                tracing::error!(error = %e, "cannot record a drift run");
+            }
+        });
+        id
     }
 
     /// Whether `run`'s kept plan may be approved now.
@@ -1084,12 +1129,7 @@ impl DriftService {
                 next = next.min(check.interval_seconds as i64);
                 match self.start_check(&check.workspace, "schedule").await {
                     Ok(started) => {
-                        let this = self.clone();
-                        tokio::spawn(async move {
-                            if let Err(e) = this.execute(started).await {
-                                tracing::error!(error = %e, "cannot record a drift run");
-                            }
-                        });
+                        self.spawn(started);
                     }
                     Err(e) => {
                         tracing::info!(workspace = %check.workspace, error = %e, "scheduled drift check not started")

@@ -294,6 +294,28 @@ pub fn latest_status(conn: &Connection) -> Result<Vec<(String, Outcome, String)>
     Ok(out)
 }
 
+/// Per workspace: its newest finished check, whatever its outcome.
+pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, rusqlite::Error> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM drift_runs r WHERE r.id IN
+           (SELECT max(id) FROM drift_runs WHERE kind = 'check' AND finished_at IS NOT NULL
+             GROUP BY workspace)"
+    ))?;
+    let rows = stmt.query_map([], row_to_run)?;
+    rows.collect()
+}
+
+/// Per workspace: when its newest check started (the schedule counts from it).
+pub fn last_checks_started(conn: &Connection) -> Result<Vec<(String, String)>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT workspace, started_at FROM drift_runs r
+          WHERE id = (SELECT max(id) FROM drift_runs s
+                       WHERE s.workspace = r.workspace AND s.kind = 'check')",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
 /// When the newest check of a workspace started (the schedule counts from it).
 pub fn last_check_started(
     conn: &Connection,
@@ -460,6 +482,13 @@ mod tests {
         let latest = latest_status(&c).unwrap();
         assert_eq!(latest.len(), 1);
         assert_eq!(latest[0].1, Outcome::InSync);
+        let last = latest_checks(&c).unwrap();
+        assert_eq!(
+            last.iter().map(|r| (r.id, r.outcome)).collect::<Vec<_>>(),
+            vec![(ids[3], Some(Outcome::SkippedLocked))],
+            "the newest finished check, whatever it found"
+        );
+        assert_eq!(last_checks_started(&c).unwrap().len(), 1);
         let listed = list_runs(&c, Some("prod"), 2).unwrap();
         assert_eq!(
             listed.iter().map(|r| r.id).collect::<Vec<_>>(),

@@ -270,11 +270,6 @@ fn accepted(drift: &DriftService, started: Started) -> Reply {
         "applies": started.applies,
         "status": "running",
     });
-    let drift = drift.clone();
-    tokio::spawn(async move {
-        if let Err(e) = drift.execute(started).await {
-            tracing::error!(error = %e, "cannot record a drift run");
-        }
-    });
+    drift.spawn(started);
     Reply::json(202, body.to_string())
 }

@@ -203,6 +203,17 @@ pub enum UiRoute {
     Clusters,
     /// `GET search?q=`
     Search { q: Option<String> },
+    /// `GET drift[?workspace=&limit=]`: the configured checks and the newest runs
+    Drift {
+        workspace: Option<String>,
+        limit: Option<String>,
+    },
+    /// `GET drift/{run}`: one run and its plan text
+    DriftRun { run: String },
+    /// `POST drift/{ws}/run` with `csrf`: start a check now
+    DriftCheck { workspace: String },
+    /// `POST drift/{run}/apply` with `csrf`, `confirm`: approve a drifted check's plan
+    DriftApply { run: String },
     /// No such page (answered after the session check, so it reveals nothing).
     NotFound,
     /// A page asked for with the wrong method.
@@ -228,6 +239,10 @@ impl UiRoute {
             UiRoute::Audit { .. } => "ui.audit",
             UiRoute::Clusters => "ui.clusters",
             UiRoute::Search { .. } => "ui.search",
+            UiRoute::Drift { .. } => "ui.drift",
+            UiRoute::DriftRun { .. } => "ui.drift_run",
+            UiRoute::DriftCheck { .. } => "ui.drift_check",
+            UiRoute::DriftApply { .. } => "ui.drift_apply",
             UiRoute::NotFound | UiRoute::NotAllowed { .. } => "ui.invalid",
         }
     }
@@ -250,6 +265,8 @@ impl UiRoute {
                 | UiRoute::Download { .. }
                 | UiRoute::Rollback { .. }
                 | UiRoute::Unlock { .. }
+                | UiRoute::DriftCheck { .. }
+                | UiRoute::DriftApply { .. }
         )
     }
 
@@ -263,7 +280,8 @@ impl UiRoute {
             | UiRoute::Diff { workspace, .. }
             | UiRoute::RollbackPreview { workspace, .. }
             | UiRoute::Rollback { workspace }
-            | UiRoute::Unlock { workspace } => Some(workspace),
+            | UiRoute::Unlock { workspace }
+            | UiRoute::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
     }
@@ -539,6 +557,26 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         ),
         ["clusters"] => (UiRoute::Clusters, "GET"),
         ["search"] => (UiRoute::Search { q: q("q") }, "GET"),
+        ["drift"] => (
+            UiRoute::Drift {
+                workspace: q("workspace"),
+                limit: q("limit"),
+            },
+            "GET",
+        ),
+        ["drift", run] => (
+            UiRoute::DriftRun {
+                run: run.to_string(),
+            },
+            "GET",
+        ),
+        ["drift", w, "run"] => (UiRoute::DriftCheck { workspace: ws(w) }, "POST"),
+        ["drift", run, "apply"] => (
+            UiRoute::DriftApply {
+                run: run.to_string(),
+            },
+            "POST",
+        ),
         ["workspaces", w] => (
             UiRoute::Workspace {
                 workspace: ws(w),
@@ -1137,8 +1175,54 @@ mod tests {
                 None,
                 UiRoute::NotAllowed { allowed: "GET" },
             ),
+            (
+                "GET",
+                "/ui/drift",
+                Some("workspace=prod&limit=100"),
+                UiRoute::Drift {
+                    workspace: Some(w()),
+                    limit: Some("100".into()),
+                },
+            ),
+            (
+                "GET",
+                "/ui/drift/12",
+                None,
+                UiRoute::DriftRun { run: "12".into() },
+            ),
+            (
+                "POST",
+                "/ui/drift/prod/run",
+                None,
+                UiRoute::DriftCheck { workspace: w() },
+            ),
+            (
+                "POST",
+                "/ui/drift/12/apply",
+                None,
+                UiRoute::DriftApply { run: "12".into() },
+            ),
+            (
+                "GET",
+                "/ui/drift/12/apply",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "GET",
+                "/ui/drift/prod/run",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
+            ),
+            (
+                "POST",
+                "/ui/drift/12",
+                None,
+                UiRoute::NotAllowed { allowed: "GET" },
+            ),
             ("GET", "/ui/nope", None, UiRoute::NotFound),
             ("GET", "/ui/workspaces/prod/x", None, UiRoute::NotFound),
+            ("GET", "/ui/drift/12/x", None, UiRoute::NotFound),
         ];
         for (method, path, query, expected) in table {
             assert_eq!(

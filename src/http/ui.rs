@@ -11,11 +11,13 @@ use super::body::{read_body, Handled, Reply};
 use super::params::{number, required, workspace};
 use super::router::UiRoute;
 use super::App;
+use crate::drift::MAX_LIST;
 use crate::error::ApiError;
 use crate::operator::diff::mask_state;
 use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
 use crate::store::WriteOutcome;
+use crate::ui::drift_pages::{self, RunsView};
 use crate::ui::pages::{self, AuditForm, Chrome, Content, Notice, VersionsPage};
 use crate::ui::session::{self, UiSession};
 
@@ -25,6 +27,8 @@ const MAX_FORM: u64 = 8192;
 const VERSIONS_PER_PAGE: u32 = 20;
 /// Audit rows per page.
 const AUDIT_PER_PAGE: u32 = 50;
+/// Drift runs listed when no `limit` is given.
+const DRIFT_RUNS: u32 = 50;
 /// Where a request without a session is sent.
 const LOGIN: &str = "/ui/login";
 
@@ -310,7 +314,19 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 page,
                 has_more,
             };
-            ok(pages::workspace(chrome, &summary, &versions, shown))
+            let drift = app
+                .drift
+                .checks()
+                .await?
+                .into_iter()
+                .find(|c| c.workspace == w);
+            ok(pages::workspace(
+                chrome,
+                &summary,
+                &versions,
+                shown,
+                drift.as_ref(),
+            ))
         }
         UiRoute::Version {
             workspace: w,
@@ -385,6 +401,36 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             ok(pages::audit(chrome, &form, &rows, older.as_deref()))
         }
         UiRoute::Clusters => ok(pages::clusters(chrome, &ops.clusters().await?)),
+        UiRoute::Drift {
+            workspace: filter,
+            limit,
+        } => {
+            let filter = text(filter);
+            if let Some(w) = &filter {
+                workspace(w)?;
+            }
+            let limit = number("limit", limit.as_deref())?.map_or(Ok(DRIFT_RUNS), |n| {
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=MAX_LIST).contains(n))
+                    .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))
+            })?;
+            let checks = app.drift.checks().await?;
+            let runs = app.drift.runs(filter.clone(), limit).await?;
+            let shown = filter.unwrap_or_default();
+            let more = (runs.len() == limit as usize && limit < MAX_LIST)
+                .then(|| drift_more_href(&shown, (limit * 2).min(MAX_LIST)));
+            let view = RunsView {
+                workspace: &shown,
+                limit,
+                more,
+            };
+            ok(drift_pages::drift(chrome, &checks, &runs, &view))
+        }
+        UiRoute::DriftRun { run } => {
+            let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
+            ok(drift_pages::run(chrome, &run, output.as_deref()))
+        }
         UiRoute::NotFound => Err(ApiError::NotFound("no such page".into())),
         UiRoute::NotAllowed { allowed } => Err(ApiError::MethodNotAllowed {
             method: "this method".into(),
@@ -398,7 +444,9 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Reveal { .. }
         | UiRoute::Download { .. }
         | UiRoute::Rollback { .. }
-        | UiRoute::Unlock { .. } => Err(ApiError::NotFound("no such page".into())),
+        | UiRoute::Unlock { .. }
+        | UiRoute::DriftCheck { .. }
+        | UiRoute::DriftApply { .. } => Err(ApiError::NotFound("no such page".into())),
     }
 }
 
@@ -408,6 +456,15 @@ fn json_content(doc: Option<serde_json::Value>) -> Content {
         Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
         None => Content::NotPlain,
     }
+}
+
+fn drift_more_href(workspace: &str, limit: u32) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    if !workspace.is_empty() {
+        q.append_pair("workspace", workspace);
+    }
+    q.append_pair("limit", &limit.to_string());
+    format!("/ui/drift?{}", q.finish())
 }
 
 fn older_href(form: &AuditForm, before: i64) -> String {
@@ -515,6 +572,24 @@ async fn action(
             let done = ops.unlock(w, lock_id, &actor).await?;
             let flag = if done.unlocked { 1 } else { 0 };
             Ok(redirect(&format!("/ui/workspaces/{w}?unlocked={flag}")))
+        }
+        // The same two calls as the admin API's `drift/{ws}/run` and `drift/{run}/apply`.
+        UiRoute::DriftCheck { workspace: w } => {
+            let w = workspace(&w)?;
+            let started = app.drift.start_check(w, &actor).await?;
+            Ok(redirect(&drift_pages::run_href(app.drift.spawn(started))))
+        }
+        UiRoute::DriftApply { run } => {
+            let id = required("run", Some(&run))?;
+            let check = app.drift.run(id).await?;
+            if form.get("confirm").map(str::trim) != Some(check.workspace.as_str()) {
+                return Err(ApiError::BadRequest(
+                    "type the workspace name exactly to approve the plan; nothing was approved"
+                        .into(),
+                ));
+            }
+            let started = app.drift.approve(id, &actor).await?;
+            Ok(redirect(&drift_pages::run_href(app.drift.spawn(started))))
         }
         _ => Err(ApiError::NotFound("no such form".into())),
     }

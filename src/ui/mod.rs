@@ -1,15 +1,18 @@
 //! The operator web UI under `/ui/`: server-rendered pages for workspaces, versions
 //! (masked, with an audited reveal and download as POST forms), diffs, rollback (a
 //! preview of its diff, then a typed confirmation), force-unlock, search across
-//! workspaces, the audit log and clusters. It is a client of
-//! `operator::Operations`, the same functions the admin API and the CLI call, so the
-//! three can never disagree; every change it makes is audited with the operator's
-//! identity by those functions.
+//! workspaces, the audit log and clusters, and drift (checks, runs with their plan
+//! text, "run check now" and the approval of a drifted check's kept plan). It is a
+//! client of `operator::Operations` and `drift::DriftService`, the same functions the
+//! admin API and the CLI call, so the three can never disagree; every change it makes
+//! is audited with the operator's identity by those functions.
 //!
 //! `session` keeps logins server-side (the only SQL here, on its own table);
-//! `pages` turns plain values into HTML (maud escapes every value it is given);
+//! `pages` and `drift_pages` turn plain values into HTML (maud escapes every value it
+//! is given);
 //! `http::ui` is the pingora glue (cookies, forms, CSRF, security headers).
 
+pub mod drift_pages;
 pub mod pages;
 pub mod session;
 

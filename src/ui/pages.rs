@@ -5,6 +5,7 @@
 use maud::{html, Markup, DOCTYPE};
 use serde_json::Value;
 
+use crate::drift::CheckSummary;
 use crate::operator::diff::{AttributeChange, Change, StateDiff};
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
@@ -53,13 +54,25 @@ pub struct AuditForm {
 
 const PAGE_TITLE_SUFFIX: &str = " · stategate";
 
-fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
+    layout_refreshing(title, chrome, None, body)
+}
+
+/// [`layout`] for a page that reloads itself every `refresh` seconds (a run still
+/// going; the UI has no JavaScript).
+pub(super) fn layout_refreshing(
+    title: &str,
+    chrome: Option<&Chrome>,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
+                @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                 title { (title) (PAGE_TITLE_SUFFIX) }
                 link rel="stylesheet" href="/ui/static/app.css";
             }
@@ -71,6 +84,7 @@ fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
                             a href="/ui/workspaces" { "Workspaces" }
                             a href="/ui/audit" { "Audit" }
                             a href="/ui/clusters" { "Clusters" }
+                            a href="/ui/drift" { "Drift" }
                             a href="/ui/search" { "Search" }
                         }
                         form method="post" action="/ui/logout" {
@@ -86,7 +100,7 @@ fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
     }
 }
 
-fn unix_seconds(rfc3339: &str) -> Option<i64> {
+pub(super) fn unix_seconds(rfc3339: &str) -> Option<i64> {
     time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
         .ok()
         .map(|t| t.unix_timestamp())
@@ -104,7 +118,7 @@ pub fn ago(seconds: i64) -> String {
 }
 
 /// A time in relative form, with the absolute time on hover.
-fn when(rfc3339: &str, now: i64) -> Markup {
+pub(super) fn when(rfc3339: &str, now: i64) -> Markup {
     match unix_seconds(rfc3339) {
         Some(t) => html! { time datetime=(rfc3339) title=(rfc3339) { (ago(now - t)) } },
         None => html! { span.muted { (rfc3339) } },
@@ -120,14 +134,14 @@ pub fn size(bytes: i64) -> String {
     }
 }
 
-fn dash<T: std::fmt::Display>(value: Option<T>) -> String {
+pub(super) fn dash<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "–".into(), |v| v.to_string())
 }
 
 /// A regex matching exactly `text` (the `pattern` of a typed confirmation). Only
 /// syntax characters are escaped: browsers compile `pattern` in Unicode mode, where
 /// any other escape (`\-`) makes the whole pattern invalid and ignored.
-fn exact_pattern(text: &str) -> String {
+pub(super) fn exact_pattern(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escape = r"^$\.*+?()[]{}|/".contains(c);
@@ -136,7 +150,7 @@ fn exact_pattern(text: &str) -> String {
         .collect()
 }
 
-fn ws_href(workspace: &str) -> String {
+pub(super) fn ws_href(workspace: &str) -> String {
     format!("/ui/workspaces/{workspace}")
 }
 
@@ -347,11 +361,13 @@ fn rollback_form(ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
     }
 }
 
+/// `drift`: the workspace's configured drift check, if it has one.
 pub fn workspace(
     chrome: &Chrome,
     ws: &WorkspaceSummary,
     versions: &VersionsPage,
     shown: Option<Notice>,
+    drift: Option<&CheckSummary>,
 ) -> Markup {
     let live: Vec<i64> = versions
         .rows
@@ -363,6 +379,7 @@ pub fn workspace(
         p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
         h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } } }
         @if let Some(n) = shown { (notice(n)) }
+        @if let Some(check) = drift { (super::drift_pages::status_line(chrome, check)) }
         section.card {
             dl.facts {
                 dt { "Latest version" } dd { (dash(ws.version)) }
@@ -799,7 +816,7 @@ mod tests {
             search(&chrome, evil, Some(&found)),
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
-            workspace(&chrome, &ws, &page, None),
+            workspace(&chrome, &ws, &page, None, None),
             version(&chrome, "prod", &row, &Content::Json(evil.into()), true),
             audit(&chrome, &form, &[audit_row], Some(evil)),
             error(Some(&chrome), 423, evil, Some((evil, evil))),

@@ -1,6 +1,7 @@
 //! In-process test server: the real gateway on 127.0.0.1:0 over a temp data dir.
 #![allow(dead_code)]
 
+pub mod drift;
 pub mod engine;
 
 use std::sync::Arc;

@@ -1,0 +1,495 @@
+//! The drift pages, from the plain values `drift::DriftService` returns: the configured
+//! checks with their status and the newest runs, one run with its plan text, the
+//! approval form of a drifted check's kept plan, and the drift line of a workspace
+//! page. Like `pages`, everything is interpolated with maud's escaping `(…)`; plan
+//! text and messages come from a child process and are always text.
+
+use maud::{html, Markup};
+
+use super::pages::{
+    dash, exact_pattern, layout, layout_refreshing, unix_seconds, when, ws_href, Chrome,
+};
+use crate::drift::{Changes, CheckSummary, Kind, Outcome, Run};
+
+/// How often a page showing a run that is still going reloads itself (seconds).
+const REFRESH_WHILE_RUNNING: u32 = 2;
+
+pub fn run_href(id: i64) -> String {
+    format!("/ui/drift/{id}")
+}
+
+fn drift_href(workspace: &str) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    q.append_pair("workspace", workspace);
+    format!("/ui/drift?{}", q.finish())
+}
+
+/// An outcome as a coloured badge.
+fn outcome_badge(outcome: Option<Outcome>) -> Markup {
+    let Some(o) = outcome else {
+        return html! { span.badge.running { "running" } };
+    };
+    let class = match o {
+        Outcome::InSync | Outcome::Applied => "ok",
+        Outcome::Drifted => "warn",
+        Outcome::Error | Outcome::ApplyFailed | Outcome::StalePlan => "bad",
+        Outcome::SkippedLocked => "quiet",
+    };
+    html! { span class=(format!("badge outcome {class}")) { (o.as_str()) } }
+}
+
+fn changes_text(c: Option<Changes>) -> String {
+    c.map_or_else(
+        || "–".into(),
+        |c| {
+            format!(
+                "{} to add, {} to change, {} to destroy",
+                c.add, c.change, c.destroy
+            )
+        },
+    )
+}
+
+/// A future time as `in 5 min` (absolute on hover); past or now: `due now`.
+fn until(rfc3339: &str, now: i64) -> Markup {
+    match unix_seconds(rfc3339) {
+        Some(t) if t > now => {
+            let rel = super::pages::ago(t - now);
+            html! { time datetime=(rfc3339) title=(rfc3339) { "in " (rel.trim_end_matches(" ago")) } }
+        }
+        Some(_) => html! { time datetime=(rfc3339) title=(rfc3339) { "due now" } },
+        None => html! { span.muted { (rfc3339) } },
+    }
+}
+
+fn state_moved_badge(run: &Run) -> Markup {
+    html! {
+        @if run.state_moved {
+            span.badge.warn title="The workspace has a newer state than the one this check planned against: its finding may no longer hold." { "state moved" }
+        }
+    }
+}
+
+/// A check's status: its newest finished check's outcome, or `never run`.
+fn check_status(check: &CheckSummary) -> Markup {
+    html! {
+        @match &check.last_check {
+            Some(run) => {
+                (outcome_badge(run.outcome))
+                (state_moved_badge(run))
+                @if run.outcome == Some(Outcome::SkippedLocked) {
+                    @if let Some(status) = check.status {
+                        " " span.muted { "(last known: " (status.as_str()) ")" }
+                    }
+                }
+                @if run.approvable { " " span.badge.warn { "awaiting approval" } }
+            }
+            None => span.badge.quiet { "never run" },
+        }
+        @if let Some(id) = check.running {
+            " " a href=(run_href(id)) { span.badge.running { "running" } }
+        }
+    }
+}
+
+/// The drift line of a workspace page that has a configured check.
+pub fn status_line(chrome: &Chrome, check: &CheckSummary) -> Markup {
+    html! {
+        p.drift-line #drift-status {
+            "Drift: " (check_status(check))
+            @if let Some(run) = &check.last_check {
+                " · checked "
+                @match &run.finished_at { Some(t) => (when(t, chrome.now)), None => "–" }
+                " · " a href=(run_href(run.id)) { "run #" (run.id) }
+            }
+            " · " a href=(drift_href(&check.workspace)) { "drift checks and runs" }
+        }
+    }
+}
+
+fn run_check_button(chrome: &Chrome, check: &CheckSummary) -> Markup {
+    html! {
+        form.link method="post" action=(format!("/ui/drift/{}/run", check.workspace)) {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            button.link type="submit" disabled[check.running.is_some()] { "Run check now" }
+        }
+    }
+}
+
+fn checks_table(chrome: &Chrome, checks: &[CheckSummary]) -> Markup {
+    let now = chrome.now;
+    html! {
+        div.table-wrap { table #checks {
+            thead { tr {
+                th { "Workspace" } th { "Status" } th { "Last check" } th.hide-narrow { "Changes" }
+                th { "Next due" } th { "" }
+            } }
+            tbody { @for c in checks { tr {
+                td { a href=(ws_href(&c.workspace)) { (c.workspace) } }
+                td { (check_status(c)) }
+                td.nowrap { @match &c.last_check {
+                    Some(run) => {
+                        a href=(run_href(run.id)) { "#" (run.id) } " "
+                        @match &run.finished_at { Some(t) => (when(t, now)), None => "–" }
+                    }
+                    None => span.muted { "–" },
+                } }
+                td.hide-narrow { (changes_text(c.last_check.as_ref().and_then(|r| r.changes))) }
+                td.nowrap { @match &c.next_due_at {
+                    Some(t) => (until(t, now)),
+                    None => span.muted title="interval_seconds = 0" { "on demand" },
+                } }
+                td.nowrap { (run_check_button(chrome, c)) }
+            } } }
+        } }
+    }
+}
+
+/// A run's relation to its check or apply.
+fn run_note(run: &Run) -> Markup {
+    html! {
+        @if let Some(check) = run.applies {
+            "applies " a href=(run_href(check)) { "#" (check) }
+        } @else if let Some(apply) = run.applied_by {
+            "approved: " a href=(run_href(apply)) { "apply #" (apply) }
+        } @else if run.approvable {
+            span.badge.warn { "awaiting approval" }
+        }
+        (state_moved_badge(run))
+    }
+}
+
+fn runs_table(chrome: &Chrome, runs: &[Run]) -> Markup {
+    html! {
+        div.table-wrap { table #runs {
+            thead { tr {
+                th.num { "Run" } th { "Workspace" } th.hide-narrow { "Kind" } th { "Outcome" }
+                th.hide-narrow { "Trigger" } th { "Started" } th.hide-narrow { "Changes" } th { "" }
+            } }
+            tbody { @for r in runs { tr {
+                td.num { a href=(run_href(r.id)) { "#" (r.id) } }
+                td { a href=(drift_href(&r.workspace)) { (r.workspace) } }
+                td.hide-narrow { (kind_text(r.kind)) }
+                td { (outcome_badge(r.outcome)) }
+                td.hide-narrow { (r.trigger) }
+                td.nowrap { (when(&r.started_at, chrome.now)) }
+                td.hide-narrow { (changes_text(r.changes)) }
+                td { (run_note(r)) }
+            } } }
+        } }
+    }
+}
+
+fn kind_text(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Check => "check",
+        Kind::Apply => "apply",
+    }
+}
+
+/// The runs listing's state: the workspace filter as typed, the limit, and whether
+/// there may be more.
+pub struct RunsView<'a> {
+    pub workspace: &'a str,
+    pub limit: u32,
+    pub more: Option<String>,
+}
+
+pub fn drift(chrome: &Chrome, checks: &[CheckSummary], runs: &[Run], view: &RunsView) -> Markup {
+    let body = html! {
+        h1 { "Drift" }
+        p.muted {
+            "A drift check is a scheduled " code { "plan -detailed-exitcode" } " of a workspace: "
+            "in_sync (exit 0), drifted (exit 2: the infrastructure no longer matches the code), "
+            "error, or skipped_locked (someone held the lock)."
+        }
+        @if checks.is_empty() {
+            div.card.empty #no-checks {
+                "No drift checks are configured. Add a " code { "[[drift]]" } " entry (" code { "workspace" } ", "
+                code { "dir" } ", " code { "binary" } ", " code { "interval_seconds" } ") to the configuration file and restart stategate; "
+                "see the README section “Drift checks”."
+            }
+        } @else {
+            (checks_table(chrome, checks))
+        }
+        h2 { "Recent runs" }
+        form.inline method="get" action="/ui/drift" {
+            label { "Workspace" input type="text" name="workspace" value=(view.workspace) placeholder="prod"; }
+            button type="submit" { "Filter" }
+            @if !view.workspace.is_empty() { a href="/ui/drift" { "Clear" } }
+        }
+        @if runs.is_empty() {
+            div.card.empty {
+                @if view.workspace.is_empty() { "No drift runs yet." } @else { "No drift runs of “" (view.workspace) "”." }
+            }
+        } @else {
+            (runs_table(chrome, runs))
+        }
+        div.pager {
+            span.muted { "The newest " (view.limit) " runs." }
+            @if let Some(href) = &view.more { a href=(href) { "Show more →" } }
+        }
+    };
+    layout("Drift", Some(chrome), body)
+}
+
+/// Why a drifted check's plan cannot be approved (it is not `approvable`).
+fn not_approvable(run: &Run, now: i64) -> Option<String> {
+    if run.kind != Kind::Check || run.outcome != Some(Outcome::Drifted) || run.approvable {
+        return None;
+    }
+    Some(match (run.applied_by, run.plan_expires_at) {
+        (Some(apply), _) => format!("This plan was approved already (apply run #{apply})."),
+        (None, None) => {
+            "No plan was kept for approval (approve_apply is off for this check, or keeping it failed).".into()
+        }
+        (None, Some(t)) if t <= now => "The kept plan has expired; run a new check.".into(),
+        (None, Some(_)) => "The kept plan cannot be approved now.".into(),
+    })
+}
+
+fn approve_form(chrome: &Chrome, run: &Run) -> Markup {
+    let ws = &run.workspace;
+    html! {
+        h2 { "Approve and apply" }
+        p {
+            "Applies exactly this saved plan to " strong { (ws) } " with its derived backend credentials, "
+            "as a new apply run audited as " code { "drift.apply_approved" } " by you. "
+            "Terraform refuses the plan if the state moved on since the check."
+        }
+        @if run.state_moved {
+            p.notice.warn { "The workspace’s state changed since this check planned; Terraform will most likely refuse this plan as stale. Run a new check instead." }
+        }
+        form.inline #approve method="post" action=(format!("/ui/drift/{}/apply", run.id)) {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            label {
+                "Type " code { (ws) } " to confirm"
+                input type="text" name="confirm" required autocomplete="off" pattern=(exact_pattern(ws));
+            }
+            button.danger type="submit" { "Approve and apply" }
+        }
+    }
+}
+
+/// One run; `output`: its stored plan or apply text.
+pub fn run(chrome: &Chrome, run: &Run, output: Option<&str>) -> Markup {
+    let now = chrome.now;
+    let running = run.finished_at.is_none();
+    let body = html! {
+        p.muted {
+            a href="/ui/drift" { "Drift" } " / " a href=(drift_href(&run.workspace)) { (run.workspace) } " /"
+        }
+        h1 { "Drift " (kind_text(run.kind)) " #" (run.id) " · " (run.workspace) " " (outcome_badge(run.outcome)) }
+        @if running {
+            p.notice.warn #running { "This run is still going; the page reloads every " (REFRESH_WHILE_RUNNING) " seconds." }
+        }
+        @if run.state_moved && !run.approvable {
+            p.notice.warn { "The workspace’s state changed since this check planned; its finding may no longer hold." }
+        }
+        section.card { dl.facts #run-facts {
+            dt { "Workspace" } dd { a href=(ws_href(&run.workspace)) { (run.workspace) } }
+            dt { "Kind" } dd { (kind_text(run.kind)) }
+            dt { "Outcome" } dd { @match run.outcome { Some(o) => (o.as_str()), None => "running" } }
+            dt { "Trigger" } dd { (run.trigger) }
+            dt { "Started" } dd { (when(&run.started_at, now)) }
+            dt { "Finished" } dd { @match &run.finished_at { Some(t) => (when(t, now)), None => "–" } }
+            dt { "Exit code" } dd { (dash(run.exit_code)) }
+            dt { "Changes" } dd { (changes_text(run.changes)) }
+            dt { "Planned against" } dd {
+                "serial " (dash(run.serial)) ", lineage " code { (run.lineage.as_deref().unwrap_or("–")) }
+            }
+            @if let Some(check) = run.applies {
+                dt { "Applies" } dd { a href=(run_href(check)) { "check #" (check) } }
+            }
+            @if let Some(apply) = run.applied_by {
+                dt { "Approved" } dd { a href=(run_href(apply)) { "apply run #" (apply) } }
+            }
+            @if let Some(t) = run.plan_expires_at.filter(|_| run.applied_by.is_none()) {
+                dt { "Plan kept until" } dd { (expiry(t, now)) }
+            }
+            dt { "Message" } dd #message { (run.message.as_deref().unwrap_or("–")) }
+        } }
+        @if run.approvable {
+            (approve_form(chrome, run))
+        } @else if let Some(why) = not_approvable(run, now) {
+            p.notice.warn #not-approvable { (why) }
+        }
+        h2 { "Output" }
+        @match output {
+            Some(text) => pre #output { (text) },
+            None => p.muted { @if running { "Not finished yet." } @else { "No output was stored for this run." } },
+        }
+    };
+    let title = format!("drift run {}", run.id);
+    layout_refreshing(
+        &title,
+        Some(chrome),
+        running.then_some(REFRESH_WHILE_RUNNING),
+        body,
+    )
+}
+
+fn expiry(unix: i64, now: i64) -> Markup {
+    let rfc = time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string());
+    if unix <= now {
+        html! { span title=(rfc) { "expired" } }
+    } else {
+        until(&rfc, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_with(outcome: Option<Outcome>, evil: &str) -> Run {
+        Run {
+            id: 7,
+            workspace: "prod".into(),
+            kind: Kind::Check,
+            trigger: evil.into(),
+            applies: None,
+            started_at: evil.into(),
+            finished_at: Some(evil.into()),
+            exit_code: Some(2),
+            outcome,
+            message: Some(evil.into()),
+            changes: Some(Changes {
+                add: 1,
+                change: 2,
+                destroy: 3,
+            }),
+            serial: Some(4),
+            lineage: Some(evil.into()),
+            output_blob: None,
+            plan_expires_at: Some(i64::MAX),
+            applied_by: None,
+            approvable: true,
+            state_moved: true,
+        }
+    }
+
+    #[test]
+    fn drift_values_are_escaped_and_approval_needs_the_typed_name() {
+        let evil = "<script>alert(1)</script>";
+        let chrome = Chrome {
+            email: evil,
+            csrf: evil,
+            now: 0,
+        };
+        let r = run_with(Some(Outcome::Drifted), evil);
+        let check = CheckSummary {
+            workspace: "prod".into(),
+            dir: evil.into(),
+            binary: evil.into(),
+            interval_seconds: 60,
+            timeout_seconds: 60,
+            approve_apply: true,
+            status: Some(Outcome::Drifted),
+            status_at: Some(evil.into()),
+            running: None,
+            last_check: Some(r.clone()),
+            next_due_at: Some(evil.into()),
+        };
+        let view = RunsView {
+            workspace: evil,
+            limit: 50,
+            more: Some(evil.into()),
+        };
+        for page in [
+            run(&chrome, &r, Some(evil)),
+            drift(
+                &chrome,
+                std::slice::from_ref(&check),
+                std::slice::from_ref(&r),
+                &view,
+            ),
+            status_line(&chrome, &check),
+        ] {
+            let html = page.into_string();
+            assert!(!html.contains("<script>"), "{html}");
+            assert!(html.contains("&lt;script&gt;"));
+        }
+        let page = run(&chrome, &r, None).into_string();
+        assert!(page.contains(r#"id="approve""#) && page.contains(r#"pattern="prod""#));
+        assert!(page.contains("state changed since this check planned"));
+    }
+
+    #[test]
+    fn only_an_approvable_run_has_the_form_and_others_say_why() {
+        let approved = Run {
+            approvable: false,
+            applied_by: Some(9),
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        let no_plan = Run {
+            approvable: false,
+            plan_expires_at: None,
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        let expired = Run {
+            approvable: false,
+            plan_expires_at: Some(5),
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        let in_sync = Run {
+            approvable: false,
+            ..run_with(Some(Outcome::InSync), "x")
+        };
+        let running = Run {
+            approvable: false,
+            finished_at: None,
+            ..run_with(None, "x")
+        };
+        let chrome = Chrome {
+            email: "a",
+            csrf: "c",
+            now: 10,
+        };
+        for (r, says) in [
+            (&approved, Some("approved already (apply run #9)")),
+            (&no_plan, Some("No plan was kept")),
+            (&expired, Some("expired; run a new check")),
+            (&in_sync, None),
+            (&running, None),
+        ] {
+            let html = run(&chrome, r, None).into_string();
+            assert!(!html.contains(r#"id="approve""#), "{r:?}");
+            match says {
+                Some(text) => assert!(html.contains(text), "{text}: {html}"),
+                None => assert!(!html.contains("not-approvable")),
+            }
+        }
+        let html = run(&chrome, &running, None).into_string();
+        assert!(
+            html.contains(r#"http-equiv="refresh""#),
+            "a running run reloads"
+        );
+        assert!(!run(&chrome, &in_sync, None)
+            .into_string()
+            .contains("http-equiv"));
+    }
+
+    #[test]
+    fn an_empty_configuration_says_how_to_configure_drift() {
+        let chrome = Chrome {
+            email: "a",
+            csrf: "c",
+            now: 0,
+        };
+        let view = RunsView {
+            workspace: "",
+            limit: 50,
+            more: None,
+        };
+        let html = drift(&chrome, &[], &[], &view).into_string();
+        assert!(html.contains("No drift checks are configured"));
+        assert!(html.contains("[[drift]]") && html.contains("Drift checks"));
+    }
+}

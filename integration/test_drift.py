@@ -4,7 +4,9 @@ comes from the check's own `-var-file` is in sync; changing that file makes the 
 check drifted (a test HTTP server receives the webhook and verifies its HMAC
 signature; /metrics flips); `drift apply` applies exactly the kept plan (audited), and
 the next check is in sync again; a plan kept across a newer apply is refused as stale;
-approving twice or a run that was not drifted is refused. A workspace locked by
+approving twice or a run that was not drifted is refused; in a real browser, an
+operator sees the drifted run in the web UI, approves it by typing the workspace's
+name, sees the apply finish and starts an in-sync check. A workspace locked by
 another client (a LOCK request, and a real `terraform apply` blocked in a provisioner)
 is `skipped_locked` and the holder untouched (the apply finishes); a check that hangs is
 killed with its process group at its timeout and leaves the workspace unlocked (the
@@ -26,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness import BACKEND_HTTP, http as http_call, lock_info, stategate_bin, venv_dir
+from browser_support import Page, browser  # noqa: F401 (a fixture)
+from harness import BACKEND_HTTP, Server, http as http_call, lock_info, stategate_bin, venv_dir
 
 
 def cli(server, *args, ok=True):
@@ -324,3 +327,61 @@ def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, 
     assert [a["actor"] for a in audit] == [f"drift:run-{hung['id']}"], audit
     assert audit[0]["payload"]["lock_id"] == "hung-plan-lock"
     assert os.path.exists(server.data_dir / "drift")
+
+
+def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
+    """Once, on the local store (the UI calls the same DriftService the tests above cover)."""
+    ws_name = "drift-ui-e2e"
+    operator = "drift-ui@example.com"
+    tfdir = tmp_path / "w"
+    cfg = config_file(tmp_path / "drift.toml", [{
+        "workspace": ws_name, "dir": str(tfdir), "binary": TERRAFORM, "var_files": ["drift.tfvars"],
+        "interval_seconds": 0, "timeout_seconds": 60, "approve_apply": True, "env": tf_env_for_check(tf_env),
+    }])
+    server = Server(data_dir=tmp_path / "data", store="local", extra_env={"STATEGATE_CONFIG": str(cfg)}).start()
+    try:
+        ws = server.workspace(ws_name)
+        tf = make_tf("w", ws.env)
+        tf.write(MAIN)
+        (tfdir / "drift.tfvars").write_text('v = "one"\n')
+        tf.init()
+        tf.apply("-var-file=drift.tfvars")
+        (tfdir / "drift.tfvars").write_text('v = "two"\n')
+        drifted = run_check(server, ws_name)
+        assert drifted["outcome"] == "drifted", drifted
+        token = cli(server, "admin", "operator", "create", "--email", operator).stdout.strip().split()[-1]
+
+        shots = tmp_path / "screenshots"
+        shots.mkdir()
+        page = Page(browser, server.url, shots)
+        page.open("/ui/login")
+        page.fill("input[name=token]", token)
+        page.submit("form[action='/ui/login']")
+        page.wait_text("Workspaces", operator)
+
+        # The drift page: the check is drifted, its plan awaiting approval.
+        browser.find_element(page.By.LINK_TEXT, "Drift").click()
+        page.wait_text("Recent runs", ws_name, "drifted", "awaiting approval", "0 to add, 1 to change, 0 to destroy")
+        page.shot("drift-01-checks")
+        browser.find_element(page.By.LINK_TEXT, f"#{drifted['id']}").click()
+        page.wait_text(f"Drift check #{drifted['id']}", '"one" -> "two"', "Approve and apply")
+        page.shot("drift-02-drifted-run")
+
+        # Approve with the typed name: the apply run's page, reloading until it is done.
+        page.fill("#approve input[name=confirm]", ws_name)
+        page.submit("#approve")
+        text = page.wait_text("Drift apply #", f"check #{drifted['id']}", "Apply complete!")
+        assert f"operator:{operator}" in text, text
+        assert "applied" in text, text
+        page.shot("drift-03-applied")
+        assert ws.get().json()["resources"][0]["instances"][0]["attributes"]["input"]["value"] == "two"
+
+        # Run check now: in sync again.
+        browser.find_element(page.By.LINK_TEXT, "Drift").click()
+        page.wait_text("Run check now")
+        page.css(f"form[action='/ui/drift/{ws_name}/run'] button").click()
+        text = page.wait_text("Drift check #", "in_sync", "0 to add, 0 to change, 0 to destroy")
+        assert "still going" not in text, text
+        page.shot("drift-04-in-sync")
+    finally:
+        server.stop()

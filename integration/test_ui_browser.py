@@ -21,16 +21,14 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from browser_support import Page, browser  # noqa: F401 (a fixture)
 from harness import BACKEND_HTTP, Server, data_resource, stategate_bin
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 OPERATOR = "ui-e2e@example.com"
 ACTOR = f"operator:{OPERATOR}"
 REPO = Path(__file__).resolve().parent.parent
@@ -41,38 +39,6 @@ def config(value: str) -> str:
 
 
 SLOW = 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 120"\n  }\n}\n'
-WAIT = 30
-
-
-def _selenium():
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support.ui import WebDriverWait
-    except ImportError as e:  # a missing tool fails: the setup script installs it
-        pytest.fail(f"selenium is not installed ({e}); run scripts/setup-test-deps.sh")
-    return webdriver, By, WebDriverWait
-
-
-@pytest.fixture
-def browser(tmp_path):
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            pytest.fail(f"{path} is missing; run scripts/setup-test-deps.sh (apt chromium chromium-driver)")
-    webdriver, _, _ = _selenium()
-    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1000"):
-        opts.add_argument(arg)
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=opts, service=service)
-    driver.set_page_load_timeout(WAIT)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
@@ -89,46 +55,6 @@ def cli(server, *args) -> str:
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
     assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
     return p.stdout
-
-
-class Page:
-    """The browser, with waits on visible text (never fixed sleeps)."""
-
-    def __init__(self, driver, base: str, shots: Path):
-        self.d = driver
-        self.base = base
-        self.shots = shots
-        _, self.By, self.Wait = _selenium()
-
-    def open(self, path: str):
-        self.d.get(self.base + path)
-
-    def text(self) -> str:
-        return self.d.find_element(self.By.TAG_NAME, "body").text
-
-    def wait_text(self, *needles: str) -> str:
-        try:
-            self.Wait(self.d, WAIT).until(lambda d: all(n in self.text() for n in needles))
-        except Exception:
-            self.shot("failed-wait")
-            raise AssertionError(f"page never showed {needles}; it shows:\n{self.text()}")
-        return self.text()
-
-    def css(self, selector: str):
-        return self.d.find_element(self.By.CSS_SELECTOR, selector)
-
-    def fill(self, selector: str, value: str):
-        field = self.css(selector)
-        field.clear()
-        field.send_keys(value)
-
-    def submit(self, form: str):
-        self.css(f"{form} button[type=submit]").click()
-
-    def shot(self, name: str) -> Path:
-        path = self.shots / f"{name}.png"
-        self.d.save_screenshot(str(path))
-        return path
 
 
 def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):

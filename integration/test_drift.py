@@ -383,5 +383,14 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         text = page.wait_text("Drift check #", "in_sync", "0 to add, 0 to change, 0 to destroy")
         assert "still going" not in text, text
         page.shot("drift-04-in-sync")
+
+        # On a phone-sized screen the drift pages still fit (wide tables scroll in their box).
+        browser.set_window_size(390, 844)
+        for path in ("/ui/drift", f"/ui/drift/{drifted['id']}", f"/ui/workspaces/{ws_name}"):
+            page.open(path)
+            page.wait_text(operator, "in_sync" if "workspaces" in path else "Drift")
+            overflow = browser.execute_script(
+                "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 1, f"{path} is {overflow}px wider than a phone screen"
     finally:
         server.stop()

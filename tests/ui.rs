@@ -1374,6 +1374,10 @@ async fn the_drift_page_says_how_to_configure_checks_when_there_are_none() {
     let page = env.page("/ui/drift", &cookie).await;
     assert!(page.contains("No drift checks are configured"), "{page}");
     assert!(page.contains("[[drift]]") && page.contains("Drift checks"));
-    let ws = env.page("/ui/workspaces", &cookie).await;
-    assert!(ws.contains("Drift"));
+    assert!(page.contains("No drift runs yet."));
+    env.write("prod", state(1, "lineage-1", &resource("a", "one")))
+        .await;
+    let ws = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(ws.contains(r#"href="/ui/drift""#), "the nav links the page");
+    assert!(!ws.contains("drift-status"), "no check, no drift line");
 }

@@ -1,6 +1,7 @@
 //! HTTP framing for the web UI (`crate::ui`): the session cookie first (no session →
 //! 303 to the login page, before anything is read or shown), then the form body
-//! (bounded, urlencoded) and its CSRF token, then one `Operations` call and its page.
+//! (bounded, urlencoded) and its CSRF token, then one `Operations` (or, for drift,
+//! `DriftService`) call and its page.
 //! Every answer carries the UI's security headers. No SQL or blobs here.
 
 use bytes::Bytes;

@@ -107,6 +107,26 @@ pub fn status_line(chrome: &Chrome, check: &CheckSummary) -> Markup {
     }
 }
 
+/// `tofu · every 1 h · apply by approval`
+fn check_settings(c: &CheckSummary) -> String {
+    let binary = std::path::Path::new(&c.binary)
+        .file_name()
+        .map_or_else(|| c.binary.clone(), |n| n.to_string_lossy().into_owned());
+    let every = match c.interval_seconds {
+        0 => "on demand".to_string(),
+        s => format!(
+            "every {}",
+            super::pages::ago(s as i64).trim_end_matches(" ago")
+        ),
+    };
+    let approval = if c.approve_apply {
+        " · apply by approval"
+    } else {
+        ""
+    };
+    format!("{binary} · {every}{approval}")
+}
+
 fn run_check_button(chrome: &Chrome, check: &CheckSummary) -> Markup {
     html! {
         form.link method="post" action=(format!("/ui/drift/{}/run", check.workspace)) {
@@ -125,7 +145,11 @@ fn checks_table(chrome: &Chrome, checks: &[CheckSummary]) -> Markup {
                 th { "Next due" } th { "" }
             } }
             tbody { @for c in checks { tr {
-                td { a href=(ws_href(&c.workspace)) { (c.workspace) } }
+                td {
+                    a href=(ws_href(&c.workspace)) { (c.workspace) }
+                    br;
+                    span.muted.small title=(c.dir.display().to_string()) { (check_settings(c)) }
+                }
                 td { (check_status(c)) }
                 td.nowrap { @match &c.last_check {
                     Some(run) => {
@@ -416,6 +440,9 @@ mod tests {
             assert!(!html.contains("<script>"), "{html}");
             assert!(html.contains("&lt;script&gt;"));
         }
+        assert!(drift(&chrome, &[check], &[], &view)
+            .into_string()
+            .contains("script&gt; · every 60s · apply by approval"));
         let page = run(&chrome, &r, None).into_string();
         assert!(page.contains(r#"id="approve""#) && page.contains(r#"pattern="prod""#));
         assert!(page.contains("state changed since this check planned"));

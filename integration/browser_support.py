@@ -74,7 +74,10 @@ class Page:
 
     def wait_text(self, *needles: str) -> str:
         try:
-            self.Wait(self.d, WAIT).until(lambda d: all(n in self.text() for n in needles))
+            # A navigation may replace <body> between finding it and reading its text.
+            from selenium.common.exceptions import StaleElementReferenceException
+            self.Wait(self.d, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+                lambda d: all(n in self.text() for n in needles))
         except Exception:
             self.shot("failed-wait")
             raise AssertionError(f"page never showed {needles}; it shows:\n{self.text()}")

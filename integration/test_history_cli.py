@@ -37,6 +37,7 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
     assert "1 added" in tf.apply().stdout
     v1_state = ws.get().json()
     tf.write(BACKEND_HTTP + data_resource("a", "one") + data_resource("b", "two"))
+    tf.plan("-out=at-v1.tfplan")  # saved against version 1's serial: the one a rollback restores
     assert "1 added" in tf.apply().stdout
     v2_state = ws.get().json()
     tf.plan("-out=before.tfplan")  # saved against version 2's serial
@@ -63,19 +64,24 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
     bad = cli(server, "workspace", "rollback", ws_name, "--to", "9", ok=False)
     assert bad.returncode != 0 and "no version 9" in bad.stderr, bad.stderr
 
-    # roll forward: version 3 holds version 1's bytes
+    # roll forward: version 3 holds version 1's content under a serial above every stored
+    # one, so plans saved before the rollback are stale
     done = cli(server, "workspace", "rollback", ws_name, "--to", "1")
     new = json.loads(done.stdout)
-    assert (new["version"], new["serial"], new["sha256"]) == (3, rows[1]["serial"], rows[1]["sha256"]), done
-    assert "serial" in done.stderr and "plan" in done.stderr  # the operator is told about serials
+    fresh = v2_state["serial"] + 1
+    assert (new["version"], new["serial"]) == (3, fresh), done
+    assert "serial" in done.stderr and "stale" in done.stderr  # the operator is told about serials
     got = ws.get()
-    assert got.status == 200 and got.json() == v1_state, got
+    assert got.status == 200 and got.json() == {**v1_state, "serial": fresh}, got
     assert resources_of(got.json()) == ["terraform_data.a"]
     assert [r["version"] for r in history(server, ws_name)] == [3, 2, 1]
 
-    # a plan saved before the rollback no longer matches the state's serial
-    stale = tf.run("apply", "-input=false", "-no-color", "before.tfplan", check=False)
-    assert stale.returncode != 0 and "Saved plan is stale" in stale.output, stale
+    # a plan saved before the rollback no longer matches the state's serial — also one
+    # saved against the very version restored (it was made before later applies changed
+    # the infrastructure)
+    for saved in ("before.tfplan", "at-v1.tfplan"):
+        stale = tf.run("apply", "-input=false", "-no-color", saved, check=False)
+        assert stale.returncode != 0 and "Saved plan is stale" in stale.output, (saved, stale)
 
     # audited, metadata only
     audit = json_lines(cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout)
@@ -85,11 +91,11 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
     assert {"tf.lock_acquired", "tf.lock_released"} <= set(events), events
     rollback = audit[events.index("tf.rollback")]
     assert rollback["payload"] == {"from_version": 2, "to_version": 1, "new_version": 3,
-                                   "serial": v1_state["serial"]}
+                                   "serial": fresh, "restored_serial": v1_state["serial"]}
     assert all("resources" not in json.dumps(a["payload"]) for a in audit), audit
 
-    # Terraform carries on from the restored state: it reads serial N (version 1's),
-    # plans to re-create b, and writes serial N+1 (the number version 2 had).
+    # Terraform carries on from the restored state: it reads the fresh serial, plans to
+    # re-create b, and writes the serial after it (never one an earlier version had).
     plan = tf.plan("-detailed-exitcode", check=False)
     assert plan.returncode == 2 and "1 to add, 0 to change, 0 to destroy" in plan.stdout, plan
     r = tf.apply()
@@ -97,7 +103,7 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
     after = ws.get().json()
     assert resources_of(after) == ["terraform_data.a", "terraform_data.b"]
     assert after["lineage"] == v1_state["lineage"]
-    assert after["serial"] == v1_state["serial"] + 1 == v2_state["serial"], (after["serial"], v2_state["serial"])
+    assert after["serial"] == fresh + 1, (after["serial"], fresh)
     tf.plan_no_changes()
     assert [r["version"] for r in history(server, ws_name)] == [4, 3, 2, 1]
 

@@ -134,7 +134,8 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
     assert tomb.returncode != 0 and tomb.stdout == "" and "tombstone" in tomb.stderr, tomb
     restored = cli(server, "workspace", "restore", ws_name, "--json")
     assert json_lines(restored.stdout)[0]["written"] is True
-    assert ws.get().json() == before_delete
+    # the content before the delete, under the next serial (plans saved before are stale)
+    assert ws.get().json() == {**before_delete, "serial": before_delete["serial"] + 1}
     assert listed(server, ws_name)["deleted"] is False
     tf.plan_no_changes()
     again = cli(server, "workspace", "restore", ws_name, ok=False)

@@ -138,10 +138,9 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
                 );
                 if let Some(serial) = row.serial {
                     eprintln!(
-                        "Its serial is {serial}: the next `terraform apply` reads it and writes serial {}, \
-                         a number later versions already used. Plan files saved before this rollback \
-                         must be discarded (Terraform checks a saved plan against lineage and serial only).",
-                        serial + 1
+                        "It carries serial {serial}, above every serial stored before, so a plan file \
+                         saved before this rollback is refused as stale (an OpenTofu-encrypted state \
+                         keeps its old serial: discard such plan files yourself)."
                     );
                 }
             }

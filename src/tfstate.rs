@@ -198,6 +198,28 @@ enum Kind {
     Other,
 }
 
+/// `body` with its top-level `serial` set to `serial` and every other byte unchanged;
+/// `None` unless `body` is a plain state (not OpenTofu's encrypted envelope, whose
+/// clear fields the client may authenticate) with an integer serial. A rollback uses it
+/// to give restored content a serial above every one stored, so each plan saved before
+/// the rollback is refused as stale instead of applying to a state it was not made for.
+pub fn with_serial(body: &[u8], serial: i64) -> Option<Vec<u8>> {
+    let mut scanner = StateScanner::new();
+    scanner.push(body).ok()?;
+    let plain = scanner.probe.version && !scanner.probe.encrypted_data;
+    let (start, end) = scanner.serial_span?;
+    scanner.finish().ok()?;
+    if !plain || serial < 0 {
+        return None;
+    }
+    let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
+    let mut out = Vec::with_capacity(body.len() + 20);
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(serial.to_string().as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
 /// Longest string or number the scanner keeps (longer lineages are refused anyway).
 const MAX_CAPTURE: usize = 1024;
 
@@ -228,6 +250,10 @@ pub struct StateScanner {
     capture: Option<Vec<u8>>,
     overflow: bool,
     failed: bool,
+    /// Where the top-level value being read began.
+    value_at: u64,
+    /// The bytes of the top-level `serial` number, once read.
+    serial_span: Option<(u64, u64)>,
 }
 
 impl Default for StateScanner {
@@ -257,6 +283,8 @@ impl StateScanner {
             capture: None,
             overflow: false,
             failed: false,
+            value_at: 0,
+            serial_span: None,
         }
     }
 
@@ -423,6 +451,7 @@ impl StateScanner {
         };
         if top {
             self.kind = Some(kind);
+            self.value_at = self.offset;
         }
         let key = if top { self.key } else { None };
         match b {
@@ -498,6 +527,9 @@ impl StateScanner {
             Key::Version => self.probe.version = present,
             Key::EncryptedData => self.probe.encrypted_data = present,
             Key::Serial if present => {
+                if kind == Kind::Num {
+                    self.serial_span = Some((self.value_at, self.offset));
+                }
                 let number = text
                     .filter(|_| kind == Kind::Num)
                     .and_then(|t| String::from_utf8(t).ok())
@@ -776,6 +808,38 @@ mod tests {
                 "{} (pieces of {piece})",
                 String::from_utf8_lossy(&body[..body.len().min(120)])
             );
+        }
+    }
+
+    #[test]
+    fn with_serial_changes_only_the_top_level_serial() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (
+                r#"{"version":4,"serial":3,"lineage":"l","outputs":{"serial":{"value":3}}}"#,
+                Some(r#"{"version":4,"serial":17,"lineage":"l","outputs":{"serial":{"value":3}}}"#),
+            ),
+            (
+                "{\n  \"lineage\": \"l\",\n  \"serial\" :  12 ,\n  \"version\": 4\n}\n",
+                Some("{\n  \"lineage\": \"l\",\n  \"serial\" :  17 ,\n  \"version\": 4\n}\n"),
+            ),
+            // OpenTofu's encrypted envelope: left alone.
+            (
+                r#"{"serial":3,"lineage":"l","encrypted_data":"x","encryption_version":"v0"}"#,
+                None,
+            ),
+            // Not a state, or no usable serial.
+            (r#"{"version":4,"serial":1.5,"lineage":"l"}"#, None),
+            (r#"{"version":4,"serial":"3","lineage":"l"}"#, None),
+            (r#"{"version":4,"lineage":"l"}"#, None),
+            (r#"{"version":4,"serial":3,"lineage":"l""#, None),
+            ("not json", None),
+        ];
+        for (body, expected) in cases {
+            let got = with_serial(body.as_bytes(), 17);
+            assert_eq!(got.as_deref(), expected.map(str::as_bytes), "{body}");
+            if let Some(out) = got {
+                assert_eq!(parse_state(&out).unwrap().serial, 17);
+            }
         }
     }
 

@@ -373,12 +373,14 @@ async fn list_show_history_diff_and_rollback() {
         env.audit("tf/prod").last().unwrap(),
         &("tf.rollback".to_string(), ACTOR.to_string())
     );
+    // Version 1's content, under a serial above every stored one (2): a plan saved
+    // before the rollback is refused as stale instead of applying to it.
     let (code, text) = status(env.server.tf("GET", "prod")).await;
     assert_eq!(
         (code, text),
         (
             200,
-            state(1, "lin-1", &resource("a", r#"{"id":"1","x":1}"#))
+            state(3, "lin-1", &resource("a", r#"{"id":"1","x":1}"#))
         )
     );
 
@@ -389,6 +391,13 @@ async fn list_show_history_diff_and_rollback() {
     let rows = audit["audit"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["actor"], ACTOR);
+    assert_eq!(
+        (
+            &rows[0]["payload"]["serial"],
+            &rows[0]["payload"]["restored_serial"]
+        ),
+        (&json!(3), &json!(1))
+    );
     // A time window: everything so far is before tomorrow, nothing is after it.
     let tomorrow = (time::OffsetDateTime::now_utc() + time::Duration::days(1)).date();
     let before = env
@@ -518,10 +527,12 @@ async fn restore_undoes_a_delete_and_refuses_while_locked() {
         ),
         (Some(2), Some(4))
     );
+    // The restored content carries a serial above every stored one (2), so a plan
+    // saved before the delete is stale.
     let (code, text) = status(env.server.tf("GET", "prod")).await;
     assert_eq!(
         (code, text),
-        (200, state(2, "lin-1", &resource("a", r#"{"id":"1"}"#)))
+        (200, state(3, "lin-1", &resource("a", r#"{"id":"1"}"#)))
     );
     assert_eq!(
         env.audit("tf/prod").last().unwrap(),
@@ -623,7 +634,7 @@ async fn rollback_preview_and_a_rollback_pinned_to_what_was_seen() {
             preview["to_version"].as_i64(),
             preview["to_serial"].as_i64(),
         ),
-        (Some(2), Some(1), Some(1))
+        (Some(2), Some(1), Some(3)) // the serial after every stored one
     );
     assert_eq!(
         preview["diff"]["resources"],

@@ -48,6 +48,31 @@ async fn history_lists_versions_newest_first() {
     );
 }
 
+fn hex_sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// A rollback of OpenTofu's encrypted envelope cannot renumber it (its clear fields may
+/// be authenticated by the client): the bytes come back exactly, serial and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_keeps_an_encrypted_envelope_byte_for_byte() {
+    let s = TestServer::start().await;
+    let ws = "enc";
+    let env = |serial: u32, data: &str| {
+        format!(
+            r#"{{"serial":{serial},"lineage":"lin","meta":{{}},"encrypted_data":"{data}","encryption_version":"v0"}}"#
+        )
+    };
+    for (serial, data) in [(1, "AAAA"), (2, "BBBB")] {
+        let code = status(s.tf("POST", ws).body(env(serial, data))).await.0;
+        assert_eq!(code, 200);
+    }
+    let done = s.app.tofu.rollback(ws, 1, "op").await.unwrap();
+    assert!(matches!(done.outcome, WriteOutcome::Stored(ref r) if r.serial == Some(1)));
+    assert_eq!(status(s.tf("GET", ws)).await, (200, env(1, "AAAA")));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollback_writes_old_bytes_as_a_new_version() {
     let s = TestServer::start().await;
@@ -62,13 +87,18 @@ async fn rollback_writes_old_bytes_as_a_new_version() {
     let WriteOutcome::Stored(row) = done.outcome else {
         panic!("rollback stored nothing")
     };
-    assert_eq!((row.version, row.serial), (3, Some(1)));
+    // Version 1's bytes under a serial above every stored one, so a plan saved before
+    // the rollback is refused as stale; the history keeps all three.
+    assert_eq!((row.version, row.serial), (3, Some(3)));
     assert_eq!(row.actor, "operator:test");
-    // GET answers version 1's exact bytes; the history keeps all three.
-    assert_eq!(status(s.tf("GET", ws)).await, (200, v1.clone()));
+    let restored = state(3, "lin", r#"{"name":"one"}"#);
+    assert_eq!(status(s.tf("GET", ws)).await, (200, restored.clone()));
     let rows = s.app.tofu.store().history("tf/rb", None).await.unwrap();
     assert_eq!(rows.len(), 3);
-    assert_eq!(rows[0].sha256, rows[2].sha256);
+    assert_eq!(
+        rows[0].sha256.as_deref(),
+        Some(hex_sha256(restored.as_bytes()).as_str())
+    );
 
     // Audited in the same transaction: versions and serial, never content.
     let (event, actor, payload): (String, String, String) = s
@@ -86,7 +116,7 @@ async fn rollback_writes_old_bytes_as_a_new_version() {
     let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
     assert_eq!(
         payload,
-        serde_json::json!({"from_version": 2, "to_version": 1, "new_version": 3, "serial": 1})
+        serde_json::json!({"from_version": 2, "to_version": 1, "new_version": 3, "serial": 3, "restored_serial": 1})
     );
     assert!(!payload.to_string().contains("one"));
 
@@ -190,8 +220,9 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
     assert_eq!(status(s.tf("DELETE", ws)).await.0, 200);
     let done = s.app.tofu.rollback(ws, 1, "op").await.unwrap();
     assert!(matches!(done.outcome, WriteOutcome::Stored(ref r) if r.version == 3));
-    assert_eq!(status(s.tf("GET", ws)).await, (200, v1));
-    let v4 = state(2, "lin", "");
+    // Back, under the next serial (the tombstone has none; version 1 had 1).
+    assert_eq!(status(s.tf("GET", ws)).await, (200, state(2, "lin", "")));
+    let v4 = state(3, "lin", "");
     assert_eq!(status(s.tf("POST", ws).body(v4)).await.0, 200);
 
     // A write landing between the rollback's read and its commit is detected.
@@ -203,6 +234,7 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
         actor: "op".into(),
         org: None,
         event: "tf.rollback",
+        renumber: None,
     };
     let db_path = s.config.db_path();
     let err = store

@@ -61,6 +61,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
                 actor: "op".into(),
                 org: None,
                 event: "tf.rollback",
+                renumber: None,
             },
             &e.root.blob_key("tf/prod"),
             |_, _| Ok::<(), StoreError>(()),

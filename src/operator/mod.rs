@@ -68,7 +68,9 @@ pub struct RollbackPreview {
     /// The workspace's newest version now (what the diff starts from).
     pub from_version: i64,
     pub to_version: i64,
-    /// Serial the rolled-back version would carry (the target's own).
+    /// Serial the rolled-back version would carry: above every stored one for a plain
+    /// state (so plans saved before are stale), the target's own for an OpenTofu-encrypted
+    /// state (it cannot be renumbered).
     pub to_serial: Option<i64>,
     /// From the current version to the target; `None` when either is not a plain
     /// JSON state (encrypted by the client): the rollback still works, unseen.
@@ -435,6 +437,27 @@ impl Operations {
 
     /// What rolling back to `to` would change (current → `to`), and the lock that would
     /// refuse it. Reads only; nothing is audited.
+    /// The serial a rollback to `target` gives the workspace (as `StateStore::rollback`).
+    async fn serial_after_rollback(
+        &self,
+        workspace: &str,
+        target: &VersionRow,
+        body: &[u8],
+    ) -> Result<Option<i64>, ApiError> {
+        let scope = crate::tofu::scope(workspace);
+        let top = self
+            .tofu
+            .store()
+            .db
+            .read(move |c| crate::store::history::max_serial(c, &scope))
+            .await?;
+        let next = top.max(target.serial).unwrap_or(0) + 1;
+        Ok(match crate::tfstate::with_serial(body, next) {
+            Some(_) => Some(next),
+            None => target.serial,
+        })
+    }
+
     pub async fn rollback_preview(
         &self,
         workspace: &str,
@@ -471,7 +494,9 @@ impl Operations {
         Ok(RollbackPreview {
             from_version: latest.version,
             to_version: target.version,
-            to_serial: target.serial,
+            to_serial: self
+                .serial_after_rollback(workspace, &target, &target_body)
+                .await?,
             diff,
             diff_unavailable,
             lock: self.lock(workspace).await?,

@@ -52,6 +52,20 @@ pub struct Rollback {
     pub org: Option<String>,
     /// Audit event name, e.g. `tf.rollback`.
     pub event: &'static str,
+    /// When set, the restored content gets a serial above every one stored for the
+    /// scope, written into it by this function (`None` from it: the content cannot
+    /// carry a new serial and is restored as it was). The store never reads states.
+    pub renumber: Option<Renumber>,
+}
+
+/// Writes `serial` into a state's content, or `None` when it cannot (see
+/// `tfstate::with_serial`).
+pub type Renumber = fn(&[u8], i64) -> Option<Vec<u8>>;
+
+/// The highest serial stored for a scope (any version), if any.
+pub fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
+    conn.prepare_cached("SELECT MAX(serial) FROM versions WHERE scope = ?1")?
+        .query_row([scope], |r| r.get(0))
 }
 
 #[derive(Debug)]
@@ -118,21 +132,51 @@ impl StateStore {
     where
         E: From<StoreError> + From<DbError> + Send + 'static,
     {
-        let from_version = self
+        let latest = self
             .latest(&request.scope)
             .await
             .map_err(E::from)?
-            .map(|r| r.version)
             .ok_or_else(|| {
                 E::from(StoreError::VersionNotFound {
                     scope: request.scope.clone(),
                     version: request.to_version,
                 })
             })?;
+        let from_version = latest.version;
         let (old, plaintext) = self
             .read_version(&request.scope, request.to_version, key)
             .await
             .map_err(E::from)?;
+        let (plaintext, serial) = match request.renumber {
+            None => (plaintext, old.serial),
+            Some(renumber) => {
+                // This content under the current serial is what a repeated rollback
+                // finds: then nothing is written, as for any identical content.
+                let as_current = latest
+                    .serial
+                    .and_then(|s| renumber(&plaintext, s).map(|body| (body, s)))
+                    .filter(|(body, _)| {
+                        Some(hex::encode(super::format::sha2_digest(body))) == latest.sha256
+                    });
+                match as_current {
+                    Some((body, s)) => (body, Some(s)),
+                    None if latest.sha256 == old.sha256 => (plaintext, old.serial),
+                    None => {
+                        let scope = request.scope.clone();
+                        let top = self
+                            .db
+                            .read(move |c| max_serial(c, &scope))
+                            .await
+                            .map_err(E::from)?;
+                        let next = top.max(old.serial).unwrap_or(0) + 1;
+                        match renumber(&plaintext, next) {
+                            Some(body) => (body, Some(next)),
+                            None => (plaintext, old.serial),
+                        }
+                    }
+                }
+            }
+        };
         let audit = AuditEntry {
             actor: request.actor.clone(),
             org: request.org.clone(),
@@ -143,13 +187,14 @@ impl StateStore {
                 "from_version": from_version,
                 "to_version": request.to_version,
                 "new_version": from_version + 1,
-                "serial": old.serial,
+                "serial": serial,
+                "restored_serial": old.serial,
             }),
         };
         let new = NewVersion {
             scope: request.scope.clone(),
             plaintext: plaintext.into(),
-            serial: old.serial,
+            serial,
             lineage: old.lineage.clone(),
             actor: request.actor.clone(),
             audit: Some(audit),

@@ -171,6 +171,8 @@ impl TofuBackend {
             actor: actor.to_string(),
             org: None,
             event: EVENT_ROLLBACK,
+            // Plans saved before the rollback must not apply to what it restores.
+            renumber: Some(crate::tfstate::with_serial),
         };
         self.store
             .rollback(request, &key, move |conn, latest| {
@@ -266,6 +268,8 @@ impl TofuBackend {
             actor: actor.to_string(),
             org: None,
             event: EVENT_RESTORED,
+            // Plans saved before the rollback must not apply to what it restores.
+            renumber: Some(crate::tfstate::with_serial),
         };
         self.store
             .rollback(request, &key, move |conn, _latest| {

@@ -516,8 +516,9 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
         h1 { (name) " · roll back to version " (p.to_version) }
         p {
             "The workspace is at version " strong { (p.from_version) } ". Rolling back stores version "
-            (p.to_version) "’s content (serial " (dash(p.to_serial)) ") as version " (p.from_version + 1)
-            " (nothing is written if that is the current content already). These are the changes from version "
+            (p.to_version) "’s content as version " (p.from_version + 1) " with serial " (dash(p.to_serial))
+            " (above every serial stored before, so plans saved before the rollback are refused as stale; an OpenTofu-encrypted state keeps its own)"
+            " — nothing is written if that is the current content already. These are the changes from version "
             (p.from_version) " to what it would become:"
         }
         @match (&p.diff, &p.diff_unavailable) {

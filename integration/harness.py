@@ -32,6 +32,20 @@ def venv_dir() -> Path:
     return Path(os.environ.get("STATEGATE_VENV", Path.home() / ".cache" / "stategate" / "venv"))
 
 
+def cli(server, *args, ok=True, stdin=None, timeout=300) -> subprocess.CompletedProcess:
+    """`stategate <args>` on `server`'s data dir and key; with `ok`, a non-zero exit fails."""
+    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), input=stdin,
+                       stdin=None if stdin is not None else subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if ok:
+        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -16,18 +16,11 @@ import sqlite3
 import subprocess
 import time
 
-from harness import BACKEND_HTTP, Server, data_resource, stategate_bin
+from harness import BACKEND_HTTP, Server, data_resource, stategate_bin, cli
 from test_cluster_cli import ENC_KEY, Cli, admin, tfstate
 
 TABLES = ["orgs", "principals", "principal_tokens", "clusters"]
 
-
-def cli(server, *args, ok=True):
-    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-    if ok:
-        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
 
 
 def dump(db, sql: str) -> list[tuple]:

@@ -29,15 +29,8 @@ import time
 from pathlib import Path
 
 from browser_support import Page, browser  # noqa: F401 (a fixture)
-from harness import BACKEND_HTTP, Server, http as http_call, lock_info, stategate_bin, venv_dir
+from harness import BACKEND_HTTP, Server, http as http_call, lock_info, stategate_bin, venv_dir, cli
 
-
-def cli(server, *args, ok=True):
-    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    if ok:
-        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
 
 
 def run_check(server, ws: str) -> dict:

@@ -10,19 +10,9 @@ import json
 import sqlite3
 import subprocess
 
-from harness import BACKEND_HTTP, data_resource, lock_info, resources_of, stategate_bin
+from harness import BACKEND_HTTP, data_resource, lock_info, resources_of, stategate_bin, cli, json_lines
 
 
-def cli(server, *args, ok=True):
-    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    if ok:
-        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def history(server, ws: str, *extra) -> list[dict]:

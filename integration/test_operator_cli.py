@@ -12,22 +12,11 @@ import signal
 import sqlite3
 import time
 
-from harness import BACKEND_HTTP, data_resource, http, resources_of, stategate_bin
+from harness import BACKEND_HTTP, data_resource, http, resources_of, stategate_bin, cli, json_lines
 
 import subprocess
 
 
-def cli(server, *args, ok=True, stdin=None):
-    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), input=stdin,
-                       stdin=None if stdin is not None else subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    if ok:
-        assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p
-
-
-def json_lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def listed(server, ws: str) -> dict:

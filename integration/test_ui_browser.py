@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from browser_support import Page, browser  # noqa: F401 (a fixture)
-from harness import BACKEND_HTTP, Server, data_resource, stategate_bin
+from harness import BACKEND_HTTP, Server, data_resource, stategate_bin, cli
 
 OPERATOR = "ui-e2e@example.com"
 ACTOR = f"operator:{OPERATOR}"
@@ -50,12 +50,6 @@ def ui_server(tmp_path, check_binary):
     s.stop()
 
 
-def cli(server, *args) -> str:
-    p = subprocess.run([str(stategate_bin()), *args], env=server.env(), stdin=subprocess.DEVNULL,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert p.returncode == 0, f"stategate {' '.join(args)} -> {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return p.stdout
-
 
 def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     server = ui_server
@@ -68,7 +62,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     for value in ("v-two", "v-three"):
         tf.write(config(value))
         tf.apply()
-    token = cli(server, "admin", "operator", "create", "--email", OPERATOR).strip().splitlines()[-1]
+    token = cli(server, "admin", "operator", "create", "--email", OPERATOR).stdout.strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
 
     shots = tmp_path / "screenshots"

@@ -425,13 +425,14 @@ fn validate_drift(checks: &[DriftCheck], settings: &DriftSettings) -> Result<(),
             "drift_settings.webhook_timeout_seconds and plan_expiry_seconds must be > 0".into(),
         );
     }
-    for url in &settings.webhooks {
+    for (i, url) in settings.webhooks.iter().enumerate() {
         let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
             matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
         });
         if !ok {
             return invalid(format!(
-                "drift_settings.webhooks: {url:?} is not an http(s) URL"
+                "drift_settings.webhooks: entry {} is not an http(s) URL with a host",
+                i + 1
             ));
         }
     }

@@ -62,11 +62,34 @@ pub struct Notifier {
 /// What happened to one event at one URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
+    /// The endpoint as [`redacted`]: fit for a log or a terminal.
     pub url: String,
     pub attempts: u32,
     /// The last HTTP status, if any answer came.
     pub status: Option<u16>,
     pub delivered: bool,
+}
+
+/// A webhook URL as it may be shown: scheme, host and port only. Paths and queries of
+/// webhook URLs are often the credential itself (Slack, Discord, chat bridges), and a
+/// secret never reaches a log.
+pub fn redacted(url: &str) -> String {
+    match url.parse::<http::Uri>() {
+        Ok(uri) => {
+            let scheme = uri.scheme_str().unwrap_or("?");
+            let authority = uri.authority().map_or("?", |a| a.as_str());
+            // Userinfo (`user:pass@`) is a credential too.
+            let host = authority.rsplit('@').next().unwrap_or(authority);
+            let rest = uri.path_and_query().map_or("", |p| p.as_str());
+            let more = if rest.is_empty() || rest == "/" {
+                ""
+            } else {
+                "/…"
+            };
+            format!("{scheme}://{host}{more}")
+        }
+        Err(_) => "<not a URL>".into(),
+    }
 }
 
 impl Notifier {
@@ -126,13 +149,14 @@ impl Notifier {
         })
     }
 
-    async fn deliver(&self, url: String, body: String, signed: String) -> Delivery {
+    async fn deliver(&self, target: String, body: String, signed: String) -> Delivery {
+        let url = redacted(&target);
         let mut wait = self.backoff;
         let mut status = None;
         for attempt in 1..=self.attempts {
             let sent = self
                 .client
-                .post(&url)
+                .post(&target)
                 .header("Content-Type", "application/json")
                 .header("User-Agent", "stategate-drift")
                 .header(SIGNATURE_HEADER, &signed)
@@ -175,6 +199,28 @@ impl Notifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_shown_without_path_query_or_userinfo() {
+        let cases = [
+            (
+                "https://hooks.slack.com/services/T0/B0/SECRET",
+                "https://hooks.slack.com/…",
+            ),
+            (
+                "http://127.0.0.1:8080/hook?token=SECRET",
+                "http://127.0.0.1:8080/…",
+            ),
+            ("https://user:SECRET@example.com/x", "https://example.com/…"),
+            ("https://example.com", "https://example.com"),
+            ("https://example.com/", "https://example.com"),
+            ("not a url", "<not a URL>"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redacted(url), shown, "{url}");
+            assert!(!redacted(url).contains("SECRET"));
+        }
+    }
 
     #[test]
     fn signature_is_hmac_sha256_of_timestamp_dot_body() {

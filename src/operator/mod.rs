@@ -445,13 +445,11 @@ impl Operations {
         body: &[u8],
     ) -> Result<Option<i64>, ApiError> {
         let scope = crate::tofu::scope(workspace);
-        let top = self
+        let next = self
             .tofu
             .store()
-            .db
-            .read(move |c| crate::store::history::max_serial(c, &scope))
+            .fresh_serial(&scope, target.serial)
             .await?;
-        let next = top.max(target.serial).unwrap_or(0) + 1;
         Ok(match crate::tfstate::with_serial(body, next) {
             Some(_) => Some(next),
             None => target.serial,

@@ -63,7 +63,7 @@ pub struct Rollback {
 pub type Renumber = fn(&[u8], i64) -> Option<Vec<u8>>;
 
 /// The highest serial stored for a scope (any version), if any.
-pub fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
+fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
     conn.prepare_cached("SELECT MAX(serial) FROM versions WHERE scope = ?1")?
         .query_row([scope], |r| r.get(0))
 }
@@ -79,6 +79,18 @@ pub struct RolledBack {
 }
 
 impl StateStore {
+    /// The serial a rollback gives restored content: one above every serial stored for
+    /// `scope` and above `restored`, the restored version's own.
+    pub async fn fresh_serial(
+        &self,
+        scope: &str,
+        restored: Option<i64>,
+    ) -> Result<i64, StoreError> {
+        let owned = scope.to_string();
+        let top = self.db.read(move |c| max_serial(c, &owned)).await?;
+        Ok(top.max(restored).unwrap_or(0) + 1)
+    }
+
     /// Version rows of a scope, newest first. Reads SQLite only.
     pub async fn history(
         &self,
@@ -162,13 +174,10 @@ impl StateStore {
                     Some((body, s)) => (body, Some(s)),
                     None if latest.sha256 == old.sha256 => (plaintext, old.serial),
                     None => {
-                        let scope = request.scope.clone();
-                        let top = self
-                            .db
-                            .read(move |c| max_serial(c, &scope))
+                        let next = self
+                            .fresh_serial(&request.scope, old.serial)
                             .await
                             .map_err(E::from)?;
-                        let next = top.max(old.serial).unwrap_or(0) + 1;
                         match renumber(&plaintext, next) {
                             Some(body) => (body, Some(next)),
                             None => (plaintext, old.serial),

@@ -107,27 +107,9 @@ const ACTOR: &str = "operator:ops@example.com";
 async fn every_route_wants_an_operator_token_and_says_so_identically() {
     let env = Env::start().await;
     env.write("prod", 1, "").await;
-    let second = env
-        .server
-        .app
-        .operator
-        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
-        .await
-        .unwrap();
-    let revoked = env
-        .server
-        .app
-        .operator
-        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
-        .await
-        .unwrap();
-    let id = identity::token_id(&identity::token_hash(revoked.as_bytes()));
-    env.server
-        .app
-        .operator
-        .admin_write(move |c| operators::revoke_operator_token(c, &id, "test"))
-        .await
-        .unwrap();
+    let second = env.server.operator_token(OPS).await;
+    let revoked = env.server.operator_token(OPS).await;
+    env.server.revoke_operator_token(&revoked).await;
     // A cluster-API admin token and the workspace bearer are not operator tokens.
     let principal = env
         .server

@@ -290,25 +290,13 @@ async fn seeded() -> Env {
 #[tokio::test]
 async fn without_a_session_every_route_redirects_to_login_and_shows_nothing() {
     let env = seeded().await;
-    let revoked = env
-        .server
-        .app
-        .operator
-        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
-        .await
-        .unwrap();
+    let revoked = env.server.operator_token(OPS).await;
     // A session whose operator token has since been revoked is no session.
     let stale_cookie = {
         let r = env.login_with(&revoked).await;
         assert_eq!(r.status, 303);
         let c = r.set_cookie().unwrap().to_string();
-        let id = identity::token_id(&identity::token_hash(revoked.as_bytes()));
-        env.server
-            .app
-            .operator
-            .admin_write(move |c| operators::revoke_operator_token(c, &id, "test"))
-            .await
-            .unwrap();
+        env.server.revoke_operator_token(&revoked).await;
         c["sg_session=".len()..]
             .split(';')
             .next()
@@ -349,20 +337,8 @@ async fn without_a_session_every_route_redirects_to_login_and_shows_nothing() {
 #[tokio::test]
 async fn only_a_live_operator_token_logs_in_and_the_cookie_is_locked_down() {
     let env = seeded().await;
-    let revoked = env
-        .server
-        .app
-        .operator
-        .admin_write(|c| operators::create_operator_token(c, OPS, "test"))
-        .await
-        .unwrap();
-    let id = identity::token_id(&identity::token_hash(revoked.as_bytes()));
-    env.server
-        .app
-        .operator
-        .admin_write(move |c| operators::revoke_operator_token(c, &id, "test"))
-        .await
-        .unwrap();
+    let revoked = env.server.operator_token(OPS).await;
+    env.server.revoke_operator_token(&revoked).await;
     let bearer = env.server.bearer("prod");
     for bad in ["", "sgo_wrong", bearer.as_str(), revoked.as_str()] {
         let r = env.login_with(bad).await;

@@ -96,6 +96,30 @@ impl TestServer {
             .basic_auth("stategate", Some(self.bearer(workspace)))
     }
 
+    /// A new operator token for `email` (an operator that exists already).
+    pub async fn operator_token(&self, email: &'static str) -> String {
+        self.app
+            .operator
+            .admin_write(move |c| {
+                stategate::operator::identity::create_operator_token(c, email, "test")
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Revokes an operator token by its value.
+    pub async fn revoke_operator_token(&self, token: &str) {
+        use stategate::cluster::identity::{token_hash, token_id};
+        let id = token_id(&token_hash(token.as_bytes()));
+        self.app
+            .operator
+            .admin_write(move |c| {
+                stategate::operator::identity::revoke_operator_token(c, &id, "test")
+            })
+            .await
+            .unwrap();
+    }
+
     pub fn db(&self) -> rusqlite::Connection {
         rusqlite::Connection::open(self.config.db_path()).unwrap()
     }

@@ -941,6 +941,23 @@ async fn probe(api: &Api, prefix: &str, round: usize, cell: Duration, into: &mut
     into.get.extend(g.lat);
 }
 
+/// A latency on the full index next to the same on the empty one (p50 is the ratio).
+fn latency_row(report: &mut Report, what: &str, full: &Samples, empty: &Samples) {
+    let ms = |s: &Samples, p: f64| s.pct(p) * 1e3;
+    report.row(
+        format!("scale: {what} vs empty"),
+        format!(
+            "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
+            ms(full, 50.0),
+            ms(empty, 50.0),
+            ms(full, 99.0),
+            ms(empty, 99.0)
+        ),
+        "within 10%".into(),
+        ratio(full.pct(50.0), empty.pct(50.0)),
+    );
+}
+
 /// Rounds each server is probed in, alternating: drift in the machine's load (other
 /// processes, the page cache) then lands on both sides alike.
 const SCALE_ROUNDS: usize = 4;
@@ -1001,29 +1018,17 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
         "within 10%".into(),
         ratio(full.rate(), empty.rate()),
     );
-    report.row(
-        format!("scale: POST p50, {rows} vs empty"),
-        format!(
-            "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
-            full.post.pct(50.0) * 1e3,
-            empty.post.pct(50.0) * 1e3,
-            full.post.pct(99.0) * 1e3,
-            empty.post.pct(99.0) * 1e3
-        ),
-        "within 10%".into(),
-        ratio(full.post.pct(50.0), empty.post.pct(50.0)),
+    latency_row(
+        report,
+        &format!("POST p50, {rows}"),
+        &full.post,
+        &empty.post,
     );
-    report.row(
-        format!("scale: GET 100 KiB p50, {rows} vs empty"),
-        format!(
-            "{:.2} ms vs {:.2} ms (p99 {:.2} vs {:.2})",
-            full.get.pct(50.0) * 1e3,
-            empty.get.pct(50.0) * 1e3,
-            full.get.pct(99.0) * 1e3,
-            empty.get.pct(99.0) * 1e3
-        ),
-        "within 10%".into(),
-        ratio(full.get.pct(50.0), empty.get.pct(50.0)),
+    latency_row(
+        report,
+        &format!("GET 100 KiB p50, {rows}"),
+        &full.get,
+        &empty.get,
     );
     let ws = format!("fill-{:05}", workspaces / 2);
     let (ms, lines) = time_cli(opts, &data, &["workspace", "history", &ws], 5);

@@ -9,7 +9,6 @@ use anyhow::bail;
 
 use stategate::address;
 use stategate::config::Config;
-use stategate::error::ApiError;
 use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::retention::Retention;
@@ -31,18 +30,6 @@ fn require_db(config: &Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// An operator-facing message: the detail a server would only log, and the holder of a lock.
-fn cli_error(e: ApiError) -> anyhow::Error {
-    match e {
-        ApiError::Locked { holder_info } => anyhow::anyhow!(
-            "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
-            String::from_utf8_lossy(&holder_info)
-        ),
-        ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
-        other => anyhow::anyhow!("{other}"),
-    }
 }
 
 /// One JSON object per line on stdout: what the listing commands print.
@@ -128,7 +115,7 @@ pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()>
         let done = backend
             .rollback(workspace, to, &operator())
             .await
-            .map_err(cli_error)?;
+            .map_err(crate::workspace_ops::cli_error)?;
         match done.outcome {
             WriteOutcome::Stored(row) => {
                 json_line(&stategate::operator::version_json(&row));

@@ -58,7 +58,7 @@ impl Ops {
 pub fn cli_error(e: ApiError) -> anyhow::Error {
     match e {
         ApiError::Locked { holder_info } => anyhow::anyhow!(
-            "the workspace is locked, nothing was written. Lock holder: {}",
+            "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
             String::from_utf8_lossy(&holder_info)
         ),
         ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),

@@ -14,8 +14,10 @@
 //! Phases:
 //! 1. floor: fsynced 100 KiB blob writes/s with 1, 8 and 64 writers (temp file + fsync +
 //!    rename + dir fsync, what `LocalStore` does), SQLite commits/s with the pragmas of
-//!    `store/db.rs` (WAL, synchronous=FULL), the CPU floor of a GET (read + AES-256-GCM
-//!    open + SHA-256 of 100 KiB), raw S3 PUT/GET latency when a store is given;
+//!    `store/db.rs` (WAL, synchronous=FULL), the cycle floor (one LOCK → POST → UNLOCK
+//!    cycle's durable steps in sequence, no HTTP and no hashing or sealing), the CPU
+//!    floor of a GET (read + AES-256-GCM open + SHA-256 of 100 KiB), raw S3 PUT/GET
+//!    latency when a store is given;
 //! 2. cycles: LOCK → POST (100 KiB) → UNLOCK with 1, 8, 64 clients over 1 workspace and
 //!    over one workspace per client; cycles/s, p50/p99 per request, ratio to the floor;
 //! 3. get: GET of 100 KiB and 1 MiB states, 1 and 8 clients;
@@ -252,6 +254,42 @@ fn sqlite_floor(base: &Path, cell: Duration) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+/// One LOCK → POST → UNLOCK cycle's durable steps and nothing else, in sequence, one
+/// writer: a lock-row commit, a blob write (`durable_write`), a version-row commit and a
+/// lock-row delete commit, with the pragmas of `store/db.rs`. No HTTP, no hashing, no
+/// sealing: what any server that keeps every 200 durable must wait for per cycle.
+fn cycle_floor(base: &Path, cell: Duration) -> f64 {
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
+    conn.execute_batch("CREATE TABLE locks (workspace TEXT PRIMARY KEY, info TEXT NOT NULL)")
+        .unwrap();
+    let commit = |sql: &str, n: i64| {
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        conn.execute(sql, [n]).unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    };
+    let blobs = dir.path().join("blobs");
+    std::fs::create_dir(&blobs).unwrap();
+    let data = vec![0xa5u8; 100 * KIB];
+    let started = Instant::now();
+    let mut n = 0i64;
+    while started.elapsed() < cell {
+        commit("INSERT INTO locks VALUES ('floor', 'lock ' || ?1)", n);
+        durable_write(&blobs, &format!("{n:012}.blob"), &data).unwrap();
+        commit(
+            "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
+             VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')",
+            n,
+        );
+        commit("DELETE FROM locks WHERE workspace = 'floor' AND ?1 >= 0", n);
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 /// The CPU a GET of 100 KiB cannot avoid: read the blob from the page cache, AES-256-GCM
 /// open, SHA-256 of the plaintext. Per second, one thread.
 fn get_cpu_floor(base: &Path, cell: Duration) -> f64 {
@@ -332,6 +370,8 @@ async fn s3_floor(report: &mut Report, cell: Duration) {
 struct Floors {
     fsync: Vec<(usize, f64)>,
     sqlite: f64,
+    /// [`cycle_floor`]: cycles/s of the durable steps alone, one writer.
+    cycle: f64,
     get_cpu: f64,
 }
 
@@ -365,6 +405,13 @@ async fn floors(opts: &Opts, report: &mut Report) -> Floors {
         "-".into(),
         "-".into(),
     );
+    let cycle = cycle_floor(&opts.base, opts.cell());
+    report.row(
+        "floor: one cycle's durable steps in sequence (commit, blob write, commit, commit), 1 writer",
+        format!("{cycle:.0}/s"),
+        format!("{:.0} fsyncs/s (1 writer)", fsync[0].1),
+        ratio(cycle, fsync[0].1),
+    );
     let get_cpu = get_cpu_floor(&opts.base, opts.cell());
     report.row(
         "floor: GET CPU (read + AES-GCM open + SHA-256 of 100 KiB), 1 thread",
@@ -376,6 +423,7 @@ async fn floors(opts: &Opts, report: &mut Report) -> Floors {
     Floors {
         fsync,
         sqlite,
+        cycle,
         get_cpu,
     }
 }
@@ -748,10 +796,15 @@ async fn cycle_phase(
         let own_cpu = cpu_seconds_of("/proc/self/stat") - own_cpu;
         let rate = st.cycles as f64 / st.elapsed;
         let floor = floors.map_or(0.0, |f| f.fsync_for(clients.min(workspaces)));
+        // One client can go no faster than the durable steps of a cycle in sequence.
+        let steps = match floors {
+            Some(f) if clients == 1 => format!("; {} of the cycle floor", ratio(rate, f.cycle)),
+            _ => String::new(),
+        };
         report.row(
             format!("cycles, {clients} client(s), {workspaces} workspace(s)"),
             format!(
-                "{rate:.0}/s (LOCK {}; POST {}; UNLOCK {}; {} LOCKs refused; CPU/cycle: server {:.0} µs, load generator {:.0} µs)",
+                "{rate:.0}/s (LOCK {}; POST {}; UNLOCK {}; {} LOCKs refused; CPU/cycle: server {:.0} µs, load generator {:.0} µs{steps})",
                 st.lock.ms(),
                 st.post.ms(),
                 st.unlock.ms(),

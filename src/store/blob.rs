@@ -157,6 +157,36 @@ fn write_durably(path: &Path, data: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// An empty file waiting in a blob directory for the next write there. Creating a file
+/// is the costliest step of a blob write on ext4 (inode allocation: ~0.25 ms of ~0.8 ms
+/// measured), so a writer claims this one by renaming it to its temp name instead. The
+/// rename is atomic, so two writers (or processes) never share one. It starts with
+/// `.tmp-`, so listings skip it like any temp file; it needs no fsync of its own: the
+/// directory fsync after the blob's final rename makes that entry durable.
+const SPARE: &str = ".tmp-spare";
+
+/// Leaves an empty spare in `dir` (best effort: a write without one just creates its file).
+fn make_spare(dir: &Path) {
+    match std::fs::File::create_new(dir.join(SPARE)) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => tracing::debug!(dir = %dir.display(), error = %e, "no spare blob file"),
+    }
+}
+
+/// The temp file a new blob is written into: the directory's spare when there is one
+/// (emptied, in case a crash left bytes in it), else a new file.
+fn open_temp(dir: &Path, tmp: &Path) -> std::io::Result<std::fs::File> {
+    create_dir_durably(dir)?;
+    match std::fs::rename(dir.join(SPARE), tmp) {
+        Ok(()) => std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(tmp),
+        Err(_) => std::fs::File::create_new(tmp),
+    }
+}
+
 /// Sealed bytes a local sink collects before it writes them out: a small state (the
 /// common case) becomes one blocking call in all — create, write, fsync, rename and
 /// directory fsync — instead of a thread handoff per piece; a large one is written a
@@ -203,10 +233,7 @@ impl LocalSink {
             let result = (|| {
                 let mut file = match file {
                     Some(file) => file,
-                    None => {
-                        create_dir_durably(dir)?;
-                        std::fs::File::create_new(&tmp)?
-                    }
+                    None => open_temp(dir, &tmp)?,
                 };
                 for piece in &pending {
                     file.write_all(piece)?;
@@ -218,6 +245,12 @@ impl LocalSink {
                 }
                 Ok(file)
             })();
+            if seal && result.is_ok() {
+                // The next version of this workspace lands in this directory: give it a
+                // spare, created beside this reply rather than on the next write's path.
+                let dir = dir.to_path_buf();
+                tokio::task::spawn_blocking(move || make_spare(&dir));
+            }
             if abandoned.load(SeqCst) {
                 let _ = std::fs::remove_file(&tmp);
             }
@@ -406,7 +439,8 @@ mod tests {
             .is_none());
     }
 
-    /// Keys in a directory, temp files included.
+    /// Names in a directory, temp files included; an empty spare is not counted (it
+    /// appears in the background after a write), a spare with content fails the test.
     fn names_in(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
             .map(|entries| {
@@ -415,8 +449,33 @@ mod tests {
                     .collect()
             })
             .unwrap_or_default();
+        names.retain(|n| n != SPARE || std::fs::metadata(dir.join(n)).map_or(0, |m| m.len()) > 0);
         names.sort();
         names
+    }
+
+    #[test]
+    fn a_write_claims_the_spare_and_empties_it() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (spare, tmp) = (dir.path().join(SPARE), dir.path().join(".tmp-a"));
+        make_spare(dir.path());
+        let inode = std::fs::metadata(&spare).unwrap().ino();
+        // Bytes a crash might have left in it are gone once claimed.
+        std::fs::write(&spare, b"left over").unwrap();
+        let mut file = open_temp(dir.path(), &tmp).unwrap();
+        file.write_all(b"new").unwrap();
+        assert!(!spare.exists(), "the spare was claimed, not copied");
+        assert_eq!(std::fs::metadata(&tmp).unwrap().ino(), inode);
+        assert_eq!(std::fs::read(&tmp).unwrap(), b"new");
+        // No spare: a new file; a second make_spare leaves the existing one alone.
+        let other = dir.path().join(".tmp-b");
+        open_temp(dir.path(), &other).unwrap();
+        assert_ne!(std::fs::metadata(&other).unwrap().ino(), inode);
+        make_spare(dir.path());
+        std::fs::write(&spare, b"x").unwrap();
+        make_spare(dir.path());
+        assert_eq!(std::fs::read(&spare).unwrap(), b"x");
     }
 
     #[tokio::test]

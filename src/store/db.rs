@@ -82,13 +82,16 @@ const READERS: usize = 4;
 const STATEMENT_CACHE: usize = 64;
 
 impl Readers {
+    /// An idle connection, if there is one right now.
+    fn try_idle(&self) -> Option<std::sync::MutexGuard<'_, Connection>> {
+        self.conns.iter().find_map(|conn| conn.try_lock().ok())
+    }
+
     /// An idle connection if there is one, else waits for one in turn.
     fn acquire(&self) -> std::sync::MutexGuard<'_, Connection> {
         use std::sync::atomic::Ordering::Relaxed;
-        for conn in &self.conns {
-            if let Ok(guard) = conn.try_lock() {
-                return guard;
-            }
+        if let Some(idle) = self.try_idle() {
+            return idle;
         }
         let i = self.next.fetch_add(1, Relaxed) % self.conns.len();
         self.conns[i]
@@ -200,6 +203,20 @@ impl Db {
 
     pub fn writer_stats(&self) -> &WriterStats {
         &self.stats
+    }
+
+    /// Runs a short read-only lookup (a few index pages: the newest row of a scope, a
+    /// lock row) right here when a reader connection is idle, else like [`Db::read`].
+    /// On a request's path this saves two thread handoffs, which cost more than the
+    /// lookup itself; anything that may scan goes through [`Db::read`].
+    pub async fn read_quick<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, DbError> {
+        if let Some(conn) = self.readers.try_idle() {
+            return f(&conn).map_err(DbError::from);
+        }
+        self.read(f).await
     }
 
     /// Runs a read-only query on a reader connection off the async runtime.

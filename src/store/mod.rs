@@ -249,7 +249,7 @@ impl StateStore {
 
     pub async fn latest(&self, scope: &str) -> Result<Option<VersionRow>, StoreError> {
         let scope = scope.to_string();
-        Ok(self.db.read(move |c| latest_row(c, &scope)).await?)
+        Ok(self.db.read_quick(move |c| latest_row(c, &scope)).await?)
     }
 
     /// The current state: `None` only when no version exists or the newest is a tombstone.
@@ -453,7 +453,7 @@ impl StateStore {
             let guard = guard.clone();
             let scope = new.scope.clone();
             self.db
-                .read(move |c| {
+                .read_quick(move |c| {
                     let latest = latest_row(c, &scope)?;
                     let verdict = guard(c, latest.as_ref());
                     Ok((latest, verdict))

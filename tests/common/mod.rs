@@ -128,9 +128,19 @@ impl TestServer {
         self.db().query_row(sql, [], |r| r.get(0)).unwrap()
     }
 
-    /// Every blob file in the local store.
+    /// Every blob file in the local store. A directory's spare (the empty file the next
+    /// write there claims) is not a blob; one with content fails the test.
     pub fn blob_files(&self) -> Vec<std::path::PathBuf> {
-        files_under(&self.config.local_store_path())
+        let mut files = files_under(&self.config.local_store_path());
+        files.retain(|f| {
+            let spare = f.file_name().is_some_and(|n| n == ".tmp-spare");
+            assert!(
+                !spare || std::fs::metadata(f).map_or(0, |m| m.len()) == 0,
+                "spare {f:?} has content"
+            );
+            !spare
+        });
+        files
     }
 }
 

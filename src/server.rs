@@ -113,6 +113,7 @@ pub async fn build_app_with_clock(
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
+    let store_buffer = store.blobs().write_buffer_bytes();
     let tofu = TofuBackend::new(store, root.clone());
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root);
     let operator = crate::operator::Operations::new(
@@ -126,7 +127,7 @@ pub async fn build_app_with_clock(
         cluster,
         tofu,
         max_state_bytes: config.max_state_bytes,
-        body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes),
+        body_budget: crate::http::BodyBudget::new(config.max_inflight_body_bytes, store_buffer),
         body_limits: crate::http::BodyLimits {
             timeout: std::time::Duration::from_secs(config.body_read_timeout_seconds),
             min_bytes_per_second: config.body_min_bytes_per_second,

@@ -913,3 +913,81 @@ async fn large_states_go_up_as_multipart_and_an_aborted_upload_leaves_nothing() 
     );
     assert_eq!(send(s.tf("GET", "gone")).await, 404);
 }
+
+/// A streamed write into S3 collects a whole part (5 MiB) before it goes up: those bytes
+/// count in the body budget like every other body byte, so writes cannot pile up part
+/// buffers beyond it. (Counting only the 1 MiB pipeline, A would hold 1 MiB here and B
+/// would be let in.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_part_buffers_count_in_the_body_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(cfg) = s3_env() else { return };
+    let part = stategate::store::s3::PART_SIZE as u64;
+    let hold = stategate::http::body::STREAM_RESERVE + part;
+    let budget = hold + (64 << 10);
+    let s = s3_server_with(&cfg, |c| {
+        c.max_state_bytes = 32 << 20;
+        c.max_inflight_body_bytes = budget;
+    })
+    .await;
+    let post_head = |ws: &str, len: usize| {
+        format!(
+            "POST /api/v1/tf/state/{ws} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {len}\r\n\r\n",
+            s.bearer(ws)
+        )
+    };
+    // A sends more than a part and a pipeline's worth of a 12 MiB state, then waits.
+    let big = big_state(1, "a", 12 << 20);
+    let sent = (hold + part / 4) as usize;
+    let mut a = tokio::net::TcpStream::connect(authority(&s.base))
+        .await
+        .unwrap();
+    a.write_all(post_head("a", big.len()).as_bytes())
+        .await
+        .unwrap();
+    a.write_all(&big.as_bytes()[..sent]).await.unwrap();
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s.app.body_budget.available_bytes() > budget - hold {
+        assert!(
+            std::time::Instant::now() < patience,
+            "A holds {} bytes of the budget; a part and its pipeline are {hold}",
+            budget - s.app.body_budget.available_bytes()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // B's 100 KiB state does not fit in what is left: told to retry, nothing stored.
+    let small = big_state(1, "b", 100 << 10);
+    let mut b = tokio::net::TcpStream::connect(authority(&s.base))
+        .await
+        .unwrap();
+    b.write_all(post_head("b", small.len()).as_bytes())
+        .await
+        .unwrap();
+    let _ = b.write_all(small.as_bytes()).await; // the server may stop reading early
+    let mut reply = Vec::new();
+    let _ = b.read_to_end(&mut reply).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 429"), "{reply}");
+    assert_eq!(
+        s.count("SELECT count(*) FROM versions WHERE scope = 'tf/b'"),
+        0
+    );
+    // A finishes and is stored; its share comes back and B goes in.
+    a.write_all(&big.as_bytes()[sent..]).await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = a.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(a);
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.app.body_budget.available_bytes() < budget {
+        assert!(
+            std::time::Instant::now() < patience,
+            "A's share never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(send(s.tf("POST", "b").body(small)).await, 200);
+    let got = s.tf("GET", "a").send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    assert!(got.bytes().await.unwrap() == big.as_bytes());
+}

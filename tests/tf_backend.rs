@@ -839,6 +839,9 @@ impl stategate::store::BlobStore for SlowStore {
     fn describe(&self) -> String {
         "slow local store".into()
     }
+    fn write_buffer_bytes(&self) -> u64 {
+        self.inner.write_buffer_bytes()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,6 +146,9 @@ pub fn error_reply(e: &ApiError) -> Reply {
 pub struct BodyBudget {
     kib: Arc<tokio::sync::Semaphore>,
     total_kib: u32,
+    /// The most one streamed write holds: [`STREAM_RESERVE`] for its pipeline plus the
+    /// blob store's write buffer (a 5 MiB part on S3).
+    stream_hold: u64,
 }
 
 /// A share of the [`BodyBudget`] that can grow; released on drop.
@@ -156,11 +159,14 @@ pub struct Reservation {
 }
 
 impl BodyBudget {
-    pub fn new(bytes: u64) -> Self {
+    /// `bytes` in all; a streamed write into a store whose sinks buffer
+    /// `store_write_buffer` bytes holds up to that much more than its pipeline.
+    pub fn new(bytes: u64, store_write_buffer: u64) -> Self {
         let total_kib = bytes.div_ceil(1024).clamp(1, u64::from(u32::MAX >> 3)) as u32;
         BodyBudget {
             kib: Arc::new(tokio::sync::Semaphore::new(total_kib as usize)),
             total_kib,
+            stream_hold: STREAM_RESERVE + store_write_buffer,
         }
     }
 
@@ -278,15 +284,16 @@ pub async fn read_body(
     Ok((body.freeze(), reservation))
 }
 
-/// Budget a streamed body holds while it passes: the pieces in the channel, the one
-/// being sealed and the store's write buffer.
+/// Budget a streamed body holds while it passes, besides the blob store's write buffer:
+/// the pieces in the channel and the one being sealed (a served state: the pieces read
+/// ahead and the ones verified).
 pub const STREAM_RESERVE: u64 = 1 << 20;
 
 /// Feeds the request body into `tx` piece by piece as it arrives (then `Ok(None)`),
 /// with the same limits as [`read_body`]; a failure is sent as an `Err` so the writer
 /// discards what it stored. Reserves budget for the bytes as they arrive, like
-/// [`read_body`], but never more than [`STREAM_RESERVE`]: the channel bounds what is
-/// buffered, so older pieces are gone by then. Returns the bytes read and whether the
+/// [`read_body`], but never more than a streamed write can hold at once (its pipeline
+/// and the store's write buffer, see [`BodyBudget::new`]): older pieces are gone by then. Returns the bytes read and whether the
 /// whole body was consumed.
 pub async fn stream_body(
     session: &mut Session,
@@ -305,7 +312,7 @@ pub async fn stream_body(
             if read > limit {
                 return Err(ApiError::PayloadTooLarge { limit });
             }
-            budget.grow(&mut held, read.min(STREAM_RESERVE))?;
+            budget.grow(&mut held, read.min(budget.stream_hold))?;
             if tx.send(Ok(Some(chunk))).await.is_err() {
                 return Ok(false); // the writer stopped (and answers why)
             }

@@ -59,6 +59,9 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn list(&self, prefix: &str) -> Result<Vec<String>, BlobError>;
     /// Human description for logs ("local /var/lib/stategate/blobs").
     fn describe(&self) -> String;
+    /// The most bytes one [`BlobSink`] of this store holds in memory at a time (what it
+    /// collects before writing out), so the body budget can count them.
+    fn write_buffer_bytes(&self) -> u64;
 
     /// Proves the store is reachable and writable: put, get, delete of a probe object.
     async fn check(&self) -> Result<(), BlobError> {
@@ -408,6 +411,12 @@ impl BlobStore for LocalStore {
 
     fn describe(&self) -> String {
         format!("local directory {}", self.root.display())
+    }
+
+    fn write_buffer_bytes(&self) -> u64 {
+        // Collected pieces go out once they reach LOCAL_FLUSH; the last one may overshoot
+        // by a piece, which the body budget's pipeline allowance covers.
+        LOCAL_FLUSH as u64
     }
 }
 

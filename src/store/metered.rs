@@ -88,6 +88,10 @@ impl BlobStore for MeteredStore {
         self.inner.describe()
     }
 
+    fn write_buffer_bytes(&self) -> u64 {
+        self.inner.write_buffer_bytes()
+    }
+
     async fn check(&self) -> Result<(), BlobError> {
         self.inner.check().await
     }

@@ -371,4 +371,9 @@ impl BlobStore for S3Store {
             self.bucket, self.endpoint, self.prefix
         )
     }
+
+    fn write_buffer_bytes(&self) -> u64 {
+        // One part, collected before it goes up (or the whole blob, when smaller).
+        PART_SIZE as u64
+    }
 }

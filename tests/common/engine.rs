@@ -68,6 +68,9 @@ impl BlobStore for WatchedStore {
     fn describe(&self) -> String {
         "watched local store".into()
     }
+    fn write_buffer_bytes(&self) -> u64 {
+        self.inner.write_buffer_bytes()
+    }
 }
 
 pub struct Engine {

@@ -1,6 +1,7 @@
 """Peak memory of a real `stategate serve` (VmHWM from /proc/<pid>/status) while it
 takes and serves large states: a 256 MiB POST then GET must stay below 96 MiB, and
-8 concurrent 64 MiB uploads below 160 MiB. Bodies are streamed from generators, so
+8 concurrent 64 MiB uploads below 160 MiB; `stategate workspace rollback` to a 64 MiB
+version (which reads, renumbers and writes it) stays below 96 MiB as well. Bodies are streamed from generators, so
 the test process holds none of them whole either.
 
 Part of the suite (about 3.5 minutes on a debug build: it hashes and seals 768 MiB);
@@ -8,13 +9,17 @@ Part of the suite (about 3.5 minutes on a debug build: it hashes and seals 768 M
 import base64
 import http.client
 import hashlib
+import json
+import os
+import subprocess
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from harness import Server
+from harness import Server, cli, json_lines, stategate_bin
+from harness import http as request
 
 MiB = 1 << 20
 PIECE = 64 * 1024
@@ -118,3 +123,26 @@ def test_8_concurrent_64_mib_uploads_in_bounded_memory(server):
     peak = vm_hwm_mib(server.proc.pid)
     print(f"\nVmHWM after 8 concurrent 64 MiB uploads: {peak:.1f} MiB")
     assert peak < 160, peak
+
+
+def test_rollback_to_a_64_mib_version_in_bounded_memory(server):
+    """The rollback reads the old version as a stream (to find its serial, to compare
+    it with the current one, and to write it with a fresh serial), never whole."""
+    ws = server.workspace("back")
+    post(ws, 64 * MiB)
+    small = json.dumps({"version": 4, "serial": 9, "lineage": "back", "outputs": {},
+                        "resources": []}).encode()
+    assert request("POST", ws.address, small, user=ws.user, password=ws.password).status == 200
+    cmd = subprocess.Popen([str(stategate_bin()), "workspace", "rollback", "back", "--to", "1"],
+                           env=server.env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(cmd.pid, 0)
+    out, err = cmd.stdout.read().decode(), cmd.stderr.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0, (out, err)
+    peak = usage.ru_maxrss / 1024  # KiB on Linux
+    print(f"\npeak RSS of `stategate workspace rollback` to a 64 MiB version: {peak:.1f} MiB")
+    assert peak < 96, peak
+    rows = json_lines(cli(server, "workspace", "history", "back").stdout)
+    assert [r["version"] for r in rows] == [3, 2, 1]
+    # Version 1's content with a serial above every stored one (9), byte for byte otherwise.
+    assert rows[0]["serial"] == 10 and rows[0]["size"] == rows[2]["size"] + 1

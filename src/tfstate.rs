@@ -206,10 +206,8 @@ enum Kind {
 pub fn with_serial(body: &[u8], serial: i64) -> Option<Vec<u8>> {
     let mut scanner = StateScanner::new();
     scanner.push(body).ok()?;
-    let plain = scanner.probe.version && !scanner.probe.encrypted_data;
-    let (start, end) = scanner.serial_span?;
-    scanner.finish().ok()?;
-    if !plain || serial < 0 {
+    let (start, end) = scanner.renumberable_span()?;
+    if serial < 0 {
         return None;
     }
     let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
@@ -218,6 +216,23 @@ pub fn with_serial(body: &[u8], serial: i64) -> Option<Vec<u8>> {
     out.extend_from_slice(serial.to_string().as_bytes());
     out.extend_from_slice(&body[end..]);
     Some(out)
+}
+
+/// The store's rollback finds the serial of a state it restores through this scanner,
+/// piece by piece, without holding the state (it never reads states itself).
+pub fn serial_span_scan() -> Box<dyn crate::store::history::SpanScan> {
+    Box::new(StateScanner::new())
+}
+
+impl crate::store::history::SpanScan for StateScanner {
+    fn push(&mut self, piece: &[u8]) {
+        // An error marks the scanner failed: `finish` then finds no span.
+        let _ = StateScanner::push(self, piece);
+    }
+
+    fn finish(self: Box<Self>) -> Option<(u64, u64)> {
+        self.renumberable_span()
+    }
 }
 
 /// Longest string or number the scanner keeps (longer lineages are refused anyway).
@@ -314,6 +329,15 @@ impl StateScanner {
             self.failed = true;
         }
         result
+    }
+
+    /// The body ended: the bytes of its top-level serial when [`with_serial`] may
+    /// rewrite them (a plain state, not an encrypted envelope, with an integer serial).
+    fn renumberable_span(self) -> Option<(u64, u64)> {
+        let plain = self.probe.version && !self.probe.encrypted_data;
+        let span = self.serial_span?;
+        self.finish().ok()?;
+        plain.then_some(span)
     }
 
     /// The body ended: its serial and lineage, or why it is not a state.

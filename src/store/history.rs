@@ -2,15 +2,18 @@
 //!
 //! A rollback never rewrites or deletes history: it reads an old version (verified
 //! exactly like the current one: a missing or corrupt blob is an error) and stores
-//! its bytes as a NEW version through [`StateStore::write_version`], so the caller's
-//! guard (e.g. "nobody holds the lock") and the audit row run in the commit
-//! transaction like any other write.
+//! its bytes as a NEW version through the same streamed write as a client's, so the
+//! caller's guard (e.g. "nobody holds the lock") and the audit row run in the commit
+//! transaction like any other write. The old version is read as a stream, never whole:
+//! restoring a 1 GiB state takes the memory of a 1 MiB one.
 
+use bytes::Bytes;
 use rusqlite::{params, Connection};
+use sha2::Digest;
 
 use super::{
-    row_to_version, AuditEntry, DbError, NewVersion, StateStore, StoreError, VersionRow,
-    WriteGuard, WriteOutcome, VERSION_COLUMNS,
+    row_to_version, AuditEntry, BodyMeta, DbError, Known, StateStore, StoreError, StreamedVersion,
+    VersionRow, WriteGuard, WriteOutcome, BODY_CHANNEL, VERSION_COLUMNS,
 };
 use crate::crypto::SealKey;
 
@@ -53,14 +56,57 @@ pub struct Rollback {
     /// Audit event name, e.g. `tf.rollback`.
     pub event: &'static str,
     /// When set, the restored content gets a serial above every one stored for the
-    /// scope, written into it by this function (`None` from it: the content cannot
-    /// carry a new serial and is restored as it was). The store never reads states.
+    /// scope, written over the bytes this scanner points at (none found: the content
+    /// cannot carry a new serial and is restored as it was). The store never reads states.
     pub renumber: Option<Renumber>,
 }
 
-/// Writes `serial` into a state's content, or `None` when it cannot (see
-/// `tfstate::with_serial`).
-pub type Renumber = fn(&[u8], i64) -> Option<Vec<u8>>;
+/// A fresh scanner that finds where a state's serial is (`tfstate::serial_span_scan`).
+pub type Renumber = fn() -> Box<dyn SpanScan>;
+
+/// Scans content piece by piece for the bytes of its serial.
+pub trait SpanScan: Send {
+    fn push(&mut self, piece: &[u8]);
+    /// The byte range of the serial, or `None` when the content cannot be renumbered.
+    fn finish(self: Box<Self>) -> Option<(u64, u64)>;
+}
+
+/// Rewrites the byte range `span` of a stream to the decimal `serial`, piece by piece;
+/// every other byte passes unchanged (and uncopied).
+struct Splice {
+    span: (u64, u64),
+    digits: Bytes,
+    at: u64,
+}
+
+impl Splice {
+    fn new(span: (u64, u64), serial: i64) -> Splice {
+        Splice {
+            span,
+            digits: Bytes::from(serial.to_string()),
+            at: 0,
+        }
+    }
+
+    /// What the next piece of the stream becomes (one to three slices of output).
+    fn piece(&mut self, data: Bytes) -> Vec<Bytes> {
+        let (start, end) = self.span;
+        let from = self.at;
+        self.at += data.len() as u64;
+        if self.at <= start || from >= end {
+            return vec![data];
+        }
+        let cut = |offset: u64| offset.saturating_sub(from).min(data.len() as u64) as usize;
+        let (before, after) = (cut(start), cut(end));
+        let mut out = vec![data.slice(..before)];
+        if from <= start {
+            out.push(self.digits.clone());
+        }
+        out.push(data.slice(after..));
+        out.retain(|b| !b.is_empty());
+        out
+    }
+}
 
 /// The highest serial stored for a scope (any version), if any.
 fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
@@ -112,6 +158,13 @@ impl StateStore {
         version: i64,
         key: &SealKey,
     ) -> Result<(VersionRow, Vec<u8>), StoreError> {
+        let row = self.readable_row(scope, version).await?;
+        let plaintext = self.read_version_blob(&row, key).await?;
+        Ok((row, plaintext))
+    }
+
+    /// A version's row, or why it cannot be read: unknown (404) or a tombstone.
+    async fn readable_row(&self, scope: &str, version: i64) -> Result<VersionRow, StoreError> {
         let owned = scope.to_string();
         let row = self
             .db
@@ -127,14 +180,82 @@ impl StateStore {
                 version,
             });
         }
-        let plaintext = self.read_version_blob(&row, key).await?;
-        Ok((row, plaintext))
+        Ok(row)
+    }
+
+    /// Where `row`'s content keeps its serial, found by reading it as a stream.
+    async fn serial_span(
+        &self,
+        row: &VersionRow,
+        key: &SealKey,
+        renumber: Renumber,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let mut scan = renumber();
+        let mut stream = self.stream_version_blob(row.clone(), key).await?;
+        while let Some(piece) = stream.chunks.recv().await {
+            scan.push(&piece?);
+        }
+        Ok(scan.finish())
+    }
+
+    /// The sha256 (hex) `row`'s content has once `splice` rewrote its serial.
+    async fn spliced_sha256(
+        &self,
+        row: &VersionRow,
+        key: &SealKey,
+        mut splice: Splice,
+    ) -> Result<String, StoreError> {
+        let mut hash = sha2::Sha256::new();
+        let mut stream = self.stream_version_blob(row.clone(), key).await?;
+        while let Some(piece) = stream.chunks.recv().await {
+            for out in splice.piece(piece?) {
+                hash.update(&out);
+            }
+        }
+        Ok(hex::encode(hash.finalize()))
+    }
+
+    /// `row`'s content as a write body (a task reads it piece by piece, `splice`
+    /// rewriting its serial); a read failure ends the body with that error.
+    async fn body_of<E>(
+        &self,
+        row: &VersionRow,
+        key: &SealKey,
+        mut splice: Option<Splice>,
+    ) -> Result<super::BodyChunks<E>, StoreError>
+    where
+        E: From<StoreError> + Send + 'static,
+    {
+        let mut stream = self.stream_version_blob(row.clone(), key).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(BODY_CHANNEL);
+        tokio::spawn(async move {
+            while let Some(piece) = stream.chunks.recv().await {
+                let pieces = match (piece, splice.as_mut()) {
+                    (Ok(piece), Some(splice)) => splice.piece(piece),
+                    (Ok(piece), None) => vec![piece],
+                    (Err(e), _) => {
+                        let _ = tx.send(Err(E::from(e))).await;
+                        return;
+                    }
+                };
+                for out in pieces {
+                    if tx.send(Ok(Some(out))).await.is_err() {
+                        return; // the write ended (refused or unchanged)
+                    }
+                }
+            }
+            let _ = tx.send(Ok(None)).await;
+        });
+        Ok(rx)
     }
 
     /// Roll-forward: stores version `to_version`'s bytes (and its serial and lineage) as
     /// a new version. `guard` runs before anything is written and again in the commit
-    /// transaction; so does a check that no other write landed since the rollback read
-    /// the current version (else [`StoreError::Moved`]).
+    /// (with the newest row), and the write is refused if another write landed since
+    /// the rollback began. With `renumber`, the restored content gets a fresh serial
+    /// ([`Self::fresh_serial`]); a repeated rollback writes nothing. The old version is
+    /// read as a stream (up to three times: to find its serial, to see whether the
+    /// current version already is it, and to write it), never held whole.
     pub async fn rollback<E>(
         &self,
         request: Rollback,
@@ -155,33 +276,43 @@ impl StateStore {
                 })
             })?;
         let from_version = latest.version;
-        let (old, plaintext) = self
-            .read_version(&request.scope, request.to_version, key)
+        let old = self
+            .readable_row(&request.scope, request.to_version)
             .await
             .map_err(E::from)?;
-        let (plaintext, serial) = match request.renumber {
-            None => (plaintext, old.serial),
-            Some(renumber) => {
+        let span = match request.renumber {
+            Some(renumber) => self
+                .serial_span(&old, key, renumber)
+                .await
+                .map_err(E::from)?,
+            None => None,
+        };
+        // The serial to give it, how to write it into the content, and the content's
+        // sha256 when known up front (then identical content is found before any write).
+        let (serial, splice, known_sha256) = match span {
+            None => (old.serial, None, old.sha256.clone()),
+            Some(span) => {
                 // This content under the current serial is what a repeated rollback
                 // finds: then nothing is written, as for any identical content.
-                let as_current = latest
-                    .serial
-                    .and_then(|s| renumber(&plaintext, s).map(|body| (body, s)))
-                    .filter(|(body, _)| {
-                        Some(hex::encode(super::format::sha2_digest(body))) == latest.sha256
-                    });
+                let as_current = match latest.serial {
+                    Some(s) if s >= 0 => {
+                        let sha = self
+                            .spliced_sha256(&old, key, Splice::new(span, s))
+                            .await
+                            .map_err(E::from)?;
+                        (Some(&sha) == latest.sha256.as_ref()).then_some(s)
+                    }
+                    _ => None,
+                };
                 match as_current {
-                    Some((body, s)) => (body, Some(s)),
-                    None if latest.sha256 == old.sha256 => (plaintext, old.serial),
+                    Some(s) => (Some(s), Some(Splice::new(span, s)), latest.sha256.clone()),
+                    None if latest.sha256 == old.sha256 => (old.serial, None, old.sha256.clone()),
                     None => {
                         let next = self
                             .fresh_serial(&request.scope, old.serial)
                             .await
                             .map_err(E::from)?;
-                        match renumber(&plaintext, next) {
-                            Some(body) => (body, Some(next)),
-                            None => (plaintext, old.serial),
-                        }
+                        (Some(next), Some(Splice::new(span, next)), None)
                     }
                 }
             }
@@ -200,17 +331,19 @@ impl StateStore {
                 "restored_serial": old.serial,
             }),
         };
-        let new = NewVersion {
+        let new = StreamedVersion {
             scope: request.scope.clone(),
-            plaintext: plaintext.into(),
-            serial,
-            lineage: old.lineage.clone(),
             actor: request.actor.clone(),
-            audit: Some(audit),
+            check: Box::new(Known(Some(BodyMeta {
+                serial,
+                lineage: old.lineage.clone(),
+                audit: Some(audit),
+            }))),
         };
+        let body = self.body_of(&old, key, splice).await.map_err(E::from)?;
         let scope = request.scope.clone();
         let outcome = self
-            .write_version(new, key, move |conn, latest| {
+            .write_streamed(new, body, key, known_sha256, move |conn, latest| {
                 guard(conn, latest)?;
                 match latest.map(|r| r.version) {
                     Some(v) if v == from_version => Ok(()),
@@ -226,5 +359,34 @@ impl StateStore {
             to_version: request.to_version,
             outcome,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cut into pieces of every size, a spliced stream is the content with exactly the
+    /// span replaced, wherever the span falls relative to the cuts.
+    #[test]
+    fn splice_rewrites_only_the_span_across_every_cut() {
+        let body = br#"{"version":4,"serial":7,"lineage":"l","outputs":{}}"#;
+        let start = body.windows(3).position(|w| w == b":7,").unwrap() as u64 + 1;
+        let cases = [((start, start + 1), 12345i64), ((0, 1), 0), ((50, 51), 99)];
+        for ((from, to), serial) in cases {
+            let (a, b) = (from as usize, to as usize);
+            let mut expected = body[..a].to_vec();
+            expected.extend_from_slice(serial.to_string().as_bytes());
+            expected.extend_from_slice(&body[b..]);
+            for size in 1..=body.len() {
+                let mut splice = Splice::new((from, to), serial);
+                let out: Vec<u8> = body
+                    .chunks(size)
+                    .flat_map(|piece| splice.piece(Bytes::copy_from_slice(piece)))
+                    .flat_map(|b| b.to_vec())
+                    .collect();
+                assert_eq!(out, expected, "span {from}..{to}, pieces of {size}");
+            }
+        }
     }
 }

@@ -422,11 +422,28 @@ impl StateStore {
     where
         E: From<StoreError> + From<DbError> + Send + 'static,
     {
+        self.write_streamed(new, body, key, None, guard).await
+    }
+
+    /// [`Self::write_stream`]; with `known_sha256` (the body's, when the caller knows it
+    /// before reading it), content identical to the newest version is found before
+    /// anything is read or stored.
+    async fn write_streamed<E>(
+        &self,
+        new: StreamedVersion<E>,
+        body: BodyChunks<E>,
+        key: &SealKey,
+        known_sha256: Option<String>,
+        guard: impl WriteGuard<E>,
+    ) -> Result<WriteOutcome, E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+    {
         let _turn = self.write_turns.wait(new.scope.clone()).await;
         let scope = new.scope.clone();
         let source = BodySource::Stream(body);
         match self
-            .write_attempt(new, source, key, Arc::new(guard), None)
+            .write_attempt(new, source, key, Arc::new(guard), known_sha256.as_deref())
             .await?
         {
             Attempt::Done(outcome) => Ok(outcome),

@@ -172,7 +172,7 @@ impl TofuBackend {
             org: None,
             event: EVENT_ROLLBACK,
             // Plans saved before the rollback must not apply to what it restores.
-            renumber: Some(crate::tfstate::with_serial),
+            renumber: Some(crate::tfstate::serial_span_scan),
         };
         self.store
             .rollback(request, &key, move |conn, latest| {
@@ -269,7 +269,7 @@ impl TofuBackend {
             org: None,
             event: EVENT_RESTORED,
             // Plans saved before the rollback must not apply to what it restores.
-            renumber: Some(crate::tfstate::with_serial),
+            renumber: Some(crate::tfstate::serial_span_scan),
         };
         self.store
             .rollback(request, &key, move |conn, _latest| {

@@ -464,6 +464,10 @@ pub struct Config {
     /// Request and response bodies held in memory at once, all requests together (429
     /// beyond it): whole lock, cluster and admin bodies, and each streamed state's window.
     pub max_inflight_body_bytes: u64,
+    /// Largest version the operator views (web UI, admin API, `workspace show|diff`)
+    /// read whole and parse; a larger one is refused there with this limit named.
+    /// Terraform's own reads and writes stream and are not bound by it.
+    pub max_view_bytes: u64,
     /// A body may take this long plus one second per `body_min_bytes_per_second`, and
     /// may pause this long between reads; slower clients get 408.
     pub body_read_timeout_seconds: u64,
@@ -493,6 +497,7 @@ impl Default for Config {
             dek_file: None,
             max_state_bytes: 1024 * 1024 * 1024,
             max_inflight_body_bytes: 256 * 1024 * 1024,
+            max_view_bytes: 32 * 1024 * 1024,
             body_read_timeout_seconds: 30,
             body_min_bytes_per_second: 32 * 1024,
             shutdown_grace_seconds: 10,
@@ -531,6 +536,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "STATEGATE_MAX_INFLIGHT_BODY_BYTES",
         "max_inflight_body_bytes",
     ),
+    ("STATEGATE_MAX_VIEW_BYTES", "max_view_bytes"),
     (
         "STATEGATE_BODY_READ_TIMEOUT_SECONDS",
         "body_read_timeout_seconds",
@@ -697,6 +703,7 @@ impl Config {
             "dek_file" => self.dek_file = Some(PathBuf::from(value)),
             "max_state_bytes" => self.max_state_bytes = num(value)?,
             "max_inflight_body_bytes" => self.max_inflight_body_bytes = num(value)?,
+            "max_view_bytes" => self.max_view_bytes = num(value)?,
             "body_read_timeout_seconds" => self.body_read_timeout_seconds = num(value)?,
             "body_min_bytes_per_second" => self.body_min_bytes_per_second = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
@@ -757,8 +764,10 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_state_bytes == 0 {
-            return Err(ConfigError::Invalid("max_state_bytes must be > 0".into()));
+        if self.max_state_bytes == 0 || self.max_view_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "max_state_bytes and max_view_bytes must be > 0".into(),
+            ));
         }
         if self.body_read_timeout_seconds == 0 || self.body_min_bytes_per_second == 0 {
             return Err(ConfigError::Invalid(

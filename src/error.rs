@@ -138,9 +138,9 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Contended => ApiError::Unavailable(e.to_string()),
             StoreError::VersionNotFound { .. } => ApiError::NotFound(e.to_string()),
-            StoreError::Tombstone { .. } | StoreError::Moved { .. } => {
-                ApiError::Conflict(e.to_string())
-            }
+            StoreError::Tombstone { .. }
+            | StoreError::Moved { .. }
+            | StoreError::TooLargeToView { .. } => ApiError::Conflict(e.to_string()),
             StoreError::BlobMissing { version, .. } | StoreError::BlobUnreadable { version, .. } => {
                 ApiError::Internal {
                     public: format!(

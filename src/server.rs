@@ -120,7 +120,8 @@ pub async fn build_app_with_clock(
         tofu.clone(),
         cluster.clone(),
         config.locks.stale_after_seconds,
-    );
+    )
+    .with_max_view_bytes(config.max_view_bytes);
     Ok(Arc::new(App {
         operator,
         drift,

@@ -42,7 +42,8 @@ impl Ops {
             Arc::new(stategate::cluster::SystemClock),
         );
         let tofu = stategate::tofu::TofuBackend::new(store, root);
-        let ops = Operations::new(tofu, clusters, config.locks.stale_after_seconds);
+        let ops = Operations::new(tofu, clusters, config.locks.stale_after_seconds)
+            .with_max_view_bytes(config.max_view_bytes);
         Ok(Ops { rt, ops })
     }
 

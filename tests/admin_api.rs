@@ -745,3 +745,45 @@ async fn clusters_with_their_lease() {
         "{metrics}"
     );
 }
+
+/// A version larger than `max_view_bytes` is refused, naming the limit, by every view
+/// that would read it whole — before anything is read, revealed or audited — while
+/// Terraform still reads it and a rollback (streamed) still restores it.
+#[tokio::test]
+async fn views_refuse_versions_larger_than_max_view_bytes() {
+    let env = Env::start_with(|c| c.max_view_bytes = 2048).await;
+    env.write("prod", 1, "").await;
+    let big = resource("big", &format!(r#"{{"id":"{}"}}"#, "x".repeat(4000)));
+    env.write("prod", 2, &big).await;
+    env.json("GET", "workspaces/prod/versions/1?masked=1", None)
+        .await;
+    for path in [
+        "workspaces/prod/versions/2",
+        "workspaces/prod/versions/latest",
+        "workspaces/prod/versions/2?masked=1",
+        "workspaces/prod/diff?from=1&to=2",
+        "workspaces/prod/rollback?to=2",
+    ] {
+        let (code, text) = env.call("GET", path, None).await;
+        assert_eq!(code, 409, "{path}: {text}");
+        assert!(
+            text.contains("max_view_bytes") && text.contains("version 2"),
+            "{path}: {text}"
+        );
+    }
+    assert!(!env.audit("tf/prod").iter().any(|e| e.0 == "state.revealed"));
+    let (code, body) = status(env.server.tf("GET", "prod")).await;
+    assert_eq!(code, 200);
+    assert!(body.len() > 4000 && body.contains("big"));
+    env.write("prod", 3, "").await;
+    let done = env
+        .json(
+            "POST",
+            "workspaces/prod/rollback",
+            Some(json!({"to": 2, "from": 3})),
+        )
+        .await;
+    assert_eq!(done["current"]["version"], 4);
+    let (_, body) = status(env.server.tf("GET", "prod")).await;
+    assert!(body.contains("big"));
+}

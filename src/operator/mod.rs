@@ -255,6 +255,8 @@ pub struct Operations {
     clusters: ClusterService,
     stale_after: i64,
     search_limits: SearchLimits,
+    /// Largest version read whole for a view, a diff or a search (`max_view_bytes`).
+    max_view_bytes: u64,
 }
 
 impl Operations {
@@ -264,7 +266,15 @@ impl Operations {
             clusters,
             stale_after: i64::try_from(stale_after_seconds).unwrap_or(i64::MAX),
             search_limits: SearchLimits::default(),
+            max_view_bytes: crate::config::Config::default().max_view_bytes,
         }
+    }
+
+    /// Versions larger than `bytes` are refused by show, reveal, diff and the rollback
+    /// preview instead of read whole (search has its own byte budget).
+    pub fn with_max_view_bytes(mut self, bytes: u64) -> Self {
+        self.max_view_bytes = bytes;
+        self
     }
 
     /// The same operations with other bounds per search.
@@ -381,7 +391,9 @@ impl Operations {
                 }
             }
         };
-        self.tofu.read_version(workspace, version).await
+        self.tofu
+            .read_version(workspace, version, self.max_view_bytes)
+            .await
     }
 
     /// A version's unmasked content, for `who`. The `state.revealed` audit row (scope
@@ -414,8 +426,14 @@ impl Operations {
     /// What changed from version `from` to version `to`.
     pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, ApiError> {
         validate_workspace(workspace)?;
-        let (a, a_body) = self.tofu.read_version(workspace, from).await?;
-        let (b, b_body) = self.tofu.read_version(workspace, to).await?;
+        let (a, a_body) = self
+            .tofu
+            .read_version(workspace, from, self.max_view_bytes)
+            .await?;
+        let (b, b_body) = self
+            .tofu
+            .read_version(workspace, to, self.max_view_bytes)
+            .await?;
         diff::diff_states(&a_body, a.version, &b_body, b.version)
             .map_err(|e| ApiError::Conflict(e.to_string()))
     }
@@ -470,14 +488,20 @@ impl Operations {
             .ok_or_else(|| {
                 ApiError::NotFound(format!("workspace {workspace:?} has no versions"))
             })?;
-        let (target, target_body) = self.tofu.read_version(workspace, to).await?;
+        let (target, target_body) = self
+            .tofu
+            .read_version(workspace, to, self.max_view_bytes)
+            .await?;
         let current = if latest.is_tombstone() {
             Err(format!(
                 "version {} is a deletion; the rollback brings the state back",
                 latest.version
             ))
         } else {
-            let (row, body) = self.tofu.read_version(workspace, latest.version).await?;
+            let (row, body) = self
+                .tofu
+                .read_version(workspace, latest.version, self.max_view_bytes)
+                .await?;
             Ok((row, body))
         };
         let (diff, diff_unavailable) = match current {
@@ -520,7 +544,11 @@ impl Operations {
                 continue;
             };
             if out.admit(size) {
-                match self.tofu.read_version(&ws.name, version).await {
+                match self
+                    .tofu
+                    .read_version(&ws.name, version, limits.max_bytes as u64)
+                    .await
+                {
                     Ok((row, body)) => out.scan(&ws.name, row.version, &body, &needle),
                     Err(e) => {
                         tracing::error!(workspace = %ws.name, version, error = e.log_detail().unwrap_or_default(), "search cannot read a version");

@@ -151,14 +151,24 @@ impl StateStore {
     }
 
     /// The content of one version, verified like [`StateStore::read_current`]: a
-    /// missing, tampered or undecryptable blob is an error.
+    /// missing, tampered or undecryptable blob is an error. Held whole, so a version
+    /// larger than `max_bytes` is refused before anything is read.
     pub async fn read_version(
         &self,
         scope: &str,
         version: i64,
         key: &SealKey,
+        max_bytes: u64,
     ) -> Result<(VersionRow, Vec<u8>), StoreError> {
         let row = self.readable_row(scope, version).await?;
+        if u64::try_from(row.size).map_or(true, |size| size > max_bytes) {
+            return Err(StoreError::TooLargeToView {
+                scope: row.scope,
+                version,
+                size: row.size,
+                limit: max_bytes,
+            });
+        }
         let plaintext = self.read_version_blob(&row, key).await?;
         Ok((row, plaintext))
     }

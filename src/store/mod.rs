@@ -55,6 +55,13 @@ pub enum StoreError {
     Moved { scope: String, found: i64 },
     #[error("the request body ended before it was complete; nothing was written")]
     BodyAborted,
+    #[error("version {version} of {scope} is {size} bytes, more than the {limit} bytes (max_view_bytes) read whole here; Terraform still reads it (`terraform state pull`), or raise max_view_bytes")]
+    TooLargeToView {
+        scope: String,
+        version: i64,
+        size: i64,
+        limit: u64,
+    },
 }
 
 impl From<rusqlite::Error> for StoreError {

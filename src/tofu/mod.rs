@@ -189,15 +189,20 @@ impl TofuBackend {
     }
 
     /// One version's content, verified like the current one (missing or unreadable is
-    /// an error, a tombstone is a conflict, an unknown version a 404).
+    /// an error, a tombstone is a conflict, an unknown version a 404), held whole: one
+    /// larger than `max_bytes` is refused (409) before it is read.
     pub async fn read_version(
         &self,
         workspace: &str,
         version: i64,
+        max_bytes: u64,
     ) -> Result<(crate::store::VersionRow, Vec<u8>), ApiError> {
         let scope = scope(workspace);
         let key = self.root.blob_key(&scope);
-        Ok(self.store.read_version(&scope, version, &key).await?)
+        Ok(self
+            .store
+            .read_version(&scope, version, &key, max_bytes)
+            .await?)
     }
 
     /// Who holds the workspace lock right now.

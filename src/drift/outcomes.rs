@@ -7,7 +7,7 @@
 //!   process that opens the database (the server's scheduler, `drift run`);
 //! - a check can be approved (an apply row naming it) at most once.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{named_params, params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::plan::{Changes, Outcome};
@@ -98,13 +98,15 @@ pub struct Run {
     pub state_moved: bool,
 }
 
+/// A run's columns; `:scope_prefix` must be bound to [`crate::tofu::SCOPE_PREFIX`] (the
+/// state-moved subquery looks up the workspace's newest version by its scope).
 const COLUMNS: &str =
     "r.id, r.workspace, r.kind, r.trigger, r.applies, r.started_at, r.finished_at,
     r.exit_code, r.outcome, r.message, r.to_add, r.to_change, r.to_destroy, r.serial, r.lineage,
     r.output_blob, r.plan_expires_at,
     (SELECT a.id FROM drift_runs a WHERE a.applies = r.id),
     (SELECT v.serial IS NOT r.serial OR v.lineage IS NOT r.lineage FROM versions v
-      WHERE v.scope = 'tf/' || r.workspace ORDER BY v.version DESC LIMIT 1)";
+      WHERE v.scope = :scope_prefix || r.workspace ORDER BY v.version DESC LIMIT 1)";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
     let kind: String = r.get(2)?;
@@ -228,8 +230,8 @@ pub fn finish_run(conn: &Connection, id: i64, done: &Finished) -> Result<bool, r
 
 pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, rusqlite::Error> {
     conn.query_row(
-        &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = ?1"),
-        [id],
+        &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"),
+        named_params! {":id": id, ":scope_prefix": crate::tofu::SCOPE_PREFIX},
         row_to_run,
     )
     .optional()
@@ -242,10 +244,17 @@ pub fn list_runs(
     limit: u32,
 ) -> Result<Vec<Run>, rusqlite::Error> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM drift_runs r WHERE (?1 IS NULL OR r.workspace = ?1)
-          ORDER BY r.id DESC LIMIT ?2"
+        "SELECT {COLUMNS} FROM drift_runs r WHERE (:workspace IS NULL OR r.workspace = :workspace)
+          ORDER BY r.id DESC LIMIT :limit"
     ))?;
-    let rows = stmt.query_map(params![workspace, limit], row_to_run)?;
+    let rows = stmt.query_map(
+        named_params! {
+            ":workspace": workspace,
+            ":limit": limit,
+            ":scope_prefix": crate::tofu::SCOPE_PREFIX,
+        },
+        row_to_run,
+    )?;
     rows.collect()
 }
 
@@ -301,7 +310,10 @@ pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, rusqlite::Error> {
            (SELECT max(id) FROM drift_runs WHERE kind = 'check' AND finished_at IS NOT NULL
              GROUP BY workspace)"
     ))?;
-    let rows = stmt.query_map([], row_to_run)?;
+    let rows = stmt.query_map(
+        named_params! {":scope_prefix": crate::tofu::SCOPE_PREFIX},
+        row_to_run,
+    )?;
     rows.collect()
 }
 
@@ -422,6 +434,61 @@ mod tests {
             start_run(&c, "prod", Kind::Check, "schedule", None, None, None)
                 .unwrap()
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn state_moved_looks_up_the_workspaces_scope_through_the_index() {
+        let c = db();
+        let id = start_run(
+            &c,
+            "prod",
+            Kind::Check,
+            "schedule",
+            None,
+            Some(3),
+            Some("L"),
+        )
+        .unwrap()
+        .unwrap();
+        finish_run(&c, id, &finished(Outcome::InSync)).unwrap();
+        let version = |scope: &str, serial: i64| {
+            c.execute(
+                "INSERT INTO versions (scope, version, serial, lineage, size, created_at, actor)
+                 VALUES (?1, ?2, ?2, 'L', 0, 'now', 't')",
+                params![scope, serial],
+            )
+            .unwrap();
+        };
+        version(&crate::tofu::scope("prod"), 3);
+        version("org/prod", 9);
+        assert!(
+            !get_run(&c, id).unwrap().unwrap().state_moved,
+            "same serial"
+        );
+        version(&crate::tofu::scope("prod"), 4);
+        assert!(get_run(&c, id).unwrap().unwrap().state_moved);
+        assert!(list_runs(&c, Some("prod"), 1).unwrap()[0].state_moved);
+        assert!(latest_checks(&c).unwrap()[0].state_moved);
+
+        let mut stmt = c
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"
+            ))
+            .unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(
+                named_params! {":id": id, ":scope_prefix": crate::tofu::SCOPE_PREFIX},
+                |r| r.get(3),
+            )
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|s| s.starts_with("SEARCH v USING PRIMARY KEY"))
+                && !plan.iter().any(|s| s.starts_with("SCAN")),
+            "{plan:?}"
         );
     }
 

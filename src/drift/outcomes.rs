@@ -237,6 +237,21 @@ pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, rusqlite::Erro
     .optional()
 }
 
+/// How many runs of `workspace` are newer than run `id`, counted up to `cap` (an
+/// index range, however long the history).
+pub fn newer_runs(
+    conn: &Connection,
+    workspace: &str,
+    id: i64,
+    cap: u64,
+) -> Result<u64, rusqlite::Error> {
+    conn.query_row(
+        "SELECT count(*) FROM (SELECT 1 FROM drift_runs WHERE workspace = ?1 AND id > ?2 LIMIT ?3)",
+        params![workspace, id, i64::try_from(cap).unwrap_or(i64::MAX)],
+        |r| r.get(0),
+    )
+}
+
 /// The newest `limit` runs (of one workspace, or all), newest first.
 pub fn list_runs(
     conn: &Connection,
@@ -490,6 +505,34 @@ mod tests {
                 && !plan.iter().any(|s| s.starts_with("SCAN")),
             "{plan:?}"
         );
+    }
+
+    #[test]
+    fn newer_runs_are_counted_per_workspace_up_to_the_cap() {
+        let c = db();
+        let mut ids = Vec::new();
+        for ws in ["prod", "dev", "prod", "prod", "prod"] {
+            let id = start_run(&c, ws, Kind::Check, "schedule", None, None, None)
+                .unwrap()
+                .unwrap();
+            finish_run(&c, id, &finished(Outcome::InSync)).unwrap();
+            ids.push(id);
+        }
+        let table: &[(&str, i64, u64, u64)] = &[
+            ("prod", ids[0], 10, 3),
+            ("prod", ids[0], 2, 2),
+            ("prod", ids[3], 10, 1),
+            ("prod", ids[4], 10, 0),
+            ("dev", ids[1], 10, 0),
+            ("none", ids[0], 10, 0),
+        ];
+        for (ws, id, cap, want) in table {
+            assert_eq!(
+                newer_runs(&c, ws, *id, *cap).unwrap(),
+                *want,
+                "{ws} {id} {cap}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! answer 500, hang or refuse; clear error outcomes for a missing directory,
 //! configuration or binary (and the next check still runs); a locked workspace
 //! skipped without disturbing its holder; the approval flow (exactly the kept plan
-//! applied once; twice, not drifted, expired refused). The real Terraform CLI runs in
+//! applied once; twice, not drifted, expired refused); plan text kept for the newest
+//! `keep_outputs` runs only, older runs saying "pruned", orphan outputs swept and
+//! nothing else in the store touched. The real Terraform CLI runs in
 //! `integration/test_drift.py`.
 
 mod common;

@@ -350,6 +350,9 @@ pub struct DriftSettings {
     pub webhook_attempts: u32,
     /// One delivery attempt is given up after this.
     pub webhook_timeout_seconds: u64,
+    /// The newest runs per workspace whose plan text is kept in the blob store; older
+    /// runs' text is deleted (the runs themselves are never deleted).
+    pub keep_outputs: u64,
 }
 
 impl Default for DriftSettings {
@@ -361,6 +364,7 @@ impl Default for DriftSettings {
             plan_expiry_seconds: 86_400,
             webhook_attempts: 4,
             webhook_timeout_seconds: 10,
+            keep_outputs: 50,
         }
     }
 }
@@ -418,6 +422,11 @@ fn validate_drift(checks: &[DriftCheck], settings: &DriftSettings) -> Result<(),
     if settings.max_concurrent == 0 || settings.webhook_attempts == 0 {
         return invalid(
             "drift_settings.max_concurrent and webhook_attempts must be at least 1".into(),
+        );
+    }
+    if settings.keep_outputs == 0 {
+        return invalid(
+            "drift_settings.keep_outputs must be at least 1 (the newest runs per workspace that keep their plan text)".into(),
         );
     }
     if settings.webhook_timeout_seconds == 0 || settings.plan_expiry_seconds == 0 {
@@ -1106,6 +1115,7 @@ mod tests {
         assert_eq!((check.interval_seconds, check.timeout_seconds), (3600, 600));
         assert!(check.approve_apply && !check.opentofu_encryption);
         assert_eq!(ok.drift_settings.max_concurrent, 2);
+        assert_eq!(ok.drift_settings.keep_outputs, 50);
         assert!(
             format!("{ok:?}").contains("<redacted>"),
             "env values are secrets"
@@ -1136,6 +1146,10 @@ mod tests {
             (
                 format!("[drift_settings]\nmax_concurrent = 0\n{base}"),
                 "at least 1",
+            ),
+            (
+                format!("[drift_settings]\nkeep_outputs = 0\n{base}"),
+                "keep_outputs must be at least 1",
             ),
         ];
         for (text, why) in bad {

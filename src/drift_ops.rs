@@ -124,13 +124,14 @@ pub fn show(config: &Config, run: i64, json: bool) -> anyhow::Result<()> {
     let o = DriftOps::open(config)?;
     let (row, output) = o.run(o.drift.show(run))?;
     if json {
-        json_line(&serde_json::json!({ "run": row, "output": output }));
+        json_line(&output.json(&row));
         return Ok(());
     }
     eprint!("{}", runs_table(std::slice::from_ref(&row)));
-    match output {
-        Some(text) => print!("{text}"),
-        None => eprintln!("(no plan output stored for this run)"),
+    match (output.text(), output.pruned_note()) {
+        (Some(text), _) => print!("{text}"),
+        (None, Some(note)) => eprintln!("({note})"),
+        (None, None) => eprintln!("(no plan output stored for this run)"),
     }
     Ok(())
 }
@@ -185,8 +186,10 @@ pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result
         bail!("drift run {run} cannot be approved");
     }
     if !yes {
-        if let Some(text) = &output {
+        if let Some(text) = output.text() {
             eprint!("{text}");
+        } else if let Some(note) = output.pruned_note() {
+            eprintln!("({note})");
         }
         eprintln!(
             "Applying the saved plan of drift run {run} to workspace {} ({}).",

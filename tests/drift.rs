@@ -4,7 +4,9 @@
 //! answer 500, hang or refuse; clear error outcomes for a missing directory,
 //! configuration or binary (and the next check still runs); a locked workspace
 //! skipped without disturbing its holder; the approval flow (exactly the kept plan
-//! applied once; twice, not drifted, expired refused). The real Terraform CLI runs in
+//! applied once; twice, not drifted, expired refused); plan text kept for the newest
+//! `keep_outputs` runs only, older runs saying "pruned", orphan outputs swept and
+//! nothing else in the store touched. The real Terraform CLI runs in
 //! `integration/test_drift.py`.
 
 mod common;
@@ -301,7 +303,10 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
     assert!(drifted.approvable);
     assert_eq!(drift.flush_webhooks().await.len(), 1, "in sync -> drifted");
     let (_, output) = drift.show(drifted.id).await.unwrap();
-    assert!(output.unwrap().contains("human text of the saved plan"));
+    assert!(output
+        .text()
+        .unwrap()
+        .contains("human text of the saved plan"));
 
     let kept = server
         .config
@@ -522,4 +527,119 @@ async fn a_run_abandoned_by_a_stopped_process_is_closed_and_its_lock_cleared() {
         ),
         1
     );
+}
+
+#[tokio::test]
+async fn only_the_newest_runs_keep_their_plan_text_and_orphan_outputs_are_swept() {
+    use stategate::drift::RunOutput;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let mut prod = check("prod", &dir, &tofu);
+    // Kept plans waiting for approval keep their text; these are plain findings.
+    prod.approve_apply = false;
+    let dev = check("dev", &dir, &tofu);
+    let server = TestServer::start_with(|c| {
+        c.drift = vec![prod, dev];
+        c.drift_settings.keep_outputs = 3;
+    })
+    .await;
+    let put = server
+        .tf("POST", "prod")
+        .body(common::state(1, "L", "[]"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let drift = &server.app.drift;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let run = drift.check_now("prod", "test").await.unwrap();
+        assert_eq!(run.outcome, Some(Outcome::Drifted));
+        runs.push(run);
+    }
+    let blobs = server.app.tofu.store().blobs().clone();
+    let outputs = |keys: &[String]| -> Vec<String> {
+        keys.iter()
+            .filter(|k| k.ends_with(".out"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(outputs(&blobs.list("drift/").await.unwrap()).len(), 5);
+
+    // Left by crashes between storing an output and recording it: of a finished run
+    // (never recordable now), of a run still going, and of a run this index never had.
+    let going = drift.start_check("dev", "test").await.unwrap();
+    let orphan = format!("drift/{}-0123456789abcdef.out", runs[4].id);
+    let in_flight = format!("drift/{}-0123456789abcdef.out", going.id);
+    let unknown = "drift/99999-0123456789abcdef.out".to_string();
+    let other = "drift/not-an-output.txt".to_string();
+    for key in [&orphan, &in_flight, &unknown, &other] {
+        blobs.put(key, "x".into()).await.unwrap();
+    }
+    let states = blobs.list("states/").await.unwrap();
+    assert!(!states.is_empty());
+
+    drift.tidy().await.unwrap();
+
+    let mut left = blobs.list("drift/").await.unwrap();
+    left.sort();
+    let mut want: Vec<String> = runs[2..]
+        .iter()
+        .map(|r| r.output_blob.clone().unwrap())
+        .chain([in_flight, unknown, other])
+        .collect();
+    want.sort();
+    assert_eq!(
+        left, want,
+        "the newest 3 outputs and what is not provably garbage"
+    );
+    assert_eq!(
+        blobs.list("states/").await.unwrap(),
+        states,
+        "states untouched"
+    );
+
+    let note = "plan text pruned (only the newest 3 runs per workspace keep it)";
+    for old in &runs[..2] {
+        let (_, output) = drift.show(old.id).await.unwrap();
+        assert_eq!(output, RunOutput::Pruned { keep: 3 });
+        assert_eq!(output.pruned_note().unwrap(), note);
+    }
+    for new in &runs[2..] {
+        let (_, output) = drift.show(new.id).await.unwrap();
+        assert!(output
+            .text()
+            .unwrap()
+            .contains("human text of the saved plan"));
+    }
+
+    let token = server
+        .app
+        .operator
+        .admin_write(|c| stategate::operator::identity::create_operator(c, "ops@example.com", "t"))
+        .await
+        .unwrap();
+    let response = reqwest::Client::new()
+        .get(format!("{}/api/v1/admin/drift/{}", server.base, runs[0].id))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let shown: serde_json::Value =
+        serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert_eq!(shown["output_pruned"], note, "{shown}");
+    assert!(shown["output"].is_null() && shown["run"]["id"] == runs[0].id);
+
+    // An output that should still exist but is gone is an error, never "pruned".
+    blobs
+        .delete(runs[4].output_blob.as_deref().unwrap())
+        .await
+        .unwrap();
+    let err = drift.show(runs[4].id).await.unwrap_err();
+    assert_eq!(err.http_status(), 500, "{err}");
+    assert!(err.to_string().contains("missing from the store"), "{err}");
 }

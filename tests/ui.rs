@@ -4,7 +4,8 @@
 //! force-unlock audited as the operator, logout and token revocation ending sessions;
 //! audited reveals and downloads, the rollback preview, and search across workspaces;
 //! drift checks started and kept plans approved through `DriftService` as the operator
-//! (CSRF and a typed confirmation first; refusals change nothing), plan text escaped.
+//! (CSRF and a typed confirmation first; refusals change nothing), plan text escaped, and
+//! a run whose plan text retention deleted saying so.
 
 mod common;
 
@@ -1356,4 +1357,32 @@ async fn the_drift_page_says_how_to_configure_checks_when_there_are_none() {
     let ws = env.page("/ui/workspaces/prod", &cookie).await;
     assert!(ws.contains(r#"href="/ui/drift""#), "the nav links the page");
     assert!(!ws.contains("drift-status"), "no check, no drift line");
+}
+
+#[tokio::test]
+async fn a_run_whose_plan_text_was_pruned_says_so() {
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = common::drift::fake_tofu(dir).display().to_string();
+    let mut prod = common::drift::check("prod", dir, &tofu);
+    prod.approve_apply = false;
+    let env = Env::start_with(move |c| {
+        c.drift = vec![prod];
+        c.drift_settings.keep_outputs = 1;
+    })
+    .await;
+    let drift = &env.server.app.drift;
+    let old = drift.check_now("prod", "test").await.unwrap();
+    let new = drift.check_now("prod", "test").await.unwrap();
+    drift.tidy().await.unwrap();
+    let cookie = env.login().await;
+    let page = env.page(&format!("/ui/drift/{}", old.id), &cookie).await;
+    assert!(
+        page.contains("plan text pruned (only the newest 1 runs per workspace keep it)"),
+        "{page}"
+    );
+    let page = env.page(&format!("/ui/drift/{}", new.id), &cookie).await;
+    assert!(page.contains("human text of the saved plan"), "{page}");
 }

@@ -10,8 +10,10 @@
 //! started; a lock such a child left behind is force-cleared and audited. Exit 0 is
 //! `in_sync`, 2 is `drifted` (a fact about infrastructure, not a failure), anything else
 //! `error`; a held lock is `skipped_locked`. The human plan text is sealed into the
-//! blob store; a drifted check with `approve_apply` keeps its plan file sealed in
-//! `<data_dir>/drift/plans` until it is approved (applied once, then deleted) or expires.
+//! blob store, kept for the newest `keep_outputs` runs per workspace (the tidy pass
+//! deletes older runs' text and orphans; the runs themselves stay); a drifted check
+//! with `approve_apply` keeps its plan file sealed in `<data_dir>/drift/plans` until it
+//! is approved (applied once, then deleted) or expires.
 //!
 //! Submodules: `plan` (pure: the `-json` stream, outcomes, the notify rule), `outcomes`
 //! (the `drift_runs` table), `runner` (the child process), `webhook` (signed events).
@@ -50,6 +52,12 @@ pub const EVENT_OUTCOME_CHANGED: &str = "drift.outcome_changed";
 
 /// Most bytes of human plan text kept per run.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
+/// Where runs' sealed output lives in the blob store: `drift/<run id>-<uuid>.out`.
+const OUTPUT_PREFIX: &str = "drift/";
+/// Most output blobs one tidy pass deletes (the next pass goes on).
+const MAX_TIDY_DELETIONS: usize = 1000;
+/// Output keys whose runs one index read looks up.
+const TIDY_BATCH: usize = 256;
 /// Most runs one listing returns.
 pub const MAX_LIST: u32 = 1000;
 /// An unfinished run older than its check's timeout plus this was abandoned by a
@@ -79,6 +87,45 @@ pub struct CheckSummary {
     pub last_check: Option<Run>,
     /// When the schedule runs it next (RFC 3339; `None`: no interval, on demand only).
     pub next_due_at: Option<String>,
+}
+
+/// A run's human output as [`DriftService::show`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutput {
+    /// The stored text.
+    Text(String),
+    /// None was stored: the run is still going, wrote none, or could not store it.
+    Absent,
+    /// Deleted by retention: only the newest `keep` runs per workspace keep theirs.
+    Pruned { keep: u64 },
+}
+
+impl RunOutput {
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            RunOutput::Text(text) => Some(text),
+            RunOutput::Absent | RunOutput::Pruned { .. } => None,
+        }
+    }
+
+    /// What to say instead of the text when retention deleted it.
+    pub fn pruned_note(&self) -> Option<String> {
+        match self {
+            RunOutput::Pruned { keep } => Some(format!(
+                "plan text pruned (only the newest {keep} runs per workspace keep it)"
+            )),
+            RunOutput::Text(_) | RunOutput::Absent => None,
+        }
+    }
+
+    /// `{"run", "output", "output_pruned"}`, as the admin API and `drift show --json` answer.
+    pub fn json(&self, run: &Run) -> serde_json::Value {
+        serde_json::json!({
+            "run": run,
+            "output": self.text(),
+            "output_pruned": self.pruned_note(),
+        })
+    }
 }
 
 /// A run that was admitted (its row exists, unfinished) and is ready to execute.
@@ -332,34 +379,44 @@ impl DriftService {
         Ok(Self::with_approvable(row, now_unix()))
     }
 
-    /// A run and its human output (`None` while running, or when none was stored). A
-    /// stored output that cannot be read is an error, never "no output".
-    pub async fn show(&self, id: i64) -> Result<(Run, Option<String>), ApiError> {
+    /// A run and its human output. A stored output that cannot be read is an error,
+    /// never "no output"; one that is gone because retention deleted it is
+    /// [`RunOutput::Pruned`].
+    pub async fn show(&self, id: i64) -> Result<(Run, RunOutput), ApiError> {
         let run = self.run(id).await?;
         let Some(key) = &run.output_blob else {
-            return Ok((run, None));
+            return Ok((run, RunOutput::Absent));
         };
-        let sealed = self
+        let found = self
             .inner
             .tofu
             .store()
             .blobs()
             .get(key)
             .await
-            .map_err(|e| internal("cannot read the run's output from the store", e))?
-            .ok_or_else(|| {
-                internal(
-                    "the run's output is missing from the store",
-                    format!("blob {key}"),
-                )
-            })?;
+            .map_err(|e| internal("cannot read the run's output from the store", e))?;
+        let Some(sealed) = found else {
+            let keep = self.inner.settings.keep_outputs;
+            let (ws, run_id) = (run.workspace.clone(), run.id);
+            let newer = self
+                .read(move |c| outcomes::newer_runs(c, &ws, run_id, keep))
+                .await?;
+            if output_retired(newer, keep, run.approvable) {
+                return Ok((run, RunOutput::Pruned { keep }));
+            }
+            return Err(internal(
+                "the run's output is missing from the store",
+                format!("blob {key}"),
+            ));
+        };
         let plain = self
             .inner
             .root
             .drift_output_key(&run.workspace)
             .open(&sealed_ad("output", &run.workspace, run.id), &sealed)
             .map_err(|e| internal("the run's output cannot be decrypted", e))?;
-        Ok((run, Some(String::from_utf8_lossy(&plain).into_owned())))
+        let text = String::from_utf8_lossy(&plain).into_owned();
+        Ok((run, RunOutput::Text(text)))
     }
 
     /// Admits a check of `workspace` now (409 while another run of it is unfinished).
@@ -901,7 +958,11 @@ impl DriftService {
                 bounded(text).as_bytes(),
             )
             .map_err(|e| e.to_string())?;
-        let key = format!("drift/{}-{}.out", s.id, uuid::Uuid::new_v4().simple());
+        let key = format!(
+            "{OUTPUT_PREFIX}{}-{}.out",
+            s.id,
+            uuid::Uuid::new_v4().simple()
+        );
         self.inner
             .tofu
             .store()
@@ -1031,9 +1092,18 @@ impl DriftService {
             .collect())
     }
 
-    /// Closes runs a stopped process left unfinished, and deletes kept plans that
-    /// expired, were used, or belong to no run.
+    /// Closes runs a stopped process left unfinished, deletes kept plans that expired,
+    /// were used, or belong to no run, and deletes output blobs past retention or of
+    /// no run (at most [`MAX_TIDY_DELETIONS`] of them per pass).
     pub async fn tidy(&self) -> Result<(), ApiError> {
+        self.close_abandoned().await?;
+        self.tidy_plans().await?;
+        self.tidy_outputs().await
+    }
+
+    /// Closes runs a stopped process left unfinished (and clears the lock its child
+    /// may have left).
+    async fn close_abandoned(&self) -> Result<(), ApiError> {
         let now = now_unix();
         let unfinished = self.read(outcomes::unfinished).await?;
         for run in unfinished {
@@ -1073,6 +1143,12 @@ impl DriftService {
                 tracing::warn!(workspace = %ws, run = id, closed = ?closed.is_ok(), "closed an abandoned drift run");
             }
         }
+        Ok(())
+    }
+
+    /// Deletes kept plans that expired, were used, or belong to no run.
+    async fn tidy_plans(&self) -> Result<(), ApiError> {
+        let now = now_unix();
         let Ok(entries) = std::fs::read_dir(self.plans_dir()) else {
             return Ok(());
         };
@@ -1094,6 +1170,71 @@ impl DriftService {
                     Err(e) => tracing::warn!(run = id, error = %e, "cannot delete a drift plan"),
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Deletes the output blobs of runs past retention (all but the newest
+    /// `keep_outputs` runs per workspace) and orphans (a crash between storing an output
+    /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]. Only keys
+    /// of the output form under [`OUTPUT_PREFIX`] are looked at.
+    async fn tidy_outputs(&self) -> Result<(), ApiError> {
+        let keep = self.inner.settings.keep_outputs;
+        let blobs = self.inner.tofu.store().blobs().clone();
+        let listed = blobs
+            .list(OUTPUT_PREFIX)
+            .await
+            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
+        let mut outputs: Vec<(i64, String)> = listed
+            .into_iter()
+            .filter_map(|key| Some((output_run(&key)?, key)))
+            .collect();
+        outputs.sort();
+        let (mut retired, mut orphans) = (0usize, 0usize);
+        for batch in outputs.chunks(TIDY_BATCH) {
+            if retired + orphans >= MAX_TIDY_DELETIONS {
+                break;
+            }
+            let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+            let runs = self
+                .read(move |c| {
+                    ids.into_iter()
+                        .map(|id| {
+                            let Some(run) = outcomes::get_run(c, id)? else {
+                                return Ok(None);
+                            };
+                            let newer = outcomes::newer_runs(c, &run.workspace, id, keep)?;
+                            Ok(Some((run, newer)))
+                        })
+                        .collect::<Result<Vec<_>, rusqlite::Error>>()
+                })
+                .await?;
+            let now = now_unix();
+            for ((_, key), standing) in batch.iter().zip(runs) {
+                if retired + orphans >= MAX_TIDY_DELETIONS {
+                    break;
+                }
+                let standing =
+                    standing.map(|(run, newer)| (Self::with_approvable(run, now), newer));
+                let verdict = sweep(key, standing.as_ref().map(|(r, n)| (r, *n)), keep);
+                match verdict {
+                    Sweep::Keep => continue,
+                    Sweep::Retired => retired += 1,
+                    Sweep::Orphan => orphans += 1,
+                }
+                blobs
+                    .delete(key)
+                    .await
+                    .map_err(|e| internal("cannot delete a drift output from the store", e))?;
+            }
+        }
+        if retired + orphans > 0 {
+            tracing::info!(
+                retired,
+                orphans,
+                keep_outputs = keep,
+                "deleted drift outputs past retention or of no run"
+            );
         }
         Ok(())
     }
@@ -1159,6 +1300,56 @@ pub fn due_in(last_started: Option<i64>, interval: u64, now: i64) -> i64 {
     last_started.map_or(0, |t| t.saturating_add(interval) - now)
 }
 
+/// The run an output key names (`drift/<run id>-<uuid hex>.out`); `None` for any other
+/// key, which the tidy pass leaves alone.
+fn output_run(key: &str) -> Option<i64> {
+    let rest = key.strip_prefix(OUTPUT_PREFIX)?.strip_suffix(".out")?;
+    let (id, tag) = rest.split_once('-')?;
+    let all = |s: &str, ok: fn(&u8) -> bool| !s.is_empty() && s.bytes().all(|b| ok(&b));
+    if !all(id, u8::is_ascii_digit) || !all(tag, u8::is_ascii_hexdigit) {
+        return None;
+    }
+    id.parse().ok()
+}
+
+/// Whether a run's stored output is past retention: at least `keep` newer runs of its
+/// workspace exist, and it is not a kept plan that may still be approved (whoever
+/// approves reads the text first).
+fn output_retired(newer_runs: u64, keep: u64, approvable: bool) -> bool {
+    !approvable && newer_runs >= keep
+}
+
+/// What the tidy pass does with an output blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    Keep,
+    /// Its run's output, past retention.
+    Retired,
+    /// Not its run's output, and its run is finished: it can never be recorded.
+    Orphan,
+}
+
+/// The verdict on output blob `key`, given the run its key names with the number of
+/// newer runs in its workspace (`None`: this index has no such run).
+fn sweep(key: &str, run: Option<(&Run, u64)>, keep: u64) -> Sweep {
+    match run {
+        // Not this index's run (another index over the same store, or one rebuilt
+        // without its drift history): nothing here can tell it is garbage.
+        None => Sweep::Keep,
+        Some((run, newer)) if run.output_blob.as_deref() == Some(key) => {
+            if output_retired(newer, keep, run.approvable) {
+                Sweep::Retired
+            } else {
+                Sweep::Keep
+            }
+        }
+        // A finished row never changes, so it will never name this key.
+        Some((run, _)) if run.finished_at.is_some() => Sweep::Orphan,
+        // Its run is still going: the key is recorded when it finishes.
+        Some(_) => Sweep::Keep,
+    }
+}
+
 /// The webhook event of a check whose outcome changed.
 pub fn event_json(run: &Run, previous: Option<Outcome>) -> serde_json::Value {
     serde_json::json!({
@@ -1217,6 +1408,92 @@ mod tests {
                 "{last:?} {interval} {now}"
             );
         }
+    }
+
+    #[test]
+    fn only_keys_of_the_output_form_name_a_run() {
+        let table: &[(&str, Option<i64>)] = &[
+            ("drift/12-0123abcdef.out", Some(12)),
+            ("drift/1-f.out", Some(1)),
+            ("drift/12-0123abcdef", None),
+            ("drift/12.out", None),
+            ("drift/-abc.out", None),
+            ("drift/+12-abc.out", None),
+            ("drift/12-xyz.out", None),
+            ("drift/12-.out", None),
+            ("drift/plans/12-abc.out", None),
+            ("states/12-abc.out", None),
+            ("drift/99999999999999999999-abc.out", None),
+        ];
+        for (key, want) in table {
+            assert_eq!(output_run(key), *want, "{key}");
+        }
+    }
+
+    fn run_of(output_blob: Option<&str>, finished: bool, approvable: bool) -> Run {
+        Run {
+            id: 12,
+            workspace: "prod".into(),
+            kind: Kind::Check,
+            trigger: "schedule".into(),
+            applies: None,
+            started_at: "t".into(),
+            finished_at: finished.then(|| "t".into()),
+            exit_code: None,
+            outcome: None,
+            message: None,
+            changes: None,
+            serial: None,
+            lineage: None,
+            output_blob: output_blob.map(Into::into),
+            plan_expires_at: None,
+            applied_by: None,
+            approvable,
+            state_moved: false,
+        }
+    }
+
+    #[test]
+    fn outputs_past_retention_and_orphans_of_finished_runs_are_swept() {
+        let key = "drift/12-abc.out";
+        let other = "drift/12-def.out";
+        /// The run's recorded output, finished, approvable, newer runs, keep, verdict.
+        type Case<'a> = (Option<&'a str>, bool, bool, u64, u64, Sweep);
+        let table: &[Case] = &[
+            (Some(key), true, false, 2, 3, Sweep::Keep),
+            (Some(key), true, false, 3, 3, Sweep::Retired),
+            (Some(key), true, false, 50, 3, Sweep::Retired),
+            (Some(key), true, true, 50, 3, Sweep::Keep),
+            (Some(key), true, false, 0, 1, Sweep::Keep),
+            (Some(other), true, false, 0, 3, Sweep::Orphan),
+            (None, true, false, 0, 3, Sweep::Orphan),
+            (None, false, false, 50, 3, Sweep::Keep),
+        ];
+        for (recorded, finished, approvable, newer, keep, want) in table {
+            let run = run_of(*recorded, *finished, *approvable);
+            assert_eq!(
+                sweep(key, Some((&run, *newer)), *keep),
+                *want,
+                "{recorded:?} finished={finished} approvable={approvable} newer={newer} keep={keep}"
+            );
+        }
+        assert_eq!(
+            sweep(key, None, 1),
+            Sweep::Keep,
+            "a run this index does not know"
+        );
+    }
+
+    #[test]
+    fn a_pruned_output_says_so() {
+        let pruned = RunOutput::Pruned { keep: 5 };
+        assert_eq!(pruned.text(), None);
+        assert_eq!(
+            pruned.pruned_note().unwrap(),
+            "plan text pruned (only the newest 5 runs per workspace keep it)"
+        );
+        assert_eq!(RunOutput::Text("x".into()).text(), Some("x"));
+        assert_eq!(RunOutput::Absent.pruned_note(), None);
     }
 
     #[test]

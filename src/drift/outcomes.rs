@@ -7,7 +7,7 @@
 //!   process that opens the database (the server's scheduler, `drift run`);
 //! - a check can be approved (an apply row naming it) at most once.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{named_params, params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::plan::{Changes, Outcome};
@@ -98,13 +98,15 @@ pub struct Run {
     pub state_moved: bool,
 }
 
+/// A run's columns; `:scope_prefix` must be bound to [`crate::tofu::SCOPE_PREFIX`] (the
+/// state-moved subquery looks up the workspace's newest version by its scope).
 const COLUMNS: &str =
     "r.id, r.workspace, r.kind, r.trigger, r.applies, r.started_at, r.finished_at,
     r.exit_code, r.outcome, r.message, r.to_add, r.to_change, r.to_destroy, r.serial, r.lineage,
     r.output_blob, r.plan_expires_at,
     (SELECT a.id FROM drift_runs a WHERE a.applies = r.id),
     (SELECT v.serial IS NOT r.serial OR v.lineage IS NOT r.lineage FROM versions v
-      WHERE v.scope = 'tf/' || r.workspace ORDER BY v.version DESC LIMIT 1)";
+      WHERE v.scope = :scope_prefix || r.workspace ORDER BY v.version DESC LIMIT 1)";
 
 fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
     let kind: String = r.get(2)?;
@@ -228,11 +230,26 @@ pub fn finish_run(conn: &Connection, id: i64, done: &Finished) -> Result<bool, r
 
 pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, rusqlite::Error> {
     conn.query_row(
-        &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = ?1"),
-        [id],
+        &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"),
+        named_params! {":id": id, ":scope_prefix": crate::tofu::SCOPE_PREFIX},
         row_to_run,
     )
     .optional()
+}
+
+/// How many runs of `workspace` are newer than run `id`, counted up to `cap` (an
+/// index range, however long the history).
+pub fn newer_runs(
+    conn: &Connection,
+    workspace: &str,
+    id: i64,
+    cap: u64,
+) -> Result<u64, rusqlite::Error> {
+    conn.query_row(
+        "SELECT count(*) FROM (SELECT 1 FROM drift_runs WHERE workspace = ?1 AND id > ?2 LIMIT ?3)",
+        params![workspace, id, i64::try_from(cap).unwrap_or(i64::MAX)],
+        |r| r.get(0),
+    )
 }
 
 /// The newest `limit` runs (of one workspace, or all), newest first.
@@ -242,10 +259,17 @@ pub fn list_runs(
     limit: u32,
 ) -> Result<Vec<Run>, rusqlite::Error> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM drift_runs r WHERE (?1 IS NULL OR r.workspace = ?1)
-          ORDER BY r.id DESC LIMIT ?2"
+        "SELECT {COLUMNS} FROM drift_runs r WHERE (:workspace IS NULL OR r.workspace = :workspace)
+          ORDER BY r.id DESC LIMIT :limit"
     ))?;
-    let rows = stmt.query_map(params![workspace, limit], row_to_run)?;
+    let rows = stmt.query_map(
+        named_params! {
+            ":workspace": workspace,
+            ":limit": limit,
+            ":scope_prefix": crate::tofu::SCOPE_PREFIX,
+        },
+        row_to_run,
+    )?;
     rows.collect()
 }
 
@@ -301,7 +325,10 @@ pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, rusqlite::Error> {
            (SELECT max(id) FROM drift_runs WHERE kind = 'check' AND finished_at IS NOT NULL
              GROUP BY workspace)"
     ))?;
-    let rows = stmt.query_map([], row_to_run)?;
+    let rows = stmt.query_map(
+        named_params! {":scope_prefix": crate::tofu::SCOPE_PREFIX},
+        row_to_run,
+    )?;
     rows.collect()
 }
 
@@ -423,6 +450,89 @@ mod tests {
                 .unwrap()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn state_moved_looks_up_the_workspaces_scope_through_the_index() {
+        let c = db();
+        let id = start_run(
+            &c,
+            "prod",
+            Kind::Check,
+            "schedule",
+            None,
+            Some(3),
+            Some("L"),
+        )
+        .unwrap()
+        .unwrap();
+        finish_run(&c, id, &finished(Outcome::InSync)).unwrap();
+        let version = |scope: &str, serial: i64| {
+            c.execute(
+                "INSERT INTO versions (scope, version, serial, lineage, size, created_at, actor)
+                 VALUES (?1, ?2, ?2, 'L', 0, 'now', 't')",
+                params![scope, serial],
+            )
+            .unwrap();
+        };
+        version(&crate::tofu::scope("prod"), 3);
+        version("org/prod", 9);
+        assert!(
+            !get_run(&c, id).unwrap().unwrap().state_moved,
+            "same serial"
+        );
+        version(&crate::tofu::scope("prod"), 4);
+        assert!(get_run(&c, id).unwrap().unwrap().state_moved);
+        assert!(list_runs(&c, Some("prod"), 1).unwrap()[0].state_moved);
+        assert!(latest_checks(&c).unwrap()[0].state_moved);
+
+        let mut stmt = c
+            .prepare(&format!(
+                "EXPLAIN QUERY PLAN SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"
+            ))
+            .unwrap();
+        let plan: Vec<String> = stmt
+            .query_map(
+                named_params! {":id": id, ":scope_prefix": crate::tofu::SCOPE_PREFIX},
+                |r| r.get(3),
+            )
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|s| s.starts_with("SEARCH v USING PRIMARY KEY"))
+                && !plan.iter().any(|s| s.starts_with("SCAN")),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn newer_runs_are_counted_per_workspace_up_to_the_cap() {
+        let c = db();
+        let mut ids = Vec::new();
+        for ws in ["prod", "dev", "prod", "prod", "prod"] {
+            let id = start_run(&c, ws, Kind::Check, "schedule", None, None, None)
+                .unwrap()
+                .unwrap();
+            finish_run(&c, id, &finished(Outcome::InSync)).unwrap();
+            ids.push(id);
+        }
+        let table: &[(&str, i64, u64, u64)] = &[
+            ("prod", ids[0], 10, 3),
+            ("prod", ids[0], 2, 2),
+            ("prod", ids[3], 10, 1),
+            ("prod", ids[4], 10, 0),
+            ("dev", ids[1], 10, 0),
+            ("none", ids[0], 10, 0),
+        ];
+        for (ws, id, cap, want) in table {
+            assert_eq!(
+                newer_runs(&c, ws, *id, *cap).unwrap(),
+                *want,
+                "{ws} {id} {cap}"
+            );
+        }
     }
 
     #[test]

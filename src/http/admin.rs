@@ -244,7 +244,7 @@ async fn run(
         }
         AdminAction::DriftRun { run } => {
             let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
-            ok(serde_json::json!({ "run": run, "output": output }))
+            ok(output.json(&run))
         }
         AdminAction::DriftCheck { workspace: w } => {
             let w = workspace(&w)?;

@@ -2,9 +2,10 @@
 //! checks the workspace credential, reads the bounded body and shapes the replies.
 //! No SQL or blobs here.
 
+use bytes::Bytes;
 use pingora::proxy::Session;
 
-use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply};
+use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply, Reservation};
 use super::router::TfAction;
 use super::{auth, App};
 use crate::error::ApiError;
@@ -24,47 +25,67 @@ pub(super) async fn handle(
     ) {
         return Err(Failure::early(ApiError::Unauthorized));
     }
-    let limit = match action {
-        TfAction::Write { lock_id } => return write(app, session, workspace, lock_id).await,
-        TfAction::Lock | TfAction::Unlock => MAX_LOCK_BODY,
-        TfAction::Get | TfAction::Delete => 0,
-    };
-    let (body, mut held) = read_body(session, limit, &app.body_budget, app.body_limits)
-        .await
-        .map_err(Failure::early)?;
-    let read = body.len();
-    let fail = Failure::after_body(read);
-    let reply = match action {
-        TfAction::Get => match tofu.get_stream(workspace).await.map_err(&fail)? {
-            Some(state) => {
-                // A few verified chunks are in flight at a time (a blob of an earlier
-                // release is opened whole, as before); counted before any is sent.
-                let size = state.row.size.max(0) as u64;
-                held = app
-                    .body_budget
-                    .reserve((2 * size).min(super::body::STREAM_RESERVE))
-                    .map_err(&fail)?;
-                Reply::streamed(size, state.chunks)
-            }
-            None => error_reply(&ApiError::NotFound(format!(
-                "workspace {workspace:?} has no state yet"
-            ))),
-        },
-        TfAction::Write { .. } => unreachable!("handled above"),
+    match action {
+        TfAction::Get => get(app, session, workspace).await,
+        TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
         TfAction::Lock => {
-            tofu.lock(workspace, &body).await.map_err(&fail)?;
-            Reply::empty()
+            let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
+            let outcome = tofu.lock(workspace, &small.body).await;
+            small.answer(outcome)
         }
         TfAction::Unlock => {
-            tofu.unlock(workspace, &body).await.map_err(&fail)?;
-            Reply::empty()
+            let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
+            let outcome = tofu.unlock(workspace, &small.body).await;
+            small.answer(outcome)
         }
         TfAction::Delete => {
-            tofu.delete(workspace).await.map_err(&fail)?;
-            Reply::empty()
+            let small = SmallBody::read(app, session, 0).await?;
+            let outcome = tofu.delete(workspace).await.map(drop);
+            small.answer(outcome)
         }
+    }
+}
+
+/// The body of a request other than a write, read whole within its small limit (the
+/// lock info, or nothing), with what it holds of the body budget.
+struct SmallBody {
+    body: Bytes,
+    held: Reservation,
+}
+
+impl SmallBody {
+    async fn read(app: &App, session: &mut Session, limit: u64) -> Result<SmallBody, Failure> {
+        let (body, held) = read_body(session, limit, &app.body_budget, app.body_limits)
+            .await
+            .map_err(Failure::early)?;
+        Ok(SmallBody { body, held })
+    }
+
+    /// The empty reply of an action that succeeded, or its failure.
+    fn answer(self, outcome: Result<(), ApiError>) -> Result<Handled, Failure> {
+        let read = self.body.len();
+        outcome.map_err(Failure::after_body(read))?;
+        Ok(Handled::done(Reply::empty(), read).holding(self.held))
+    }
+}
+
+/// GET: the current state, streamed.
+async fn get(app: &App, session: &mut Session, workspace: &str) -> Result<Handled, Failure> {
+    let small = SmallBody::read(app, session, 0).await?;
+    let read = small.body.len();
+    let fail = Failure::after_body(read);
+    let Some(state) = app.tofu.get_stream(workspace).await.map_err(&fail)? else {
+        let missing = ApiError::NotFound(format!("workspace {workspace:?} has no state yet"));
+        return Ok(Handled::done(error_reply(&missing), read).holding(small.held));
     };
-    Ok(Handled::done(reply, read).holding(held))
+    // A few verified chunks are in flight at a time (a blob of an earlier release is
+    // opened whole, as before); counted before any is sent.
+    let size = state.row.size.max(0) as u64;
+    let held = app
+        .body_budget
+        .reserve((2 * size).min(super::body::STREAM_RESERVE))
+        .map_err(&fail)?;
+    Ok(Handled::done(Reply::streamed(size, state.chunks), read).holding(held))
 }
 
 /// POST: the body streams into the store as it arrives (never held whole); the lock

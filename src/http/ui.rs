@@ -430,7 +430,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         }
         UiRoute::DriftRun { run } => {
             let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
-            ok(drift_pages::run(chrome, &run, output.as_deref()))
+            ok(drift_pages::run(chrome, &run, &output))
         }
         UiRoute::NotFound => Err(ApiError::NotFound("no such page".into())),
         UiRoute::NotAllowed { allowed } => Err(ApiError::MethodNotAllowed {

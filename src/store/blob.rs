@@ -377,10 +377,16 @@ impl BlobStore for LocalStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, BlobError> {
         let root = self.root.clone();
+        // Keys under `prefix` can only be below its directory part: walk that, not the
+        // whole store (the drift tidy pass lists `drift/` next to every state blob).
+        let start = prefix
+            .rfind('/')
+            .and_then(|end| self.path_for(&prefix[..end]).ok())
+            .unwrap_or_else(|| root.clone());
         let prefix = prefix.to_string();
         blocking(move || {
             let mut keys = Vec::new();
-            let mut stack = vec![root.clone()];
+            let mut stack = vec![start];
             while let Some(dir) = stack.pop() {
                 let entries = match std::fs::read_dir(&dir) {
                     Ok(entries) => entries,
@@ -446,6 +452,27 @@ mod tests {
             .unwrap()
             .next()
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn listing_finds_every_key_under_a_prefix_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        for key in ["a/b.blob", "a/d/e.blob", "ab/c.blob", "z.blob"] {
+            store.put(key, Bytes::from_static(b"y")).await.unwrap();
+        }
+        let table: &[(&str, &[&str])] = &[
+            ("a/", &["a/b.blob", "a/d/e.blob"]),
+            ("a/d/", &["a/d/e.blob"]),
+            ("a/d/e", &["a/d/e.blob"]),
+            ("a", &["a/b.blob", "a/d/e.blob", "ab/c.blob"]),
+            ("", &["a/b.blob", "a/d/e.blob", "ab/c.blob", "z.blob"]),
+            ("none/", &[]),
+            ("../", &[]),
+        ];
+        for (prefix, want) in table {
+            assert_eq!(store.list(prefix).await.unwrap(), *want, "{prefix:?}");
+        }
     }
 
     /// Names in a directory, temp files included; an empty spare is not counted (it

@@ -36,9 +36,13 @@ pub struct TofuBackend {
 /// Audit event of an operator rollback (payload: versions and serial, never content).
 pub const EVENT_ROLLBACK: &str = "tf.rollback";
 
+/// What every workspace's version-index scope starts with: the one rule, which SQL that
+/// joins workspaces to their versions binds as a parameter instead of repeating it.
+pub const SCOPE_PREFIX: &str = "tf/";
+
 /// Version-index scope of a workspace's state.
 pub fn scope(workspace: &str) -> String {
-    format!("tf/{workspace}")
+    format!("{SCOPE_PREFIX}{workspace}")
 }
 
 /// Audit events of the workspace backend (payloads are metadata, never state content).

@@ -9,7 +9,7 @@ use maud::{html, Markup};
 use super::pages::{
     dash, exact_pattern, layout, layout_refreshing, unix_seconds, when, ws_href, Chrome,
 };
-use crate::drift::{Changes, CheckSummary, Kind, Outcome, Run};
+use crate::drift::{Changes, CheckSummary, Kind, Outcome, Run, RunOutput};
 
 /// How often a page showing a run that is still going reloads itself (seconds).
 const REFRESH_WHILE_RUNNING: u32 = 2;
@@ -296,7 +296,7 @@ fn approve_form(chrome: &Chrome, run: &Run) -> Markup {
 }
 
 /// One run; `output`: its stored plan or apply text.
-pub fn run(chrome: &Chrome, run: &Run, output: Option<&str>) -> Markup {
+pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
     let now = chrome.now;
     let running = run.finished_at.is_none();
     let body = html! {
@@ -340,8 +340,9 @@ pub fn run(chrome: &Chrome, run: &Run, output: Option<&str>) -> Markup {
         }
         h2 { "Output" }
         @match output {
-            Some(text) => pre #output { (text) },
-            None => p.muted { @if running { "Not finished yet." } @else { "No output was stored for this run." } },
+            RunOutput::Text(text) => pre #output { (text) },
+            RunOutput::Pruned { .. } => p.muted #output-pruned { (output.pruned_note().unwrap_or_default()) },
+            RunOutput::Absent => p.muted { @if running { "Not finished yet." } @else { "No output was stored for this run." } },
         }
     };
     let title = format!("drift run {}", run.id);
@@ -427,7 +428,7 @@ mod tests {
             more: Some(evil.into()),
         };
         for page in [
-            run(&chrome, &r, Some(evil)),
+            run(&chrome, &r, &RunOutput::Text(evil.into())),
             drift(
                 &chrome,
                 std::slice::from_ref(&check),
@@ -443,7 +444,7 @@ mod tests {
         assert!(drift(&chrome, &[check], &[], &view)
             .into_string()
             .contains("script&gt; · every 60s · apply by approval"));
-        let page = run(&chrome, &r, None).into_string();
+        let page = run(&chrome, &r, &RunOutput::Absent).into_string();
         assert!(page.contains(r#"id="approve""#) && page.contains(r#"pattern="prod""#));
         assert!(page.contains("state changed since this check planned"));
     }
@@ -486,21 +487,49 @@ mod tests {
             (&in_sync, None),
             (&running, None),
         ] {
-            let html = run(&chrome, r, None).into_string();
+            let html = run(&chrome, r, &RunOutput::Absent).into_string();
             assert!(!html.contains(r#"id="approve""#), "{r:?}");
             match says {
                 Some(text) => assert!(html.contains(text), "{text}: {html}"),
                 None => assert!(!html.contains("not-approvable")),
             }
         }
-        let html = run(&chrome, &running, None).into_string();
+        let html = run(&chrome, &running, &RunOutput::Absent).into_string();
         assert!(
             html.contains(r#"http-equiv="refresh""#),
             "a running run reloads"
         );
-        assert!(!run(&chrome, &in_sync, None)
+        assert!(!run(&chrome, &in_sync, &RunOutput::Absent)
             .into_string()
             .contains("http-equiv"));
+    }
+
+    #[test]
+    fn the_output_section_says_what_became_of_the_text() {
+        let chrome = Chrome {
+            email: "a",
+            csrf: "c",
+            now: 10,
+        };
+        let done = Run {
+            approvable: false,
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        let table = [
+            (
+                RunOutput::Text("Plan: 1 to change".into()),
+                "Plan: 1 to change",
+            ),
+            (
+                RunOutput::Pruned { keep: 7 },
+                "plan text pruned (only the newest 7 runs per workspace keep it)",
+            ),
+            (RunOutput::Absent, "No output was stored for this run."),
+        ];
+        for (output, says) in table {
+            let html = run(&chrome, &done, &output).into_string();
+            assert!(html.contains(says), "{output:?}: {html}");
+        }
     }
 
     #[test]

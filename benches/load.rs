@@ -230,25 +230,36 @@ fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> f64 {
     done.load(Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// A database in `dir` with the engine's tables and the pragmas of `store/db.rs`.
+fn floor_db(dir: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(dir.join("floor.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
+    conn
+}
+
+/// A row shaped like a state write's, numbered `?1`.
+const FLOOR_VERSION_ROW: &str =
+    "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
+     VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')";
+
+/// `sql` (bound to `n`) in its own durable transaction, as the engine's writer commits.
+fn commit_one(conn: &rusqlite::Connection, sql: &str, n: i64) {
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    conn.execute(sql, [n]).unwrap();
+    conn.execute_batch("COMMIT").unwrap();
+}
+
 /// Serial SQLite commits per second, each one INSERT into a table shaped like `versions`,
 /// with the pragmas of `store/db.rs`.
 fn sqlite_floor(base: &Path, cell: Duration) -> f64 {
     let dir = tempfile::tempdir_in(base).unwrap();
-    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
-    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-    conn.pragma_update(None, "synchronous", "FULL").unwrap();
-    conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
+    let conn = floor_db(dir.path());
     let started = Instant::now();
     let mut n = 0i64;
     while started.elapsed() < cell {
-        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-        conn.execute(
-            "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
-             VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')",
-            [n],
-        )
-        .unwrap();
-        conn.execute_batch("COMMIT").unwrap();
+        commit_one(&conn, FLOOR_VERSION_ROW, n);
         n += 1;
     }
     n as f64 / started.elapsed().as_secs_f64()
@@ -260,31 +271,27 @@ fn sqlite_floor(base: &Path, cell: Duration) -> f64 {
 /// sealing: what any server that keeps every 200 durable must wait for per cycle.
 fn cycle_floor(base: &Path, cell: Duration) -> f64 {
     let dir = tempfile::tempdir_in(base).unwrap();
-    let conn = rusqlite::Connection::open(dir.path().join("floor.db")).unwrap();
-    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-    conn.pragma_update(None, "synchronous", "FULL").unwrap();
-    conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
+    let conn = floor_db(dir.path());
     conn.execute_batch("CREATE TABLE locks (workspace TEXT PRIMARY KEY, info TEXT NOT NULL)")
         .unwrap();
-    let commit = |sql: &str, n: i64| {
-        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-        conn.execute(sql, [n]).unwrap();
-        conn.execute_batch("COMMIT").unwrap();
-    };
     let blobs = dir.path().join("blobs");
     std::fs::create_dir(&blobs).unwrap();
     let data = vec![0xa5u8; 100 * KIB];
     let started = Instant::now();
     let mut n = 0i64;
     while started.elapsed() < cell {
-        commit("INSERT INTO locks VALUES ('floor', 'lock ' || ?1)", n);
-        durable_write(&blobs, &format!("{n:012}.blob"), &data).unwrap();
-        commit(
-            "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
-             VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')",
+        commit_one(
+            &conn,
+            "INSERT INTO locks VALUES ('floor', 'lock ' || ?1)",
             n,
         );
-        commit("DELETE FROM locks WHERE workspace = 'floor' AND ?1 >= 0", n);
+        durable_write(&blobs, &format!("{n:012}.blob"), &data).unwrap();
+        commit_one(&conn, FLOOR_VERSION_ROW, n);
+        commit_one(
+            &conn,
+            "DELETE FROM locks WHERE workspace = 'floor' AND ?1 >= 0",
+            n,
+        );
         n += 1;
     }
     n as f64 / started.elapsed().as_secs_f64()

@@ -946,15 +946,11 @@ async fn s3_part_buffers_count_in_the_body_budget() {
         .await
         .unwrap();
     a.write_all(&big.as_bytes()[..sent]).await.unwrap();
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while s.app.body_budget.available_bytes() > budget - hold {
-        assert!(
-            std::time::Instant::now() < patience,
-            "A holds {} bytes of the budget; a part and its pipeline are {hold}",
-            budget - s.app.body_budget.available_bytes()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let held = || budget - s.app.body_budget.available_bytes();
+    wait_until("A to hold a part and its pipeline of the budget", || {
+        held() >= hold
+    })
+    .await;
     // B's 100 KiB state does not fit in what is left: told to retry, nothing stored.
     let small = big_state(1, "b", 100 << 10);
     let mut b = tokio::net::TcpStream::connect(authority(&s.base))
@@ -978,16 +974,21 @@ async fn s3_part_buffers_count_in_the_body_budget() {
     let n = a.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     drop(a);
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.app.body_budget.available_bytes() < budget {
-        assert!(
-            std::time::Instant::now() < patience,
-            "A's share never came back"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    wait_until("A's share of the budget to come back", || held() == 0).await;
     assert_eq!(send(s.tf("POST", "b").body(small)).await, 200);
     let got = s.tf("GET", "a").send().await.unwrap();
     assert_eq!(got.status(), 200);
     assert!(got.bytes().await.unwrap() == big.as_bytes());
+}
+
+/// Polls `done` until it holds; fails after 20 s naming `what`.
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < patience,
+            "waited 20 s for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

@@ -4,7 +4,7 @@ takes and serves large states: a 256 MiB POST then GET must stay below 96 MiB, a
 version (which reads, renumbers and writes it) stays below 96 MiB as well. Bodies are streamed from generators, so
 the test process holds none of them whole either.
 
-Part of the suite (about 3.5 minutes on a debug build: it hashes and seals 768 MiB);
+Part of the suite (about 5 minutes on a debug build: it hashes and seals ~1 GiB);
 `-s` prints the figures. The release figures come from the load harness (benches/)."""
 import base64
 import http.client

@@ -311,13 +311,17 @@ impl StateScanner {
         let result = self.check_utf8(data).and_then(|()| {
             let mut at = 0;
             while at < data.len() {
-                // Most of a state is string content: take a run of plain string bytes
-                // at once instead of a byte at a time through the state machine.
-                let run = self.plain_string_run(&data[at..]);
+                // Most of a state is string content and indentation: take a run of
+                // plain string bytes, or of whitespace between tokens, at once instead
+                // of a byte at a time through the state machine.
+                let mut run = self.plain_string_run(&data[at..]);
                 if run > 0 {
                     self.keep(&data[at..at + run]);
                 } else {
-                    self.byte(data[at])?;
+                    run = self.whitespace_run(&data[at..]);
+                    if run == 0 {
+                        self.byte(data[at])?;
+                    }
                 }
                 let step = run.max(1);
                 self.offset += step as u64;
@@ -594,6 +598,21 @@ impl StateScanner {
         }
         data.iter()
             .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .unwrap_or(data.len())
+    }
+
+    /// How many leading bytes of `data` are whitespace between tokens (which `byte`
+    /// would skip one by one); none inside a string, number or literal, where they end
+    /// or break the token and must go through `byte`.
+    fn whitespace_run(&self, data: &[u8]) -> usize {
+        if matches!(
+            self.expect,
+            Expect::InString | Expect::InNumber | Expect::InLiteral
+        ) {
+            return 0;
+        }
+        data.iter()
+            .position(|&b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
             .unwrap_or(data.len())
     }
 
@@ -969,7 +988,7 @@ mod tests {
                 "{", "}", "[", "]", ",", ":", " ", "\"", "\\", "\\u0041", "\\ud83d", "\\n",
                 "\"version\"", "\"serial\"", "\"lineage\"", "\"encrypted_data\"",
                 "\"encryption_version\"", "\"x\"", "\"abc-1\"", "4", "-0", "1.5", "1e3",
-                "12", "true", "null", "é", "\u{1}",
+                "12", "true", "null", "é", "\u{1}", "\n", "\t", "\r", "\n    ",
             ]), 0..40),
             piece in 1usize..9,
         ) {

@@ -624,14 +624,11 @@ impl DriftService {
         };
         let report = plan::read_stream(&out.stdout);
         let (outcome, mut message) = plan::classify_plan(out.ended, &report, &out.stderr);
-        if matches!(out.ended, Ended::TimedOut | Ended::Signalled) {
-            message.push_str(
-                &self
-                    .clear_child_lock(s, "OperationTypePlan")
-                    .await
-                    .unwrap_or_default(),
-            );
-        }
+        message.push_str(
+            &self
+                .clear_child_lock(s, out.ended, "OperationTypePlan")
+                .await,
+        );
         let mut text = plan::render(&report, &out.stderr);
         let mut expires = None;
         if outcome == Outcome::Drifted {
@@ -734,9 +731,15 @@ impl DriftService {
 
     /// After a killed child: force-clears the workspace lock if it is the one the
     /// child took (audited as `tf.lock_forced` by `drift:run-<id>`). Returns a note.
-    async fn clear_child_lock(&self, s: &Started, operation: &str) -> Option<String> {
+    /// When the child was killed, clears the lock it left (see [`Self::clear_lock_of`]);
+    /// the note to append to the run's message, empty when there is nothing to say.
+    async fn clear_child_lock(&self, s: &Started, ended: Ended, operation: &str) -> String {
+        if !matches!(ended, Ended::TimedOut | Ended::Signalled) {
+            return String::new();
+        }
         self.clear_lock_of(&s.workspace, s.id, s.started_unix, operation)
             .await
+            .unwrap_or_default()
     }
 
     async fn clear_lock_of(
@@ -924,14 +927,11 @@ impl DriftService {
             };
             let text = format!("{}\n{}", out.stdout, out.stderr);
             let (outcome, mut message) = plan::classify_apply(out.ended, &text);
-            if matches!(out.ended, Ended::TimedOut | Ended::Signalled) {
-                message.push_str(
-                    &self
-                        .clear_child_lock(s, "OperationTypeApply")
-                        .await
-                        .unwrap_or_default(),
-                );
-            }
+            message.push_str(
+                &self
+                    .clear_child_lock(s, out.ended, "OperationTypeApply")
+                    .await,
+            );
             (
                 Finished {
                     exit_code: out.exit_code(),

@@ -4,8 +4,6 @@
 //! a table for people, `--json` for scripts. A check started here runs in this
 //! process (its child talks to the running server) and waits for its webhooks.
 
-use std::io::{BufRead, IsTerminal, Write};
-
 use anyhow::bail;
 
 use stategate::config::Config;
@@ -13,7 +11,7 @@ use stategate::drift::{DriftService, Run};
 use stategate::server;
 
 use crate::ops::{json_line, operator, runtime};
-use crate::workspace_ops::cli_error;
+use crate::workspace_ops::{cli_error, confirmed};
 
 struct DriftOps {
     rt: tokio::runtime::Runtime,
@@ -166,17 +164,6 @@ pub fn run(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Asks for the workspace name back (from a terminal or a pipe); anything else aborts.
-fn confirmed(workspace: &str) -> anyhow::Result<bool> {
-    if std::io::stdin().is_terminal() {
-        eprint!("Type the workspace name ({workspace}) to apply this plan: ");
-        std::io::stderr().flush()?;
-    }
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    Ok(answer.trim() == workspace)
-}
-
 pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result<()> {
     let o = DriftOps::open(config)?;
     let (check, output) = o.run(o.drift.show(run))?;
@@ -196,7 +183,7 @@ pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result
             check.workspace,
             changes_text(&check)
         );
-        if !confirmed(&check.workspace)? {
+        if !confirmed(&check.workspace, "apply this plan")? {
             bail!("aborted: the name did not match; nothing was applied");
         }
     }

@@ -240,10 +240,11 @@ pub fn diff(
     Ok(())
 }
 
-/// Asks for the workspace name back (from a terminal or a pipe); anything else aborts.
-fn confirmed(workspace: &str) -> anyhow::Result<bool> {
+/// Asks for the workspace name back before `action` (from a terminal or a pipe);
+/// anything else aborts.
+pub fn confirmed(workspace: &str, action: &str) -> anyhow::Result<bool> {
     if std::io::stdin().is_terminal() {
-        eprint!("Type the workspace name ({workspace}) to force-unlock it: ");
+        eprint!("Type the workspace name ({workspace}) to {action}: ");
         std::io::stderr().flush()?;
     }
     let mut answer = String::new();
@@ -269,7 +270,7 @@ pub fn unlock(config: &Config, workspace: &str, yes: bool, json: bool) -> anyhow
         if holder.stale { ", STALE" } else { "" }
     );
     eprintln!("Unlocking lets another run write while that run may still be going.");
-    if !yes && !confirmed(workspace)? {
+    if !yes && !confirmed(workspace, "force-unlock it")? {
         bail!("aborted: the name did not match; nothing was changed");
     }
     let done = o.run(

@@ -198,24 +198,15 @@ enum Kind {
     Other,
 }
 
-/// `body` with its top-level `serial` set to `serial` and every other byte unchanged;
-/// `None` unless `body` is a plain state (not OpenTofu's encrypted envelope, whose
-/// clear fields the client may authenticate) with an integer serial. A rollback uses it
-/// to give restored content a serial above every one stored, so each plan saved before
-/// the rollback is refused as stale instead of applying to a state it was not made for.
-pub fn with_serial(body: &[u8], serial: i64) -> Option<Vec<u8>> {
+/// The bytes of `body`'s top-level `serial`, when a rollback may rewrite them: `None`
+/// unless `body` is a plain state (not OpenTofu's encrypted envelope, whose clear
+/// fields the client may authenticate) with an integer serial. A rollback gives
+/// restored content a serial above every one stored, so each plan saved before the
+/// rollback is refused as stale instead of applying to a state it was not made for.
+pub fn serial_span(body: &[u8]) -> Option<(u64, u64)> {
     let mut scanner = StateScanner::new();
     scanner.push(body).ok()?;
-    let (start, end) = scanner.renumberable_span()?;
-    if serial < 0 {
-        return None;
-    }
-    let (start, end) = (usize::try_from(start).ok()?, usize::try_from(end).ok()?);
-    let mut out = Vec::with_capacity(body.len() + 20);
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(serial.to_string().as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Some(out)
+    scanner.renumberable_span()
 }
 
 /// The store's rollback finds the serial of a state it restores through this scanner,
@@ -335,8 +326,8 @@ impl StateScanner {
         result
     }
 
-    /// The body ended: the bytes of its top-level serial when [`with_serial`] may
-    /// rewrite them (a plain state, not an encrypted envelope, with an integer serial).
+    /// The body ended: the bytes of its top-level serial when a rollback may rewrite
+    /// them (see [`serial_span`]) (a plain state, not an encrypted envelope, with an integer serial).
     fn renumberable_span(self) -> Option<(u64, u64)> {
         let plain = self.probe.version && !self.probe.encrypted_data;
         let span = self.serial_span?;
@@ -852,6 +843,16 @@ mod tests {
                 String::from_utf8_lossy(&body[..body.len().min(120)])
             );
         }
+    }
+
+    /// `body` with its serial rewritten to `serial` at [`serial_span`] (what the
+    /// store's rollback does piece by piece).
+    fn with_serial(body: &[u8], serial: i64) -> Option<Vec<u8>> {
+        let (start, end) = serial_span(body)?;
+        let mut out = body[..start as usize].to_vec();
+        out.extend_from_slice(serial.to_string().as_bytes());
+        out.extend_from_slice(&body[end as usize..]);
+        Some(out)
     }
 
     #[test]

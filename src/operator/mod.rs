@@ -453,8 +453,6 @@ impl Operations {
             .await
     }
 
-    /// What rolling back to `to` would change (current → `to`), and the lock that would
-    /// refuse it. Reads only; nothing is audited.
     /// The serial a rollback to `target` gives the workspace (as `StateStore::rollback`).
     async fn serial_after_rollback(
         &self,
@@ -468,12 +466,14 @@ impl Operations {
             .store()
             .fresh_serial(&scope, target.serial)
             .await?;
-        Ok(match crate::tfstate::with_serial(body, next) {
+        Ok(match crate::tfstate::serial_span(body) {
             Some(_) => Some(next),
             None => target.serial,
         })
     }
 
+    /// What rolling back to `to` would change (current → `to`), and the lock that would
+    /// refuse it. Reads only; nothing is audited.
     pub async fn rollback_preview(
         &self,
         workspace: &str,

@@ -10,10 +10,11 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
-use common::{lock_info, state, TestServer};
+use common::{lock_info, state, wait_until, TestServer};
 use stategate::config::{Config, S3Config, StoreKind};
 use stategate::store::s3::S3Store;
 use stategate::store::BlobStore;
+use std::time::Duration;
 
 fn s3_env() -> Option<S3Config> {
     let get = |k: &str| std::env::var(format!("STATEGATE_TEST_S3_{k}")).ok();
@@ -947,9 +948,11 @@ async fn s3_part_buffers_count_in_the_body_budget() {
         .unwrap();
     a.write_all(&big.as_bytes()[..sent]).await.unwrap();
     let held = || budget - s.app.body_budget.available_bytes();
-    wait_until("A to hold a part and its pipeline of the budget", || {
-        held() >= hold
-    })
+    wait_until(
+        "A to hold a part and its pipeline of the budget",
+        Duration::from_secs(20),
+        || held() >= hold,
+    )
     .await;
     // B's 100 KiB state does not fit in what is left: told to retry, nothing stored.
     let small = big_state(1, "b", 100 << 10);
@@ -974,21 +977,14 @@ async fn s3_part_buffers_count_in_the_body_budget() {
     let n = a.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
     drop(a);
-    wait_until("A's share of the budget to come back", || held() == 0).await;
+    wait_until(
+        "A's share of the budget to come back",
+        Duration::from_secs(20),
+        || held() == 0,
+    )
+    .await;
     assert_eq!(send(s.tf("POST", "b").body(small)).await, 200);
     let got = s.tf("GET", "a").send().await.unwrap();
     assert_eq!(got.status(), 200);
     assert!(got.bytes().await.unwrap() == big.as_bytes());
-}
-
-/// Polls `done` until it holds; fails after 20 s naming `what`.
-async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !done() {
-        assert!(
-            std::time::Instant::now() < patience,
-            "waited 20 s for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }

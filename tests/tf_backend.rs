@@ -3,7 +3,7 @@
 mod common;
 
 use base64::Engine;
-use common::{lock_info, state, status, TestServer};
+use common::{lock_info, state, status, wait_until, TestServer};
 use md5::Digest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,27 +605,17 @@ async fn request_bodies_share_a_bounded_memory_budget() {
     // in memory. (A's bytes are counted as the server reads them: wait until it has.)
     // B's reservation is released just after its answer is sent; A's bytes arriving
     // before that would not fit and A would rightly be the one told to retry.
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.app.body_budget.available_bytes() < 8 * 1024 {
-        assert!(
-            std::time::Instant::now() < patience,
-            "B's budget never came back"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let free = || s.app.body_budget.available_bytes();
+    let ten_seconds = std::time::Duration::from_secs(10);
+    wait_until("B's budget to come back", ten_seconds, || {
+        free() >= 8 * 1024
+    })
+    .await;
     let (most, last) = body.as_bytes().split_at(body.len() - 16);
     a.write_all(most).await.unwrap();
     // Probing with B meanwhile would race A for the budget (and A, not fitting, would
     // rightly be the one told to retry), so wait until A's bytes fill it.
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.app.body_budget.available_bytes() > 0 {
-        assert!(
-            std::time::Instant::now() < patience,
-            "A's bytes never filled the budget ({} bytes free)",
-            s.app.body_budget.available_bytes()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_until("A's bytes to fill the budget", ten_seconds, || free() == 0).await;
     let (code, text) = status(lock("B")).await;
     assert_eq!(
         code, 429,

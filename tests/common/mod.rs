@@ -215,3 +215,15 @@ pub async fn status(req: reqwest::RequestBuilder) -> (u16, String) {
     let code = resp.status().as_u16();
     (code, resp.text().await.unwrap())
 }
+
+/// Polls `done` every 5 ms until it holds; fails after `within`, naming `what`.
+pub async fn wait_until(what: &str, within: std::time::Duration, done: impl Fn() -> bool) {
+    let patience = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < patience,
+            "waited {within:?} for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -290,7 +290,10 @@ impl StateStore {
             .readable_row(&request.scope, request.to_version)
             .await
             .map_err(E::from)?;
-        let span = match request.renumber {
+        // The current version already has this content: nothing will be written, so
+        // there is no serial to find.
+        let renumber = request.renumber.filter(|_| latest.sha256 != old.sha256);
+        let span = match renumber {
             Some(renumber) => self
                 .serial_span(&old, key, renumber)
                 .await
@@ -316,7 +319,6 @@ impl StateStore {
                 };
                 match as_current {
                     Some(s) => (Some(s), Some(Splice::new(span, s)), latest.sha256.clone()),
-                    None if latest.sha256 == old.sha256 => (old.serial, None, old.sha256.clone()),
                     None => {
                         let next = self
                             .fresh_serial(&request.scope, old.serial)

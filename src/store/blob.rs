@@ -207,6 +207,9 @@ struct LocalSink {
     /// Set when the sink is dropped unfinished: a write-out still running on the
     /// blocking pool then removes the temp file it may have just created.
     abandoned: Arc<AtomicBool>,
+    /// The blob is in place: the temp name is gone, so drop has nothing to remove (an
+    /// unlink that can only fail would cost a path walk on every write's reply path).
+    sealed: bool,
 }
 
 impl LocalSink {
@@ -220,6 +223,7 @@ impl LocalSink {
             tmp,
             path,
             abandoned: Default::default(),
+            sealed: false,
         }
     }
 
@@ -279,7 +283,9 @@ impl BlobSink for LocalSink {
     }
 
     async fn finish(mut self: Box<Self>) -> Result<(), BlobError> {
-        self.write_out(true).await
+        self.write_out(true).await?;
+        self.sealed = true;
+        Ok(())
     }
 
     async fn abort(self: Box<Self>) {
@@ -291,8 +297,10 @@ impl Drop for LocalSink {
     fn drop(&mut self) {
         // Unfinished (aborted, failed, or the request went away): leave nothing behind.
         // The flag goes up before this removal, so a write-out that creates the file
-        // after it sees the flag and removes the file itself. After a successful rename
-        // the temp name is gone and this is a no-op.
+        // after it sees the flag and removes the file itself.
+        if self.sealed {
+            return;
+        }
         self.abandoned.store(true, SeqCst);
         let _ = std::fs::remove_file(&self.tmp);
     }

@@ -319,6 +319,39 @@ fn get_cpu_floor(base: &Path, cell: Duration) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The CPU a state POST of 100 KiB cannot avoid, with stategate's own code: verify
+/// Terraform's Content-MD5, scan the state for serial and lineage, SHA-256 and seal it
+/// (AES-256-GCM chunks) — no I/O. With the load generator's share, it bounds how many
+/// cycles per second the machine's cores can carry at all (the `ceiling` rows).
+fn post_cpu_floor(cell: Duration) -> f64 {
+    use stategate::store::format::{BlobIdentity, Sealer};
+    let body = state(100 * KIB, 1, "lineage-floor");
+    let key = RootKey::from_bytes(DEK).blob_key("tf/floor");
+    let id = BlobIdentity {
+        scope: "tf/floor".into(),
+        version: 1,
+        created_at: "2026-01-01T00:00:00Z".into(),
+        actor: "bench".into(),
+        parent: None,
+    };
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < cell {
+        std::hint::black_box(content_md5(&body));
+        let mut scanner = stategate::tfstate::StateScanner::new();
+        scanner.push(&body).unwrap();
+        let meta = scanner.finish().unwrap();
+        let (mut sealer, head) = Sealer::new(&key, &id).unwrap();
+        let sealed = sealer.push(&body).unwrap();
+        let (tail, _) = sealer
+            .finish(Some(meta.serial), Some(meta.lineage))
+            .unwrap();
+        std::hint::black_box((head, sealed, tail));
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 /// Raw PUT and GET of 100 KiB objects straight on the S3 store given in the environment.
 async fn s3_floor(report: &mut Report, cell: Duration) {
     let var = |k: &str| std::env::var(format!("STATEGATE_BENCH_S3_{k}")).ok();
@@ -380,6 +413,8 @@ struct Floors {
     /// [`cycle_floor`]: cycles/s of the durable steps alone, one writer.
     cycle: f64,
     get_cpu: f64,
+    /// [`post_cpu_floor`]: POST bodies/s one core can check, hash and seal.
+    post_cpu: f64,
 }
 
 impl Floors {
@@ -426,12 +461,20 @@ async fn floors(opts: &Opts, report: &mut Report) -> Floors {
         "-".into(),
         "-".into(),
     );
+    let post_cpu = post_cpu_floor(opts.cell());
+    report.row(
+        "floor: POST CPU (Content-MD5 + state scan + SHA-256 + AES-GCM seal of 100 KiB), 1 thread",
+        format!("{post_cpu:.0}/s"),
+        "-".into(),
+        "-".into(),
+    );
     s3_floor(report, opts.cell()).await;
     Floors {
         fsync,
         sqlite,
         cycle,
         get_cpu,
+        post_cpu,
     }
 }
 
@@ -822,6 +865,23 @@ async fn cycle_phase(
             format!("{floor:.0} fsyncs/s ({} writer(s))", clients.min(workspaces).min(64)),
             ratio(rate, floor),
         );
+        if let (Some(f), true) = (floors, workspaces > 1) {
+            // Every cycle needs its POST's CPU floor on some core, and the load generator
+            // (on the same cores here) its measured share: no server can go faster.
+            let generator = own_cpu / st.cycles.max(1) as f64;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+            let ceiling = cores / (1.0 / f.post_cpu + generator);
+            report.row(
+                format!("ceiling: {clients} clients if the server spent only the POST CPU floor per cycle"),
+                format!(
+                    "{ceiling:.0}/s ({cores:.0} cores; {:.0} µs POST floor + {:.0} µs load generator per cycle)",
+                    1e6 / f.post_cpu,
+                    generator * 1e6
+                ),
+                format!("{floor:.0} fsyncs/s"),
+                ratio(ceiling, floor),
+            );
+        }
     }
 }
 

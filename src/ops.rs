@@ -223,10 +223,10 @@ fn refuse_live(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
 }
 
 fn scope_keys(config: &Config) -> anyhow::Result<rebuild::ScopeKeys> {
-    Ok(rebuild::ScopeKeys {
-        workspaces: server::load_root_key(config, false)?,
-        clusters: server::load_cluster_key(config)?,
-    })
+    Ok(stategate::schema::scope_keys(
+        server::load_root_key(config, false)?,
+        server::load_cluster_key(config)?,
+    ))
 }
 
 /// How to put a new database file in place of the live one.
@@ -277,11 +277,11 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
             "unproven {scope} v{version}: several blobs claim it and none is linked from the version above; the newest by clock was kept (check the superseded blobs above)"
         );
     }
-    if keys.clusters.is_none()
-        && report
-            .skipped
-            .iter()
-            .any(|s| s.key.starts_with("states/") && s.reason.contains("ADJ_STATE_ENC_KEY"))
+    // Only a missing cluster root gives this reason.
+    if report
+        .skipped
+        .iter()
+        .any(|s| s.reason.contains("ADJ_STATE_ENC_KEY"))
     {
         println!("Cluster scopes were skipped: set ADJ_STATE_ENC_KEY to rebuild them too.");
     }
@@ -347,13 +347,15 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
             into.display()
         );
     }
-    let keys = scope_keys(config)?;
+    let dek = server::load_root_key(config, false)?;
+    let keys = stategate::schema::scope_keys(dek.clone(), server::load_cluster_key(config)?);
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
     let bar = progress_bar("adding versions written after the backup");
     let report = rt.block_on(backup::restore(
         &*blobs,
+        &dek,
         &keys,
         chosen.clone(),
         into,

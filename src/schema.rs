@@ -11,6 +11,8 @@
 
 use std::path::Path;
 
+use crate::crypto::RootKey;
+use crate::store::rebuild::ScopeKeys;
 use crate::store::{Db, DbError};
 
 /// Every schema, in the order they are applied (all `CREATE … IF NOT EXISTS`).
@@ -24,7 +26,43 @@ pub const ALL: &[&str] = &[
     crate::drift::SCHEMA,
 ];
 
+/// The kinds of scope the `versions` table holds, with the root each one's blobs are
+/// sealed under: workspaces under the DEK, clusters under `ADJ_STATE_ENC_KEY` (when
+/// configured). The index rebuild and backup verification open blobs with these.
+pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
+    ScopeKeys::default()
+        .with(crate::tofu::SCOPE_PREFIX, Some(workspaces), "no DEK")
+        .with(
+            crate::cluster::SCOPE_PREFIX,
+            clusters,
+            "cluster scope, but ADJ_STATE_ENC_KEY (cluster.state_enc_key) is not configured",
+        )
+}
+
 /// Opens (creating if needed) the database at `path` with every schema applied.
 pub fn open_db(path: &Path) -> Result<Db, DbError> {
     Db::open(path, ALL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_scope_has_its_root() {
+        let (dek, cluster) = (RootKey::from_bytes([1; 32]), RootKey::from_bytes([2; 32]));
+        let keys = scope_keys(dek.clone(), Some(cluster.clone()));
+        let (ws, cl) = (crate::tofu::scope("prod"), crate::cluster::scope("c1"));
+        // Sealed with the kind's key, opened with the root it must come from.
+        let sealed = |scope: &str| keys.key_for(scope).unwrap().seal(b"ad", b"x").unwrap();
+        assert!(dek.blob_key(&ws).open(b"ad", &sealed(&ws)).is_ok());
+        assert!(cluster.blob_key(&cl).open(b"ad", &sealed(&cl)).is_ok());
+        assert!(dek.blob_key(&cl).open(b"ad", &sealed(&cl)).is_err());
+        let without = scope_keys(dek, None);
+        assert!(without
+            .key_for(&cl)
+            .unwrap_err()
+            .contains("ADJ_STATE_ENC_KEY"));
+        assert!(without.key_for("other/x").is_err());
+    }
 }

@@ -14,10 +14,7 @@ use stategate::store::retention::Retention;
 use stategate::store::BlobStore;
 
 fn keys(root: &RootKey) -> ScopeKeys {
-    ScopeKeys {
-        workspaces: root.clone(),
-        clusters: Some(RootKey::from_bytes(CLUSTER_KEY)),
-    }
+    stategate::schema::scope_keys(root.clone(), Some(RootKey::from_bytes(CLUSTER_KEY)))
 }
 
 async fn take(e: &Engine) -> BackupInfo {
@@ -34,6 +31,7 @@ async fn restore(
 ) -> Result<backup::RestoreReport, BackupError> {
     backup::restore(
         &*e.blobs,
+        root,
         &keys(root),
         from.clone(),
         into,

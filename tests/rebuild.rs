@@ -9,7 +9,7 @@ use stategate::crypto::RootKey;
 use stategate::schema::open_db;
 use stategate::store::format::{self, BlobHeader};
 use stategate::store::history::history_rows;
-use stategate::store::rebuild::{rebuild_index, RebuildError, ScopeKeys};
+use stategate::store::rebuild::{rebuild_index, RebuildError};
 use stategate::store::{BlobStore, StateStore, StoreError, VersionRow, WriteOutcome};
 use time::{Duration, OffsetDateTime};
 
@@ -103,10 +103,8 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
 
     let live = live_rows(&e.conn());
     let dir = tempfile::tempdir().unwrap();
-    let keys = ScopeKeys {
-        workspaces: e.root.clone(),
-        clusters: Some(RootKey::from_bytes(CLUSTER_KEY)),
-    };
+    let keys =
+        stategate::schema::scope_keys(e.root.clone(), Some(RootKey::from_bytes(CLUSTER_KEY)));
     let into = dir.path().join("rebuilt.db");
     let report = rebuild_index(&*e.blobs, &keys, &into, stategate::schema::ALL)
         .await
@@ -166,10 +164,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
         Err(RebuildError::Exists(_))
     ));
     // Without the cluster key, cluster scopes are skipped and reported.
-    let keys = ScopeKeys {
-        workspaces: e.root.clone(),
-        clusters: None,
-    };
+    let keys = stategate::schema::scope_keys(e.root.clone(), None);
     let report = rebuild_index(
         &*e.blobs,
         &keys,

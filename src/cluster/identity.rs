@@ -362,7 +362,7 @@ pub fn create_cluster(
     admin_audit(
         conn,
         org,
-        format!("cluster/{}", row.id),
+        super::scope(&row.id),
         "admin.cluster_created",
         serde_json::json!({ "name": row.name }),
     )?;

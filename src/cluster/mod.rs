@@ -43,9 +43,12 @@ pub const EVENT_RELEASED: &str = "cluster.state_lock_released";
 pub const EVENT_STOLEN: &str = "cluster.state_lock_stolen";
 pub const EVENT_BROKEN: &str = "cluster.state_lock_broken";
 
+/// What every cluster's version-index scope starts with.
+pub const SCOPE_PREFIX: &str = "cluster/";
+
 /// Version-index scope of a cluster's state.
 pub fn scope(cluster_id: &str) -> String {
-    format!("cluster/{cluster_id}")
+    format!("{SCOPE_PREFIX}{cluster_id}")
 }
 
 fn not_found() -> ApiError {

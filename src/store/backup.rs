@@ -261,11 +261,12 @@ pub async fn pick(blobs: &dyn BlobStore, from: Option<&str>) -> Result<BackupInf
     }
 }
 
-/// Restores `backup` into the new file `into` and adds every version committed after
-/// it. `progress(done, total)` is called as blobs are verified. Nothing is created
-/// unless every check passed.
+/// Restores `backup` (sealed under `dek`) into the new file `into` and adds every
+/// version committed after it, opened with `keys`. `progress(done, total)` is called as
+/// blobs are verified. Nothing is created unless every check passed.
 pub async fn restore(
     blobs: &dyn BlobStore,
+    dek: &RootKey,
     keys: &ScopeKeys,
     backup: BackupInfo,
     into: &Path,
@@ -279,11 +280,10 @@ pub async fn restore(
         .get(&backup.key)
         .await?
         .ok_or_else(|| BackupError::NotFound(backup.id.clone()))?;
-    let db =
-        open(&keys.workspaces, &backup.id, &sealed).map_err(|reason| BackupError::Unreadable {
-            id: backup.id.clone(),
-            reason,
-        })?;
+    let db = open(dek, &backup.id, &sealed).map_err(|reason| BackupError::Unreadable {
+        id: backup.id.clone(),
+        reason,
+    })?;
     if !db.starts_with(SQLITE_MAGIC) {
         return Err(BackupError::NotADatabase {
             id: backup.id.clone(),

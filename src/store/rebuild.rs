@@ -61,27 +61,42 @@ pub enum RebuildError {
     Sqlite(#[from] rusqlite::Error),
 }
 
-/// The AEAD key of each kind of scope: `tf/…` under the DEK, `cluster/…` under the
-/// `ADJ_STATE_ENC_KEY` root (when configured).
+/// The AEAD root of each kind of scope, by the scope's prefix. The kinds are the APIs'
+/// (`crate::schema::scope_keys` lists them); the store only matches prefixes.
+#[derive(Default)]
 pub struct ScopeKeys {
-    pub workspaces: RootKey,
-    pub clusters: Option<RootKey>,
+    kinds: Vec<ScopeKind>,
+}
+
+struct ScopeKind {
+    prefix: &'static str,
+    /// The root, or why this process has none (reported for each such scope).
+    root: Result<RootKey, &'static str>,
 }
 
 impl ScopeKeys {
+    /// Adds a kind of scope: `root` seals the scopes starting with `prefix`; without
+    /// one, they are skipped with `missing` as the reason.
+    pub fn with(
+        mut self,
+        prefix: &'static str,
+        root: Option<RootKey>,
+        missing: &'static str,
+    ) -> Self {
+        let root = root.ok_or(missing);
+        self.kinds.push(ScopeKind { prefix, root });
+        self
+    }
+
     pub fn key_for(&self, scope: &str) -> Result<SealKey, String> {
-        if scope.starts_with("tf/") {
-            Ok(self.workspaces.blob_key(scope))
-        } else if scope.starts_with("cluster/") {
-            self.clusters
-                .as_ref()
-                .map(|root| root.blob_key(scope))
-                .ok_or_else(|| {
-                    "cluster scope, but ADJ_STATE_ENC_KEY (cluster.state_enc_key) is not configured"
-                        .to_string()
-                })
-        } else {
-            Err(format!("unknown kind of scope {scope:?}"))
+        let kind = self
+            .kinds
+            .iter()
+            .find(|k| scope.starts_with(k.prefix))
+            .ok_or_else(|| format!("unknown kind of scope {scope:?}"))?;
+        match &kind.root {
+            Ok(root) => Ok(root.blob_key(scope)),
+            Err(missing) => Err(missing.to_string()),
         }
     }
 }
@@ -505,16 +520,13 @@ mod tests {
 
     #[test]
     fn keys_by_scope_kind() {
-        let keys = ScopeKeys {
-            workspaces: RootKey::from_bytes([1; 32]),
-            clusters: None,
-        };
-        assert!(keys.key_for("tf/prod").is_ok());
-        assert!(keys
-            .key_for("cluster/x")
-            .unwrap_err()
-            .contains("ADJ_STATE_ENC_KEY"));
+        let keys = ScopeKeys::default()
+            .with("a/", Some(RootKey::from_bytes([1; 32])), "no a key")
+            .with("b/", None, "no b key");
+        assert!(keys.key_for("a/prod").is_ok());
+        assert_eq!(keys.key_for("b/x").unwrap_err(), "no b key");
         assert!(keys.key_for("other/x").is_err());
+        assert!(keys.key_for("a").is_err(), "a bare kind name is no scope");
     }
 
     #[test]

@@ -11,12 +11,13 @@
 //! `in_sync`, 2 is `drifted` (a fact about infrastructure, not a failure), anything else
 //! `error`; a held lock is `skipped_locked`. The human plan text is sealed into the
 //! blob store, kept for the newest `keep_outputs` runs per workspace (the tidy pass
-//! deletes older runs' text and orphans; the runs themselves stay); a drifted check
+//! deletes older runs' text and orphans, recording each pruned run first so `show`
+//! tells pruned text from lost text; the runs themselves stay); a drifted check
 //! with `approve_apply` keeps its plan file sealed in `<data_dir>/drift/plans` until it
 //! is approved (applied once, then deleted) or expires.
 //!
 //! Submodules: `plan` (pure: the `-json` stream, outcomes, the notify rule), `outcomes`
-//! (the `drift_runs` table), `runner` (the child process), `webhook` (signed events).
+//! (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child process), `webhook` (signed events).
 
 pub mod outcomes;
 pub mod plan;
@@ -96,8 +97,10 @@ pub enum RunOutput {
     Text(String),
     /// None was stored: the run is still going, wrote none, or could not store it.
     Absent,
-    /// Deleted by retention: only the newest `keep` runs per workspace keep theirs.
-    Pruned { keep: u64 },
+    /// Deleted by retention at `at` (RFC 3339), which then kept only the newest `keep`
+    /// runs' text per workspace (as recorded when it was deleted, whatever the setting
+    /// is now).
+    Pruned { keep: u64, at: String },
 }
 
 impl RunOutput {
@@ -111,8 +114,8 @@ impl RunOutput {
     /// What to say instead of the text when retention deleted it.
     pub fn pruned_note(&self) -> Option<String> {
         match self {
-            RunOutput::Pruned { keep } => Some(format!(
-                "plan text pruned (only the newest {keep} runs per workspace keep it)"
+            RunOutput::Pruned { keep, at } => Some(format!(
+                "plan text pruned by retention at {at} (it kept only the newest {keep} runs per workspace)"
             )),
             RunOutput::Text(_) | RunOutput::Absent => None,
         }
@@ -380,8 +383,9 @@ impl DriftService {
     }
 
     /// A run and its human output. A stored output that cannot be read is an error,
-    /// never "no output"; one that is gone because retention deleted it is
-    /// [`RunOutput::Pruned`].
+    /// never "no output"; one that is gone because retention deleted it (the tidy pass
+    /// recorded so before deleting it) is [`RunOutput::Pruned`], and one gone without
+    /// that record is an error too, whatever `keep_outputs` says now.
     pub async fn show(&self, id: i64) -> Result<(Run, RunOutput), ApiError> {
         let run = self.run(id).await?;
         let Some(key) = &run.output_blob else {
@@ -396,18 +400,22 @@ impl DriftService {
             .await
             .map_err(|e| internal("cannot read the run's output from the store", e))?;
         let Some(sealed) = found else {
-            let keep = self.inner.settings.keep_outputs;
-            let (ws, run_id) = (run.workspace.clone(), run.id);
-            let newer = self
-                .read(move |c| outcomes::newer_runs(c, &ws, run_id, keep))
-                .await?;
-            if output_retired(newer, keep, run.approvable) {
-                return Ok((run, RunOutput::Pruned { keep }));
-            }
-            return Err(internal(
-                "the run's output is missing from the store",
-                format!("blob {key}"),
-            ));
+            // Looked up after the blob was found missing: retention commits the record
+            // before it deletes, so a blob it deleted always has one by now.
+            let run_id = run.id;
+            return match self.read(move |c| outcomes::pruned(c, run_id)).await? {
+                Some(p) => Ok((
+                    run,
+                    RunOutput::Pruned {
+                        keep: p.keep,
+                        at: p.at,
+                    },
+                )),
+                None => Err(internal(
+                    "the run's output is missing from the store",
+                    format!("blob {key}"),
+                )),
+            };
         };
         let plain = self
             .inner
@@ -1098,7 +1106,7 @@ impl DriftService {
     pub async fn tidy(&self) -> Result<(), ApiError> {
         self.close_abandoned().await?;
         self.tidy_plans().await?;
-        self.tidy_outputs().await
+        self.tidy_outputs().await.map(|_| ())
     }
 
     /// Closes runs a stopped process left unfinished (and clears the lock its child
@@ -1176,9 +1184,11 @@ impl DriftService {
 
     /// Deletes the output blobs of runs past retention (all but the newest
     /// `keep_outputs` runs per workspace) and orphans (a crash between storing an output
-    /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]. Only keys
-    /// of the output form under [`OUTPUT_PREFIX`] are looked at.
-    async fn tidy_outputs(&self) -> Result<(), ApiError> {
+    /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]; `true` when
+    /// it stopped at that bound. Only keys of the output form under [`OUTPUT_PREFIX`]
+    /// are looked at. A retired output's run is recorded as pruned (durably) before its
+    /// blob is deleted; an orphan is no run's output, so it needs no record.
+    async fn tidy_outputs(&self) -> Result<bool, ApiError> {
         let keep = self.inner.settings.keep_outputs;
         let blobs = self.inner.tofu.store().blobs().clone();
         let listed = blobs
@@ -1192,7 +1202,8 @@ impl DriftService {
         outputs.sort();
         let (mut retired, mut orphans) = (0usize, 0usize);
         for batch in outputs.chunks(TIDY_BATCH) {
-            if retired + orphans >= MAX_TIDY_DELETIONS {
+            let budget = MAX_TIDY_DELETIONS - (retired + orphans);
+            if budget == 0 {
                 break;
             }
             let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
@@ -1210,22 +1221,44 @@ impl DriftService {
                 })
                 .await?;
             let now = now_unix();
-            for ((_, key), standing) in batch.iter().zip(runs) {
-                if retired + orphans >= MAX_TIDY_DELETIONS {
-                    break;
-                }
-                let standing =
-                    standing.map(|(run, newer)| (Self::with_approvable(run, now), newer));
-                let verdict = sweep(key, standing.as_ref().map(|(r, n)| (r, *n)), keep);
-                match verdict {
-                    Sweep::Keep => continue,
-                    Sweep::Retired => retired += 1,
-                    Sweep::Orphan => orphans += 1,
-                }
+            let doomed: Vec<(i64, &str, Sweep)> = batch
+                .iter()
+                .zip(runs)
+                .filter_map(|((id, key), standing)| {
+                    let standing =
+                        standing.map(|(run, newer)| (Self::with_approvable(run, now), newer));
+                    match sweep(key, standing.as_ref().map(|(r, n)| (r, *n)), keep) {
+                        Sweep::Keep => None,
+                        verdict => Some((*id, key.as_str(), verdict)),
+                    }
+                })
+                .take(budget)
+                .collect();
+            let pruning: Vec<i64> = doomed
+                .iter()
+                .filter(|(_, _, verdict)| *verdict == Sweep::Retired)
+                .map(|(id, _, _)| *id)
+                .collect();
+            if !pruning.is_empty() {
+                self.inner
+                    .tofu
+                    .store()
+                    .db
+                    .write(move |c| {
+                        outcomes::record_pruned(c, &pruning, keep).map_err(DbError::from)
+                    })
+                    .await?;
+            }
+            for (_, key, verdict) in doomed {
                 blobs
                     .delete(key)
                     .await
                     .map_err(|e| internal("cannot delete a drift output from the store", e))?;
+                if verdict == Sweep::Retired {
+                    retired += 1;
+                } else {
+                    orphans += 1;
+                }
             }
         }
         if retired + orphans > 0 {
@@ -1236,7 +1269,7 @@ impl DriftService {
                 "deleted drift outputs past retention or of no run"
             );
         }
-        Ok(())
+        Ok(retired + orphans >= MAX_TIDY_DELETIONS)
     }
 
     /// The scheduler: runs each check with an interval when it is due (counted from
@@ -1486,11 +1519,14 @@ mod tests {
 
     #[test]
     fn a_pruned_output_says_so() {
-        let pruned = RunOutput::Pruned { keep: 5 };
+        let pruned = RunOutput::Pruned {
+            keep: 5,
+            at: "2026-11-30T22:00:00Z".into(),
+        };
         assert_eq!(pruned.text(), None);
         assert_eq!(
             pruned.pruned_note().unwrap(),
-            "plan text pruned (only the newest 5 runs per workspace keep it)"
+            "plan text pruned by retention at 2026-11-30T22:00:00Z (it kept only the newest 5 runs per workspace)"
         );
         assert_eq!(RunOutput::Text("x".into()).text(), Some("x"));
         assert_eq!(RunOutput::Absent.pruned_note(), None);

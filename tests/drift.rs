@@ -5,8 +5,10 @@
 //! configuration or binary (and the next check still runs); a locked workspace
 //! skipped without disturbing its holder; the approval flow (exactly the kept plan
 //! applied once; twice, not drifted, expired refused); plan text kept for the newest
-//! `keep_outputs` runs only, older runs saying "pruned", orphan outputs swept and
-//! nothing else in the store touched. The real Terraform CLI runs in
+//! `keep_outputs` runs only, older runs saying "pruned" (still after `keep_outputs` is
+//! raised; a missing output retention did not delete stays an error), orphan outputs
+//! swept and nothing else in the store touched, the scheduler's sweep listing the store
+//! only when it can find something. The real Terraform CLI runs in
 //! `integration/test_drift.py`.
 
 mod common;
@@ -715,4 +717,72 @@ async fn pruned_runs_stay_pruned_when_keep_outputs_is_raised_and_a_lost_output_s
         assert_eq!(err.http_status(), 500, "{err}");
         assert!(err.to_string().contains("missing from the store"), "{err}");
     }
+}
+
+/// LIST calls the server's blob store has answered (its store metrics count each).
+fn store_lists(server: &TestServer) -> u64 {
+    let metrics = String::from_utf8(server.app.metrics.render()).unwrap();
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"stategate_store_operation_duration_seconds_count{op="list"} "#)
+        })
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something() {
+    use stategate::drift::RunOutput;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let mut prod = check("prod", &dir, &tofu);
+    prod.approve_apply = false;
+    let server = TestServer::start_with(|c| {
+        c.drift = vec![prod];
+        c.drift_settings.keep_outputs = 1;
+    })
+    .await;
+    let drift = &server.app.drift;
+    let pruned = |output: &RunOutput| matches!(output, RunOutput::Pruned { .. });
+    let first = drift.check_now("prod", "test").await.unwrap();
+    let second = drift.check_now("prod", "test").await.unwrap();
+
+    let before = store_lists(&server);
+    for _ in 0..3 {
+        drift.tidy_when_due().await.unwrap();
+    }
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "the first tick sweeps; the next ones find nothing changed"
+    );
+    assert!(pruned(&drift.show(first.id).await.unwrap().1));
+    assert!(!pruned(&drift.show(second.id).await.unwrap().1));
+
+    drift.check_now("prod", "test").await.unwrap();
+    let before = store_lists(&server);
+    for _ in 0..3 {
+        drift.tidy_when_due().await.unwrap();
+    }
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "a finished run asks for one sweep"
+    );
+    assert!(
+        pruned(&drift.show(second.id).await.unwrap().1),
+        "and it retired the older run's text"
+    );
+
+    let before = store_lists(&server);
+    drift.tidy().await.unwrap();
+    drift.tidy_when_due().await.unwrap();
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "a full tidy always sweeps, and counts as the tick's sweep"
+    );
 }

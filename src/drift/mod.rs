@@ -17,7 +17,8 @@
 //! is approved (applied once, then deleted) or expires.
 //!
 //! Submodules: `plan` (pure: the `-json` stream, outcomes, the notify rule), `outcomes`
-//! (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child process), `webhook` (signed events).
+//! (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child process),
+//! `webhook` (signed events).
 
 pub mod outcomes;
 pub mod plan;
@@ -27,6 +28,7 @@ pub mod webhook;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +70,12 @@ const ABANDONED_AFTER: i64 = 300;
 const MAX_PENDING: usize = 64;
 /// The scheduler looks at least this often (new runs from the CLI move the schedule).
 const MAX_TICK: Duration = Duration::from_secs(60);
+/// The scheduler sweeps outputs at least this often, besides at startup and after a run
+/// of this process finished (see [`outputs_sweep_due`]). A sweep LISTs all of `drift/`,
+/// a paginated LIST on S3, so it is not done every tick; what this process cannot see
+/// finishing (another process's runs, a kept plan expiring, a crash's orphan) waits for
+/// this, and none of it is urgent: the text merely lingers a little longer.
+const OUTPUTS_SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// A configured check with its latest status, for `GET /api/v1/admin/drift`.
 #[derive(Debug, Clone, Serialize)]
@@ -163,6 +171,21 @@ struct Inner {
     notifier: webhook::Notifier,
     /// Webhook deliveries still going.
     pending: std::sync::Mutex<Vec<tokio::task::JoinHandle<Vec<webhook::Delivery>>>>,
+    /// Runs this process finished (each may put an older run's output past retention).
+    finished_runs: AtomicU64,
+    /// What the last outputs sweep left, for the scheduler's [`outputs_sweep_due`].
+    last_sweep: std::sync::Mutex<Option<SweepMark>>,
+}
+
+/// An outputs sweep that was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SweepMark {
+    /// When it ended.
+    at: Instant,
+    /// [`Inner::finished_runs`] when it started (its LIST saw those runs' outputs).
+    finished_runs: u64,
+    /// It stopped at [`MAX_TIDY_DELETIONS`]: more may be waiting.
+    more: bool,
 }
 
 fn now_unix() -> i64 {
@@ -257,6 +280,8 @@ impl DriftService {
                 notifier,
                 root,
                 pending: Default::default(),
+                finished_runs: AtomicU64::new(0),
+                last_sweep: Default::default(),
             }),
         }
     }
@@ -1027,6 +1052,7 @@ impl DriftService {
                 Ok((run, previous))
             })
             .await?;
+        self.inner.finished_runs.fetch_add(1, Ordering::Relaxed);
         let run = run.ok_or_else(|| internal("a drift run vanished", id))?;
         let outcome = run.outcome.map_or("-", Outcome::as_str);
         tracing::info!(
@@ -1106,7 +1132,43 @@ impl DriftService {
     pub async fn tidy(&self) -> Result<(), ApiError> {
         self.close_abandoned().await?;
         self.tidy_plans().await?;
-        self.tidy_outputs().await.map(|_| ())
+        self.sweep_outputs().await
+    }
+
+    /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the outputs sweep
+    /// (a LIST of the blob store's `drift/`) only when [`outputs_sweep_due`].
+    pub async fn tidy_when_due(&self) -> Result<(), ApiError> {
+        self.close_abandoned().await?;
+        self.tidy_plans().await?;
+        let last = *self
+            .inner
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let finished = self.inner.finished_runs.load(Ordering::Relaxed);
+        if outputs_sweep_due(last, finished, Instant::now()) {
+            self.sweep_outputs().await?;
+        }
+        Ok(())
+    }
+
+    /// [`DriftService::tidy_outputs`], remembering it was done. A failed sweep counts
+    /// too: it is retried when the next one is due, not every tick.
+    async fn sweep_outputs(&self) -> Result<(), ApiError> {
+        // Read before the LIST: a run finishing during the sweep asks for another.
+        let finished_runs = self.inner.finished_runs.load(Ordering::Relaxed);
+        let result = self.tidy_outputs().await;
+        let mark = SweepMark {
+            at: Instant::now(),
+            finished_runs,
+            more: matches!(result, Ok(true)),
+        };
+        *self
+            .inner
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(mark);
+        result.map(|_| ())
     }
 
     /// Closes runs a stopped process left unfinished (and clears the lock its child
@@ -1148,6 +1210,9 @@ impl DriftService {
                     .db
                     .write(move |c| outcomes::finish_run(c, id, &done).map_err(DbError::from))
                     .await;
+                if closed.is_ok() {
+                    self.inner.finished_runs.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::warn!(workspace = %ws, run = id, closed = ?closed.is_ok(), "closed an abandoned drift run");
             }
         }
@@ -1276,7 +1341,7 @@ impl DriftService {
     /// its last check's start), until `shutdown` changes.
     pub async fn schedule(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         loop {
-            if let Err(e) = self.tidy().await {
+            if let Err(e) = self.tidy_when_due().await {
                 tracing::warn!(error = %e, "cannot tidy drift runs");
             }
             let now = now_unix();
@@ -1331,6 +1396,19 @@ impl DriftService {
 pub fn due_in(last_started: Option<i64>, interval: u64, now: i64) -> i64 {
     let interval = i64::try_from(interval).unwrap_or(i64::MAX);
     last_started.map_or(0, |t| t.saturating_add(interval) - now)
+}
+
+/// Whether the scheduler sweeps outputs now, given the last sweep (`None`: none yet)
+/// and how many runs this process has finished: at startup, when the last sweep
+/// stopped at its bound, when a run finished since (a newer run can retire an older
+/// one's text, an apply ends a kept plan's claim), or [`OUTPUTS_SWEEP_EVERY`] after the
+/// last one. Otherwise nothing it can see changed, and a sweep would find nothing.
+fn outputs_sweep_due(last: Option<SweepMark>, finished_runs: u64, now: Instant) -> bool {
+    last.is_none_or(|l| {
+        l.more
+            || l.finished_runs != finished_runs
+            || now.saturating_duration_since(l.at) >= OUTPUTS_SWEEP_EVERY
+    })
 }
 
 /// The run an output key names (`drift/<run id>-<uuid hex>.out`); `None` for any other
@@ -1515,6 +1593,37 @@ mod tests {
             Sweep::Keep,
             "a run this index does not know"
         );
+    }
+
+    #[test]
+    fn outputs_are_swept_at_startup_after_runs_after_a_bounded_pass_and_every_interval() {
+        let at = Instant::now();
+        let mark = |finished_runs, more| {
+            Some(SweepMark {
+                at,
+                finished_runs,
+                more,
+            })
+        };
+        let (soon, late) = (at + MAX_TICK, at + OUTPUTS_SWEEP_EVERY);
+        let table: &[(Option<SweepMark>, u64, Instant, bool)] = &[
+            (None, 0, at, true),
+            (None, 7, soon, true),
+            (mark(3, false), 3, at, false),
+            (mark(3, false), 3, soon, false),
+            (mark(3, false), 3, late - Duration::from_secs(1), false),
+            (mark(3, false), 3, late, true),
+            (mark(3, false), 4, soon, true),
+            (mark(3, true), 3, soon, true),
+            (mark(3, false), 3, at - Duration::from_secs(5), false),
+        ];
+        for (i, (last, finished, now, want)) in table.iter().enumerate() {
+            assert_eq!(
+                outputs_sweep_due(*last, *finished, *now),
+                *want,
+                "case {i}: {last:?} finished={finished}"
+            );
+        }
     }
 
     #[test]

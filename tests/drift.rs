@@ -5,8 +5,10 @@
 //! configuration or binary (and the next check still runs); a locked workspace
 //! skipped without disturbing its holder; the approval flow (exactly the kept plan
 //! applied once; twice, not drifted, expired refused); plan text kept for the newest
-//! `keep_outputs` runs only, older runs saying "pruned", orphan outputs swept and
-//! nothing else in the store touched. The real Terraform CLI runs in
+//! `keep_outputs` runs only, older runs saying "pruned" (still after `keep_outputs` is
+//! raised; a missing output retention did not delete stays an error), orphan outputs
+//! swept and nothing else in the store touched, the scheduler's sweep listing the store
+//! only when it can find something. The real Terraform CLI runs in
 //! `integration/test_drift.py`.
 
 mod common;
@@ -602,11 +604,20 @@ async fn only_the_newest_runs_keep_their_plan_text_and_orphan_outputs_are_swept(
         "states untouched"
     );
 
-    let note = "plan text pruned (only the newest 3 runs per workspace keep it)";
+    let mut notes = Vec::new();
     for old in &runs[..2] {
         let (_, output) = drift.show(old.id).await.unwrap();
-        assert_eq!(output, RunOutput::Pruned { keep: 3 });
-        assert_eq!(output.pruned_note().unwrap(), note);
+        assert!(
+            matches!(output, RunOutput::Pruned { keep: 3, .. }),
+            "{output:?}"
+        );
+        let note = output.pruned_note().unwrap();
+        assert!(
+            note.starts_with("plan text pruned by retention at ")
+                && note.ends_with("(it kept only the newest 3 runs per workspace)"),
+            "{note}"
+        );
+        notes.push(note);
     }
     for new in &runs[2..] {
         let (_, output) = drift.show(new.id).await.unwrap();
@@ -631,7 +642,7 @@ async fn only_the_newest_runs_keep_their_plan_text_and_orphan_outputs_are_swept(
     assert_eq!(response.status(), 200);
     let shown: serde_json::Value =
         serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-    assert_eq!(shown["output_pruned"], note, "{shown}");
+    assert_eq!(shown["output_pruned"], notes[0], "{shown}");
     assert!(shown["output"].is_null() && shown["run"]["id"] == runs[0].id);
 
     // An output that should still exist but is gone is an error, never "pruned".
@@ -642,4 +653,136 @@ async fn only_the_newest_runs_keep_their_plan_text_and_orphan_outputs_are_swept(
     let err = drift.show(runs[4].id).await.unwrap_err();
     assert_eq!(err.http_status(), 500, "{err}");
     assert!(err.to_string().contains("missing from the store"), "{err}");
+}
+
+#[tokio::test]
+async fn pruned_runs_stay_pruned_when_keep_outputs_is_raised_and_a_lost_output_stays_an_error() {
+    use stategate::drift::RunOutput;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let mut prod = check("prod", &dir, &tofu);
+    prod.approve_apply = false;
+    let server = TestServer::start_with(|c| {
+        c.drift = vec![prod];
+        c.drift_settings.keep_outputs = 1;
+    })
+    .await;
+    let drift = &server.app.drift;
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        runs.push(drift.check_now("prod", "test").await.unwrap());
+    }
+    drift.tidy().await.unwrap();
+    assert_eq!(
+        server.count("SELECT count(*) FROM drift_outputs_pruned"),
+        3,
+        "each pruned run recorded"
+    );
+
+    // The operator raises keep_outputs: the same database and store, a new service.
+    let mut raised = server.config.clone();
+    raised.drift_settings.keep_outputs = 10;
+    let raised = DriftService::new(&raised, server.app.tofu.clone(), server.root.clone());
+    for old in &runs[..3] {
+        let (_, output) = raised.show(old.id).await.unwrap();
+        assert!(
+            matches!(output, RunOutput::Pruned { keep: 1, .. }),
+            "pruned by retention, still pruned: {output:?}"
+        );
+        assert!(output
+            .pruned_note()
+            .unwrap()
+            .ends_with("(it kept only the newest 1 runs per workspace)"));
+    }
+    let (_, kept) = raised.show(runs[3].id).await.unwrap();
+    assert!(kept
+        .text()
+        .unwrap()
+        .contains("human text of the saved plan"));
+
+    // Deleted by hand, not by retention: an error under either setting, even once a
+    // newer run puts it past retention.
+    let blobs = server.app.tofu.store().blobs().clone();
+    blobs
+        .delete(runs[3].output_blob.as_deref().unwrap())
+        .await
+        .unwrap();
+    drift.check_now("prod", "test").await.unwrap();
+    drift.tidy().await.unwrap();
+    for service in [&raised, drift] {
+        let err = service.show(runs[3].id).await.unwrap_err();
+        assert_eq!(err.http_status(), 500, "{err}");
+        assert!(err.to_string().contains("missing from the store"), "{err}");
+    }
+}
+
+/// LIST calls the server's blob store has answered (its store metrics count each).
+fn store_lists(server: &TestServer) -> u64 {
+    let metrics = String::from_utf8(server.app.metrics.render()).unwrap();
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"stategate_store_operation_duration_seconds_count{op="list"} "#)
+        })
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something() {
+    use stategate::drift::RunOutput;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let mut prod = check("prod", &dir, &tofu);
+    prod.approve_apply = false;
+    let server = TestServer::start_with(|c| {
+        c.drift = vec![prod];
+        c.drift_settings.keep_outputs = 1;
+    })
+    .await;
+    let drift = &server.app.drift;
+    let pruned = |output: &RunOutput| matches!(output, RunOutput::Pruned { .. });
+    let first = drift.check_now("prod", "test").await.unwrap();
+    let second = drift.check_now("prod", "test").await.unwrap();
+
+    let before = store_lists(&server);
+    for _ in 0..3 {
+        drift.tidy_when_due().await.unwrap();
+    }
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "the first tick sweeps; the next ones find nothing changed"
+    );
+    assert!(pruned(&drift.show(first.id).await.unwrap().1));
+    assert!(!pruned(&drift.show(second.id).await.unwrap().1));
+
+    drift.check_now("prod", "test").await.unwrap();
+    let before = store_lists(&server);
+    for _ in 0..3 {
+        drift.tidy_when_due().await.unwrap();
+    }
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "a finished run asks for one sweep"
+    );
+    assert!(
+        pruned(&drift.show(second.id).await.unwrap().1),
+        "and it retired the older run's text"
+    );
+
+    let before = store_lists(&server);
+    drift.tidy().await.unwrap();
+    drift.tidy_when_due().await.unwrap();
+    assert_eq!(
+        store_lists(&server) - before,
+        1,
+        "a full tidy always sweeps, and counts as the tick's sweep"
+    );
 }

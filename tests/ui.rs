@@ -1380,7 +1380,8 @@ async fn a_run_whose_plan_text_was_pruned_says_so() {
     let cookie = env.login().await;
     let page = env.page(&format!("/ui/drift/{}", old.id), &cookie).await;
     assert!(
-        page.contains("plan text pruned (only the newest 1 runs per workspace keep it)"),
+        page.contains("plan text pruned by retention at ")
+            && page.contains("(it kept only the newest 1 runs per workspace)"),
         "{page}"
     );
     let page = env.page(&format!("/ui/drift/{}", new.id), &cookie).await;

@@ -11,12 +11,14 @@
 //! `in_sync`, 2 is `drifted` (a fact about infrastructure, not a failure), anything else
 //! `error`; a held lock is `skipped_locked`. The human plan text is sealed into the
 //! blob store, kept for the newest `keep_outputs` runs per workspace (the tidy pass
-//! deletes older runs' text and orphans; the runs themselves stay); a drifted check
+//! deletes older runs' text and orphans, recording each pruned run first so `show`
+//! tells pruned text from lost text; the runs themselves stay); a drifted check
 //! with `approve_apply` keeps its plan file sealed in `<data_dir>/drift/plans` until it
 //! is approved (applied once, then deleted) or expires.
 //!
 //! Submodules: `plan` (pure: the `-json` stream, outcomes, the notify rule), `outcomes`
-//! (the `drift_runs` table), `runner` (the child process), `webhook` (signed events).
+//! (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child process),
+//! `webhook` (signed events).
 
 pub mod outcomes;
 pub mod plan;
@@ -26,6 +28,7 @@ pub mod webhook;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +70,12 @@ const ABANDONED_AFTER: i64 = 300;
 const MAX_PENDING: usize = 64;
 /// The scheduler looks at least this often (new runs from the CLI move the schedule).
 const MAX_TICK: Duration = Duration::from_secs(60);
+/// The scheduler sweeps outputs at least this often, besides at startup and after a run
+/// of this process finished (see [`outputs_sweep_due`]). A sweep LISTs all of `drift/`,
+/// a paginated LIST on S3, so it is not done every tick; what this process cannot see
+/// finishing (another process's runs, a kept plan expiring, a crash's orphan) waits for
+/// this, and none of it is urgent: the text merely lingers a little longer.
+const OUTPUTS_SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// A configured check with its latest status, for `GET /api/v1/admin/drift`.
 #[derive(Debug, Clone, Serialize)]
@@ -96,8 +105,10 @@ pub enum RunOutput {
     Text(String),
     /// None was stored: the run is still going, wrote none, or could not store it.
     Absent,
-    /// Deleted by retention: only the newest `keep` runs per workspace keep theirs.
-    Pruned { keep: u64 },
+    /// Deleted by retention at `at` (RFC 3339), which then kept only the newest `keep`
+    /// runs' text per workspace (as recorded when it was deleted, whatever the setting
+    /// is now).
+    Pruned { keep: u64, at: String },
 }
 
 impl RunOutput {
@@ -111,8 +122,8 @@ impl RunOutput {
     /// What to say instead of the text when retention deleted it.
     pub fn pruned_note(&self) -> Option<String> {
         match self {
-            RunOutput::Pruned { keep } => Some(format!(
-                "plan text pruned (only the newest {keep} runs per workspace keep it)"
+            RunOutput::Pruned { keep, at } => Some(format!(
+                "plan text pruned by retention at {at} (it kept only the newest {keep} runs per workspace)"
             )),
             RunOutput::Text(_) | RunOutput::Absent => None,
         }
@@ -160,6 +171,21 @@ struct Inner {
     notifier: webhook::Notifier,
     /// Webhook deliveries still going.
     pending: std::sync::Mutex<Vec<tokio::task::JoinHandle<Vec<webhook::Delivery>>>>,
+    /// Runs this process finished (each may put an older run's output past retention).
+    finished_runs: AtomicU64,
+    /// What the last outputs sweep left, for the scheduler's [`outputs_sweep_due`].
+    last_sweep: std::sync::Mutex<Option<SweepMark>>,
+}
+
+/// An outputs sweep that was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SweepMark {
+    /// When it ended.
+    at: Instant,
+    /// [`Inner::finished_runs`] when it started (its LIST saw those runs' outputs).
+    finished_runs: u64,
+    /// It stopped at [`MAX_TIDY_DELETIONS`]: more may be waiting.
+    more: bool,
 }
 
 fn now_unix() -> i64 {
@@ -254,6 +280,8 @@ impl DriftService {
                 notifier,
                 root,
                 pending: Default::default(),
+                finished_runs: AtomicU64::new(0),
+                last_sweep: Default::default(),
             }),
         }
     }
@@ -380,8 +408,9 @@ impl DriftService {
     }
 
     /// A run and its human output. A stored output that cannot be read is an error,
-    /// never "no output"; one that is gone because retention deleted it is
-    /// [`RunOutput::Pruned`].
+    /// never "no output"; one that is gone because retention deleted it (the tidy pass
+    /// recorded so before deleting it) is [`RunOutput::Pruned`], and one gone without
+    /// that record is an error too, whatever `keep_outputs` says now.
     pub async fn show(&self, id: i64) -> Result<(Run, RunOutput), ApiError> {
         let run = self.run(id).await?;
         let Some(key) = &run.output_blob else {
@@ -396,18 +425,22 @@ impl DriftService {
             .await
             .map_err(|e| internal("cannot read the run's output from the store", e))?;
         let Some(sealed) = found else {
-            let keep = self.inner.settings.keep_outputs;
-            let (ws, run_id) = (run.workspace.clone(), run.id);
-            let newer = self
-                .read(move |c| outcomes::newer_runs(c, &ws, run_id, keep))
-                .await?;
-            if output_retired(newer, keep, run.approvable) {
-                return Ok((run, RunOutput::Pruned { keep }));
-            }
-            return Err(internal(
-                "the run's output is missing from the store",
-                format!("blob {key}"),
-            ));
+            // Looked up after the blob was found missing: retention commits the record
+            // before it deletes, so a blob it deleted always has one by now.
+            let run_id = run.id;
+            return match self.read(move |c| outcomes::pruned(c, run_id)).await? {
+                Some(p) => Ok((
+                    run,
+                    RunOutput::Pruned {
+                        keep: p.keep,
+                        at: p.at,
+                    },
+                )),
+                None => Err(internal(
+                    "the run's output is missing from the store",
+                    format!("blob {key}"),
+                )),
+            };
         };
         let plain = self
             .inner
@@ -1019,6 +1052,7 @@ impl DriftService {
                 Ok((run, previous))
             })
             .await?;
+        self.inner.finished_runs.fetch_add(1, Ordering::Relaxed);
         let run = run.ok_or_else(|| internal("a drift run vanished", id))?;
         let outcome = run.outcome.map_or("-", Outcome::as_str);
         tracing::info!(
@@ -1098,7 +1132,43 @@ impl DriftService {
     pub async fn tidy(&self) -> Result<(), ApiError> {
         self.close_abandoned().await?;
         self.tidy_plans().await?;
-        self.tidy_outputs().await
+        self.sweep_outputs().await
+    }
+
+    /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the outputs sweep
+    /// (a LIST of the blob store's `drift/`) only when [`outputs_sweep_due`].
+    pub async fn tidy_when_due(&self) -> Result<(), ApiError> {
+        self.close_abandoned().await?;
+        self.tidy_plans().await?;
+        let last = *self
+            .inner
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let finished = self.inner.finished_runs.load(Ordering::Relaxed);
+        if outputs_sweep_due(last, finished, Instant::now()) {
+            self.sweep_outputs().await?;
+        }
+        Ok(())
+    }
+
+    /// [`DriftService::tidy_outputs`], remembering it was done. A failed sweep counts
+    /// too: it is retried when the next one is due, not every tick.
+    async fn sweep_outputs(&self) -> Result<(), ApiError> {
+        // Read before the LIST: a run finishing during the sweep asks for another.
+        let finished_runs = self.inner.finished_runs.load(Ordering::Relaxed);
+        let result = self.tidy_outputs().await;
+        let mark = SweepMark {
+            at: Instant::now(),
+            finished_runs,
+            more: matches!(result, Ok(true)),
+        };
+        *self
+            .inner
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(mark);
+        result.map(|_| ())
     }
 
     /// Closes runs a stopped process left unfinished (and clears the lock its child
@@ -1140,6 +1210,9 @@ impl DriftService {
                     .db
                     .write(move |c| outcomes::finish_run(c, id, &done).map_err(DbError::from))
                     .await;
+                if closed.is_ok() {
+                    self.inner.finished_runs.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::warn!(workspace = %ws, run = id, closed = ?closed.is_ok(), "closed an abandoned drift run");
             }
         }
@@ -1176,9 +1249,11 @@ impl DriftService {
 
     /// Deletes the output blobs of runs past retention (all but the newest
     /// `keep_outputs` runs per workspace) and orphans (a crash between storing an output
-    /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]. Only keys
-    /// of the output form under [`OUTPUT_PREFIX`] are looked at.
-    async fn tidy_outputs(&self) -> Result<(), ApiError> {
+    /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]; `true` when
+    /// it stopped at that bound. Only keys of the output form under [`OUTPUT_PREFIX`]
+    /// are looked at. A retired output's run is recorded as pruned (durably) before its
+    /// blob is deleted; an orphan is no run's output, so it needs no record.
+    async fn tidy_outputs(&self) -> Result<bool, ApiError> {
         let keep = self.inner.settings.keep_outputs;
         let blobs = self.inner.tofu.store().blobs().clone();
         let listed = blobs
@@ -1192,7 +1267,8 @@ impl DriftService {
         outputs.sort();
         let (mut retired, mut orphans) = (0usize, 0usize);
         for batch in outputs.chunks(TIDY_BATCH) {
-            if retired + orphans >= MAX_TIDY_DELETIONS {
+            let budget = MAX_TIDY_DELETIONS - (retired + orphans);
+            if budget == 0 {
                 break;
             }
             let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
@@ -1210,22 +1286,44 @@ impl DriftService {
                 })
                 .await?;
             let now = now_unix();
-            for ((_, key), standing) in batch.iter().zip(runs) {
-                if retired + orphans >= MAX_TIDY_DELETIONS {
-                    break;
-                }
-                let standing =
-                    standing.map(|(run, newer)| (Self::with_approvable(run, now), newer));
-                let verdict = sweep(key, standing.as_ref().map(|(r, n)| (r, *n)), keep);
-                match verdict {
-                    Sweep::Keep => continue,
-                    Sweep::Retired => retired += 1,
-                    Sweep::Orphan => orphans += 1,
-                }
+            let doomed: Vec<(i64, &str, Sweep)> = batch
+                .iter()
+                .zip(runs)
+                .filter_map(|((id, key), standing)| {
+                    let standing =
+                        standing.map(|(run, newer)| (Self::with_approvable(run, now), newer));
+                    match sweep(key, standing.as_ref().map(|(r, n)| (r, *n)), keep) {
+                        Sweep::Keep => None,
+                        verdict => Some((*id, key.as_str(), verdict)),
+                    }
+                })
+                .take(budget)
+                .collect();
+            let pruning: Vec<i64> = doomed
+                .iter()
+                .filter(|(_, _, verdict)| *verdict == Sweep::Retired)
+                .map(|(id, _, _)| *id)
+                .collect();
+            if !pruning.is_empty() {
+                self.inner
+                    .tofu
+                    .store()
+                    .db
+                    .write(move |c| {
+                        outcomes::record_pruned(c, &pruning, keep).map_err(DbError::from)
+                    })
+                    .await?;
+            }
+            for (_, key, verdict) in doomed {
                 blobs
                     .delete(key)
                     .await
                     .map_err(|e| internal("cannot delete a drift output from the store", e))?;
+                if verdict == Sweep::Retired {
+                    retired += 1;
+                } else {
+                    orphans += 1;
+                }
             }
         }
         if retired + orphans > 0 {
@@ -1236,14 +1334,14 @@ impl DriftService {
                 "deleted drift outputs past retention or of no run"
             );
         }
-        Ok(())
+        Ok(retired + orphans >= MAX_TIDY_DELETIONS)
     }
 
     /// The scheduler: runs each check with an interval when it is due (counted from
     /// its last check's start), until `shutdown` changes.
     pub async fn schedule(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         loop {
-            if let Err(e) = self.tidy().await {
+            if let Err(e) = self.tidy_when_due().await {
                 tracing::warn!(error = %e, "cannot tidy drift runs");
             }
             let now = now_unix();
@@ -1298,6 +1396,19 @@ impl DriftService {
 pub fn due_in(last_started: Option<i64>, interval: u64, now: i64) -> i64 {
     let interval = i64::try_from(interval).unwrap_or(i64::MAX);
     last_started.map_or(0, |t| t.saturating_add(interval) - now)
+}
+
+/// Whether the scheduler sweeps outputs now, given the last sweep (`None`: none yet)
+/// and how many runs this process has finished: at startup, when the last sweep
+/// stopped at its bound, when a run finished since (a newer run can retire an older
+/// one's text, an apply ends a kept plan's claim), or [`OUTPUTS_SWEEP_EVERY`] after the
+/// last one. Otherwise nothing it can see changed, and a sweep would find nothing.
+fn outputs_sweep_due(last: Option<SweepMark>, finished_runs: u64, now: Instant) -> bool {
+    last.is_none_or(|l| {
+        l.more
+            || l.finished_runs != finished_runs
+            || now.saturating_duration_since(l.at) >= OUTPUTS_SWEEP_EVERY
+    })
 }
 
 /// The run an output key names (`drift/<run id>-<uuid hex>.out`); `None` for any other
@@ -1485,12 +1596,46 @@ mod tests {
     }
 
     #[test]
+    fn outputs_are_swept_at_startup_after_runs_after_a_bounded_pass_and_every_interval() {
+        let at = Instant::now();
+        let mark = |finished_runs, more| {
+            Some(SweepMark {
+                at,
+                finished_runs,
+                more,
+            })
+        };
+        let (soon, late) = (at + MAX_TICK, at + OUTPUTS_SWEEP_EVERY);
+        let table: &[(Option<SweepMark>, u64, Instant, bool)] = &[
+            (None, 0, at, true),
+            (None, 7, soon, true),
+            (mark(3, false), 3, at, false),
+            (mark(3, false), 3, soon, false),
+            (mark(3, false), 3, late - Duration::from_secs(1), false),
+            (mark(3, false), 3, late, true),
+            (mark(3, false), 4, soon, true),
+            (mark(3, true), 3, soon, true),
+            (mark(3, false), 3, at - Duration::from_secs(5), false),
+        ];
+        for (i, (last, finished, now, want)) in table.iter().enumerate() {
+            assert_eq!(
+                outputs_sweep_due(*last, *finished, *now),
+                *want,
+                "case {i}: {last:?} finished={finished}"
+            );
+        }
+    }
+
+    #[test]
     fn a_pruned_output_says_so() {
-        let pruned = RunOutput::Pruned { keep: 5 };
+        let pruned = RunOutput::Pruned {
+            keep: 5,
+            at: "2026-11-30T22:00:00Z".into(),
+        };
         assert_eq!(pruned.text(), None);
         assert_eq!(
             pruned.pruned_note().unwrap(),
-            "plan text pruned (only the newest 5 runs per workspace keep it)"
+            "plan text pruned by retention at 2026-11-30T22:00:00Z (it kept only the newest 5 runs per workspace)"
         );
         assert_eq!(RunOutput::Text("x".into()).text(), Some("x"));
         assert_eq!(RunOutput::Absent.pruned_note(), None);

@@ -1,11 +1,14 @@
-//! The drift run history: one row per check or approved apply in `drift_runs`.
+//! The drift run history: one row per check or approved apply in `drift_runs`, and
+//! in `drift_outputs_pruned` the runs whose plan text retention deleted.
 //!
 //! A row is inserted when a run starts and completed exactly once when it ends; the
 //! database enforces the rest with triggers and indexes, whoever writes:
 //! - a finished row can never change, and no row can ever be deleted;
 //! - a workspace has at most one unfinished run (a check or an apply), across every
 //!   process that opens the database (the server's scheduler, `drift run`);
-//! - a check can be approved (an apply row naming it) at most once.
+//! - a check can be approved (an apply row naming it) at most once;
+//! - a pruning record is written before the output blob is deleted and never changes,
+//!   so a missing output without one is a loss, never retention.
 
 use rusqlite::{named_params, params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -45,6 +48,15 @@ WHEN OLD.finished_at IS NOT NULL
 BEGIN SELECT RAISE(ABORT, 'drift history is append-only: a finished run cannot be changed'); END;
 CREATE TRIGGER IF NOT EXISTS drift_runs_no_delete BEFORE DELETE ON drift_runs
 BEGIN SELECT RAISE(ABORT, 'drift history is append-only: runs cannot be deleted'); END;
+CREATE TABLE IF NOT EXISTS drift_outputs_pruned (
+    run_id       INTEGER PRIMARY KEY REFERENCES drift_runs(id),
+    pruned_at    TEXT NOT NULL,
+    keep_outputs INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS drift_pruned_records_are_final BEFORE UPDATE ON drift_outputs_pruned
+BEGIN SELECT RAISE(ABORT, 'drift history is append-only: a pruning record cannot be changed'); END;
+CREATE TRIGGER IF NOT EXISTS drift_pruned_records_no_delete BEFORE DELETE ON drift_outputs_pruned
+BEGIN SELECT RAISE(ABORT, 'drift history is append-only: a pruning record cannot be deleted'); END;
 "#;
 
 /// Check or approved apply.
@@ -252,6 +264,46 @@ pub fn newer_runs(
     )
 }
 
+/// When retention deleted a run's output, and the `keep_outputs` it applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    pub at: String,
+    pub keep: u64,
+}
+
+/// Records that retention (keeping `keep` runs per workspace) is deleting these runs'
+/// outputs; called before the blobs are deleted. A run recorded already keeps its
+/// first record (an earlier pass whose delete failed).
+pub fn record_pruned(conn: &Connection, runs: &[i64], keep: u64) -> Result<(), rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO drift_outputs_pruned (run_id, pruned_at, keep_outputs)
+         VALUES (?1, ?2, ?3)",
+    )?;
+    let (at, keep) = (
+        crate::store::now_rfc3339(),
+        i64::try_from(keep).unwrap_or(i64::MAX),
+    );
+    for run in runs {
+        stmt.execute(params![run, at, keep])?;
+    }
+    Ok(())
+}
+
+/// The pruning record of a run's output, if retention deleted it.
+pub fn pruned(conn: &Connection, run: i64) -> Result<Option<Pruned>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT pruned_at, keep_outputs FROM drift_outputs_pruned WHERE run_id = ?1",
+        [run],
+        |r| {
+            Ok(Pruned {
+                at: r.get(0)?,
+                keep: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+            })
+        },
+    )
+    .optional()
+}
+
 /// The newest `limit` runs (of one workspace, or all), newest first.
 pub fn list_runs(
     conn: &Connection,
@@ -392,6 +444,8 @@ mod tests {
 
     fn db() -> Connection {
         let conn = Connection::open_in_memory().unwrap();
+        // As `Db::open` sets it.
+        conn.pragma_update(None, "foreign_keys", "ON").unwrap();
         conn.execute_batch(crate::store::db::SCHEMA).unwrap();
         conn.execute_batch(SCHEMA).unwrap();
         conn
@@ -532,6 +586,34 @@ mod tests {
                 *want,
                 "{ws} {id} {cap}"
             );
+        }
+    }
+
+    #[test]
+    fn pruning_records_keep_the_first_and_are_final() {
+        let c = db();
+        let id = start_run(&c, "prod", Kind::Check, "schedule", None, None, None)
+            .unwrap()
+            .unwrap();
+        finish_run(&c, id, &finished(Outcome::InSync)).unwrap();
+        assert_eq!(pruned(&c, id).unwrap(), None);
+        record_pruned(&c, &[id], 5).unwrap();
+        let first = pruned(&c, id).unwrap().unwrap();
+        assert_eq!(first.keep, 5);
+        record_pruned(&c, &[id], 9).unwrap();
+        assert_eq!(
+            pruned(&c, id).unwrap(),
+            Some(first),
+            "the first record stays"
+        );
+        let err = record_pruned(&c, &[id + 100], 5).unwrap_err().to_string();
+        assert!(err.contains("FOREIGN KEY"), "only runs that exist: {err}");
+        for sql in [
+            "UPDATE drift_outputs_pruned SET keep_outputs = 50",
+            "DELETE FROM drift_outputs_pruned",
+        ] {
+            let err = c.execute(sql, []).unwrap_err().to_string();
+            assert!(err.contains("append-only"), "{sql}: {err}");
         }
     }
 

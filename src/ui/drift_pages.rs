@@ -521,8 +521,11 @@ mod tests {
                 "Plan: 1 to change",
             ),
             (
-                RunOutput::Pruned { keep: 7 },
-                "plan text pruned (only the newest 7 runs per workspace keep it)",
+                RunOutput::Pruned {
+                    keep: 7,
+                    at: "2026-11-30T22:00:00Z".into(),
+                },
+                "plan text pruned by retention at 2026-11-30T22:00:00Z (it kept only the newest 7 runs per workspace)",
             ),
             (RunOutput::Absent, "No output was stored for this run."),
         ];

@@ -1387,3 +1387,29 @@ async fn two_admins_one_cluster() {
     assert!(audit.iter().all(|a| a.2 == "acme"));
     assert_eq!(env.version_count(), 2);
 }
+
+/// A push is held whole, and the blob store collects a sealed copy of it (up to its
+/// write buffer) while writing: both count in the body budget at once. A push that
+/// fits beside other requests' bodies but not with its copy is told to retry (429) and
+/// changes nothing; once the others are done it goes in.
+#[tokio::test]
+async fn a_push_counts_its_store_copy_in_the_body_budget() {
+    const KIB: u64 = 1024;
+    let env = Env::start(Some(ENC_KEY)).await;
+    assert_eq!(env.lock("alice", "provision", "a").await.status, 200);
+    let state = marked_state(1, "lin", &"x".repeat(300 * KIB as usize));
+    let copy =
+        (state.len() as u64).min(env.server.app.cluster.store().blobs().write_buffer_bytes());
+    assert!(copy >= 200 * KIB, "the local store buffers {copy} bytes");
+    // Other requests hold all but room for the body and half its copy.
+    let budget = &env.server.app.body_budget;
+    let room = state.len() as u64 + copy / 2;
+    let others = budget.reserve(budget.available_bytes() - room).unwrap();
+    let before = env.snapshot();
+    let refused = env.push("alice", &state).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(env.snapshot(), before);
+    drop(others);
+    assert_eq!(env.push("alice", &state).await.status, 200);
+    assert_eq!(env.pull("alice").await.body, state.as_bytes());
+}

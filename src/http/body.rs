@@ -149,6 +149,8 @@ pub struct BodyBudget {
     /// The most one streamed write holds: [`STREAM_RESERVE`] for its pipeline plus the
     /// blob store's write buffer (a 5 MiB part on S3).
     stream_hold: u64,
+    /// What the blob store's sink collects before it writes out.
+    store_write_buffer: u64,
 }
 
 /// A share of the [`BodyBudget`] that can grow; released on drop.
@@ -167,7 +169,16 @@ impl BodyBudget {
             kib: Arc::new(tokio::sync::Semaphore::new(total_kib as usize)),
             total_kib,
             stream_hold: STREAM_RESERVE + store_write_buffer,
+            store_write_buffer,
         }
+    }
+
+    /// Grows `held`, a whole body's reservation, by the sealed copy the blob store
+    /// collects while that body is written (at most its write buffer): a whole-body
+    /// write holds both at once.
+    pub fn hold_store_copy(&self, held: &mut Reservation, body_len: u64) -> Result<(), ApiError> {
+        let copy = body_len.min(self.store_write_buffer);
+        self.grow(held, body_len + copy)
     }
 
     /// Bytes not reserved by any request now (whole KiB).
@@ -468,6 +479,32 @@ mod tests {
                 left.map(Duration::from_millis),
                 "{waits:?} {received}"
             );
+        }
+    }
+
+    #[test]
+    fn a_whole_body_write_holds_its_store_copy_too() {
+        const KIB: u64 = 1024;
+        // (budget, store write buffer, body, KiB taken by another request,
+        //  held afterwards in KiB or None = refused)
+        let cases: &[(u64, u64, u64, u64, Option<u64>)] = &[
+            // The copy is the body's size up to the store's buffer.
+            (1024, 256, 100, 0, Some(200)),
+            (1024, 256, 400, 0, Some(656)),
+            // What does not fit beside other requests is refused (429), not overdrawn.
+            (1024, 256, 400, 500, None),
+            // Alone, a body that fits the budget is never refused for its copy.
+            (1024, 256, 900, 0, Some(1024)),
+        ];
+        for &(budget, buffer, body, taken, held) in cases {
+            let b = BodyBudget::new(budget * KIB, buffer * KIB);
+            let _other = b.reserve(taken * KIB).unwrap();
+            let mut r = b.reserve(body * KIB).unwrap();
+            let got = b
+                .hold_store_copy(&mut r, body * KIB)
+                .ok()
+                .map(|()| r.kib as u64);
+            assert_eq!(got, held, "{budget} {buffer} {body} {taken}");
         }
     }
 

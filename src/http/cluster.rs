@@ -57,6 +57,9 @@ pub(super) async fn handle(
             )),
         },
         ClusterAction::PutState => {
+            app.body_budget
+                .hold_store_copy(&mut held, read as u64)
+                .map_err(&fail)?;
             // 4. parse serial/lineage (400), 5. conflict rules inside the commit.
             let serial = svc.put_state(&who, body).await.map_err(&fail)?;
             Reply::json(200, serde_json::json!({ "serial": serial }).to_string())

@@ -287,8 +287,9 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     }
     println!(
         "Not stored in blobs, so NOT in the new index: locks (every workspace starts unlocked), \
-         tombstones (a deleted state shows its last version again), the audit log, and the \
-         cluster API's orgs, users, tokens, clusters and leases."
+         tombstones (a deleted state shows its last version again), the audit log, operators \
+         and their tokens, web UI sessions, drift run history, and the cluster API's orgs, \
+         users, tokens, clusters and leases. `stategate restore` (from a backup) has them."
     );
     print_swap(config, into);
     Ok(())

@@ -235,7 +235,8 @@ impl LocalSink {
         self.pending_len = 0;
         let (tmp, path) = (self.tmp.clone(), self.path.clone());
         let abandoned = self.abandoned.clone();
-        let file = blocking(move || {
+        let (reply, replied) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_blocking(move || {
             let dir = path.parent().expect("blob path has a parent");
             let result = (|| {
                 let mut file = match file {
@@ -252,20 +253,23 @@ impl LocalSink {
                 }
                 Ok(file)
             })();
-            if seal && result.is_ok() {
-                // The next version of this workspace lands in this directory: give it a
-                // spare, created beside this reply rather than on the next write's path.
-                let dir = dir.to_path_buf();
-                tokio::task::spawn_blocking(move || make_spare(&dir));
-            }
             if abandoned.load(SeqCst) {
                 let _ = std::fs::remove_file(&tmp);
             }
-            result.map_err(|e: std::io::Error| {
+            let made = seal && result.is_ok();
+            let _ = reply.send(result.map_err(|e: std::io::Error| {
                 BlobError::Failed(format!("write {}: {e}", path.display()))
-            })
-        })
-        .await?;
+            }));
+            if made {
+                // The next version of this workspace lands in this directory: give it a
+                // spare, made by this thread after the reply went out (neither on the
+                // next write's path nor a second trip to the pool).
+                make_spare(dir);
+            }
+        });
+        let file = replied
+            .await
+            .map_err(|_| BlobError::Failed("blob task failed".into()))??;
         self.file = Some(file);
         Ok(())
     }

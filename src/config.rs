@@ -456,6 +456,9 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
 }
 
+/// Most request threads `threads` may ask for.
+const MAX_THREADS: usize = 1024;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -484,6 +487,8 @@ pub struct Config {
     pub body_min_bytes_per_second: u64,
     /// Seconds in-flight requests get to finish on SIGTERM.
     pub shutdown_grace_seconds: u64,
+    /// Threads serving requests; 0 (the default) is one per CPU.
+    pub threads: usize,
     pub store: StoreConfig,
     pub upstream: UpstreamConfig,
     pub tls: TlsConfig,
@@ -510,6 +515,7 @@ impl Default for Config {
             body_read_timeout_seconds: 30,
             body_min_bytes_per_second: 32 * 1024,
             shutdown_grace_seconds: 10,
+            threads: 0,
             store: StoreConfig::default(),
             upstream: UpstreamConfig::default(),
             tls: TlsConfig::default(),
@@ -555,6 +561,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "body_min_bytes_per_second",
     ),
     ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
+    ("STATEGATE_THREADS", "threads"),
     ("STATEGATE_STORE", "store.kind"),
     ("STATEGATE_STORE_PATH", "store.path"),
     ("STATEGATE_S3_ENDPOINT", "store.s3.endpoint"),
@@ -716,6 +723,7 @@ impl Config {
             "body_read_timeout_seconds" => self.body_read_timeout_seconds = num(value)?,
             "body_min_bytes_per_second" => self.body_min_bytes_per_second = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
+            "threads" => self.threads = num(value)? as usize,
             "store.kind" => {
                 self.store.kind = match value {
                     "local" => StoreKind::Local,
@@ -773,6 +781,11 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.threads > MAX_THREADS {
+            return Err(ConfigError::Invalid(format!(
+                "threads must be at most {MAX_THREADS} (0 = one per CPU)"
+            )));
+        }
         if self.max_state_bytes == 0 || self.max_view_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "max_state_bytes and max_view_bytes must be > 0".into(),
@@ -836,6 +849,15 @@ impl Config {
         self.dek_file
             .clone()
             .unwrap_or_else(|| self.data_dir.join("dek"))
+    }
+
+    /// Threads serving requests: `threads`, or one per CPU when it is 0. (Request
+    /// work — hashing, sealing, parsing — runs on these; pingora's default is one.)
+    pub fn serve_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
     }
 
     pub fn db_path(&self) -> PathBuf {
@@ -915,6 +937,19 @@ mod tests {
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.db_path(), PathBuf::from("/tmp/x/stategate.db"));
         assert_eq!(c.max_state_bytes, 10);
+    }
+
+    #[test]
+    fn request_threads_default_to_one_per_cpu() {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(Config::default().serve_threads(), cpus);
+        let c = with_env(&[("STATEGATE_THREADS", "3")]).unwrap();
+        assert_eq!(c.serve_threads(), 3);
+        let err = with_env(&[("STATEGATE_THREADS", "5000")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("threads must be at most 1024"), "{err}");
+        assert!(with_env(&[("STATEGATE_THREADS", "-1")]).is_err());
     }
 
     #[test]

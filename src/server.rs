@@ -271,6 +271,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // left, so the sleep is only the bound for requests that do not finish. Runtime
     // shutdown then waits at most a second for blocking work.
     let conf = ServerConf {
+        threads: config.serve_threads(),
         grace_period_seconds: Some(config.shutdown_grace_seconds),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()

@@ -206,11 +206,13 @@ fn durable_write(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// Fsynced 100 KiB blob writes per second with `writers` threads, each in its own
-/// directory (a workspace's blobs share one directory in `LocalStore`).
-fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> f64 {
+/// directory (a workspace's blobs share one directory in `LocalStore`), and the CPU
+/// seconds each write took (user + kernel: the file's creation, the copy, the fsyncs).
+fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> (f64, f64) {
     let root = tempfile::tempdir_in(base).unwrap();
     let data = vec![0xa5u8; 100 * KIB];
     let done = AtomicU64::new(0);
+    let cpu = cpu_seconds_of("/proc/self/stat");
     let started = Instant::now();
     std::thread::scope(|s| {
         for w in 0..writers {
@@ -227,7 +229,12 @@ fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> f64 {
             });
         }
     });
-    done.load(Relaxed) as f64 / started.elapsed().as_secs_f64()
+    let writes = done.load(Relaxed) as f64;
+    let cpu = cpu_seconds_of("/proc/self/stat") - cpu;
+    (
+        writes / started.elapsed().as_secs_f64(),
+        cpu / writes.max(1.0),
+    )
 }
 
 /// A database in `dir` with the engine's tables and the pragmas of `store/db.rs`.
@@ -413,6 +420,8 @@ async fn s3_floor(report: &mut Report, cell: Duration) {
 
 struct Floors {
     fsync: Vec<(usize, f64)>,
+    /// CPU seconds per fsynced blob write, by writer count (as `fsync`).
+    write_cpu: Vec<(usize, f64)>,
     sqlite: f64,
     /// [`cycle_floor`]: cycles/s of the durable steps alone, one writer.
     cycle: f64,
@@ -426,25 +435,36 @@ struct Floors {
 impl Floors {
     /// The fsync floor with `writers` writers (the nearest measured count at or below).
     fn fsync_for(&self, writers: usize) -> f64 {
-        self.fsync
-            .iter()
-            .rfind(|(w, _)| *w <= writers)
-            .map_or(0.0, |(_, r)| *r)
+        nearest_at_or_below(&self.fsync, writers)
     }
+
+    /// CPU seconds of one fsynced blob write with `writers` writers.
+    fn write_cpu_for(&self, writers: usize) -> f64 {
+        nearest_at_or_below(&self.write_cpu, writers)
+    }
+}
+
+/// The figure measured with the nearest writer count at or below `writers`.
+fn nearest_at_or_below(by_writers: &[(usize, f64)], writers: usize) -> f64 {
+    by_writers
+        .iter()
+        .rfind(|(w, _)| *w <= writers)
+        .map_or(0.0, |(_, r)| *r)
 }
 
 async fn floors(opts: &Opts, report: &mut Report) -> Floors {
     println!("\n== floor (this disk, this CPU, same run)");
-    let mut fsync = Vec::new();
+    let (mut fsync, mut write_cpu) = (Vec::new(), Vec::new());
     for writers in [1, 8, 64] {
-        let rate = fsync_floor(&opts.base, writers, opts.cell());
+        let (rate, cpu) = fsync_floor(&opts.base, writers, opts.cell());
         report.row(
             format!("floor: fsynced 100 KiB blob writes, {writers} writer(s)"),
-            format!("{rate:.0}/s"),
+            format!("{rate:.0}/s ({:.0} µs CPU each)", cpu * 1e6),
             "-".into(),
             "-".into(),
         );
         fsync.push((writers, rate));
+        write_cpu.push((writers, cpu));
     }
     let sqlite = sqlite_floor(&opts.base, opts.cell());
     report.row(
@@ -478,6 +498,7 @@ async fn floors(opts: &Opts, report: &mut Report) -> Floors {
     s3_floor(report, opts.cell()).await;
     Floors {
         fsync,
+        write_cpu,
         sqlite,
         cycle,
         get_cpu,
@@ -890,16 +911,19 @@ async fn cycle_phase(
             );
         }
         if let (Some(f), true) = (floors, workspaces > 1) {
-            // Every cycle needs its POST's CPU floor on some core, and the load generator
-            // (on the same cores here) its measured share: no server can go faster.
+            // Every cycle needs its POST's CPU floor and its blob write's CPU on some
+            // core, and the load generator (on the same cores here) its measured share:
+            // no server can go faster. (Commits are left out: group commit shares them.)
             let generator = own_cpu / st.cycles.max(1) as f64;
+            let write = f.write_cpu_for(workspaces);
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-            let ceiling = cores / (1.0 / f.post_cpu + generator);
+            let ceiling = cores / (1.0 / f.post_cpu + write + generator);
             report.row(
-                format!("ceiling: {clients} clients if the server spent only the POST CPU floor per cycle"),
+                format!("ceiling: {clients} clients if the server spent only the POST CPU floor and a blob write's CPU per cycle"),
                 format!(
-                    "{ceiling:.0}/s ({cores:.0} cores; {:.0} µs POST floor + {:.0} µs load generator per cycle)",
+                    "{ceiling:.0}/s ({cores:.0} cores; {:.0} µs POST floor + {:.0} µs blob write + {:.0} µs load generator per cycle)",
                     1e6 / f.post_cpu,
+                    write * 1e6,
                     generator * 1e6
                 ),
                 format!("{floor:.0} fsyncs/s"),

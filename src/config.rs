@@ -783,7 +783,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.threads > MAX_THREADS {
             return Err(ConfigError::Invalid(format!(
-                "threads must be at most {MAX_THREADS} (0 = one per CPU)"
+                "threads must be at most {MAX_THREADS} (0 = half the CPUs)"
             )));
         }
         if self.max_state_bytes == 0 || self.max_view_bytes == 0 {

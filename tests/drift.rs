@@ -655,9 +655,10 @@ async fn only_the_newest_runs_keep_their_plan_text_and_orphan_outputs_are_swept(
     assert!(err.to_string().contains("missing from the store"), "{err}");
 }
 
-#[tokio::test]
-async fn pruned_runs_stay_pruned_when_keep_outputs_is_raised_and_a_lost_output_stays_an_error() {
-    use stategate::drift::RunOutput;
+/// A server whose one check, `prod`, always finds drift and keeps no plan for approval
+/// (its runs' text is plain findings, under retention), keeping `keep` runs' text; and
+/// the scratch directory the check runs in, which must outlive it.
+async fn server_keeping_plain_findings(keep: u64) -> (tempfile::TempDir, TestServer) {
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path().to_path_buf();
     std::fs::write(dir.join("main.tf"), "").unwrap();
@@ -667,9 +668,16 @@ async fn pruned_runs_stay_pruned_when_keep_outputs_is_raised_and_a_lost_output_s
     prod.approve_apply = false;
     let server = TestServer::start_with(|c| {
         c.drift = vec![prod];
-        c.drift_settings.keep_outputs = 1;
+        c.drift_settings.keep_outputs = keep;
     })
     .await;
+    (scratch, server)
+}
+
+#[tokio::test]
+async fn pruned_runs_stay_pruned_when_keep_outputs_is_raised_and_a_lost_output_stays_an_error() {
+    use stategate::drift::RunOutput;
+    let (_scratch, server) = server_keeping_plain_findings(1).await;
     let drift = &server.app.drift;
     let mut runs = Vec::new();
     for _ in 0..4 {
@@ -733,18 +741,7 @@ fn store_lists(server: &TestServer) -> u64 {
 #[tokio::test]
 async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something() {
     use stategate::drift::RunOutput;
-    let scratch = tempfile::tempdir().unwrap();
-    let dir = scratch.path().to_path_buf();
-    std::fs::write(dir.join("main.tf"), "").unwrap();
-    std::fs::write(dir.join("input"), "changed").unwrap();
-    let tofu = fake_tofu(&dir).display().to_string();
-    let mut prod = check("prod", &dir, &tofu);
-    prod.approve_apply = false;
-    let server = TestServer::start_with(|c| {
-        c.drift = vec![prod];
-        c.drift_settings.keep_outputs = 1;
-    })
-    .await;
+    let (_scratch, server) = server_keeping_plain_findings(1).await;
     let drift = &server.app.drift;
     let pruned = |output: &RunOutput| matches!(output, RunOutput::Pruned { .. });
     let first = drift.check_now("prod", "test").await.unwrap();

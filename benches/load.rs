@@ -258,18 +258,23 @@ fn commit_one(conn: &rusqlite::Connection, sql: &str, n: i64) {
     conn.execute_batch("COMMIT").unwrap();
 }
 
+/// Runs `once(n)` for n = 0, 1, … until `cell` has passed; returns runs per second.
+fn per_second(cell: Duration, mut once: impl FnMut(i64)) -> f64 {
+    let started = Instant::now();
+    let mut n = 0i64;
+    while started.elapsed() < cell {
+        once(n);
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 /// Serial SQLite commits per second, each one INSERT into a table shaped like `versions`,
 /// with the pragmas of `store/db.rs`.
 fn sqlite_floor(base: &Path, cell: Duration) -> f64 {
     let dir = tempfile::tempdir_in(base).unwrap();
     let conn = floor_db(dir.path());
-    let started = Instant::now();
-    let mut n = 0i64;
-    while started.elapsed() < cell {
-        commit_one(&conn, FLOOR_VERSION_ROW, n);
-        n += 1;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
+    per_second(cell, |n| commit_one(&conn, FLOOR_VERSION_ROW, n))
 }
 
 /// One LOCK → POST → UNLOCK cycle's durable steps and nothing else, in sequence, one
@@ -284,9 +289,7 @@ fn cycle_floor(base: &Path, cell: Duration) -> f64 {
     let blobs = dir.path().join("blobs");
     std::fs::create_dir(&blobs).unwrap();
     let data = vec![0xa5u8; 100 * KIB];
-    let started = Instant::now();
-    let mut n = 0i64;
-    while started.elapsed() < cell {
+    per_second(cell, |n| {
         commit_one(
             &conn,
             "INSERT INTO locks VALUES ('floor', 'lock ' || ?1)",
@@ -299,9 +302,7 @@ fn cycle_floor(base: &Path, cell: Duration) -> f64 {
             "DELETE FROM locks WHERE workspace = 'floor' AND ?1 >= 0",
             n,
         );
-        n += 1;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
+    })
 }
 
 /// The CPU a GET of 100 KiB cannot avoid: read the blob from the page cache, AES-256-GCM
@@ -315,15 +316,11 @@ fn get_cpu_floor(base: &Path, cell: Duration) -> f64 {
     let sealed = cipher.encrypt(&nonce, &vec![b'x'; 100 * KIB][..]).unwrap();
     let path = dir.path().join("blob");
     std::fs::write(&path, &sealed).unwrap();
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed() < cell {
+    per_second(cell, |_| {
         let blob = std::fs::read(&path).unwrap();
         let plain = cipher.decrypt(&nonce, &blob[..]).unwrap();
         std::hint::black_box(sha2::Sha256::digest(&plain));
-        n += 1;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
+    })
 }
 
 /// The CPU a state POST of 100 KiB cannot avoid, with stategate's own code: verify
@@ -343,9 +340,7 @@ fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
         actor: "bench".into(),
         parent: None,
     };
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed() < cell {
+    per_second(cell, |_| {
         if md5 {
             std::hint::black_box(content_md5(&body));
         }
@@ -358,9 +353,7 @@ fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
             .finish(Some(meta.serial), Some(meta.lineage))
             .unwrap();
         std::hint::black_box((head, sealed, tail));
-        n += 1;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
+    })
 }
 
 /// Raw PUT and GET of 100 KiB objects straight on the S3 store given in the environment.

@@ -93,7 +93,7 @@ def test_restore_after_losing_the_data_dir(garage_env, check_binary, tmp_path, m
         assert out.stderr == "", out.stderr  # no log lines, and nothing to warn about
         latest = backup_ids(s)[-1]
         assert latest >= snapshot_id
-        # the swap, as the README says
+        # the swap, as docs/operating.md says
         shutil.move(str(new_db), str(db))
         s.start()
         # -- everything is back ------------------------------------------------

@@ -66,7 +66,7 @@ def test_use_lockfile_is_enforced_through_stategate(own_garage, server_factory, 
     result = straight.plan("-lock-timeout=0s", check=False)
     print(f"straight at Garage with the lock held: exit {result.returncode}")
     assert result.returncode == 0, (
-        "Garage now enforces If-None-Match; the baseline in README/this test should be revisited:\n"
+        "Garage now enforces If-None-Match; the baseline in docs/s3-front-door.md and this test should be revisited:\n"
         f"{result}")
 
     # After the (re-written, then removed) lock file is gone, stategate lets Terraform in again.

@@ -8,7 +8,7 @@ previews a rollback (the diff it would make) and confirms it (typing the name) a
 sees the new version, finds the resource by searching, force-unlocks the lock a
 SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows; screenshots go to the test's
 temp dir (and the workspace page to docs/ui-workspace.png when
-STATEGATE_UI_SCREENSHOT_OUT is set, for the README: `1` for that path, or a path).
+STATEGATE_UI_SCREENSHOT_OUT is set, for docs/web-ui.md: `1` for that path, or a path).
 
 Not skipped anywhere: without chromium, chromedriver or selenium the test fails
 (scripts/setup-test-deps.sh installs them). Run once, on the local store: the UI is
@@ -183,7 +183,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     assert "pw-v-" not in text, "no value in the audit log"
     page.shot("07-audit")
 
-    # The README's screenshot: the workspace page as an operator sees it.
+    # docs/web-ui.md's screenshot: the workspace page as an operator sees it.
     page.open(f"/ui/workspaces/{ws_name}")
     page.wait_text("Versions")
     shot = page.shot("08-workspace-final")

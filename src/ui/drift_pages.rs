@@ -231,7 +231,7 @@ pub fn drift(chrome: &Chrome, checks: &[CheckSummary], runs: &[Run], view: &Runs
             div.card.empty #no-checks {
                 "No drift checks are configured. Add a " code { "[[drift]]" } " entry (" code { "workspace" } ", "
                 code { "dir" } ", " code { "binary" } ", " code { "interval_seconds" } ") to the configuration file and restart stategate; "
-                "see docs/drift.md."
+                "see “Drift checks” in docs/drift.md."
             }
         } @else {
             (checks_table(chrome, checks))

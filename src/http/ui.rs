@@ -19,7 +19,8 @@ use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
 use crate::store::WriteOutcome;
 use crate::ui::drift_pages::{self, RunsView};
-use crate::ui::pages::{self, AuditForm, Chrome, Content, Notice, VersionsPage};
+use crate::ui::layout::Chrome;
+use crate::ui::pages::{self, AuditForm, Content, Notice, VersionsPage};
 use crate::ui::session::{self, UiSession};
 
 /// Largest form body (a token, a version number, a lock ID, a CSRF token).

@@ -1445,7 +1445,8 @@ async fn cross_site_wrong_replayed_and_throttled_logins_open_no_session() {
     let long = format!("sgo_{}", "A".repeat(3000));
     let right = env.token.clone();
     // (what, token, headers, status)
-    let table: Vec<(&str, &str, Vec<(&str, &str)>, u16)> = vec![
+    type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16);
+    let table: Vec<Row> = vec![
         (
             "evil origin",
             &right,

@@ -275,7 +275,8 @@ mod tests {
         let guard = LoginGuard::new(Limits::default(), Some("https://sg.example.net/"));
         let host = Some("127.0.0.1:8080");
         // (Origin, Sec-Fetch-Site, Host, admitted?)
-        let table: &[(Option<&str>, Option<&str>, Option<&str>, bool)] = &[
+        type Row<'a> = (Option<&'a str>, Option<&'a str>, Option<&'a str>, bool);
+        let table: &[Row] = &[
             (
                 Some("http://127.0.0.1:8080"),
                 Some("same-origin"),

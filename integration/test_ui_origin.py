@@ -35,7 +35,8 @@ OPERATOR = "origin-e2e@example.com"
 SECRET = "hunter2-sensitive-output"
 WS = "victim"
 
-# The attacker's object: its script reports into the title what it could do.
+# The attacker's object: its script reports into the title the CSRF token it read and
+# what the reveal returned next to the sensitive output's name.
 HOSTILE = """<!doctype html><html><head><title>hostile</title></head><body>
 <p>hostile object</p>
 <script>
@@ -52,7 +53,8 @@ HOSTILE = """<!doctype html><html><head><title>hostile</title></head><body>
     await fetch("/ui/workspaces/victim/rollback", {
       method: "POST", credentials: "include",
       body: new URLSearchParams({csrf, to: "1", confirm: "victim"})});
-    report((text.includes("hunter2-sensitive-output") ? "secret" : "nosecret") + " " + csrf);
+    const at = text.indexOf("db_password");
+    report(csrf + " " + (at < 0 ? "nothing" : text.slice(at, at + 300)));
   } catch (e) { report("error " + e); }
 })();
 </script></body></html>"""
@@ -155,7 +157,7 @@ def test_a_hostile_object_through_the_pass_through_cannot_use_the_ui(own_garage,
     page.wait_text("hostile object")
     time.sleep(3)  # the control below finishes well within this
     assert browser.title == "hostile", browser.title
-    assert SECRET not in browser.page_source
+    assert SECRET not in page.text()
     page.shot("hostile-sandboxed")
     assert audit_events(srv, "state.revealed") == 0
     assert audit_events(srv, "tf.rollback") == 0
@@ -172,7 +174,7 @@ def test_a_hostile_object_through_the_pass_through_cannot_use_the_ui(own_garage,
         report = browser.title
     finally:
         proxy.close()
-    assert report.startswith("report:secret csrf_"), f"the attack works without the header: {report}"
+    assert report.startswith("report:csrf_") and SECRET in report, f"the attack works without the header: {report}"
     assert audit_events(srv, "state.revealed") == 1
     assert audit_events(srv, "tf.rollback") == 1
     assert [r["version"] for r in srv.db_rows(WS)] == [1, 2, 3]

@@ -79,6 +79,10 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.wait_text("not a valid operator token")
     page.fill("input[name=token]", token)
     page.submit("form[action='/ui/login']")
+    # The login returns to the page asked for before it.
+    page.wait_text(OPERATOR, ws_name, "Versions")
+    assert browser.current_url.endswith(f"/ui/workspaces/{ws_name}"), browser.current_url
+    page.open("/ui/workspaces")
     text = page.wait_text("Workspaces", OPERATOR, ws_name)
     assert "unlocked" in text
     page.shot("01-workspaces")

@@ -499,6 +499,9 @@ pub struct Config {
     /// Drift checks (`[[drift]]`), run by `serve` on their interval and by `drift run`.
     pub drift: Vec<DriftCheck>,
     pub drift_settings: DriftSettings,
+    /// The bearer `/metrics` requires (`Authorization: Bearer …`); unset, anyone who
+    /// can connect may scrape it.
+    pub metrics_token: Option<Secret>,
 }
 
 impl Default for Config {
@@ -525,6 +528,7 @@ impl Default for Config {
             backup: BackupConfig::default(),
             drift: Vec::new(),
             drift_settings: DriftSettings::default(),
+            metrics_token: None,
         }
     }
 }
@@ -562,6 +566,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
     ("STATEGATE_THREADS", "threads"),
+    ("STATEGATE_METRICS_TOKEN", "metrics_token"),
     ("STATEGATE_STORE", "store.kind"),
     ("STATEGATE_STORE_PATH", "store.path"),
     ("STATEGATE_S3_ENDPOINT", "store.s3.endpoint"),
@@ -724,6 +729,7 @@ impl Config {
             "body_min_bytes_per_second" => self.body_min_bytes_per_second = num(value)?,
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
             "threads" => self.threads = num(value)? as usize,
+            "metrics_token" => self.metrics_token = opt(value).map(Secret::from),
             "store.kind" => {
                 self.store.kind = match value {
                     "local" => StoreKind::Local,

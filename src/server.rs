@@ -138,6 +138,11 @@ pub async fn build_app_with_clock(
         conditional: conditional_guard_for(config).await,
         inflight: crate::drain::Inflight::default(),
         tls: config.tls.cert_file.is_some(),
+        metrics_token: config.metrics_token.clone(),
+        login_guard: crate::http::login_guard::LoginGuard::new(
+            crate::http::login_guard::Limits::default(),
+            config.public_url.as_deref(),
+        ),
     }))
 }
 
@@ -345,15 +350,20 @@ pub async fn serve_listener(
     let conf = Arc::new(ServerConf::default());
     let proxy = Arc::new(pingora::proxy::http_proxy(&conf, Gateway::new(app)));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let proxy = proxy.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut session = ServerSession::new_http1(Box::new(
-                pingora::protocols::l4::stream::Stream::from(stream),
-            ));
+            use pingora::protocols::{GetSocketDigest, SocketDigest};
+            use std::os::fd::AsRawFd;
+            let mut stream = pingora::protocols::l4::stream::Stream::from(stream);
+            // As pingora's own listener does: the client's address (the login throttle's key).
+            let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+            let _ = digest.peer_addr.set(Some(peer.into()));
+            stream.set_socket_digest(digest);
+            let mut session = ServerSession::new_http1(Box::new(stream));
             session.set_keepalive(Some(60));
             let mut reused = proxy.process_new_http(session, &shutdown).await;
             while let Some((stream, _)) = reused.map(|r| r.consume()) {

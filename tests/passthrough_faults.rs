@@ -132,3 +132,47 @@ async fn silent_upstream_times_out_with_a_502() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_html_object_is_served_sandboxed_whatever_its_headers_say() {
+    // An object a bucket writer chose: HTML with a script, its own lax policy, a
+    // sniffing permission and a cookie for the UI's path.
+    const PAGE: &[u8] = b"<html><script>fetch('/ui/')</script></html>";
+    let (endpoint, upstream) = scripted_upstream(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Security-Policy: script-src *\r\nX-Content-Type-Options: sniff\r\nSet-Cookie: sg_session=planted; Path=/ui\r\nContent-Length: 43\r\n\r\n<html><script>fetch('/ui/')</script></html>",
+        false,
+    )
+    .await;
+    let s = server_for(endpoint, 5).await;
+    let resp = reqwest::Client::new()
+        .get(format!("{}/user-bucket/x.html", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let all = |name: &str| -> Vec<String> {
+        resp.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect()
+    };
+    // A browser enforces every policy it gets: the sandbox holds beside the upstream's.
+    assert_eq!(
+        all("content-security-policy"),
+        vec!["script-src *", "sandbox"]
+    );
+    assert_eq!(all("x-content-type-options"), vec!["nosniff"]);
+    assert!(
+        all("set-cookie").is_empty(),
+        "no cookie planted on the UI's origin"
+    );
+    assert!(all("strict-transport-security").is_empty(), "plain HTTP");
+    assert_eq!(
+        all("content-type"),
+        vec!["text/html"],
+        "the bytes are unchanged"
+    );
+    assert_eq!(&resp.bytes().await.unwrap()[..], PAGE);
+    upstream.await.unwrap();
+}

@@ -88,6 +88,17 @@ impl Env {
         cookie: Option<&str>,
         form: Option<&[(&str, &str)]>,
     ) -> Response {
+        self.send_with(method, path, cookie, form, &[]).await
+    }
+
+    async fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        cookie: Option<&str>,
+        form: Option<&[(&str, &str)]>,
+        headers: &[(&str, &str)],
+    ) -> Response {
         let mut req = self.http.request(
             method.parse().unwrap(),
             format!("{}{path}", self.server.base),
@@ -97,6 +108,9 @@ impl Env {
         }
         if let Some(fields) = form {
             req = req.form(fields);
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         let resp = req.send().await.unwrap();
         Response {
@@ -1386,4 +1400,277 @@ async fn a_run_whose_plan_text_was_pruned_says_so() {
     );
     let page = env.page(&format!("/ui/drift/{}", new.id), &cookie).await;
     assert!(page.contains("human text of the saved plan"), "{page}");
+}
+
+/// A login as a browser on another site (or a script) would send it.
+async fn login_as(env: &Env, token: &str, headers: &[(&str, &str)]) -> Response {
+    env.send_with(
+        "POST",
+        "/ui/login",
+        None,
+        Some(&[("token", token)]),
+        headers,
+    )
+    .await
+}
+
+fn sessions_and_logins(env: &Env) -> (i64, i64) {
+    (
+        env.server.count("SELECT count(*) FROM ui_sessions"),
+        env.server
+            .count("SELECT count(*) FROM audit WHERE event = 'ui.login'"),
+    )
+}
+
+#[tokio::test]
+async fn cross_site_wrong_replayed_and_throttled_logins_open_no_session() {
+    let env = Env::start_with_app(|app| {
+        app.login_guard = stategate::http::login_guard::LoginGuard::new(
+            stategate::http::login_guard::Limits {
+                per_client_burst: 30,
+                ..Default::default()
+            },
+            None,
+        )
+    })
+    .await;
+    let host = env.server.base.trim_start_matches("http://").to_string();
+    let own = format!("http://{host}");
+    // A token that once logged in and was revoked since: replaying it opens nothing.
+    let replayed = env.server.operator_token(OPS).await;
+    assert_eq!(login_as(&env, &replayed, &[]).await.status, 303);
+    env.server.revoke_operator_token(&replayed).await;
+    let before = sessions_and_logins(&env);
+    let well_shaped = format!("sgo_{}", "A".repeat(43));
+    let long = format!("sgo_{}", "A".repeat(3000));
+    let right = env.token.clone();
+    // (what, token, headers, status)
+    type Row<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16);
+    let table: Vec<Row> = vec![
+        (
+            "evil origin",
+            &right,
+            vec![("Origin", "https://evil.example")],
+            403,
+        ),
+        (
+            "cross-site fetch",
+            &right,
+            vec![("Sec-Fetch-Site", "cross-site")],
+            403,
+        ),
+        (
+            "evil origin, cross-site fetch",
+            &right,
+            vec![
+                ("Origin", "https://evil.example"),
+                ("Sec-Fetch-Site", "cross-site"),
+            ],
+            403,
+        ),
+        (
+            "same-site fetch",
+            &right,
+            vec![("Sec-Fetch-Site", "same-site")],
+            403,
+        ),
+        ("sandboxed document", &right, vec![("Origin", "null")], 403),
+        (
+            "own host, other port",
+            &right,
+            vec![("Origin", "http://127.0.0.1:1")],
+            403,
+        ),
+        ("wrong token", &well_shaped, vec![("Origin", &own)], 401),
+        ("workspace-style token", "sgp_nope", vec![], 401),
+        ("overlong token", &long, vec![], 401),
+        ("empty token", "", vec![], 401),
+        (
+            "replayed revoked token",
+            &replayed,
+            vec![("Origin", &own)],
+            401,
+        ),
+    ];
+    for (what, token, headers, want) in &table {
+        let r = login_as(&env, token, headers).await;
+        assert_eq!(r.status, *want, "{what}: {}", r.body);
+        assert!(r.set_cookie().is_none(), "{what}: no cookie");
+        assert!(!r.body.contains(&right), "{what}");
+        assert_security_headers(&r, what);
+    }
+    assert_eq!(sessions_and_logins(&env), before, "nothing opened");
+
+    // Our own page's login (the headers a browser sends) gets in.
+    let r = login_as(
+        &env,
+        &right,
+        &[("Origin", &own), ("Sec-Fetch-Site", "same-origin")],
+    )
+    .await;
+    assert_eq!((r.status, r.location()), (303, Some("/ui/")), "{}", r.body);
+    assert_eq!(
+        env.server.count("SELECT count(*) FROM ui_sessions"),
+        before.0 + 1
+    );
+}
+
+#[tokio::test]
+async fn logins_are_throttled_per_client_with_retry_after_and_open_nothing() {
+    let env = Env::start().await;
+    // 60 wrong tokens at once, as in the report: the first ten are checked, the rest
+    // get 429 with Retry-After.
+    let wrong = format!("sgo_{}", "B".repeat(43));
+    let mut statuses = Vec::new();
+    for _ in 0..60 {
+        let r = env.login_with(&wrong).await;
+        if r.status == 429 {
+            let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+            assert!((1..=60).contains(&retry), "{retry}");
+            assert!(r.body.contains("Too many login attempts"), "{}", r.body);
+            assert_security_headers(&r, "throttled");
+        }
+        statuses.push(r.status);
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 10);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 50);
+    // Throttled, even the right token opens nothing.
+    let r = env.login_with(&env.token).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.set_cookie().is_none());
+    assert_eq!(sessions_and_logins(&env), (0, 0));
+}
+
+#[tokio::test]
+async fn all_clients_together_are_throttled_too() {
+    let env = Env::start_with_app(|app| {
+        app.login_guard = stategate::http::login_guard::LoginGuard::new(
+            stategate::http::login_guard::Limits {
+                global_burst: 3,
+                global_every: std::time::Duration::from_secs(60),
+                ..Default::default()
+            },
+            None,
+        )
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(env.login_with("sgo_wrong").await.status, 401);
+    }
+    let r = env.login_with(&env.token).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.headers["retry-after"], "60");
+    assert_eq!(sessions_and_logins(&env), (0, 0));
+}
+
+#[tokio::test]
+async fn an_obviously_bad_token_is_refused_without_waiting_for_the_writer() {
+    let env = Env::start().await;
+    // The single SQLite writer is busy for three seconds.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let app = env.server.app.clone();
+    let busy = tokio::spawn(async move {
+        app.operator
+            .admin_write(move |_| {
+                let _ = started_tx.send(());
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                Ok(())
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let t = std::time::Instant::now();
+    for bad in ["sgo_wrong", "sgp_x", "", &"sgo_x".repeat(500)] {
+        assert_eq!(env.login_with(bad).await.status, 401, "{} bytes", bad.len());
+    }
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "answered without the writer: {:?}",
+        t.elapsed()
+    );
+    // Control: a well-shaped token is looked up by the writer, so it waits for it.
+    let r = env.login_with(&format!("sgo_{}", "C".repeat(43))).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(2500),
+        "{:?}",
+        t.elapsed()
+    );
+    busy.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn login_returns_to_the_ui_page_asked_for_and_nowhere_else() {
+    let env = seeded().await;
+    // Asked for a page without a session: sent to login, the page remembered.
+    let r = env
+        .send("GET", "/ui/workspaces/prod/diff?from=1&to=2", None, None)
+        .await;
+    assert_eq!((r.status, r.location()), (303, Some("/ui/login")));
+    let remembered = r.set_cookie().expect("the page is remembered").to_string();
+    for flag in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/ui/login",
+        "Max-Age=600",
+    ] {
+        assert!(remembered.contains(flag), "{remembered} lacks {flag}");
+    }
+    let value = remembered.split(';').next().unwrap().to_string();
+    assert_eq!(value, "sg_return=/ui/workspaces/prod/diff?from=1&to=2");
+    let r = env
+        .send_with(
+            "POST",
+            "/ui/login",
+            None,
+            Some(&[("token", &env.token)]),
+            &[("Cookie", &value)],
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod/diff?from=1&to=2"))
+    );
+    let cookies: Vec<_> = r
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        cookies.iter().any(|c| c.starts_with("sg_session=")),
+        "{cookies:?}"
+    );
+    assert!(
+        cookies
+            .iter()
+            .any(|c| c.starts_with("sg_return=;") && c.contains("Max-Age=0")),
+        "the remembered page is forgotten: {cookies:?}"
+    );
+
+    // A form target is not remembered, and a planted cookie naming anything but a UI
+    // page is not followed.
+    let r = env
+        .send("POST", "/ui/workspaces/prod/unlock", None, Some(&[]))
+        .await;
+    assert_eq!(r.location(), Some("/ui/login"));
+    assert!(r.set_cookie().is_none());
+    for planted in [
+        "sg_return=https://evil.example/",
+        "sg_return=//evil.example/ui/",
+        "sg_return=/ui//evil.example",
+        "sg_return=/api/v1/admin/workspaces",
+        "sg_return=/ui/logout",
+    ] {
+        let r = env
+            .send_with(
+                "POST",
+                "/ui/login",
+                None,
+                Some(&[("token", &env.token)]),
+                &[("Cookie", planted)],
+            )
+            .await;
+        assert_eq!((r.status, r.location()), (303, Some("/ui/")), "{planted}");
+    }
 }

@@ -402,7 +402,12 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
     header.insert_header(http::header::CONTENT_LENGTH, len.to_string())?;
     header.insert_header(http::header::CACHE_CONTROL, "no-store")?;
     for (name, value) in reply.headers {
-        header.insert_header(name, value)?;
+        if name.eq_ignore_ascii_case("set-cookie") {
+            // One header per cookie (RFC 6265); they must not replace each other.
+            header.append_header(name, value)?;
+        } else {
+            header.insert_header(name, value)?;
+        }
     }
     if !keepalive {
         session.set_keepalive(None);

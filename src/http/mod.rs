@@ -4,14 +4,18 @@
 //! The rooms: `router` parses a request line, `tofu` and `cluster` frame the two
 //! APIs, `admin` and `ui` the operator API and the web UI, `pass_through` decides
 //! S3 requests (with `upstream` and `conditional`), `body` reads bounded bodies and
-//! writes replies. None of them touch SQL or blobs; they call the domain modules
-//! with plain values.
+//! writes replies, `edge` bounds every request's head and completes every answer's
+//! security headers (the pass-through's bytes never run with the UI's authority),
+//! `login_guard` refuses cross-site and too frequent logins. None of them touch SQL
+//! or blobs; they call the domain modules with plain values.
 
 mod admin;
 pub mod auth;
 pub mod body;
 mod cluster;
 pub mod conditional;
+pub mod edge;
+pub mod login_guard;
 mod params;
 pub mod pass_through;
 pub mod router;
@@ -25,6 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
@@ -61,6 +66,10 @@ pub struct App {
     pub tls: bool,
     /// Drift checks: history, on-demand runs and approvals (admin API), metrics.
     pub drift: crate::drift::DriftService,
+    /// The bearer `/metrics` requires; `None` serves it to anyone who can connect.
+    pub metrics_token: Option<crate::config::Secret>,
+    /// Cross-site refusal and throttling of UI logins.
+    pub login_guard: login_guard::LoginGuard,
 }
 
 /// The pingora service.
@@ -104,6 +113,19 @@ impl ProxyHttp for Gateway {
         let rate = self.app.body_limits.min_bytes_per_second;
         session.set_min_send_rate(Some(rate.clamp(1, usize::MAX as u64) as usize));
         let header = session.req_header();
+        if edge::head_too_large(header) {
+            // Before routing: no route buffers or parses an oversized head any further.
+            let mut reply = Reply::json(
+                431,
+                r#"{"error":"request header fields too large (at most 16 KiB per line, 64 KiB in all)"}"#,
+            );
+            edge::finish_local(&mut reply.headers, self.app.tls);
+            ctx.route = "invalid";
+            self.app.metrics.observe(ctx.route, 431, 0.0);
+            tracing::info!(route = ctx.route, status = 431, "request head too large");
+            write_reply(session, reply, false).await?;
+            return Ok(true);
+        }
         let method = header.method.as_str().to_string();
         let path = header.uri.path().to_string();
         let query = header.uri.query().map(str::to_string);
@@ -138,11 +160,12 @@ impl ProxyHttp for Gateway {
             Err(e) => Handled::unread(error_reply(&e)),
         };
         let Handled {
-            reply,
+            mut reply,
             bytes_in,
             keepalive,
             held,
         } = handled;
+        edge::finish_local(&mut reply.headers, self.app.tls);
         let bytes_out = reply.body.len();
         let status = reply.status;
         write_reply(session, reply, keepalive).await?;
@@ -239,7 +262,8 @@ impl ProxyHttp for Gateway {
                 ),
             };
             let path = session.req_header().uri.path().to_string();
-            let reply = s3_reply(status, code, message, &path);
+            let mut reply = s3_reply(status, code, message, &path);
+            edge::finish_local(&mut reply.headers, self.app.tls);
             tracing::warn!(error = %e, status, "pass-through failed");
             match write_reply(session, reply, false).await {
                 Ok(()) => status,
@@ -250,6 +274,16 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        // Only forwarded answers pass here: local ones leave through `write_reply`.
+        edge::finish_proxied(upstream_response, self.app.tls)
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
@@ -289,9 +323,26 @@ impl Gateway {
             .await
     }
 
+    /// May this request read `/metrics`: no token configured, or it presents that bearer.
+    fn may_scrape(&self, session: &Session) -> bool {
+        self.app
+            .metrics_token
+            .as_ref()
+            .is_none_or(|token| auth::is_authorized(auth::authorization(session), token.expose()))
+    }
+
     async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> Handled {
         match endpoint {
             Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
+            Endpoint::Metrics if !self.may_scrape(session) => {
+                // The same answer for a missing and a wrong bearer; nothing is read.
+                let mut reply = error_reply(&crate::error::ApiError::Unauthorized);
+                reply.headers.push((
+                    "WWW-Authenticate",
+                    "Bearer realm=\"stategate metrics\"".into(),
+                ));
+                Handled::done(reply, 0)
+            }
             Endpoint::Metrics => Handled::done(
                 Reply {
                     stream: None,

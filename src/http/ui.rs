@@ -1,5 +1,6 @@
 //! HTTP framing for the web UI (`crate::ui`): the session cookie first (no session →
-//! 303 to the login page, before anything is read or shown), then the form body
+//! 303 to the login page, before anything is read or shown; a login first passes
+//! `login_guard`: same origin, not throttled, an operator token's shape), then the form body
 //! (bounded, urlencoded) and its CSRF token, then one `Operations` (or, for drift,
 //! `DriftService`) call and its page.
 //! Every answer carries the UI's security headers. No SQL or blobs here.
@@ -9,6 +10,7 @@ use maud::Markup;
 use pingora::proxy::Session;
 
 use super::body::{read_body, Handled, Reply};
+use super::login_guard::{self, LoginRequest, Refusal};
 use super::params::{number, required, workspace};
 use super::router::UiRoute;
 use super::App;
@@ -19,7 +21,8 @@ use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
 use crate::store::WriteOutcome;
 use crate::ui::drift_pages::{self, RunsView};
-use crate::ui::pages::{self, AuditForm, Chrome, Content, Notice, VersionsPage};
+use crate::ui::layout::Chrome;
+use crate::ui::pages::{self, AuditForm, Content, Notice, VersionsPage};
 use crate::ui::session::{self, UiSession};
 
 /// Largest form body (a token, a version number, a lock ID, a CSRF token).
@@ -34,10 +37,12 @@ const DRIFT_RUNS: u32 = 50;
 const LOGIN: &str = "/ui/login";
 
 /// Sent with every UI response (`Cache-Control: no-store` is on every local reply).
+/// The UI runs no script at all: `script-src 'none'` also keeps a page of ours from
+/// ever loading one the pass-through serves from this origin.
 const SECURITY_HEADERS: [(&str, &str); 3] = [
     (
         "Content-Security-Policy",
-        "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+        "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
     ),
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "same-origin"),
@@ -46,8 +51,10 @@ const SECURITY_HEADERS: [(&str, &str); 3] = [
 /// What a UI handler answers, before the security headers.
 enum Answer {
     Page(u16, Markup),
-    /// 303 to a path of ours, optionally setting a cookie.
-    Redirect(String, Option<String>),
+    /// 303 to a path of ours, setting these cookies.
+    Redirect(String, Vec<String>),
+    /// 429: too many logins; retry after this many seconds.
+    Throttled(u64),
     Stylesheet,
     /// A version's content as a download.
     File {
@@ -60,12 +67,20 @@ impl Answer {
     fn into_reply(self) -> Reply {
         let mut reply = match self {
             Answer::Page(status, markup) => html(status, markup),
-            Answer::Redirect(to, cookie) => {
+            Answer::Redirect(to, cookies) => {
                 let mut r = html(303, maud::html! { a href=(to) { "Continue" } });
                 r.headers.push(("Location", to));
-                if let Some(c) = cookie {
+                for c in cookies {
                     r.headers.push(("Set-Cookie", c));
                 }
+                r
+            }
+            Answer::Throttled(seconds) => {
+                let message = format!(
+                    "Too many login attempts; try again in {seconds} s. Nothing was checked."
+                );
+                let mut r = html(429, pages::login(Some(&message)));
+                r.headers.push(("Retry-After", seconds.to_string()));
                 r
             }
             Answer::Stylesheet => Reply {
@@ -109,6 +124,45 @@ fn cookie_value(session: &Session) -> Option<String> {
         .filter_map(|v| v.to_str().ok())
         .find_map(session::from_cookie_header)
         .map(str::to_string)
+}
+
+/// Name of the cookie that remembers the page a login should return to. Sent only
+/// to the login form's path, and only a UI page (`login_guard::return_path`) is
+/// ever stored in it or followed from it.
+const RETURN_COOKIE: &str = "sg_return";
+/// How long the page to return to is remembered (seconds).
+const RETURN_SECONDS: u32 = 600;
+
+fn return_cookie(path: &str, max_age: u32, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!("{RETURN_COOKIE}={path}; HttpOnly; SameSite=Strict; Path={LOGIN}; Max-Age={max_age}{secure}")
+}
+
+/// The page the login should return to, from the request's cookies.
+fn return_to(session: &Session) -> Option<String> {
+    session
+        .req_header()
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|h| h.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == RETURN_COOKIE)
+        .and_then(|(_, value)| login_guard::return_path(value.trim()))
+        .map(str::to_string)
+}
+
+/// Where a request without a session goes: the login form, remembering a page it
+/// asked for (only a GET of a UI page) so the login can return there.
+fn to_login(app: &App, session: &Session) -> Answer {
+    let request = session.req_header();
+    let remembered = (request.method == http::Method::GET)
+        .then(|| request.uri.path_and_query().map(|p| p.as_str()))
+        .flatten()
+        .and_then(login_guard::return_path)
+        .map(|page| return_cookie(page, RETURN_SECONDS, app.tls));
+    Answer::Redirect(LOGIN.into(), remembered.into_iter().collect())
 }
 
 fn error_page(chrome: Option<&Chrome>, e: &ApiError) -> Answer {
@@ -170,7 +224,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
         (UiRoute::LoginForm, Some(_)) => (redirect("/ui/"), 0, false),
         (UiRoute::LoginForm, None) => (Answer::Page(200, pages::login(None)), 0, false),
         (UiRoute::Login, _) => login(app, session, now).await,
-        (_, None) => (redirect(LOGIN), 0, false),
+        (_, None) => (to_login(app, session), 0, false),
         (_, Some(me)) => {
             let chrome = Chrome {
                 email: &me.operator.email,
@@ -203,7 +257,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
 }
 
 fn redirect(to: &str) -> Answer {
-    Answer::Redirect(to.to_string(), None)
+    Answer::Redirect(to.to_string(), Vec::new())
 }
 
 /// A decoded form body (the first value of each name).
@@ -230,12 +284,42 @@ async fn read_form(app: &App, session: &mut Session) -> Result<Form, ApiError> {
 }
 
 async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bool) {
+    // Before the body is read or the token looked at: a login from another site's
+    // page, or one too many, is refused here and costs the writer nothing.
+    let headers = &session.req_header().headers;
+    let header = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let request = LoginRequest {
+        origin: header(http::header::ORIGIN),
+        sec_fetch_site: headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()),
+        host: header(http::header::HOST),
+    };
+    let client = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    match app
+        .login_guard
+        .admit(request, client, std::time::Instant::now())
+    {
+        Ok(()) => {}
+        Err(Refusal::CrossSite) => {
+            let refused = ApiError::Forbidden(
+                "this login was not sent from this server's own login page; nothing was done"
+                    .into(),
+            );
+            return (error_page(None, &refused), 0, false);
+        }
+        Err(Refusal::Throttled { retry_after }) => {
+            return (Answer::Throttled(retry_after), 0, false);
+        }
+    }
     let form = match read_form(app, session).await {
         Ok(form) => form,
         Err(e) => return (error_page(None, &e), 0, false),
     };
     let token = form.get("token").unwrap_or("").trim().as_bytes().to_vec();
-    let opened = if token.is_empty() {
+    // A token that cannot be an operator token is refused like a wrong one, without a lookup.
+    let opened = if !login_guard::plausible_operator_token(&token) {
         Ok(None)
     } else {
         app.operator
@@ -243,10 +327,14 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
             .await
     };
     let answer = match opened {
-        Ok(Some(opened)) => Answer::Redirect(
-            "/ui/".into(),
-            Some(session::set_cookie(&opened.cookie_value, app.tls)),
-        ),
+        Ok(Some(opened)) => {
+            let mut cookies = vec![session::set_cookie(&opened.cookie_value, app.tls)];
+            let to = return_to(session);
+            if to.is_some() {
+                cookies.push(return_cookie("", 0, app.tls));
+            }
+            Answer::Redirect(to.unwrap_or_else(|| "/ui/".into()), cookies)
+        }
         Ok(None) => Answer::Page(
             401,
             pages::login(Some(
@@ -503,7 +591,7 @@ async fn action(
             }
             Ok(Answer::Redirect(
                 LOGIN.into(),
-                Some(session::clear_cookie(app.tls)),
+                vec![session::clear_cookie(app.tls)],
             ))
         }
         UiRoute::Reveal {

@@ -6,7 +6,7 @@
 
 use maud::{html, Markup};
 
-use super::pages::{
+use super::layout::{
     dash, exact_pattern, layout, layout_refreshing, unix_seconds, when, ws_href, Chrome,
 };
 use crate::drift::{Changes, CheckSummary, Kind, Outcome, Run, RunOutput};
@@ -54,7 +54,7 @@ fn changes_text(c: Option<Changes>) -> String {
 fn until(rfc3339: &str, now: i64) -> Markup {
     match unix_seconds(rfc3339) {
         Some(t) if t > now => {
-            let rel = super::pages::ago(t - now);
+            let rel = super::layout::ago(t - now);
             html! { time datetime=(rfc3339) title=(rfc3339) { "in " (rel.trim_end_matches(" ago")) } }
         }
         Some(_) => html! { time datetime=(rfc3339) title=(rfc3339) { "due now" } },
@@ -116,7 +116,7 @@ fn check_settings(c: &CheckSummary) -> String {
         0 => "on demand".to_string(),
         s => format!(
             "every {}",
-            super::pages::ago(s as i64).trim_end_matches(" ago")
+            super::layout::ago(s as i64).trim_end_matches(" ago")
         ),
     };
     let approval = if c.approve_apply {

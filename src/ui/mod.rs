@@ -9,10 +9,12 @@
 //!
 //! `session` keeps logins server-side (the only SQL here, on its own table);
 //! `pages` and `drift_pages` turn plain values into HTML (maud escapes every value it
-//! is given);
+//! is given), over `layout` (chrome, page layout, time and size formatting), which
+//! imports neither;
 //! `http::ui` is the pingora glue (cookies, forms, CSRF, security headers).
 
 pub mod drift_pages;
+pub mod layout;
 pub mod pages;
 pub mod session;
 

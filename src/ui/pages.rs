@@ -1,8 +1,8 @@
-//! The UI's HTML, from plain values: one function per page, one shared layout. maud
+//! The UI's HTML, from plain values: one function per page, in `layout`'s chrome. maud
 //! escapes every value interpolated with `(…)`; nothing here uses `PreEscaped`, so a
 //! workspace's `Who`, a lineage, an output or an audit payload is always text.
 
-use maud::{html, Markup, DOCTYPE};
+use maud::{html, Markup};
 use serde_json::Value;
 
 use crate::drift::CheckSummary;
@@ -12,12 +12,7 @@ use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSumma
 use crate::store::audit::AuditRow;
 use crate::store::VersionRow;
 
-/// What every signed-in page shows in its header, and the clock pages are rendered at.
-pub struct Chrome<'a> {
-    pub email: &'a str,
-    pub csrf: &'a str,
-    pub now: i64,
-}
+use super::layout::{ago, dash, exact_pattern, layout, size, when, ws_href, Chrome};
 
 /// A finished action, reported on the workspace page after its redirect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,108 +45,6 @@ pub struct AuditForm {
     pub event: String,
     pub since: String,
     pub until: String,
-}
-
-const PAGE_TITLE_SUFFIX: &str = " · stategate";
-
-pub(super) fn layout(title: &str, chrome: Option<&Chrome>, body: Markup) -> Markup {
-    layout_refreshing(title, chrome, None, body)
-}
-
-/// [`layout`] for a page that reloads itself every `refresh` seconds (a run still
-/// going; the UI has no JavaScript).
-pub(super) fn layout_refreshing(
-    title: &str,
-    chrome: Option<&Chrome>,
-    refresh: Option<u32>,
-    body: Markup,
-) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
-                title { (title) (PAGE_TITLE_SUFFIX) }
-                link rel="stylesheet" href="/ui/static/app.css";
-            }
-            body {
-                header.top {
-                    a.brand href="/ui/" { "stategate" }
-                    @if let Some(c) = chrome {
-                        nav {
-                            a href="/ui/workspaces" { "Workspaces" }
-                            a href="/ui/audit" { "Audit" }
-                            a href="/ui/clusters" { "Clusters" }
-                            a href="/ui/drift" { "Drift" }
-                            a href="/ui/search" { "Search" }
-                        }
-                        form method="post" action="/ui/logout" {
-                            span.who { (c.email) }
-                            input type="hidden" name="csrf" value=(c.csrf);
-                            button type="submit" { "Log out" }
-                        }
-                    }
-                }
-                main { (body) }
-            }
-        }
-    }
-}
-
-pub(super) fn unix_seconds(rfc3339: &str) -> Option<i64> {
-    time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-        .ok()
-        .map(|t| t.unix_timestamp())
-}
-
-/// `just now`, `42s ago`, `5 min ago`, `3 h ago`, `2 days ago`.
-pub fn ago(seconds: i64) -> String {
-    match seconds {
-        s if s < 1 => "just now".into(),
-        s if s < 120 => format!("{s}s ago"),
-        s if s < 2 * 3600 => format!("{} min ago", s / 60),
-        s if s < 2 * 86400 => format!("{} h ago", s / 3600),
-        s => format!("{} days ago", s / 86400),
-    }
-}
-
-/// A time in relative form, with the absolute time on hover.
-pub(super) fn when(rfc3339: &str, now: i64) -> Markup {
-    match unix_seconds(rfc3339) {
-        Some(t) => html! { time datetime=(rfc3339) title=(rfc3339) { (ago(now - t)) } },
-        None => html! { span.muted { (rfc3339) } },
-    }
-}
-
-/// `812 B`, `4.2 KiB`, `1.5 MiB`.
-pub fn size(bytes: i64) -> String {
-    match bytes {
-        b if b < 1024 => format!("{b} B"),
-        b if b < 1024 * 1024 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
-    }
-}
-
-pub(super) fn dash<T: std::fmt::Display>(value: Option<T>) -> String {
-    value.map_or_else(|| "–".into(), |v| v.to_string())
-}
-
-/// A regex matching exactly `text` (the `pattern` of a typed confirmation). Only
-/// syntax characters are escaped: browsers compile `pattern` in Unicode mode, where
-/// any other escape (`\-`) makes the whole pattern invalid and ignored.
-pub(super) fn exact_pattern(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escape = r"^$\.*+?()[]{}|/".contains(c);
-            escape.then_some('\\').into_iter().chain(std::iter::once(c))
-        })
-        .collect()
-}
-
-pub(super) fn ws_href(workspace: &str) -> String {
-    format!("/ui/workspaces/{workspace}")
 }
 
 fn version_href(workspace: &str, version: i64) -> String {
@@ -697,36 +590,6 @@ pub fn error(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn relative_times_and_sizes() {
-        let table = [
-            (0, "just now"),
-            (-30, "just now"),
-            (2, "2s ago"),
-            (42, "42s ago"),
-            (300, "5 min ago"),
-            (3 * 3600, "3 h ago"),
-            (5 * 86400, "5 days ago"),
-        ];
-        for (s, want) in table {
-            assert_eq!(ago(s), want, "{s}");
-        }
-        for (b, want) in [(812, "812 B"), (4300, "4.2 KiB"), (1572864, "1.5 MiB")] {
-            assert_eq!(size(b), want);
-        }
-    }
-
-    #[test]
-    fn confirmation_patterns_match_only_the_name() {
-        for (name, want) in [
-            ("prod", "prod"),
-            ("my.ws-1_x", r"my\.ws-1_x"),
-            ("a.b.c", r"a\.b\.c"),
-        ] {
-            assert_eq!(exact_pattern(name), want);
-        }
-    }
 
     #[test]
     fn values_are_escaped_everywhere() {

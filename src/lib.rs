@@ -17,5 +17,6 @@ pub mod server;
 pub mod store;
 pub mod tfstate;
 pub mod tofu;
+pub mod tokens;
 pub mod turns;
 pub mod ui;

@@ -2,10 +2,11 @@
 //!
 //! Each table is defined beside the rules that use it: `store` owns `versions` and
 //! `audit` (`store::db::SCHEMA`; `store::audit::SCHEMA` makes it append-only), `tofu`
-//! owns `tf_locks` (`tofu::SCHEMA`), `cluster` owns orgs, principals, tokens, clusters
-//! and leases (`cluster::SCHEMA`), `operator` owns operators and their tokens
-//! (`operator::SCHEMA`), `ui` owns the web UI's sessions (`ui::SCHEMA`), `drift` owns
-//! the drift run history (`drift::SCHEMA`). This module
+//! owns `tf_locks` (`tofu::SCHEMA`), `cluster` owns orgs, principals, clusters and
+//! leases (`cluster::SCHEMA`), `operator` owns operators (`operator::SCHEMA`), `tokens`
+//! owns every issued secret: cluster-API and operator tokens and UI sessions
+//! (`tokens::SCHEMA`, which also moves older databases' token tables into it), `drift`
+//! owns the drift run history (`drift::SCHEMA`). This module
 //! only lists them, so the server, the operator commands, the index rebuild and the
 //! tests all create the same database.
 
@@ -22,7 +23,7 @@ pub const ALL: &[&str] = &[
     crate::tofu::SCHEMA,
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
-    crate::ui::SCHEMA,
+    crate::tokens::SCHEMA,
     crate::drift::SCHEMA,
 ];
 

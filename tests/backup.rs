@@ -130,7 +130,7 @@ async fn restore_gives_back_the_snapshot_and_every_version_after_it() {
         "SELECT * FROM orgs",
         "SELECT * FROM clusters",
         "SELECT * FROM principals",
-        "SELECT * FROM principal_tokens",
+        "SELECT * FROM tokens",
         "SELECT * FROM audit ORDER BY id",
     ] {
         let restored = dump(&into, table);

@@ -17,6 +17,9 @@ use stategate::operator::identity as operators;
 const OPS: &str = "ops@example.com";
 const ACTOR: &str = "operator:ops@example.com";
 const EVIL: &str = "<script>alert(1)</script>";
+/// Sessions a cookie could still use (an ended one keeps its row, revoked).
+const LIVE_SESSIONS: &str =
+    "SELECT count(*) FROM tokens WHERE kind = 'session' AND revoked_at IS NULL";
 
 struct Env {
     server: TestServer,
@@ -363,7 +366,7 @@ async fn only_a_live_operator_token_logs_in_and_the_cookie_is_locked_down() {
         assert!(!r.body.contains("prod"), "{bad}: shows nothing");
         assert_security_headers(&r, bad);
     }
-    assert_eq!(env.server.count("SELECT count(*) FROM ui_sessions"), 0);
+    assert_eq!(env.server.count(LIVE_SESSIONS), 0);
 
     let r = env.login_with(&env.token).await;
     assert_eq!((r.status, r.location()), (303, Some("/ui/")));
@@ -375,13 +378,13 @@ async fn only_a_live_operator_token_logs_in_and_the_cookie_is_locked_down() {
     // Only the hash of the session id is stored.
     let value = &cookie["sg_session=".len()..cookie.find(';').unwrap()];
     let stored = env.server.count(&format!(
-        "SELECT count(*) FROM ui_sessions WHERE id_sha256 = '{}'",
-        identity::token_hash(value.as_bytes())
+        "SELECT count(*) FROM tokens WHERE kind = 'session' AND sha256 = '{}'",
+        stategate::tokens::hash(value.as_bytes())
     ));
     assert_eq!(stored, 1);
     assert_eq!(
         env.server.count(&format!(
-            "SELECT count(*) FROM ui_sessions WHERE id_sha256 = '{value}'"
+            "SELECT count(*) FROM tokens WHERE sha256 = '{value}'"
         )),
         0
     );
@@ -744,7 +747,7 @@ async fn logout_ends_the_session() {
         .await;
     assert_eq!(r.status, 303);
     assert!(env.locked("prod"));
-    assert_eq!(env.server.count("SELECT count(*) FROM ui_sessions"), 0);
+    assert_eq!(env.server.count(LIVE_SESSIONS), 0);
 }
 
 #[tokio::test]

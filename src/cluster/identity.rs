@@ -1,18 +1,16 @@
 //! Who is calling: orgs, principals (email, org, role) and their bearer tokens, and
 //! the clusters registered to each org.
 //!
-//! A token is 32 random bytes, shown once at creation and stored only as its SHA-256
-//! (hex), so a copy of the database holds no usable credential. Every function here
-//! takes a plain `&Connection`: the server runs them through `Db`, the admin CLI the
-//! same way, and unit tests on an in-memory database.
+//! Tokens are issued, stored (as hashes), looked up and revoked by `crate::tokens`
+//! (kind `principal`, prefix `sgp_`); this module says whom they belong to. Every
+//! function here takes a plain `&Connection`: the server runs them through `Db`, the
+//! admin CLI the same way, and unit tests on an in-memory database.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
-use base64::Engine;
 use rusqlite::{params, Connection, OptionalExtension};
-use sha2::{Digest, Sha256};
 
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::DbError;
+use crate::tokens::{self, Kind, NewToken, TokenError};
 
 /// Tables of the cluster API (identities here, leases in `lease.rs`); `crate::schema` applies them.
 pub const SCHEMA: &str = r#"
@@ -29,12 +27,6 @@ CREATE TABLE IF NOT EXISTS principals (
     role        TEXT NOT NULL CHECK (role IN ('admin', 'member')),
     created_at  TEXT NOT NULL
 );
-
-CREATE TABLE IF NOT EXISTS principal_tokens (
-    token_sha256 TEXT PRIMARY KEY,       -- hex SHA-256 of the bearer token; the token itself is never stored
-    principal_id INTEGER NOT NULL REFERENCES principals(id),
-    created_at   TEXT NOT NULL
-) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS clusters (
     id          TEXT PRIMARY KEY,        -- lowercase hyphenated UUID
@@ -60,7 +52,7 @@ CREATE TABLE IF NOT EXISTS cluster_leases (
 "#;
 
 /// Prefix of every principal token (makes leaked tokens easy to grep for).
-pub const TOKEN_PREFIX: &str = "sgp_";
+pub const TOKEN_PREFIX: &str = Kind::Principal.prefix();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -123,40 +115,14 @@ impl From<rusqlite::Error> for AdminError {
     }
 }
 
-/// Hex SHA-256 of a presented token: the only form a token is stored or looked up in.
-pub fn token_hash(token: &[u8]) -> String {
-    hex::encode(Sha256::digest(token))
-}
-
-/// A fresh token: `sgp_` + 43 characters of base64url (32 random bytes).
-pub fn new_token() -> Result<String, AdminError> {
-    new_token_with_prefix(TOKEN_PREFIX)
-}
-
-/// A fresh token with another kind's prefix (operators use `sgo_`).
-pub fn new_token_with_prefix(prefix: &str) -> Result<String, AdminError> {
-    let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes).map_err(|e| AdminError::Random(e.to_string()))?;
-    Ok(format!("{prefix}{}", BASE64URL.encode(bytes)))
-}
-
-/// How a stored token is named in listings and revocations: the first 12 hex digits of
-/// its hash (the hash of 32 random bytes; it reveals nothing usable).
-pub const TOKEN_ID_LEN: usize = 12;
-
-pub fn token_id(token_sha256: &str) -> String {
-    token_sha256.chars().take(TOKEN_ID_LEN).collect()
-}
-
-/// A token id as typed by an operator: exactly [`TOKEN_ID_LEN`] lowercase hex digits.
-pub fn parse_token_id(id: &str) -> Result<String, AdminError> {
-    let id = id.trim().to_ascii_lowercase();
-    if id.len() == TOKEN_ID_LEN && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(id)
-    } else {
-        Err(AdminError::Invalid(format!(
-            "a token id is {TOKEN_ID_LEN} hex digits, as `token list` prints it"
-        )))
+impl From<TokenError> for AdminError {
+    fn from(e: TokenError) -> Self {
+        match e {
+            TokenError::BadId => AdminError::Invalid(e.to_string()),
+            TokenError::NotFound { .. } => AdminError::NotFound(e.to_string()),
+            TokenError::Random(detail) => AdminError::Random(detail),
+            TokenError::Sqlite(e) => AdminError::from(e),
+        }
     }
 }
 
@@ -165,25 +131,28 @@ pub fn principal_by_token(
     conn: &Connection,
     token: &[u8],
 ) -> Result<Option<Principal>, rusqlite::Error> {
-    conn.query_row(
+    let Some(id) =
+        tokens::live(conn, Kind::Principal, token, tokens::now())?.and_then(|live| live.owner_id)
+    else {
+        return Ok(None);
+    };
+    conn.prepare_cached(
         "SELECT p.id, p.email, p.org_id, o.name, p.role
-           FROM principal_tokens t
-           JOIN principals p ON p.id = t.principal_id
+           FROM principals p
            JOIN orgs o ON o.id = p.org_id
-          WHERE t.token_sha256 = ?1
+          WHERE p.id = ?1
             AND NOT EXISTS (SELECT 1 FROM principals_disabled d WHERE d.principal_id = p.id)",
-        [token_hash(token)],
-        |r| {
-            let role: String = r.get(4)?;
-            Ok(Principal {
-                id: r.get(0)?,
-                email: r.get(1)?,
-                org_id: r.get(2)?,
-                org: r.get(3)?,
-                role: Role::parse(&role).unwrap_or(Role::Member),
-            })
-        },
-    )
+    )?
+    .query_row([id], |r| {
+        let role: String = r.get(4)?;
+        Ok(Principal {
+            id: r.get(0)?,
+            email: r.get(1)?,
+            org_id: r.get(2)?,
+            org: r.get(3)?,
+            role: Role::parse(&role).unwrap_or(Role::Member),
+        })
+    })
     .optional()
 }
 
@@ -264,16 +233,16 @@ pub fn list_orgs(conn: &Connection) -> Result<Vec<(String, String)>, AdminError>
 }
 
 fn insert_token(conn: &Connection, principal_id: i64) -> Result<String, AdminError> {
-    let token = new_token()?;
-    conn.execute(
-        "INSERT INTO principal_tokens (token_sha256, principal_id, created_at) VALUES (?1, ?2, ?3)",
-        params![
-            token_hash(token.as_bytes()),
-            principal_id,
-            crate::store::now_rfc3339()
-        ],
+    let issued = tokens::issue(
+        conn,
+        NewToken {
+            kind: Kind::Principal,
+            owner_id: Some(principal_id),
+            parent: None,
+            expires_at: None,
+        },
     )?;
-    Ok(token)
+    Ok(issued.secret)
 }
 
 /// Creates a principal and its first token. Returns the token: the only time it exists in clear.
@@ -396,7 +365,7 @@ pub struct TokenRow {
     pub id: String,
     pub email: String,
     pub created_at: String,
-    /// Operator tokens are kept when revoked; a revoked principal token is deleted.
+    /// A revoked token keeps its row (`tokens`' one revoke rule), so it is listed with this.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<String>,
 }
@@ -487,53 +456,69 @@ pub fn disable_principal(conn: &Connection, email: &str, actor: &str) -> Result<
     Ok(true)
 }
 
-/// Users' tokens (ids only), optionally of one user.
+/// Users' tokens (ids only, revoked ones included), optionally of one user.
 pub fn list_principal_tokens(
     conn: &Connection,
     email: Option<&str>,
 ) -> Result<Vec<TokenRow>, AdminError> {
     let email = email.map(normalize_email).transpose()?;
-    let mut stmt = conn.prepare(
-        "SELECT t.token_sha256, p.email, t.created_at FROM principal_tokens t
-           JOIN principals p ON p.id = t.principal_id
-          WHERE ?1 IS NULL OR p.email = ?1 ORDER BY p.email, t.created_at",
-    )?;
-    let rows = stmt
-        .query_map([email], |r| {
-            Ok(TokenRow {
-                id: token_id(&r.get::<_, String>(0)?),
-                email: r.get(1)?,
-                created_at: r.get(2)?,
-                revoked_at: None,
+    let emails = principal_emails(conn)?;
+    let mut rows: Vec<TokenRow> = tokens::list(conn, Kind::Principal)?
+        .into_iter()
+        .filter_map(|t| {
+            let owner = emails.get(&t.owner_id?)?;
+            Some(TokenRow {
+                id: t.id,
+                email: owner.clone(),
+                created_at: t.created_at,
+                revoked_at: t.revoked_at,
             })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+        })
+        .filter(|t| email.as_ref().is_none_or(|e| *e == t.email))
+        .collect();
+    rows.sort_by(|a, b| (&a.email, &a.created_at).cmp(&(&b.email, &b.created_at)));
     Ok(rows)
 }
 
-/// Revokes (deletes) one user token by id; audited as `admin.token_revoked`.
+fn principal_emails(
+    conn: &Connection,
+) -> Result<std::collections::HashMap<i64, String>, rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT id, email FROM principals")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect();
+    rows
+}
+
+/// The unrevoked user token `id` names, with its user's email and org: what
+/// [`revoke_principal_token`] revokes (the CLI records it in the store first).
+pub fn principal_token_to_revoke(
+    conn: &Connection,
+    id: &str,
+) -> Result<(tokens::Found, String, String), AdminError> {
+    let found = tokens::find_unrevoked(conn, Kind::Principal, id, "user token")?;
+    let owner = found.owner_id.unwrap_or_default();
+    let (email, org): (String, String) = conn
+        .query_row(
+            "SELECT p.email, o.name FROM principals p JOIN orgs o ON o.id = p.org_id WHERE p.id = ?1",
+            [owner],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no user token with id {}", found.id())))?;
+    Ok((found, email, org))
+}
+
+/// Revokes one user token by id (the row stays, with `revoked_at`); audited as
+/// `admin.token_revoked`.
 pub fn revoke_principal_token(conn: &Connection, id: &str, actor: &str) -> Result<(), AdminError> {
-    let id = parse_token_id(id)?;
-    let found: Vec<(String, String, String)> = conn
-        .prepare(
-            "SELECT t.token_sha256, p.email, o.name FROM principal_tokens t
-               JOIN principals p ON p.id = t.principal_id JOIN orgs o ON o.id = p.org_id
-              WHERE substr(t.token_sha256, 1, 12) = ?1",
-        )?
-        .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<Result<_, _>>()?;
-    let [(hash, email, org)] = found.as_slice() else {
-        return Err(AdminError::NotFound(format!("no user token with id {id}")));
-    };
-    conn.execute(
-        "DELETE FROM principal_tokens WHERE token_sha256 = ?1",
-        [hash],
-    )?;
-    let payload = serde_json::json!({ "email": email, "token_id": id });
+    let (found, email, org) = principal_token_to_revoke(conn, id)?;
+    tokens::revoke(conn, &found.sha256, &crate::store::now_rfc3339())?;
+    let payload = serde_json::json!({ "email": email, "token_id": found.id() });
     audit_as(
         conn,
         actor,
-        org,
+        &org,
         format!("org/{org}"),
         "admin.token_revoked",
         payload,
@@ -556,15 +541,18 @@ pub(crate) mod tests {
 
     #[test]
     fn tokens_are_random_prefixed_and_hashed() {
-        let a = new_token().unwrap();
-        let b = new_token().unwrap();
+        let (_dir, conn) = test_db();
+        create_org(&conn, "acme").unwrap();
+        let a = create_principal(&conn, "acme", "a@x", Role::Member).unwrap();
+        let b = create_token(&conn, "a@x").unwrap();
         assert_ne!(a, b);
         assert!(
             a.starts_with(TOKEN_PREFIX) && a.len() == TOKEN_PREFIX.len() + 43,
             "{a}"
         );
-        assert_eq!(token_hash(a.as_bytes()).len(), 64);
-        assert_ne!(token_hash(a.as_bytes()), token_hash(b.as_bytes()));
+        assert_eq!(Kind::Principal.prefix(), TOKEN_PREFIX);
+        assert_eq!(tokens::hash(a.as_bytes()).len(), 64);
+        assert_ne!(tokens::hash(a.as_bytes()), tokens::hash(b.as_bytes()));
     }
 
     #[test]
@@ -639,14 +627,14 @@ pub(crate) mod tests {
         assert_eq!(principal_by_token(&conn, b"sgp_wrong").unwrap(), None);
         // Only hashes are stored.
         let stored: Vec<String> = conn
-            .prepare("SELECT token_sha256 FROM principal_tokens")
+            .prepare("SELECT sha256 FROM tokens WHERE kind = 'principal'")
             .unwrap()
             .query_map([], |r| r.get(0))
             .unwrap()
             .map(Result::unwrap)
             .collect();
         assert!(!stored.iter().any(|s| s == &token || s == &second));
-        assert!(stored.contains(&token_hash(token.as_bytes())));
+        assert!(stored.contains(&tokens::hash(token.as_bytes())));
 
         create_org(&conn, "other").unwrap();
         let c = create_cluster(&conn, "acme", Some("prod"), None).unwrap();
@@ -697,11 +685,11 @@ pub(crate) mod tests {
         assert_eq!(p.role, Role::Admin);
         assert!(set_role(&conn, "nobody@x", Role::Admin, "o").is_err());
 
-        let tokens = list_principal_tokens(&conn, Some("a@x")).unwrap();
-        assert_eq!(tokens.len(), 2);
-        let id1 = token_id(&token_hash(t1.as_bytes()));
-        assert!(tokens.iter().any(|t| t.id == id1));
-        assert!(!serde_json::to_string(&tokens).unwrap().contains(&t1));
+        let listed = list_principal_tokens(&conn, Some("a@x")).unwrap();
+        assert_eq!(listed.len(), 2);
+        let id1 = tokens::id_of(&tokens::hash(t1.as_bytes()));
+        assert!(listed.iter().any(|t| t.id == id1));
+        assert!(!serde_json::to_string(&listed).unwrap().contains(&t1));
         // (id, accepted)
         for (id, ok) in [
             ("zz", false),
@@ -717,6 +705,14 @@ pub(crate) mod tests {
         }
         assert_eq!(principal_by_token(&conn, t1.as_bytes()).unwrap(), None);
         assert!(principal_by_token(&conn, t2.as_bytes()).unwrap().is_some());
+        // The revoked token keeps its row: listings (and so the audit trail) still name it.
+        let listed = list_principal_tokens(&conn, Some("a@x")).unwrap();
+        let revoked: Vec<&str> = listed
+            .iter()
+            .filter(|t| t.revoked_at.is_some())
+            .map(|t| t.id.as_str())
+            .collect();
+        assert_eq!((listed.len(), revoked), (2, vec![id1.as_str()]));
 
         assert!(disable_principal(&conn, "a@x", "operator:o@x").unwrap());
         assert!(!disable_principal(&conn, "a@x", "operator:o@x").unwrap());

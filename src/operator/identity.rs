@@ -1,35 +1,25 @@
 //! Operators: site-wide identities (workspaces belong to no org) that use the admin
-//! API and whose actions the audit log names. Tokens are made, hashed and looked up
-//! exactly like the cluster API's (`cluster::identity`: 32 random bytes, stored only as
-//! SHA-256, looked up by hash so the token never reaches SQL), with the `sgo_` prefix;
-//! a revoked token keeps its row (revoked_at) so listings show what was revoked.
+//! API and whose actions the audit log names. Their tokens (`sgo_`) are issued, hashed,
+//! looked up and revoked by `crate::tokens` like every other secret (kind `operator`);
+//! a revoked token keeps its row (`revoked_at`), so listings show what was revoked.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::cluster::identity::{
-    new_token_with_prefix, normalize_email, parse_token_id, token_hash, token_id, AdminError,
-    TokenRow,
-};
+use crate::cluster::identity::{normalize_email, AdminError, TokenRow};
 use crate::store::audit::{insert_audit, AuditEntry};
+use crate::tokens::{self, Kind, NewToken};
 
-/// The operator tables; `crate::schema` applies them.
+/// The operator table (their tokens are in `tokens`); `crate::schema` applies it.
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS operators (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     email       TEXT NOT NULL UNIQUE,
     created_at  TEXT NOT NULL
 );
-
-CREATE TABLE IF NOT EXISTS operator_tokens (
-    token_sha256 TEXT PRIMARY KEY,       -- hex SHA-256 of the bearer token; the token itself is never stored
-    operator_id  INTEGER NOT NULL REFERENCES operators(id),
-    created_at   TEXT NOT NULL,
-    revoked_at   TEXT
-) WITHOUT ROWID;
 "#;
 
 /// Prefix of every operator token.
-pub const OPERATOR_TOKEN_PREFIX: &str = "sgo_";
+pub const OPERATOR_TOKEN_PREFIX: &str = Kind::Operator.prefix();
 
 /// An authenticated operator.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,18 +40,34 @@ pub fn operator_by_token(
     conn: &Connection,
     token: &[u8],
 ) -> Result<Option<Operator>, rusqlite::Error> {
-    conn.query_row(
-        "SELECT o.id, o.email FROM operator_tokens t JOIN operators o ON o.id = t.operator_id
-          WHERE t.token_sha256 = ?1 AND t.revoked_at IS NULL",
-        [token_hash(token)],
-        |r| {
+    Ok(live_operator_token(conn, token, tokens::now())?.map(|(_, operator)| operator))
+}
+
+/// The live operator token presented (its hash) and its operator, at `now`.
+pub fn live_operator_token(
+    conn: &Connection,
+    token: &[u8],
+    now: i64,
+) -> Result<Option<(String, Operator)>, rusqlite::Error> {
+    let Some(live) = tokens::live(conn, Kind::Operator, token, now)? else {
+        return Ok(None);
+    };
+    let Some(id) = live.owner_id else {
+        return Ok(None);
+    };
+    Ok(operator_by_id(conn, id)?.map(|operator| (live.sha256, operator)))
+}
+
+/// The operator with this id.
+pub fn operator_by_id(conn: &Connection, id: i64) -> Result<Option<Operator>, rusqlite::Error> {
+    conn.prepare_cached("SELECT id, email FROM operators WHERE id = ?1")?
+        .query_row([id], |r| {
             Ok(Operator {
                 id: r.get(0)?,
                 email: r.get(1)?,
             })
-        },
-    )
-    .optional()
+        })
+        .optional()
 }
 
 fn audit(
@@ -81,17 +87,16 @@ fn audit(
     Ok(())
 }
 
-fn insert_token(conn: &Connection, operator_id: i64) -> Result<String, AdminError> {
-    let token = new_token_with_prefix(OPERATOR_TOKEN_PREFIX)?;
-    conn.execute(
-        "INSERT INTO operator_tokens (token_sha256, operator_id, created_at) VALUES (?1, ?2, ?3)",
-        params![
-            token_hash(token.as_bytes()),
-            operator_id,
-            crate::store::now_rfc3339()
-        ],
-    )?;
-    Ok(token)
+fn insert_token(conn: &Connection, operator_id: i64) -> Result<tokens::Issued, AdminError> {
+    Ok(tokens::issue(
+        conn,
+        NewToken {
+            kind: Kind::Operator,
+            owner_id: Some(operator_id),
+            parent: None,
+            expires_at: None,
+        },
+    )?)
 }
 
 /// Creates an operator and its first token (returned: the only time it exists in clear).
@@ -113,7 +118,7 @@ pub fn create_operator(conn: &Connection, email: &str, actor: &str) -> Result<St
         "admin.operator_created",
         serde_json::json!({ "email": email }),
     )?;
-    Ok(token)
+    Ok(token.secret)
 }
 
 /// Another token for an existing operator (earlier tokens stay valid).
@@ -130,56 +135,59 @@ pub fn create_operator_token(
         .optional()?
         .ok_or_else(|| AdminError::NotFound(format!("no operator with email {email:?}")))?;
     let token = insert_token(conn, id)?;
-    let payload =
-        serde_json::json!({ "email": email, "token_id": token_id(&token_hash(token.as_bytes())) });
+    let payload = serde_json::json!({ "email": email, "token_id": token.id() });
     audit(conn, actor, "admin.operator_token_created", payload)?;
-    Ok(token)
+    Ok(token.secret)
 }
 
 /// Every operator token (ids only, revoked ones included), by operator.
 pub fn list_operator_tokens(conn: &Connection) -> Result<Vec<TokenRow>, AdminError> {
-    let mut stmt = conn.prepare(
-        "SELECT t.token_sha256, o.email, t.created_at, t.revoked_at FROM operator_tokens t
-           JOIN operators o ON o.id = t.operator_id ORDER BY o.email, t.created_at",
-    )?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok(TokenRow {
-                id: token_id(&r.get::<_, String>(0)?),
-                email: r.get(1)?,
-                created_at: r.get(2)?,
-                revoked_at: r.get(3)?,
+    let mut stmt = conn.prepare("SELECT id, email FROM operators")?;
+    let emails: std::collections::HashMap<i64, String> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut rows: Vec<TokenRow> = tokens::list(conn, Kind::Operator)?
+        .into_iter()
+        .filter_map(|t| {
+            Some(TokenRow {
+                id: t.id,
+                email: emails.get(&t.owner_id?)?.clone(),
+                created_at: t.created_at,
+                revoked_at: t.revoked_at,
             })
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.email, &a.created_at).cmp(&(&b.email, &b.created_at)));
     Ok(rows)
 }
 
-/// Revokes an operator token by id: it stops working at once. Audited as
-/// `admin.operator_token_revoked`; revoking a revoked token is an error (nothing to do).
+/// The unrevoked operator token `id` names and its operator's email: what
+/// [`revoke_operator_token`] revokes (the CLI records it in the store first).
+pub fn operator_token_to_revoke(
+    conn: &Connection,
+    id: &str,
+) -> Result<(tokens::Found, String), AdminError> {
+    let found = tokens::find_unrevoked(conn, Kind::Operator, id, "unrevoked operator token")?;
+    let operator = operator_by_id(conn, found.owner_id.unwrap_or_default())?.ok_or_else(|| {
+        AdminError::NotFound(format!(
+            "no unrevoked operator token with id {}",
+            found.id()
+        ))
+    })?;
+    Ok((found, operator.email))
+}
+
+/// Revokes an operator token by id: it stops working at once, and so does every UI
+/// session opened with it. Audited as `admin.operator_token_revoked`; revoking a
+/// revoked token is an error (nothing to do).
 pub fn revoke_operator_token(conn: &Connection, id: &str, actor: &str) -> Result<(), AdminError> {
-    let id = parse_token_id(id)?;
-    let found: Vec<(String, String)> = conn
-        .prepare(
-            "SELECT t.token_sha256, o.email FROM operator_tokens t JOIN operators o ON o.id = t.operator_id
-              WHERE substr(t.token_sha256, 1, 12) = ?1 AND t.revoked_at IS NULL",
-        )?
-        .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
-    let [(hash, email)] = found.as_slice() else {
-        return Err(AdminError::NotFound(format!(
-            "no unrevoked operator token with id {id}"
-        )));
-    };
-    conn.execute(
-        "UPDATE operator_tokens SET revoked_at = ?1 WHERE token_sha256 = ?2",
-        params![crate::store::now_rfc3339(), hash],
-    )?;
+    let (found, email) = operator_token_to_revoke(conn, id)?;
+    tokens::revoke(conn, &found.sha256, &crate::store::now_rfc3339())?;
     audit(
         conn,
         actor,
         "admin.operator_token_revoked",
-        serde_json::json!({ "email": email, "token_id": id }),
+        serde_json::json!({ "email": email, "token_id": found.id() }),
     )
 }
 
@@ -220,7 +228,7 @@ mod tests {
         assert_eq!(listed.len(), 2);
         let text = serde_json::to_string(&listed).unwrap();
         assert!(!text.contains(&t1) && !text.contains(&t2));
-        let id1 = token_id(&token_hash(t1.as_bytes()));
+        let id1 = tokens::id_of(&tokens::hash(t1.as_bytes()));
         revoke_operator_token(&conn, &id1, &me.actor()).unwrap();
         assert!(
             revoke_operator_token(&conn, &id1, &me.actor()).is_err(),

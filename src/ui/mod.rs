@@ -7,7 +7,7 @@
 //! admin API and the CLI call, so the three can never disagree; every change it makes
 //! is audited with the operator's identity by those functions.
 //!
-//! `session` keeps logins server-side (the only SQL here, on its own table);
+//! `session` keeps logins server-side (as `crate::tokens` of kind `session`; no SQL here);
 //! `pages` and `drift_pages` turn plain values into HTML (maud escapes every value it
 //! is given), over `layout` (chrome, page layout, time and size formatting), which
 //! imports neither;
@@ -17,8 +17,6 @@ pub mod drift_pages;
 pub mod layout;
 pub mod pages;
 pub mod session;
-
-pub use session::SCHEMA;
 
 /// The hand-written stylesheet, served at `/ui/static/app.css`.
 pub const STYLESHEET: &str = include_str!("app.css");

@@ -1,35 +1,38 @@
 //! Operator sessions of the web UI, kept server-side. Logging in with an operator
-//! token opens a session: a random id goes to the browser as a cookie, and only its
-//! SHA-256 is stored, beside the hash of the operator token it was opened with, a
-//! per-session CSRF token and an absolute expiry. A session ends at its expiry, at
-//! logout, or as soon as that operator token is revoked (every lookup joins the
-//! token's row, so revocation needs no extra step here).
+//! token opens a session: a random id (`sgs_`) goes to the browser as a cookie, and
+//! `crate::tokens` keeps only its SHA-256, issued under the operator token it was
+//! opened with and with an absolute expiry. A session ends at its expiry, at logout
+//! (revoked, like every token), or as soon as that operator token is revoked (a token
+//! issued under another is live only while that one is). Its CSRF token is derived
+//! from the session id, so nothing else is stored, and a page's forms carry it.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::cluster::identity::{new_token_with_prefix, token_hash, AdminError};
-use crate::operator::identity::{operator_by_token, Operator};
+use crate::cluster::identity::AdminError;
+use crate::operator::identity::{live_operator_token, operator_by_id, Operator};
 use crate::store::audit::{insert_audit, AuditEntry};
-
-/// The session table; `crate::schema` applies it.
-pub const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS ui_sessions (
-    id_sha256    TEXT PRIMARY KEY,       -- hex SHA-256 of the cookie value; the id itself is never stored
-    token_sha256 TEXT NOT NULL,          -- the operator token it was opened with (operator_tokens)
-    csrf         TEXT NOT NULL,          -- carried by every state-changing form of this session
-    created_at   TEXT NOT NULL,
-    expires_at   INTEGER NOT NULL        -- unix seconds
-) WITHOUT ROWID;
-"#;
+use crate::tokens::{self, Kind, NewToken};
 
 /// Name of the session cookie.
 pub const COOKIE: &str = "sg_session";
 /// How long a session lasts from login (absolute, not sliding).
 pub const LIFETIME_SECONDS: i64 = 12 * 3600;
 
-const SESSION_PREFIX: &str = "sgs_";
 const CSRF_PREFIX: &str = "csrf_";
+/// Separates the CSRF token's hash from the session id's (the stored one).
+const CSRF_LABEL: &[u8] = b"stategate ui csrf\0";
+
+/// The CSRF token of the session whose cookie value is `cookie_value`: unguessable
+/// without the cookie, and not the stored hash of the id.
+fn csrf_of(cookie_value: &str) -> String {
+    let digest = Sha256::new()
+        .chain_update(CSRF_LABEL)
+        .chain_update(cookie_value.as_bytes())
+        .finalize();
+    format!("{CSRF_PREFIX}{}", hex::encode(digest))
+}
 
 /// A live session: who it belongs to and the CSRF token its forms carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,22 +52,18 @@ pub struct Opened {
 /// live operator token (nothing is stored then). Expired sessions are swept here, and
 /// the login is audited (`ui.login`, scope `operators`, no secret in the payload).
 pub fn open(conn: &Connection, token: &[u8], now: i64) -> Result<Option<Opened>, AdminError> {
-    let Some(operator) = operator_by_token(conn, token)? else {
+    let Some((token_sha256, operator)) = live_operator_token(conn, token, now)? else {
         return Ok(None);
     };
-    conn.execute("DELETE FROM ui_sessions WHERE expires_at <= ?1", [now])?;
-    let cookie_value = new_token_with_prefix(SESSION_PREFIX)?;
-    let csrf = new_token_with_prefix(CSRF_PREFIX)?;
-    conn.execute(
-        "INSERT INTO ui_sessions (id_sha256, token_sha256, csrf, created_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![
-            token_hash(cookie_value.as_bytes()),
-            token_hash(token),
-            csrf,
-            crate::store::now_rfc3339(),
-            now + LIFETIME_SECONDS
-        ],
+    tokens::sweep_expired(conn, Kind::Session, now)?;
+    let issued = tokens::issue(
+        conn,
+        NewToken {
+            kind: Kind::Session,
+            owner_id: Some(operator.id),
+            parent: Some(&token_sha256),
+            expires_at: Some(now + LIFETIME_SECONDS),
+        },
     )?;
     insert_audit(
         conn,
@@ -76,42 +75,38 @@ pub fn open(conn: &Connection, token: &[u8], now: i64) -> Result<Option<Opened>,
             payload: serde_json::json!({}),
         },
     )?;
+    let csrf = csrf_of(&issued.secret);
     Ok(Some(Opened {
-        cookie_value,
+        cookie_value: issued.secret,
         session: UiSession { operator, csrf },
     }))
 }
 
-/// The live session a cookie value names: not expired, and its operator token not revoked.
+/// The live session a cookie value names: not expired or logged out, and its operator
+/// token not revoked.
 pub fn find(
     conn: &Connection,
     cookie_value: &str,
     now: i64,
 ) -> Result<Option<UiSession>, rusqlite::Error> {
-    conn.query_row(
-        "SELECT o.id, o.email, s.csrf FROM ui_sessions s
-           JOIN operator_tokens t ON t.token_sha256 = s.token_sha256 AND t.revoked_at IS NULL
-           JOIN operators o ON o.id = t.operator_id
-          WHERE s.id_sha256 = ?1 AND s.expires_at > ?2",
-        params![token_hash(cookie_value.as_bytes()), now],
-        |r| {
-            Ok(UiSession {
-                operator: Operator {
-                    id: r.get(0)?,
-                    email: r.get(1)?,
-                },
-                csrf: r.get(2)?,
-            })
-        },
-    )
-    .optional()
+    let Some(owner) = tokens::live(conn, Kind::Session, cookie_value.as_bytes(), now)?
+        .and_then(|live| live.owner_id)
+    else {
+        return Ok(None);
+    };
+    Ok(operator_by_id(conn, owner)?.map(|operator| UiSession {
+        operator,
+        csrf: csrf_of(cookie_value),
+    }))
 }
 
-/// Ends the session a cookie value names (logout). Ending an unknown one is not an error.
+/// Ends the session a cookie value names (logout): revoked like any token. Ending an
+/// unknown or ended one is not an error.
 pub fn close(conn: &Connection, cookie_value: &str) -> Result<(), AdminError> {
-    conn.execute(
-        "DELETE FROM ui_sessions WHERE id_sha256 = ?1",
-        [token_hash(cookie_value.as_bytes())],
+    tokens::revoke(
+        conn,
+        &tokens::hash(cookie_value.as_bytes()),
+        &crate::store::now_rfc3339(),
     )?;
     Ok(())
 }
@@ -151,6 +146,7 @@ mod tests {
     use super::*;
     use crate::cluster::identity::tests::test_db;
     use crate::operator::identity::{create_operator, list_operator_tokens, revoke_operator_token};
+    use rusqlite::OptionalExtension;
 
     #[test]
     fn cookie_headers() {
@@ -183,9 +179,28 @@ mod tests {
         assert!(open(&conn, b"sgo_wrong", now).unwrap().is_none());
         let opened = open(&conn, token.as_bytes(), now).unwrap().unwrap();
         let stored: String = conn
-            .query_row("SELECT id_sha256 FROM ui_sessions", [], |r| r.get(0))
+            .query_row(
+                "SELECT sha256 FROM tokens WHERE kind = 'session'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_ne!(stored, opened.cookie_value, "only the hash is stored");
+        assert_eq!(stored, tokens::hash(opened.cookie_value.as_bytes()));
+        assert_ne!(
+            opened.session.csrf, stored,
+            "the CSRF token is not the stored hash"
+        );
+        assert!(opened.session.csrf.starts_with(CSRF_PREFIX));
+        let unknown: Option<String> = conn
+            .query_row(
+                "SELECT sha256 FROM tokens WHERE sha256 = ?1",
+                [opened.session.csrf.as_str()],
+                |r| r.get(0),
+            )
+            .optional()
+            .unwrap();
+        assert_eq!(unknown, None);
         let found = find(&conn, &opened.cookie_value, now + 1).unwrap().unwrap();
         assert_eq!(found, opened.session);
         assert!(csrf_matches(&found, Some(&found.csrf)));

@@ -109,8 +109,7 @@ impl TestServer {
 
     /// Revokes an operator token by its value.
     pub async fn revoke_operator_token(&self, token: &str) {
-        use stategate::cluster::identity::{token_hash, token_id};
-        let id = token_id(&token_hash(token.as_bytes()));
+        let id = stategate::tokens::id_of(&stategate::tokens::hash(token.as_bytes()));
         self.app
             .operator
             .admin_write(move |c| {

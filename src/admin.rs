@@ -2,7 +2,9 @@
 //! orgs, users, tokens, clusters and the audit log of the cluster API. Each opens the
 //! database in the data dir (the server may keep running: SQLite has one writer at a
 //! time) and calls `cluster::identity` or `store::audit`; nothing here decides policy.
-//! Changes go through the writer, listings through the reader connection.
+//! Changes go through the writer, listings through the reader connection. A revocation
+//! is recorded in the blob store (`tokens::RevocationLog`) before it commits, so a
+//! restore from an older backup cannot undo it.
 
 use anyhow::Context;
 use rusqlite::Connection;
@@ -11,6 +13,7 @@ use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::config::Config;
 use stategate::server;
 use stategate::store::{audit, blob::create_private_dir, Db};
+use stategate::tokens;
 
 use crate::ops::{json_line, operator, runtime};
 use stategate::operator::identity as operators;
@@ -48,6 +51,30 @@ impl AdminDb {
         read.map_err(AdminError::from)
             .and_then(|listed| listed)
             .map_err(admin_error)
+    }
+}
+
+impl AdminDb {
+    /// Records the revocations of `found` in the blob store, before they commit. When
+    /// that cannot be done the revocation still goes ahead (a leaked token must stop
+    /// working now), with a warning saying what a restore would then undo.
+    fn record_revocations(&self, config: &Config, found: &[tokens::Found]) {
+        let recorded = (|| -> anyhow::Result<()> {
+            let root = server::load_root_key(config, false)?;
+            let log = tokens::RevocationLog::new(server::open_blob_store(config)?, root);
+            let at = stategate::store::now_rfc3339();
+            for token in found {
+                self.rt.block_on(log.record(token, &at))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = recorded {
+            eprintln!(
+                "warning: the revocation is in force but could not be recorded in the blob store \
+                 ({e:#}); a restore from a backup taken before now would undo it: take a backup \
+                 (`stategate backup`) once the store is reachable"
+            );
+        }
     }
 }
 
@@ -137,8 +164,11 @@ pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()
 }
 
 pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
-    let changed = AdminDb::open(config)?
-        .write(move |c| identity::disable_principal(c, &email, &operator()))?;
+    let db = AdminDb::open(config)?;
+    let of = email.clone();
+    let found = db.read(move |c| identity::principal_tokens_to_revoke(c, &of))?;
+    db.record_revocations(config, &found);
+    let changed = db.write(move |c| identity::disable_principal(c, &email, &operator()))?;
     if !changed {
         eprintln!("the user is already disabled; nothing changed");
     }
@@ -153,7 +183,11 @@ pub fn list_tokens(config: &Config, email: Option<String>) -> anyhow::Result<()>
 }
 
 pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
-    AdminDb::open(config)?.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
+    let db = AdminDb::open(config)?;
+    let named = id.clone();
+    let (found, _, _) = db.read(move |c| identity::principal_token_to_revoke(c, &named))?;
+    db.record_revocations(config, &[found]);
+    db.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
 }
 
 pub fn create_operator(config: &Config, email: String) -> anyhow::Result<()> {
@@ -177,5 +211,9 @@ pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
 }
 
 pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {
-    AdminDb::open(config)?.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
+    let db = AdminDb::open(config)?;
+    let named = id.clone();
+    let (found, _) = db.read(move |c| operators::operator_token_to_revoke(c, &named))?;
+    db.record_revocations(config, &[found]);
+    db.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
 }

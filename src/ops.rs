@@ -13,6 +13,7 @@ use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::retention::Retention;
 use stategate::store::{backup, history, rebuild, WriteOutcome};
+use stategate::tokens;
 
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -353,6 +354,10 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
+    // Every revocation ever recorded, so none made after the snapshot is undone.
+    let revocations = rt.block_on(tokens::RevocationLog::new(blobs.clone(), dek.clone()).load())?;
+    let restored_at = stategate::store::now_rfc3339();
+    let mut reapplied = tokens::Reapplied::default();
     let bar = progress_bar("adding versions written after the backup");
     let report = rt.block_on(backup::restore(
         &*blobs,
@@ -362,6 +367,10 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         into,
         stategate::schema::ALL,
         &advance(&bar),
+        &mut |c| {
+            reapplied = tokens::after_restore(c, &revocations, &restored_at)?;
+            Ok(())
+        },
     ));
     bar.finish_and_clear();
     let report = report?;
@@ -393,8 +402,18 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         );
     }
     println!(
-        "Not in blobs, so as of the backup: orgs, users, tokens, clusters, leases, locks, \
-         tombstones and the audit log (changes to them after {} are not restored).",
+        "Re-applied {} revocation(s) recorded in the store after the backup; ended {} web UI \
+         session(s) (operators log in again).",
+        reapplied.revoked.len(),
+        reapplied.sessions_ended
+    );
+    for (kind, id) in &reapplied.revoked {
+        println!("revoked {kind} token {id} again");
+    }
+    println!(
+        "Not in blobs, so as of the backup: orgs, users, tokens created since, clusters, \
+         leases, locks, tombstones and the audit log (changes to them after {} are not \
+         restored; revocations are).",
         chosen.taken_at
     );
     print_swap(config, into);

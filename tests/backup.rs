@@ -37,6 +37,7 @@ async fn restore(
         into,
         stategate::schema::ALL,
         &|_, _| {},
+        &mut |_| Ok(()),
     )
     .await
 }

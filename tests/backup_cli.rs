@@ -172,3 +172,189 @@ fn workspace_env_prints_the_address_the_server_recorded() {
         run.stdout
     );
 }
+
+/// ADJ_STATE_ENC_KEY of the restore test (the cluster API answers only with one).
+const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+
+fn cli(data: &Path, args: &[&str]) -> String {
+    let run = stategate(data, DEK, args);
+    ok(&run, &args.join(" "));
+    run.stdout.trim().to_string()
+}
+
+/// A real gateway in process over `data` (the data dir the CLI above uses).
+struct Serving {
+    base: String,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn serve(data: &Path) -> Serving {
+    let config = stategate::config::Config {
+        data_dir: data.to_path_buf(),
+        dek: Some(DEK.into()),
+        cluster: stategate::config::ClusterConfig {
+            state_enc_key: Some(ENC_KEY.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let app = stategate::server::build_app(&config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(stategate::server::serve_listener(listener, app, rx));
+    Serving { base, stop }
+}
+
+impl Serving {
+    fn http() -> reqwest::Client {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+    }
+
+    /// The admin API's answer to an operator token.
+    async fn admin(&self, token: &str) -> u16 {
+        let url = format!("{}/api/v1/admin/workspaces", self.base);
+        let r = Self::http()
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        r.status().as_u16()
+    }
+
+    /// The cluster API's answer to a user token.
+    async fn cluster(&self, cluster: &str, token: &str) -> u16 {
+        let url = format!("{}/v1/clusters/{cluster}/tfstate", self.base);
+        let r = Self::http()
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        r.status().as_u16()
+    }
+
+    /// A UI login: the session cookie's value.
+    async fn login(&self, token: &str) -> String {
+        let r = Self::http()
+            .post(format!("{}/ui/login", self.base))
+            .form(&[("token", token)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 303);
+        let cookie = r.headers()["set-cookie"].to_str().unwrap();
+        let value = cookie.strip_prefix("sg_session=").unwrap();
+        value.split(';').next().unwrap().to_string()
+    }
+
+    /// Is the UI session behind this cookie value live (a page, not a redirect to login)?
+    async fn session_live(&self, cookie: &str) -> bool {
+        let r = Self::http()
+            .get(format!("{}/ui/workspaces", self.base))
+            .header("Cookie", format!("sg_session={cookie}"))
+            .send()
+            .await
+            .unwrap();
+        match r.status().as_u16() {
+            200 => true,
+            303 => false,
+            other => panic!("unexpected {other}"),
+        }
+    }
+}
+
+/// Issue 20, item 8: a revocation made after the newest backup survives a restore.
+/// Backup → revoke an operator token and a user token → restore → swap in: both get
+/// 401, the revoked operator's UI session is gone (every session opened before the
+/// restore ends), and the tokens nobody revoked still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let revoked_op = cli(&data, &["admin", "operator", "create", "--email", "gone@x"]);
+    let kept_op = cli(&data, &["admin", "operator", "create", "--email", "kept@x"]);
+    cli(&data, &["admin", "org", "create", "acme"]);
+    let revoked_user = cli(
+        &data,
+        &[
+            "admin", "user", "create", "--org", "acme", "--email", "u@x", "--role", "member",
+        ],
+    );
+    let kept_user = cli(&data, &["admin", "token", "create", "--email", "u@x"]);
+    let cluster = cli(&data, &["admin", "cluster", "create", "--org", "acme"]);
+
+    let before = serve(&data).await;
+    let revoked_session = before.login(&revoked_op).await;
+    let kept_session = before.login(&kept_op).await;
+    cli(&data, &["backup"]);
+
+    let id = |token: &str| stategate::tokens::id_of(&stategate::tokens::hash(token.as_bytes()));
+    cli(
+        &data,
+        &["admin", "operator", "token", "revoke", &id(&revoked_op)],
+    );
+    cli(&data, &["admin", "token", "revoke", &id(&revoked_user)]);
+    assert_eq!(before.admin(&revoked_op).await, 401);
+    assert!(!before.session_live(&revoked_session).await);
+    assert_eq!(before.cluster(&cluster, &revoked_user).await, 401);
+
+    let restored = dir.path().join("restored.db");
+    let out = cli(&data, &["restore", "--into", restored.to_str().unwrap()]);
+    assert!(out.contains("Re-applied 2 revocation(s)"), "{out}");
+    before.stop.send(true).unwrap();
+    let live = data.join("stategate.db");
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = data.join(format!("stategate.db{suffix}"));
+        if from.exists() {
+            std::fs::rename(&from, aside.join(format!("stategate.db{suffix}"))).unwrap();
+        }
+    }
+    std::fs::rename(&restored, &live).unwrap();
+
+    let after = serve(&data).await;
+    // (case, status, expected)
+    let table = [
+        (
+            "revoked operator token",
+            after.admin(&revoked_op).await,
+            401,
+        ),
+        ("kept operator token", after.admin(&kept_op).await, 200),
+        (
+            "revoked user token",
+            after.cluster(&cluster, &revoked_user).await,
+            401,
+        ),
+    ];
+    for (case, got, want) in table {
+        assert_eq!(got, want, "{case}");
+    }
+    let kept = after.cluster(&cluster, &kept_user).await;
+    assert_ne!(kept, 401, "kept user token");
+    assert!(
+        !after.session_live(&revoked_session).await,
+        "revoked session"
+    );
+    assert!(
+        !after.session_live(&kept_session).await,
+        "no session opened before the restore outlives it"
+    );
+    // Logging in again works, and the listing still names the revoked tokens.
+    assert!(after.session_live(&after.login(&kept_op).await).await);
+    let listed = cli(&data, &["admin", "operator", "token", "list"]);
+    let revoked: Vec<serde_json::Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|t| t["revoked_at"].is_string())
+        .collect();
+    assert_eq!(revoked.len(), 1, "{listed}");
+    assert_eq!(revoked[0]["id"], id(&revoked_op));
+    after.stop.send(true).unwrap();
+}

@@ -432,7 +432,18 @@ pub fn set_role(
     Ok(true)
 }
 
-/// Disables a user: every token of theirs stops working at once (leases they hold stay
+/// The unrevoked tokens of the user `email`: what [`disable_principal`] revokes (the
+/// CLI records them in the store first).
+pub fn principal_tokens_to_revoke(
+    conn: &Connection,
+    email: &str,
+) -> Result<Vec<tokens::Found>, AdminError> {
+    let (id, _, _) = principal_by_email(conn, email)?;
+    Ok(tokens::unrevoked_of(conn, Kind::Principal, id)?)
+}
+
+/// Disables a user: every token of theirs is revoked at once (so a restore that brings
+/// back an older `principals_disabled` still knows them revoked; leases they hold stay
 /// until broken or stale). Audited as `admin.user_disabled`. `false` when already disabled.
 pub fn disable_principal(conn: &Connection, email: &str, actor: &str) -> Result<bool, AdminError> {
     let (id, org, _) = principal_by_email(conn, email)?;
@@ -443,6 +454,10 @@ pub fn disable_principal(conn: &Connection, email: &str, actor: &str) -> Result<
     )?;
     if inserted == 0 {
         return Ok(false);
+    }
+    let at = crate::store::now_rfc3339();
+    for token in tokens::unrevoked_of(conn, Kind::Principal, id)? {
+        tokens::revoke(conn, &token.sha256, &at)?;
     }
     let payload = serde_json::json!({ "email": normalize_email(email)? });
     audit_as(

@@ -12,8 +12,10 @@
 //! A restore writes a NEW database file from a snapshot and then adds every version
 //! committed after it, found in the blobs with the index rebuild's own claim
 //! collection and verification (`rebuild::collect_claims` / `resolve_claims`), so
-//! nothing acknowledged after the snapshot is missing. Everything is checked before
-//! the file appears; the live index is never touched.
+//! nothing acknowledged after the snapshot is missing. The caller's `finish` then
+//! brings what other modules recorded in the store up to date in the same transaction
+//! (the server passes `tokens::after_restore`: revocations made after the snapshot).
+//! Everything is checked before the file appears; the live index is never touched.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -261,9 +263,14 @@ pub async fn pick(blobs: &dyn BlobStore, from: Option<&str>) -> Result<BackupInf
     }
 }
 
+/// What a restore runs last, in its transaction, on the restored database (after the
+/// schemas and the versions): e.g. re-applying what the blob store recorded since.
+pub type Finish<'a> = &'a mut (dyn FnMut(&Connection) -> Result<(), rusqlite::Error> + Send);
+
 /// Restores `backup` (sealed under `dek`) into the new file `into` and adds every
-/// version committed after it, opened with `keys`. `progress(done, total)` is called as
-/// blobs are verified. Nothing is created unless every check passed.
+/// version committed after it, opened with `keys`, then runs `finish`. `progress(done,
+/// total)` is called as blobs are verified. Nothing is created unless every check passed.
+#[allow(clippy::too_many_arguments)]
 pub async fn restore(
     blobs: &dyn BlobStore,
     dek: &RootKey,
@@ -272,6 +279,7 @@ pub async fn restore(
     into: &Path,
     schemas: &[&str],
     progress: &(dyn Fn(usize, usize) + Sync),
+    finish: Finish<'_>,
 ) -> Result<RestoreReport, BackupError> {
     if into.exists() {
         return Err(BackupError::Exists(into.to_path_buf()));
@@ -306,7 +314,7 @@ pub async fn restore(
     std::fs::write(&scratch.0, &db)
         .map_err(|e| BackupError::Io(format!("cannot write {}: {e}", scratch.0.display())))?;
     let (added, dropped) =
-        complete(&scratch.0, schemas, &candidates, &present).map_err(|e| match e {
+        complete(&scratch.0, schemas, &candidates, &present, finish).map_err(|e| match e {
             Completion::Unusable(reason) => BackupError::NotADatabase {
                 id: backup.id.clone(),
                 reason,
@@ -338,12 +346,13 @@ enum Completion {
 /// Brings the snapshot at `path` up to date: checks it, applies `schemas` (an older
 /// snapshot gains newer tables and the audit triggers), makes it a self-contained
 /// rollback-journal file, drops rows whose blob is gone and adds the versions newer
-/// than the snapshot's newest of each scope. Returns (added, dropped).
+/// than the snapshot's newest of each scope, then runs `finish`. Returns (added, dropped).
 fn complete(
     path: &Path,
     schemas: &[&str],
     candidates: &[VersionRow],
     present: &HashSet<String>,
+    finish: Finish<'_>,
 ) -> Result<(Vec<VersionRow>, Vec<ScopeVersion>), Completion> {
     let unusable = |e: rusqlite::Error| Completion::Unusable(e.to_string());
     let mut conn = Connection::open(path).map_err(unusable)?;
@@ -388,6 +397,7 @@ fn complete(
         insert_version(&tx, row).map_err(write)?;
         added.push(row.clone());
     }
+    finish(&tx).map_err(write)?;
     tx.commit().map_err(write)?;
     conn.close().map_err(|(_, e)| write(e))?;
     Ok((added, dropped))

@@ -261,24 +261,6 @@ impl Metrics {
         self.store.backup_failures.inc();
     }
 
-    /// [`Metrics::render`] after counting the index's versions (one read query).
-    pub async fn render_with_index(&self, db: &crate::store::Db) -> Vec<u8> {
-        let counted = db
-            .read(|c| {
-                c.query_row(
-                    "SELECT count(*), coalesce(sum(size), 0) FROM versions",
-                    [],
-                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-                )
-            })
-            .await;
-        match counted {
-            Ok((versions, bytes)) => self.set_stored(versions, bytes),
-            Err(e) => tracing::warn!(error = %e, "cannot count versions for /metrics"),
-        }
-        self.render()
-    }
-
     pub fn observe(&self, route: &str, status: u16, seconds: f64) {
         self.requests
             .with_label_values(&[route, &status.to_string()])

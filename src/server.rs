@@ -105,10 +105,10 @@ pub async fn build_app_with_clock(
     // must not leave a fresh DEK behind.
     let metrics = Metrics::new();
     let store = open_state_store(config).await?;
-    let store = StateStore::new(
-        store.db.clone(),
-        crate::store::metered::MeteredStore::wrap(store.blobs().clone(), metrics.clone()),
-    );
+    let store = store.with_blobs(crate::store::metered::MeteredStore::wrap(
+        store.blobs().clone(),
+        metrics.clone(),
+    ));
     let root = load_root_key(config, true)?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =

@@ -76,10 +76,8 @@ fn stray_files(dir: &std::path::Path) -> Vec<String> {
 async fn restore_gives_back_the_snapshot_and_every_version_after_it() {
     let e = engine();
     let cluster_scope = "cluster/6f1c2a4e-0000-4000-8000-000000000001";
-    let token = e
-        .store
-        .db
-        .write(|c| {
+    let token =
+        e.db.write(|c| {
             identity::create_org(c, "acme")?;
             identity::create_cluster(
                 c,

@@ -64,8 +64,8 @@ impl Env {
         .await;
         let mut tokens = std::collections::HashMap::new();
         let (cluster, other_cluster) = {
-            let db = &server.app.cluster.store().db;
-            let admin = |f: AdminJob| async move { db.write(f).await.unwrap() };
+            let ops = &server.app.operator;
+            let admin = |f: AdminJob| async move { ops.admin_write(f).await.unwrap() };
             for org in ["acme", "globex", "initech"] {
                 admin(Box::new(move |c| {
                     identity::create_org(c, org).map(|()| String::new())

@@ -836,7 +836,6 @@ impl stategate::store::BlobStore for SlowStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_is_not_charged_for_the_time_the_server_is_busy_with_its_body() {
-    use stategate::store::StateStore;
     use stategate::tofu::TofuBackend;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // Allowance for 1 MiB: 2 s + 1 MiB at 4 MiB/s = 2.25 s of waiting for the client.
@@ -853,10 +852,7 @@ async fn a_client_is_not_charged_for_the_time_the_server_is_busy_with_its_body()
                 delay: std::time::Duration::from_millis(150),
             };
             let root = stategate::crypto::RootKey::from_base64(common::DEK).unwrap();
-            app.tofu = TofuBackend::new(
-                StateStore::new(store.db.clone(), std::sync::Arc::new(slow)),
-                root,
-            );
+            app.tofu = TofuBackend::new(store.with_blobs(std::sync::Arc::new(slow)), root);
         },
     )
     .await;

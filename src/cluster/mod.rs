@@ -188,6 +188,8 @@ fn check_holder(
 #[derive(Clone)]
 pub struct ClusterService {
     store: StateStore,
+    /// For this module's own tables (identities, leases); versions go through `store`.
+    db: crate::store::Db,
     /// `None` when `ADJ_STATE_ENC_KEY` is not configured: every route answers 503.
     key: Option<RootKey>,
     clock: Arc<dyn Clock>,
@@ -205,6 +207,7 @@ impl ClusterService {
         clock: Arc<dyn Clock>,
     ) -> Self {
         ClusterService {
+            db: store.index_handle(),
             store,
             key,
             clock,
@@ -250,7 +253,6 @@ impl ClusterService {
             .clone()
             .unwrap_or_else(|| cluster_id.chars().take(64).collect());
         let (principal, in_org) = self
-            .store
             .db
             .read(move |conn| {
                 let Some(principal) = identity::principal_by_token(conn, &token)? else {
@@ -298,8 +300,7 @@ impl ClusterService {
         let id = who.cluster_id.clone();
         let me = who.principal.id;
         let now = self.clock.now();
-        self.store
-            .db
+        self.db
             .read(move |conn| Ok(check_holder(conn, &id, me, now, "push rejected")))
             .await??;
         Ok(())
@@ -350,8 +351,7 @@ impl ClusterService {
         let now = self.clock.now();
         let stale_after = self.stale_after;
         let who = who.clone();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<String, ApiError> {
                 let id = &who.cluster_id;
                 let current = current_lease(conn, id).map_err(db_err)?;
@@ -390,8 +390,7 @@ impl ClusterService {
         let now = self.clock.now();
         let id = who.cluster_id.clone();
         let me = who.principal.id;
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<(), ApiError> {
                 check_holder(conn, &id, me, now, "lock lost")?;
                 lease::touch_lease(conn, &id, now).map_err(db_err)
@@ -403,8 +402,7 @@ impl ClusterService {
     pub async fn unlock(&self, who: &Authorized, force: bool) -> Result<(), ApiError> {
         let now = self.clock.now();
         let who = who.clone();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<(), ApiError> {
                 let id = &who.cluster_id;
                 let current = current_lease(conn, id).map_err(db_err)?;

@@ -318,9 +318,11 @@ impl Gateway {
             Ok(rows) => self.app.metrics.set_drift(&rows),
             Err(e) => tracing::warn!(error = %e, "cannot read drift outcomes for /metrics"),
         }
-        (self.app.metrics)
-            .render_with_index(&self.app.tofu.store().db)
-            .await
+        match self.app.tofu.store().totals().await {
+            Ok((versions, bytes)) => self.app.metrics.set_stored(versions, bytes),
+            Err(e) => tracing::warn!(error = %e, "cannot count versions for /metrics"),
+        }
+        self.app.metrics.render()
     }
 
     /// May this request read `/metrics`: no token configured, or it presents that bearer.

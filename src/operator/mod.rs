@@ -23,8 +23,8 @@ use crate::error::ApiError;
 use crate::names::validate_workspace;
 use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
-use crate::store::{latest_row, VersionRow};
-use crate::tofu::lock::HeldLock;
+use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
+use crate::tofu::lock::{all_locks, held_lock_since, HeldLock};
 use crate::tofu::TofuBackend;
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
@@ -202,36 +202,24 @@ pub fn workspace_rows(
     stale_after: i64,
 ) -> Result<Vec<WorkspaceSummary>, rusqlite::Error> {
     let mut out = std::collections::BTreeMap::<String, WorkspaceSummary>::new();
-    let mut stmt = conn.prepare(
-        "SELECT substr(v.scope, 4), v.version, v.serial, v.size, v.created_at, v.blob_key IS NULL
-           FROM versions v
-          WHERE v.scope LIKE 'tf/%'
-            AND v.version = (SELECT max(version) FROM versions w WHERE w.scope = v.scope)",
-    )?;
-    for row in stmt.query_map([], |r| {
-        Ok(WorkspaceSummary {
-            name: r.get(0)?,
-            version: r.get(1)?,
-            serial: r.get(2)?,
-            size: r.get(3)?,
-            updated_at: r.get(4)?,
-            deleted: r.get(5)?,
-            lock: None,
-        })
-    })? {
-        let row = row?;
-        out.insert(row.name.clone(), row);
-    }
-    let mut stmt = conn.prepare("SELECT workspace, lock_id, info, created_at FROM tf_locks")?;
-    let locks = stmt.query_map([], |r| {
-        let lock = HeldLock {
-            id: r.get(1)?,
-            info: r.get(2)?,
+    for row in latest_rows_under(conn, crate::tofu::SCOPE_PREFIX)? {
+        let Some(name) = row.scope.strip_prefix(crate::tofu::SCOPE_PREFIX) else {
+            continue;
         };
-        Ok((r.get::<_, String>(0)?, lock, r.get::<_, String>(3)?))
-    })?;
-    for lock in locks {
-        let (name, lock, created_at) = lock?;
+        out.insert(
+            name.to_string(),
+            WorkspaceSummary {
+                name: name.to_string(),
+                version: Some(row.version),
+                serial: row.serial,
+                size: Some(row.size),
+                updated_at: Some(row.created_at.clone()),
+                deleted: row.is_tombstone(),
+                lock: None,
+            },
+        );
+    }
+    for (name, lock, created_at) in all_locks(conn)? {
         let state = lock_state(&lock, &created_at, now, stale_after);
         out.entry(name.clone())
             .or_insert_with(|| WorkspaceSummary {
@@ -252,6 +240,9 @@ pub fn workspace_rows(
 #[derive(Clone)]
 pub struct Operations {
     tofu: TofuBackend,
+    /// For the operator's own reads and changes (operators, tokens, the audit log, and
+    /// reads joining the other modules' functions in one transaction).
+    db: Db,
     clusters: ClusterService,
     stale_after: i64,
     search_limits: SearchLimits,
@@ -262,6 +253,7 @@ pub struct Operations {
 impl Operations {
     pub fn new(tofu: TofuBackend, clusters: ClusterService, stale_after_seconds: u64) -> Self {
         Operations {
+            db: tofu.store().index_handle(),
             tofu,
             clusters,
             stale_after: i64::try_from(stale_after_seconds).unwrap_or(i64::MAX),
@@ -300,8 +292,6 @@ impl Operations {
     pub async fn authenticate(&self, token: Option<Vec<u8>>) -> Result<Operator, ApiError> {
         let token = token.ok_or(ApiError::OperatorRequired)?;
         let found = self
-            .tofu
-            .store()
             .db
             .read(move |c| identity::operator_by_token(c, &token))
             .await?;
@@ -313,7 +303,7 @@ impl Operations {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        self.tofu.store().db.write(f).await.map_err(admin_error)
+        self.db.write(f).await.map_err(admin_error)
     }
 
     /// A listing of operators or users, on the reader connection.
@@ -321,18 +311,13 @@ impl Operations {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let read = self.tofu.store().db.read(move |c| Ok(f(c))).await?;
+        let read = self.db.read(move |c| Ok(f(c))).await?;
         read.map_err(admin_error)
     }
 
     pub async fn list_workspaces(&self) -> Result<Vec<WorkspaceSummary>, ApiError> {
         let (now, stale) = (Self::now(), self.stale_after);
-        Ok(self
-            .tofu
-            .store()
-            .db
-            .read(move |c| workspace_rows(c, now, stale))
-            .await?)
+        Ok(self.db.read(move |c| workspace_rows(c, now, stale)).await?)
     }
 
     /// One workspace's summary (404 when it has neither versions nor a lock).
@@ -415,9 +400,7 @@ impl Operations {
             event: EVENT_REVEALED,
             payload: serde_json::json!({ "version": row.version, "via": via.as_str() }),
         };
-        self.tofu
-            .store()
-            .db
+        self.db
             .write(move |c| insert_audit(c, &entry).map_err(crate::store::db::DbError::from))
             .await?;
         Ok((row, body))
@@ -573,31 +556,7 @@ impl Operations {
         validate_workspace(workspace)?;
         let ws = workspace.to_string();
         let (now, stale) = (Self::now(), self.stale_after);
-        let held = self
-            .tofu
-            .store()
-            .db
-            .read(move |c| {
-                c.query_row(
-                    "SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1",
-                    [&ws],
-                    |r| {
-                        Ok((
-                            HeldLock {
-                                id: r.get(0)?,
-                                info: r.get(1)?,
-                            },
-                            r.get::<_, String>(2)?,
-                        ))
-                    },
-                )
-                .map(Some)
-                .or_else(|e| match e {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                    e => Err(e),
-                })
-            })
-            .await?;
+        let held = self.db.read(move |c| held_lock_since(c, &ws)).await?;
         Ok(held.map(|(lock, at)| lock_state(&lock, &at, now, stale)))
     }
 
@@ -628,8 +587,6 @@ impl Operations {
             )));
         }
         Ok(self
-            .tofu
-            .store()
             .db
             .read(move |c| list_audit_filtered(c, &filter, limit))
             .await?)
@@ -640,8 +597,6 @@ impl Operations {
         let now = Self::now();
         let stale = self.clusters.stale_seconds();
         let rows = self
-            .tofu
-            .store()
             .db
             .read(
                 move |c| -> Result<Result<Vec<ClusterSummary>, ApiError>, rusqlite::Error> {

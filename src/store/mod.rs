@@ -122,6 +122,22 @@ pub fn latest_row(conn: &Connection, scope: &str) -> Result<Option<VersionRow>, 
     .optional()
 }
 
+/// The newest row (tombstones included) of every scope that starts with `prefix`.
+/// Usable inside any transaction, so a caller can read its own tables beside it.
+pub fn latest_rows_under(
+    conn: &Connection,
+    prefix: &str,
+) -> Result<Vec<VersionRow>, rusqlite::Error> {
+    // A prefix compared as text (no LIKE, so no pattern characters to escape).
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {VERSION_COLUMNS} FROM versions v
+          WHERE substr(v.scope, 1, length(?1)) = ?1
+            AND v.version = (SELECT max(version) FROM versions w WHERE w.scope = v.scope)"
+    ))?;
+    let rows = stmt.query_map([prefix], row_to_version)?.collect();
+    rows
+}
+
 /// What a state write carries besides the bytes.
 pub struct NewVersion {
     pub scope: String,
@@ -231,7 +247,10 @@ pub struct StateStream {
 
 #[derive(Clone)]
 pub struct StateStore {
-    pub db: Db,
+    /// The index. Not for callers: the `versions` table's SQL is this module's. The
+    /// domain services take their own handle from it once, at construction, for their
+    /// own tables ([`Self::index_handle`]); `drift` still reads through the field.
+    pub(crate) db: Db,
     blobs: Arc<dyn BlobStore>,
     /// Writers of one scope take turns in this process, so they never race for a
     /// version number (the commit still re-checks); writers of other scopes never wait.
@@ -252,6 +271,32 @@ impl StateStore {
 
     pub fn blobs(&self) -> &Arc<dyn BlobStore> {
         &self.blobs
+    }
+
+    /// The same index over another blob store (a metering or fault-injecting wrapper).
+    pub fn with_blobs(&self, blobs: Arc<dyn BlobStore>) -> StateStore {
+        StateStore::new(self.db.clone(), blobs)
+    }
+
+    /// The database handle for a domain service's own tables (`tofu`: locks,
+    /// `cluster`: identities and leases, `operator`: operators, tokens and the audit
+    /// log's reads), taken once when the service is built.
+    pub(crate) fn index_handle(&self) -> Db {
+        self.db.clone()
+    }
+
+    /// How many versions the index holds and their total size in bytes (for `/metrics`).
+    pub async fn totals(&self) -> Result<(i64, i64), StoreError> {
+        Ok(self
+            .db
+            .read(|c| {
+                c.query_row(
+                    "SELECT count(*), coalesce(sum(size), 0) FROM versions",
+                    [],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+            })
+            .await?)
     }
 
     pub async fn latest(&self, scope: &str) -> Result<Option<VersionRow>, StoreError> {

@@ -97,6 +97,37 @@ pub fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>,
         .optional()
 }
 
+/// A workspace's lock and when it was taken (`created_at`, RFC 3339).
+pub fn held_lock_since(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<(HeldLock, String)>, rusqlite::Error> {
+    conn.prepare_cached("SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1")?
+        .query_row([workspace], |r| {
+            let lock = HeldLock {
+                id: r.get(0)?,
+                info: r.get(1)?,
+            };
+            Ok((lock, r.get(2)?))
+        })
+        .optional()
+}
+
+/// Every held lock: (workspace, lock, when it was taken).
+pub fn all_locks(conn: &Connection) -> Result<Vec<(String, HeldLock, String)>, rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT workspace, lock_id, info, created_at FROM tf_locks")?;
+    let rows = stmt
+        .query_map([], |r| {
+            let lock = HeldLock {
+                id: r.get(1)?,
+                info: r.get(2)?,
+            };
+            Ok((r.get(0)?, lock, r.get(3)?))
+        })?
+        .collect();
+    rows
+}
+
 pub fn put_lock(
     conn: &Connection,
     workspace: &str,
@@ -202,7 +233,25 @@ mod tests {
         );
         assert_eq!(held_lock(&conn, "ws").unwrap(), Some(held("a")));
         assert_eq!(held_lock(&conn, "other").unwrap(), None);
+        let (lock, since) = held_lock_since(&conn, "ws").unwrap().unwrap();
+        assert_eq!(lock, held("a"));
+        assert!(
+            crate::store::retention::parse_time(&since).is_some(),
+            "{since}"
+        );
+        put_lock(&conn, "other", &held("c")).unwrap();
+        let mut all: Vec<(String, String)> = all_locks(&conn)
+            .unwrap()
+            .into_iter()
+            .map(|(ws, lock, _)| (ws, lock.id))
+            .collect();
+        all.sort();
+        assert_eq!(
+            all,
+            [("other".into(), "c".into()), ("ws".into(), "a".into())]
+        );
         delete_lock(&conn, "ws").unwrap();
         assert_eq!(held_lock(&conn, "ws").unwrap(), None);
+        assert_eq!(held_lock_since(&conn, "ws").unwrap(), None);
     }
 }

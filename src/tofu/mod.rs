@@ -30,6 +30,8 @@ pub const MAX_LOCK_BODY: u64 = 64 * 1024;
 #[derive(Clone)]
 pub struct TofuBackend {
     store: StateStore,
+    /// For this module's own table (`tf_locks`); versions go through `store`.
+    db: crate::store::Db,
     root: RootKey,
 }
 
@@ -139,7 +141,11 @@ fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
 
 impl TofuBackend {
     pub fn new(store: StateStore, root: RootKey) -> Self {
-        TofuBackend { store, root }
+        TofuBackend {
+            db: store.index_handle(),
+            store,
+            root,
+        }
     }
 
     pub fn store(&self) -> &StateStore {
@@ -212,7 +218,7 @@ impl TofuBackend {
     /// Who holds the workspace lock right now.
     pub async fn lock_holder(&self, workspace: &str) -> Result<Option<HeldLock>, ApiError> {
         let ws = workspace.to_string();
-        Ok(self.store.db.read(move |c| held_lock(c, &ws)).await?)
+        Ok(self.db.read(move |c| held_lock(c, &ws)).await?)
     }
 
     /// An operator's force-unlock, audited as `tf.lock_forced` by `actor`. `expected`:
@@ -226,8 +232,7 @@ impl TofuBackend {
     ) -> Result<Option<HeldLock>, ApiError> {
         let ws = workspace.to_string();
         let actor = actor.to_string();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<Option<HeldLock>, ApiError> {
                 let Some(holder) = held_lock(conn, &ws).map_err(DbError::from)? else {
                     return Ok(None);
@@ -364,8 +369,7 @@ impl TofuBackend {
             info: info.raw,
         };
         let ws = workspace.to_string();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<(), ApiError> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
                 match (decide_lock(held.as_ref(), &wanted.id), held) {
@@ -387,8 +391,7 @@ impl TofuBackend {
     pub async fn unlock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
         let request = UnlockRequest::parse(body)?;
         let ws = workspace.to_string();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<(), ApiError> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
                 match (decide_unlock(held.as_ref(), &request), held) {

@@ -76,6 +76,8 @@ impl BlobStore for WatchedStore {
 pub struct Engine {
     pub dir: tempfile::TempDir,
     pub store: StateStore,
+    /// The same database, for what tests set up beside the store (identities).
+    pub db: stategate::store::Db,
     pub blobs: Arc<WatchedStore>,
     pub db_path: std::path::PathBuf,
     pub root: RootKey,
@@ -93,7 +95,8 @@ pub fn engine() -> Engine {
         fail_deletes: AtomicBool::new(false),
     });
     Engine {
-        store: StateStore::new(db, blobs.clone()),
+        store: StateStore::new(db.clone(), blobs.clone()),
+        db,
         blobs,
         db_path,
         root: RootKey::from_bytes([7; 32]),

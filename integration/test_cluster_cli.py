@@ -158,7 +158,7 @@ def test_cluster_cli_two_admins(server_factory):
 
     # Tokens exist only as hashes in the database.
     db = sqlite3.connect(f"file:{s.data_dir / 'stategate.db'}?mode=ro", uri=True)
-    hashes = {row[0] for row in db.execute("SELECT token_sha256 FROM principal_tokens")}
+    hashes = {row[0] for row in db.execute("SELECT sha256 FROM tokens WHERE kind = 'principal'")}
     db.close()
     for token in tokens.values():
         assert hashlib.sha256(token.encode()).hexdigest() in hashes

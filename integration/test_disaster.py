@@ -19,7 +19,7 @@ import time
 from harness import BACKEND_HTTP, Server, data_resource, stategate_bin, cli
 from test_cluster_cli import ENC_KEY, Cli, admin, tfstate
 
-TABLES = ["orgs", "principals", "principal_tokens", "clusters"]
+TABLES = ["orgs", "principals", "tokens", "clusters"]
 
 
 

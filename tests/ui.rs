@@ -17,7 +17,9 @@ use stategate::operator::identity as operators;
 const OPS: &str = "ops@example.com";
 const ACTOR: &str = "operator:ops@example.com";
 const EVIL: &str = "<script>alert(1)</script>";
-/// Sessions a cookie could still use (an ended one keeps its row, revoked).
+/// Every session row ever opened (an ended one keeps its row, revoked).
+const SESSIONS: &str = "SELECT count(*) FROM tokens WHERE kind = 'session'";
+/// Sessions a cookie could still use.
 const LIVE_SESSIONS: &str =
     "SELECT count(*) FROM tokens WHERE kind = 'session' AND revoked_at IS NULL";
 
@@ -366,7 +368,7 @@ async fn only_a_live_operator_token_logs_in_and_the_cookie_is_locked_down() {
         assert!(!r.body.contains("prod"), "{bad}: shows nothing");
         assert_security_headers(&r, bad);
     }
-    assert_eq!(env.server.count(LIVE_SESSIONS), 0);
+    assert_eq!(env.server.count(SESSIONS), 0);
 
     let r = env.login_with(&env.token).await;
     assert_eq!((r.status, r.location()), (303, Some("/ui/")));
@@ -1419,7 +1421,7 @@ async fn login_as(env: &Env, token: &str, headers: &[(&str, &str)]) -> Response 
 
 fn sessions_and_logins(env: &Env) -> (i64, i64) {
     (
-        env.server.count("SELECT count(*) FROM ui_sessions"),
+        env.server.count(SESSIONS),
         env.server
             .count("SELECT count(*) FROM audit WHERE event = 'ui.login'"),
     )
@@ -1512,10 +1514,7 @@ async fn cross_site_wrong_replayed_and_throttled_logins_open_no_session() {
     )
     .await;
     assert_eq!((r.status, r.location()), (303, Some("/ui/")), "{}", r.body);
-    assert_eq!(
-        env.server.count("SELECT count(*) FROM ui_sessions"),
-        before.0 + 1
-    );
+    assert_eq!(env.server.count(SESSIONS), before.0 + 1);
 }
 
 #[tokio::test]

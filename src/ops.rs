@@ -9,6 +9,7 @@ use anyhow::bail;
 
 use stategate::address;
 use stategate::config::Config;
+use stategate::installation;
 use stategate::names::validate_workspace;
 use stategate::server;
 use stategate::store::retention::Retention;
@@ -205,21 +206,54 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     })
 }
 
-/// `--into` must name a new file, never the live index (also via another spelling).
-fn refuse_live(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
+/// Whether `--into` names the live index (also via another spelling of its directory).
+fn is_live(config: &Config, into: &Path) -> bool {
     let live = config.db_path();
-    let same_as_live = into == live
+    into == live
         || matches!(
             (into.parent().map(std::fs::canonicalize), live.parent().map(std::fs::canonicalize)),
             (Some(Ok(a)), Some(Ok(b))) if a == b && into.file_name() == live.file_name()
-        );
-    if same_as_live {
+        )
+}
+
+/// `--into` names a new file. The live index's path is allowed only when it is gone
+/// (a lost disk) and no server holds the data dir. This is the check without side
+/// effects, run before any work; [`claim_into`] takes the lock before writing.
+fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
+    if !is_live(config, into) {
+        return Ok(());
+    }
+    if let Some(file) = installation::index_files(into).iter().find(|f| f.exists()) {
         bail!(
-            "--into {} is the live index; {what} into a new file and swap it in",
-            into.display()
+            "--into {} is the live index and {} exists; {what} into a new file and swap it in",
+            into.display(),
+            file.display()
         );
     }
     Ok(())
+}
+
+/// For the live index's path: the data dir's lock, proving no server runs there and
+/// keeping one from starting until the new file is complete (`None` for a new file
+/// elsewhere).
+fn claim_into(
+    config: &Config,
+    into: &Path,
+    what: &str,
+) -> anyhow::Result<Option<installation::DataDirLock>> {
+    if !is_live(config, into) {
+        return Ok(None);
+    }
+    let Some(lock) = installation::hold_without_server(config)? else {
+        bail!(
+            "--into {} is the live index and a stategate server is running on {}; {what} into a new file and swap it in",
+            into.display(),
+            config.data_dir.display()
+        );
+    };
+    // Again under the lock: a server that ran meanwhile may have created the index.
+    check_into(config, into, what)?;
+    Ok(Some(lock))
 }
 
 fn scope_keys(config: &Config) -> anyhow::Result<rebuild::ScopeKeys> {
@@ -229,8 +263,16 @@ fn scope_keys(config: &Config) -> anyhow::Result<rebuild::ScopeKeys> {
     ))
 }
 
-/// How to put a new database file in place of the live one.
-fn print_swap(config: &Config, into: &Path) {
+/// How to put a new database file in place of the live one (nothing to do when it was
+/// written there).
+fn print_swap(config: &Config, into: &Path, in_place: bool) {
+    if in_place {
+        println!(
+            "It is the index of {} already (no server was running there): start stategate.",
+            config.data_dir.display()
+        );
+        return;
+    }
     println!(
         "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
          mv {} {live}; start stategate.",
@@ -240,9 +282,10 @@ fn print_swap(config: &Config, into: &Path) {
 }
 
 pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
-    refuse_live(config, into, "rebuild")?;
+    check_into(config, into, "rebuild")?;
     let keys = scope_keys(config)?;
     let blobs = server::open_blob_store(config)?;
+    let claimed = claim_into(config, into, "rebuild")?;
     let rt = runtime()?;
     let bar = progress_bar("verifying blobs");
     let report = rt.block_on(rebuild::rebuild_index_with_progress(
@@ -291,7 +334,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
          and their tokens, web UI sessions, drift run history, and the cluster API's orgs, \
          users, tokens, clusters and leases. `stategate restore` (from a backup) has them."
     );
-    print_swap(config, into);
+    print_swap(config, into, claimed.is_some());
     Ok(())
 }
 
@@ -341,7 +384,7 @@ pub fn list_backups(config: &Config) -> anyhow::Result<()> {
 
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
-    refuse_live(config, into, "restore")?;
+    check_into(config, into, "restore")?;
     if into.exists() {
         bail!(
             "{} already exists; restore only ever writes a new file",
@@ -353,6 +396,7 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     let blobs = server::open_blob_store(config)?;
     let rt = runtime()?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
+    let claimed = claim_into(config, into, "restore")?;
     let bar = progress_bar("adding versions written after the backup");
     let report = rt.block_on(backup::restore(
         &*blobs,
@@ -397,6 +441,6 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
          tombstones and the audit log (changes to them after {} are not restored).",
         chosen.taken_at
     );
-    print_swap(config, into);
+    print_swap(config, into, claimed.is_some());
     Ok(())
 }

@@ -262,6 +262,9 @@ fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
 
 /// Runs the server until SIGTERM/SIGINT. Never returns.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    // Held until the process ends (`run_forever` never returns): a restore into the
+    // data dir checks it to prove no server is running there.
+    let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
     let app = {
         let rt = tokio::runtime::Builder::new_multi_thread()

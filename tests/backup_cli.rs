@@ -172,3 +172,90 @@ fn workspace_env_prints_the_address_the_server_recorded() {
         run.stdout
     );
 }
+
+/// After a lost disk the natural move is `restore --into <data_dir>/stategate.db`: it
+/// is allowed when neither the index (nor its log) nor a server is there, and refused
+/// otherwise without writing anything.
+#[test]
+fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let blobs = dir.path().join("blobs");
+    let cmd = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_stategate"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("STATEGATE_DATA_DIR", &data)
+            .env("STATEGATE_STORE_PATH", &blobs)
+            .env("STATEGATE_LISTEN", "127.0.0.1:0")
+            .env("STATEGATE_BACKUP_INTERVAL_SECONDS", "0")
+            .env("STATEGATE_DEK", DEK);
+        c
+    };
+    let run = |args: &[&str]| {
+        let out = cmd(args).output().unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    };
+    ok(&run(&["admin", "org", "create", "acme"]), "org create");
+    ok(&run(&["backup"]), "backup");
+    let live = data.join("stategate.db");
+    let live_arg = live.to_str().unwrap().to_string();
+    let restore = ["restore", "--into", live_arg.as_str()];
+
+    // The index is there: refused, nothing changed.
+    let before = std::fs::read(&live).unwrap();
+    one_line_error(&run(&restore), "is the live index and", "index present");
+    assert_eq!(std::fs::read(&live).unwrap(), before);
+
+    // The disk is lost (the key comes from the environment, the blobs live elsewhere).
+    std::fs::remove_dir_all(&data).unwrap();
+    let done = run(&restore);
+    ok(&done, "restore into the lost data dir");
+    assert!(
+        done.stdout
+            .contains("It is the index of") && !done.stdout.contains("To use it"),
+        "{}",
+        done.stdout
+    );
+    let orgs: i64 = rusqlite::Connection::open(&live)
+        .unwrap()
+        .query_row("SELECT count(*) FROM orgs WHERE name = 'acme'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(orgs, 1);
+
+    // A leftover log of the old index: refused (it would be replayed into the new one).
+    std::fs::remove_file(&live).unwrap();
+    std::fs::write(data.join("stategate.db-wal"), b"old log").unwrap();
+    one_line_error(&run(&restore), "stategate.db-wal exists", "old log present");
+    assert!(!live.exists());
+    std::fs::remove_file(data.join("stategate.db-wal")).unwrap();
+
+    // A live server on the data dir whose index went missing under it: refused.
+    let mut server = cmd(&["serve"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !data.join("address").exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "server did not start");
+        assert!(server.try_wait().unwrap().is_none(), "server exited");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for file in ["stategate.db", "stategate.db-wal", "stategate.db-shm"] {
+        let _ = std::fs::remove_file(data.join(file));
+    }
+    one_line_error(&run(&restore), "a stategate server is running on", "server running");
+    assert!(!live.exists());
+    server.kill().unwrap();
+    server.wait().unwrap();
+    ok(&run(&restore), "restore once the server is gone");
+    assert!(live.exists());
+}

@@ -125,7 +125,7 @@ impl Default for StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset or blank → every cluster route
-    /// answers 503 (`server::load_cluster_key` turns it into a key).
+    /// answers 503 (`installation::load_cluster_key` turns it into a key).
     pub state_enc_key: Option<Secret>,
     /// A lease without heartbeat for this long may be stolen.
     pub lease_stale_seconds: u64,
@@ -599,7 +599,12 @@ impl Config {
                 1_000_000_000,
                 Count,
             ),
-            b("retention.keep_days", self.retention.keep_days, 36_500, Days),
+            b(
+                "retention.keep_days",
+                self.retention.keep_days,
+                36_500,
+                Days,
+            ),
             b(
                 "retention.interval_seconds",
                 self.retention.interval_seconds,
@@ -645,7 +650,12 @@ impl Config {
                 HOUR,
                 Seconds,
             ),
-            b("drift_settings.keep_outputs", d.keep_outputs, 100_000, Count),
+            b(
+                "drift_settings.keep_outputs",
+                d.keep_outputs,
+                100_000,
+                Count,
+            ),
         ];
         for (i, check) in self.drift.iter().enumerate() {
             all.push(b(
@@ -896,7 +906,8 @@ pub const TOOLING_ENV_VARS: &[&str] = &[
 
 /// Prefixes of whole families of tooling variables (the test S3 store, the end-to-end
 /// and benchmark knobs).
-pub const TOOLING_ENV_PREFIXES: &[&str] = &["STATEGATE_TEST_", "STATEGATE_E2E_", "STATEGATE_BENCH_"];
+pub const TOOLING_ENV_PREFIXES: &[&str] =
+    &["STATEGATE_TEST_", "STATEGATE_E2E_", "STATEGATE_BENCH_"];
 
 /// Refuses a `STATEGATE_*` variable that is neither a setting ([`ENV_VARS`]), one the
 /// binary reads ([`BINARY_ENV_VARS`]) nor the tooling's, as the file refuses an
@@ -1586,7 +1597,9 @@ mod tests {
         for (var, closest) in table {
             let err = check_env_names(["PATH", var]).unwrap_err().to_string();
             assert!(
-                err.contains(&format!("unknown environment variable {var} (the closest known one is {closest})")),
+                err.contains(&format!(
+                    "unknown environment variable {var} (the closest known one is {closest})"
+                )),
                 "{err}"
             );
         }

@@ -1,5 +1,7 @@
 //! One installation on disk — the data dir, its keys, its index and its blob store —
-//! opened the same way for `serve` and for every operator command.
+//! opened the same way for `serve` and for every operator command: the DEK
+//! (`load_root_key`), the cluster key (`load_cluster_key`), both as `scope_keys`, the
+//! database with every schema, and the blob store proven reachable and writable.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
 //! shared for its whole life, and a command that writes a new index straight into the
@@ -8,11 +10,96 @@
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::config::Config;
+use crate::config::{Config, StoreKind};
+use crate::crypto::RootKey;
 use crate::store::blob::create_private_dir;
+use crate::store::rebuild::ScopeKeys;
+use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+
+/// Loads the DEK from config/env, else from the key file (creating it on first start).
+pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    if let Some(text) = &config.dek {
+        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
+    }
+    let path = config.dek_path();
+    if !create && !path.exists() {
+        anyhow::bail!(
+            "no DEK at {} (run `stategate serve` once to create it, or set STATEGATE_DEK / STATEGATE_DATA_DIR)",
+            path.display()
+        );
+    }
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let (key, created) = RootKey::load_or_create(&path)?;
+    if created {
+        tracing::warn!(
+            path = %path.display(),
+            "created a NEW data-encryption key. BACK IT UP NOW: without it every stored state is unreadable and every workspace credential changes"
+        );
+        eprintln!(
+            "\n*** stategate created a new data-encryption key at {} ***\n*** Back it up: without it every stored state is lost. ***\n",
+            path.display()
+        );
+    }
+    Ok(key)
+}
+
+/// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
+/// blank value, means the cluster API is not configured.
+pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
+    config
+        .cluster
+        .state_enc_key
+        .as_ref()
+        .filter(|k| !k.is_blank())
+        .map(|k| RootKey::from_base64(k.expose()))
+        .transpose()
+        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
+}
+
+pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+    Ok(match config.store.kind {
+        StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
+        StoreKind::S3 => Arc::new(S3Store::new(&config.store.s3)),
+    })
+}
+
+/// The storage engine as `serve` opens it: data dir, SQLite (all schemas), the blob
+/// store, proven reachable and writable. Also used by the operator commands.
+pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let db = open_database(config)?;
+    let blobs = open_blob_store(config)?;
+    blobs.check().await.with_context(|| {
+        format!(
+            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
+            blobs.describe()
+        )
+    })?;
+    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
+    Ok(StateStore::new(db, blobs))
+}
+
+/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
+pub fn open_database(config: &Config) -> anyhow::Result<Db> {
+    crate::schema::open_db(&config.db_path())
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))
+}
+
+/// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index
+/// rebuild and the restore; cluster scopes are skipped without `ADJ_STATE_ENC_KEY`.
+pub fn scope_keys(config: &Config) -> anyhow::Result<ScopeKeys> {
+    Ok(crate::schema::scope_keys(
+        load_root_key(config, false)?,
+        load_cluster_key(config)?,
+    ))
+}
 
 /// A held `flock` on `<data_dir>/serve.lock`; released when dropped (or the process ends).
 #[derive(Debug)]
@@ -103,7 +190,9 @@ mod tests {
         drop(first);
         assert!(hold_without_server(&config).unwrap().is_none());
         drop(second);
-        let writer = hold_without_server(&config).unwrap().expect("no server left");
+        let writer = hold_without_server(&config)
+            .unwrap()
+            .expect("no server left");
         let err = hold_for_serving(&config).unwrap_err().to_string();
         assert!(err.contains("a restore is writing"), "{err}");
         assert!(hold_without_server(&config).unwrap().is_none());

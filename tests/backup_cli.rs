@@ -217,8 +217,7 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
     let done = run(&restore);
     ok(&done, "restore into the lost data dir");
     assert!(
-        done.stdout
-            .contains("It is the index of") && !done.stdout.contains("To use it"),
+        done.stdout.contains("It is the index of") && !done.stdout.contains("To use it"),
         "{}",
         done.stdout
     );
@@ -245,14 +244,21 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
         .unwrap();
     let started = std::time::Instant::now();
     while !data.join("address").exists() {
-        assert!(started.elapsed() < std::time::Duration::from_secs(60), "server did not start");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "server did not start"
+        );
         assert!(server.try_wait().unwrap().is_none(), "server exited");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     for file in ["stategate.db", "stategate.db-wal", "stategate.db-shm"] {
         let _ = std::fs::remove_file(data.join(file));
     }
-    one_line_error(&run(&restore), "a stategate server is running on", "server running");
+    one_line_error(
+        &run(&restore),
+        "a stategate server is running on",
+        "server running",
+    );
     assert!(!live.exists());
     server.kill().unwrap();
     server.wait().unwrap();

@@ -97,8 +97,10 @@ fn bad_config_and_unknown_variables_stop_every_command_before_it_touches_anythin
                 lines[0]
             );
             // The value of an unknown variable is never echoed (it may be a secret).
-            for (_, value) in env {
-                assert!(!lines[0].contains(value), "{what}: {}", lines[0]);
+            if needle.starts_with("unknown environment variable") {
+                for (_, value) in env {
+                    assert!(!lines[0].contains(value), "{what}: {}", lines[0]);
+                }
             }
             assert!(!data.exists(), "{what}: the data dir was created");
         }

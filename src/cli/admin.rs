@@ -1,19 +1,242 @@
-//! Admin commands of the binary (`mod admin` in main.rs, not part of the library):
-//! orgs, users, tokens, clusters and the audit log of the cluster API. Each opens the
-//! database in the data dir (the server may keep running: SQLite has one writer at a
-//! time) and calls `cluster::identity` or `store::audit`; nothing here decides policy.
-//! Changes go through the writer, listings through the reader connection.
+//! The admin commands: operators, and the cluster API's orgs, users, tokens, clusters
+//! and the audit log. Each opens the database in the data dir (the server may keep
+//! running: SQLite has one writer at a time) and calls `cluster::identity`,
+//! `operator::identity` or `store::audit`; nothing here decides policy. Changes go
+//! through the writer, listings through the reader connection.
 
 use anyhow::Context;
+use clap::{Subcommand, ValueEnum};
 use rusqlite::Connection;
 
 use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::config::Config;
-use stategate::server;
+use stategate::installation;
+use stategate::operator::identity as operators;
 use stategate::store::{audit, blob::create_private_dir, Db};
 
-use crate::ops::{json_line, operator, runtime};
-use stategate::operator::identity as operators;
+use super::output::{json_line, json_lines, operator, print_token, runtime};
+
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Organizations (the unit clusters and admins belong to).
+    Org {
+        #[command(subcommand)]
+        command: OrgCommand,
+    },
+    /// Users (principals): an email in one org with a role.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Bearer tokens of existing users.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Clusters registered to an org.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// The append-only audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Operators: site-wide identities for the admin HTTP API (`/api/v1/admin/`).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum OperatorCommand {
+    /// Create an operator and print its bearer token ONCE (only its hash is stored).
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// Operator tokens.
+    Token {
+        #[command(subcommand)]
+        command: OperatorTokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum OperatorTokenCommand {
+    /// Print an additional token for an existing operator ONCE.
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// List operator tokens by id (JSON lines; tokens are never shown again).
+    List,
+    /// Revoke a token by the id `list` prints; it stops working at once.
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum OrgCommand {
+    /// Create an org.
+    Create { name: String },
+    /// List orgs (JSON lines).
+    List,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    Admin,
+    Member,
+}
+
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Create a user and print its bearer token ONCE (only its hash is stored).
+    Create {
+        #[arg(long)]
+        org: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// Change a user's role (audited).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// Disable a user: all their tokens stop working at once (audited).
+    Disable {
+        #[arg(long)]
+        email: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Print an additional bearer token for an existing user ONCE.
+    Create {
+        #[arg(long)]
+        email: String,
+    },
+    /// List users' tokens by id (JSON lines; tokens are never shown again).
+    List {
+        #[arg(long)]
+        email: Option<String>,
+    },
+    /// Revoke a user's token by the id `list` prints (audited).
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Register a cluster to an org and print its UUID.
+    Create {
+        #[arg(long)]
+        org: String,
+        /// Display name (the CLI asks for it back before a force-unlock).
+        #[arg(long)]
+        name: Option<String>,
+        /// Re-register an existing UUID (after `index rebuild` restored its states).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// List clusters (JSON lines).
+    List {
+        #[arg(long)]
+        org: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AuditCommand {
+    /// Print the newest audit rows, oldest first (JSON lines).
+    List {
+        /// Only this scope, e.g. `cluster/<uuid>` or `tf/<workspace>`.
+        #[arg(long, conflicts_with = "cluster")]
+        scope: Option<String>,
+        /// Only this cluster (same as --scope cluster/<uuid>).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Only this event, e.g. `cluster.state_lock_stolen`.
+        #[arg(long)]
+        event: Option<String>,
+        /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
+        #[arg(long, value_parser = stategate::store::audit::parse_instant)]
+        since: Option<time::OffsetDateTime>,
+        /// Only rows before this time (RFC 3339 or a date).
+        #[arg(long, value_parser = stategate::store::audit::parse_instant)]
+        until: Option<time::OffsetDateTime>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+}
+
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Role {
+        match role {
+            RoleArg::Admin => Role::Admin,
+            RoleArg::Member => Role::Member,
+        }
+    }
+}
+
+pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
+    match command {
+        AdminCommand::Org { command } => match command {
+            OrgCommand::Create { name } => create_org(config, name),
+            OrgCommand::List => list_orgs(config),
+        },
+        AdminCommand::User { command } => match command {
+            UserCommand::Create { org, email, role } => {
+                create_user(config, org, email, role.into())
+            }
+            UserCommand::SetRole { email, role } => set_role(config, email, role.into()),
+            UserCommand::Disable { email } => disable_user(config, email),
+        },
+        AdminCommand::Token { command } => match command {
+            TokenCommand::Create { email } => create_token(config, email),
+            TokenCommand::List { email } => list_tokens(config, email),
+            TokenCommand::Revoke { id } => revoke_token(config, id),
+        },
+        AdminCommand::Operator { command } => match command {
+            OperatorCommand::Create { email } => create_operator(config, email),
+            OperatorCommand::Token { command } => match command {
+                OperatorTokenCommand::Create { email } => create_operator_token(config, email),
+                OperatorTokenCommand::List => list_operator_tokens(config),
+                OperatorTokenCommand::Revoke { id } => revoke_operator_token(config, id),
+            },
+        },
+        AdminCommand::Cluster { command } => match command {
+            ClusterCommand::Create { org, name, id } => create_cluster(config, org, name, id),
+            ClusterCommand::List { org } => list_clusters(config, org),
+        },
+        AdminCommand::Audit {
+            command:
+                AuditCommand::List {
+                    scope,
+                    cluster,
+                    event,
+                    since,
+                    until,
+                    limit,
+                },
+        } => {
+            let filter = audit::AuditFilter {
+                scope,
+                event,
+                since,
+                until,
+                before_id: None,
+            };
+            list_audit(config, filter, cluster, limit)
+        }
+    }
+}
 
 /// The database in the data dir (created on first use) and a runtime to drive it.
 struct AdminDb {
@@ -27,7 +250,7 @@ impl AdminDb {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         Ok(AdminDb {
             rt: runtime()?,
-            db: server::open_database(config)?,
+            db: installation::open_database(config)?,
         })
     }
 
@@ -56,18 +279,13 @@ fn admin_error(e: AdminError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-fn print_token(token: &str) {
-    eprintln!("The token below is shown once and stored only as a hash. Keep it now:");
-    println!("{token}");
-}
-
 pub fn create_org(config: &Config, name: String) -> anyhow::Result<()> {
     AdminDb::open(config)?.write(move |c| identity::create_org(c, &name))
 }
 
 pub fn list_orgs(config: &Config) -> anyhow::Result<()> {
     for (name, created_at) in AdminDb::open(config)?.read(identity::list_orgs)? {
-        json_line(&serde_json::json!({ "name": name, "created_at": created_at }));
+        json_line(&serde_json::json!({ "name": name, "created_at": created_at }))?;
     }
     Ok(())
 }
@@ -99,10 +317,7 @@ pub fn create_cluster(
 
 pub fn list_clusters(config: &Config, org: Option<String>) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?.read(move |c| identity::list_clusters(c, org.as_deref()))?;
-    for row in rows {
-        json_line(&row);
-    }
-    Ok(())
+    json_lines(&rows)
 }
 
 /// The newest `limit` rows, oldest first; `cluster` is a shorthand for its scope.
@@ -118,10 +333,7 @@ pub fn list_audit(
     }));
     let rows =
         AdminDb::open(config)?.read(move |c| Ok(audit::list_audit_filtered(c, &filter, limit)?))?;
-    for row in rows {
-        json_line(&row);
-    }
-    Ok(())
+    json_lines(&rows)
 }
 
 pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()> {
@@ -148,8 +360,7 @@ pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
 pub fn list_tokens(config: &Config, email: Option<String>) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?
         .read(move |c| identity::list_principal_tokens(c, email.as_deref()))?;
-    rows.iter().for_each(json_line);
-    Ok(())
+    json_lines(&rows)
 }
 
 pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
@@ -172,8 +383,7 @@ pub fn create_operator_token(config: &Config, email: String) -> anyhow::Result<(
 
 pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?.read(operators::list_operator_tokens)?;
-    rows.iter().for_each(json_line);
-    Ok(())
+    json_lines(&rows)
 }
 
 pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {

@@ -64,7 +64,7 @@ fn backup_list_restore_and_their_errors() {
     let id = taken["id"].as_str().unwrap().to_string();
     assert!(taken["key"].as_str().unwrap().starts_with("backups/"));
 
-    let run = stategate(&data, DEK, &["backup", "list"]);
+    let run = stategate(&data, DEK, &["backup", "list", "--json"]);
     ok(&run, "backup list");
     assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
     assert!(run.stdout.contains(&id));
@@ -264,4 +264,77 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
     server.wait().unwrap();
     ok(&run(&restore), "restore once the server is gone");
     assert!(live.exists());
+}
+
+/// Every listing is a table for a person by default — times as `2026-12-01 18:21
+/// UTC`, never the stored RFC 3339 with nanoseconds — and JSON lines with `--json`.
+#[test]
+fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for args in [
+        &["admin", "org", "create", "acme"][..],
+        &[
+            "admin",
+            "user",
+            "create",
+            "--org",
+            "acme",
+            "--email",
+            "a@acme.example",
+            "--role",
+            "admin",
+        ],
+        &["admin", "operator", "create", "--email", "op@acme.example"],
+        &[
+            "admin", "cluster", "create", "--org", "acme", "--name", "edge",
+        ],
+        &["backup"],
+    ] {
+        ok(&stategate(&data, DEK, args), &format!("{args:?}"));
+    }
+    // (listing, its header's first column, the JSON field holding a time)
+    let listings: &[(&[&str], &str, &str)] = &[
+        (&["admin", "org", "list"], "ORG", "created_at"),
+        (&["admin", "token", "list"], "TOKEN ID", "created_at"),
+        (
+            &["admin", "operator", "token", "list"],
+            "TOKEN ID",
+            "created_at",
+        ),
+        (&["admin", "cluster", "list"], "CLUSTER", "created_at"),
+        (&["admin", "audit", "list"], "AT", "at"),
+        (&["backup", "list"], "BACKUP", "taken_at"),
+    ];
+    for (args, first_column, time_field) in listings {
+        let json_args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
+        let scripted = stategate(&data, DEK, &json_args);
+        ok(&scripted, &format!("{json_args:?}"));
+        let rows: Vec<serde_json::Value> = scripted
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {l}: {e}")))
+            .collect();
+        assert!(!rows.is_empty(), "{args:?}");
+        let table = stategate(&data, DEK, args);
+        ok(&table, &format!("{args:?}"));
+        let lines: Vec<&str> = table.stdout.lines().collect();
+        assert!(
+            lines[0].starts_with(first_column),
+            "{args:?}: {}",
+            table.stdout
+        );
+        assert_eq!(lines.len(), rows.len() + 1, "{args:?}: {}", table.stdout);
+        for row in &rows {
+            let stored = row[*time_field].as_str().unwrap();
+            assert!(stored.ends_with('Z'), "{args:?}: {stored}");
+            let shown = format!("{} {} UTC", &stored[..10], &stored[11..16]);
+            assert!(
+                table.stdout.contains(&shown),
+                "{args:?}: {shown} in\n{}",
+                table.stdout
+            );
+            assert!(!table.stdout.contains(stored), "{args:?}: {}", table.stdout);
+        }
+    }
 }

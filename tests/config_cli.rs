@@ -43,8 +43,9 @@ fn bad_config_and_unknown_variables_stop_every_command_before_it_touches_anythin
         "endless.toml",
         "[[drift]]\nworkspace = \"prod\"\ndir = \"/srv/prod\"\ntimeout_seconds = 9223372036854775807\n",
     );
-    // (config file, extra env, the message on stderr)
-    let cases: Vec<(Option<&str>, Vec<(&str, &str)>, &str)> = vec![
+    /// (config file, extra env, the message on stderr)
+    type Case<'a> = (Option<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             Some(&relative),
             vec![],

@@ -14,7 +14,7 @@ use stategate::installation;
 use stategate::operator::identity as operators;
 use stategate::store::{audit, blob::create_private_dir, Db};
 
-use super::output::{json_line, json_lines, operator, print_token, runtime};
+use super::output::{listing, operator, print_token, runtime, when, when_opt};
 
 #[derive(Subcommand)]
 pub enum AdminCommand {
@@ -71,8 +71,12 @@ pub enum OperatorTokenCommand {
         #[arg(long)]
         email: String,
     },
-    /// List operator tokens by id (JSON lines; tokens are never shown again).
-    List,
+    /// List operator tokens by id (tokens are never shown again).
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Revoke a token by the id `list` prints; it stops working at once.
     Revoke { id: String },
 }
@@ -81,8 +85,12 @@ pub enum OperatorTokenCommand {
 pub enum OrgCommand {
     /// Create an org.
     Create { name: String },
-    /// List orgs (JSON lines).
-    List,
+    /// List orgs.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -123,8 +131,12 @@ pub enum TokenCommand {
         #[arg(long)]
         email: String,
     },
-    /// List users' tokens by id (JSON lines; tokens are never shown again).
+    /// List users' tokens by id (tokens are never shown again).
     List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+
         #[arg(long)]
         email: Option<String>,
     },
@@ -145,8 +157,12 @@ pub enum ClusterCommand {
         #[arg(long)]
         id: Option<String>,
     },
-    /// List clusters (JSON lines).
+    /// List clusters.
     List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+
         #[arg(long)]
         org: Option<String>,
     },
@@ -154,8 +170,12 @@ pub enum ClusterCommand {
 
 #[derive(Subcommand)]
 pub enum AuditCommand {
-    /// Print the newest audit rows, oldest first (JSON lines).
+    /// Print the newest audit rows, oldest first.
     List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+
         /// Only this scope, e.g. `cluster/<uuid>` or `tf/<workspace>`.
         #[arg(long, conflicts_with = "cluster")]
         scope: Option<String>,
@@ -189,7 +209,7 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
     match command {
         AdminCommand::Org { command } => match command {
             OrgCommand::Create { name } => create_org(config, name),
-            OrgCommand::List => list_orgs(config),
+            OrgCommand::List { json } => list_orgs(config, json),
         },
         AdminCommand::User { command } => match command {
             UserCommand::Create { org, email, role } => {
@@ -200,20 +220,20 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
         },
         AdminCommand::Token { command } => match command {
             TokenCommand::Create { email } => create_token(config, email),
-            TokenCommand::List { email } => list_tokens(config, email),
+            TokenCommand::List { email, json } => list_tokens(config, email, json),
             TokenCommand::Revoke { id } => revoke_token(config, id),
         },
         AdminCommand::Operator { command } => match command {
             OperatorCommand::Create { email } => create_operator(config, email),
             OperatorCommand::Token { command } => match command {
                 OperatorTokenCommand::Create { email } => create_operator_token(config, email),
-                OperatorTokenCommand::List => list_operator_tokens(config),
+                OperatorTokenCommand::List { json } => list_operator_tokens(config, json),
                 OperatorTokenCommand::Revoke { id } => revoke_operator_token(config, id),
             },
         },
         AdminCommand::Cluster { command } => match command {
             ClusterCommand::Create { org, name, id } => create_cluster(config, org, name, id),
-            ClusterCommand::List { org } => list_clusters(config, org),
+            ClusterCommand::List { org, json } => list_clusters(config, org, json),
         },
         AdminCommand::Audit {
             command:
@@ -224,6 +244,7 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                     since,
                     until,
                     limit,
+                    json,
                 },
         } => {
             let filter = audit::AuditFilter {
@@ -233,7 +254,7 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                 until,
                 before_id: None,
             };
-            list_audit(config, filter, cluster, limit)
+            list_audit(config, filter, cluster, limit, json)
         }
     }
 }
@@ -283,11 +304,16 @@ pub fn create_org(config: &Config, name: String) -> anyhow::Result<()> {
     AdminDb::open(config)?.write(move |c| identity::create_org(c, &name))
 }
 
-pub fn list_orgs(config: &Config) -> anyhow::Result<()> {
-    for (name, created_at) in AdminDb::open(config)?.read(identity::list_orgs)? {
-        json_line(&serde_json::json!({ "name": name, "created_at": created_at }))?;
-    }
-    Ok(())
+pub fn list_orgs(config: &Config, json: bool) -> anyhow::Result<()> {
+    let rows: Vec<serde_json::Value> = AdminDb::open(config)?
+        .read(identity::list_orgs)?
+        .into_iter()
+        .map(|(name, created_at)| serde_json::json!({ "name": name, "created_at": created_at }))
+        .collect();
+    let text = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+    listing(&rows, json, "no orgs yet", &["ORG", "CREATED"], |o| {
+        vec![text(o, "name"), when(&text(o, "created_at"))]
+    })
 }
 
 pub fn create_user(config: &Config, org: String, email: String, role: Role) -> anyhow::Result<()> {
@@ -315,9 +341,22 @@ pub fn create_cluster(
     Ok(())
 }
 
-pub fn list_clusters(config: &Config, org: Option<String>) -> anyhow::Result<()> {
+pub fn list_clusters(config: &Config, org: Option<String>, json: bool) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?.read(move |c| identity::list_clusters(c, org.as_deref()))?;
-    json_lines(&rows)
+    listing(
+        &rows,
+        json,
+        "no clusters",
+        &["CLUSTER", "ORG", "NAME", "CREATED"],
+        |c| {
+            vec![
+                c.id.clone(),
+                c.org.clone(),
+                c.name.clone().unwrap_or_else(|| "-".into()),
+                when(&c.created_at),
+            ]
+        },
+    )
 }
 
 /// The newest `limit` rows, oldest first; `cluster` is a shorthand for its scope.
@@ -326,6 +365,7 @@ pub fn list_audit(
     mut filter: audit::AuditFilter,
     cluster: Option<String>,
     limit: u32,
+    json: bool,
 ) -> anyhow::Result<()> {
     filter.scope = filter.scope.or(cluster.map(|id| {
         let id = uuid::Uuid::parse_str(&id).map_or(id, |u| u.hyphenated().to_string());
@@ -333,7 +373,39 @@ pub fn list_audit(
     }));
     let rows =
         AdminDb::open(config)?.read(move |c| Ok(audit::list_audit_filtered(c, &filter, limit)?))?;
-    json_lines(&rows)
+    listing(
+        &rows,
+        json,
+        "no audit rows match",
+        &["AT", "EVENT", "SCOPE", "ACTOR", "DETAILS"],
+        |r| {
+            vec![
+                when(&r.at),
+                r.event.clone(),
+                r.scope.clone(),
+                r.actor.clone(),
+                r.payload.to_string(),
+            ]
+        },
+    )
+}
+
+/// The columns of a token listing (principal or operator tokens).
+fn token_listing(rows: &[identity::TokenRow], json: bool) -> anyhow::Result<()> {
+    listing(
+        rows,
+        json,
+        "no tokens",
+        &["TOKEN ID", "EMAIL", "CREATED", "REVOKED"],
+        |t| {
+            vec![
+                t.id.clone(),
+                t.email.clone(),
+                when(&t.created_at),
+                when_opt(t.revoked_at.as_deref()),
+            ]
+        },
+    )
 }
 
 pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()> {
@@ -357,10 +429,10 @@ pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn list_tokens(config: &Config, email: Option<String>) -> anyhow::Result<()> {
+pub fn list_tokens(config: &Config, email: Option<String>, json: bool) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?
         .read(move |c| identity::list_principal_tokens(c, email.as_deref()))?;
-    json_lines(&rows)
+    token_listing(&rows, json)
 }
 
 pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
@@ -381,9 +453,9 @@ pub fn create_operator_token(config: &Config, email: String) -> anyhow::Result<(
     Ok(())
 }
 
-pub fn list_operator_tokens(config: &Config) -> anyhow::Result<()> {
+pub fn list_operator_tokens(config: &Config, json: bool) -> anyhow::Result<()> {
     let rows = AdminDb::open(config)?.read(operators::list_operator_tokens)?;
-    json_lines(&rows)
+    token_listing(&rows, json)
 }
 
 pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@ use stategate::drift::{DriftService, Run};
 use stategate::installation;
 
 use super::output::{
-    cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table,
+    cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table, when,
 };
 
 #[derive(Subcommand)]
@@ -128,7 +128,7 @@ pub fn runs_table(rows: &[Run]) -> String {
                 outcome,
                 changes_text(r),
                 opt(r.serial),
-                r.started_at.clone(),
+                when(&r.started_at),
                 r.trigger.clone(),
                 r.message.clone().unwrap_or_default(),
             ]

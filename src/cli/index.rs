@@ -15,7 +15,9 @@ use stategate::installation;
 use stategate::store::retention::Retention;
 use stategate::store::{backup, rebuild};
 
-use super::output::{advance, json_line, json_lines, progress_bar, require_db, runtime, spinner};
+use super::output::{
+    advance, json_line, listing, progress_bar, require_db, runtime, spinner, when,
+};
 
 #[derive(Subcommand)]
 pub enum IndexCommand {
@@ -31,8 +33,12 @@ pub enum IndexCommand {
 
 #[derive(Subcommand)]
 pub enum BackupCommand {
-    /// List the backups in the store, oldest first (JSON lines).
-    List,
+    /// List the backups in the store, oldest first.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
@@ -44,7 +50,7 @@ pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
 pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Result<()> {
     match command {
         None => backup(config),
-        Some(BackupCommand::List) => list_backups(config),
+        Some(BackupCommand::List { json }) => list_backups(config, json),
     }
 }
 
@@ -270,13 +276,16 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn list_backups(config: &Config) -> anyhow::Result<()> {
+pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
     let blobs = installation::open_blob_store(config)?;
     let all = runtime()?.block_on(backup::list_backups(&*blobs))?;
-    if all.is_empty() {
-        eprintln!("no backups in {}", blobs.describe());
-    }
-    json_lines(&all)
+    listing(
+        &all,
+        json,
+        &format!("no backups in {}", blobs.describe()),
+        &["BACKUP", "TAKEN", "KEY"],
+        |b| vec![b.id.clone(), when(&b.taken_at), b.key.clone()],
+    )
 }
 
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.

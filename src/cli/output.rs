@@ -134,17 +134,6 @@ pub fn when_opt(rfc3339: Option<&str>) -> String {
     rfc3339.map_or_else(|| "-".to_string(), when)
 }
 
-/// [`when`] of Unix seconds.
-pub fn when_unix(seconds: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(seconds)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .map_or_else(|| seconds.to_string(), |t| when(&t))
-}
-
 /// Asks for `name` back before `action` (from a terminal or a pipe); anything else
 /// aborts.
 pub fn confirmed(name: &str, action: &str) -> anyhow::Result<bool> {
@@ -216,7 +205,6 @@ mod tests {
             assert_eq!(when(stored), shown);
         }
         assert_eq!(when_opt(None), "-");
-        assert_eq!(when_unix(0), "1970-01-01 00:00 UTC");
         let text = table(
             &["A", "LONGER"],
             &[

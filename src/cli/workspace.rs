@@ -21,6 +21,7 @@ use stategate::store::{history, WriteOutcome};
 
 use super::output::{
     age, cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table,
+    when_opt,
 };
 
 #[derive(Subcommand)]
@@ -237,7 +238,7 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.version) + if w.deleted { " (deleted)" } else { "" },
                 opt(w.serial),
                 opt(w.size),
-                w.updated_at.clone().unwrap_or_else(|| "-".into()),
+                when_opt(w.updated_at.as_deref()),
                 w.lock.as_ref().map_or("-".into(), lock_text),
             ]
         })

@@ -1229,7 +1229,7 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
     let (ms, _) = time_cli(
         opts,
         &data,
-        &["admin", "audit", "list", "--scope", &scope],
+        &["admin", "audit", "list", "--scope", &scope, "--json"],
         3,
     );
     report.row(

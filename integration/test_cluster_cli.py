@@ -77,7 +77,7 @@ def setup_identities(s):
     assert bad.returncode != 0
     cluster = admin(s, "cluster", "create", "--org", "acme", "--name", "prod").stdout.strip()
     assert str(uuid.UUID(cluster)) == cluster
-    listed = [json.loads(line) for line in admin(s, "cluster", "list", "--org", "acme").stdout.splitlines()]
+    listed = [json.loads(line) for line in admin(s, "cluster", "list", "--org", "acme", "--json").stdout.splitlines()]
     assert [(c["id"], c["org"], c["name"]) for c in listed] == [(cluster, "acme", "prod")]
     return tokens, cluster
 
@@ -137,7 +137,7 @@ def test_cluster_cli_two_admins(server_factory):
     assert http("GET", f"{s.url}/v1/clusters/{cluster}/tfstate", bearer="sgp_nope").status == 401
 
     # The audit log, through the CLI.
-    rows = [json.loads(line) for line in admin(s, "audit", "list", "--cluster", cluster).stdout.splitlines()]
+    rows = [json.loads(line) for line in admin(s, "audit", "list", "--cluster", cluster, "--json").stdout.splitlines()]
     events = [(r["event"], r["actor"]) for r in rows if not r["event"].startswith("admin.")]
     assert events == [
         ("cluster.state_lock_acquired", "alice@acme.example"),
@@ -153,7 +153,7 @@ def test_cluster_cli_two_admins(server_factory):
     assert by["cluster.state_lock_stolen"]["payload"]["previous_holder"]["holder_email"] == "alice@acme.example"
     assert by["cluster.state_lock_broken"]["payload"]["previous_holder"]["holder_email"] == "alice@acme.example"
     assert all(r["org"] == "acme" and r["scope"] == f"cluster/{cluster}" and r["at"] for r in rows)
-    only_broken = admin(s, "audit", "list", "--event", "cluster.state_lock_broken").stdout.splitlines()
+    only_broken = admin(s, "audit", "list", "--event", "cluster.state_lock_broken", "--json").stdout.splitlines()
     assert len(only_broken) == 1
 
     # Tokens exist only as hashes in the database.

@@ -32,7 +32,7 @@ def dump(db, sql: str) -> list[tuple]:
 
 
 def backup_ids(server) -> list[str]:
-    return [json.loads(line)["id"] for line in cli(server, "backup", "list").stdout.splitlines()]
+    return [json.loads(line)["id"] for line in cli(server, "backup", "list", "--json").stdout.splitlines()]
 
 
 def wait_for_new_backup(server, known: list[str], timeout: float = 60) -> str:

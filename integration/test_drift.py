@@ -174,7 +174,7 @@ def test_in_sync_drifted_approved_apply_in_sync(server_factory, ws_name, make_tf
         assert not kept.exists(), "a used plan is deleted"
         twice = cli(server, "drift", "apply", str(drifted["id"]), "--yes", ok=False)
         assert twice.returncode != 0 and "already approved" in twice.stderr, twice.stderr
-        audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout.splitlines()]
+        audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--json").stdout.splitlines()]
         events = [a["event"] for a in audit]
         assert "drift.apply_approved" in events and "drift.applied" in events, events
 
@@ -316,7 +316,7 @@ def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, 
     while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1][:3]:
         assert time.monotonic() < deadline, f"the child's own child {pid} survived the timeout"
         time.sleep(0.05)
-    audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--event", "tf.lock_forced").stdout.splitlines()]
+    audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--event", "tf.lock_forced", "--json").stdout.splitlines()]
     assert [a["actor"] for a in audit] == [f"drift:run-{hung['id']}"], audit
     assert audit[0]["payload"]["lock_id"] == "hung-plan-lock"
     assert os.path.exists(server.data_dir / "drift")

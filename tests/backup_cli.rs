@@ -64,7 +64,7 @@ fn backup_list_restore_and_their_errors() {
     let id = taken["id"].as_str().unwrap().to_string();
     assert!(taken["key"].as_str().unwrap().starts_with("backups/"));
 
-    let run = stategate(&data, DEK, &["backup", "list"]);
+    let run = stategate(&data, DEK, &["backup", "list", "--json"]);
     ok(&run, "backup list");
     assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
     assert!(run.stdout.contains(&id));
@@ -348,7 +348,7 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
     );
     // Logging in again works, and the listing still names the revoked tokens.
     assert!(after.session_live(&after.login(&kept_op).await).await);
-    let listed = cli(&data, &["admin", "operator", "token", "list"]);
+    let listed = cli(&data, &["admin", "operator", "token", "list", "--json"]);
     let revoked: Vec<serde_json::Value> = listed
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -357,4 +357,170 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
     assert_eq!(revoked.len(), 1, "{listed}");
     assert_eq!(revoked[0]["id"], id(&revoked_op));
     after.stop.send(true).unwrap();
+}
+
+/// After a lost disk the natural move is `restore --into <data_dir>/stategate.db`: it
+/// is allowed when neither the index (nor its log) nor a server is there, and refused
+/// otherwise without writing anything.
+#[test]
+fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let blobs = dir.path().join("blobs");
+    let cmd = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_stategate"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("STATEGATE_DATA_DIR", &data)
+            .env("STATEGATE_STORE_PATH", &blobs)
+            .env("STATEGATE_LISTEN", "127.0.0.1:0")
+            .env("STATEGATE_BACKUP_INTERVAL_SECONDS", "0")
+            .env("STATEGATE_DEK", DEK);
+        c
+    };
+    let run = |args: &[&str]| {
+        let out = cmd(args).output().unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    };
+    ok(&run(&["admin", "org", "create", "acme"]), "org create");
+    ok(&run(&["backup"]), "backup");
+    let live = data.join("stategate.db");
+    let live_arg = live.to_str().unwrap().to_string();
+    let restore = ["restore", "--into", live_arg.as_str()];
+
+    // The index is there: refused, nothing changed.
+    let before = std::fs::read(&live).unwrap();
+    one_line_error(&run(&restore), "is the live index and", "index present");
+    assert_eq!(std::fs::read(&live).unwrap(), before);
+
+    // The disk is lost (the key comes from the environment, the blobs live elsewhere).
+    std::fs::remove_dir_all(&data).unwrap();
+    let done = run(&restore);
+    ok(&done, "restore into the lost data dir");
+    assert!(
+        done.stdout.contains("It is the index of") && !done.stdout.contains("To use it"),
+        "{}",
+        done.stdout
+    );
+    let orgs: i64 = rusqlite::Connection::open(&live)
+        .unwrap()
+        .query_row("SELECT count(*) FROM orgs WHERE name = 'acme'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(orgs, 1);
+
+    // A leftover log of the old index: refused (it would be replayed into the new one).
+    std::fs::remove_file(&live).unwrap();
+    std::fs::write(data.join("stategate.db-wal"), b"old log").unwrap();
+    one_line_error(&run(&restore), "stategate.db-wal exists", "old log present");
+    assert!(!live.exists());
+    std::fs::remove_file(data.join("stategate.db-wal")).unwrap();
+
+    // A live server on the data dir whose index went missing under it: refused.
+    let mut server = cmd(&["serve"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !data.join("address").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "server did not start"
+        );
+        assert!(server.try_wait().unwrap().is_none(), "server exited");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for file in ["stategate.db", "stategate.db-wal", "stategate.db-shm"] {
+        let _ = std::fs::remove_file(data.join(file));
+    }
+    one_line_error(
+        &run(&restore),
+        "a stategate server is running on",
+        "server running",
+    );
+    assert!(!live.exists());
+    server.kill().unwrap();
+    server.wait().unwrap();
+    ok(&run(&restore), "restore once the server is gone");
+    assert!(live.exists());
+}
+
+/// Every listing is a table for a person by default — times as `2026-12-01 18:21
+/// UTC`, never the stored RFC 3339 with nanoseconds — and JSON lines with `--json`.
+#[test]
+fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for args in [
+        &["admin", "org", "create", "acme"][..],
+        &[
+            "admin",
+            "user",
+            "create",
+            "--org",
+            "acme",
+            "--email",
+            "a@acme.example",
+            "--role",
+            "admin",
+        ],
+        &["admin", "operator", "create", "--email", "op@acme.example"],
+        &[
+            "admin", "cluster", "create", "--org", "acme", "--name", "edge",
+        ],
+        &["backup"],
+    ] {
+        ok(&stategate(&data, DEK, args), &format!("{args:?}"));
+    }
+    // (listing, its header's first column, the JSON field holding a time)
+    let listings: &[(&[&str], &str, &str)] = &[
+        (&["admin", "org", "list"], "ORG", "created_at"),
+        (&["admin", "token", "list"], "TOKEN ID", "created_at"),
+        (
+            &["admin", "operator", "token", "list"],
+            "TOKEN ID",
+            "created_at",
+        ),
+        (&["admin", "cluster", "list"], "CLUSTER", "created_at"),
+        (&["admin", "audit", "list"], "AT", "at"),
+        (&["backup", "list"], "BACKUP", "taken_at"),
+    ];
+    for (args, first_column, time_field) in listings {
+        let json_args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
+        let scripted = stategate(&data, DEK, &json_args);
+        ok(&scripted, &format!("{json_args:?}"));
+        let rows: Vec<serde_json::Value> = scripted
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {l}: {e}")))
+            .collect();
+        assert!(!rows.is_empty(), "{args:?}");
+        let table = stategate(&data, DEK, args);
+        ok(&table, &format!("{args:?}"));
+        let lines: Vec<&str> = table.stdout.lines().collect();
+        assert!(
+            lines[0].starts_with(first_column),
+            "{args:?}: {}",
+            table.stdout
+        );
+        assert_eq!(lines.len(), rows.len() + 1, "{args:?}: {}", table.stdout);
+        for row in &rows {
+            let stored = row[*time_field].as_str().unwrap();
+            assert!(stored.ends_with('Z'), "{args:?}: {stored}");
+            let shown = format!("{} {} UTC", &stored[..10], &stored[11..16]);
+            assert!(
+                table.stdout.contains(&shown),
+                "{args:?}: {shown} in\n{}",
+                table.stdout
+            );
+            assert!(!table.stdout.contains(stored), "{args:?}: {}", table.stdout);
+        }
+    }
 }

@@ -198,7 +198,7 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    /// `key`: the `ADJ_STATE_ENC_KEY` root (`server::load_cluster_key`); `None` turns
+    /// `key`: the `ADJ_STATE_ENC_KEY` root (`installation::load_cluster_key`); `None` turns
     /// the API off (503 after authentication).
     pub fn new(
         store: StateStore,

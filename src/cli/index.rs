@@ -1,144 +1,58 @@
-//! Operator commands of the binary (`mod ops` in main.rs, not part of the library):
-//! `workspace env|history|rollback`, `prune`, `index rebuild`, `backup`, `restore`. Each opens what it needs
-//! the way `serve` does (`server::open_state_store`, `open_database`, `load_root_key`)
-//! and calls the engine; nothing here decides policy.
+//! The index and store commands: `prune` (the retention policy now), `index
+//! rebuild` (a new index from the blobs alone), `backup`, `backup list` and
+//! `restore` (a new index from a backup plus every version after it). Each opens what
+//! it needs through `stategate::installation` and calls the engine; a new index is
+//! only ever written into a new file, or into the live path when no index and no
+//! server is there.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
+use clap::Subcommand;
 
-use stategate::address;
 use stategate::config::Config;
-use stategate::names::validate_workspace;
-use stategate::server;
+use stategate::installation;
 use stategate::store::retention::Retention;
-use stategate::store::{backup, history, rebuild, WriteOutcome};
+use stategate::store::{backup, rebuild};
 use stategate::tokens;
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
+use super::output::{
+    advance, json_line, listing, progress_bar, require_db, runtime, spinner, when,
+};
+
+#[derive(Subcommand)]
+pub enum IndexCommand {
+    /// Rebuild the version index from the blob store alone into a NEW database file
+    /// (the live one is never touched); prints how to swap it in.
+    Rebuild {
+        /// Path of the new database file (must not exist, or the live index's path
+        /// when it is gone and no server runs on the data dir).
+        #[arg(long)]
+        into: PathBuf,
+    },
 }
 
-/// Operator commands work on an existing installation: never create an empty index.
-fn require_db(config: &Config) -> anyhow::Result<()> {
-    let path = config.db_path();
-    if !path.exists() {
-        bail!(
-            "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
-            path.display()
-        );
-    }
-    Ok(())
+#[derive(Subcommand)]
+pub enum BackupCommand {
+    /// List the backups in the store, oldest first.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// One JSON object per line on stdout: what the listing commands print.
-pub fn json_line(value: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string(value).expect("JSON values serialize")
-    );
-}
-
-/// A progress bar on stderr for long work; drawn only when stderr is a terminal
-/// (indicatif hides it otherwise), so piped output stays clean.
-fn progress_bar(what: &'static str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} blobs ({eta})")
-            .expect("valid template"),
-    );
-    bar.set_message(what);
-    bar
-}
-
-/// A spinner for work without a count (a snapshot, a retention pass).
-fn spinner(what: &'static str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_message(what);
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
-}
-
-/// `progress(done, total)` for the engine, moving `bar`.
-fn advance(bar: &indicatif::ProgressBar) -> impl Fn(usize, usize) + Sync + '_ {
-    move |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
+pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
+    match command {
+        IndexCommand::Rebuild { into } => rebuild(config, &into),
     }
 }
 
-/// Who an operator command acts as, for version rows and the audit log.
-pub fn operator() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    format!("operator:{user}")
-}
-
-/// `export` lines that make `terraform init` work with a bare `backend "http" {}`.
-pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
-    validate_workspace(workspace)?;
-    let root = server::load_root_key(config, false)?;
-    let lines = stategate::tofu::client_env(
-        &address::for_clients(config),
-        workspace,
-        &root,
-        opentofu_encryption,
-    );
-    print!("{lines}");
-    Ok(())
-}
-
-pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
-    validate_workspace(workspace)?;
-    require_db(config)?;
-    let rt = runtime()?;
-    let db = server::open_database(config)?;
-    let scope = stategate::tofu::scope(workspace);
-    let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
-    if rows.is_empty() {
-        eprintln!("workspace {workspace} has no versions");
+pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Result<()> {
+    match command {
+        None => backup(config),
+        Some(BackupCommand::List { json }) => list_backups(config, json),
     }
-    for row in &rows {
-        json_line(&stategate::operator::version_json(row));
-    }
-    Ok(())
-}
-
-pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {
-    validate_workspace(workspace)?;
-    require_db(config)?;
-    let root = server::load_root_key(config, false)?;
-    let rt = runtime()?;
-    rt.block_on(async {
-        let store = server::open_state_store(config).await?;
-        let backend = stategate::tofu::TofuBackend::new(store, root);
-        let done = backend
-            .rollback(workspace, to, &operator())
-            .await
-            .map_err(crate::workspace_ops::cli_error)?;
-        match done.outcome {
-            WriteOutcome::Stored(row) => {
-                json_line(&stategate::operator::version_json(&row));
-                eprintln!(
-                    "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
-                    row.version, done.from_version
-                );
-                if let Some(serial) = row.serial {
-                    eprintln!(
-                        "It carries serial {serial}, above every serial stored before, so a plan file \
-                         saved before this rollback is refused as stale (an OpenTofu-encrypted state \
-                         keeps its old serial: discard such plan files yourself)."
-                    );
-                }
-            }
-            WriteOutcome::Unchanged(row) => eprintln!(
-                "workspace {workspace}: the current version {} already has the content of version {to}; nothing written.",
-                row.version
-            ),
-        }
-        Ok(())
-    })
 }
 
 pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Result<()> {
@@ -146,7 +60,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     let policy = Retention::from_config(&config.retention);
     let rt = runtime()?;
     rt.block_on(async {
-        let store = server::open_state_store(config).await?;
+        let store = installation::open_state_store(config).await?;
         let now = time::OffsetDateTime::now_utc();
         let bar = spinner("applying the retention policy");
         let (pruned, swept) = store
@@ -161,7 +75,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
                 "scope": p.scope,
                 "version": p.version,
                 "created_at": p.created_at,
-            }));
+            }))?;
         }
         for g in &swept.swept {
             json_line(&serde_json::json!({
@@ -171,7 +85,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
                 "scope": g.scope,
                 "version": g.version,
                 "created_at": g.created_at,
-            }));
+            }))?;
         }
         for key in &swept.unrecognized {
             eprintln!("left alone (not a readable stategate blob, no row references it): {key}");
@@ -206,32 +120,66 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     })
 }
 
-/// `--into` must name a new file, never the live index (also via another spelling).
-fn refuse_live(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
+/// Whether `--into` names the live index (also via another spelling of its directory).
+fn is_live(config: &Config, into: &Path) -> bool {
     let live = config.db_path();
-    let same_as_live = into == live
+    into == live
         || matches!(
             (into.parent().map(std::fs::canonicalize), live.parent().map(std::fs::canonicalize)),
             (Some(Ok(a)), Some(Ok(b))) if a == b && into.file_name() == live.file_name()
-        );
-    if same_as_live {
+        )
+}
+
+/// `--into` names a new file. The live index's path is allowed only when it is gone
+/// (a lost disk) and no server holds the data dir. This is the check without side
+/// effects, run before any work; [`claim_into`] takes the lock before writing.
+fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
+    if !is_live(config, into) {
+        return Ok(());
+    }
+    if let Some(file) = installation::index_files(into).iter().find(|f| f.exists()) {
         bail!(
-            "--into {} is the live index; {what} into a new file and swap it in",
-            into.display()
+            "--into {} is the live index and {} exists; {what} into a new file and swap it in",
+            into.display(),
+            file.display()
         );
     }
     Ok(())
 }
 
-fn scope_keys(config: &Config) -> anyhow::Result<rebuild::ScopeKeys> {
-    Ok(stategate::schema::scope_keys(
-        server::load_root_key(config, false)?,
-        server::load_cluster_key(config)?,
-    ))
+/// For the live index's path: the data dir's lock, proving no server runs there and
+/// keeping one from starting until the new file is complete (`None` for a new file
+/// elsewhere).
+fn claim_into(
+    config: &Config,
+    into: &Path,
+    what: &str,
+) -> anyhow::Result<Option<installation::DataDirLock>> {
+    if !is_live(config, into) {
+        return Ok(None);
+    }
+    let Some(lock) = installation::hold_without_server(config)? else {
+        bail!(
+            "--into {} is the live index and a stategate server is running on {}; {what} into a new file and swap it in",
+            into.display(),
+            config.data_dir.display()
+        );
+    };
+    // Again under the lock: a server that ran meanwhile may have created the index.
+    check_into(config, into, what)?;
+    Ok(Some(lock))
 }
 
-/// How to put a new database file in place of the live one.
-fn print_swap(config: &Config, into: &Path) {
+/// How to put a new database file in place of the live one (nothing to do when it was
+/// written there).
+fn print_swap(config: &Config, into: &Path, in_place: bool) {
+    if in_place {
+        println!(
+            "It is the index of {} already (no server was running there): start stategate.",
+            config.data_dir.display()
+        );
+        return;
+    }
     println!(
         "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
          mv {} {live}; start stategate.",
@@ -241,9 +189,10 @@ fn print_swap(config: &Config, into: &Path) {
 }
 
 pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
-    refuse_live(config, into, "rebuild")?;
-    let keys = scope_keys(config)?;
-    let blobs = server::open_blob_store(config)?;
+    check_into(config, into, "rebuild")?;
+    let keys = installation::scope_keys(config)?;
+    let blobs = installation::open_blob_store(config)?;
+    let claimed = claim_into(config, into, "rebuild")?;
     let rt = runtime()?;
     let bar = progress_bar("verifying blobs");
     let report = rt.block_on(rebuild::rebuild_index_with_progress(
@@ -292,15 +241,15 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
          and their tokens, web UI sessions, drift run history, and the cluster API's orgs, \
          users, tokens, clusters and leases. `stategate restore` (from a backup) has them."
     );
-    print_swap(config, into);
+    print_swap(config, into, claimed.is_some());
     Ok(())
 }
 
 /// `stategate backup`: a snapshot into the store now, then the oldest beyond `backup.keep` go.
 pub fn backup(config: &Config) -> anyhow::Result<()> {
     require_db(config)?;
-    let root = server::load_root_key(config, false)?;
-    let blobs = server::open_blob_store(config)?;
+    let root = installation::load_root_key(config, false)?;
+    let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
     let bar = spinner("taking a backup");
     let taken = rt.block_on(backup::take_backup(
@@ -311,7 +260,7 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let info = taken?;
-    json_line(&info);
+    json_line(&info)?;
     let deleted = rt.block_on(backup::keep_newest(&*blobs, config.backup.keep as usize))?;
     for old in &deleted {
         eprintln!(
@@ -328,32 +277,33 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn list_backups(config: &Config) -> anyhow::Result<()> {
-    let blobs = server::open_blob_store(config)?;
+pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
+    let blobs = installation::open_blob_store(config)?;
     let all = runtime()?.block_on(backup::list_backups(&*blobs))?;
-    if all.is_empty() {
-        eprintln!("no backups in {}", blobs.describe());
-    }
-    for info in &all {
-        json_line(info);
-    }
-    Ok(())
+    listing(
+        &all,
+        json,
+        &format!("no backups in {}", blobs.describe()),
+        &["BACKUP", "TAKEN", "KEY"],
+        |b| vec![b.id.clone(), when(&b.taken_at), b.key.clone()],
+    )
 }
 
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
-    refuse_live(config, into, "restore")?;
+    check_into(config, into, "restore")?;
     if into.exists() {
         bail!(
             "{} already exists; restore only ever writes a new file",
             into.display()
         );
     }
-    let dek = server::load_root_key(config, false)?;
-    let keys = stategate::schema::scope_keys(dek.clone(), server::load_cluster_key(config)?);
-    let blobs = server::open_blob_store(config)?;
+    let dek = installation::load_root_key(config, false)?;
+    let keys = installation::scope_keys(config)?;
+    let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
+    let claimed = claim_into(config, into, "restore")?;
     // Every revocation ever recorded, so none made after the snapshot is undone.
     let revocations = rt.block_on(tokens::RevocationLog::new(blobs.clone(), dek.clone()).load())?;
     let restored_at = stategate::store::now_rfc3339();
@@ -416,6 +366,6 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
          restored; revocations are).",
         chosen.taken_at
     );
-    print_swap(config, into);
+    print_swap(config, into, claimed.is_some());
     Ok(())
 }

@@ -1,17 +1,72 @@
-//! The drift commands of the binary (`mod drift_ops` in main.rs): `drift list|show|
-//! run|apply|webhook-secret`. Each is one call into `stategate::drift::DriftService`
-//! (the admin API and the server's scheduler call the same functions) plus printing:
-//! a table for people, `--json` for scripts. A check started here runs in this
-//! process (its child talks to the running server) and waits for its webhooks.
+//! The drift commands: `drift list|show|run|apply|webhook-secret`. Each is one call
+//! into `stategate::drift::DriftService` (the admin API and the server's scheduler
+//! call the same functions) plus printing: a table for people, `--json` for scripts.
+//! A check started here runs in this process (its child talks to the running server)
+//! and waits for its webhooks.
 
 use anyhow::bail;
+use clap::Subcommand;
 
 use stategate::config::Config;
 use stategate::drift::{DriftService, Run};
-use stategate::server;
+use stategate::installation;
 
-use crate::ops::{json_line, operator, runtime};
-use crate::workspace_ops::{cli_error, confirmed};
+use super::output::{
+    cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table, when,
+};
+
+#[derive(Subcommand)]
+pub enum DriftCommand {
+    /// Recent drift runs, newest first: outcome, changes, the serial planned against.
+    List {
+        #[arg(long)]
+        workspace: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run and its plan output (decrypted from the store).
+    Show {
+        run: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a workspace's check now, in this process (the server must be reachable),
+    /// and wait for it and its webhooks.
+    Run {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a drifted check's kept plan and apply exactly that plan (audited). Asks
+    /// for the workspace name back unless --yes. Refused twice, for a run that is not
+    /// drifted, and once the plan expired.
+    Apply {
+        run: i64,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the secret webhook receivers verify X-Stategate-Signature with.
+    WebhookSecret,
+}
+
+pub fn run(config: &Config, command: DriftCommand) -> anyhow::Result<()> {
+    match command {
+        DriftCommand::List {
+            workspace,
+            limit,
+            json,
+        } => list(config, workspace, limit, json),
+        DriftCommand::Show { run, json } => show(config, run, json),
+        DriftCommand::Run { workspace, json } => run_now(config, &workspace, json),
+        DriftCommand::Apply { run, yes, json } => apply(config, run, yes, json),
+        DriftCommand::WebhookSecret => webhook_secret(config),
+    }
+}
 
 struct DriftOps {
     rt: tokio::runtime::Runtime,
@@ -20,15 +75,10 @@ struct DriftOps {
 
 impl DriftOps {
     fn open(config: &Config) -> anyhow::Result<DriftOps> {
-        if !config.db_path().exists() {
-            bail!(
-                "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
-                config.db_path().display()
-            );
-        }
-        let root = server::load_root_key(config, false)?;
+        require_db(config)?;
+        let root = installation::load_root_key(config, false)?;
         let rt = runtime()?;
-        let store = rt.block_on(server::open_state_store(config))?;
+        let store = rt.block_on(installation::open_state_store(config))?;
         let tofu = stategate::tofu::TofuBackend::new(store, root.clone());
         let drift = DriftService::new(config, tofu, root);
         Ok(DriftOps { rt, drift })
@@ -78,13 +128,13 @@ pub fn runs_table(rows: &[Run]) -> String {
                 outcome,
                 changes_text(r),
                 opt(r.serial),
-                r.started_at.clone(),
+                when(&r.started_at),
                 r.trigger.clone(),
                 r.message.clone().unwrap_or_default(),
             ]
         })
         .collect();
-    crate::workspace_ops::table(
+    table(
         &[
             "RUN",
             "WORKSPACE",
@@ -109,7 +159,7 @@ pub fn list(
     let o = DriftOps::open(config)?;
     let rows = o.run(o.drift.runs(workspace, limit))?;
     if json {
-        rows.iter().for_each(json_line);
+        json_lines(&rows)?;
     } else if rows.is_empty() {
         eprintln!("no drift runs yet");
     } else {
@@ -122,8 +172,7 @@ pub fn show(config: &Config, run: i64, json: bool) -> anyhow::Result<()> {
     let o = DriftOps::open(config)?;
     let (row, output) = o.run(o.drift.show(run))?;
     if json {
-        json_line(&output.json(&row));
-        return Ok(());
+        return json_line(&output.json(&row));
     }
     eprint!("{}", runs_table(std::slice::from_ref(&row)));
     match (output.text(), output.pruned_note()) {
@@ -135,9 +184,9 @@ pub fn show(config: &Config, run: i64, json: bool) -> anyhow::Result<()> {
 }
 
 /// Prints a finished run and waits for its webhook deliveries.
-fn report(o: &DriftOps, row: &Run, json: bool) {
+fn report(o: &DriftOps, row: &Run, json: bool) -> anyhow::Result<()> {
     if json {
-        json_line(row);
+        json_line(row)?;
     } else {
         print!("{}", runs_table(std::slice::from_ref(row)));
     }
@@ -155,13 +204,13 @@ fn report(o: &DriftOps, row: &Run, json: bool) {
                 .map_or(String::new(), |s| format!(" (last status {s})"))
         );
     }
+    Ok(())
 }
 
-pub fn run(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
+fn run_now(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
     let o = DriftOps::open(config)?;
     let row = o.run(o.drift.check_now(workspace, &operator()))?;
-    report(&o, &row, json);
-    Ok(())
+    report(&o, &row, json)
 }
 
 pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result<()> {
@@ -189,7 +238,7 @@ pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result
     }
     let started = o.run(o.drift.approve(run, &operator()))?;
     let row = o.run(o.drift.execute(started))?;
-    report(&o, &row, json);
+    report(&o, &row, json)?;
     match row.outcome {
         Some(stategate::drift::Outcome::Applied) => {
             eprintln!(
@@ -206,7 +255,7 @@ pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result
 }
 
 pub fn webhook_secret(config: &Config) -> anyhow::Result<()> {
-    let root = server::load_root_key(config, false)?;
+    let root = installation::load_root_key(config, false)?;
     println!("{}", root.webhook_secret());
     Ok(())
 }

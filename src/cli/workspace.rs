@@ -1,21 +1,189 @@
-//! The operator's workspace commands of the binary (`mod workspace_ops` in main.rs):
-//! `workspace list|show|diff|unlock|restore`. Each is one call into
-//! `stategate::operator::Operations` (the admin HTTP API calls the same functions)
-//! plus printing: a table for people, `--json` lines for scripts. Every failure is one
-//! line on stderr and a non-zero exit.
+//! The workspace commands: `workspace env|history|rollback|list|show|diff|unlock|
+//! restore`. Each is one call into the engine — `stategate::operator::Operations`
+//! (the admin HTTP API and the web UI call the same functions) or `TofuBackend` —
+//! plus printing: a table for people, `--json` lines for scripts (`history` prints
+//! JSON lines only). Every failure is one line on stderr and a non-zero exit.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::bail;
+use clap::Subcommand;
 
+use stategate::address;
 use stategate::config::Config;
 use stategate::error::ApiError;
+use stategate::installation;
+use stategate::names::validate_workspace;
 use stategate::operator::diff::{Change, StateDiff};
 use stategate::operator::{rolled_back_json, LockState, Operations, WorkspaceSummary};
-use stategate::server;
+use stategate::store::{history, WriteOutcome};
 
-use crate::ops::{json_line, operator, runtime};
+use super::output::{
+    age, cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table,
+    when_opt,
+};
+
+#[derive(Subcommand)]
+pub enum WorkspaceCommand {
+    /// Print `export` lines that make `terraform init` work with a bare `backend "http" {}`.
+    Env {
+        workspace: String,
+        /// Also print TF_ENCRYPTION for OpenTofu state encryption (pbkdf2 + aes_gcm).
+        #[arg(long)]
+        opentofu_encryption: bool,
+    },
+    /// Print the workspace's versions, newest first (JSON lines). Reads SQLite only.
+    History {
+        workspace: String,
+        /// At most this many (the newest).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
+    /// Every workspace: latest version, serial, size, update time, lock holder (with a
+    /// STALE flag past locks.stale_after_seconds), deleted or not.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a version's state content (default: the current one). An unreadable
+    /// version is an error, never empty output. Without --masked the real values are
+    /// printed and the read is audited as `state.revealed`.
+    Show {
+        workspace: String,
+        #[arg(long)]
+        version: Option<i64>,
+        /// Replace sensitive values (and secret-looking attributes) with "(sensitive)".
+        #[arg(long)]
+        masked: bool,
+    },
+    /// What changed from version A to version B: resources by address (changed
+    /// attributes listed, sensitive values masked) and outputs.
+    Diff {
+        workspace: String,
+        from: i64,
+        to: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force-unlock (audited as tf.lock_forced): prints the holder and asks for the
+    /// workspace name back unless --yes. An unlocked workspace: says so, exit 0.
+    Unlock {
+        workspace: String,
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Undo a DELETE: the last version with content becomes current again as a new
+    /// version (audited as tf.restored).
+    Restore {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make an old version current again by storing its content as a NEW version
+    /// (history is kept). Refused while the workspace is locked.
+    Rollback {
+        workspace: String,
+        /// The version whose content to restore (see `workspace history`).
+        #[arg(long)]
+        to: i64,
+    },
+}
+
+pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
+    match command {
+        WorkspaceCommand::Env {
+            workspace,
+            opentofu_encryption,
+        } => env(config, &workspace, opentofu_encryption),
+        WorkspaceCommand::History { workspace, limit } => history(config, &workspace, limit),
+        WorkspaceCommand::Rollback { workspace, to } => rollback(config, &workspace, to),
+        WorkspaceCommand::List { json } => list(config, json),
+        WorkspaceCommand::Show {
+            workspace,
+            version,
+            masked,
+        } => show(config, &workspace, version, masked),
+        WorkspaceCommand::Diff {
+            workspace,
+            from,
+            to,
+            json,
+        } => diff(config, &workspace, from, to, json),
+        WorkspaceCommand::Unlock {
+            workspace,
+            yes,
+            json,
+        } => unlock(config, &workspace, yes, json),
+        WorkspaceCommand::Restore { workspace, json } => restore(config, &workspace, json),
+    }
+}
+
+pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    let root = installation::load_root_key(config, false)?;
+    let lines = stategate::tofu::client_env(
+        &address::for_clients(config),
+        workspace,
+        &root,
+        opentofu_encryption,
+    );
+    print!("{lines}");
+    Ok(())
+}
+
+pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    require_db(config)?;
+    let rt = runtime()?;
+    let db = installation::open_database(config)?;
+    let scope = stategate::tofu::scope(workspace);
+    let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
+    if rows.is_empty() {
+        eprintln!("workspace {workspace} has no versions");
+    }
+    let rows: Vec<serde_json::Value> = rows.iter().map(stategate::operator::version_json).collect();
+    json_lines(&rows)
+}
+
+pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    require_db(config)?;
+    let root = installation::load_root_key(config, false)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = installation::open_state_store(config).await?;
+        let backend = stategate::tofu::TofuBackend::new(store, root);
+        let done = backend
+            .rollback(workspace, to, &operator())
+            .await
+            .map_err(cli_error)?;
+        match done.outcome {
+            WriteOutcome::Stored(row) => {
+                json_line(&stategate::operator::version_json(&row))?;
+                eprintln!(
+                    "workspace {workspace}: version {} now holds the content of version {to} (was version {}).",
+                    row.version, done.from_version
+                );
+                if let Some(serial) = row.serial {
+                    eprintln!(
+                        "It carries serial {serial}, above every serial stored before, so a plan file \
+                         saved before this rollback is refused as stale (an OpenTofu-encrypted state \
+                         keeps its old serial: discard such plan files yourself)."
+                    );
+                }
+            }
+            WriteOutcome::Unchanged(row) => eprintln!(
+                "workspace {workspace}: the current version {} already has the content of version {to}; nothing written.",
+                row.version
+            ),
+        }
+        Ok(())
+    })
+}
 
 /// The operations over this installation's engine, and the runtime that drives them.
 pub struct Ops {
@@ -25,16 +193,11 @@ pub struct Ops {
 
 impl Ops {
     pub fn open(config: &Config) -> anyhow::Result<Ops> {
-        if !config.db_path().exists() {
-            bail!(
-                "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
-                config.db_path().display()
-            );
-        }
-        let root = server::load_root_key(config, false)?;
-        let cluster_key = server::load_cluster_key(config)?;
+        require_db(config)?;
+        let root = installation::load_root_key(config, false)?;
+        let cluster_key = installation::load_cluster_key(config)?;
         let rt = runtime()?;
-        let store = rt.block_on(server::open_state_store(config))?;
+        let store = rt.block_on(installation::open_state_store(config))?;
         let clusters = stategate::cluster::ClusterService::new(
             store.clone(),
             cluster_key,
@@ -55,28 +218,6 @@ impl Ops {
     }
 }
 
-/// The operator-facing message of an error (the detail a server would only log).
-pub fn cli_error(e: ApiError) -> anyhow::Error {
-    match e {
-        ApiError::Locked { holder_info } => anyhow::anyhow!(
-            "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
-            String::from_utf8_lossy(&holder_info)
-        ),
-        ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
-        other => anyhow::anyhow!("{other}"),
-    }
-}
-
-/// `45s`, `12m`, `3h`, `2d`.
-pub fn age(seconds: i64) -> String {
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 2 * 3600 => format!("{}m", s / 60),
-        s if s < 2 * 86400 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
 fn lock_text(lock: &LockState) -> String {
     let stale = if lock.stale { " STALE" } else { "" };
     format!(
@@ -85,29 +226,6 @@ fn lock_text(lock: &LockState) -> String {
         lock.operation,
         age(lock.age_seconds)
     )
-}
-
-/// Left-aligned columns, two spaces apart.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        padded.join("  ").trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
 }
 
 pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
@@ -120,7 +238,7 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.version) + if w.deleted { " (deleted)" } else { "" },
                 opt(w.serial),
                 opt(w.size),
-                w.updated_at.clone().unwrap_or_else(|| "-".into()),
+                when_opt(w.updated_at.as_deref()),
                 w.lock.as_ref().map_or("-".into(), lock_text),
             ]
         })
@@ -135,7 +253,7 @@ pub fn list(config: &Config, json: bool) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
     let rows = o.run(o.ops.list_workspaces())?;
     if json {
-        rows.iter().for_each(json_line);
+        json_lines(&rows)?;
     } else if rows.is_empty() {
         eprintln!("no workspaces yet");
     } else {
@@ -225,12 +343,12 @@ pub fn diff(
         for r in &d.resources {
             json_line(
                 &serde_json::json!({ "kind": "resource", "address": r.address, "change": r.change, "attributes": r.attributes }),
-            );
+            )?;
         }
         for out in &d.outputs {
             json_line(
                 &serde_json::json!({ "kind": "output", "name": out.name, "change": out.change, "before": out.before, "after": out.after }),
-            );
+            )?;
         }
     } else if d.is_empty() {
         println!("no differences between version {from} and version {to}");
@@ -240,23 +358,11 @@ pub fn diff(
     Ok(())
 }
 
-/// Asks for the workspace name back before `action` (from a terminal or a pipe);
-/// anything else aborts.
-pub fn confirmed(workspace: &str, action: &str) -> anyhow::Result<bool> {
-    if std::io::stdin().is_terminal() {
-        eprint!("Type the workspace name ({workspace}) to {action}: ");
-        std::io::stderr().flush()?;
-    }
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    Ok(answer.trim() == workspace)
-}
-
 pub fn unlock(config: &Config, workspace: &str, yes: bool, json: bool) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
     let Some(holder) = o.run(o.ops.lock(workspace))? else {
         if json {
-            json_line(&serde_json::json!({ "unlocked": false, "holder": null }));
+            json_line(&serde_json::json!({ "unlocked": false, "holder": null }))?;
         }
         eprintln!("workspace {workspace} is not locked; nothing to do");
         return Ok(());
@@ -278,7 +384,7 @@ pub fn unlock(config: &Config, workspace: &str, yes: bool, json: bool) -> anyhow
             .unlock(workspace, Some(holder.id.clone()), &operator()),
     )?;
     if json {
-        json_line(&done);
+        json_line(&done)?;
     }
     if done.unlocked {
         eprintln!(
@@ -295,7 +401,7 @@ pub fn restore(config: &Config, workspace: &str, json: bool) -> anyhow::Result<(
     let o = Ops::open(config)?;
     let done = o.run(o.ops.restore(workspace, &operator()))?;
     if json {
-        json_line(&rolled_back_json(&done));
+        json_line(&rolled_back_json(&done))?;
     }
     let current = rolled_back_json(&done);
     eprintln!(

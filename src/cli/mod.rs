@@ -1,0 +1,140 @@
+//! The `stategate` command line: the clap types of the top level and the dispatch
+//! into one module per command group — `workspace`, `drift`, `admin`, `index`
+//! (prune, index rebuild, backup, restore) — with what they share in `output`. The
+//! commands open the installation through `stategate::installation`, as `serve` does,
+//! and call the engine; nothing here decides policy or writes SQL.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use stategate::config::Config;
+use stategate::server;
+
+mod admin;
+mod drift;
+mod index;
+mod output;
+mod workspace;
+
+#[derive(Parser)]
+#[command(
+    name = "stategate",
+    version,
+    about = "A safe home for OpenTofu/Terraform state"
+)]
+struct Cli {
+    /// TOML config file; every key can also be set by a STATEGATE_* variable.
+    #[arg(long, short, global = true, env = "STATEGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (with no config: loopback:8080, local store in the data dir).
+    Serve,
+    /// Workspaces: credentials, list, show, diff, history, rollback, unlock, restore.
+    Workspace {
+        #[command(subcommand)]
+        command: workspace::WorkspaceCommand,
+    },
+    /// Apply the retention policy now (retention.keep_versions / keep_days) and list
+    /// garbage blobs. Prints what it deletes as JSON lines. The server may keep running.
+    Prune {
+        /// Only print what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also delete unreferenced blobs older than an hour. Check first (with
+        /// --dry-run) that the database was not restored from an older backup: then
+        /// those blobs are committed versions it forgot (`index rebuild` recovers them).
+        #[arg(long)]
+        sweep_garbage: bool,
+    },
+    /// Exit 0 when the server answers `GET /healthz` (for container health checks).
+    Health {
+        /// Default: the configured listener (via loopback when it listens on all addresses).
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// The SQLite version index.
+    Index {
+        #[command(subcommand)]
+        command: index::IndexCommand,
+    },
+    /// Back the database (orgs, tokens, clusters, locks, audit, versions) up into the
+    /// store now: a consistent snapshot sealed with the DEK, under backups/. The server
+    /// may keep running. Keeps the newest backup.keep backups.
+    Backup {
+        #[command(subcommand)]
+        command: Option<index::BackupCommand>,
+    },
+    /// Write a NEW database from a backup plus every version committed after it (from
+    /// the blobs); prints how to swap it in. The live database is never touched.
+    Restore {
+        /// A backup id (see `stategate backup list`) or `latest`.
+        #[arg(long, default_value = "latest")]
+        from: String,
+        /// Path of the new database file (must not exist).
+        #[arg(long)]
+        into: PathBuf,
+    },
+    /// Drift checks ([[drift]] entries): run history, run one now, approve a kept plan.
+    Drift {
+        #[command(subcommand)]
+        command: drift::DriftCommand,
+    },
+    /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
+    /// database in the data dir directly; the server may keep running.
+    Admin {
+        #[command(subcommand)]
+        command: admin::AdminCommand,
+    },
+}
+
+/// Parses the command line and runs it. Errors end the process with one line on
+/// stderr and exit code 1 (clap's own usage errors exit 2).
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The server logs its work; operator commands print their results, and only
+    // warnings log (no "storage ready" lines between them). STATEGATE_LOG overrides.
+    let default_level = match cli.command {
+        Command::Serve => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STATEGATE_LOG")
+                .unwrap_or_else(|_| default_level.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", output::one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
+    match cli.command {
+        Command::Serve => server::run(config),
+        Command::Health { url } => server::probe_health(&config, url.as_deref()),
+        Command::Workspace { command } => workspace::run(&config, command),
+        Command::Prune {
+            dry_run,
+            sweep_garbage,
+        } => index::prune(&config, dry_run, sweep_garbage),
+        Command::Index { command } => index::run_index(&config, command),
+        Command::Backup { command } => index::run_backup(&config, command),
+        Command::Restore { from, into } => index::restore(&config, &from, &into),
+        Command::Admin { command } => admin::run(&config, command),
+        Command::Drift { command } => drift::run(&config, command),
+    }
+}

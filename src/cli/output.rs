@@ -1,0 +1,217 @@
+//! What every command shares: the runtime it drives the engine on, who it acts as,
+//! and how it talks to a person or a script — tables with times a person reads,
+//! `--json` lines, the typed-name confirmation, progress on stderr, and the one
+//! mapping from an engine error to the operator's message.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use stategate::config::Config;
+use stategate::error::ApiError;
+
+/// A single-threaded runtime for one command.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Who an operator command acts as, for version rows and the audit log.
+pub fn operator() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    format!("operator:{user}")
+}
+
+/// Operator commands work on an existing installation: never create an empty index.
+pub fn require_db(config: &Config) -> anyhow::Result<()> {
+    let path = config.db_path();
+    if !path.exists() {
+        anyhow::bail!(
+            "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The operator-facing message of an engine error (the detail a server would only log).
+pub fn cli_error(e: ApiError) -> anyhow::Error {
+    match e {
+        ApiError::Locked { holder_info } => anyhow::anyhow!(
+            "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
+            String::from_utf8_lossy(&holder_info)
+        ),
+        ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
+/// The error and its causes on one line ("outer: inner: root").
+pub fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+/// One JSON object on one line of stdout: what `--json` prints.
+pub fn json_line(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
+}
+
+/// [`json_line`] for each row.
+pub fn json_lines<'a, T: serde::Serialize + 'a>(
+    rows: impl IntoIterator<Item = &'a T>,
+) -> anyhow::Result<()> {
+    rows.into_iter().try_for_each(json_line)
+}
+
+/// A listing: JSON lines with `--json`, else a table (or `empty` on stderr when
+/// there is nothing, so a script reading stdout sees nothing).
+pub fn listing<T: serde::Serialize>(
+    rows: &[T],
+    json: bool,
+    empty: &str,
+    header: &[&str],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    if json {
+        return json_lines(rows);
+    }
+    if rows.is_empty() {
+        eprintln!("{empty}");
+    } else {
+        let cells: Vec<Vec<String>> = rows.iter().map(cells).collect();
+        print!("{}", table(header, &cells));
+    }
+    Ok(())
+}
+
+/// Left-aligned columns, two spaces apart.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join("  ").trim_end().to_string() + "\n"
+    };
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut out = line(&header);
+    for row in rows {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+/// `45s`, `12m`, `3h`, `2d`.
+pub fn age(seconds: i64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+/// An RFC 3339 time as a person reads it in a table: `2026-12-01 18:21 UTC` (the
+/// exact instant stays in `--json`). Anything that is not a time is shown as it is.
+pub fn when(rfc3339: &str) -> String {
+    use time::format_description::well_known::Rfc3339;
+    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
+    time::OffsetDateTime::parse(rfc3339, &Rfc3339)
+        .ok()
+        .and_then(|t| t.to_offset(time::UtcOffset::UTC).format(&format).ok())
+        .unwrap_or_else(|| rfc3339.to_string())
+}
+
+/// [`when`] of an optional time, `-` when absent.
+pub fn when_opt(rfc3339: Option<&str>) -> String {
+    rfc3339.map_or_else(|| "-".to_string(), when)
+}
+
+/// Asks for `name` back before `action` (from a terminal or a pipe); anything else
+/// aborts.
+pub fn confirmed(name: &str, action: &str) -> anyhow::Result<bool> {
+    if std::io::stdin().is_terminal() {
+        eprint!("Type the workspace name ({name}) to {action}: ");
+        std::io::stderr().flush()?;
+    }
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(answer.trim() == name)
+}
+
+/// A secret shown once: the token on stdout, the warning on stderr.
+pub fn print_token(token: &str) {
+    eprintln!("The token below is shown once and stored only as a hash. Keep it now:");
+    println!("{token}");
+}
+
+/// A progress bar on stderr for long work; drawn only when stderr is a terminal
+/// (indicatif hides it otherwise), so piped output stays clean.
+pub fn progress_bar(what: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} blobs ({eta})")
+    {
+        bar.set_style(style);
+    }
+    bar.set_message(what);
+    bar
+}
+
+/// A spinner for work without a count (a snapshot, a retention pass).
+pub fn spinner(what: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(what);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// `progress(done, total)` for the engine, moving `bar`.
+pub fn advance(bar: &indicatif::ProgressBar) -> impl Fn(usize, usize) + Sync + '_ {
+    move |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_times_and_tables() {
+        for (s, text) in [
+            (5, "5s"),
+            (119, "119s"),
+            (120, "2m"),
+            (7200, "2h"),
+            (172_800, "2d"),
+        ] {
+            assert_eq!(age(s), text);
+        }
+        // (stored, shown)
+        for (stored, shown) in [
+            ("2026-12-01T18:21:07.123456789Z", "2026-12-01 18:21 UTC"),
+            ("2026-12-01T20:21:07+02:00", "2026-12-01 18:21 UTC"),
+            ("not a time", "not a time"),
+        ] {
+            assert_eq!(when(stored), shown);
+        }
+        assert_eq!(when_opt(None), "-");
+        let text = table(
+            &["A", "LONGER"],
+            &[
+                vec!["wide cell".into(), "x".into()],
+                vec!["b".into(), "".into()],
+            ],
+        );
+        assert_eq!(text, "A          LONGER\nwide cell  x\nb\n");
+    }
+}

@@ -1,0 +1,210 @@
+//! One installation on disk — the data dir, its keys, its index and its blob store —
+//! opened the same way for `serve` and for every operator command: the DEK
+//! (`load_root_key`), the cluster key (`load_cluster_key`), both as `scope_keys`, the
+//! database with every schema, and the blob store proven reachable and writable.
+//!
+//! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
+//! shared for its whole life, and a command that writes a new index straight into the
+//! data dir (a restore after a lost disk) takes it exclusively first, so it never
+//! writes under a running server.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::config::{Config, StoreKind};
+use crate::crypto::RootKey;
+use crate::store::blob::create_private_dir;
+use crate::store::rebuild::ScopeKeys;
+use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+
+/// Loads the DEK from config/env, else from the key file (creating it on first start).
+pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    if let Some(text) = &config.dek {
+        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
+    }
+    let path = config.dek_path();
+    if !create && !path.exists() {
+        anyhow::bail!(
+            "no DEK at {} (run `stategate serve` once to create it, or set STATEGATE_DEK / STATEGATE_DATA_DIR)",
+            path.display()
+        );
+    }
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let (key, created) = RootKey::load_or_create(&path)?;
+    if created {
+        tracing::warn!(
+            path = %path.display(),
+            "created a NEW data-encryption key. BACK IT UP NOW: without it every stored state is unreadable and every workspace credential changes"
+        );
+        eprintln!(
+            "\n*** stategate created a new data-encryption key at {} ***\n*** Back it up: without it every stored state is lost. ***\n",
+            path.display()
+        );
+    }
+    Ok(key)
+}
+
+/// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
+/// blank value, means the cluster API is not configured.
+pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
+    config
+        .cluster
+        .state_enc_key
+        .as_ref()
+        .filter(|k| !k.is_blank())
+        .map(|k| RootKey::from_base64(k.expose()))
+        .transpose()
+        .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
+}
+
+pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+    Ok(match config.store.kind {
+        StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
+        StoreKind::S3 => Arc::new(S3Store::new(&config.store.s3)),
+    })
+}
+
+/// The storage engine as `serve` opens it: data dir, SQLite (all schemas), the blob
+/// store, proven reachable and writable. Also used by the operator commands.
+pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let db = open_database(config)?;
+    let blobs = open_blob_store(config)?;
+    blobs.check().await.with_context(|| {
+        format!(
+            "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
+            blobs.describe()
+        )
+    })?;
+    tracing::info!(store = %blobs.describe(), data_dir = %config.data_dir.display(), "storage ready");
+    Ok(StateStore::new(db, blobs))
+}
+
+/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
+pub fn open_database(config: &Config) -> anyhow::Result<Db> {
+    crate::schema::open_db(&config.db_path())
+        .with_context(|| format!("cannot open database {}", config.db_path().display()))
+}
+
+/// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index
+/// rebuild and the restore; cluster scopes are skipped without `ADJ_STATE_ENC_KEY`.
+pub fn scope_keys(config: &Config) -> anyhow::Result<ScopeKeys> {
+    Ok(crate::schema::scope_keys(
+        load_root_key(config, false)?,
+        load_cluster_key(config)?,
+    ))
+}
+
+/// A held `flock` on `<data_dir>/serve.lock`; released when dropped (or the process ends).
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: std::fs::File,
+}
+
+/// Which lock a caller wants.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Servers: many may hold it at once (stategate never refused a second server).
+    Shared,
+    /// A command writing the index: only when no server holds the data dir.
+    Exclusive,
+}
+
+fn lock_path(config: &Config) -> std::path::PathBuf {
+    config.data_dir.join("serve.lock")
+}
+
+/// `Ok(None)`: someone holds a conflicting lock right now (never waits).
+fn try_lock(config: &Config, mode: Mode) -> anyhow::Result<Option<DataDirLock>> {
+    create_private_dir(&config.data_dir)
+        .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+    let path = lock_path(config);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let op = match mode {
+        Mode::Shared => libc::LOCK_SH,
+        Mode::Exclusive => libc::LOCK_EX,
+    } | libc::LOCK_NB;
+    // SAFETY: `flock` on a file descriptor this function owns for as long as the call.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        return Ok(Some(DataDirLock { _file: file }));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.kind() == std::io::ErrorKind::WouldBlock {
+        return Ok(None);
+    }
+    Err(err).with_context(|| format!("cannot lock {}", path.display()))
+}
+
+/// The lock `serve` holds for its whole life. Refused while a restore writes the index.
+pub fn hold_for_serving(config: &Config) -> anyhow::Result<DataDirLock> {
+    try_lock(config, Mode::Shared)?.with_context(|| {
+        format!(
+            "a restore is writing a new index into {}; start stategate when it has finished",
+            config.data_dir.display()
+        )
+    })
+}
+
+/// The data dir, proven free of servers: `None` while any `stategate serve` holds it.
+pub fn hold_without_server(config: &Config) -> anyhow::Result<Option<DataDirLock>> {
+    try_lock(config, Mode::Exclusive)
+}
+
+/// The index files SQLite keeps beside `db` (its write-ahead log and shared memory):
+/// a new index must not meet an old log.
+pub fn index_files(db: &Path) -> [std::path::PathBuf; 3] {
+    let with = |suffix: &str| {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        std::path::PathBuf::from(name)
+    };
+    [db.to_path_buf(), with("-wal"), with("-shm")]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_share_the_data_dir_and_shut_out_a_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let first = hold_for_serving(&config).unwrap();
+        let second = hold_for_serving(&config).unwrap();
+        assert!(hold_without_server(&config).unwrap().is_none());
+        drop(first);
+        assert!(hold_without_server(&config).unwrap().is_none());
+        drop(second);
+        let writer = hold_without_server(&config)
+            .unwrap()
+            .expect("no server left");
+        let err = hold_for_serving(&config).unwrap_err().to_string();
+        assert!(err.contains("a restore is writing"), "{err}");
+        assert!(hold_without_server(&config).unwrap().is_none());
+        drop(writer);
+        hold_for_serving(&config).unwrap();
+    }
+
+    #[test]
+    fn index_files_are_the_database_its_log_and_its_shared_memory() {
+        let [db, wal, shm] = index_files(Path::new("/d/stategate.db"));
+        assert_eq!(db, Path::new("/d/stategate.db"));
+        assert_eq!(wal, Path::new("/d/stategate.db-wal"));
+        assert_eq!(shm, Path::new("/d/stategate.db-shm"));
+    }
+}

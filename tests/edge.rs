@@ -3,7 +3,7 @@
 //! bearer, every answer that is not a UI page is sandboxed for browsers, and HSTS is
 //! sent under TLS. The pass-through's forwarded answers are covered in
 //! `passthrough_faults.rs` (scripted upstream) and, in a real browser against real
-//! Garage, in `integration/test_ui_browser.py`.
+//! Garage, in `integration/test_ui_origin.py`.
 
 mod common;
 

@@ -92,8 +92,11 @@ CASES = [
     Case("empty-bearer", "GET", P + "/tfstate", None, (401,), headers=(("Authorization", "Bearer "),)),
     Case("garbled-basic", "GET", P + "/tfstate", None, (401,), headers=(("Authorization", "Basic %%%"),)),
     Case("token-with-suffix", "GET", P + "/tfstate", None, (401,), headers=(("Authorization", "Bearer {alice}x"),)),
-    Case("authorization-16k", "GET", P + "/tfstate", None, (401,),
+    # A header line over 16 KiB is refused at the edge (431) before anything reads it.
+    Case("authorization-16k", "GET", P + "/tfstate", None, (431,),
          headers=(("Authorization", "Bearer sgp_" + "t" * 16384),)),
+    Case("authorization-15k", "GET", P + "/tfstate", None, (401,),
+         headers=(("Authorization", "Bearer sgp_" + "t" * 15000),)),
     # ---- lineage that would be echoed into headers: refused at write time -------------
     Case("lineage-newline", "PUT", N + "/tfstate", "alice", (400,), body=state(1, "lin\nfresh")),
     Case("lineage-nul", "PUT", N + "/tfstate", "alice", (400,), body=state(1, "lin\x00fresh")),

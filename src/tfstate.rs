@@ -92,7 +92,7 @@ impl SerialField {
             return SerialField::TooLarge;
         }
         match n.as_f64() {
-            Some(f) if f.fract() == 0.0 && f.abs() >= 9.223_372_036_854_775_808e18 => {
+            Some(f) if f.fract() == 0.0 && f.abs() >= 2f64.powi(63) => {
                 if f < 0.0 {
                     SerialField::Negative
                 } else {
@@ -153,7 +153,10 @@ pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
         serde_json::from_slice(body).map_err(|e| not_a_state(&format!("invalid JSON ({e})")))?;
     judge(Probe {
         version: probe.version.is_some(),
-        serial: probe.serial.filter(|v| !v.is_null()).map(|v| SerialField::of_json(&v)),
+        serial: probe
+            .serial
+            .filter(|v| !v.is_null())
+            .map(|v| SerialField::of_json(&v)),
         lineage: probe.lineage,
         encrypted_data: probe.encrypted_data.is_some(),
         encryption_version: probe.encryption_version.is_some(),
@@ -860,10 +863,22 @@ mod tests {
         let table: &[(&str, Result<i64, &str>)] = &[
             ("0", Ok(0)),
             ("9223372036854775807", Ok(i64::MAX)),
-            ("9223372036854775808", Err("larger than 9223372036854775807")),
-            ("18446744073709551615", Err("larger than 9223372036854775807")),
-            ("18446744073709551616", Err("larger than 9223372036854775807")),
-            ("99999999999999999999999", Err("larger than 9223372036854775807")),
+            (
+                "9223372036854775808",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "18446744073709551615",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "18446744073709551616",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "99999999999999999999999",
+                Err("larger than 9223372036854775807"),
+            ),
             ("-1", Err("must not be negative")),
             ("-9223372036854775808", Err("must not be negative")),
             ("-9223372036854775809", Err("must not be negative")),

@@ -275,8 +275,14 @@ async fn serials_past_i64_are_refused_and_rollback_never_wraps() {
     let versions = || s.count("SELECT count(*) FROM versions WHERE scope = 'tf/huge'");
     // (serial as written, what the 400 says)
     let refused = [
-        ("9223372036854775808", "the largest serial stategate can store"),
-        ("18446744073709551615", "the largest serial stategate can store"),
+        (
+            "9223372036854775808",
+            "the largest serial stategate can store",
+        ),
+        (
+            "18446744073709551615",
+            "the largest serial stategate can store",
+        ),
         ("-9223372036854775808", "must not be negative"),
         ("7.5", "non-negative integer"),
     ];
@@ -299,10 +305,15 @@ async fn serials_past_i64_are_refused_and_rollback_never_wraps() {
     assert_eq!(preview.to_serial, None, "{preview:?}");
     let why = preview.refused.clone().unwrap_or_default();
     assert!(why.contains("9223372036854775807"), "{preview:?}");
-    assert!(!serde_json::to_string(&preview).unwrap().contains("-9223372036854775808"));
+    assert!(!serde_json::to_string(&preview)
+        .unwrap()
+        .contains("-9223372036854775808"));
 
     for (how, err) in [
-        ("rollback", s.app.tofu.rollback(ws, 1, "op").await.unwrap_err()),
+        (
+            "rollback",
+            s.app.tofu.rollback(ws, 1, "op").await.unwrap_err(),
+        ),
         (
             "operator rollback",
             s.app
@@ -314,7 +325,10 @@ async fn serials_past_i64_are_refused_and_rollback_never_wraps() {
     ] {
         assert_eq!(err.http_status(), 409, "{how}: {err}");
         let body = String::from_utf8_lossy(&err.body()).to_string();
-        assert!(body.contains("largest stategate can store"), "{how}: {body}");
+        assert!(
+            body.contains("largest stategate can store"),
+            "{how}: {body}"
+        );
     }
     assert_eq!(versions(), 2);
     assert_eq!(

@@ -119,7 +119,12 @@ impl Secrets {
                 }
             }
         }
-        for output in doc["outputs"].as_object().into_iter().flatten().map(|(_, o)| o) {
+        for output in doc["outputs"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, o)| o)
+        {
             if output["sensitive"] == Value::Bool(true) {
                 found.collect(&output["value"]);
             }
@@ -226,7 +231,11 @@ fn mask(mut doc: Value, secrets: &Secrets) -> Value {
                 }
             }
             "outputs" => {
-                for output in value.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+                for output in value
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|o| o.values_mut())
+                {
                     let sensitive = output["sensitive"] == Value::Bool(true);
                     if let Some(v) = output.get_mut("value") {
                         if sensitive {
@@ -308,9 +317,10 @@ fn is_dynamic_wrapper(node: &Value) -> bool {
     };
     let cty_type = match map.get("type") {
         Some(Value::String(t)) => ["string", "number", "bool", "dynamic"].contains(&t.as_str()),
-        Some(Value::Array(t)) => t.first().and_then(Value::as_str).is_some_and(|kind| {
-            ["list", "set", "map", "object", "tuple"].contains(&kind)
-        }),
+        Some(Value::Array(t)) => t
+            .first()
+            .and_then(Value::as_str)
+            .is_some_and(|kind| ["list", "set", "map", "object", "tuple"].contains(&kind)),
         _ => false,
     };
     map.len() == 2 && map.contains_key("value") && cty_type
@@ -344,9 +354,7 @@ fn follow(node: &Value, step: &Step<'_>) -> Follow {
             Follow::Key((*name).to_string())
         }
         (Step::Position(i), Value::Array(items)) if *i < items.len() => Follow::At(*i),
-        (Step::Name(_), Value::Object(_)) | (Step::Position(_), Value::Array(_)) => {
-            Follow::Absent
-        }
+        (Step::Name(_), Value::Object(_)) | (Step::Position(_), Value::Array(_)) => Follow::Absent,
         _ => Follow::Whole,
     }
 }
@@ -495,7 +503,10 @@ fn instances(doc: &Value, masked: &Value, secrets: &Secrets) -> BTreeMap<String,
         .zip(masked["resources"].as_array().into_iter().flatten());
     for (resource, masked_resource) in pairs {
         let real = resource["instances"].as_array().into_iter().flatten();
-        let shown = masked_resource["instances"].as_array().into_iter().flatten();
+        let shown = masked_resource["instances"]
+            .as_array()
+            .into_iter()
+            .flatten();
         for (instance, masked_instance) in real.zip(shown) {
             let attrs = |i: &Value| i["attributes"].as_object().cloned().unwrap_or_default();
             out.insert(
@@ -906,10 +917,18 @@ mod tests {
             (
                 "a list element and a map value by index",
                 json!([
-                    data("list", None, json!(["a", "L1ST-S3CRET", 7]),
-                        json!([[get_attr("input"), index(json!(1))]])),
-                    data("map", None, json!({"k1": "v", "k2": "M4P-S3CRET"}),
-                        json!([[get_attr("input"), index(json!("k2"))]])),
+                    data(
+                        "list",
+                        None,
+                        json!(["a", "L1ST-S3CRET", 7]),
+                        json!([[get_attr("input"), index(json!(1))]])
+                    ),
+                    data(
+                        "map",
+                        None,
+                        json!({"k1": "v", "k2": "M4P-S3CRET"}),
+                        json!([[get_attr("input"), index(json!("k2"))]])
+                    ),
                 ]),
                 json!({}),
                 vec!["L1ST-S3CRET", "M4P-S3CRET"],
@@ -918,19 +937,38 @@ mod tests {
             (
                 "a marked number is masked where it is copied; a marked bool where it is",
                 json!([
-                    data("num", None, json!({"n": 31337, "b": true}),
-                        json!([[get_attr("input"), get_attr("n")], [get_attr("input"), get_attr("b")]])),
-                    res("t", "other", json!([{"attributes": {"port": 31337, "enabled": true, "count": 3}}])),
+                    data(
+                        "num",
+                        None,
+                        json!({"n": 31337, "b": true}),
+                        json!([
+                            [get_attr("input"), get_attr("n")],
+                            [get_attr("input"), get_attr("b")]
+                        ])
+                    ),
+                    res(
+                        "t",
+                        "other",
+                        json!([{"attributes": {"port": 31337, "enabled": true, "count": 3}}])
+                    ),
                 ]),
                 json!({}),
                 vec!["31337"],
                 // A copy of a marked boolean is not recognised: `true` says nothing alone.
-                vec![r#"{"b":"(sensitive)","n":"(sensitive)"}"#, r#"{"b":true,"n":"(sensitive)"}"#,
-                    r#""enabled":true"#, r#""count":3"#],
+                vec![
+                    r#"{"b":"(sensitive)","n":"(sensitive)"}"#,
+                    r#"{"b":true,"n":"(sensitive)"}"#,
+                    r#""enabled":true"#,
+                    r#""count":3"#,
+                ],
             ),
             (
                 "sensitive outputs: theirs and every copy of them",
-                json!([res("t", "cfg", json!([{"attributes": {"content": "0UT-S3CRET", "note": "keep"}}]))]),
+                json!([res(
+                    "t",
+                    "cfg",
+                    json!([{"attributes": {"content": "0UT-S3CRET", "note": "keep"}}])
+                )]),
                 json!({
                     "pw": {"value": "0UT-S3CRET", "sensitive": true},
                     "copy": {"value": ["0UT-S3CRET", "fine"]},
@@ -942,44 +980,65 @@ mod tests {
             ),
             (
                 "a step that cannot be followed (a set element) masks all of its node",
-                json!([res("t", "set", json!([{
-                    "attributes": {"members": ["S3T-A", "S3T-B"], "name": "grp"},
-                    "sensitive_attributes": [[get_attr("members"), index(json!("S3T-A"))]],
-                }]))]),
+                json!([res(
+                    "t",
+                    "set",
+                    json!([{
+                        "attributes": {"members": ["S3T-A", "S3T-B"], "name": "grp"},
+                        "sensitive_attributes": [[get_attr("members"), index(json!("S3T-A"))]],
+                    }])
+                )]),
                 json!({}),
                 vec!["S3T-A", "S3T-B"],
                 vec!["grp"],
             ),
             (
                 "a wrapper-shaped object whose `type` key is marked: all of it",
-                json!([res("t", "w", json!([{
-                    "attributes": {"cfg": {"value": "shown?", "type": "string"}, "id": "w1"},
-                    "sensitive_attributes": [[get_attr("cfg"), get_attr("type")]],
-                }]))]),
+                json!([res(
+                    "t",
+                    "w",
+                    json!([{
+                        "attributes": {"cfg": {"value": "shown?", "type": "string"}, "id": "w1"},
+                        "sensitive_attributes": [[get_attr("cfg"), get_attr("type")]],
+                    }])
+                )]),
                 json!({}),
                 vec!["shown?", r#""type":"string""#],
                 vec!["w1"],
             ),
             (
                 "check results repeating a marked value",
-                json!([data("db", None, json!(secret), json!([[get_attr("input")]]))]),
+                json!([data(
+                    "db",
+                    None,
+                    json!(secret),
+                    json!([[get_attr("input")]])
+                )]),
                 json!({}),
                 vec![secret],
                 vec!["failure_messages"],
             ),
             (
                 "empty and null marked values stay as they are; a missing path masks nothing",
-                json!([res("t", "e", json!([{
-                    "attributes": {"a": "", "b": null, "c": "see-me"},
-                    "sensitive_attributes": [[get_attr("a")], [get_attr("b")], [get_attr("gone")], [get_attr("c"), get_attr("deeper")]],
-                }]))]),
+                json!([res(
+                    "t",
+                    "e",
+                    json!([{
+                        "attributes": {"a": "", "b": null, "c": "see-me"},
+                        "sensitive_attributes": [[get_attr("a")], [get_attr("b")], [get_attr("gone")], [get_attr("c"), get_attr("deeper")]],
+                    }])
+                )]),
                 json!({}),
                 vec!["see-me"],
                 vec![r#""a":"""#, r#""b":null"#],
             ),
             (
                 "a secret-looking attribute name, unmarked",
-                json!([res("t", "n", json!([{"attributes": {"id": "1", "token": "T0P", "empty_password": ""}}]))]),
+                json!([res(
+                    "t",
+                    "n",
+                    json!([{"attributes": {"id": "1", "token": "T0P", "empty_password": ""}}])
+                )]),
                 json!({"ip": {"value": "10.0.0.1"}}),
                 vec!["T0P"],
                 vec!["10.0.0.1", r#""empty_password":"""#],
@@ -996,7 +1055,10 @@ mod tests {
             for h in &hidden {
                 assert!(!text.contains(h), "{case}: {h} in {text}");
             }
-            for v in visible.iter().chain(&[r#""serial":9"#, r#""lineage":"lin-1""#]) {
+            for v in visible
+                .iter()
+                .chain(&[r#""serial":9"#, r#""lineage":"lin-1""#])
+            {
                 assert!(text.contains(v), "{case}: {v} not in {text}");
             }
             if !hidden.is_empty() {
@@ -1034,8 +1096,12 @@ mod tests {
         let a = state(
             json!([
                 data("db", None, json!("OLD-S3CRET"), marked.clone()),
-                data("nested", None, json!({"user": "u1", "pass": "P-OLD"}),
-                    json!([[get_attr("input"), get_attr("pass")]])),
+                data(
+                    "nested",
+                    None,
+                    json!({"user": "u1", "pass": "P-OLD"}),
+                    json!([[get_attr("input"), get_attr("pass")]])
+                ),
                 data("keyed", Some(json!("KEY-S3CRET")), json!("x"), json!([])),
             ]),
             json!({"s": {"value": "OLD-S3CRET", "sensitive": true}, "was": {"value": "W-S3CRET", "sensitive": true}}),
@@ -1044,10 +1110,19 @@ mod tests {
             json!([
                 // Version b no longer marks the input; a marked it.
                 data("db", None, json!("NEW-S3CRET"), json!([])),
-                data("nested", None, json!({"user": "u2", "pass": "P-NEW"}), json!([])),
+                data(
+                    "nested",
+                    None,
+                    json!({"user": "u2", "pass": "P-NEW"}),
+                    json!([])
+                ),
                 data("keyed", Some(json!("KEY-S3CRET")), json!("y"), json!([])),
                 data("reader", None, json!("NEW-S3CRET"), json!([])),
-                res("t", "k", json!([{"index_key": "OUT-KEY", "attributes": {}}])),
+                res(
+                    "t",
+                    "k",
+                    json!([{"index_key": "OUT-KEY", "attributes": {}}])
+                ),
             ]),
             json!({"s": {"value": "NEW-S3CRET", "sensitive": true}, "was": {"value": "W-NOW"}}),
         );
@@ -1061,10 +1136,22 @@ mod tests {
         };
         let d = diff_states(&a, 1, &b, 2).unwrap();
         let text = serde_json::to_string(&d).unwrap();
-        for secret in ["OLD-S3CRET", "NEW-S3CRET", "P-OLD", "P-NEW", "W-S3CRET", "W-NOW", "OUT-KEY"] {
+        for secret in [
+            "OLD-S3CRET",
+            "NEW-S3CRET",
+            "P-OLD",
+            "P-NEW",
+            "W-S3CRET",
+            "W-NOW",
+            "OUT-KEY",
+        ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
-        let summary: Vec<(&str, &Change)> = d.resources.iter().map(|r| (r.address.as_str(), &r.change)).collect();
+        let summary: Vec<(&str, &Change)> = d
+            .resources
+            .iter()
+            .map(|r| (r.address.as_str(), &r.change))
+            .collect();
         assert_eq!(
             summary,
             vec![
@@ -1095,7 +1182,9 @@ mod tests {
         );
         assert_eq!(db[1].after, Some(json!({"value": MASK, "type": "string"})));
         let was = d.outputs.iter().find(|o| o.name == "was").unwrap();
-        assert_eq!((was.before.clone(), was.after.clone()), (Some(json!(MASK)), Some(json!(MASK))));
+        assert_eq!(
+            (was.before.clone(), was.after.clone()),
+            (Some(json!(MASK)), Some(json!(MASK)))
+        );
     }
-
 }

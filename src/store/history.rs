@@ -402,7 +402,11 @@ mod tests {
             (Some(3), Some(i64::MAX), None),
         ];
         for (stored, restored, fresh) in table {
-            assert_eq!(next_serial(stored, restored), fresh, "{stored:?} {restored:?}");
+            assert_eq!(
+                next_serial(stored, restored),
+                fresh,
+                "{stored:?} {restored:?}"
+            );
         }
     }
 

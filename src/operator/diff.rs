@@ -487,14 +487,21 @@ fn instances_mut(resources: &mut Value) -> impl Iterator<Item = &mut Value> {
 
 /// One resource instance of a diffed state: its real attributes (compared) and masked
 /// ones (shown), and its address as shown.
-struct Instance {
+struct Instance<'a> {
     shown: String,
-    real: Map<String, Value>,
-    masked: Map<String, Value>,
+    real: &'a Map<String, Value>,
+    masked: &'a Map<String, Value>,
 }
 
+/// What an instance without an attributes object has.
+static NO_ATTRIBUTES: std::sync::LazyLock<Map<String, Value>> = std::sync::LazyLock::new(Map::new);
+
 /// Each instance by its real address (unique, even when two shown ones look alike).
-fn instances(doc: &Value, masked: &Value, secrets: &Secrets) -> BTreeMap<String, Instance> {
+fn instances<'a>(
+    doc: &'a Value,
+    masked: &'a Value,
+    secrets: &Secrets,
+) -> BTreeMap<String, Instance<'a>> {
     let mut out = BTreeMap::new();
     let pairs = doc["resources"]
         .as_array()
@@ -508,7 +515,7 @@ fn instances(doc: &Value, masked: &Value, secrets: &Secrets) -> BTreeMap<String,
             .into_iter()
             .flatten();
         for (instance, masked_instance) in real.zip(shown) {
-            let attrs = |i: &Value| i["attributes"].as_object().cloned().unwrap_or_default();
+            let attrs = |i: &'a Value| i["attributes"].as_object().unwrap_or(&NO_ATTRIBUTES);
             out.insert(
                 address(resource, instance),
                 Instance {
@@ -544,7 +551,12 @@ fn share_sensitive_paths(doc: &mut Value, other: &Value) {
         .into_iter()
         .flatten()
     {
-        let head = resource.clone(); // type, name, module, mode for the address
+        // What the address is made of (not the instances: no copy of the content).
+        let head: Map<String, Value> = ["module", "mode", "type", "name"]
+            .iter()
+            .filter_map(|k| Some((k.to_string(), resource.get(*k)?.clone())))
+            .collect();
+        let head = Value::Object(head);
         for instance in resource
             .get_mut("instances")
             .and_then(Value::as_array_mut)

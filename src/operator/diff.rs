@@ -1199,4 +1199,117 @@ mod tests {
             (Some(json!(MASK)), Some(json!(MASK)))
         );
     }
+
+    /// Every string and number under `v`, with the path to it.
+    fn leaves<'a>(v: &'a Value, out: &mut Vec<&'a Value>) {
+        match v {
+            Value::Array(items) => items.iter().for_each(|i| leaves(i, out)),
+            Value::Object(map) => map.values().for_each(|i| leaves(i, out)),
+            Value::String(s) if s.is_empty() => {}
+            Value::String(_) | Value::Number(_) => out.push(v),
+            _ => {}
+        }
+    }
+
+    /// A random path into `v` that exists, as Terraform writes it, and what it leads to.
+    fn some_path(v: &Value, picks: &[usize]) -> (Vec<Value>, Value) {
+        let (mut node, mut path) = (v, Vec::new());
+        for pick in picks {
+            // Terraform's paths go through a dynamic attribute's wrapper.
+            if is_dynamic_wrapper(node) {
+                node = &node["value"];
+            }
+            match node {
+                Value::Object(map) if !map.is_empty() => {
+                    let (k, child) = map.iter().nth(pick % map.len()).unwrap();
+                    path.push(get_attr(k));
+                    node = child;
+                }
+                Value::Array(items) if !items.is_empty() => {
+                    let i = pick % items.len();
+                    path.push(index(json!(i)));
+                    node = &items[i];
+                }
+                _ => break,
+            }
+        }
+        if is_dynamic_wrapper(node) {
+            node = &node["value"];
+        }
+        (path, node.clone())
+    }
+
+    fn value_tree() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            "[a-z]{0,6}".prop_map(Value::from),
+            (0u32..50).prop_map(Value::from),
+            any::<bool>().prop_map(Value::from),
+            Just(Value::Null),
+        ];
+        leaf.prop_recursive(4, 40, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z]{1,4}", inner.clone(), 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                inner.prop_map(|v| json!({"value": v, "type": ["object", {}]})),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Whatever the attributes look like and whichever path Terraform marks, no
+        /// string or number under it survives anywhere in the masked state (not in the
+        /// attributes, not in a second resource's copy, not in an output), and the
+        /// state's bookkeeping is untouched.
+        #[test]
+        fn no_marked_value_survives_masking(
+            attrs in proptest::collection::btree_map("[a-z]{1,4}", value_tree(), 1..5),
+            picks in proptest::collection::vec(0usize..8, 1..6),
+            copy_at in 0usize..4,
+        ) {
+            let attrs = Value::Object(attrs.into_iter().collect());
+            let (path, marked) = some_path(&attrs, &picks);
+            let mut secrets = Vec::new();
+            leaves(&marked, &mut secrets);
+            let copy = secrets.get(copy_at).cloned().cloned().unwrap_or(Value::Null);
+            let doc = json!({"version": 4, "serial": 3, "lineage": "l", "resources": [
+                res("t", "marked", json!([{"attributes": attrs, "sensitive_attributes": [path]}])),
+                res("t", "copy", json!([{"attributes": {"c": copy, "n": [copy]}}])),
+            ], "outputs": {"o": {"value": copy}}});
+            let bytes = doc.to_string().into_bytes();
+            let masked = mask_state(&bytes, 1).unwrap();
+            let mut shown = Vec::new();
+            for r in 0..2 {
+                leaves(&masked["resources"][r]["instances"][0]["attributes"], &mut shown);
+            }
+            leaves(&masked["outputs"], &mut shown);
+            for s in &secrets {
+                proptest::prop_assert!(!shown.contains(s), "{} survived in {}", s, masked);
+            }
+            proptest::prop_assert_eq!(&masked["serial"], &json!(3));
+            // Nor does a diff from a version where both resources had no attributes
+            // (every attribute listed as changed, its new value shown masked).
+            let mut before = doc.clone();
+            before["resources"][0]["instances"][0]["attributes"] = json!({});
+            before["resources"][1]["instances"][0]["attributes"] = json!({});
+            before["outputs"] = json!({});
+            let before = before.to_string().into_bytes();
+            let d = diff_states(&before, 1, &bytes, 2).unwrap();
+            let values: Vec<Value> = d
+                .resources
+                .iter()
+                .flat_map(|r| r.attributes.iter().flat_map(|a| [&a.before, &a.after]))
+                .chain(d.outputs.iter().flat_map(|o| [&o.before, &o.after]))
+                .flatten()
+                .cloned()
+                .collect();
+            let values = Value::Array(values);
+            let mut in_diff = Vec::new();
+            leaves(&values, &mut in_diff);
+            for s in &secrets {
+                proptest::prop_assert!(!in_diff.contains(s), "{} in {}", s, values);
+            }
+        }
+    }
 }

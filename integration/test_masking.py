@@ -1,9 +1,10 @@
 """Masking by value, with states the real Terraform CLI wrote through a real stategate.
 
 A sensitive variable flows into `terraform_data.db.input` (Terraform marks that path),
-its unmarked `output` copy, a second resource that reads that output (unmarked), one
-field of an object (only that field is marked), a sensitive output, and an instance key
-(`for_each` over `nonsensitive(...)`). Every operator view must hide every copy: the
+its unmarked `output` copy, a second resource that reads that output (unmarked), a
+connection string built from that output (unmarked, the secret inside a longer string),
+one field of an object (only that field is marked), a sensitive output, and an instance
+key (`for_each` over `nonsensitive(...)`). Every operator view must hide every copy: the
 masked UI version page, the UI diff, the UI rollback preview, the UI search, and the
 admin API's `?masked=1`, diff, rollback preview and search, none of which writes a
 `state.revealed` row. The audited reveal still shows the secret (and writes one row).
@@ -38,6 +39,9 @@ resource "terraform_data" "db" {
 }
 resource "terraform_data" "reader" {
   input = terraform_data.db.output
+}
+resource "terraform_data" "conn" {
+  input = "postgres://app:${terraform_data.db.output}@db:5432/app"
 }
 resource "terraform_data" "obj" {
   input = { user = "admin-user", pass = var.nested, port = 5432 }
@@ -115,6 +119,9 @@ def test_masked_views_hide_every_copy_of_a_sensitive_value(server_factory, ws_na
     assert by_name["reader"]["instances"][0]["sensitive_attributes"] == []
     assert by_name["reader"]["instances"][0]["attributes"]["output"]["value"] == SECRET_2
     assert by_name["keyed"]["instances"][0]["index_key"] == SECRET_2
+    conn = by_name["conn"]["instances"][0]
+    assert conn["sensitive_attributes"] == [], conn
+    assert conn["attributes"]["input"]["value"] == f"postgres://app:{SECRET_2}@db:5432/app"
     versions = [r["version"] for r in server.db_rows(ws_name)]
     first, last = min(versions), max(versions)
     assert last > first, versions
@@ -135,7 +142,7 @@ def test_masked_views_hide_every_copy_of_a_sensitive_value(server_factory, ws_na
     hidden("the masked version page", page)
     assert "admin-user" in page and "5432" in page and "plain-visible-output" in page, page[:3000]
     assert "(sensitive)" in page
-    assert "never marked" in page and "exact copy" in page, "the page does not say what masking can know"
+    assert "never marked" in page and "every copy" in page, "the page does not say what masking can know"
     # The diff between the two applies, both ways, and the rollback preview.
     hidden("the UI diff", ui.page(f"{path}/diff?from={first}&to={last}"))
     hidden("the UI diff (reversed)", ui.page(f"{path}/diff?from={last}&to={first}"))
@@ -167,6 +174,8 @@ def test_masked_views_hide_every_copy_of_a_sensitive_value(server_factory, ws_na
     assert obj["input"]["value"] == {"user": "admin-user", "pass": "(sensitive)", "port": 5432}, obj
     assert obj["input"]["type"][0] == "object", obj
     assert masked["outputs"]["plain"]["value"] == "plain-visible-output"
+    conn = {r["name"]: r for r in masked["resources"]}["conn"]["instances"][0]["attributes"]
+    assert conn["input"]["value"] == "postgres://app:(sensitive)@db:5432/app", conn
     assert masked["serial"] == raw["serial"] and masked["lineage"] == raw["lineage"]
 
     # None of that was a reveal.

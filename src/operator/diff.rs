@@ -7,18 +7,22 @@
 //! (only that sub-path is masked, not the attribute enclosing it) and outputs with
 //! `"sensitive": true`. Terraform does not mark copies — `terraform_data`'s `output`
 //! repeats its sensitive `input` unmarked, and so does anything that reads it — so every
-//! string or number *equal* to a marked value is masked too (a boolean only where it is
-//! marked: a `true` elsewhere says nothing on its own), wherever it appears in the
-//! resources, outputs and check results (and in an instance's `index_key`, so the
-//! address shown never spells a secret). Attributes whose names look like secrets are
-//! masked as well. What it cannot know: a secret Terraform never marked, or a
-//! transformed copy (a substring, an encoding, a hash) of one it did.
+//! string or number *equal* to a marked value is masked too, and every marked string of
+//! [`MIN_EMBEDDED`] bytes or more is masked *inside* longer strings (a connection string
+//! built from an unmarked copy); a boolean only where it is marked (a `true` elsewhere
+//! says nothing on its own). That holds wherever the value appears in the resources,
+//! outputs and check results, and in an instance's `index_key`, so an address shown
+//! never spells a secret. Attributes whose names look like secrets are masked as well.
+//! What it cannot know: a secret Terraform never marked, or a transformed copy (an
+//! encoding, a hash, a piece of it) of one it did.
 //!
 //! Bounded work: one walk over the document to collect the marked values (each path is
 //! followed once, at most its own length) and one to replace, each linear in the size
-//! of the state, with one hash-set lookup per string or number. The states given here
-//! are read whole only up to `max_view_bytes` (search: its per-search byte budget), and
-//! serde_json refuses documents nested deeper than 128.
+//! of the state: one hash-set lookup per string or number, and one Aho-Corasick scan per
+//! string over at most [`MAX_EMBEDDED_PATTERNS`] marked strings of at most 1 MiB
+//! together (the longest first; beyond that, values are masked only whole). The states
+//! given here are read whole only up to `max_view_bytes` (search: its per-search byte
+//! budget), and serde_json refuses documents nested deeper than 128.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -30,9 +34,10 @@ pub const MASK: &str = "(sensitive)";
 
 /// What the version page says about masking: what it can and cannot know.
 pub const MASKING_LIMITS: &str = "Sensitive values are shown as “(sensitive)”: the values \
-     Terraform marked sensitive, and every exact copy of them anywhere in this state. A secret \
-     Terraform never marked, or a changed copy of one (part of a longer string, encoded, \
-     hashed), cannot be recognised and is shown as it is.";
+     Terraform marked sensitive and every copy of them anywhere in this state, also inside a \
+     longer text (for values of 8 characters or more). A secret Terraform never marked, or a \
+     changed copy of one (encoded, hashed, cut in pieces), cannot be recognised and is shown \
+     as it is.";
 
 /// Attribute names whose values are masked even when the provider did not mark them.
 const SECRET_LOOKING: &[&str] = &["password", "secret", "token", "private_key", "passphrase"];
@@ -94,28 +99,53 @@ pub enum DiffError {
     NotPlainState(i64),
 }
 
+/// Marked strings at least this long (in bytes) are also masked inside longer strings;
+/// shorter ones only as whole values (a marked "prod" must not eat every "production").
+pub const MIN_EMBEDDED: usize = 8;
+/// At most this many marked strings, of at most this many bytes together, are looked
+/// for inside longer strings (the longest first); the rest only as whole values. Keeps
+/// the search automaton small on any state.
+pub const MAX_EMBEDDED_PATTERNS: usize = 10_000;
+const MAX_EMBEDDED_BYTES: usize = 1024 * 1024;
+
 /// Every value Terraform marked sensitive in one or more states: the strings and
 /// numbers that are masked wherever they appear. (Booleans are masked where they are
 /// marked, never by value: a `true` elsewhere says nothing.)
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone)]
 pub struct Secrets {
     strings: HashSet<String>,
     /// serde_json's own text of each number (`5` and `5.0` are different values).
     numbers: HashSet<String>,
+    /// Finds marked strings of [`MIN_EMBEDDED`] bytes or more inside other strings.
+    embedded: Option<aho_corasick::AhoCorasick>,
 }
 
 impl Secrets {
     /// The values `doc` marks: at every instance's `sensitive_attributes` path and in
     /// every sensitive output.
     pub fn of(doc: &Value) -> Secrets {
+        Self::of_all(&[doc])
+    }
+
+    /// The values any of `docs` marks (a value marked in one version of a diff is
+    /// masked in the other too).
+    pub fn of_all(docs: &[&Value]) -> Secrets {
         let mut found = Secrets::default();
+        for doc in docs {
+            found.collect_marked(doc);
+        }
+        found.embedded = found.embedded_finder();
+        found
+    }
+
+    fn collect_marked(&mut self, doc: &Value) {
         for instance in all_instances(doc) {
             let Some(attrs) = instance.get("attributes") else {
                 continue;
             };
             for path in sensitive_paths(instance) {
                 if let Some(node) = resolve(attrs, path) {
-                    found.collect(node);
+                    self.collect(node);
                 }
             }
         }
@@ -126,17 +156,39 @@ impl Secrets {
             .map(|(_, o)| o)
         {
             if output["sensitive"] == Value::Bool(true) {
-                found.collect(&output["value"]);
+                self.collect(&output["value"]);
             }
         }
-        found
     }
 
-    /// Both sets together (a value marked in one version is masked in the other too).
-    pub fn union(mut self, other: Secrets) -> Secrets {
-        self.strings.extend(other.strings);
-        self.numbers.extend(other.numbers);
-        self
+    /// One automaton over the long enough marked strings, longest first and bounded
+    /// (see [`MAX_EMBEDDED_BYTES`]); leftmost-longest, so overlapping secrets go whole.
+    fn embedded_finder(&self) -> Option<aho_corasick::AhoCorasick> {
+        let mut long: Vec<&String> = self
+            .strings
+            .iter()
+            .filter(|s| s.len() >= MIN_EMBEDDED)
+            .collect();
+        long.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        let mut budget = MAX_EMBEDDED_BYTES;
+        let patterns: Vec<&String> = long
+            .into_iter()
+            .take(MAX_EMBEDDED_PATTERNS)
+            .filter(|s| match budget.checked_sub(s.len()) {
+                Some(left) => {
+                    budget = left;
+                    true
+                }
+                None => false,
+            })
+            .collect();
+        if patterns.is_empty() {
+            return None;
+        }
+        aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(patterns)
+            .ok()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -158,22 +210,40 @@ impl Secrets {
         }
     }
 
-    /// Is this scalar one of the marked values?
-    fn contains(&self, value: &Value) -> bool {
+    /// This scalar as it may be shown, when it is or contains a marked value.
+    fn masked(&self, value: &Value) -> Option<Value> {
         match value {
-            Value::String(s) => self.strings.contains(s),
-            Value::Number(n) => !self.numbers.is_empty() && self.numbers.contains(&n.to_string()),
-            _ => false,
+            Value::String(s) if self.strings.contains(s) => Some(Value::from(MASK)),
+            Value::String(s) => {
+                let finder = self.embedded.as_ref()?;
+                finder.is_match(s).then(|| {
+                    let mut out = String::with_capacity(s.len());
+                    finder.replace_all_with(s, &mut out, |_, _, dst| {
+                        dst.push_str(MASK);
+                        true
+                    });
+                    Value::from(out)
+                })
+            }
+            Value::Number(n)
+                if !self.numbers.is_empty() && self.numbers.contains(&n.to_string()) =>
+            {
+                Some(Value::from(MASK))
+            }
+            _ => None,
         }
     }
 
-    /// Replaces every string and number under `node` equal to a marked value.
+    /// Replaces every string and number under `node` that is or contains a marked value.
     fn mask_copies(&self, node: &mut Value) {
         match node {
             Value::Array(items) => items.iter_mut().for_each(|v| self.mask_copies(v)),
             Value::Object(map) => map.values_mut().for_each(|v| self.mask_copies(v)),
-            scalar if self.contains(scalar) => *scalar = Value::from(MASK),
-            _ => {}
+            scalar => {
+                if let Some(shown) = self.masked(scalar) {
+                    *scalar = shown;
+                }
+            }
         }
     }
 }
@@ -185,7 +255,7 @@ pub fn diff_states(a: &[u8], va: i64, b: &[u8], vb: i64) -> Result<StateDiff, Di
     let (mut ma, mut mb) = (a.clone(), b.clone());
     share_sensitive_paths(&mut ma, &b);
     share_sensitive_paths(&mut mb, &a);
-    let secrets = Secrets::of(&ma).union(Secrets::of(&mb));
+    let secrets = Secrets::of_all(&[&ma, &mb]);
     let (ma, mb) = (mask(ma, &secrets), mask(mb, &secrets));
     let (ra, rb) = (instances(&a, &ma, &secrets), instances(&b, &mb, &secrets));
     let mut resources = Vec::new();
@@ -459,11 +529,12 @@ pub(crate) fn address(resource: &Value, instance: &Value) -> String {
 
 /// [`address`] as it may be shown: an index key equal to a marked value is masked.
 pub(crate) fn shown_address(resource: &Value, instance: &Value, secrets: &Secrets) -> String {
-    match instance.get("index_key") {
-        Some(key) if secrets.contains(key) => {
-            address(resource, &serde_json::json!({ "index_key": MASK }))
-        }
-        _ => address(resource, instance),
+    match instance
+        .get("index_key")
+        .and_then(|key| secrets.masked(key))
+    {
+        Some(shown) => address(resource, &serde_json::json!({ "index_key": shown })),
+        None => address(resource, instance),
     }
 }
 
@@ -1019,6 +1090,68 @@ mod tests {
                 vec!["w1"],
             ),
             (
+                "a marked value of 8 bytes or more inside an unmarked string",
+                json!([
+                    data("db", None, json!(secret), json!([[get_attr("input")]])),
+                    res(
+                        "t",
+                        "conn",
+                        json!([{"attributes": {
+                            "url": format!("postgres://app:{secret}@db/app"),
+                            "twice": format!("{secret}{secret}!"),
+                            "list": [format!("x{secret}")],
+                        }}])
+                    ),
+                ]),
+                json!({"dsn": {"value": format!("dsn={secret}")}}),
+                vec![secret],
+                vec![
+                    r#""url":"postgres://app:(sensitive)@db/app""#,
+                    r#""twice":"(sensitive)(sensitive)!""#,
+                    r#"["x(sensitive)"]"#,
+                    r#""dsn":{"value":"dsn=(sensitive)"}"#,
+                ],
+            ),
+            (
+                "a short marked value is masked only where it is the whole value",
+                json!([
+                    data("short", None, json!("abc123"), json!([[get_attr("input")]])),
+                    res(
+                        "t",
+                        "o",
+                        json!([{"attributes": {"name": "abc123-bucket", "same": "abc123"}}])
+                    ),
+                ]),
+                json!({}),
+                vec![],
+                vec![r#""name":"abc123-bucket""#, r#""same":"(sensitive)""#],
+            ),
+            (
+                "overlapping marked values: each one whole is gone",
+                json!([
+                    data(
+                        "one",
+                        None,
+                        json!("AAAABBBBCCCC"),
+                        json!([[get_attr("input")]])
+                    ),
+                    data(
+                        "two",
+                        None,
+                        json!("BBBBCCCCDDDD"),
+                        json!([[get_attr("input")]])
+                    ),
+                    res(
+                        "t",
+                        "o",
+                        json!([{"attributes": {"s": "xAAAABBBBCCCCDDDDx", "t": "yBBBBCCCCDDDD"}}])
+                    ),
+                ]),
+                json!({}),
+                vec!["AAAABBBBCCCC", "BBBBCCCCDDDD"],
+                vec![r#""t":"y(sensitive)""#],
+            ),
+            (
                 "check results repeating a marked value",
                 json!([data(
                     "db",
@@ -1077,6 +1210,45 @@ mod tests {
                 assert!(text.contains(MASK), "{case}");
             }
         }
+    }
+
+    /// Past the embedded-search bound (1 MiB of marked strings), every marked value is
+    /// still masked whole, the longest ones also inside other strings, and the work
+    /// stays one pass.
+    #[test]
+    fn many_marked_values_stay_bounded() {
+        let n = 1500;
+        let secret = |i: usize| format!("{i:04}-{}", "s".repeat(995));
+        let marked: Vec<Value> = (0..n)
+            .map(|i| {
+                data(
+                    &format!("m{i}"),
+                    None,
+                    json!(secret(i)),
+                    json!([[get_attr("input")]]),
+                )
+            })
+            .collect();
+        let mut resources = marked;
+        resources.push(res(
+            "t",
+            "copies",
+            json!([{"attributes": {
+                "whole": (0..n).map(secret).collect::<Vec<_>>(),
+                "inside": format!("<{}>", secret(0)),
+            }}]),
+        ));
+        let body = state(Value::Array(resources), json!({})).to_vec();
+        let secrets = Secrets::of(&serde_json::from_slice(&body).unwrap());
+        let finder = secrets.embedded.as_ref().unwrap();
+        assert!(
+            finder.patterns_len() <= MAX_EMBEDDED_BYTES / 1000,
+            "{}",
+            finder.patterns_len()
+        );
+        let text = mask_state(&body, 1).unwrap().to_string();
+        assert!(!text.contains(&"s".repeat(995)), "a marked value survived");
+        assert!(text.contains("\"inside\":\"<(sensitive)>\""));
     }
 
     /// Hostile shapes are masked as far as they can be read and never panic.

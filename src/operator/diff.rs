@@ -295,11 +295,7 @@ fn mask(mut doc: Value, secrets: &Secrets) -> Value {
     };
     for (key, value) in top.iter_mut() {
         match key.as_str() {
-            "resources" => {
-                for instance in instances_mut(value) {
-                    mask_instance(instance, secrets);
-                }
-            }
+            "resources" => instances_mut(value).for_each(mask_instance),
             "outputs" => {
                 for output in value
                     .as_object_mut()
@@ -307,24 +303,25 @@ fn mask(mut doc: Value, secrets: &Secrets) -> Value {
                     .flat_map(|o| o.values_mut())
                 {
                     let sensitive = output["sensitive"] == Value::Bool(true);
-                    if let Some(v) = output.get_mut("value") {
-                        if sensitive {
-                            *v = shown(v, true);
-                        } else {
-                            secrets.mask_copies(v);
-                        }
+                    if let Some(v) = output.get_mut("value").filter(|_| sensitive) {
+                        *v = shown(v, true);
                     }
                 }
             }
-            k if STATE_METADATA.contains(&k) => {}
-            // check_results and whatever a later format adds: values, masked by value.
-            _ => secrets.mask_copies(value),
+            k if STATE_METADATA.contains(&k) => continue,
+            _ => {}
         }
+        // Everything else holds values too (attributes, index keys, the paths into a
+        // set, which name the element, check results, whatever a later format adds),
+        // whatever its shape: every copy of a marked value is masked.
+        secrets.mask_copies(value);
     }
     doc
 }
 
-fn mask_instance(instance: &mut Value, secrets: &Secrets) {
+/// Masks an instance's marked paths and secret-looking attributes (copies of marked
+/// values are masked afterwards, over the whole document).
+fn mask_instance(instance: &mut Value) {
     let paths: Vec<Vec<Value>> = sensitive_paths(instance)
         .into_iter()
         .map(<[Value]>::to_vec)
@@ -339,13 +336,6 @@ fn mask_instance(instance: &mut Value, secrets: &Secrets) {
                     *value = shown(value, true);
                 }
             }
-        }
-        secrets.mask_copies(attrs);
-    }
-    // The address, and the paths themselves: a path into a set names the element.
-    for field in ["index_key", "sensitive_attributes"] {
-        if let Some(value) = instance.get_mut(field) {
-            secrets.mask_copies(value);
         }
     }
 }
@@ -1260,13 +1250,21 @@ mod tests {
             json!({"resources": [{"instances": [{"attributes": {"a": "S"},
                 "sensitive_attributes": [1, [], [{"type": "index", "value": {"value": -1}}],
                     [{"type": "get_attr", "value": 5}], [{"type": "weird"}], [get_attr("a"), index(json!(99))]]}]}]}),
-            json!({"outputs": {"o": 1, "p": {"sensitive": true}, "q": {"value": "S", "sensitive": "yes"}}}),
+            json!({"outputs": {"o": 1, "p": {"sensitive": true}, "q": {"value": "not-marked", "sensitive": "yes"}}}),
             json!({"outputs": {"p": {"value": "S", "sensitive": true}}, "resources": [{"instances": [
                 {"index_key": "S", "attributes": {"x": "S"}}]}]}),
         ];
+        // Whatever the shape, a copy of a marked value is masked.
+        let odd = json!({"resources": "ODD-S3CRET-1", "outputs": {"p": {"value": "ODD-S3CRET-1", "sensitive": true}},
+            "check_results": [{"x": ["ODD-S3CRET-1"]}]});
+        let text = mask_state(odd.to_string().as_bytes(), 1)
+            .unwrap()
+            .to_string();
+        assert!(!text.contains("ODD-S3CRET-1"), "{text}");
         for body in bodies {
             let bytes = body.to_string().into_bytes();
-            let _ = mask_state(&bytes, 1).unwrap();
+            let text = mask_state(&bytes, 1).unwrap().to_string();
+            assert!(!text.contains(r#""S""#), "{text}");
             let _ = diff_states(&bytes, 1, &state(json!([]), json!({})), 2).unwrap();
             let _ = diff_states(&state(json!([]), json!({})), 1, &bytes, 2).unwrap();
         }

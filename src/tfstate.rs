@@ -3,7 +3,9 @@
 //! Both APIs store tfstate (the workspace backend and the cluster API), so the parse
 //! lives below both. It looks at those two fields only and never at resources: an
 //! OpenTofu-encrypted state (the `encrypted_data` envelope) keeps them in clear, so
-//! versioning and the conflict rules work on states the server cannot read.
+//! versioning and the conflict rules work on states the server cannot read. A serial
+//! is Terraform's uint64 but stored as an i64: one above [`MAX_SERIAL`] is refused
+//! (400) with that reason, never stored as something else.
 
 use serde::Deserialize;
 

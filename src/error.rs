@@ -140,6 +140,7 @@ impl From<StoreError> for ApiError {
             StoreError::VersionNotFound { .. } => ApiError::NotFound(e.to_string()),
             StoreError::Tombstone { .. }
             | StoreError::Moved { .. }
+            | StoreError::SerialExhausted { .. }
             | StoreError::TooLargeToView { .. } => ApiError::Conflict(e.to_string()),
             StoreError::BlobMissing { version, .. } | StoreError::BlobUnreadable { version, .. } => {
                 ApiError::Internal {

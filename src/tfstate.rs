@@ -3,7 +3,9 @@
 //! Both APIs store tfstate (the workspace backend and the cluster API), so the parse
 //! lives below both. It looks at those two fields only and never at resources: an
 //! OpenTofu-encrypted state (the `encrypted_data` envelope) keeps them in clear, so
-//! versioning and the conflict rules work on states the server cannot read.
+//! versioning and the conflict rules work on states the server cannot read. A serial
+//! is Terraform's uint64 but stored as an i64: one above [`MAX_SERIAL`] is refused
+//! (400) with that reason, never stored as something else.
 
 use serde::Deserialize;
 
@@ -59,12 +61,69 @@ pub struct StateMeta {
     pub lineage: String,
 }
 
+/// The largest serial stategate stores. Terraform's serial is a uint64, SQLite's integer
+/// an i64: a state above this is refused (400) rather than stored as something else,
+/// and a rollback that would need a serial above it is refused (409).
+pub const MAX_SERIAL: i64 = i64::MAX;
+
+/// What a state's `serial` field holds, before judging it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SerialField {
+    Fits(i64),
+    Negative,
+    /// An integer above [`MAX_SERIAL`] (valid for Terraform, not representable here).
+    TooLarge,
+    /// A fraction, an exponent, a string, …
+    NotInteger,
+}
+
+impl SerialField {
+    /// What serde_json read (it keeps integers up to u64 exactly, larger ones as f64).
+    fn of_json(value: &serde_json::Value) -> SerialField {
+        let Some(n) = value.as_number() else {
+            return SerialField::NotInteger;
+        };
+        if let Some(i) = n.as_i64() {
+            return if i < 0 {
+                SerialField::Negative
+            } else {
+                SerialField::Fits(i)
+            };
+        }
+        if n.as_u64().is_some() {
+            return SerialField::TooLarge;
+        }
+        match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() >= 2f64.powi(63) => {
+                if f < 0.0 {
+                    SerialField::Negative
+                } else {
+                    SerialField::TooLarge
+                }
+            }
+            _ => SerialField::NotInteger,
+        }
+    }
+
+    /// The digits the scanner kept of a number (`None`: a fraction, an exponent or too long).
+    fn of_digits(text: Option<&str>) -> SerialField {
+        match text {
+            // serde_json reads "-0" as the float -0.0, which is no integer.
+            None | Some("-0") => SerialField::NotInteger,
+            Some(t) if t.starts_with('-') => SerialField::Negative,
+            Some(t) => t
+                .parse::<i64>()
+                .map_or(SerialField::TooLarge, SerialField::Fits),
+        }
+    }
+}
+
 /// What a body says about the fields stategate reads, before judging them.
 #[derive(Debug, Default)]
 struct Probe {
     version: bool,
-    /// `Some(None)`: present but not an integer that fits.
-    serial: Option<Option<i64>>,
+    /// `Some(_)`: present (and not null).
+    serial: Option<SerialField>,
     lineage: Option<String>,
     encrypted_data: bool,
     encryption_version: bool,
@@ -96,7 +155,10 @@ pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
         serde_json::from_slice(body).map_err(|e| not_a_state(&format!("invalid JSON ({e})")))?;
     judge(Probe {
         version: probe.version.is_some(),
-        serial: probe.serial.map(|n| n.as_i64()),
+        serial: probe
+            .serial
+            .filter(|v| !v.is_null())
+            .map(|v| SerialField::of_json(&v)),
         lineage: probe.lineage,
         encrypted_data: probe.encrypted_data.is_some(),
         encryption_version: probe.encryption_version.is_some(),
@@ -110,11 +172,18 @@ fn judge(probe: Probe) -> Result<StateMeta, ApiError> {
             "missing \"version\" (or \"encrypted_data\" for an encrypted state)",
         ));
     }
-    let serial = probe
-        .serial
-        .flatten()
-        .filter(|s| *s >= 0)
-        .ok_or_else(|| not_a_state("\"serial\" must be a non-negative integer"))?;
+    let serial = match probe.serial {
+        Some(SerialField::Fits(serial)) => serial,
+        Some(SerialField::Negative) => return Err(not_a_state("\"serial\" must not be negative")),
+        Some(SerialField::TooLarge) => {
+            return Err(not_a_state(&format!(
+                "\"serial\" is larger than {MAX_SERIAL}, the largest serial stategate can store"
+            )))
+        }
+        Some(SerialField::NotInteger) | None => {
+            return Err(not_a_state("\"serial\" must be a non-negative integer"))
+        }
+    };
     let lineage = probe
         .lineage
         .filter(|l| is_safe_id(l, MAX_LINEAGE_LEN))
@@ -549,13 +618,13 @@ impl StateScanner {
                 if kind == Kind::Num {
                     self.serial_span = Some((self.value_at, self.offset));
                 }
-                let number = text
-                    .filter(|_| kind == Kind::Num)
-                    .and_then(|t| String::from_utf8(t).ok())
-                    // serde_json reads "-0" as the float -0.0, which is no i64.
-                    .filter(|t| t != "-0")
-                    .and_then(|t| t.parse::<i64>().ok());
-                self.probe.serial = Some(number);
+                self.probe.serial = Some(match kind {
+                    Kind::Num => {
+                        let digits = text.and_then(|t| String::from_utf8(t).ok());
+                        SerialField::of_digits(digits.as_deref())
+                    }
+                    _ => SerialField::NotInteger,
+                });
             }
             Key::Lineage if present => match (kind, text) {
                 (Kind::Str, Some(t)) => self.probe.lineage = String::from_utf8(t).ok(),
@@ -786,6 +855,56 @@ mod tests {
             "a".repeat(257)
         );
         assert!(parse_state(long.as_bytes()).is_err());
+    }
+
+    /// Terraform's serial is a uint64; stategate keeps an i64. What does not fit is
+    /// refused with a message saying why, the same whole and streamed.
+    #[test]
+    fn serials_that_cannot_be_stored_are_refused_clearly() {
+        // (serial as written, accepted serial or the words the refusal contains)
+        let table: &[(&str, Result<i64, &str>)] = &[
+            ("0", Ok(0)),
+            ("9223372036854775807", Ok(i64::MAX)),
+            (
+                "9223372036854775808",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "18446744073709551615",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "18446744073709551616",
+                Err("larger than 9223372036854775807"),
+            ),
+            (
+                "99999999999999999999999",
+                Err("larger than 9223372036854775807"),
+            ),
+            ("-1", Err("must not be negative")),
+            ("-9223372036854775808", Err("must not be negative")),
+            ("-9223372036854775809", Err("must not be negative")),
+            ("-0", Err("non-negative integer")),
+            ("1.5", Err("non-negative integer")),
+            ("3.0", Err("non-negative integer")),
+            ("\"3\"", Err("non-negative integer")),
+            ("null", Err("non-negative integer")),
+        ];
+        for (serial, expected) in table {
+            let body = format!(r#"{{"version":4,"serial":{serial},"lineage":"l"}}"#);
+            for (how, got) in [
+                ("whole", parse_state(body.as_bytes())),
+                ("streamed", scan(body.as_bytes(), 3)),
+            ] {
+                match (got, expected) {
+                    (Ok(meta), Ok(want)) => assert_eq!(meta.serial, *want, "{serial} {how}"),
+                    (Err(ApiError::BadRequest(msg)), Err(words)) => {
+                        assert!(msg.contains(words), "{serial} {how}: {msg}")
+                    }
+                    (got, _) => panic!("{serial} {how}: {got:?}"),
+                }
+            }
+        }
     }
 
     #[test]

@@ -1106,6 +1106,31 @@ async fn bad_input_is_a_clear_4xx_and_changes_nothing() {
             400,
             "serial",
         ),
+        // Terraform's serial is a uint64: what an i64 cannot hold is refused, and says so.
+        (
+            "alice",
+            "PUT",
+            tfstate.clone(),
+            b(r#"{"version":4,"serial":9223372036854775808,"lineage":"lin"}"#),
+            400,
+            "larger than 9223372036854775807, the largest serial stategate can store",
+        ),
+        (
+            "alice",
+            "PUT",
+            tfstate.clone(),
+            b(r#"{"version":4,"serial":18446744073709551615,"lineage":"lin"}"#),
+            400,
+            "the largest serial stategate can store",
+        ),
+        (
+            "alice",
+            "PUT",
+            tfstate.clone(),
+            b(r#"{"version":4,"serial":2.5,"lineage":"lin"}"#),
+            400,
+            "non-negative integer",
+        ),
         (
             "alice",
             "PUT",

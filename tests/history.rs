@@ -263,3 +263,81 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
     // The rollback's blob was discarded: only v1, v3 and v4 have blobs.
     assert_eq!(s.blob_files().len(), 3);
 }
+
+/// Terraform's serial is a uint64, stategate's an i64. A serial above `i64::MAX` is
+/// refused (400, saying why) and changes nothing; at `i64::MAX` itself a rollback cannot
+/// make a fresh serial: the preview says so instead of promising a wrapped one, and the
+/// rollback is refused (409) with nothing written — it never stores a negative serial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serials_past_i64_are_refused_and_rollback_never_wraps() {
+    let s = TestServer::start().await;
+    let ws = "huge";
+    let versions = || s.count("SELECT count(*) FROM versions WHERE scope = 'tf/huge'");
+    // (serial as written, what the 400 says)
+    let refused = [
+        (
+            "9223372036854775808",
+            "the largest serial stategate can store",
+        ),
+        (
+            "18446744073709551615",
+            "the largest serial stategate can store",
+        ),
+        ("-9223372036854775808", "must not be negative"),
+        ("7.5", "non-negative integer"),
+    ];
+    for (serial, words) in refused {
+        let body = state(1, "lin", "").replace("\"serial\":1,", &format!("\"serial\":{serial},"));
+        assert!(body.contains(serial));
+        let (code, text) = status(s.tf("POST", ws).body(body)).await;
+        assert_eq!(code, 400, "{serial}: {text}");
+        assert!(text.contains(words), "{serial}: {text}");
+        assert_eq!(versions(), 0, "{serial}");
+    }
+
+    let v1 = state(1, "lin", r#"{"name":"one"}"#);
+    let top = state(1, "lin", r#"{"name":"top"}"#)
+        .replace("\"serial\":1,", &format!("\"serial\":{},", i64::MAX));
+    for body in [&v1, &top] {
+        assert_eq!(status(s.tf("POST", ws).body(body.clone())).await.0, 200);
+    }
+    let preview = s.app.operator.rollback_preview(ws, 1).await.unwrap();
+    assert_eq!(preview.to_serial, None, "{preview:?}");
+    let why = preview.refused.clone().unwrap_or_default();
+    assert!(why.contains("9223372036854775807"), "{preview:?}");
+    assert!(!serde_json::to_string(&preview)
+        .unwrap()
+        .contains("-9223372036854775808"));
+
+    for (how, err) in [
+        (
+            "rollback",
+            s.app.tofu.rollback(ws, 1, "op").await.unwrap_err(),
+        ),
+        (
+            "operator rollback",
+            s.app
+                .operator
+                .rollback(ws, 1, Some(2), "operator:test")
+                .await
+                .unwrap_err(),
+        ),
+    ] {
+        assert_eq!(err.http_status(), 409, "{how}: {err}");
+        let body = String::from_utf8_lossy(&err.body()).to_string();
+        assert!(
+            body.contains("largest stategate can store"),
+            "{how}: {body}"
+        );
+    }
+    assert_eq!(versions(), 2);
+    assert_eq!(
+        s.count("SELECT count(*) FROM versions WHERE scope = 'tf/huge' AND serial < 0"),
+        0
+    );
+    assert_eq!(
+        s.count("SELECT count(*) FROM audit WHERE scope = 'tf/huge' AND event = 'tf.rollback'"),
+        0
+    );
+    assert_eq!(status(s.tf("GET", ws)).await, (200, top));
+}

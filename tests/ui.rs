@@ -1676,3 +1676,43 @@ async fn login_returns_to_the_ui_page_asked_for_and_nowhere_else() {
         assert_eq!((r.status, r.location()), (303, Some("/ui/")), "{planted}");
     }
 }
+
+/// At serial `i64::MAX` no fresh serial is left: the preview says the rollback would be
+/// refused (instead of promising a wrapped serial) and disables it; posted anyway, it
+/// is a 409 and nothing is written.
+#[tokio::test]
+async fn a_rollback_with_no_serial_left_is_refused_in_the_preview_and_on_post() {
+    let env = Env::start().await;
+    env.write("huge", with_output(1, "lin", &resource("a", "one"), "o1"))
+        .await;
+    let top = with_output(1, "lin", &resource("a", "two"), "o2")
+        .replace("\"serial\":1,", &format!("\"serial\":{},", i64::MAX));
+    assert!(top.contains(&i64::MAX.to_string()));
+    env.write("huge", top).await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let preview = env.page("/ui/workspaces/huge/rollback?to=1", &cookie).await;
+    assert!(
+        preview.contains("This rollback would be refused"),
+        "{preview}"
+    );
+    assert!(preview.contains("9223372036854775807"), "{preview}");
+    assert!(!preview.contains("-9223372036854775808"), "{preview}");
+    let confirm = &preview[preview.find(r#"id="confirm-rollback""#).unwrap()..];
+    assert!(confirm[..confirm.find("</form>").unwrap()].contains("disabled"));
+    let r = env
+        .post(
+            "/ui/workspaces/huge/rollback",
+            &cookie,
+            &[
+                ("csrf", csrf.as_str()),
+                ("to", "1"),
+                ("from", "2"),
+                ("confirm", "huge"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("largest stategate can store"), "{}", r.body);
+    assert_eq!(env.versions("huge"), 2);
+}

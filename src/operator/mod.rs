@@ -71,7 +71,11 @@ pub struct RollbackPreview {
     /// Serial the rolled-back version would carry: above every stored one for a plain
     /// state (so plans saved before are stale), the target's own for an OpenTofu-encrypted
     /// state (it cannot be renumbered).
+    /// `None` also when no serial can be made ([`Self::refused`]).
     pub to_serial: Option<i64>,
+    /// Why the rollback would be refused (409) even with no lock held, e.g. no serial
+    /// above the stored ones is left to give the restored state.
+    pub refused: Option<String>,
     /// From the current version to the target; `None` when either is not a plain
     /// JSON state (encrypted by the client): the rollback still works, unseen.
     pub diff: Option<StateDiff>,
@@ -436,23 +440,23 @@ impl Operations {
             .await
     }
 
-    /// The serial a rollback to `target` gives the workspace (as `StateStore::rollback`).
+    /// The serial a rollback to `target` gives the workspace (as `StateStore::rollback`),
+    /// or why none can be made (the rollback would be refused the same way).
     async fn serial_after_rollback(
         &self,
         workspace: &str,
         target: &VersionRow,
         body: &[u8],
-    ) -> Result<Option<i64>, ApiError> {
+    ) -> Result<Result<Option<i64>, String>, ApiError> {
+        if crate::tfstate::serial_span(body).is_none() {
+            return Ok(Ok(target.serial));
+        }
         let scope = crate::tofu::scope(workspace);
-        let next = self
-            .tofu
-            .store()
-            .fresh_serial(&scope, target.serial)
-            .await?;
-        Ok(match crate::tfstate::serial_span(body) {
-            Some(_) => Some(next),
-            None => target.serial,
-        })
+        match self.tofu.store().fresh_serial(&scope, target.serial).await {
+            Ok(next) => Ok(Ok(Some(next))),
+            Err(e @ crate::store::StoreError::SerialExhausted { .. }) => Ok(Err(e.to_string())),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// What rolling back to `to` would change (current → `to`), and the lock that would
@@ -496,12 +500,14 @@ impl Operations {
             }
             Err(why) => (None, Some(why)),
         };
+        let serial = self
+            .serial_after_rollback(workspace, &target, &target_body)
+            .await?;
         Ok(RollbackPreview {
             from_version: latest.version,
             to_version: target.version,
-            to_serial: self
-                .serial_after_rollback(workspace, &target, &target_body)
-                .await?,
+            to_serial: serial.clone().ok().flatten(),
+            refused: serial.err(),
             diff,
             diff_unavailable,
             lock: self.lock(workspace).await?,

@@ -2,7 +2,9 @@
 //! name, index key) contains a substring, in each workspace's newest version. Bounded
 //! per search — at most so many workspaces, so many bytes read and so many hits — and
 //! the answer says which bound stopped it. Only addresses, types and modes leave this
-//! module: never an attribute or output value, so there is nothing to mask.
+//! module, never an attribute or output value; an address whose index key equals a
+//! value Terraform marked sensitive is shown (and matched) with that key masked, so a
+//! search can neither show a secret nor confirm a guess of one.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -134,13 +136,14 @@ impl SearchResults {
                 return;
             }
         };
+        let secrets = super::diff::Secrets::of(&doc);
         for resource in doc["resources"].as_array().into_iter().flatten() {
             let instances: Vec<&Value> = match resource["instances"].as_array() {
                 Some(list) if !list.is_empty() => list.iter().collect(),
                 _ => vec![&Value::Null],
             };
             for instance in instances {
-                let address = super::diff::address(resource, instance);
+                let address = super::diff::shown_address(resource, instance, &secrets);
                 if !address.to_lowercase().contains(needle) {
                     continue;
                 }

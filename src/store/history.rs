@@ -114,6 +114,13 @@ fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::E
         .query_row([scope], |r| r.get(0))
 }
 
+/// One above the highest of `stored` (the scope's top serial) and `restored`; `None`
+/// when that cannot be represented. Checked: a wrapped serial would be older than
+/// every plan it is meant to make stale.
+pub fn next_serial(stored: Option<i64>, restored: Option<i64>) -> Option<i64> {
+    stored.max(restored).unwrap_or(0).checked_add(1)
+}
+
 #[derive(Debug)]
 pub struct RolledBack {
     /// The version that was current when the rollback ran.
@@ -126,7 +133,8 @@ pub struct RolledBack {
 
 impl StateStore {
     /// The serial a rollback gives restored content: one above every serial stored for
-    /// `scope` and above `restored`, the restored version's own.
+    /// `scope` and above `restored`, the restored version's own. Refused
+    /// ([`StoreError::SerialExhausted`]) when that would pass `i64::MAX`.
     pub async fn fresh_serial(
         &self,
         scope: &str,
@@ -134,7 +142,10 @@ impl StateStore {
     ) -> Result<i64, StoreError> {
         let owned = scope.to_string();
         let top = self.db.read(move |c| max_serial(c, &owned)).await?;
-        Ok(top.max(restored).unwrap_or(0) + 1)
+        next_serial(top, restored).ok_or_else(|| StoreError::SerialExhausted {
+            scope: scope.to_string(),
+            serial: top.max(restored).unwrap_or(0),
+        })
     }
 
     /// Version rows of a scope, newest first. Reads SQLite only.
@@ -377,6 +388,27 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_serials_never_wrap() {
+        // (top stored serial, restored version's serial, fresh serial)
+        let table = [
+            (None, None, Some(1)),
+            (Some(4), Some(2), Some(5)),
+            (Some(2), Some(4), Some(5)),
+            (None, Some(0), Some(1)),
+            (Some(i64::MAX - 1), Some(3), Some(i64::MAX)),
+            (Some(i64::MAX), Some(3), None),
+            (Some(3), Some(i64::MAX), None),
+        ];
+        for (stored, restored, fresh) in table {
+            assert_eq!(
+                next_serial(stored, restored),
+                fresh,
+                "{stored:?} {restored:?}"
+            );
+        }
+    }
 
     /// Cut into pieces of every size, a spliced stream is the content with exactly the
     /// span replaced, wherever the span falls relative to the cuts.

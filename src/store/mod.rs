@@ -55,6 +55,9 @@ pub enum StoreError {
     Moved { scope: String, found: i64 },
     #[error("the request body ended before it was complete; nothing was written")]
     BodyAborted,
+    /// A rollback gives restored content a serial above every stored one; there is none.
+    #[error("{scope} already has serial {serial}, the largest stategate can store, so a rollback cannot give the restored state a higher one (plans saved before it would not be refused); nothing was written")]
+    SerialExhausted { scope: String, serial: i64 },
     #[error("version {version} of {scope} is {size} bytes, more than the {limit} bytes (max_view_bytes) read whole here; Terraform still reads it (`terraform state pull`), or raise max_view_bytes")]
     TooLargeToView {
         scope: String,

@@ -325,7 +325,7 @@ pub fn version(
                 @if revealed {
                     p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } "." }
                 } @else {
-                    p.muted { "Sensitive values are shown as “(sensitive)”." }
+                    p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 }
                 pre #content { (text) }
             }
@@ -422,6 +422,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
         }
         h2 { "Confirm" }
         @if let Some(lock) = &p.lock { (locked_refusal(lock)) }
+        @if let Some(why) = &p.refused { p.notice.warn #rollback-refused { "This rollback would be refused: " (why) } }
         form.inline #confirm-rollback method="post" action=(format!("{}/rollback", ws_href(name))) {
             input type="hidden" name="csrf" value=(chrome.csrf);
             input type="hidden" name="to" value=(p.to_version);
@@ -431,7 +432,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
                 input type="text" name="confirm" required autocomplete="off"
                     pattern=(exact_pattern(name));
             }
-            button.danger type="submit" disabled[p.lock.is_some()] { "Roll back to version " (p.to_version) }
+            button.danger type="submit" disabled[p.lock.is_some() || p.refused.is_some()] { "Roll back to version " (p.to_version) }
             a href=(ws_href(name)) { "Cancel" }
         }
         p.muted { "If anything writes to the workspace before you confirm, the rollback is refused and nothing changes; look again." }
@@ -650,6 +651,7 @@ mod tests {
             from_version: 2,
             to_version: 1,
             to_serial: Some(1),
+            refused: None,
             diff: Some(StateDiff {
                 resources: vec![crate::operator::diff::ResourceChange {
                     address: evil.into(),

@@ -783,3 +783,90 @@ async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something(
         "a full tidy always sweeps, and counts as the tick's sweep"
     );
 }
+
+/// Issue 20 item 9: a timeout (or plan expiry) too large for the clock used to panic
+/// on `Instant` overflow, leaving the run unfinished forever. Now it is as good as no
+/// timeout: the check finishes, and so does the approved apply of its kept plan.
+#[tokio::test]
+async fn a_timeout_too_large_for_the_clock_still_finishes_the_run() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    for (ws, timeout) in [("huge", i64::MAX as u64), ("max", u64::MAX)] {
+        let mut huge = check(ws, dir, &tofu);
+        huge.timeout_seconds = timeout;
+        let mut config = server.config.clone();
+        config.public_url = Some(server.base.clone());
+        config.drift = vec![huge];
+        config.drift_settings.plan_expiry_seconds = u64::MAX;
+        let drift = DriftService::new(&config, server.app.tofu.clone(), server.root.clone());
+        let run = drift.check_now(ws, "test").await.unwrap();
+        assert_eq!(run.outcome, Some(Outcome::Drifted), "{ws}: {run:?}");
+        assert!(run.approvable, "{ws}: a plan kept for ever is approvable");
+        let started = drift.approve(run.id, "operator:t").await.unwrap();
+        let applied = drift.execute(started).await.unwrap();
+        assert_eq!(applied.outcome, Some(Outcome::Applied), "{ws}: {applied:?}");
+        drift.tidy().await.unwrap();
+        assert!(drift.start_check(ws, "test").await.is_ok(), "{ws}: nothing left unfinished");
+    }
+}
+
+/// Issue 20 item 3: a drift child (anything the configuration runs) reads nothing of
+/// the server. The child tries the environment, command line, maps and memory of its
+/// parent and of the server's pid, and the data dir's DEK file and database; it sees
+/// no server process (its own PID namespace with a fresh /proc) and an empty data dir.
+#[tokio::test]
+async fn a_drift_child_can_read_nothing_of_the_server() {
+    let server = TestServer::start().await;
+    let data = &server.config.data_dir;
+    std::fs::write(data.join("dek"), common::DEK).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    let tofu = common::drift::nosy_tofu(dir).display().to_string();
+    let mut nosy = check("prod", dir, &tofu);
+    let server_pid = std::process::id().to_string();
+    nosy.env.insert("NOSY_PID".into(), server_pid.as_str().into());
+    nosy.env
+        .insert("NOSY_DATA".into(), data.display().to_string().into());
+    let drift = service(&server, vec![nosy], vec![]);
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(run.outcome, Some(Outcome::InSync), "{run:?}");
+    let report = std::fs::read_to_string(dir.join("report")).unwrap();
+    let read: Vec<&str> = report.lines().filter(|l| l.starts_with("READ ")).collect();
+    // Inside the sandbox the parent is the sandbox's own init (pid 1 of its namespace),
+    // exec'd fresh with the child's own environment (its workspace credential, by
+    // design); nothing else is readable.
+    assert!(
+        read.iter().all(|l| l.starts_with("READ /proc/1/")),
+        "the child read {read:?}:\n{report}"
+    );
+    assert!(
+        !report.contains(&format!("PPID {server_pid}\n")),
+        "the server is not the child's parent in its namespace:\n{report}"
+    );
+    for secret in [
+        common::DEK.to_string(),
+        server.bearer("other"),
+        "STATEGATE_".to_string(),
+        "SQLite format".to_string(),
+    ] {
+        assert!(!report.contains(&secret), "{secret:?} leaked:\n{report}");
+    }
+    for target in ["environ", "cmdline", "maps", "mem"] {
+        assert!(
+            report.contains(&format!("DENIED /proc/{server_pid}/{target}")),
+            "{target}:\n{report}"
+        );
+    }
+    for file in ["dek", "stategate.db"] {
+        assert!(
+            report.contains(&format!("DENIED {}", data.join(file).display())),
+            "{file}:\n{report}"
+        );
+    }
+    assert!(data.join("dek").exists() && data.join("stategate.db").exists());
+}

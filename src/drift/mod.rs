@@ -23,7 +23,9 @@
 pub mod outcomes;
 pub mod plan;
 pub mod runner;
+pub mod sandbox;
 pub mod webhook;
+pub mod work;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -65,7 +67,7 @@ const TIDY_BATCH: usize = 256;
 pub const MAX_LIST: u32 = 1000;
 /// An unfinished run older than its check's timeout plus this was abandoned by a
 /// process that stopped; it is closed as an error so the workspace can run again.
-const ABANDONED_AFTER: i64 = 300;
+const ABANDONED_AFTER: u64 = 300;
 /// Webhook deliveries remembered before finished ones are forgotten.
 const MAX_PENDING: usize = 64;
 /// The scheduler looks at least this often (new runs from the CLI move the schedule).
@@ -168,6 +170,8 @@ struct Inner {
     /// `<data_dir>/drift`: `plans/` (sealed kept plans), `work/` (plaintext while in use).
     dir: PathBuf,
     slots: tokio::sync::Semaphore,
+    /// What children run in.
+    sandbox: sandbox::Sandbox,
     notifier: webhook::Notifier,
     /// Webhook deliveries still going.
     pending: std::sync::Mutex<Vec<tokio::task::JoinHandle<Vec<webhook::Delivery>>>>,
@@ -211,6 +215,11 @@ fn internal(public: &str, detail: impl std::fmt::Display) -> ApiError {
         public: public.into(),
         detail: format!("{public}: {detail}"),
     }
+}
+
+/// `unix` plus `seconds`, saturating: no configured duration overflows a timestamp.
+fn seconds_after(unix: i64, seconds: u64) -> i64 {
+    unix.saturating_add(i64::try_from(seconds).unwrap_or(i64::MAX))
 }
 
 /// Keeps the first `MAX_OUTPUT` bytes (on a character boundary).
@@ -265,8 +274,21 @@ impl DriftService {
             Duration::from_secs(settings.webhook_timeout_seconds),
             backoff,
         );
+        let sandbox = sandbox::Sandbox::from_config(config);
+        if !config.drift.is_empty() {
+            match (sandbox.kind(), sandbox.unavailable()) {
+                (crate::config::DriftSandbox::None, _) => tracing::warn!(
+                    "drift_settings.sandbox = \"none\": drift children run unsandboxed and can read this server's secrets (the DEK, the data dir)"
+                ),
+                (_, Some(why)) => tracing::error!("{why}; every drift check fails until then"),
+                (_, None) => {}
+            }
+        }
+        // Plaintext a stopped process left (it died holding a plan).
+        work::sweep(&config.data_dir.join("drift").join("work"));
         DriftService {
             inner: Arc::new(Inner {
+                sandbox,
                 tofu,
                 checks: config
                     .drift
@@ -513,6 +535,10 @@ impl DriftService {
             .acquire()
             .await
             .map_err(|e| internal("the drift runner is shutting down", e))?;
+        // The CLI's `drift run` is a process holding the DEK too (`serve` did it at startup).
+        if let Err(e) = sandbox::forbid_dumps() {
+            tracing::warn!(error = %e, "cannot make this process non-dumpable");
+        }
         let (done, output) = match started.kind {
             Kind::Check => self.check_body(&started).await,
             Kind::Apply => self.apply_body(&started).await,
@@ -577,10 +603,41 @@ impl DriftService {
         )
     }
 
-    fn work_dir(&self) -> Result<PathBuf, String> {
-        let work = self.inner.dir.join("work");
-        create_private_dir(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-        Ok(work)
+    fn work_root(&self) -> PathBuf {
+        self.inner.dir.join("work")
+    }
+
+    /// Run `run`'s plaintext work directory, deleted when the returned value drops.
+    fn work_dir(&self, run: i64) -> Result<work::WorkDir, String> {
+        let root = self.work_root();
+        work::WorkDir::create(&root, run)
+            .map_err(|e| format!("cannot create a work directory in {}: {e}", root.display()))
+    }
+
+    /// Runs the check's binary with `args` in its `dir`, in the sandbox (with `work`
+    /// writable too), until `deadline`.
+    async fn run_child(
+        &self,
+        check: &DriftCheck,
+        binary: &Path,
+        args: &[String],
+        env: &[(OsString, OsString)],
+        deadline: Instant,
+        work: &work::WorkDir,
+    ) -> Result<runner::ChildOutput, String> {
+        let readable: Vec<PathBuf> = check
+            .var_files
+            .iter()
+            .filter(|f| f.is_absolute())
+            .cloned()
+            .collect();
+        let (program, argv) =
+            self.inner
+                .sandbox
+                .wrap(binary, args, &check.dir, Some(work.path()), &readable)?;
+        runner::run(&program, &argv, &check.dir, env, deadline)
+            .await
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))
     }
 
     fn plans_dir(&self) -> PathBuf {
@@ -598,12 +655,15 @@ impl DriftService {
         binary: &Path,
         env: &[(OsString, OsString)],
         deadline: Instant,
+        work: &work::WorkDir,
     ) -> Result<(), (Finished, Option<String>)> {
         if check.dir.join(".terraform").is_dir() {
             return Ok(());
         }
         let args = ["init", "-input=false", "-no-color"].map(String::from);
-        let ended = runner::run(binary, &args, &check.dir, env, deadline).await;
+        let ended = self
+            .run_child(check, binary, &args, env, deadline, work)
+            .await;
         match ended {
             Ok(out) if out.ended == Ended::Exited(0) => Ok(()),
             Ok(out) => {
@@ -620,16 +680,13 @@ impl DriftService {
                 };
                 Err((Finished::error(out.exit_code(), why), Some(text)))
             }
-            Err(e) => Err((
-                Finished::error(None, format!("cannot start {}: {e}", binary.display())),
-                None,
-            )),
+            Err(why) => Err((Finished::error(None, why), None)),
         }
     }
 
     async fn check_body(&self, s: &Started) -> (Finished, Option<String>) {
         let check = &s.check;
-        let deadline = Instant::now() + Duration::from_secs(check.timeout_seconds);
+        let deadline = runner::deadline_after(check.timeout_seconds);
         let (binary, env) = match self.prepare(check) {
             Ok(ready) => ready,
             Err(why) => return (Finished::error(None, why), None),
@@ -637,23 +694,25 @@ impl DriftService {
         if let Some(skipped) = self.skip_if_locked(&s.workspace).await {
             return (skipped, None);
         }
-        if let Err(failed) = self.init_if_needed(check, &binary, &env, deadline).await {
-            return failed;
-        }
-        let work = match self.work_dir() {
+        // Deleted with everything in it (the plaintext plan) when this returns.
+        let work = match self.work_dir(s.id) {
             Ok(w) => w,
             Err(why) => return (Finished::error(None, why), None),
         };
-        let planfile = work.join(format!("check-{}.tfplan", s.id));
+        if let Err(failed) = self
+            .init_if_needed(check, &binary, &env, deadline, &work)
+            .await
+        {
+            return failed;
+        }
+        let planfile = work.path().join(format!("check-{}.tfplan", s.id));
         let args = self.plan_args(check, &planfile);
-        let out = match runner::run(&binary, &args, &check.dir, &env, deadline).await {
+        let out = match self
+            .run_child(check, &binary, &args, &env, deadline, &work)
+            .await
+        {
             Ok(out) => out,
-            Err(e) => {
-                return (
-                    Finished::error(None, format!("cannot start {}: {e}", binary.display())),
-                    None,
-                )
-            }
+            Err(why) => return (Finished::error(None, why), None),
         };
         let report = plan::read_stream(&out.stdout);
         let (outcome, mut message) = plan::classify_plan(out.ended, &report, &out.stderr);
@@ -670,7 +729,10 @@ impl DriftService {
                 "-no-color".into(),
                 planfile.display().to_string(),
             ];
-            if let Ok(shown) = runner::run(&binary, &show, &check.dir, &env, deadline).await {
+            if let Ok(shown) = self
+                .run_child(check, &binary, &show, &env, deadline, &work)
+                .await
+            {
                 if shown.ended == Ended::Exited(0) {
                     text = shown.stdout;
                 }
@@ -678,14 +740,13 @@ impl DriftService {
             if check.approve_apply {
                 match self.keep_plan(s, &planfile).await {
                     Ok(()) => {
-                        expires = Some(now_unix() + self.inner.settings.plan_expiry_seconds as i64);
+                        expires = Some(seconds_after(now_unix(), self.inner.settings.plan_expiry_seconds));
                         message.push_str("; plan kept for approval");
                     }
                     Err(why) => message.push_str(&format!("; the plan was not kept: {why}")),
                 }
             }
         }
-        let _ = tokio::fs::remove_file(&planfile).await;
         (
             Finished {
                 exit_code: out.exit_code(),
@@ -912,7 +973,7 @@ impl DriftService {
     async fn apply_kept(&self, s: &Started, kept: &Path) -> (Finished, Option<String>) {
         let fail = |why: String| (Finished::apply_failed(None, why), None);
         let check = &s.check;
-        let deadline = Instant::now() + Duration::from_secs(check.timeout_seconds);
+        let deadline = runner::deadline_after(check.timeout_seconds);
         let (binary, env) = match self.prepare(check) {
             Ok(ready) => ready,
             Err(why) => return fail(why),
@@ -930,54 +991,55 @@ impl DriftService {
             },
             Err(e) => return fail(format!("the kept plan cannot be read: {e}")),
         };
-        let work = match self.work_dir() {
+        // Deleted with the plaintext plan in it when this returns, however it ends.
+        let work = match self.work_dir(s.id) {
             Ok(w) => w,
             Err(why) => return fail(why),
         };
-        let planfile = work.join(format!("apply-{}.tfplan", s.id));
+        let planfile = work.path().join(format!("apply-{}.tfplan", s.id));
         let written = {
             let path = planfile.clone();
             tokio::task::spawn_blocking(move || write_private(&path, &plain)).await
         };
         if !matches!(written, Ok(Ok(()))) {
-            let _ = tokio::fs::remove_file(&planfile).await;
             return fail("cannot write the plan for the apply".into());
         }
-        let result = async {
-            if let Err(failed) = self.init_if_needed(check, &binary, &env, deadline).await {
-                return failed;
-            }
-            let args = vec![
-                "apply".to_string(),
-                "-input=false".into(),
-                "-no-color".into(),
-                self.lock_timeout(),
-                planfile.display().to_string(),
-            ];
-            let out = match runner::run(&binary, &args, &check.dir, &env, deadline).await {
-                Ok(out) => out,
-                Err(e) => return fail(format!("cannot start {}: {e}", binary.display())),
-            };
-            let text = format!("{}\n{}", out.stdout, out.stderr);
-            let (outcome, mut message) = plan::classify_apply(out.ended, &text);
-            message.push_str(
-                &self
-                    .clear_child_lock(s, out.ended, "OperationTypeApply")
-                    .await,
-            );
-            (
-                Finished {
-                    exit_code: out.exit_code(),
-                    outcome: Some(outcome),
-                    message,
-                    ..Finished::default()
-                },
-                Some(text),
-            )
+        if let Err(failed) = self
+            .init_if_needed(check, &binary, &env, deadline, &work)
+            .await
+        {
+            return failed;
         }
-        .await;
-        let _ = tokio::fs::remove_file(&planfile).await;
-        result
+        let args = vec![
+            "apply".to_string(),
+            "-input=false".into(),
+            "-no-color".into(),
+            self.lock_timeout(),
+            planfile.display().to_string(),
+        ];
+        let out = match self
+            .run_child(check, &binary, &args, &env, deadline, &work)
+            .await
+        {
+            Ok(out) => out,
+            Err(why) => return fail(why),
+        };
+        let text = format!("{}\n{}", out.stdout, out.stderr);
+        let (outcome, mut message) = plan::classify_apply(out.ended, &text);
+        message.push_str(
+            &self
+                .clear_child_lock(s, out.ended, "OperationTypeApply")
+                .await,
+        );
+        (
+            Finished {
+                exit_code: out.exit_code(),
+                outcome: Some(outcome),
+                message,
+                ..Finished::default()
+            },
+            Some(text),
+        )
     }
 
     /// Seals `text` into the blob store; returns its key.
@@ -1130,6 +1192,7 @@ impl DriftService {
     /// were used, or belong to no run, and deletes output blobs past retention or of
     /// no run (at most [`MAX_TIDY_DELETIONS`] of them per pass).
     pub async fn tidy(&self) -> Result<(), ApiError> {
+        self.sweep_work().await;
         self.close_abandoned().await?;
         self.tidy_plans().await?;
         self.sweep_outputs().await
@@ -1138,6 +1201,7 @@ impl DriftService {
     /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the outputs sweep
     /// (a LIST of the blob store's `drift/`) only when [`outputs_sweep_due`].
     pub async fn tidy_when_due(&self) -> Result<(), ApiError> {
+        self.sweep_work().await;
         self.close_abandoned().await?;
         self.tidy_plans().await?;
         let last = *self
@@ -1171,6 +1235,12 @@ impl DriftService {
         result.map(|_| ())
     }
 
+    /// Deletes the plaintext work files of runs no live process holds ([`work::sweep`]).
+    async fn sweep_work(&self) {
+        let root = self.work_root();
+        let _ = tokio::task::spawn_blocking(move || work::sweep(&root)).await;
+    }
+
     /// Closes runs a stopped process left unfinished (and clears the lock its child
     /// may have left).
     async fn close_abandoned(&self) -> Result<(), ApiError> {
@@ -1182,11 +1252,11 @@ impl DriftService {
                 .inner
                 .checks
                 .get(&ws)
-                .map_or(3600, |c| c.timeout_seconds as i64);
+                .map_or(3600, |c| c.timeout_seconds);
             let Some(started) = unix_of(&run.started_at) else {
                 continue;
             };
-            if now - started > timeout + ABANDONED_AFTER {
+            if now > seconds_after(seconds_after(started, timeout), ABANDONED_AFTER) {
                 // The process died with its child: a lock that child took is left.
                 let operation = match run.kind {
                     Kind::Check => "OperationTypePlan",
@@ -1368,7 +1438,7 @@ impl DriftService {
                     next = next.min(due_in);
                     continue;
                 }
-                next = next.min(check.interval_seconds as i64);
+                next = next.min(i64::try_from(check.interval_seconds).unwrap_or(i64::MAX));
                 match self.start_check(&check.workspace, "schedule").await {
                     Ok(started) => {
                         self.spawn(started);
@@ -1395,7 +1465,7 @@ impl DriftService {
 /// (never: due now). Zero or less: due.
 pub fn due_in(last_started: Option<i64>, interval: u64, now: i64) -> i64 {
     let interval = i64::try_from(interval).unwrap_or(i64::MAX);
-    last_started.map_or(0, |t| t.saturating_add(interval) - now)
+    last_started.map_or(0, |t| t.saturating_add(interval).saturating_sub(now))
 }
 
 /// Whether the scheduler sweeps outputs now, given the last sweep (`None`: none yet)

@@ -21,6 +21,7 @@ pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::store::audit::SCHEMA,
     crate::tofu::SCHEMA,
+    crate::tofu::run_credential::SCHEMA,
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
     crate::tokens::SCHEMA,
@@ -40,9 +41,29 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
         )
 }
 
-/// Opens (creating if needed) the database at `path` with every schema applied.
+/// Changes a database of an earlier release needs before [`ALL`] applies, each
+/// defined by its table's owner and idempotent.
+pub const MIGRATIONS: &[fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>] =
+    &[crate::tofu::lock::migrate];
+
+/// Opens (creating if needed) the database at `path` with every migration and schema
+/// applied.
 pub fn open_db(path: &Path) -> Result<Db, DbError> {
+    migrate(path)?;
     Db::open(path, ALL)
+}
+
+/// Runs [`MIGRATIONS`] in one immediate transaction (two processes opening the same
+/// old database do not both alter it).
+fn migrate(path: &Path) -> Result<(), DbError> {
+    let mut conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for migration in MIGRATIONS {
+        migration(&tx)?;
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 #[cfg(test)]

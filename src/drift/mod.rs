@@ -44,7 +44,7 @@ use crate::error::ApiError;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
 use crate::store::DbError;
-use crate::tofu::TofuBackend;
+use crate::tofu::{run_credential, TofuBackend};
 pub use outcomes::{Finished, Kind, Run, SCHEMA};
 use plan::Ended;
 pub use plan::{Changes, Outcome};
@@ -52,6 +52,9 @@ pub use plan::{Changes, Outcome};
 /// Audit events (payloads are run ids and outcomes, never plan content).
 pub const EVENT_APPLY_APPROVED: &str = "drift.apply_approved";
 pub const EVENT_APPLIED: &str = "drift.applied";
+/// Recovering an abandoned run found a workspace lock its child did not take and left
+/// it for an operator (payload: run, lock id, the credential that took it).
+pub const EVENT_LOCK_LEFT: &str = "drift.lock_left";
 /// The webhook event of an outcome change.
 pub const EVENT_OUTCOME_CHANGED: &str = "drift.outcome_changed";
 
@@ -141,6 +144,13 @@ impl RunOutput {
     }
 }
 
+/// What clearing a run's lock did: the note for its message, and the lock it left
+/// because another credential took it (lock id, that credential's name).
+struct LockCleanup {
+    note: String,
+    left: Option<(String, String)>,
+}
+
 /// A run that was admitted (its row exists, unfinished) and is ready to execute.
 #[derive(Debug, Clone)]
 pub struct Started {
@@ -149,8 +159,6 @@ pub struct Started {
     pub kind: Kind,
     pub applies: Option<i64>,
     check: DriftCheck,
-    /// When the row was written (Unix): a lock created before this is someone else's.
-    started_unix: i64,
 }
 
 /// The drift surface over the same engine `serve` uses.
@@ -516,7 +524,6 @@ impl DriftService {
             kind: Kind::Check,
             applies: None,
             check,
-            started_unix: now_unix(),
         })
     }
 
@@ -539,15 +546,51 @@ impl DriftService {
         if let Err(e) = sandbox::forbid_dumps() {
             tracing::warn!(error = %e, "cannot make this process non-dumpable");
         }
-        let (done, output) = match started.kind {
-            Kind::Check => self.check_body(&started).await,
-            Kind::Apply => self.apply_body(&started).await,
+        let (done, output) = match self.issue_credential(&started).await {
+            Err(why) => {
+                let mut failed = Finished::error(None, why);
+                if started.kind == Kind::Apply {
+                    failed.outcome = Some(Outcome::ApplyFailed);
+                }
+                (failed, None)
+            }
+            Ok(secret) => match started.kind {
+                Kind::Check => self.check_body(&started, &secret).await,
+                Kind::Apply => self.apply_body(&started, &secret).await,
+            },
         };
         self.finish(&started, done, output).await
     }
 
-    /// The environment and binary of a check, or why it cannot run.
-    fn prepare(&self, check: &DriftCheck) -> Result<(PathBuf, Vec<(OsString, OsString)>), String> {
+    /// A credential for this run's child only (`tofu::run_credential`), so the locks it
+    /// takes are provably its own; revoked when the run is finished or closed, and
+    /// expiring after the run's timeout (plus the abandon margin) whatever happens.
+    async fn issue_credential(&self, s: &Started) -> Result<String, String> {
+        let (secret, hash) = run_credential::new_secret()?;
+        let expires = seconds_after(
+            seconds_after(now_unix(), s.check.timeout_seconds),
+            ABANDONED_AFTER,
+        );
+        let (ws, name) = (s.workspace.clone(), run_credential::name_of_run(s.id));
+        self.inner
+            .tofu
+            .store()
+            .db
+            .write(move |c| {
+                run_credential::insert(c, &hash, &ws, &name, expires).map_err(DbError::from)
+            })
+            .await
+            .map_err(|e| format!("cannot issue the run's credential: {e}"))?;
+        Ok(secret)
+    }
+
+    /// The environment and binary of a check whose child authenticates with `secret`
+    /// (its run's credential), or why it cannot run.
+    fn prepare(
+        &self,
+        check: &DriftCheck,
+        secret: &str,
+    ) -> Result<(PathBuf, Vec<(OsString, OsString)>), String> {
         let dir = &check.dir;
         if !dir.is_dir() {
             return Err(format!(
@@ -577,7 +620,11 @@ impl DriftService {
             check.opentofu_encryption,
         )
         .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
+        .map(|(k, v)| match k {
+            // Not the workspace bearer: what the child locks is recorded as this run's.
+            "TF_HTTP_PASSWORD" => (k.to_string(), secret.to_string()),
+            _ => (k.to_string(), v),
+        })
         .collect();
         extra.push(("TF_IN_AUTOMATION".into(), "1".into()));
         extra.push(("TF_INPUT".into(), "0".into()));
@@ -684,10 +731,10 @@ impl DriftService {
         }
     }
 
-    async fn check_body(&self, s: &Started) -> (Finished, Option<String>) {
+    async fn check_body(&self, s: &Started, secret: &str) -> (Finished, Option<String>) {
         let check = &s.check;
         let deadline = runner::deadline_after(check.timeout_seconds);
-        let (binary, env) = match self.prepare(check) {
+        let (binary, env) = match self.prepare(check, secret) {
             Ok(ready) => ready,
             Err(why) => return (Finished::error(None, why), None),
         };
@@ -716,11 +763,7 @@ impl DriftService {
         };
         let report = plan::read_stream(&out.stdout);
         let (outcome, mut message) = plan::classify_plan(out.ended, &report, &out.stderr);
-        message.push_str(
-            &self
-                .clear_child_lock(s, out.ended, "OperationTypePlan")
-                .await,
-        );
+        message.push_str(&self.clear_child_lock(s, out.ended).await);
         let mut text = plan::render(&report, &out.stderr);
         let mut expires = None;
         if outcome == Outcome::Drifted {
@@ -740,7 +783,10 @@ impl DriftService {
             if check.approve_apply {
                 match self.keep_plan(s, &planfile).await {
                     Ok(()) => {
-                        expires = Some(seconds_after(now_unix(), self.inner.settings.plan_expiry_seconds));
+                        expires = Some(seconds_after(
+                            now_unix(),
+                            self.inner.settings.plan_expiry_seconds,
+                        ));
                         message.push_str("; plan kept for approval");
                     }
                     Err(why) => message.push_str(&format!("; the plan was not kept: {why}")),
@@ -823,54 +869,64 @@ impl DriftService {
         .map_err(|e| format!("cannot store the sealed plan: {e}"))
     }
 
-    /// After a killed child: force-clears the workspace lock if it is the one the
-    /// child took (audited as `tf.lock_forced` by `drift:run-<id>`). Returns a note.
     /// When the child was killed, clears the lock it left (see [`Self::clear_lock_of`]);
     /// the note to append to the run's message, empty when there is nothing to say.
-    async fn clear_child_lock(&self, s: &Started, ended: Ended, operation: &str) -> String {
+    async fn clear_child_lock(&self, s: &Started, ended: Ended) -> String {
         if !matches!(ended, Ended::TimedOut | Ended::Signalled) {
             return String::new();
         }
-        self.clear_lock_of(&s.workspace, s.id, s.started_unix, operation)
+        self.clear_lock_of(&s.workspace, s.id)
             .await
+            .map(|c| c.note)
             .unwrap_or_default()
     }
 
-    async fn clear_lock_of(
-        &self,
-        workspace: &str,
-        run: i64,
-        started_unix: i64,
-        operation: &str,
-    ) -> Option<String> {
-        let holder = self.inner.tofu.lock_holder(workspace).await.ok()??;
-        if !plan::is_lock_of_child(&holder.info, operation, started_unix) {
-            tracing::warn!(workspace = %workspace, lock_id = %holder.id, "a killed drift run left a lock that is not its own; left alone");
-            return None;
+    /// Force-clears the workspace lock only if run `run`'s own credential took it
+    /// (audited as `tf.lock_forced` by `drift:run-<run>`). Any other lock is left for
+    /// an operator and reported ([`LockCleanup::left`]). `None`: no lock is held.
+    async fn clear_lock_of(&self, workspace: &str, run: i64) -> Option<LockCleanup> {
+        let (holder, credential) = match self.inner.tofu.lock_holder_credential(workspace).await {
+            Ok(held) => held?,
+            Err(e) => {
+                tracing::error!(workspace = %workspace, error = %e, "cannot read the lock a drift run may have left");
+                return None;
+            }
+        };
+        let ours = run_credential::name_of_run(run);
+        if credential.as_deref() != Some(ours.as_str()) {
+            let taker = credential.unwrap_or_else(|| "an unrecorded credential".into());
+            tracing::warn!(workspace = %workspace, run, lock_id = %holder.id, taken_by = %taker, "the workspace lock is not this drift run's child's; left alone for an operator");
+            return Some(LockCleanup {
+                note: format!(
+                    "; the workspace lock ({}, taken by {taker}) is not this run's child's and was left alone",
+                    holder.id
+                ),
+                left: Some((holder.id, taker)),
+            });
         }
-        let actor = format!("drift:run-{run}");
-        match self
+        let note = match self
             .inner
             .tofu
-            .force_unlock(workspace, Some(holder.id.clone()), &actor)
+            .force_unlock_taken_by(workspace, &holder.id, &ours)
             .await
         {
             Ok(Some(_)) => {
                 tracing::warn!(workspace = %workspace, run, lock_id = %holder.id, "force-cleared the lock a killed drift run left behind (audited as tf.lock_forced)");
-                Some(format!(
+                format!(
                     "; the lock it left ({}) was force-cleared (audited as tf.lock_forced)",
                     holder.id
-                ))
+                )
             }
-            Ok(None) => None,
+            Ok(None) => return None,
             Err(e) => {
                 tracing::error!(workspace = %workspace, error = %e, "cannot clear the lock a killed drift run left behind");
-                Some(format!(
+                format!(
                     "; the lock it left ({}) could not be cleared: {e}",
                     holder.id
-                ))
+                )
             }
-        }
+        };
+        Some(LockCleanup { note, left: None })
     }
 
     /// Approves a drifted check's kept plan: admits an apply run of it, audited as
@@ -953,14 +1009,13 @@ impl DriftService {
             kind: Kind::Apply,
             applies: Some(check_run),
             check,
-            started_unix: now_unix(),
         })
     }
 
-    async fn apply_body(&self, s: &Started) -> (Finished, Option<String>) {
+    async fn apply_body(&self, s: &Started, secret: &str) -> (Finished, Option<String>) {
         let check_run = s.applies.unwrap_or_default();
         let kept = self.plan_path(check_run);
-        let result = self.apply_kept(s, &kept).await;
+        let result = self.apply_kept(s, &kept, secret).await;
         // Used or not, an approved plan is never applied twice: delete it.
         if let Err(e) = tokio::fs::remove_file(&kept).await {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -970,11 +1025,16 @@ impl DriftService {
         result
     }
 
-    async fn apply_kept(&self, s: &Started, kept: &Path) -> (Finished, Option<String>) {
+    async fn apply_kept(
+        &self,
+        s: &Started,
+        kept: &Path,
+        secret: &str,
+    ) -> (Finished, Option<String>) {
         let fail = |why: String| (Finished::apply_failed(None, why), None);
         let check = &s.check;
         let deadline = runner::deadline_after(check.timeout_seconds);
-        let (binary, env) = match self.prepare(check) {
+        let (binary, env) = match self.prepare(check, secret) {
             Ok(ready) => ready,
             Err(why) => return fail(why),
         };
@@ -1026,11 +1086,7 @@ impl DriftService {
         };
         let text = format!("{}\n{}", out.stdout, out.stderr);
         let (outcome, mut message) = plan::classify_apply(out.ended, &text);
-        message.push_str(
-            &self
-                .clear_child_lock(s, out.ended, "OperationTypeApply")
-                .await,
-        );
+        message.push_str(&self.clear_child_lock(s, out.ended).await);
         (
             Finished {
                 exit_code: out.exit_code(),
@@ -1093,6 +1149,8 @@ impl DriftService {
             .db
             .write(move |c| -> Result<_, DbError> {
                 outcomes::finish_run(c, id, &recorded)?;
+                // The child is gone: its credential ends with the run.
+                run_credential::revoke(c, &run_credential::name_of_run(id))?;
                 if kind == Kind::Apply {
                     insert_audit(
                         c,
@@ -1258,14 +1316,8 @@ impl DriftService {
             };
             if now > seconds_after(seconds_after(started, timeout), ABANDONED_AFTER) {
                 // The process died with its child: a lock that child took is left.
-                let operation = match run.kind {
-                    Kind::Check => "OperationTypePlan",
-                    Kind::Apply => "OperationTypeApply",
-                };
-                let note = self
-                    .clear_lock_of(&ws, id, started, operation)
-                    .await
-                    .unwrap_or_default();
+                let cleanup = self.clear_lock_of(&ws, id).await;
+                let note = cleanup.as_ref().map_or("", |c| c.note.as_str());
                 let mut done = Finished::error(
                     None,
                     format!("abandoned: the process running it stopped before it finished{note}"),
@@ -1273,12 +1325,34 @@ impl DriftService {
                 if run.kind == Kind::Apply {
                     done.outcome = Some(Outcome::ApplyFailed);
                 }
+                let left = cleanup.and_then(|c| c.left);
+                let workspace = ws.clone();
                 let closed = self
                     .inner
                     .tofu
                     .store()
                     .db
-                    .write(move |c| outcomes::finish_run(c, id, &done).map_err(DbError::from))
+                    .write(move |c| -> Result<(), DbError> {
+                        outcomes::finish_run(c, id, &done)?;
+                        run_credential::revoke(c, &run_credential::name_of_run(id))?;
+                        if let Some((lock_id, taken_by)) = left {
+                            insert_audit(
+                                c,
+                                &AuditEntry {
+                                    actor: run_credential::name_of_run(id),
+                                    org: None,
+                                    scope: crate::tofu::scope(&workspace),
+                                    event: EVENT_LOCK_LEFT,
+                                    payload: serde_json::json!({
+                                        "run": id,
+                                        "lock_id": lock_id,
+                                        "taken_by": taken_by,
+                                    }),
+                                },
+                            )?;
+                        }
+                        Ok(())
+                    })
                     .await;
                 if closed.is_ok() {
                     self.inner.finished_runs.fetch_add(1, Ordering::Relaxed);

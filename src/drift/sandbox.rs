@@ -126,7 +126,8 @@ impl Sandbox {
         let resolve = |p: &Path| std::fs::canonicalize(p).ok();
         let dir = resolve(dir)
             .ok_or_else(|| format!("working directory {} cannot be resolved", dir.display()))?;
-        let hidden_dirs: Vec<PathBuf> = self.hidden_dirs.iter().filter_map(|d| resolve(d)).collect();
+        let hidden_dirs: Vec<PathBuf> =
+            self.hidden_dirs.iter().filter_map(|d| resolve(d)).collect();
         if let Some(secret) = hidden_dirs.iter().find(|h| dir.starts_with(h)) {
             return Err(format!(
                 "working directory {} is inside {}, which drift children must not see; move it out",
@@ -142,7 +143,11 @@ impl Sandbox {
                 .filter_map(resolve)
                 .collect(),
             hidden_dirs,
-            hidden_files: self.hidden_files.iter().filter_map(|f| resolve(f)).collect(),
+            hidden_files: self
+                .hidden_files
+                .iter()
+                .filter_map(|f| resolve(f))
+                .collect(),
         };
         let mut argv = bwrap_args(&mounts);
         argv.push("--".into());
@@ -246,7 +251,9 @@ mod tests {
         at(&["--cap-drop", "ALL"]);
         at(&["--chdir", "/srv/infra"]);
         assert!(
-            !args.iter().any(|a| a == "--unshare-net" || a == "--share-net"),
+            !args
+                .iter()
+                .any(|a| a == "--unshare-net" || a == "--share-net"),
             "the network is kept"
         );
     }
@@ -272,6 +279,9 @@ mod tests {
         let (program, args) = Sandbox::from_config(&config)
             .wrap(Path::new("/bin/sh"), &["-c".into()], &inside, None, &[])
             .unwrap();
-        assert_eq!((program, args), (PathBuf::from("/bin/sh"), vec![OsString::from("-c")]));
+        assert_eq!(
+            (program, args),
+            (PathBuf::from("/bin/sh"), vec![OsString::from("-c")])
+        );
     }
 }

@@ -30,10 +30,9 @@ impl WorkDir {
         create_private_dir(&path)?;
         let lock = File::open(&path)?;
         lock.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => std::io::Error::other(format!(
-                "{} is in use by another process",
-                path.display()
-            )),
+            std::fs::TryLockError::WouldBlock => {
+                std::io::Error::other(format!("{} is in use by another process", path.display()))
+            }
             std::fs::TryLockError::Error(e) => e,
         })?;
         // A directory left by a crashed process of this run: start empty.
@@ -123,7 +122,10 @@ mod tests {
         std::fs::write(work.join("3/check-3.tfplan"), "PLAN").unwrap();
         std::fs::write(work.join("apply-2.tfplan"), "PLAN").unwrap();
         assert_eq!(sweep(&work), 2);
-        assert!(held.path().join("apply-7.tfplan").exists(), "a live run's is kept");
+        assert!(
+            held.path().join("apply-7.tfplan").exists(),
+            "a live run's is kept"
+        );
         assert!(
             WorkDir::create(&work, 7).is_err(),
             "one holder per run directory"

@@ -282,19 +282,37 @@ if sys.argv[1] == "plan":
     cred = base64.b64encode((os.environ["TF_HTTP_USERNAME"] + ":" + os.environ["TF_HTTP_PASSWORD"]).encode()).decode()
     req.add_header("Authorization", "Basic " + cred)
     urllib.request.urlopen(req).read()
-    child = subprocess.Popen(["sleep", "300"])
-    open({pidfile!r}, "w").write(str(child.pid))
+    child = subprocess.Popen(["sleep", {marker!r}])
+    open("grandchild-started", "w").write(str(child.pid))
     time.sleep(300)
 """
+
+
+def pids_running(argv: list[str]) -> list[int]:
+    """Host pids of live (not zombie) processes whose command line is exactly `argv`: the
+    sandboxed child's own pids are those of its PID namespace, so it cannot tell us."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
+            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if [c.decode(errors="replace") for c in cmdline] == argv and state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, ws_name, tmp_path):
     tfdir = tmp_path / "w"
     tfdir.mkdir()
     (tfdir / "main.tf").write_text(BACKEND_HTTP)
-    pidfile = tmp_path / "grandchild.pid"
+    # A sleep no other process runs: found by its command line after the timeout.
+    marker = f"300.{os.getpid()}{time.monotonic_ns() % 100000}"
     fake = tmp_path / "fake-tofu"
-    fake.write_text(HANG.format(python=sys.executable, pidfile=str(pidfile)))
+    fake.write_text(HANG.format(python=sys.executable, marker=marker))
     fake.chmod(0o755)
     cfg = config_file(tmp_path / "drift.toml", [{
         "workspace": ws_name, "dir": str(tfdir), "binary": str(fake), "interval_seconds": 0,
@@ -311,10 +329,10 @@ def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, 
     probe = lock_info()
     assert ws.lock(probe).status == 200, "the workspace was left unlocked"
     assert ws.unlock(probe).status == 200
-    pid = int(pidfile.read_text())
+    assert (tfdir / "grandchild-started").exists(), "the child started its own child"
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1][:3]:
-        assert time.monotonic() < deadline, f"the child's own child {pid} survived the timeout"
+    while survivors := pids_running(["sleep", marker]):
+        assert time.monotonic() < deadline, f"the child's own child {survivors} survived the timeout"
         time.sleep(0.05)
     audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--event", "tf.lock_forced", "--json").stdout.splitlines()]
     assert [a["actor"] for a in audit] == [f"drift:run-{hung['id']}"], audit

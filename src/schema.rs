@@ -43,8 +43,10 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
 
 /// Changes a database of an earlier release needs before [`ALL`] applies, each
 /// defined by its table's owner and idempotent.
-pub const MIGRATIONS: &[fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>] =
-    &[crate::tofu::lock::migrate];
+pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate];
+
+/// One migration: changes a table of an earlier release in place.
+pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;
 
 /// Opens (creating if needed) the database at `path` with every migration and schema
 /// applied.

@@ -29,12 +29,12 @@ impl WorkDir {
         let path = work.join(run.to_string());
         create_private_dir(&path)?;
         let lock = File::open(&path)?;
-        lock.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => {
-                std::io::Error::other(format!("{} is in use by another process", path.display()))
-            }
-            std::fs::TryLockError::Error(e) => e,
-        })?;
+        if !try_lock(&lock)? {
+            return Err(std::io::Error::other(format!(
+                "{} is in use by another process",
+                path.display()
+            )));
+        }
         // A directory left by a crashed process of this run: start empty.
         for entry in std::fs::read_dir(&path)?.filter_map(Result::ok) {
             remove_entry(&entry.path());
@@ -58,6 +58,24 @@ impl Drop for WorkDir {
             }
         }
         drop(self.lock.take());
+    }
+}
+
+/// Takes `file`'s exclusive `flock` without waiting: `false` when another open file
+/// (of this process or another) holds it. Released when `file` is closed, or by the
+/// kernel when its process dies, however it dies.
+fn try_lock(file: &File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor `file` owns for the whole call; no memory passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
     }
 }
 
@@ -87,7 +105,7 @@ pub fn sweep(work: &Path) -> usize {
             let Ok(dir) = File::open(&path) else {
                 continue;
             };
-            if dir.try_lock().is_err() {
+            if !try_lock(&dir).unwrap_or(false) {
                 continue; // a live run's
             }
             remove_entry(&path);

@@ -39,7 +39,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{Config, DriftCheck, DriftSettings};
-use crate::crypto::RootKey;
+use crate::crypto::{write_secret_file, RootKey};
 use crate::error::ApiError;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
@@ -241,19 +241,6 @@ fn bounded(mut text: String) -> String {
         text.push_str("\n… (output truncated)\n");
     }
     text
-}
-
-/// Writes a new file with mode 0600 (never an existing one), exactly `bytes`, fsynced.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
 }
 
 /// The associated data a run's sealed output or plan is bound to.
@@ -862,7 +849,7 @@ impl DriftService {
         let path = self.plan_path(s.id);
         tokio::task::spawn_blocking(move || {
             create_private_dir(&plans)?;
-            write_private(&path, &sealed)
+            write_secret_file(&path, &sealed)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -1059,7 +1046,7 @@ impl DriftService {
         let planfile = work.path().join(format!("apply-{}.tfplan", s.id));
         let written = {
             let path = planfile.clone();
-            tokio::task::spawn_blocking(move || write_private(&path, &plain)).await
+            tokio::task::spawn_blocking(move || write_secret_file(&path, &plain)).await
         };
         if !matches!(written, Ok(Ok(()))) {
             return fail("cannot write the plan for the apply".into());

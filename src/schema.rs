@@ -72,6 +72,27 @@ fn migrate(path: &Path) -> Result<(), DbError> {
 mod tests {
     use super::*;
 
+    /// A database of the release before `tf_locks.credential`: `open_db` migrates it
+    /// (its held lock kept, recording no credential), and opening it again is a no-op.
+    #[test]
+    fn an_earlier_releases_database_is_migrated_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stategate.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE tf_locks (workspace TEXT PRIMARY KEY, lock_id TEXT NOT NULL, info TEXT NOT NULL, created_at TEXT NOT NULL) WITHOUT ROWID;
+             INSERT INTO tf_locks VALUES ('prod', 'a', '{}', 't');",
+        )
+        .unwrap();
+        drop(old);
+        for _ in 0..2 {
+            drop(open_db(&path).unwrap());
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            let held = crate::tofu::lock::held_lock_credential(&conn, "prod").unwrap();
+            assert_eq!(held.map(|(l, c)| (l.id, c)), Some(("a".into(), None)));
+        }
+    }
+
     #[test]
     fn every_kind_of_scope_has_its_root() {
         let (dek, cluster) = (RootKey::from_bytes([1; 32]), RootKey::from_bytes([2; 32]));

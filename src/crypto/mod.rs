@@ -92,11 +92,9 @@ impl RootKey {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let key = Self::generate()?;
                 let line = format!("{}\n", key.to_base64());
-                write_secret_file(path, line.as_bytes()).map_err(|source| {
-                    KeyError::Create {
-                        path: path.display().to_string(),
-                        source,
-                    }
+                write_secret_file(path, line.as_bytes()).map_err(|source| KeyError::Create {
+                    path: path.display().to_string(),
+                    source,
                 })?;
                 Ok((key, true))
             }

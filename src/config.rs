@@ -355,6 +355,19 @@ pub struct DriftSettings {
     /// The newest runs per workspace whose plan text is kept in the blob store; older
     /// runs' text is deleted (the runs themselves are never deleted).
     pub keep_outputs: u64,
+    /// What a check's child runs in (`crate::drift::sandbox`).
+    pub sandbox: DriftSandbox,
+}
+
+/// `drift_settings.sandbox`: `"bubblewrap"` (the default: a check refuses to run when
+/// `bwrap` is missing) or `"none"` (the child can read everything this user can,
+/// the server's secrets included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftSandbox {
+    #[default]
+    Bubblewrap,
+    None,
 }
 
 impl Default for DriftSettings {
@@ -367,6 +380,7 @@ impl Default for DriftSettings {
             webhook_attempts: 4,
             webhook_timeout_seconds: 10,
             keep_outputs: 50,
+            sandbox: DriftSandbox::Bubblewrap,
         }
     }
 }
@@ -736,6 +750,9 @@ pub struct Config {
     /// The bearer `/metrics` requires (`Authorization: Bearer …`); unset, anyone who
     /// can connect may scrape it.
     pub metrics_token: Option<Secret>,
+    /// The file this was loaded from (not a key): a drift child must not read it.
+    #[serde(skip)]
+    pub loaded_from: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -763,6 +780,7 @@ impl Default for Config {
             drift: Vec::new(),
             drift_settings: DriftSettings::default(),
             metrics_token: None,
+            loaded_from: None,
         }
     }
 }
@@ -960,6 +978,7 @@ impl Config {
             None => Config::default(),
         };
         check_env_names(std::env::vars_os().map(|(name, _)| name))?;
+        config.loaded_from = file.map(std::path::Path::to_path_buf);
         config.apply_env(|name| std::env::var(name).ok())?;
         config.validate()?;
         Ok(config)

@@ -21,6 +21,7 @@ pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::store::audit::SCHEMA,
     crate::tofu::SCHEMA,
+    crate::tofu::run_credential::SCHEMA,
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
     crate::tokens::SCHEMA,
@@ -40,14 +41,57 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
         )
 }
 
-/// Opens (creating if needed) the database at `path` with every schema applied.
+/// Changes a database of an earlier release needs before [`ALL`] applies, each
+/// defined by its table's owner and idempotent.
+pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate];
+
+/// One migration: changes a table of an earlier release in place.
+pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;
+
+/// Opens (creating if needed) the database at `path` with every migration and schema
+/// applied.
 pub fn open_db(path: &Path) -> Result<Db, DbError> {
+    migrate(path)?;
     Db::open(path, ALL)
+}
+
+/// Runs [`MIGRATIONS`] in one immediate transaction (two processes opening the same
+/// old database do not both alter it).
+fn migrate(path: &Path) -> Result<(), DbError> {
+    let mut conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for migration in MIGRATIONS {
+        migration(&tx)?;
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database of the release before `tf_locks.credential`: `open_db` migrates it
+    /// (its held lock kept, recording no credential), and opening it again is a no-op.
+    #[test]
+    fn an_earlier_releases_database_is_migrated_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stategate.db");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE tf_locks (workspace TEXT PRIMARY KEY, lock_id TEXT NOT NULL, info TEXT NOT NULL, created_at TEXT NOT NULL) WITHOUT ROWID;
+             INSERT INTO tf_locks VALUES ('prod', 'a', '{}', 't');",
+        )
+        .unwrap();
+        drop(old);
+        for _ in 0..2 {
+            drop(open_db(&path).unwrap());
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            let held = crate::tofu::lock::held_lock_credential(&conn, "prod").unwrap();
+            assert_eq!(held.map(|(l, c)| (l.id, c)), Some(("a".into(), None)));
+        }
+    }
 
     #[test]
     fn every_kind_of_scope_has_its_root() {

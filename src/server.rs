@@ -192,6 +192,9 @@ fn upstream_for(config: &Config) -> anyhow::Result<Option<Upstream>> {
 
 /// Runs the server until SIGTERM/SIGINT. Never returns.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    // Before any secret is loaded: no process of the same user may read this one's
+    // environment or memory (`/proc/<pid>/environ`, `mem`), a drift child included.
+    crate::drift::sandbox::forbid_dumps().context("cannot make the server non-dumpable")?;
     // Held until the process ends (`run_forever` never returns): a restore into the
     // data dir checks it to prove no server is running there.
     let _serving = crate::installation::hold_for_serving(&config)?;

@@ -175,6 +175,16 @@ async fn webhooks_are_signed_and_retried_a_bounded_number_of_times() {
     );
 }
 
+/// A live credential for drift run `run` of `workspace`, as `execute` issues one for
+/// its child; returns the secret.
+fn issue_run_credential(server: &TestServer, workspace: &str, run: i64) -> String {
+    use stategate::tofu::run_credential;
+    let (secret, hash) = run_credential::new_secret().unwrap();
+    let name = run_credential::name_of_run(run);
+    run_credential::insert(&server.db(), &hash, workspace, &name, now() + 3600).unwrap();
+    secret
+}
+
 fn service(server: &TestServer, checks: Vec<DriftCheck>, hooks: Vec<String>) -> DriftService {
     let config = Config {
         drift: checks,
@@ -494,12 +504,15 @@ async fn a_run_abandoned_by_a_stopped_process_is_closed_and_its_lock_cleared() {
             [rfc(started)],
         )
         .unwrap();
+    // Its child locked with the credential issued for run 1 (as `execute` issues it).
+    let secret = issue_run_credential(&server, "prod", 1);
     let child_lock = serde_json::json!({
         "ID": "child-lock", "Operation": "OperationTypePlan", "Who": "x@y",
         "Created": rfc(started + time::Duration::seconds(2)),
     });
-    let lock = server
-        .tf("LOCK", "prod")
+    let lock = reqwest::Client::new()
+        .request("LOCK".parse().unwrap(), server.url("prod"))
+        .basic_auth("stategate", Some(&secret))
         .body(child_lock.to_string())
         .send()
         .await
@@ -782,4 +795,269 @@ async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something(
         1,
         "a full tidy always sweeps, and counts as the tick's sweep"
     );
+}
+
+/// Issue 20 item 9: a timeout (or plan expiry) too large for the clock used to panic
+/// on `Instant` overflow, leaving the run unfinished forever. Now it is as good as no
+/// timeout: the check finishes, and so does the approved apply of its kept plan.
+#[tokio::test]
+async fn a_timeout_too_large_for_the_clock_still_finishes_the_run() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    for (ws, timeout) in [("huge", i64::MAX as u64), ("max", u64::MAX)] {
+        let mut huge = check(ws, dir, &tofu);
+        huge.timeout_seconds = timeout;
+        let mut config = server.config.clone();
+        config.public_url = Some(server.base.clone());
+        config.drift = vec![huge];
+        config.drift_settings.plan_expiry_seconds = u64::MAX;
+        let drift = DriftService::new(&config, server.app.tofu.clone(), server.root.clone());
+        let run = drift.check_now(ws, "test").await.unwrap();
+        assert_eq!(run.outcome, Some(Outcome::Drifted), "{ws}: {run:?}");
+        assert!(run.approvable, "{ws}: a plan kept for ever is approvable");
+        let started = drift.approve(run.id, "operator:t").await.unwrap();
+        let applied = drift.execute(started).await.unwrap();
+        assert_eq!(applied.outcome, Some(Outcome::Applied), "{ws}: {applied:?}");
+        drift.tidy().await.unwrap();
+        assert!(
+            drift.start_check(ws, "test").await.is_ok(),
+            "{ws}: nothing left unfinished"
+        );
+    }
+}
+
+/// Issue 20 item 3: a drift child (anything the configuration runs) reads nothing of
+/// the server. The child tries the environment, command line, maps and memory of its
+/// parent and of the server's pid, and the data dir's DEK file and database; it sees
+/// no server process (its own PID namespace with a fresh /proc) and an empty data dir.
+#[tokio::test]
+async fn a_drift_child_can_read_nothing_of_the_server() {
+    let server = TestServer::start().await;
+    let data = &server.config.data_dir;
+    std::fs::write(data.join("dek"), common::DEK).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    let tofu = common::drift::nosy_tofu(dir).display().to_string();
+    let mut nosy = check("prod", dir, &tofu);
+    let server_pid = std::process::id().to_string();
+    nosy.env
+        .insert("NOSY_PID".into(), server_pid.as_str().into());
+    nosy.env
+        .insert("NOSY_DATA".into(), data.display().to_string().into());
+    let drift = service(&server, vec![nosy], vec![]);
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(run.outcome, Some(Outcome::InSync), "{run:?}");
+    let report = String::from_utf8_lossy(&std::fs::read(dir.join("report")).unwrap()).into_owned();
+    let read: Vec<&str> = report.lines().filter(|l| l.starts_with("READ ")).collect();
+    // Inside the sandbox the parent is the sandbox's own init (pid 1 of its namespace),
+    // exec'd fresh with the child's own environment (its workspace credential, by
+    // design); nothing else is readable.
+    assert!(
+        read.iter().all(|l| l.starts_with("READ /proc/1/")),
+        "the child read {read:?}:\n{report}"
+    );
+    assert!(
+        !report.contains(&format!("PPID {server_pid}\n")),
+        "the server is not the child's parent in its namespace:\n{report}"
+    );
+    for secret in [
+        common::DEK.to_string(),
+        server.bearer("other"),
+        "STATEGATE_".to_string(),
+        "SQLite format".to_string(),
+    ] {
+        assert!(!report.contains(&secret), "{secret:?} leaked:\n{report}");
+    }
+    for target in ["environ", "cmdline", "maps", "mem"] {
+        assert!(
+            report.contains(&format!("DENIED /proc/{server_pid}/{target}")),
+            "{target}:\n{report}"
+        );
+    }
+    for file in ["dek", "stategate.db"] {
+        assert!(
+            report.contains(&format!("DENIED {}", data.join(file).display())),
+            "{file}:\n{report}"
+        );
+    }
+    assert!(data.join("dek").exists() && data.join("stategate.db").exists());
+}
+
+/// Issue 20 item 4: after a crash, a human took the workspace lock with the same
+/// Operation, after the abandoned run had started. Recovering the run used to
+/// force-clear it (any lock "created after the run started" looked like the child's),
+/// so two applies could run at once. Now only a lock its own run credential took is
+/// cleared: the human's stays, flagged on the run and in the audit log.
+#[tokio::test]
+async fn recovering_an_abandoned_run_keeps_a_lock_its_child_did_not_take() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let drift = service(
+        &server,
+        vec![
+            check("prod", scratch.path(), "tofu"),
+            check("staging", scratch.path(), "tofu"),
+        ],
+        vec![],
+    );
+    let started = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let rfc = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    for ws in ["prod", "staging"] {
+        server
+            .db()
+            .execute(
+                "INSERT INTO drift_runs (workspace, kind, trigger, started_at) VALUES (?1, 'check', 'schedule', ?2)",
+                [ws, &rfc(started)],
+            )
+            .unwrap();
+    }
+    let (prod_run, staging_run) = (1, 2);
+    // prod: the crashed run's child still holds the lock it took with its credential.
+    let child_secret = issue_run_credential(&server, "prod", prod_run);
+    let child_lock = serde_json::json!({
+        "ID": "child-lock", "Operation": "OperationTypePlan", "Who": "drift@host",
+        "Created": rfc(started + time::Duration::seconds(2)),
+    });
+    let as_child = |method: &str, ws: &str| {
+        reqwest::Client::new()
+            .request(method.parse().unwrap(), server.url(ws))
+            .basic_auth("stategate", Some(&child_secret))
+    };
+    let locked = as_child("LOCK", "prod")
+        .body(child_lock.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), 200);
+    assert_eq!(
+        as_child("GET", "staging").send().await.unwrap().status(),
+        401,
+        "a run credential is for its own workspace only"
+    );
+    // staging: its crashed run's child had no lock left; after the restart a human
+    // `terraform plan` took one, same Operation, created after the run started.
+    issue_run_credential(&server, "staging", staging_run);
+    let human_lock = serde_json::json!({
+        "ID": "human-lock", "Operation": "OperationTypePlan", "Who": "alice@laptop",
+        "Created": rfc(time::OffsetDateTime::now_utc()),
+    });
+    let locked = server
+        .tf("LOCK", "staging")
+        .body(human_lock.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), 200);
+
+    drift.tidy().await.unwrap();
+
+    let staging = drift.run(staging_run).await.unwrap();
+    assert_eq!(staging.outcome, Some(Outcome::Error));
+    let message = staging.message.as_deref().unwrap();
+    assert!(
+        message.contains("abandoned")
+            && message.contains("human-lock")
+            && message.contains("left alone")
+            && message.contains("tf:staging"),
+        "{message}"
+    );
+    let kept = server
+        .app
+        .tofu
+        .lock_holder("staging")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.id, "human-lock", "the human's lock is kept");
+    assert_eq!(
+        server.count(
+            "SELECT count(*) FROM audit WHERE event = 'tf.lock_forced' AND scope = 'tf/staging'"
+        ),
+        0
+    );
+    assert_eq!(
+        server.count("SELECT count(*) FROM audit WHERE event = 'drift.lock_left' AND actor = 'drift:run-2' AND scope = 'tf/staging'"),
+        1,
+        "flagged in the audit log"
+    );
+    // The child's own stale lock is still cleared, and its credential ended with the run.
+    let prod = drift.run(prod_run).await.unwrap();
+    assert!(
+        prod.message.as_deref().unwrap().contains("force-cleared"),
+        "{prod:?}"
+    );
+    assert!(server.app.tofu.lock_holder("prod").await.unwrap().is_none());
+    assert_eq!(
+        server.count("SELECT count(*) FROM audit WHERE event = 'tf.lock_forced' AND actor = 'drift:run-1' AND scope = 'tf/prod'"),
+        1
+    );
+    assert_eq!(as_child("GET", "prod").send().await.unwrap().status(), 401);
+}
+
+/// A `tofu` stand-in whose `plan` takes the workspace lock with the credential it was
+/// given, records that credential in `secret`, and hangs until the timeout kills it.
+const LOCKING_TOFU: &str = r#"#!/bin/sh
+case "$1" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  printf '%s' "$TF_HTTP_PASSWORD" > secret
+  curl -s -o /dev/null -w '%{http_code}' -X LOCK -u "$TF_HTTP_USERNAME:$TF_HTTP_PASSWORD" \
+    --data '{"ID":"child-lock","Operation":"OperationTypePlan","Who":"child"}' "$TF_HTTP_LOCK_ADDRESS" > locked
+  sleep 30 ;;
+esac
+exit 1
+"#;
+
+/// The child of run N locks under a credential issued for run N (recorded on the
+/// lock and in the audit log), not the workspace bearer; when the timeout kills it,
+/// exactly that lock is cleared; the credential is refused once the run is over.
+#[tokio::test]
+async fn a_drift_child_locks_under_its_runs_own_credential() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    let tofu = dir.join("locking-tofu");
+    std::fs::write(&tofu, LOCKING_TOFU).unwrap();
+    std::fs::set_permissions(&tofu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut slow = check("prod", dir, &tofu.display().to_string());
+    slow.timeout_seconds = 3;
+    let drift = service(&server, vec![slow], vec![]);
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(std::fs::read_to_string(dir.join("locked")).unwrap(), "200");
+    assert_eq!(run.outcome, Some(Outcome::Error), "{run:?}");
+    assert!(
+        run.message.as_deref().unwrap().contains("force-cleared"),
+        "{run:?}"
+    );
+    assert!(server.app.tofu.lock_holder("prod").await.unwrap().is_none());
+    let name = format!("drift:run-{}", run.id);
+    for event in ["tf.lock_acquired", "tf.lock_forced"] {
+        assert_eq!(
+            server.count(&format!(
+                "SELECT count(*) FROM audit WHERE event = '{event}' AND actor = '{name}'"
+            )),
+            1,
+            "{event}"
+        );
+    }
+    let secret = std::fs::read_to_string(dir.join("secret")).unwrap();
+    assert!(secret.starts_with("sgr_"));
+    assert_ne!(secret, server.bearer("prod"), "not the workspace bearer");
+    let after = reqwest::Client::new()
+        .get(server.url("prod"))
+        .basic_auth("stategate", Some(&secret))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 401, "the credential ended with its run");
 }

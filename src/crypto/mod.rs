@@ -91,11 +91,10 @@ impl RootKey {
             Ok(text) => Ok((Self::from_base64(&text)?, false)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let key = Self::generate()?;
-                write_secret_file(path, key.to_base64().as_bytes()).map_err(|source| {
-                    KeyError::Create {
-                        path: path.display().to_string(),
-                        source,
-                    }
+                let line = format!("{}\n", key.to_base64());
+                write_secret_file(path, line.as_bytes()).map_err(|source| KeyError::Create {
+                    path: path.display().to_string(),
+                    source,
                 })?;
                 Ok((key, true))
             }
@@ -217,7 +216,8 @@ impl SealKey {
     }
 }
 
-/// Writes a secret file: created exclusively with mode 0600, fsynced, then its directory fsynced.
+/// Writes a secret file (the DEK, a drift plan): created exclusively (never an
+/// existing file) with mode 0600, exactly `contents`, fsynced, then its directory fsynced.
 pub fn write_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
@@ -226,7 +226,6 @@ pub fn write_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     file.write_all(contents)?;
-    file.write_all(b"\n")?;
     file.sync_all()?;
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)?.sync_all()?;

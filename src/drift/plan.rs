@@ -1,7 +1,8 @@
 //! Pure reading of what a drift check's child printed: the `plan -json` stream
 //! (`change_summary`, diagnostics), the exit code, and the rules built on them — which
-//! outcome a run has, whether an outcome change is worth a notification, and whether a
-//! lock left behind is the one the killed child took. No I/O here.
+//! outcome a run has and whether an outcome change is worth a notification. (Which lock
+//! a killed child left is no guess from its LockInfo: the lock row records the run's
+//! credential, `tofu::run_credential`.) No I/O here.
 
 use serde::{Deserialize, Serialize};
 
@@ -268,21 +269,6 @@ pub fn should_notify(previous: Option<Outcome>, new: Outcome) -> bool {
     }
 }
 
-/// Is the lock described by `info` (LockInfo JSON) the one a child started at
-/// `started_unix` for `operation` took? Terraform writes `Operation` and `Created`;
-/// a lock created before the child started, or for another operation, is someone
-/// else's and is never cleared.
-pub fn is_lock_of_child(info: &str, operation: &str, started_unix: i64) -> bool {
-    let Ok(parsed) = serde_json::from_str::<serde_json::Value>(info) else {
-        return false;
-    };
-    let created = parsed["Created"].as_str().and_then(|t| {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
-    });
-    parsed["Operation"].as_str() == Some(operation)
-        && created.is_some_and(|t| t.unix_timestamp() >= started_unix - 1)
-}
-
 /// The human text of a run without `show` output: what the stream said.
 pub fn render(report: &PlanReport, stderr: &str) -> String {
     let mut out = report.lines.join("\n");
@@ -430,33 +416,6 @@ mod tests {
                 should_notify(*previous, *new),
                 *want,
                 "{previous:?} -> {new:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn only_the_childs_own_lock_is_recognised() {
-        let info = |op: &str, created: &str| {
-            serde_json::json!({"ID": "x", "Operation": op, "Who": "u@h", "Created": created})
-                .to_string()
-        };
-        let started = time::macros::datetime!(2026-01-01 10:00:00 UTC).unix_timestamp();
-        let table: &[(String, bool)] = &[
-            (
-                info("OperationTypePlan", "2026-01-01T10:00:03.123456789Z"),
-                true,
-            ),
-            (info("OperationTypePlan", "2026-01-01T09:59:59.5Z"), true),
-            (info("OperationTypePlan", "2026-01-01T09:00:00Z"), false),
-            (info("OperationTypeApply", "2026-01-01T10:00:03Z"), false),
-            (info("OperationTypePlan", "yesterday"), false),
-            ("not json".into(), false),
-        ];
-        for (info, want) in table {
-            assert_eq!(
-                is_lock_of_child(info, "OperationTypePlan", started),
-                *want,
-                "{info}"
             );
         }
     }

@@ -18,6 +18,21 @@ const MAX_CAPTURE: usize = 8 * 1024 * 1024;
 /// before the rest of its process group is killed.
 const PIPE_GRACE: Duration = Duration::from_secs(2);
 
+/// The furthest deadline a check gets: a timeout beyond it is as good as none (about
+/// 30 years), and `Instant` arithmetic never overflows on any configured value.
+const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 86_400);
+
+/// `seconds` from now, capped at [`FAR_FUTURE`]: no configured timeout can make the
+/// deadline computation panic (`Instant + Duration` overflows on huge values).
+pub fn deadline_after(seconds: u64) -> Instant {
+    deadline_from(Instant::now(), seconds)
+}
+
+fn deadline_from(now: Instant, seconds: u64) -> Instant {
+    let wanted = Duration::from_secs(seconds).min(FAR_FUTURE);
+    now.checked_add(wanted).unwrap_or(now)
+}
+
 /// What a child did.
 #[derive(Debug)]
 pub struct ChildOutput {
@@ -125,7 +140,7 @@ impl Drop for GroupGuard {
 /// At the deadline the child's whole process group is killed.
 pub async fn run(
     program: &Path,
-    args: &[String],
+    args: &[impl AsRef<std::ffi::OsStr>],
     dir: &Path,
     env: &[(OsString, OsString)],
     deadline: Instant,
@@ -218,6 +233,21 @@ mod tests {
     }
 
     #[test]
+    fn no_timeout_overflows_the_deadline() {
+        let now = Instant::now();
+        let table: &[(u64, Duration)] = &[
+            (0, Duration::ZERO),
+            (600, Duration::from_secs(600)),
+            (i64::MAX as u64, FAR_FUTURE),
+            (u64::MAX, FAR_FUTURE),
+        ];
+        for (seconds, after) in table {
+            assert_eq!(deadline_from(now, *seconds) - now, *after, "{seconds}");
+        }
+        assert!(deadline_after(u64::MAX) > Instant::now());
+    }
+
+    #[test]
     fn binaries_resolve_on_path_or_as_paths() {
         let path = std::env::var_os("PATH");
         assert!(resolve_binary("sh", path.as_deref()).is_ok());
@@ -272,7 +302,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = run(
             Path::new("/bin/sh"),
-            &["-c".into(), "echo out; echo err >&2; exit 2".into()],
+            &["-c", "echo out; echo err >&2; exit 2"],
             dir.path(),
             &child_env(std::env::vars_os(), &[]),
             Instant::now() + Duration::from_secs(10),

@@ -19,23 +19,25 @@ pub(super) async fn handle(
     action: TfAction,
 ) -> Result<Handled, Failure> {
     let tofu = &app.tofu;
-    if !auth::is_authorized(
-        auth::authorization(session),
-        &tofu.expected_bearer(workspace),
-    ) {
+    let presented = auth::presented_secret(auth::authorization(session));
+    let Some(who) = tofu
+        .authenticate(workspace, presented)
+        .await
+        .map_err(Failure::early)?
+    else {
         return Err(Failure::early(ApiError::Unauthorized));
-    }
+    };
     match action {
         TfAction::Get => get(app, session, workspace).await,
         TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
         TfAction::Lock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
-            let outcome = tofu.lock(workspace, &small.body).await;
+            let outcome = tofu.lock(workspace, &small.body, &who).await;
             small.answer(outcome)
         }
         TfAction::Unlock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
-            let outcome = tofu.unlock(workspace, &small.body).await;
+            let outcome = tofu.unlock(workspace, &small.body, &who).await;
             small.answer(outcome)
         }
         TfAction::Delete => {

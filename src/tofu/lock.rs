@@ -15,9 +15,27 @@ CREATE TABLE IF NOT EXISTS tf_locks (
     workspace   TEXT PRIMARY KEY,
     lock_id     TEXT NOT NULL,
     info        TEXT NOT NULL,
-    created_at  TEXT NOT NULL
+    created_at  TEXT NOT NULL,
+    -- who took it: `tf:<workspace>` (the workspace bearer) or a run's credential
+    -- (`drift:run-N`, `run_credential`); NULL for locks taken before it was recorded
+    credential  TEXT
 ) WITHOUT ROWID;
 "#;
+
+/// Brings a `tf_locks` table of an earlier release up to [`SCHEMA`] (the `credential`
+/// column; its existing locks record none). Nothing when the table is new or current.
+pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let columns = |table: &str| -> Result<Vec<String>, rusqlite::Error> {
+        conn.prepare("SELECT name FROM pragma_table_info(?1)")?
+            .query_map([table], |r| r.get(0))?
+            .collect()
+    };
+    let existing = columns("tf_locks")?;
+    if !existing.is_empty() && !existing.iter().any(|c| c == "credential") {
+        conn.execute_batch("ALTER TABLE tf_locks ADD COLUMN credential TEXT")?;
+    }
+    Ok(())
+}
 
 /// The lock row of a workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +131,25 @@ pub fn held_lock_since(
         .optional()
 }
 
+/// The lock of a workspace with the name of the credential that took it (`None`
+/// for a lock of an earlier release).
+pub fn held_lock_credential(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<(HeldLock, Option<String>)>, rusqlite::Error> {
+    conn.prepare_cached("SELECT lock_id, info, credential FROM tf_locks WHERE workspace = ?1")?
+        .query_row([workspace], |r| {
+            Ok((
+                HeldLock {
+                    id: r.get(0)?,
+                    info: r.get(1)?,
+                },
+                r.get(2)?,
+            ))
+        })
+        .optional()
+}
+
 /// Every held lock: (workspace, lock, when it was taken).
 pub fn all_locks(conn: &Connection) -> Result<Vec<(String, HeldLock, String)>, rusqlite::Error> {
     let mut stmt = conn.prepare("SELECT workspace, lock_id, info, created_at FROM tf_locks")?;
@@ -128,19 +165,22 @@ pub fn all_locks(conn: &Connection) -> Result<Vec<(String, HeldLock, String)>, r
     rows
 }
 
+/// Takes the lock of `workspace` for `lock`, recording the `credential` that took it.
 pub fn put_lock(
     conn: &Connection,
     workspace: &str,
     lock: &HeldLock,
+    credential: &str,
 ) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(
-        "INSERT INTO tf_locks (workspace, lock_id, info, created_at) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO tf_locks (workspace, lock_id, info, created_at, credential) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
     .execute(params![
         workspace,
         lock.id,
         lock.info,
-        crate::store::now_rfc3339()
+        crate::store::now_rfc3339(),
+        credential
     ])?;
     Ok(())
 }
@@ -226,12 +266,16 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(SCHEMA).unwrap();
         assert_eq!(held_lock(&conn, "ws").unwrap(), None);
-        put_lock(&conn, "ws", &held("a")).unwrap();
+        put_lock(&conn, "ws", &held("a"), "drift:run-3").unwrap();
         assert!(
-            put_lock(&conn, "ws", &held("b")).is_err(),
+            put_lock(&conn, "ws", &held("b"), "tf:ws").is_err(),
             "one lock per workspace"
         );
         assert_eq!(held_lock(&conn, "ws").unwrap(), Some(held("a")));
+        assert_eq!(
+            held_lock_credential(&conn, "ws").unwrap(),
+            Some((held("a"), Some("drift:run-3".into())))
+        );
         assert_eq!(held_lock(&conn, "other").unwrap(), None);
         let (lock, since) = held_lock_since(&conn, "ws").unwrap().unwrap();
         assert_eq!(lock, held("a"));
@@ -239,7 +283,7 @@ mod tests {
             crate::store::retention::parse_time(&since).is_some(),
             "{since}"
         );
-        put_lock(&conn, "other", &held("c")).unwrap();
+        put_lock(&conn, "other", &held("c"), "tf:other").unwrap();
         let mut all: Vec<(String, String)> = all_locks(&conn)
             .unwrap()
             .into_iter()
@@ -253,5 +297,33 @@ mod tests {
         delete_lock(&conn, "ws").unwrap();
         assert_eq!(held_lock(&conn, "ws").unwrap(), None);
         assert_eq!(held_lock_since(&conn, "ws").unwrap(), None);
+    }
+
+    #[test]
+    fn a_lock_table_of_an_earlier_release_gains_the_credential_column() {
+        let conn = Connection::open_in_memory().unwrap();
+        migrate(&conn).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tf_locks (workspace TEXT PRIMARY KEY, lock_id TEXT NOT NULL, info TEXT NOT NULL, created_at TEXT NOT NULL) WITHOUT ROWID;
+             INSERT INTO tf_locks VALUES ('old', 'a', '{\"ID\":\"a\"}', 't');",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        migrate(&conn).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        assert_eq!(
+            held_lock_credential(&conn, "old").unwrap(),
+            Some((held("a"), None)),
+            "an old lock records no credential"
+        );
+        put_lock(&conn, "new", &held("b"), "tf:new").unwrap();
+        assert_eq!(
+            held_lock_credential(&conn, "new")
+                .unwrap()
+                .unwrap()
+                .1
+                .as_deref(),
+            Some("tf:new")
+        );
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod lock;
 pub mod protocol;
+pub mod run_credential;
 
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -60,6 +61,25 @@ pub const EVENT_RESTORED: &str = "tf.restored";
 /// Who acted: the workspace credential is the only identity the backend knows.
 fn actor(workspace: &str) -> String {
     format!("tf:{workspace}")
+}
+
+/// The credential a request to a workspace presented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// The workspace's derived bearer (what `workspace env` prints).
+    Workspace,
+    /// A credential issued for one drift run, by its name (`drift:run-N`).
+    Run(String),
+}
+
+impl Credential {
+    /// The name it is recorded under: `tf:<workspace>` or the run credential's name.
+    pub fn name(&self, workspace: &str) -> String {
+        match self {
+            Credential::Workspace => actor(workspace),
+            Credential::Run(name) => name.clone(),
+        }
+    }
 }
 
 fn audit(workspace: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {
@@ -252,6 +272,42 @@ impl TofuBackend {
             .await
     }
 
+    /// Force-unlock of the lock `lock_id` only if the credential `taken_by` took it
+    /// (checked in the write transaction), audited as `tf.lock_forced` by `taken_by`:
+    /// a drift run clearing what its own child left. Another holder is a 409, nothing
+    /// freed; `None` when the workspace is unlocked.
+    pub async fn force_unlock_taken_by(
+        &self,
+        workspace: &str,
+        lock_id: &str,
+        taken_by: &str,
+    ) -> Result<Option<HeldLock>, ApiError> {
+        let (ws, id, who) = (
+            workspace.to_string(),
+            lock_id.to_string(),
+            taken_by.to_string(),
+        );
+        self.db
+            .write(move |conn| -> Result<Option<HeldLock>, ApiError> {
+                let Some((holder, credential)) =
+                    lock::held_lock_credential(conn, &ws).map_err(DbError::from)?
+                else {
+                    return Ok(None);
+                };
+                if holder.id != id || credential.as_deref() != Some(who.as_str()) {
+                    return Err(ApiError::Conflict(format!(
+                        "the lock of {ws} is not the one {who} took; nothing was unlocked"
+                    )));
+                }
+                lock::delete_lock(conn, &ws).map_err(DbError::from)?;
+                let mut entry = audit(&ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
+                entry.actor = who;
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(Some(holder))
+            })
+            .await
+    }
+
     /// Undoes a DELETE: the newest version with content becomes current again as a new
     /// version, audited as `tf.restored`. Refused unless the newest version is a
     /// tombstone, and while the workspace is locked.
@@ -295,6 +351,46 @@ impl TofuBackend {
     /// The credential a client must present for `workspace`.
     pub fn expected_bearer(&self, workspace: &str) -> String {
         self.root.workspace_bearer(workspace)
+    }
+
+    /// Which credential of `workspace` `presented` is, if any: its bearer (compared in
+    /// constant time, no database read), or a live run credential issued for it (looked
+    /// up by hash, only for secrets of that form).
+    pub async fn authenticate(
+        &self,
+        workspace: &str,
+        presented: Option<Vec<u8>>,
+    ) -> Result<Option<Credential>, ApiError> {
+        let Some(secret) = presented else {
+            return Ok(None);
+        };
+        let bearer = self.expected_bearer(workspace);
+        if crate::crypto::secrets_equal(&secret, bearer.as_bytes()) {
+            return Ok(Some(Credential::Workspace));
+        }
+        if !secret.starts_with(run_credential::PREFIX.as_bytes()) {
+            return Ok(None);
+        }
+        let ws = workspace.to_string();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let name = self
+            .db
+            .read(move |c| run_credential::lookup(c, &ws, &secret, now))
+            .await?;
+        Ok(name.map(Credential::Run))
+    }
+
+    /// Who holds the workspace lock, with the name of the credential that took it
+    /// (`None` for a lock taken before credentials were recorded).
+    pub async fn lock_holder_credential(
+        &self,
+        workspace: &str,
+    ) -> Result<Option<(HeldLock, Option<String>)>, ApiError> {
+        let ws = workspace.to_string();
+        Ok(self
+            .db
+            .read(move |c| lock::held_lock_credential(c, &ws))
+            .await?)
     }
 
     /// The current state as verified pieces, or `None` when there is none. Returns once
@@ -362,21 +458,30 @@ impl TofuBackend {
             .await
     }
 
-    pub async fn lock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
+    /// LOCK by `who`, which the lock row records (a drift run's recovery clears only
+    /// locks its own credential took).
+    pub async fn lock(
+        &self,
+        workspace: &str,
+        body: &[u8],
+        who: &Credential,
+    ) -> Result<(), ApiError> {
         let info = parse_lock_info(body)?;
         let wanted = HeldLock {
             id: info.id,
             info: info.raw,
         };
         let ws = workspace.to_string();
+        let credential = who.name(workspace);
         self.db
             .write(move |conn| -> Result<(), ApiError> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
                 match (decide_lock(held.as_ref(), &wanted.id), held) {
                     (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
                     (Lock::Take, _) => {
-                        lock::put_lock(conn, &ws, &wanted).map_err(DbError::from)?;
-                        let entry = audit(&ws, EVENT_LOCKED, lock_summary(&wanted));
+                        lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
+                        let mut entry = audit(&ws, EVENT_LOCKED, lock_summary(&wanted));
+                        entry.actor = credential;
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
@@ -387,10 +492,16 @@ impl TofuBackend {
             .await
     }
 
-    /// Unlock. An empty body is Terraform's force-unlock (the ID is never sent).
-    pub async fn unlock(&self, workspace: &str, body: &[u8]) -> Result<(), ApiError> {
+    /// Unlock by `who`. An empty body is Terraform's force-unlock (the ID is never sent).
+    pub async fn unlock(
+        &self,
+        workspace: &str,
+        body: &[u8],
+        who: &Credential,
+    ) -> Result<(), ApiError> {
         let request = UnlockRequest::parse(body)?;
         let ws = workspace.to_string();
+        let actor = who.name(workspace);
         self.db
             .write(move |conn| -> Result<(), ApiError> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
@@ -403,7 +514,8 @@ impl TofuBackend {
                             UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
                             UnlockRequest::Id(_) => EVENT_UNLOCKED,
                         };
-                        let entry = audit(&ws, event, lock_summary(&holder));
+                        let mut entry = audit(&ws, event, lock_summary(&holder));
+                        entry.actor = actor;
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }

@@ -48,3 +48,45 @@ pub fn check(workspace: &str, dir: &Path, binary: &str) -> DriftCheck {
         opentofu_encryption: false,
     }
 }
+
+/// A `tofu` stand-in that, on `plan`, tries to read the server's secrets: the
+/// environment and memory of its parent and of `$NOSY_PID` (the server), and
+/// `$NOSY_DATA/dek` / `stategate.db`. It writes `report` in its directory: one line per
+/// target, `READ <target>` followed by what it got, or `DENIED <target>`; and `PPID …`.
+pub const NOSY_TOFU: &str = r#"#!/bin/sh
+cmd="$1"; shift
+case "$cmd" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  {
+  echo "PPID $PPID"
+  for f in /proc/$PPID/environ /proc/$NOSY_PID/environ /proc/$NOSY_PID/cmdline \
+           /proc/$NOSY_PID/maps "$NOSY_DATA/dek" "$NOSY_DATA/stategate.db"; do
+    if got="$(head -c 65536 "$f" 2>/dev/null | od -An -c)" && [ -n "$got" ]; then
+      echo "READ $f"; head -c 65536 "$f" 2>/dev/null | tr '\0' '\n'; echo
+    else
+      echo "DENIED $f"
+    fi
+  done
+  for pid in $PPID $NOSY_PID; do
+    addr="$(head -n1 /proc/$pid/maps 2>/dev/null | cut -d- -f1)"
+    if [ -n "$addr" ] && got="$(dd if=/proc/$pid/mem bs=4096 count=1 skip=$((0x$addr)) iflag=skip_bytes 2>/dev/null | od -An -c)" && [ -n "$got" ]; then
+      echo "READ /proc/$pid/mem"
+    else
+      echo "DENIED /proc/$pid/mem"
+    fi
+  done
+  } > report
+  echo '{"type":"change_summary","@message":"No changes.","changes":{"add":0,"change":0,"remove":0}}'
+  exit 0 ;;
+esac
+exit 1
+"#;
+
+pub fn nosy_tofu(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("nosy-tofu");
+    std::fs::write(&path, NOSY_TOFU).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}

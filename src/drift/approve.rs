@@ -1,0 +1,175 @@
+//! Approval-gated applies: approving a drifted check's kept plan admits an apply run
+//! (audited in the same transaction); executing it applies exactly that plan, once.
+
+use super::*;
+
+impl DriftService {
+    /// Approves a drifted check's kept plan: admits an apply run of it, audited as
+    /// `drift.apply_approved` by `actor`. Refused for a run that is not a drifted
+    /// check, was approved before, kept no plan, or whose plan expired.
+    pub async fn approve(&self, check_run: i64, actor: &str) -> Result<Started, ApiError> {
+        let run = self.run(check_run).await?;
+        let refuse = |why: String| Err(ApiError::Conflict(why));
+        if run.kind != Kind::Check || run.outcome != Some(Outcome::Drifted) {
+            return refuse(format!(
+                "drift run {check_run} is not a drifted check (outcome {}); only a drifted check's plan can be approved",
+                run.outcome.map_or("running", Outcome::as_str)
+            ));
+        }
+        if let Some(apply) = run.applied_by {
+            return refuse(format!(
+                "drift run {check_run} was already approved (apply run {apply}); nothing was done"
+            ));
+        }
+        let Some(expires) = run.plan_expires_at else {
+            return refuse(format!(
+                "drift run {check_run} kept no plan (approve_apply is off for this check, or keeping it failed)"
+            ));
+        };
+        if expires <= now_unix() || !self.plan_path(check_run).exists() {
+            return refuse(format!(
+                "the plan of drift run {check_run} has expired; run a new check"
+            ));
+        }
+        let check = self.check_of(&run.workspace)?.clone();
+        let (ws, who) = (run.workspace.clone(), actor.to_string());
+        let admitted = self
+            .inner
+            .tofu
+            .store()
+            .db
+            .write(move |c| -> Result<_, ApiError> {
+                let started = outcomes::start_run(
+                    c,
+                    &ws,
+                    Kind::Apply,
+                    &who,
+                    Some(check_run),
+                    run.serial,
+                    run.lineage.as_deref(),
+                );
+                let id = match started {
+                    Ok(Ok(id)) => id,
+                    Ok(Err(outcomes::StartRefused::Busy(other))) => {
+                        return Err(ApiError::Conflict(format!(
+                            "drift run {other} of workspace {ws:?} is still going; nothing was approved"
+                        )))
+                    }
+                    Err(rusqlite::Error::SqliteFailure(e, _))
+                        if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+                    {
+                        return Err(ApiError::Conflict(format!(
+                            "drift run {check_run} was already approved; nothing was done"
+                        )))
+                    }
+                    Err(e) => return Err(DbError::from(e).into()),
+                };
+                insert_audit(
+                    c,
+                    &AuditEntry {
+                        actor: who.clone(),
+                        org: None,
+                        scope: crate::tofu::scope(&ws),
+                        event: EVENT_APPLY_APPROVED,
+                        payload: serde_json::json!({ "check_run": check_run, "apply_run": id }),
+                    },
+                )
+                .map_err(DbError::from)?;
+                Ok(id)
+            })
+            .await?;
+        Ok(Started {
+            id: admitted,
+            workspace: run.workspace,
+            kind: Kind::Apply,
+            applies: Some(check_run),
+            check,
+        })
+    }
+
+    pub(super) async fn apply_body(&self, s: &Started, secret: &str) -> (Finished, Option<String>) {
+        let check_run = s.applies.unwrap_or_default();
+        let kept = self.plan_path(check_run);
+        let result = self.apply_kept(s, &kept, secret).await;
+        // Used or not, an approved plan is never applied twice: delete it.
+        if let Err(e) = tokio::fs::remove_file(&kept).await {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %kept.display(), error = %e, "cannot delete a used drift plan");
+            }
+        }
+        result
+    }
+
+    async fn apply_kept(
+        &self,
+        s: &Started,
+        kept: &Path,
+        secret: &str,
+    ) -> (Finished, Option<String>) {
+        let fail = |why: String| (Finished::apply_failed(None, why), None);
+        let check = &s.check;
+        let deadline = runner::deadline_after(check.timeout_seconds);
+        let (binary, env) = match self.prepare(check, secret) {
+            Ok(ready) => ready,
+            Err(why) => return fail(why),
+        };
+        let check_run = s.applies.unwrap_or_default();
+        let plain = match tokio::fs::read(kept).await {
+            Ok(sealed) => match self
+                .inner
+                .root
+                .drift_plan_key(&s.workspace)
+                .open(&sealed_ad("plan", &s.workspace, check_run), &sealed)
+            {
+                Ok(plain) => plain,
+                Err(e) => return fail(format!("the kept plan cannot be decrypted: {e}")),
+            },
+            Err(e) => return fail(format!("the kept plan cannot be read: {e}")),
+        };
+        // Deleted with the plaintext plan in it when this returns, however it ends.
+        let work = match self.work_dir(s.id) {
+            Ok(w) => w,
+            Err(why) => return fail(why),
+        };
+        let planfile = work.path().join(format!("apply-{}.tfplan", s.id));
+        let written = {
+            let path = planfile.clone();
+            tokio::task::spawn_blocking(move || write_secret_file(&path, &plain)).await
+        };
+        if !matches!(written, Ok(Ok(()))) {
+            return fail("cannot write the plan for the apply".into());
+        }
+        if let Err(failed) = self
+            .init_if_needed(check, &binary, &env, deadline, &work)
+            .await
+        {
+            return failed;
+        }
+        let args = vec![
+            "apply".to_string(),
+            "-input=false".into(),
+            "-no-color".into(),
+            self.lock_timeout(),
+            planfile.display().to_string(),
+        ];
+        let out = match self
+            .run_child(check, &binary, &args, &env, deadline, &work)
+            .await
+        {
+            Ok(out) => out,
+            Err(why) => return fail(why),
+        };
+        let text = format!("{}\n{}", out.stdout, out.stderr);
+        let (outcome, mut message) = plan::classify_apply(out.ended, &text);
+        message.push_str(&self.clear_child_lock(s, out.ended).await);
+        (
+            Finished {
+                exit_code: out.exit_code(),
+                outcome: Some(outcome),
+                message,
+                ..Finished::default()
+            },
+            Some(text),
+        )
+    }
+}

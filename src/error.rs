@@ -60,6 +60,15 @@ pub enum ApiError {
         stored_serial: Option<i64>,
         stored_lineage: Option<String>,
     },
+    /// Terraform backend: the write guard refused the sent state (another lineage, a
+    /// lower serial, or the current serial with different content). `facts` names what
+    /// is stored, what was sent and how to proceed (metadata only, never content); the
+    /// body is those fields plus `error`.
+    #[error("{message}")]
+    WriteRefused {
+        message: String,
+        facts: serde_json::Value,
+    },
     /// Cluster API switched off (no `ADJ_STATE_ENC_KEY`): the contract's one
     /// degradation signal, with a fixed body.
     #[error("state sync not configured")]
@@ -81,9 +90,10 @@ impl ApiError {
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::SlowClient => 408,
-            ApiError::Conflict(_) | ApiError::LeaseHeld { .. } | ApiError::PushConflict { .. } => {
-                409
-            }
+            ApiError::Conflict(_)
+            | ApiError::LeaseHeld { .. }
+            | ApiError::PushConflict { .. }
+            | ApiError::WriteRefused { .. } => 409,
             ApiError::Busy(_) => 429,
             ApiError::PayloadTooLarge { .. } => 413,
             ApiError::Locked { .. } => 423,
@@ -98,8 +108,12 @@ impl ApiError {
         let json = match self {
             ApiError::Locked { holder_info } => return holder_info.clone(),
             ApiError::NotConfigured => return Bytes::from_static(NOT_CONFIGURED_BODY),
-            ApiError::LeaseHeld { message, holder } => {
-                let mut body = holder.clone();
+            ApiError::LeaseHeld {
+                message,
+                holder: facts,
+            }
+            | ApiError::WriteRefused { message, facts } => {
+                let mut body = facts.clone();
                 if let Some(fields) = body.as_object_mut() {
                     fields.insert("error".into(), message.as_str().into());
                 }

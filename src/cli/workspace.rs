@@ -1,5 +1,5 @@
 //! The workspace commands: `workspace env|history|rollback|list|show|diff|unlock|
-//! restore`. Each is one call into the engine — `stategate::operator::Operations`
+//! restore|allow-write`. Each is one call into the engine — `stategate::operator::Operations`
 //! (the admin HTTP API and the web UI call the same functions) or `TofuBackend` —
 //! plus printing: a table for people, `--json` lines for scripts (`history` prints
 //! JSON lines only). Every failure is one line on stderr and a non-zero exit.
@@ -91,6 +91,21 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         to: i64,
     },
+    /// Allow ONE state write that the write guard refuses (another lineage, a lower
+    /// serial, or the same serial with different content) — e.g. `state push -force`
+    /// of an older state or a deliberate re-initialisation. Expires after --minutes;
+    /// used up by that write; audited as tf.write_allowed (and tf.write_override_used).
+    AllowWrite {
+        workspace: String,
+        /// Why (kept in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// How long the permission lasts (1-60).
+        #[arg(long, default_value_t = stategate::tofu::guard::DEFAULT_OVERRIDE_MINUTES)]
+        minutes: u32,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
@@ -119,6 +134,12 @@ pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
             json,
         } => unlock(config, &workspace, yes, json),
         WorkspaceCommand::Restore { workspace, json } => restore(config, &workspace, json),
+        WorkspaceCommand::AllowWrite {
+            workspace,
+            reason,
+            minutes,
+            json,
+        } => allow_write(config, &workspace, minutes, &reason, json),
     }
 }
 
@@ -407,6 +428,26 @@ pub fn restore(config: &Config, workspace: &str, json: bool) -> anyhow::Result<(
     eprintln!(
         "workspace {workspace} restored: version {} holds the content of version {} (audited as tf.restored)",
         current["current"]["version"], done.to_version
+    );
+    Ok(())
+}
+
+/// `workspace allow-write`: one write the write guard would refuse may go through.
+pub fn allow_write(
+    config: &Config,
+    workspace: &str,
+    minutes: u32,
+    reason: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let o = Ops::open(config)?;
+    let grant = o.run(o.ops.allow_write(workspace, minutes, reason, &operator()))?;
+    if json {
+        json_line(&grant)?;
+    }
+    eprintln!(
+        "workspace {workspace}: the next write the write guard would refuse (another lineage, a lower serial, the same serial with other content) is allowed once within {minutes} minutes (audited as tf.write_allowed by {})",
+        grant.granted_by
     );
     Ok(())
 }

@@ -87,6 +87,13 @@ struct UnlockBody {
 #[serde(deny_unknown_fields)]
 struct EmptyBody {}
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllowWriteBody {
+    reason: Option<String>,
+    minutes: Option<u32>,
+}
+
 async fn run(
     app: &App,
     who: &Operator,
@@ -193,6 +200,19 @@ async fn run(
             let w = workspace(&w)?;
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             ok(rolled_back_json(&ops.restore(w, &actor).await?))
+        }
+        AdminAction::AllowWrite { workspace: w } => {
+            let w = workspace(&w)?;
+            let parsed: AllowWriteBody =
+                json_body(body, r#"{"reason": "<why>", "minutes": <1-60, optional>}"#)?;
+            let minutes = parsed
+                .minutes
+                .unwrap_or(crate::tofu::guard::DEFAULT_OVERRIDE_MINUTES);
+            let reason = parsed.reason.unwrap_or_default();
+            ok(
+                serde_json::to_value(ops.allow_write(w, minutes, &reason, &actor).await?)
+                    .unwrap_or_default(),
+            )
         }
         AdminAction::Audit {
             scope,

@@ -73,6 +73,9 @@ pub enum AdminAction {
     Unlock { workspace: String },
     /// `POST workspaces/{ws}/restore`
     Restore { workspace: String },
+    /// `POST workspaces/{ws}/allow-write` with `{"reason": "…"[, "minutes": N]}`: one
+    /// write the write guard would refuse may go through
+    AllowWrite { workspace: String },
     /// `GET audit[?scope=&event=&since=&until=&limit=]`
     Audit {
         scope: Option<String>,
@@ -111,6 +114,7 @@ impl AdminAction {
             AdminAction::Rollback { .. } => "admin.rollback",
             AdminAction::Unlock { .. } => "admin.unlock",
             AdminAction::Restore { .. } => "admin.restore",
+            AdminAction::AllowWrite { .. } => "admin.allow_write",
             AdminAction::Audit { .. } => "admin.audit",
             AdminAction::Clusters => "admin.clusters",
             AdminAction::Search { .. } => "admin.search",
@@ -128,6 +132,7 @@ impl AdminAction {
             AdminAction::Rollback { .. }
                 | AdminAction::Unlock { .. }
                 | AdminAction::Restore { .. }
+                | AdminAction::AllowWrite { .. }
                 | AdminAction::DriftCheck { .. }
                 | AdminAction::DriftApply { .. }
         )
@@ -144,6 +149,7 @@ impl AdminAction {
             | AdminAction::Rollback { workspace }
             | AdminAction::Unlock { workspace }
             | AdminAction::Restore { workspace }
+            | AdminAction::AllowWrite { workspace }
             | AdminAction::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
@@ -502,6 +508,7 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         ["workspaces", w, "rollback"] => (AdminAction::Rollback { workspace: ws(w) }, "POST"),
         ["workspaces", w, "unlock"] => (AdminAction::Unlock { workspace: ws(w) }, "POST"),
         ["workspaces", w, "restore"] => (AdminAction::Restore { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "allow-write"] => (AdminAction::AllowWrite { workspace: ws(w) }, "POST"),
         ["drift"] => (
             AdminAction::Drift {
                 workspace: q("workspace"),
@@ -951,6 +958,12 @@ mod tests {
                 }),
             ),
             (
+                "POST",
+                "/api/v1/admin/workspaces/prod/allow-write",
+                None,
+                admin(AdminAction::AllowWrite { workspace: w() }),
+            ),
+            (
                 "GET",
                 "/api/v1/admin/search",
                 Some("q=module.db"),
@@ -1017,6 +1030,7 @@ mod tests {
         let rejected: &[(&str, &str, u16)] = &[
             ("POST", "/api/v1/admin/workspaces", 405),
             ("PUT", "/api/v1/admin/workspaces/prod/rollback", 405),
+            ("GET", "/api/v1/admin/workspaces/prod/allow-write", 405),
             ("POST", "/api/v1/admin/search", 405),
             ("DELETE", "/api/v1/admin/workspaces/prod", 405),
             ("GET", "/api/v1/admin/nope", 404),

@@ -557,6 +557,20 @@ impl Operations {
         self.tofu.restore(workspace, who).await
     }
 
+    /// Lets one write that the write guard would refuse (another lineage, a lower
+    /// serial, the same serial with other content) through to `workspace` within
+    /// `minutes`, audited as `tf.write_allowed` by `who`; used up by that write.
+    pub async fn allow_write(
+        &self,
+        workspace: &str,
+        minutes: u32,
+        reason: &str,
+        who: &str,
+    ) -> Result<crate::tofu::guard::Override, ApiError> {
+        validate_workspace(workspace)?;
+        self.tofu.allow_write(workspace, minutes, reason, who).await
+    }
+
     /// The current holder, as `unlock` shows it before asking.
     pub async fn lock(&self, workspace: &str) -> Result<Option<LockState>, ApiError> {
         validate_workspace(workspace)?;

@@ -231,7 +231,9 @@ enum Attempt {
 }
 
 /// Runs on the newest row before anything is written and again inside the commit
-/// transaction. Returning `Err` rejects the write and changes nothing.
+/// transaction (only when that attempt will insert, unless the content turns out
+/// unchanged; the early run is on a reader connection, outside any transaction).
+/// Returning `Err` rejects the write and changes nothing.
 pub trait WriteGuard<E>:
     Fn(&Connection, Option<&VersionRow>) -> Result<(), E> + Send + Sync + 'static
 {
@@ -568,15 +570,18 @@ impl StateStore {
             .db
             .write(move |c| -> Result<Attempt, E> {
                 let current = latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
+                // A raced attempt stores nothing, so it is settled before the guard runs:
+                // a guard that passes here is followed by the insert, and may record its
+                // decision in this transaction (e.g. use up a one-shot permission).
+                let found = current.as_ref().map_or(0, |r| r.version);
+                if found != row.version - 1 {
+                    return Ok(Attempt::Raced(found)); // another writer took this number
+                }
                 guard(c, current.as_ref())?;
                 if let Some(live) = current.as_ref().filter(|r| !r.is_tombstone()) {
                     if live.sha256 == row.sha256 {
                         return Ok(Attempt::Done(WriteOutcome::Unchanged(live.clone())));
                     }
-                }
-                let found = current.as_ref().map_or(0, |r| r.version);
-                if found != row.version - 1 {
-                    return Ok(Attempt::Raced(found)); // another writer took this number
                 }
                 insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
                 if let Some(entry) = &audit {

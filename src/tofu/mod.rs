@@ -2,12 +2,16 @@
 //!
 //! Handlers take plain values (workspace, lock id, body bytes) and return plain
 //! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in
-//! `lock.rs`); every check that decides whether a write may proceed runs again inside
-//! the commit transaction.
+//! `lock.rs`); the write guard (lineage, serial, content) and its one-shot operator
+//! override are in `guard.rs`. Every check that decides whether a write may proceed
+//! runs again inside the commit transaction.
 
+pub mod guard;
 pub mod lock;
 pub mod protocol;
 pub mod run_credential;
+
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -15,12 +19,14 @@ use rusqlite::Connection;
 use crate::crypto::RootKey;
 use crate::error::ApiError;
 use crate::store::history::{Rollback, RolledBack};
+use crate::store::VersionRow;
 use crate::store::{
     audit::{insert_audit, AuditEntry},
     BodyCheck, BodyChunks, BodyMeta, DbError, NewVersion, StateStore, StateStream, StreamedVersion,
     WriteOutcome,
 };
 use crate::tfstate::parse_state;
+use guard::{decide_successor, Override, Refusal, Sent, Successor};
 pub use lock::SCHEMA;
 use lock::{decide_lock, decide_unlock, decide_write, held_lock, HeldLock, Lock, Unlock};
 use protocol::{parse_lock_info, UnlockRequest};
@@ -57,6 +63,11 @@ pub const EVENT_UNLOCKED: &str = "tf.lock_released";
 pub const EVENT_FORCE_UNLOCKED: &str = "tf.lock_forced";
 /// An operator undid a DELETE by rolling the last live version forward.
 pub const EVENT_RESTORED: &str = "tf.restored";
+/// An operator allowed one write the guard would refuse (payload: reason, expiry).
+pub const EVENT_WRITE_ALLOWED: &str = "tf.write_allowed";
+/// A write the guard would have refused went through on an operator's override
+/// (payload: why it was refused, stored and sent serial/lineage, who allowed it).
+pub const EVENT_OVERRIDE_USED: &str = "tf.write_override_used";
 
 /// Who acted: the workspace credential is the only identity the backend knows.
 fn actor(workspace: &str) -> String {
@@ -108,12 +119,117 @@ fn locked_by(holder: HeldLock) -> ApiError {
     }
 }
 
-/// May a write carrying `lock_id` proceed right now? ([`lock::decide_write`])
 /// What a streamed state write checks as its body passes.
 struct StateCheck {
     workspace: String,
     scanner: crate::tfstate::StateScanner,
     md5: Option<(Vec<u8>, md5::Md5)>,
+    pending: Arc<Mutex<Pending>>,
+}
+
+/// What the guard of one streamed write learns on the way: the newest row and whether
+/// an override was there when the write began (the early look, before any byte is
+/// stored), then what the body turned out to be (once it is read).
+#[derive(Default)]
+struct Pending {
+    seen: Option<VersionRow>,
+    overridable: bool,
+    sent: Option<Sent>,
+}
+
+fn pending(slot: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    // A panic elsewhere cannot leave this half-written: every field is set whole.
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// The 409 of a write the guard refuses: what is stored, what was sent and how to
+/// proceed (serials and lineages only, never content).
+fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> ApiError {
+    let stored_serial = current.serial.unwrap_or_default();
+    let stored_lineage = current.lineage.as_deref().unwrap_or_default();
+    let message = match why {
+        Refusal::Lineage => format!(
+            "refused: workspace {workspace:?} holds a different state (lineage {stored_lineage:?}, serial {stored_serial}) than the one sent (lineage {:?}, serial {}); nothing was written. Another configuration may be using this address, or this is a re-initialisation or a migration onto existing state.",
+            sent.lineage, sent.serial
+        ),
+        Refusal::Stale => format!(
+            "refused: the state sent (serial {}) is older than the current state of workspace {workspace:?} (serial {stored_serial}); nothing was written. Someone wrote in between: pull the current state and run again.",
+            sent.serial
+        ),
+        Refusal::SerialReused => format!(
+            "refused: serial {stored_serial} of workspace {workspace:?} is already stored with different content; nothing was written. Another run that read the same state wrote first (racing -lock=false runs?): pull the current state and run again.",
+        ),
+    };
+    tracing::warn!(
+        workspace,
+        refused = why.as_str(),
+        stored_serial,
+        sent_serial = sent.serial,
+        "state write refused by the write guard"
+    );
+    ApiError::WriteRefused {
+        message,
+        facts: serde_json::json!({
+            "refused": why.as_str(),
+            "stored": {
+                "version": current.version,
+                "serial": current.serial,
+                "lineage": current.lineage,
+            },
+            "sent": { "serial": sent.serial, "lineage": sent.lineage },
+            "how_to_proceed": format!(
+                "if this write is intended (state push -force of an older state, a deliberate re-initialisation), an operator can allow one such write for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then retry. Otherwise pull the current state and run again.",
+                guard::DEFAULT_OVERRIDE_MINUTES
+            ),
+        }),
+    }
+}
+
+/// The guard of a state POST: the lock holder first ([`lock::decide_write`]), then,
+/// once `sent` is known, the successor rules ([`guard::decide_successor`]). A refused
+/// kind of write passes on a valid operator override; inside the commit (a write
+/// transaction) the override is used up and audited with the write, while a look
+/// before the commit (on a reader, outside any transaction) leaves it in place.
+fn guard_write(
+    conn: &Connection,
+    workspace: &str,
+    lock_id: Option<&str>,
+    current: Option<&VersionRow>,
+    sent: Option<&Sent>,
+) -> Result<(), ApiError> {
+    check_writer(conn, workspace, lock_id)?;
+    let (Some(sent), Some(row)) = (sent, current) else {
+        return Ok(());
+    };
+    let why = match decide_successor(Some(row), sent) {
+        Successor::Allow => return Ok(()),
+        Successor::Refuse(why) => why,
+    };
+    let grant = guard::active_override(conn, workspace, unix_now()).map_err(DbError::from)?;
+    let Some(grant) = grant else {
+        return Err(refused(workspace, row, sent, why));
+    };
+    if conn.is_autocommit() {
+        return Ok(()); // the commit decides again, and uses the override up there
+    }
+    guard::delete_override(conn, workspace).map_err(DbError::from)?;
+    let entry = audit(
+        workspace,
+        EVENT_OVERRIDE_USED,
+        serde_json::json!({
+            "refused": why.as_str(),
+            "granted_by": grant.granted_by,
+            "reason": grant.reason,
+            "stored": { "serial": row.serial, "lineage": row.lineage },
+            "sent": { "serial": sent.serial, "lineage": sent.lineage },
+        }),
+    );
+    insert_audit(conn, &entry).map_err(DbError::from)?;
+    Ok(())
 }
 
 impl BodyCheck<ApiError> for StateCheck {
@@ -124,11 +240,29 @@ impl BodyCheck<ApiError> for StateCheck {
         self.scanner.push(data)
     }
 
-    fn finish(self: Box<Self>, _sha256: &str, size: u64) -> Result<BodyMeta, ApiError> {
+    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, ApiError> {
         if let Some((expected, hasher)) = self.md5 {
             protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
         }
         let meta = self.scanner.finish()?;
+        let sent = Sent {
+            serial: meta.serial,
+            lineage: meta.lineage.clone(),
+            sha256: sha256.to_string(),
+        };
+        {
+            // Judged against the row seen when the write began, before the blob is
+            // complete: a refused write leaves no blob at all. The commit judges again.
+            let mut pending = pending(&self.pending);
+            if let Some(row) = &pending.seen {
+                if let Successor::Refuse(why) = decide_successor(Some(row), &sent) {
+                    if !pending.overridable {
+                        return Err(refused(&self.workspace, row, &sent, why));
+                    }
+                }
+            }
+            pending.sent = Some(sent);
+        }
         Ok(BodyMeta {
             serial: Some(meta.serial),
             lineage: Some(meta.lineage.clone()),
@@ -423,9 +557,14 @@ impl TofuBackend {
                 serde_json::json!({ "serial": meta.serial, "lineage": meta.lineage, "size": size }),
             )),
         };
+        let sent = Sent {
+            serial: meta.serial,
+            lineage: meta.lineage,
+            sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&new.plaintext)),
+        };
         self.store
-            .write_version(new, &key, move |conn, _latest| {
-                check_writer(conn, &ws, lock_id.as_deref())
+            .write_version(new, &key, move |conn, latest| {
+                guard_write(conn, &ws, lock_id.as_deref(), latest, Some(&sent))
             })
             .await
     }
@@ -442,6 +581,7 @@ impl TofuBackend {
     ) -> Result<WriteOutcome, ApiError> {
         let key = self.root.blob_key(&scope(workspace));
         let ws = workspace.to_string();
+        let slot = Arc::new(Mutex::new(Pending::default()));
         let new = StreamedVersion {
             scope: scope(workspace),
             actor: actor(workspace),
@@ -449,13 +589,80 @@ impl TofuBackend {
                 workspace: workspace.to_string(),
                 scanner: crate::tfstate::StateScanner::new(),
                 md5: content_md5.map(|expected| (expected, md5::Md5::default())),
+                pending: slot.clone(),
             }),
         };
         self.store
-            .write_stream(new, body, &key, move |conn, _latest| {
-                check_writer(conn, &ws, lock_id.as_deref())
+            .write_stream(new, body, &key, move |conn, latest| {
+                let sent = pending(&slot).sent.clone();
+                if sent.is_none() {
+                    // The look before the body: remember what the body will be judged
+                    // against when it ends.
+                    let now = unix_now();
+                    let overridable = guard::active_override(conn, &ws, now)
+                        .map_err(DbError::from)?
+                        .is_some();
+                    let mut pending = pending(&slot);
+                    pending.seen = latest.cloned();
+                    pending.overridable = overridable;
+                }
+                guard_write(conn, &ws, lock_id.as_deref(), latest, sent.as_ref())
             })
             .await
+    }
+
+    /// Lets ONE write that the guard would refuse through to `workspace` within
+    /// `minutes` (replacing an earlier override), audited as `tf.write_allowed` by
+    /// `actor`. The write that uses it is audited as `tf.write_override_used`.
+    pub async fn allow_write(
+        &self,
+        workspace: &str,
+        minutes: u32,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Override, ApiError> {
+        crate::names::validate_workspace(workspace)?;
+        let reason = guard::check_request(minutes, reason)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let now = unix_now();
+        let grant = Override {
+            workspace: workspace.to_string(),
+            granted_by: actor.to_string(),
+            reason,
+            created_at: crate::store::now_rfc3339(),
+            expires_at: now + i64::from(minutes) * 60,
+        };
+        let done = grant.clone();
+        self.store
+            .db
+            .write(move |conn| -> Result<(), ApiError> {
+                guard::put_override(conn, &grant, now).map_err(DbError::from)?;
+                let mut entry = audit(
+                    &grant.workspace,
+                    EVENT_WRITE_ALLOWED,
+                    serde_json::json!({
+                        "reason": grant.reason,
+                        "minutes": minutes,
+                        "expires_at": grant.expires_at,
+                    }),
+                );
+                entry.actor = grant.granted_by.clone();
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(())
+            })
+            .await?;
+        Ok(done)
+    }
+
+    /// The override of `workspace` that is still valid, if any.
+    pub async fn write_override(&self, workspace: &str) -> Result<Option<Override>, ApiError> {
+        let ws = workspace.to_string();
+        let now = unix_now();
+        Ok(self
+            .store
+            .db
+            .read(move |c| guard::active_override(c, &ws, now))
+            .await?)
     }
 
     /// LOCK by `who`, which the lock row records (a drift run's recovery clears only

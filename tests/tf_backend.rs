@@ -356,11 +356,22 @@ async fn concurrent_unlocked_writers_get_distinct_versions() {
             req.send().await.unwrap().status().as_u16()
         }));
     }
+    // The write guard refuses a serial lower than the one stored by then (409); every
+    // write it lets through gets its own version number, with no gaps.
+    let mut stored = 0;
     for t in tasks {
-        assert_eq!(t.await.unwrap(), 200);
+        let code = t.await.unwrap();
+        assert!(code == 200 || code == 409, "{code}");
+        stored += i64::from(code == 200);
     }
-    assert_eq!(s.count("SELECT count(*) FROM versions"), 12);
-    assert_eq!(s.count("SELECT max(version) FROM versions"), 12);
+    assert!(stored >= 1, "the highest serial is never refused");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), stored);
+    assert_eq!(s.count("SELECT max(version) FROM versions"), stored);
+    assert_eq!(
+        s.count("SELECT count(*) FROM versions a JOIN versions b ON b.version = a.version + 1 WHERE b.serial <= a.serial"),
+        0,
+        "serials only grow"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -933,4 +944,354 @@ async fn a_client_reading_slower_than_the_minimum_rate_is_disconnected() {
     );
     // Others are served meanwhile and afterwards.
     assert_eq!(status(s.tf("GET", "big")).await, (200, big));
+}
+
+/// What a refused write must leave as it was: rows, audit, blobs.
+fn snapshot(s: &TestServer) -> (i64, i64, usize, i64) {
+    (
+        s.count("SELECT count(*) FROM versions"),
+        s.count("SELECT count(*) FROM audit"),
+        s.blob_files().len(),
+        s.count("SELECT count(*) FROM tf_write_overrides"),
+    )
+}
+
+const SECRET: &str = "hunter2-guard-secret";
+
+fn secret_resource(value: &str) -> String {
+    format!(
+        r#"{{"mode":"managed","type":"terraform_data","name":"x","provider":"p","instances":[{{"attributes":{{"input":"{SECRET}-{value}"}}}}]}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_guard_refuses_other_lineage_lower_serial_and_reused_serial() {
+    let s = TestServer::start().await;
+    let current = state(5, "L", &secret_resource("current"));
+    assert_eq!(status(s.tf("POST", "w").body(current.clone())).await.0, 200);
+    let before = snapshot(&s);
+    // (body, refused as, sent serial, sent lineage)
+    let table: Vec<(String, &str, i64, &str)> = vec![
+        (state(6, "M", &secret_resource("a")), "lineage_mismatch", 6, "M"),
+        (state(5, "M", &secret_resource("current")), "lineage_mismatch", 5, "M"),
+        (state(4, "L", &secret_resource("b")), "stale_serial", 4, "L"),
+        (state(0, "L", ""), "stale_serial", 0, "L"),
+        (state(5, "L", &secret_resource("c")), "serial_reused", 5, "L"),
+        // OpenTofu's encrypted envelope keeps serial and lineage in clear: same rules.
+        (
+            r#"{"serial":4,"lineage":"L","meta":{"key_provider.pbkdf2.x":"e30="},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}"#.to_string(),
+            "stale_serial",
+            4,
+            "L",
+        ),
+        (
+            r#"{"serial":9,"lineage":"other","meta":{},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}"#.to_string(),
+            "lineage_mismatch",
+            9,
+            "other",
+        ),
+    ];
+    for (body, why, serial, lineage) in &table {
+        for locked in [false, true] {
+            // Holding the lock does not change the verdict.
+            let mut req = s.tf("POST", "w").body(body.clone());
+            if locked {
+                assert_eq!(status(s.tf("LOCK", "w").body(lock_info("G"))).await.0, 200);
+                req = req.query(&[("ID", "G")]);
+            }
+            let (code, text) = status(req).await;
+            if locked {
+                assert_eq!(
+                    status(s.tf("UNLOCK", "w").body(lock_info("G"))).await.0,
+                    200
+                );
+            }
+            assert_eq!(code, 409, "{why}: {text}");
+            let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(reply["refused"], *why, "{text}");
+            assert_eq!(reply["stored"]["serial"], 5, "{text}");
+            assert_eq!(reply["stored"]["lineage"], "L", "{text}");
+            assert_eq!(reply["stored"]["version"], 1, "{text}");
+            assert_eq!(reply["sent"]["serial"], *serial, "{text}");
+            assert_eq!(reply["sent"]["lineage"], *lineage, "{text}");
+            assert!(reply["error"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was written"));
+            assert!(reply["how_to_proceed"]
+                .as_str()
+                .unwrap()
+                .contains("stategate workspace allow-write w"));
+            // Metadata only: neither the stored nor the sent content.
+            assert!(!text.contains(SECRET), "{text}");
+            assert!(
+                !text.contains("encrypted_data") && !text.contains("q83v"),
+                "{text}"
+            );
+        }
+        // Nothing written (the lock and unlock rows aside).
+        assert_eq!(s.count("SELECT count(*) FROM versions"), before.0, "{why}");
+        assert_eq!(s.blob_files().len(), before.2, "{why}");
+        assert_eq!(
+            s.count("SELECT count(*) FROM audit WHERE event = 'tf.state_written'"),
+            1
+        );
+        assert_eq!(status(s.tf("GET", "w")).await, (200, current.clone()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_guard_answers_only_after_the_credential() {
+    let s = TestServer::start().await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(5, "L", ""))).await.0,
+        200
+    );
+    let before = snapshot(&s);
+    let refused_kind = state(4, "M", &secret_resource("x"));
+    let client = reqwest::Client::new();
+    let attempts = [
+        client.post(s.url("w")),
+        client
+            .post(s.url("w"))
+            .basic_auth("stategate", Some("wrong")),
+        client.post(s.url("w")).bearer_auth(s.bearer("other")),
+        client
+            .post(s.url("w"))
+            .query(&[("ID", "x")])
+            .basic_auth("stategate", Some(s.bearer("w") + "x")),
+    ];
+    for req in attempts {
+        let (code, text) = status(req.body(refused_kind.clone())).await;
+        assert_eq!(code, 401, "{text}");
+        assert!(
+            !text.contains("serial") && !text.contains("lineage"),
+            "{text}"
+        );
+        assert!(!text.contains("refused"), "{text}");
+    }
+    assert_eq!(snapshot(&s), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_guard_lets_retries_successors_and_fresh_starts_through() {
+    let s = TestServer::start().await;
+    // First write: anything goes.
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(3, "L", ""))).await.0,
+        200
+    );
+    // The identical state again (a client retry): 200, no second version.
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(3, "L", ""))).await.0,
+        200
+    );
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
+    // The next serial, and a jump (state push of a newer file).
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(4, "L", &secret_resource("a"))))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(9, "L", &secret_resource("b"))))
+            .await
+            .0,
+        200
+    );
+    // After a DELETE there is no current state: a new lineage starts fresh.
+    assert_eq!(status(s.tf("DELETE", "w")).await.0, 200);
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(1, "N", ""))).await.0,
+        200
+    );
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_unlocked_writers_of_one_serial_exactly_one_wins() {
+    // Two `-lock=false` runs that read the same state both send its serial + 1.
+    let s = TestServer::start().await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(5, "L", ""))).await.0,
+        200
+    );
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let req = s
+            .tf("POST", "w")
+            .body(state(6, "L", &secret_resource(&i.to_string())));
+        tasks.push(tokio::spawn(async move { status(req).await }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        let (code, text) = t.await.unwrap();
+        if code == 409 {
+            assert!(text.contains("serial_reused"), "{text}");
+        }
+        codes.push(code);
+    }
+    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 1, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 409).count(), 7, "{codes:?}");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 2);
+    assert_eq!(s.blob_files().len(), 2, "refused writes leave no blob");
+}
+
+/// An operator and a token for the admin API.
+async fn operator(s: &TestServer) -> String {
+    s.app
+        .operator
+        .admin_write(|c| stategate::operator::identity::create_operator(c, "ops@example.com", "t"))
+        .await
+        .unwrap()
+}
+
+async fn allow_write(s: &TestServer, token: &str, body: serde_json::Value) -> (u16, String) {
+    status(
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/admin/workspaces/w/allow-write", s.base))
+            .bearer_auth(token)
+            .body(body.to_string()),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_override_lets_exactly_one_refused_write_through() {
+    let s = TestServer::start().await;
+    let token = operator(&s).await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(5, "L", ""))).await.0,
+        200
+    );
+    let old = state(3, "L", &secret_resource("old"));
+    assert_eq!(status(s.tf("POST", "w").body(old.clone())).await.0, 409);
+
+    let (code, text) = allow_write(
+        &s,
+        &token,
+        serde_json::json!({"reason": "restore the pre-incident file", "minutes": 5}),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let grant: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(grant["workspace"], "w");
+    assert_eq!(grant["granted_by"], "operator:ops@example.com");
+    assert_eq!(grant["reason"], "restore the pre-incident file");
+    // A correct write does not use the override up.
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(6, "L", ""))).await.0,
+        200
+    );
+    assert_eq!(s.count("SELECT count(*) FROM tf_write_overrides"), 1);
+    // The refused kind of write goes through once...
+    assert_eq!(status(s.tf("POST", "w").body(old.clone())).await.0, 200);
+    assert_eq!(status(s.tf("GET", "w")).await, (200, old.clone()));
+    assert_eq!(s.count("SELECT count(*) FROM tf_write_overrides"), 0);
+    // ...and only once.
+    let again = state(2, "L", &secret_resource("older"));
+    let (code, text) = status(s.tf("POST", "w").body(again)).await;
+    assert_eq!(code, 409, "{text}");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 3);
+
+    let audit: Vec<(String, String, String)> = {
+        let db = s.db();
+        let mut q = db
+            .prepare("SELECT event, actor, payload FROM audit WHERE scope = 'tf/w' ORDER BY id")
+            .unwrap();
+        q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let events: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|(e, a, _)| (e.as_str(), a.as_str()))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("tf.state_written", "tf:w"),
+            ("tf.write_allowed", "operator:ops@example.com"),
+            ("tf.state_written", "tf:w"),
+            ("tf.write_override_used", "tf:w"),
+            ("tf.state_written", "tf:w"),
+        ]
+    );
+    let used: serde_json::Value = serde_json::from_str(&audit[3].2).unwrap();
+    assert_eq!(used["refused"], "stale_serial");
+    assert_eq!(used["granted_by"], "operator:ops@example.com");
+    assert_eq!(used["stored"]["serial"], 6);
+    assert_eq!(used["sent"]["serial"], 3);
+    assert!(audit.iter().all(|(_, _, p)| !p.contains(SECRET)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_override_allows_nothing() {
+    let s = TestServer::start().await;
+    let token = operator(&s).await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(5, "L", ""))).await.0,
+        200
+    );
+    let (code, _) = allow_write(&s, &token, serde_json::json!({"reason": "r"})).await;
+    assert_eq!(code, 200);
+    s.db()
+        .execute(
+            "UPDATE tf_write_overrides SET expires_at = expires_at - 601",
+            [],
+        )
+        .unwrap();
+    let (code, _) = status(s.tf("POST", "w").body(state(1, "M", ""))).await;
+    assert_eq!(code, 409);
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_write_checks_the_operator_then_the_input_and_changes_nothing_when_refused() {
+    let s = TestServer::start().await;
+    let token = operator(&s).await;
+    assert_eq!(
+        status(s.tf("POST", "w").body(state(5, "L", ""))).await.0,
+        200
+    );
+    let before = snapshot(&s);
+    let good = serde_json::json!({"reason": "r"});
+    // Not an operator: the workspace credential, nothing, a wrong token.
+    for t in [s.bearer("w"), String::new(), "sgo_wrong".into()] {
+        let (code, text) = allow_write(&s, &t, good.clone()).await;
+        assert_eq!(code, 401, "{text}");
+    }
+    // (body, status) with a good token
+    let table = [
+        (serde_json::json!({}), 400),
+        (serde_json::json!({"reason": ""}), 400),
+        (serde_json::json!({"reason": "  "}), 400),
+        (serde_json::json!({"reason": "a\nb"}), 400),
+        (serde_json::json!({"reason": "x".repeat(501)}), 400),
+        (serde_json::json!({"reason": "r", "minutes": 0}), 400),
+        (serde_json::json!({"reason": "r", "minutes": 61}), 400),
+        (serde_json::json!({"reason": "r", "minutes": -1}), 400),
+        (serde_json::json!({"reason": "r", "minutes": "5"}), 400),
+        (serde_json::json!({"reason": "r", "extra": 1}), 400),
+        (serde_json::json!(["r"]), 400),
+    ];
+    for (body, expected) in table {
+        let (code, text) = allow_write(&s, &token, body.clone()).await;
+        assert_eq!(code, expected, "{body}: {text}");
+        assert!(text.contains("\"error\""), "{text}");
+    }
+    let (code, _) = status(
+        reqwest::Client::new()
+            .post(format!(
+                "{}/api/v1/admin/workspaces/bad%20name/allow-write",
+                s.base
+            ))
+            .bearer_auth(&token)
+            .body(good.to_string()),
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert_eq!(snapshot(&s), before);
 }

@@ -134,6 +134,7 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("POST", "workspaces/prod/unlock"),
         ("GET", "search?q=null_resource"),
         ("POST", "workspaces/prod/restore"),
+        ("POST", "workspaces/prod/allow-write"),
         ("GET", "audit"),
         ("GET", "clusters"),
         // Bad input is judged only after the token: still 401.
@@ -232,6 +233,25 @@ async fn check_order_is_auth_then_input_then_state() {
         ),
         ("POST", "workspaces/prod/restore", None, 409),
         ("POST", "workspaces/nope/restore", None, 404),
+        ("POST", "workspaces/prod/allow-write", None, 400),
+        (
+            "POST",
+            "workspaces/prod/allow-write",
+            Some(json!({"reason": "r", "minutes": 0})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/prod/allow-write",
+            Some(json!({"reason": "\u{7}"})),
+            400,
+        ),
+        (
+            "POST",
+            "workspaces/bad%20name/allow-write",
+            Some(json!({"reason": "r"})),
+            400,
+        ),
         ("GET", "audit?limit=0", None, 400),
         ("GET", "audit?limit=5000", None, 400),
         ("GET", "audit?since=yesterday", None, 400),

@@ -128,8 +128,14 @@ async fn rollback_writes_old_bytes_as_a_new_version() {
         1
     );
 
-    // A normal client write continues from there.
-    let v4 = state(2, "lin", r#"{"name":"after"}"#);
+    // A normal client write continues from there: it read the fresh serial (3) and
+    // sends 4. A client still holding the state from before the rollback (serial 2 + 1
+    // = 3, other content; or its old serial 2) is refused by the write guard.
+    for stale in [3, 2] {
+        let body = state(stale, "lin", r#"{"name":"stale"}"#);
+        assert_eq!(status(s.tf("POST", ws).body(body)).await.0, 409);
+    }
+    let v4 = state(4, "lin", r#"{"name":"after"}"#);
     assert_eq!(status(s.tf("POST", ws).body(v4.clone())).await.0, 200);
     assert_eq!(status(s.tf("GET", ws)).await, (200, v4));
 }

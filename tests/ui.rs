@@ -283,6 +283,11 @@ fn private_routes() -> Vec<(&'static str, &'static str, Option<Fields>)> {
             "/ui/workspaces/prod/unlock",
             Some(vec![("confirm", "yes")]),
         ),
+        (
+            "POST",
+            "/ui/workspaces/prod/allow-write",
+            Some(vec![("reason", "r"), ("confirm", "yes")]),
+        ),
         ("GET", "/ui/drift", None),
         ("GET", "/ui/drift?workspace=prod", None),
         ("GET", "/ui/drift/1", None),
@@ -436,6 +441,10 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
             ),
             ("/ui/workspaces/prod/versions/1/reveal", with(vec![])),
             ("/ui/workspaces/prod/versions/1/download", with(vec![])),
+            (
+                "/ui/workspaces/prod/allow-write",
+                with(vec![("reason", "r".into()), ("confirm", "yes".into())]),
+            ),
             ("/ui/logout", with(vec![])),
         ];
         for (path, fields) in forms {
@@ -453,7 +462,7 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
     assert!(!env
         .audit("tf/prod")
         .iter()
-        .any(|(e, _)| e == "tf.rollback" || e == "tf.lock_forced"));
+        .any(|(e, _)| e == "tf.rollback" || e == "tf.lock_forced" || e == "tf.write_allowed"));
     assert!(
         env.reveals("tf/prod").is_empty(),
         "a refused reveal is not one"
@@ -1715,4 +1724,60 @@ async fn a_rollback_with_no_serial_left_is_refused_in_the_preview_and_on_post() 
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.body.contains("largest stategate can store"), "{}", r.body);
     assert_eq!(env.versions("huge"), 2);
+}
+
+#[tokio::test]
+async fn allowing_one_refused_write_is_confirmed_and_audited_as_the_operator() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let ws = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(
+        ws.contains("Allow one write"),
+        "the form is on the workspace page"
+    );
+    let post = |fields: Vec<(&'static str, &'static str)>| {
+        let mut all = vec![("csrf", csrf.as_str())];
+        all.extend(fields);
+        let cookie = cookie.clone();
+        let env = &env;
+        async move {
+            env.post("/ui/workspaces/prod/allow-write", &cookie, &all)
+                .await
+        }
+    };
+    // Unconfirmed, no reason, bad minutes: 400 and nothing granted.
+    for fields in [
+        vec![("reason", "adopt")],
+        vec![("reason", ""), ("confirm", "yes")],
+        vec![("reason", "adopt"), ("minutes", "0"), ("confirm", "yes")],
+        vec![("reason", "adopt"), ("minutes", "-5"), ("confirm", "yes")],
+        vec![("reason", "adopt"), ("minutes", "x"), ("confirm", "yes")],
+    ] {
+        let r = post(fields.clone()).await;
+        assert_eq!(r.status, 400, "{fields:?}: {}", r.body);
+    }
+    assert!(!env
+        .audit("tf/prod")
+        .iter()
+        .any(|(e, _)| e == "tf.write_allowed"));
+    let r = post(vec![
+        ("reason", "adopt"),
+        ("minutes", "3"),
+        ("confirm", "yes"),
+    ])
+    .await;
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod?write_allowed=1")),
+        "{}",
+        r.body
+    );
+    let page = env
+        .page("/ui/workspaces/prod?write_allowed=1", &cookie)
+        .await;
+    assert!(page.contains("allowed once"));
+    assert!(env
+        .audit("tf/prod")
+        .contains(&("tf.write_allowed".into(), ACTOR.into())));
 }

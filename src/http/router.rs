@@ -169,12 +169,14 @@ pub enum UiRoute {
     Logout,
     /// `GET /ui`, `GET /ui/`, `GET workspaces[?q=]`
     Workspaces { filter: Option<String> },
-    /// `GET workspaces/{ws}[?page=N]`; `rolled_back`/`unlocked` report a finished action.
+    /// `GET workspaces/{ws}[?page=N]`; `rolled_back`/`unlocked`/`write_allowed` report
+    /// a finished action.
     Workspace {
         workspace: String,
         page: Option<String>,
         rolled_back: Option<String>,
         unlocked: Option<String>,
+        write_allowed: Option<String>,
     },
     /// `GET workspaces/{ws}/versions/{n}` (sensitive values masked)
     Version { workspace: String, version: String },
@@ -197,6 +199,9 @@ pub enum UiRoute {
     Rollback { workspace: String },
     /// `POST workspaces/{ws}/unlock` with `csrf`, `lock_id`, `confirm`
     Unlock { workspace: String },
+    /// `POST workspaces/{ws}/allow-write` with `csrf`, `reason`, `minutes`, `confirm`:
+    /// one write the write guard would refuse may go through
+    AllowWrite { workspace: String },
     /// `GET audit[?scope=&event=&since=&until=&before=]`
     Audit {
         scope: Option<String>,
@@ -242,6 +247,7 @@ impl UiRoute {
             UiRoute::RollbackPreview { .. } => "ui.rollback_preview",
             UiRoute::Rollback { .. } => "ui.rollback",
             UiRoute::Unlock { .. } => "ui.unlock",
+            UiRoute::AllowWrite { .. } => "ui.allow_write",
             UiRoute::Audit { .. } => "ui.audit",
             UiRoute::Clusters => "ui.clusters",
             UiRoute::Search { .. } => "ui.search",
@@ -271,6 +277,7 @@ impl UiRoute {
                 | UiRoute::Download { .. }
                 | UiRoute::Rollback { .. }
                 | UiRoute::Unlock { .. }
+                | UiRoute::AllowWrite { .. }
                 | UiRoute::DriftCheck { .. }
                 | UiRoute::DriftApply { .. }
         )
@@ -287,6 +294,7 @@ impl UiRoute {
             | UiRoute::RollbackPreview { workspace, .. }
             | UiRoute::Rollback { workspace }
             | UiRoute::Unlock { workspace }
+            | UiRoute::AllowWrite { workspace }
             | UiRoute::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
@@ -590,6 +598,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
                 page: q("page"),
                 rolled_back: q("rolled_back"),
                 unlocked: q("unlocked"),
+                write_allowed: q("write_allowed"),
             },
             "GET",
         ),
@@ -631,6 +640,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         ),
         ["workspaces", w, "rollback"] => (UiRoute::Rollback { workspace: ws(w) }, "POST"),
         ["workspaces", w, "unlock"] => (UiRoute::Unlock { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "allow-write"] => (UiRoute::AllowWrite { workspace: ws(w) }, "POST"),
         _ => return UiRoute::NotFound,
     };
     if method != allowed {
@@ -1084,6 +1094,7 @@ mod tests {
                     page: Some("2".into()),
                     rolled_back: Some("7".into()),
                     unlocked: None,
+                    write_allowed: None,
                 },
             ),
             (

@@ -373,6 +373,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             page,
             rolled_back,
             unlocked,
+            write_allowed,
         } => {
             let w = workspace(&w)?;
             let summary = ops.workspace(w).await?;
@@ -396,6 +397,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 (Ok(Some(v)), _) => Some(Notice::RolledBack(v)),
                 (_, Some(u)) if u == "1" => Some(Notice::Unlocked),
                 (_, Some(u)) if u == "0" => Some(Notice::WasNotLocked),
+                _ if write_allowed.as_deref() == Some("1") => Some(Notice::WriteAllowed),
                 _ => None,
             };
             let versions = VersionsPage {
@@ -534,6 +536,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Download { .. }
         | UiRoute::Rollback { .. }
         | UiRoute::Unlock { .. }
+        | UiRoute::AllowWrite { .. }
         | UiRoute::DriftCheck { .. }
         | UiRoute::DriftApply { .. } => Err(ApiError::NotFound("no such page".into())),
     }
@@ -661,6 +664,24 @@ async fn action(
             let done = ops.unlock(w, lock_id, &actor).await?;
             let flag = if done.unlocked { 1 } else { 0 };
             Ok(redirect(&format!("/ui/workspaces/{w}?unlocked={flag}")))
+        }
+        // The same call as the admin API's and the CLI's allow-write.
+        UiRoute::AllowWrite { workspace: w } => {
+            let w = workspace(&w)?;
+            if form.get("confirm") != Some("yes") {
+                return Err(ApiError::BadRequest(
+                    "tick the confirmation to allow the write; nothing was changed".into(),
+                ));
+            }
+            let minutes = match number("minutes", form.get("minutes").filter(|m| !m.is_empty()))? {
+                None => crate::tofu::guard::DEFAULT_OVERRIDE_MINUTES,
+                Some(n) => u32::try_from(n).map_err(|_| {
+                    ApiError::BadRequest(crate::tofu::guard::BadOverride::Minutes.to_string())
+                })?,
+            };
+            ops.allow_write(w, minutes, form.get("reason").unwrap_or(""), &actor)
+                .await?;
+            Ok(redirect(&format!("/ui/workspaces/{w}?write_allowed=1")))
         }
         // The same two calls as the admin API's `drift/{ws}/run` and `drift/{run}/apply`.
         UiRoute::DriftCheck { workspace: w } => {

@@ -21,6 +21,8 @@ pub enum Notice {
     RolledBack(i64),
     Unlocked,
     WasNotLocked,
+    /// One write the write guard would refuse may now go through.
+    WriteAllowed,
 }
 
 /// One page of a workspace's versions, newest first.
@@ -148,6 +150,9 @@ fn notice(n: Notice) -> Markup {
         Notice::WasNotLocked => {
             html! { p.notice.warn { "The workspace was not locked; nothing changed." } }
         }
+        Notice::WriteAllowed => html! {
+            p.notice.ok { "The next write the write guard would refuse is allowed once (audited)." }
+        },
     }
 }
 
@@ -177,6 +182,31 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
                     " I understand; break this lock"
                 }
                 button.danger type="submit" { "Force unlock" }
+            }
+        }
+    }
+}
+
+/// The one-shot override of the write guard (`tofu::guard`), as the CLI's `allow-write`.
+fn allow_write_form(chrome: &Chrome, ws: &str) -> Markup {
+    html! {
+        section.card #allow-write {
+            p {
+                "State writes with another lineage, a lower serial, or the current serial with other content are refused. "
+                "To let ONE such write through on purpose (" code { "terraform state push -force" } " of an older file, adopting another configuration's state), allow it here, then retry it."
+            }
+            form.inline method="post" action=(format!("{}/allow-write", ws_href(ws))) {
+                input type="hidden" name="csrf" value=(chrome.csrf);
+                label { "Reason" input type="text" name="reason" required maxlength=(crate::tofu::guard::MAX_REASON_CHARS); }
+                label { "Minutes"
+                    input type="number" name="minutes" min="1" max=(crate::tofu::guard::MAX_OVERRIDE_MINUTES)
+                        value=(crate::tofu::guard::DEFAULT_OVERRIDE_MINUTES);
+                }
+                label.check {
+                    input type="checkbox" name="confirm" value="yes" required;
+                    " I understand; allow one refused write"
+                }
+                button.danger type="submit" { "Allow one write" }
             }
         }
     }
@@ -288,6 +318,8 @@ pub fn workspace(
         (diff_form(&ws.name, live.get(1).copied(), live.first().copied()))
         h2 { "Roll back" }
         (rollback_form(ws, live.get(1).copied()))
+        h2 { "Write guard" }
+        (allow_write_form(chrome, &ws.name))
     };
     layout(&ws.name, Some(chrome), body)
 }

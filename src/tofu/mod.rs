@@ -654,17 +654,6 @@ impl TofuBackend {
         Ok(done)
     }
 
-    /// The override of `workspace` that is still valid, if any.
-    pub async fn write_override(&self, workspace: &str) -> Result<Option<Override>, ApiError> {
-        let ws = workspace.to_string();
-        let now = unix_now();
-        Ok(self
-            .store
-            .db
-            .read(move |c| guard::active_override(c, &ws, now))
-            .await?)
-    }
-
     /// LOCK by `who`, which the lock row records (a drift run's recovery clears only
     /// locks its own credential took).
     pub async fn lock(

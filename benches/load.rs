@@ -753,13 +753,17 @@ async fn cycles(
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut tasks = Vec::new();
+    // Like Terraform, each write sends the workspace's current serial + 1 and its lineage
+    // (the write guard refuses anything else); the lock orders the clients of one workspace.
+    let serials: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..workspaces).map(|_| Default::default()).collect());
     for c in 0..clients {
-        let (api, stop) = (api.clone(), stop.clone());
-        let ws = format!("{prefix}-w{}", c % workspaces);
-        let lineage = format!("lineage-{prefix}-{c}");
+        let (api, stop, serials) = (api.clone(), stop.clone(), serials.clone());
+        let w = c % workspaces;
+        let ws = format!("{prefix}-w{w}");
+        let lineage = format!("lineage-{prefix}-w{w}");
         tasks.push(tokio::spawn(async move {
             let mut st = CycleStats::default();
-            let mut serial = 0u64;
             while !stop.load(Relaxed) {
                 let id = uuid::Uuid::new_v4().to_string();
                 let info = Bytes::from(format!(
@@ -776,7 +780,7 @@ async fn cycles(
                     }
                     other => panic!("LOCK {ws}: {other} {text:?}"),
                 }
-                serial += 1;
+                let serial = serials[w].fetch_add(1, Relaxed) + 1;
                 let body = state(size, serial, &lineage);
                 let md5 = content_md5(&body);
                 let t = Instant::now();

@@ -633,8 +633,7 @@ impl TofuBackend {
             expires_at: now + i64::from(minutes) * 60,
         };
         let done = grant.clone();
-        self.store
-            .db
+        self.db
             .write(move |conn| -> Result<(), ApiError> {
                 guard::put_override(conn, &grant, now).map_err(DbError::from)?;
                 let mut entry = audit(

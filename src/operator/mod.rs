@@ -12,6 +12,7 @@
 
 pub mod diff;
 pub mod identity;
+pub mod roles;
 pub mod search;
 
 use rusqlite::Connection;

@@ -282,7 +282,52 @@ pub fn revoke_operator_token(conn: &Connection, id: &str, actor: &str) -> Result
 mod tests {
     use super::*;
     use crate::cluster::identity::tests::test_db;
+    use crate::operator::roles::{Action, Target};
     use crate::store::audit::list_audit;
+
+    #[test]
+    fn grants_are_stored_and_operators_from_before_roles_are_admins() {
+        let (_dir, conn) = test_db();
+        let grant = Grant::parse("viewer", Some("dev-*")).unwrap();
+        let token = create_operator_with(&conn, "v@x.io", &grant, "cli:root").unwrap();
+        let me = operator_by_token(&conn, token.as_bytes()).unwrap().unwrap();
+        assert_eq!(me.grant, grant);
+        // An operator created before `operator_grants` existed: no row until the
+        // schema runs again (every start), then an admin of everything.
+        conn.execute(
+            "INSERT INTO operators (email, created_at) VALUES ('old@x.io', 'then')",
+            [],
+        )
+        .unwrap();
+        let old = conn.last_insert_rowid();
+        conn.execute_batch(SCHEMA).unwrap();
+        let old = operator_by_id(&conn, old).unwrap().unwrap();
+        assert_eq!(old.grant, Grant::ROOT);
+        // Running it again changes no grant that exists.
+        conn.execute_batch(SCHEMA).unwrap();
+        assert_eq!(operator_by_id(&conn, me.id).unwrap().unwrap().grant, grant);
+        // A grant row that does not read (edited by hand) grants nothing at all.
+        conn.execute(
+            "UPDATE operator_grants SET workspaces = 'a/b' WHERE operator_id = ?1",
+            [me.id],
+        )
+        .unwrap();
+        let broken = operator_by_id(&conn, me.id).unwrap().unwrap().grant;
+        assert!(!broken.may(Action::Read, Target::Workspace("dev-1")));
+        assert!(!broken.may(Action::Read, Target::Site));
+        assert!(!broken.sees("dev-1"));
+        let listed = list_operators(&conn).unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|r| (r.email.as_str(), r.role.as_str()))
+                .collect::<Vec<_>>(),
+            [("old@x.io", "admin"), ("v@x.io", "viewer")]
+        );
+        let created = list_audit(&conn, Some("operators"), None, 10).unwrap();
+        assert_eq!(created[0].payload["role"], "viewer");
+        assert_eq!(created[0].payload["workspaces"], "dev-*");
+    }
 
     #[test]
     fn operator_lifecycle() {

@@ -619,6 +619,42 @@ fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothi
             ("v@x.io", "viewer", "dev-*,stage")
         ]
     );
+    // The operator from before gets a role; a bad one changes nothing.
+    let set = |args: &[&str]| {
+        let mut all = vec!["admin", "operator", "set-role", "--email", "old@x.io"];
+        all.extend_from_slice(args);
+        stategate(&data, DEK, &all)
+    };
+    one_line_error(&set(&["--role", "boss"]), "unknown role", "set-role boss");
+    ok(
+        &set(&["--role", "operator", "--workspaces", "prod-*"]),
+        "set-role",
+    );
+    let run = stategate(&data, DEK, &["admin", "operator", "list"]);
+    ok(&run, "operator list as a table");
+    let table: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        table[0],
+        ["EMAIL", "ROLE", "WORKSPACES", "CREATED"],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        table[1][..3],
+        ["old@x.io", "operator", "prod-*"],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        table[2][..3],
+        ["v@x.io", "viewer", "dev-*,stage"],
+        "{}",
+        run.stdout
+    );
     let audit = stategate(
         &data,
         DEK,

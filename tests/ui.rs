@@ -2046,4 +2046,29 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         page.contains("prod-x") && page.contains("/ui/clusters"),
         "{page}"
     );
+    // A changed role holds at once for an open session, both ways.
+    let set = |role: &'static str| {
+        let grant = stategate::operator::roles::Grant::parse(role, None).unwrap();
+        env.server
+            .app
+            .operator
+            .admin_write(move |c| operators::set_operator_grant(c, "viewer@x.io", &grant, "test"))
+    };
+    set("operator").await.unwrap();
+    let page = env.page("/ui/workspaces/dev-a", &viewer).await;
+    assert!(
+        page.contains("/unlock") && page.contains("operator"),
+        "{page}"
+    );
+    set("viewer").await.unwrap();
+    let csrf = &sessions.iter().find(|s| s.0 == "viewer@x.io").unwrap().4;
+    let r = env
+        .post(
+            "/ui/workspaces/dev-a/unlock",
+            &viewer,
+            &[("csrf", csrf), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(env.locked("dev-a"));
 }

@@ -76,6 +76,18 @@ pub enum OperatorCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Change an operator's role and workspace patterns (holds at once, also for
+    /// open UI sessions).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        /// viewer, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// Comma-separated names or `*` patterns; default: every workspace.
+        #[arg(long)]
+        workspaces: Option<String>,
+    },
     /// Operator tokens.
     Token {
         #[command(subcommand)]
@@ -249,6 +261,11 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                 workspaces,
             } => create_operator(config, email, &role, workspaces.as_deref()),
             OperatorCommand::List { json } => list_operators(config, json),
+            OperatorCommand::SetRole {
+                email,
+                role,
+                workspaces,
+            } => set_operator_role(config, email, &role, workspaces.as_deref()),
             OperatorCommand::Token { command } => match command {
                 OperatorTokenCommand::Create { email } => create_operator_token(config, email),
                 OperatorTokenCommand::List { json } => list_operator_tokens(config, json),
@@ -506,6 +523,17 @@ pub fn create_operator(
         .write(move |c| operators::create_operator_with(c, &email, &grant, &operator()))?;
     print_token(&token);
     Ok(())
+}
+
+pub fn set_operator_role(
+    config: &Config,
+    email: String,
+    role: &str,
+    workspaces: Option<&str>,
+) -> anyhow::Result<()> {
+    let grant = Grant::parse(role, workspaces)?;
+    AdminDb::open(config)?
+        .write(move |c| operators::set_operator_grant(c, &email, &grant, &operator()))
 }
 
 pub fn list_operators(config: &Config, json: bool) -> anyhow::Result<()> {

@@ -208,6 +208,41 @@ pub fn create_operator_with(
     Ok(token.secret)
 }
 
+/// Changes an existing operator's role and patterns. It holds at once, also for the
+/// operator's open UI sessions (every request reads the grant). Audited as
+/// `admin.operator_role_set` with the old and the new grant.
+pub fn set_operator_grant(
+    conn: &Connection,
+    email: &str,
+    grant: &Grant,
+    actor: &str,
+) -> Result<(), AdminError> {
+    let email = normalize_email(email)?;
+    let found = conn
+        .query_row(
+            &format!("{SELECT_OPERATOR} WHERE o.email = ?1"),
+            [&email],
+            operator_row,
+        )
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no operator with email {email:?}")))?;
+    conn.execute(
+        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
+         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
+        params![found.id, grant.role.as_str(), grant.workspaces()],
+    )?;
+    audit(
+        conn,
+        actor,
+        "admin.operator_role_set",
+        serde_json::json!({
+            "email": email,
+            "from": { "role": found.grant.role.as_str(), "workspaces": found.grant.workspaces() },
+            "to": { "role": grant.role.as_str(), "workspaces": grant.workspaces() },
+        }),
+    )
+}
+
 /// Another token for an existing operator (earlier tokens stay valid).
 pub fn create_operator_token(
     conn: &Connection,
@@ -327,6 +362,24 @@ mod tests {
         let created = list_audit(&conn, Some("operators"), None, 10).unwrap();
         assert_eq!(created[0].payload["role"], "viewer");
         assert_eq!(created[0].payload["workspaces"], "dev-*");
+        // Changing a grant holds at once; an unknown operator is an error.
+        let to = Grant::parse("operator", Some("prod-*")).unwrap();
+        set_operator_grant(&conn, "V@x.io", &to, "cli:root").unwrap();
+        assert_eq!(
+            operator_by_token(&conn, token.as_bytes())
+                .unwrap()
+                .unwrap()
+                .grant,
+            to
+        );
+        assert!(matches!(
+            set_operator_grant(&conn, "who@x.io", &to, "cli:root"),
+            Err(AdminError::NotFound(_))
+        ));
+        let last = list_audit(&conn, Some("operators"), None, 10).unwrap();
+        let last = last.last().unwrap();
+        assert_eq!(last.event, "admin.operator_role_set");
+        assert_eq!(last.payload["to"]["role"], "operator");
     }
 
     #[test]

@@ -9,6 +9,9 @@ sees the new version, finds the resource by searching, force-unlocks the lock a
 SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows; screenshots go to the test's
 temp dir (and the workspace page to docs/ui-workspace.png when
 STATEGATE_UI_SCREENSHOT_OUT is set, for docs/web-ui.md: `1` for that path, or a path).
+A viewer limited to `dev-*` (made with `--role viewer --workspaces 'dev-*'`) sees its
+role in the header and masked values only, is offered no reveal, download or
+rollback, never sees the other workspace, and a reveal it posts anyway is refused.
 
 Not skipped anywhere: without chromium, chromedriver or selenium the test fails
 (scripts/setup-test-deps.sh installs them). Run once, on the local store: the UI is

@@ -1,6 +1,7 @@
 //! HTTP framing for the web UI (`crate::ui`): the session cookie first (no session →
 //! 303 to the login page, before anything is read or shown; a login first passes
-//! `login_guard`: same origin, not throttled, an operator token's shape), then the form body
+//! `login_guard`: same origin, not throttled, an operator token's shape), then whether
+//! the operator's role allows the route (`super::guard`: 403, nothing read), then the form body
 //! (bounded, urlencoded) and its CSRF token, then one `Operations` (or, for drift,
 //! `DriftService`) call and its page.
 //! Every answer carries the UI's security headers. No SQL or blobs here.

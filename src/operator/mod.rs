@@ -4,7 +4,10 @@
 //! (`http::admin`) and the web UI (`crate::ui`), so they can never disagree. Operators
 //! authenticate with their own tokens (`identity`); every change is audited with the
 //! operator's identity in the change's transaction, and so is every read that hands out
-//! unmasked state (`reveal`, event `state.revealed`).
+//! unmasked state (`reveal`, event `state.revealed`). What an operator may do is its
+//! `roles::Grant` (a role and optional workspace patterns), checked by the HTTP edge
+//! before any of these runs; the listings (`list_workspaces`, `search`, `audit`) take
+//! the grant and return only what it sees. The CLI passes `Grant::ROOT`.
 //!
 //! Functions take plain values and return plain results or a typed `ApiError`; lock
 //! and lease staleness is judged here, against `locks.stale_after_seconds` and the

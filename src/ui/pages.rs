@@ -338,7 +338,10 @@ pub fn version(
                 }
                 pre #content { (text) }
             }
-            Content::NotPlain => p.notice.warn { "This version is not a plain JSON state (encrypted by the client?); download it to inspect it." },
+            Content::NotPlain => p.notice.warn {
+                "This version is not a plain JSON state (encrypted by the client?)"
+                @if chrome.may(Action::Reveal, workspace) { "; download it to inspect it." } @else { "." }
+            },
         }
     };
     layout(&format!("{workspace} v{}", row.version), Some(chrome), body)

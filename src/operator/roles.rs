@@ -317,6 +317,43 @@ mod tests {
         assert!(!p.matches(&"a".repeat(39)));
     }
 
+    /// The linear matcher agrees with the obvious recursive one on every pattern over
+    /// `a b *` and every name over `a b` up to 5 characters.
+    #[test]
+    fn glob_matches_the_reference_everywhere_small() {
+        fn reference(p: &[u8], t: &[u8]) -> bool {
+            match p.split_first() {
+                None => t.is_empty(),
+                Some((b'*', rest)) => (0..=t.len()).any(|i| reference(rest, &t[i..])),
+                Some((c, rest)) => t.first() == Some(c) && reference(rest, &t[1..]),
+            }
+        }
+        fn all(alphabet: &[u8], max: usize) -> Vec<Vec<u8>> {
+            let mut out = vec![Vec::new()];
+            let mut last = vec![Vec::new()];
+            for _ in 0..max {
+                last = last
+                    .iter()
+                    .flat_map(|w| {
+                        alphabet.iter().map(move |c| {
+                            let mut w = w.clone();
+                            w.push(*c);
+                            w
+                        })
+                    })
+                    .collect();
+                out.extend(last.iter().cloned());
+            }
+            out
+        }
+        let (patterns, texts) = (all(b"ab*", 5), all(b"ab", 5));
+        for p in &patterns {
+            for t in &texts {
+                assert_eq!(glob_match(p, t), reference(p, t), "{p:?} {t:?}");
+            }
+        }
+    }
+
     #[test]
     fn grants_parse_whole_or_not_at_all() {
         let g = Grant::parse("viewer", Some("dev-*, stage")).unwrap();

@@ -9,6 +9,9 @@ sees the new version, finds the resource by searching, force-unlocks the lock a
 SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows; screenshots go to the test's
 temp dir (and the workspace page to docs/ui-workspace.png when
 STATEGATE_UI_SCREENSHOT_OUT is set, for docs/web-ui.md: `1` for that path, or a path).
+A viewer limited to `dev-*` (made with `--role viewer --workspaces 'dev-*'`) sees its
+role in the header and masked values only, is offered no reveal, download or
+rollback, never sees the other workspace, and a reveal it posts anyway is refused.
 
 Not skipped anywhere: without chromium, chromedriver or selenium the test fails
 (scripts/setup-test-deps.sh installs them). Run once, on the local store: the UI is
@@ -217,3 +220,62 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.open(f"/ui/workspaces/{ws_name}")
     page.wait_text("Operator login")
     assert ws_name not in page.text()
+
+
+def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
+    """A viewer limited to `dev-*` sees its role in the header, masked values, no
+    reveal/download/rollback/unlock, and never the other workspace; a posted reveal is
+    refused server-side with nothing audited."""
+    server = ui_server
+    for name in ("dev-web", "prod-web"):
+        tf = make_tf(name, server.workspace(name).env)
+        tf.write(config("v-one"))
+        tf.init()
+        tf.apply()
+    token = cli(server, "admin", "operator", "create", "--email", "viewer@example.com",
+                "--role", "viewer", "--workspaces", "dev-*").stdout.strip().splitlines()[-1]
+    assert token.startswith("sgo_"), token
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    page = Page(browser, server.url, shots)
+    page.open("/ui/login")
+    page.fill("input[name=token]", token)
+    page.submit("form[action='/ui/login']")
+    text = page.wait_text("viewer@example.com", "viewer (dev-*)", "dev-web")
+    assert "prod-web" not in text, text
+    assert not browser.find_elements(page.By.LINK_TEXT, "Clusters")
+    page.shot("10-viewer-workspaces")
+
+    page.open("/ui/workspaces/dev-web")
+    text = page.wait_text("Versions", "Compare two versions")
+    assert "Roll back" not in text and "download" not in text, text
+    page.open("/ui/workspaces/dev-web/versions/1")
+    text = page.wait_text("Sensitive values are shown as", "(sensitive)")
+    assert "pw-v-one" not in text
+    assert not browser.find_elements(page.By.CSS_SELECTOR, "form[action$='/reveal']")
+    assert not browser.find_elements(page.By.CSS_SELECTOR, "form[action$='/download']")
+    page.shot("11-viewer-version")
+
+    # The other workspace is refused like a forbidden action, whether it exists or not.
+    page.open("/ui/workspaces/prod-web")
+    refused = page.wait_text("not permitted")
+    page.open("/ui/workspaces/prod-nope")
+    assert page.wait_text("not permitted") == refused
+    assert "prod-web" not in refused, refused
+
+    # A reveal posted anyway (the form the viewer was not offered) is refused, unaudited.
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    cookie = {"Cookie": f"sg_session={browser.get_cookie('sg_session')['value']}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{server.url}/ui/workspaces", headers=cookie)) as r:
+        csrf = r.read().decode().split('name="csrf" value="')[1].split('"')[0]
+    form = urllib.parse.urlencode({"csrf": csrf}).encode()
+    post = urllib.request.Request(f"{server.url}/ui/workspaces/dev-web/versions/1/reveal",
+                                  data=form, headers=cookie, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused_post:
+        urllib.request.urlopen(post)
+    body = refused_post.value.read().decode()
+    assert refused_post.value.code == 403 and "not permitted" in body and "pw-v-one" not in body, body
+    audit = cli(server, "admin", "audit", "list", "--scope", "tf/dev-web", "--json").stdout
+    assert "state.revealed" not in audit, audit

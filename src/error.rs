@@ -17,6 +17,11 @@ pub enum ApiError {
     Unauthorized,
     #[error("{0}")]
     Forbidden(String),
+    /// An authenticated operator whose role or workspace patterns do not allow the
+    /// request: one fixed body whatever the reason (a missing action, another
+    /// workspace, something site-wide), so a refusal tells nothing else.
+    #[error("not permitted: your operator role does not allow this; nothing was done")]
+    NotPermitted,
     #[error("{0}")]
     NotFound(String),
     #[error("method {method} is not allowed here; allowed: {allowed}")]
@@ -86,7 +91,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized | ApiError::TokenRequired | ApiError::OperatorRequired => 401,
-            ApiError::Forbidden(_) => 403,
+            ApiError::Forbidden(_) | ApiError::NotPermitted => 403,
             ApiError::NotFound(_) => 404,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::SlowClient => 408,

@@ -807,3 +807,333 @@ async fn views_refuse_versions_larger_than_max_view_bytes() {
     let (_, body) = status(env.server.tf("GET", "prod")).await;
     assert!(body.contains("big"));
 }
+
+// ---- Roles: role × every route, refusals identical and changing nothing ----
+
+/// The operators of the role table: (email, role, workspace patterns). Viewers and
+/// limited operators come first, so their refusals meet the locks still held.
+const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[
+    ("viewer-dev@x.io", "viewer", Some("dev-*")),
+    ("viewer@x.io", "viewer", None),
+    ("operator-dev@x.io", "operator", Some("dev-*")),
+    ("admin-dev@x.io", "admin", Some("dev-*")),
+    ("operator@x.io", "operator", None),
+    ("admin@x.io", "admin", None),
+];
+
+/// A secret value in the states: never in a refusal.
+const SECRET: &str = "hunter2-very-secret";
+
+fn rank(role: &str) -> u8 {
+    match role {
+        "viewer" => 0,
+        "operator" => 1,
+        "admin" => 2,
+        other => panic!("{other}"),
+    }
+}
+
+/// What a route is aimed at, for the expected outcome (written out here, not taken
+/// from the rule under test).
+#[derive(Clone, Copy, Debug)]
+enum Aim {
+    Nothing,
+    Listing,
+    Site,
+    Ws(&'static str),
+}
+
+fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Aim) -> bool {
+    rank(role) >= rank(least)
+        && match aim {
+            Aim::Nothing | Aim::Listing => true,
+            Aim::Site => patterns.is_none(),
+            Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
+        }
+}
+
+/// Everything a request could change: versions, locks, audit rows, tokens, runs,
+/// operators, write overrides.
+fn snapshot(server: &TestServer) -> Vec<i64> {
+    [
+        "SELECT count(*) FROM versions",
+        "SELECT count(*) FROM tf_locks",
+        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
+        "SELECT coalesce(max(id), 0) FROM audit",
+        "SELECT count(*) FROM tokens",
+        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
+        "SELECT count(*) FROM drift_runs",
+        "SELECT count(*) FROM operators",
+        "SELECT count(*) FROM tf_write_overrides",
+    ]
+    .iter()
+    .map(|sql| server.count(sql))
+    .collect()
+}
+
+async fn role_env() -> (
+    Env,
+    Vec<(&'static str, &'static str, Option<&'static str>, String)>,
+) {
+    let env = Env::start().await;
+    for ws in ["prod-x", "dev-a"] {
+        let secret = format!(r#"{{"password":"{SECRET}","n":1}}"#);
+        env.write(ws, 1, &resource("one", &secret)).await;
+        let two = format!(r#"{{"password":"{SECRET}","n":2}}"#);
+        env.write(ws, 2, &resource("one", &two)).await;
+        let (code, _) = status(
+            env.server
+                .tf("LOCK", ws)
+                .body(lock_info(&format!("L-{ws}"))),
+        )
+        .await;
+        assert_eq!(code, 200);
+    }
+    // One drift run per workspace (unfinished: nothing to approve), as the service stores them.
+    let conn = env.server.db();
+    for ws in ["prod-x", "dev-a"] {
+        stategate::drift::outcomes::start_run(
+            &conn,
+            ws,
+            stategate::drift::Kind::Check,
+            "test",
+            None,
+            Some(2),
+            Some("lin-1"),
+        )
+        .unwrap()
+        .unwrap();
+    }
+    let mut ops = Vec::new();
+    for (email, role, patterns) in ROLE_OPERATORS {
+        let grant = stategate::operator::roles::Grant::parse(role, *patterns).unwrap();
+        let token = env
+            .server
+            .app
+            .operator
+            .admin_write(move |c| operators::create_operator_with(c, email, &grant, "test"))
+            .await
+            .unwrap();
+        ops.push((*email, *role, *patterns, token));
+    }
+    (env, ops)
+}
+
+fn run_of(ws: &str) -> i64 {
+    if ws == "prod-x" {
+        1
+    } else {
+        2
+    }
+}
+
+#[tokio::test]
+async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
+    let (env, ops) = role_env().await;
+    // (method, path, body, least role, aim) for every route of the admin API, on a
+    // workspace inside and one outside the limited operators' `dev-*`.
+    let mut routes: Vec<(&str, String, Option<Value>, &str, Aim)> = vec![
+        ("GET", "whoami".into(), None, "viewer", Aim::Nothing),
+        ("GET", "workspaces".into(), None, "viewer", Aim::Listing),
+        ("GET", "audit".into(), None, "viewer", Aim::Listing),
+        ("GET", "search?q=null".into(), None, "viewer", Aim::Listing),
+        ("GET", "drift".into(), None, "viewer", Aim::Listing),
+        ("GET", "clusters".into(), None, "viewer", Aim::Site),
+        // A workspace that does not exist is refused like one that does.
+        (
+            "GET",
+            "workspaces/prod-nope".into(),
+            None,
+            "viewer",
+            Aim::Ws("prod-nope"),
+        ),
+    ];
+    for ws in ["prod-x", "dev-a"] {
+        let w = |p: &str| format!("workspaces/{ws}{p}");
+        let run = run_of(ws);
+        routes.extend([
+            ("GET", w(""), None, "viewer", Aim::Ws(ws)),
+            ("GET", w("/versions"), None, "viewer", Aim::Ws(ws)),
+            (
+                "GET",
+                w("/versions/1?masked=1"),
+                None,
+                "viewer",
+                Aim::Ws(ws),
+            ),
+            ("GET", w("/versions/1"), None, "admin", Aim::Ws(ws)),
+            ("GET", w("/versions/latest"), None, "admin", Aim::Ws(ws)),
+            ("GET", w("/versions/1?masked=0"), None, "admin", Aim::Ws(ws)),
+            ("GET", w("/diff?from=1&to=2"), None, "viewer", Aim::Ws(ws)),
+            ("GET", w("/rollback?to=1"), None, "viewer", Aim::Ws(ws)),
+            (
+                "POST",
+                w("/rollback"),
+                Some(json!({"to": 1})),
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                w("/unlock"),
+                Some(json!({})),
+                "operator",
+                Aim::Ws(ws),
+            ),
+            ("POST", w("/restore"), None, "operator", Aim::Ws(ws)),
+            (
+                "POST",
+                w("/allow-write"),
+                Some(json!({"reason": "adopt", "minutes": 5})),
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "GET",
+                format!("drift?workspace={ws}"),
+                None,
+                "viewer",
+                Aim::Ws(ws),
+            ),
+            ("GET", format!("drift/{run}"), None, "viewer", Aim::Ws(ws)),
+            (
+                "POST",
+                format!("drift/{ws}/run"),
+                None,
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                format!("drift/{run}/apply"),
+                None,
+                "operator",
+                Aim::Ws(ws),
+            ),
+        ]);
+    }
+    let refusal = stategate::error::ApiError::NotPermitted.body();
+    let refusal = std::str::from_utf8(&refusal).unwrap().to_string();
+    let (mut refused, mut allowed) = (0, 0);
+    for (email, role, patterns, token) in &ops {
+        for (method, path, body, least, aim) in &routes {
+            let before = snapshot(&env.server);
+            let (code, text) = env.call_as(Some(token), method, path, body.clone()).await;
+            let what = format!("{email} ({role} {patterns:?}) {method} {path}");
+            if expected_allowed(role, *patterns, least, *aim) {
+                allowed += 1;
+                assert!(
+                    code != 401 && code != 403,
+                    "{what}: allowed, got {code} {text}"
+                );
+            } else {
+                refused += 1;
+                assert_eq!((code, text.as_str()), (403, refusal.as_str()), "{what}");
+                assert!(
+                    !text.contains(SECRET) && !text.contains(token.as_str()),
+                    "{what}"
+                );
+                assert_eq!(
+                    snapshot(&env.server),
+                    before,
+                    "{what}: a refusal changed something"
+                );
+            }
+        }
+    }
+    assert!(
+        refused > 50 && allowed > 50,
+        "{refused} refused, {allowed} allowed"
+    );
+    // The refused reveals left no `state.revealed` row of a refused operator.
+    let conn = env.server.db();
+    let revealers: Vec<String> = conn
+        .prepare("SELECT DISTINCT actor FROM audit WHERE event = 'state.revealed' ORDER BY actor")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        revealers,
+        ["operator:admin-dev@x.io", "operator:admin@x.io"]
+    );
+    // No force-unlock of prod-x by anyone limited to dev-*, or by a viewer.
+    let forced: Vec<(String, String)> = conn
+        .prepare("SELECT scope, actor FROM audit WHERE event = 'tf.lock_forced' ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        forced,
+        [
+            (
+                "tf/dev-a".to_string(),
+                "operator:operator-dev@x.io".to_string()
+            ),
+            ("tf/prod-x".into(), "operator:operator@x.io".into()),
+        ]
+    );
+    // A missing or wrong token is still the 401 it was, before any role is looked at.
+    let (code, text) = env.call_as(None, "GET", "clusters", None).await;
+    assert_eq!(code, 401, "{text}");
+    let (code, _) = env
+        .call_as(Some("sgo_wrong"), "POST", "workspaces/prod-x/unlock", None)
+        .await;
+    assert_eq!(code, 401);
+}
+
+#[tokio::test]
+async fn listings_show_only_the_workspaces_an_operator_may_see() {
+    let (env, ops) = role_env().await;
+    let token = |email: &str| ops.iter().find(|o| o.0 == email).unwrap().3.clone();
+    let get = |token: String, path: &'static str| {
+        let env = &env;
+        async move {
+            let (code, text) = env.call_as(Some(&token), "GET", path, None).await;
+            assert_eq!(code, 200, "{path}: {text}");
+            text
+        }
+    };
+    for email in ["viewer-dev@x.io", "operator-dev@x.io", "admin-dev@x.io"] {
+        for path in ["workspaces", "search?q=null", "audit?limit=1000", "drift"] {
+            let text = get(token(email), path).await;
+            assert!(!text.contains("prod-x"), "{email} {path}: {text}");
+            assert!(text.contains("dev-a"), "{email} {path}: {text}");
+        }
+        // Nothing site-wide in its audit log either (operators, logins, clusters).
+        let audit: Value = serde_json::from_str(&get(token(email), "audit").await).unwrap();
+        let scopes: std::collections::BTreeSet<&str> = audit["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["scope"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            scopes.into_iter().collect::<Vec<_>>(),
+            ["tf/dev-a"],
+            "{email}"
+        );
+        let me: Value = serde_json::from_str(&get(token(email), "whoami").await).unwrap();
+        assert_eq!(me["workspaces"], json!(["dev-*"]));
+    }
+    for email in ["viewer@x.io", "admin@x.io"] {
+        for path in ["workspaces", "search?q=null", "audit?limit=1000", "drift"] {
+            let text = get(token(email), path).await;
+            assert!(
+                text.contains("prod-x") && text.contains("dev-a"),
+                "{email} {path}: {text}"
+            );
+        }
+    }
+    let me: Value = serde_json::from_str(&get(token("viewer@x.io"), "whoami").await).unwrap();
+    assert_eq!(
+        (me["role"].as_str(), me["workspaces"].clone()),
+        (Some("viewer"), json!([]))
+    );
+    // The operator of before roles (created without one) is an admin of everything.
+    let me = env.json("GET", "whoami", None).await;
+    assert_eq!(me["role"], "admin");
+}

@@ -1,6 +1,7 @@
 //! The operator commands as scripts see them, run as the real binary: `backup`,
 //! `backup list`, `restore`, `admin audit list --since/--until`, `workspace env` with
-//! the recorded address. Results on stdout, no server log lines, errors one line on
+//! the recorded address, `admin operator create --role/--workspaces` and `admin operator
+//! list`. Results on stdout, no server log lines, errors one line on
 //! stderr with exit code 1, and a refused restore writes nothing.
 
 use std::path::Path;
@@ -523,4 +524,147 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
             assert!(!table.stdout.contains(stored), "{args:?}: {}", table.stdout);
         }
     }
+}
+
+#[test]
+fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let create = |args: &[&str]| {
+        let mut all = vec!["admin", "operator", "create"];
+        all.extend_from_slice(args);
+        stategate(&data, DEK, &all)
+    };
+    let run = create(&["--email", "old@x.io"]);
+    ok(&run, "create without a role");
+    assert!(run.stdout.trim().starts_with("sgo_"), "{}", run.stdout);
+    let run = create(&[
+        "--email",
+        "v@x.io",
+        "--role",
+        "viewer",
+        "--workspaces",
+        "dev-*, stage",
+    ]);
+    ok(&run, "create a limited viewer");
+    for (args, needle) in [
+        (
+            &["--email", "a@x.io", "--role", "root"][..],
+            "unknown role: use viewer, operator or admin",
+        ),
+        (
+            &["--email", "a@x.io", "--role", "Viewer"][..],
+            "unknown role",
+        ),
+        (
+            &[
+                "--email",
+                "a@x.io",
+                "--role",
+                "viewer",
+                "--workspaces",
+                "prod/x",
+            ][..],
+            "invalid workspace pattern",
+        ),
+        (
+            &[
+                "--email",
+                "a@x.io",
+                "--role",
+                "viewer",
+                "--workspaces",
+                "dev-*,,x",
+            ][..],
+            "invalid workspace pattern",
+        ),
+        (
+            &[
+                "--email",
+                "a@x.io",
+                "--role",
+                "viewer",
+                "--workspaces",
+                "a?",
+            ][..],
+            "invalid workspace pattern",
+        ),
+    ] {
+        let run = create(args);
+        one_line_error(&run, needle, &format!("{args:?}"));
+        assert!(run.stdout.is_empty(), "{args:?}: no token printed");
+    }
+    let run = stategate(&data, DEK, &["admin", "operator", "list", "--json"]);
+    ok(&run, "operator list");
+    let rows: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let shown: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["email"].as_str().unwrap(),
+                r["role"].as_str().unwrap(),
+                r["workspaces"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // Nothing was created by the refused commands.
+    assert_eq!(
+        shown,
+        [
+            ("old@x.io", "admin", ""),
+            ("v@x.io", "viewer", "dev-*,stage")
+        ]
+    );
+    // The operator from before gets a role; a bad one changes nothing.
+    let set = |args: &[&str]| {
+        let mut all = vec!["admin", "operator", "set-role", "--email", "old@x.io"];
+        all.extend_from_slice(args);
+        stategate(&data, DEK, &all)
+    };
+    one_line_error(&set(&["--role", "boss"]), "unknown role", "set-role boss");
+    ok(
+        &set(&["--role", "operator", "--workspaces", "prod-*"]),
+        "set-role",
+    );
+    let run = stategate(&data, DEK, &["admin", "operator", "list"]);
+    ok(&run, "operator list as a table");
+    let table: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        table[0],
+        ["EMAIL", "ROLE", "WORKSPACES", "CREATED"],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        table[1][..3],
+        ["old@x.io", "operator", "prod-*"],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        table[2][..3],
+        ["v@x.io", "viewer", "dev-*,stage"],
+        "{}",
+        run.stdout
+    );
+    let audit = stategate(
+        &data,
+        DEK,
+        &["admin", "audit", "list", "--scope", "operators"],
+    );
+    ok(&audit, "audit list");
+    assert_eq!(
+        audit.stdout.matches("admin.operator_created").count(),
+        2,
+        "{}",
+        audit.stdout
+    );
 }

@@ -1781,3 +1781,367 @@ async fn allowing_one_refused_write_is_confirmed_and_audited_as_the_operator() {
         .audit("tf/prod")
         .contains(&("tf.write_allowed".into(), ACTOR.into())));
 }
+
+// ---- Roles: role × every UI page and form ----
+
+/// (email, role, workspace patterns); viewers and limited operators first, so their
+/// refusals meet the locks still held.
+const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[
+    ("viewer-dev@x.io", "viewer", Some("dev-*")),
+    ("viewer@x.io", "viewer", None),
+    ("operator-dev@x.io", "operator", Some("dev-*")),
+    ("admin-dev@x.io", "admin", Some("dev-*")),
+    ("operator@x.io", "operator", None),
+    ("admin@x.io", "admin", None),
+];
+const SECRET: &str = "hunter2-very-secret";
+
+fn rank(role: &str) -> u8 {
+    ["viewer", "operator", "admin"]
+        .iter()
+        .position(|r| *r == role)
+        .unwrap() as u8
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Aim {
+    Listing,
+    Site,
+    Ws(&'static str),
+}
+
+fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Aim) -> bool {
+    rank(role) >= rank(least)
+        && match aim {
+            Aim::Listing => true,
+            Aim::Site => patterns.is_none(),
+            Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
+        }
+}
+
+fn snapshot(server: &TestServer) -> Vec<i64> {
+    [
+        "SELECT count(*) FROM versions",
+        "SELECT count(*) FROM tf_locks",
+        "SELECT coalesce(max(id), 0) FROM audit",
+        "SELECT count(*) FROM tokens",
+        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
+        "SELECT count(*) FROM drift_runs",
+        "SELECT count(*) FROM operators",
+        "SELECT count(*) FROM tf_write_overrides",
+    ]
+    .iter()
+    .map(|sql| server.count(sql))
+    .collect()
+}
+
+/// One session per operator of [`ROLE_OPERATORS`]: (email, role, patterns, cookie, csrf).
+type RoleSession = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    String,
+    String,
+);
+
+async fn role_env() -> (Env, Vec<RoleSession>) {
+    let env = Env::start().await;
+    for ws in ["prod-x", "dev-a"] {
+        for n in 1..=2 {
+            let input = format!("{SECRET}-{n}");
+            env.write(ws, state(n, "lin-1", &resource("one", &input)))
+                .await;
+        }
+        env.lock(ws, &format!("L-{ws}"), "ci@runner").await;
+    }
+    let conn = env.server.db();
+    for ws in ["prod-x", "dev-a"] {
+        stategate::drift::outcomes::start_run(
+            &conn,
+            ws,
+            stategate::drift::Kind::Check,
+            "test",
+            None,
+            Some(2),
+            Some("lin-1"),
+        )
+        .unwrap()
+        .unwrap();
+    }
+    let mut sessions = Vec::new();
+    for (email, role, patterns) in ROLE_OPERATORS {
+        let grant = stategate::operator::roles::Grant::parse(role, *patterns).unwrap();
+        let token = env
+            .server
+            .app
+            .operator
+            .admin_write(move |c| operators::create_operator_with(c, email, &grant, "test"))
+            .await
+            .unwrap();
+        let r = env.login_with(&token).await;
+        assert_eq!(r.status, 303, "{}", r.body);
+        let cookie = r
+            .set_cookie()
+            .and_then(|c| c.strip_prefix("sg_session="))
+            .and_then(|rest| rest.split(';').next())
+            .unwrap()
+            .to_string();
+        let csrf = env.csrf(&cookie).await;
+        sessions.push((*email, *role, *patterns, cookie, csrf));
+    }
+    (env, sessions)
+}
+
+#[tokio::test]
+async fn every_ui_page_and_form_by_role_refuses_identically_and_changes_nothing() {
+    let (env, sessions) = role_env().await;
+    // (method, path, form fields besides csrf, least role, aim)
+    type Route = (
+        &'static str,
+        String,
+        Vec<(&'static str, String)>,
+        &'static str,
+        Aim,
+    );
+    let mut routes: Vec<Route> = vec![
+        ("GET", "/ui/".into(), vec![], "viewer", Aim::Listing),
+        (
+            "GET",
+            "/ui/workspaces".into(),
+            vec![],
+            "viewer",
+            Aim::Listing,
+        ),
+        ("GET", "/ui/audit".into(), vec![], "viewer", Aim::Listing),
+        (
+            "GET",
+            "/ui/search?q=terraform_data".into(),
+            vec![],
+            "viewer",
+            Aim::Listing,
+        ),
+        ("GET", "/ui/drift".into(), vec![], "viewer", Aim::Listing),
+        ("GET", "/ui/clusters".into(), vec![], "viewer", Aim::Site),
+        (
+            "GET",
+            "/ui/workspaces/prod-nope".into(),
+            vec![],
+            "viewer",
+            Aim::Ws("prod-nope"),
+        ),
+    ];
+    for (ws, run) in [("prod-x", 1), ("dev-a", 2)] {
+        let w = |p: &str| format!("/ui/workspaces/{ws}{p}");
+        routes.extend([
+            ("GET", w(""), vec![], "viewer", Aim::Ws(ws)),
+            ("GET", w("/versions/1"), vec![], "viewer", Aim::Ws(ws)),
+            (
+                "POST",
+                w("/versions/1/reveal"),
+                vec![],
+                "admin",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                w("/versions/1/download"),
+                vec![],
+                "admin",
+                Aim::Ws(ws),
+            ),
+            ("GET", w("/diff?from=1&to=2"), vec![], "viewer", Aim::Ws(ws)),
+            ("GET", w("/rollback?to=1"), vec![], "viewer", Aim::Ws(ws)),
+            (
+                "POST",
+                w("/rollback"),
+                vec![("to", "1".into()), ("confirm", ws.into())],
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                w("/unlock"),
+                vec![("confirm", "yes".into())],
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                w("/allow-write"),
+                vec![("reason", "adopt".into()), ("confirm", "yes".into())],
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "GET",
+                format!("/ui/drift?workspace={ws}"),
+                vec![],
+                "viewer",
+                Aim::Ws(ws),
+            ),
+            (
+                "GET",
+                format!("/ui/drift/{run}"),
+                vec![],
+                "viewer",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                format!("/ui/drift/{ws}/run"),
+                vec![],
+                "operator",
+                Aim::Ws(ws),
+            ),
+            (
+                "POST",
+                format!("/ui/drift/{run}/apply"),
+                vec![("confirm", ws.into())],
+                "operator",
+                Aim::Ws(ws),
+            ),
+        ]);
+    }
+    let (mut refused, mut allowed) = (0, 0);
+    for (email, role, patterns, cookie, csrf) in &sessions {
+        let mut bodies = std::collections::BTreeSet::new();
+        for (method, path, fields, least, aim) in &routes {
+            let mut form: Vec<(&str, &str)> = vec![("csrf", csrf.as_str())];
+            form.extend(fields.iter().map(|(k, v)| (*k, v.as_str())));
+            let before = snapshot(&env.server);
+            let form = (*method == "POST").then_some(form.as_slice());
+            let r = env.send(method, path, Some(cookie), form).await;
+            let what = format!("{email} ({role} {patterns:?}) {method} {path}");
+            if expected_allowed(role, *patterns, least, *aim) {
+                allowed += 1;
+                assert!(
+                    r.status != 403 && r.location() != Some("/ui/login"),
+                    "{what}: allowed, got {} {}",
+                    r.status,
+                    r.body
+                );
+            } else {
+                refused += 1;
+                assert_eq!(r.status, 403, "{what}: {}", r.body);
+                assert!(r.body.contains("not permitted"), "{what}: {}", r.body);
+                assert!(
+                    !r.body.contains(SECRET) && !r.body.contains("L-prod-x"),
+                    "{what}"
+                );
+                assert_eq!(
+                    snapshot(&env.server),
+                    before,
+                    "{what}: a refusal changed something"
+                );
+                bodies.insert(r.body);
+            }
+        }
+        assert!(bodies.len() <= 1, "{email}: refusals differ: {bodies:#?}");
+    }
+    assert!(
+        refused > 50 && allowed > 50,
+        "{refused} refused, {allowed} allowed"
+    );
+    let conn = env.server.db();
+    let forced: Vec<(String, String)> = conn
+        .prepare("SELECT scope, actor FROM audit WHERE event = 'tf.lock_forced' ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        forced,
+        [
+            (
+                "tf/dev-a".to_string(),
+                "operator:operator-dev@x.io".to_string()
+            ),
+            ("tf/prod-x".into(), "operator:operator@x.io".into()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn pages_offer_only_what_the_role_allows_and_show_it() {
+    let (env, sessions) = role_env().await;
+    let cookie = |email: &str| sessions.iter().find(|s| s.0 == email).unwrap().3.clone();
+    // A viewer: no reveal, download, rollback, unlock or drift buttons; role in the header.
+    let viewer = cookie("viewer@x.io");
+    let page = env.page("/ui/workspaces/dev-a", &viewer).await;
+    assert!(page.contains("viewer"), "{page}");
+    for offered in ["/download", "/unlock", "/rollback", "Force unlock"] {
+        assert!(!page.contains(offered), "viewer offered {offered}");
+    }
+    let page = env.page("/ui/workspaces/dev-a/versions/1", &viewer).await;
+    assert!(
+        !page.contains("/reveal") && !page.contains("/download"),
+        "{page}"
+    );
+    let page = env
+        .page("/ui/workspaces/dev-a/rollback?to=1", &viewer)
+        .await;
+    assert!(!page.contains("confirm-rollback"), "{page}");
+    let page = env.page("/ui/drift/2", &viewer).await;
+    assert!(!page.contains("/ui/drift/2/apply"), "{page}");
+    // An operator: rollback and unlock, no reveal.
+    let operator = cookie("operator@x.io");
+    let page = env.page("/ui/workspaces/dev-a", &operator).await;
+    assert!(
+        page.contains("/unlock") && page.contains("/rollback"),
+        "{page}"
+    );
+    assert!(!page.contains("/download"), "{page}");
+    // An admin: everything.
+    let admin = cookie("admin@x.io");
+    let page = env.page("/ui/workspaces/dev-a/versions/1", &admin).await;
+    assert!(
+        page.contains("/reveal") && page.contains("/download"),
+        "{page}"
+    );
+    // Limited to dev-*: the header says so, no clusters link, prod-x listed nowhere.
+    let limited = cookie("admin-dev@x.io");
+    let page = env.page("/ui/workspaces", &limited).await;
+    assert!(page.contains("admin (dev-*)"), "{page}");
+    assert!(!page.contains("/ui/clusters"), "{page}");
+    for path in [
+        "/ui/workspaces",
+        "/ui/search?q=terraform_data",
+        "/ui/audit",
+        "/ui/drift",
+    ] {
+        let page = env.page(path, &limited).await;
+        assert!(!page.contains("prod-x"), "{path}: {page}");
+        assert!(page.contains("dev-a"), "{path}: {page}");
+    }
+    let page = env.page("/ui/workspaces", &viewer).await;
+    assert!(
+        page.contains("prod-x") && page.contains("/ui/clusters"),
+        "{page}"
+    );
+    // A changed role holds at once for an open session, both ways.
+    let set = |role: &'static str| {
+        let grant = stategate::operator::roles::Grant::parse(role, None).unwrap();
+        env.server
+            .app
+            .operator
+            .admin_write(move |c| operators::set_operator_grant(c, "viewer@x.io", &grant, "test"))
+    };
+    set("operator").await.unwrap();
+    let page = env.page("/ui/workspaces/dev-a", &viewer).await;
+    assert!(
+        page.contains("/unlock") && page.contains("operator"),
+        "{page}"
+    );
+    set("viewer").await.unwrap();
+    let csrf = &sessions.iter().find(|s| s.0 == "viewer@x.io").unwrap().4;
+    let r = env
+        .post(
+            "/ui/workspaces/dev-a/unlock",
+            &viewer,
+            &[("csrf", csrf), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(env.locked("dev-a"));
+}

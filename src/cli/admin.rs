@@ -14,6 +14,7 @@ use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::config::Config;
 use stategate::installation;
 use stategate::operator::identity as operators;
+use stategate::operator::roles::Grant;
 use stategate::store::{audit, blob::create_private_dir, Db};
 use stategate::tokens;
 
@@ -59,6 +60,33 @@ pub enum OperatorCommand {
     Create {
         #[arg(long)]
         email: String,
+        /// viewer (masked reads, diffs, history, audit, search, drift list), operator
+        /// (+ force-unlock, rollback, restore, drift run and approve) or admin
+        /// (+ reveal and download of unmasked state).
+        #[arg(long, default_value = "admin")]
+        role: String,
+        /// Limit the operator to these workspaces: comma-separated names or patterns
+        /// where `*` matches anything (`prod-*,shared`). Default: every workspace.
+        #[arg(long)]
+        workspaces: Option<String>,
+    },
+    /// List operators with their role and workspace patterns.
+    List {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change an operator's role and workspace patterns (holds at once, also for
+    /// open UI sessions).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        /// viewer, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// Comma-separated names or `*` patterns; default: every workspace.
+        #[arg(long)]
+        workspaces: Option<String>,
     },
     /// Operator tokens.
     Token {
@@ -227,7 +255,17 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
             TokenCommand::Revoke { id } => revoke_token(config, id),
         },
         AdminCommand::Operator { command } => match command {
-            OperatorCommand::Create { email } => create_operator(config, email),
+            OperatorCommand::Create {
+                email,
+                role,
+                workspaces,
+            } => create_operator(config, email, &role, workspaces.as_deref()),
+            OperatorCommand::List { json } => list_operators(config, json),
+            OperatorCommand::SetRole {
+                email,
+                role,
+                workspaces,
+            } => set_operator_role(config, email, &role, workspaces.as_deref()),
             OperatorCommand::Token { command } => match command {
                 OperatorTokenCommand::Create { email } => create_operator_token(config, email),
                 OperatorTokenCommand::List { json } => list_operator_tokens(config, json),
@@ -473,11 +511,51 @@ pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
     db.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
 }
 
-pub fn create_operator(config: &Config, email: String) -> anyhow::Result<()> {
+/// The role and patterns are checked before the database is opened: a bad one creates nothing.
+pub fn create_operator(
+    config: &Config,
+    email: String,
+    role: &str,
+    workspaces: Option<&str>,
+) -> anyhow::Result<()> {
+    let grant = Grant::parse(role, workspaces)?;
     let token = AdminDb::open(config)?
-        .write(move |c| operators::create_operator(c, &email, &operator()))?;
+        .write(move |c| operators::create_operator_with(c, &email, &grant, &operator()))?;
     print_token(&token);
     Ok(())
+}
+
+pub fn set_operator_role(
+    config: &Config,
+    email: String,
+    role: &str,
+    workspaces: Option<&str>,
+) -> anyhow::Result<()> {
+    let grant = Grant::parse(role, workspaces)?;
+    AdminDb::open(config)?
+        .write(move |c| operators::set_operator_grant(c, &email, &grant, &operator()))
+}
+
+pub fn list_operators(config: &Config, json: bool) -> anyhow::Result<()> {
+    let rows = AdminDb::open(config)?.read(operators::list_operators)?;
+    listing(
+        &rows,
+        json,
+        "no operators",
+        &["EMAIL", "ROLE", "WORKSPACES", "CREATED"],
+        |o| {
+            vec![
+                o.email.clone(),
+                o.role.clone(),
+                if o.workspaces.is_empty() {
+                    "(all)".into()
+                } else {
+                    o.workspaces.clone()
+                },
+                when(&o.created_at),
+            ]
+        },
+    )
 }
 
 pub fn create_operator_token(config: &Config, email: String) -> anyhow::Result<()> {

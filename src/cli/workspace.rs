@@ -272,7 +272,10 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
 
 pub fn list(config: &Config, json: bool) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
-    let rows = o.run(o.ops.list_workspaces())?;
+    let rows = o.run(
+        o.ops
+            .list_workspaces(&stategate::operator::roles::Grant::ROOT),
+    )?;
     if json {
         json_lines(&rows)?;
     } else if rows.is_empty() {

@@ -1,5 +1,6 @@
 //! HTTP framing for the operator API (`crate::operator`, docs/admin-api.md): the
-//! operator bearer first, then the request's own values (names, numbers, the small
+//! operator bearer first, then whether its role allows the route (`super::guard`,
+//! before the body is read), then the request's own values (names, numbers, the small
 //! JSON body), then the operation; every answer is JSON and every refusal the shared
 //! `{"error": …}`. No SQL or blobs here: each route is one `Operations` call.
 
@@ -32,6 +33,10 @@ pub(super) async fn handle(
         .authenticate(token)
         .await
         .map_err(Failure::early)?;
+    // 2. may this operator do this (403, one body for every reason; nothing read yet).
+    super::guard::permit(app, &who, action.name(), super::guard::admin_need(&action))
+        .await
+        .map_err(Failure::early)?;
     let limit = if action.takes_body() {
         MAX_ADMIN_BODY
     } else {
@@ -41,7 +46,7 @@ pub(super) async fn handle(
         .await
         .map_err(Failure::early)?;
     let fail = Failure::after_body(body.len());
-    // 2. input, 3. state: both inside `run`, in that order.
+    // 3. input, 4. state: both inside `run`, in that order.
     let reply = run(app, &who, action, &body).await.map_err(&fail)?;
     Ok(Handled::done(reply, body.len()).holding(held))
 }
@@ -103,10 +108,14 @@ async fn run(
     let ops = &app.operator;
     let actor = who.actor();
     Ok(match action {
-        AdminAction::WhoAmI => ok(serde_json::json!({ "email": who.email })),
+        AdminAction::WhoAmI => ok(serde_json::json!({
+            "email": who.email,
+            "role": who.grant.role.as_str(),
+            "workspaces": who.grant.patterns.iter().map(|p| p.as_str()).collect::<Vec<_>>(),
+        })),
         AdminAction::Workspaces => ok(serde_json::json!({
             "stale_after_seconds": ops.stale_after(),
-            "workspaces": ops.list_workspaces().await?,
+            "workspaces": ops.list_workspaces(&who.grant).await?,
         })),
         AdminAction::Workspace { workspace: w } => {
             ok(serde_json::to_value(ops.workspace(workspace(&w)?).await?).unwrap_or_default())
@@ -241,11 +250,11 @@ async fn run(
                 .ok_or_else(|| {
                     ApiError::BadRequest(format!("limit must be 1-{MAX_AUDIT_LIMIT}"))
                 })?;
-            ok(serde_json::json!({ "audit": ops.audit(filter, limit).await? }))
+            ok(serde_json::json!({ "audit": ops.audit(filter, limit, &who.grant).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
         AdminAction::Search { q } => ok(serde_json::to_value(
-            ops.search(q.as_deref().unwrap_or("")).await?,
+            ops.search(q.as_deref().unwrap_or(""), &who.grant).await?,
         )
         .unwrap_or_default()),
         AdminAction::Drift {
@@ -257,10 +266,8 @@ async fn run(
                 .ok()
                 .filter(|n| *n <= MAX_LIST)
                 .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))?;
-            ok(serde_json::json!({
-                "checks": app.drift.checks().await?,
-                "runs": app.drift.runs(w, limit).await?,
-            }))
+            let (checks, runs) = super::guard::visible_drift(app, &who.grant, w, limit).await?;
+            ok(serde_json::json!({ "checks": checks, "runs": runs }))
         }
         AdminAction::DriftRun { run } => {
             let (run, output) = app.drift.show(required("run", Some(&run))?).await?;

@@ -15,6 +15,7 @@ pub mod body;
 mod cluster;
 pub mod conditional;
 pub mod edge;
+mod guard;
 pub mod login_guard;
 mod params;
 pub mod pass_through;

@@ -1,6 +1,7 @@
 //! HTTP framing for the web UI (`crate::ui`): the session cookie first (no session →
 //! 303 to the login page, before anything is read or shown; a login first passes
-//! `login_guard`: same origin, not throttled, an operator token's shape), then the form body
+//! `login_guard`: same origin, not throttled, an operator token's shape), then whether
+//! the operator's role allows the route (`super::guard`: 403, nothing read), then the form body
 //! (bounded, urlencoded) and its CSRF token, then one `Operations` (or, for drift,
 //! `DriftService`) call and its page.
 //! Every answer carries the UI's security headers. No SQL or blobs here.
@@ -229,8 +230,15 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
             let chrome = Chrome {
                 email: &me.operator.email,
                 csrf: &me.csrf,
+                grant: &me.operator.grant,
                 now,
             };
+            // May this operator do this? Before the form is read (403, one page for
+            // every reason; nothing changes).
+            let need = super::guard::ui_need(&route);
+            if let Err(e) = super::guard::permit(app, &me.operator, route.name(), need).await {
+                return (error_page(Some(&chrome), &e), 0, false);
+            }
             if !route.takes_form() {
                 let answer = page(app, &chrome, route)
                     .await
@@ -361,7 +369,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let filter = filter.unwrap_or_default();
             let needle = filter.trim().to_lowercase();
             let rows: Vec<_> = ops
-                .list_workspaces()
+                .list_workspaces(chrome.grant)
                 .await?
                 .into_iter()
                 .filter(|w| w.name.to_lowercase().contains(&needle))
@@ -440,7 +448,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             if query.trim().is_empty() {
                 return ok(pages::search(chrome, "", None));
             }
-            let results = ops.search(&query).await?;
+            let results = ops.search(&query, chrome.grant).await?;
             ok(pages::search(chrome, &query, Some(&results)))
         }
         UiRoute::Diff {
@@ -484,7 +492,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 until: instant("until", &form.until)?,
                 before_id: number("before", before.as_deref())?,
             };
-            let mut rows = ops.audit(filter, AUDIT_PER_PAGE).await?;
+            let mut rows = ops.audit(filter, AUDIT_PER_PAGE, chrome.grant).await?;
             rows.reverse();
             let older = (rows.len() == AUDIT_PER_PAGE as usize)
                 .then(|| rows.last().map(|r| older_href(&form, r.id)))
@@ -506,8 +514,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                     .filter(|n| (1..=MAX_LIST).contains(n))
                     .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))
             })?;
-            let checks = app.drift.checks().await?;
-            let runs = app.drift.runs(filter.clone(), limit).await?;
+            let (checks, runs) =
+                super::guard::visible_drift(app, chrome.grant, filter.clone(), limit).await?;
             let shown = filter.unwrap_or_default();
             let more = (runs.len() == limit as usize && limit < MAX_LIST)
                 .then(|| drift_more_href(&shown, (limit * 2).min(MAX_LIST)));

@@ -2,9 +2,12 @@
 //! API and whose actions the audit log names. Their tokens (`sgo_`) are issued, hashed,
 //! looked up and revoked by `crate::tokens` like every other secret (kind `operator`);
 //! a revoked token keeps its row (`revoked_at`), so listings show what was revoked.
+//! Each operator has a [`Grant`] (a role and optional workspace patterns, `roles`),
+//! kept in `operator_grants`; operators from before roles existed become `admin`.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::roles::{Grant, Pattern, Role};
 use crate::cluster::identity::{normalize_email, AdminError, TokenRow};
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::tokens::{self, Kind, NewToken};
@@ -16,6 +19,16 @@ CREATE TABLE IF NOT EXISTS operators (
     email       TEXT NOT NULL UNIQUE,
     created_at  TEXT NOT NULL
 );
+
+-- What each operator may do (`operator::roles`). `workspaces`: comma-separated
+-- patterns, empty when not limited.
+CREATE TABLE IF NOT EXISTS operator_grants (
+    operator_id INTEGER PRIMARY KEY REFERENCES operators(id),
+    role        TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+    workspaces  TEXT NOT NULL DEFAULT ''
+);
+-- Operators created before roles existed keep what they could do: everything.
+INSERT OR IGNORE INTO operator_grants (operator_id, role) SELECT id, 'admin' FROM operators;
 "#;
 
 /// Prefix of every operator token.
@@ -26,6 +39,8 @@ pub const OPERATOR_TOKEN_PREFIX: &str = Kind::Operator.prefix();
 pub struct Operator {
     pub id: i64,
     pub email: String,
+    /// What the operator may do; checked by `http::guard` before every operation.
+    pub grant: Grant,
 }
 
 impl Operator {
@@ -58,16 +73,67 @@ pub fn live_operator_token(
     Ok(operator_by_id(conn, id)?.map(|operator| (live.sha256, operator)))
 }
 
+/// A stored grant. The table's CHECK and `create_operator` admit only valid ones; a
+/// row that still does not read (edited by hand) grants nothing rather than everything.
+fn stored_grant(role: Option<String>, workspaces: Option<String>) -> Grant {
+    let role = role.as_deref().and_then(|r| Role::parse(r).ok());
+    match (role, workspaces.as_deref()) {
+        (Some(role), Some(list)) => {
+            Grant::parse(role.as_str(), Some(list)).unwrap_or_else(|_| Grant {
+                role: Role::Viewer,
+                patterns: vec![Pattern::nothing()],
+            })
+        }
+        _ => Grant {
+            role: Role::Viewer,
+            patterns: vec![Pattern::nothing()],
+        },
+    }
+}
+
+const SELECT_OPERATOR: &str = "SELECT o.id, o.email, g.role, g.workspaces, o.created_at
+       FROM operators o LEFT JOIN operator_grants g ON g.operator_id = o.id";
+
+fn operator_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Operator> {
+    Ok(Operator {
+        id: r.get(0)?,
+        email: r.get(1)?,
+        grant: stored_grant(r.get(2)?, r.get(3)?),
+    })
+}
+
 /// The operator with this id.
 pub fn operator_by_id(conn: &Connection, id: i64) -> Result<Option<Operator>, rusqlite::Error> {
-    conn.prepare_cached("SELECT id, email FROM operators WHERE id = ?1")?
-        .query_row([id], |r| {
-            Ok(Operator {
-                id: r.get(0)?,
-                email: r.get(1)?,
-            })
-        })
+    conn.prepare_cached(&format!("{SELECT_OPERATOR} WHERE o.id = ?1"))?
+        .query_row([id], operator_row)
         .optional()
+}
+
+/// One row of `admin operator list`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OperatorRow {
+    pub email: String,
+    pub role: String,
+    /// Comma-separated patterns; empty when not limited.
+    pub workspaces: String,
+    pub created_at: String,
+}
+
+/// Every operator with its role, by email.
+pub fn list_operators(conn: &Connection) -> Result<Vec<OperatorRow>, AdminError> {
+    let mut stmt = conn.prepare(&format!("{SELECT_OPERATOR} ORDER BY o.email"))?;
+    let rows = stmt
+        .query_map([], |r| {
+            let op = operator_row(r)?;
+            Ok(OperatorRow {
+                email: op.email,
+                role: op.grant.role.as_str().into(),
+                workspaces: op.grant.workspaces(),
+                created_at: r.get(4)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
 }
 
 fn audit(
@@ -99,8 +165,20 @@ fn insert_token(conn: &Connection, operator_id: i64) -> Result<tokens::Issued, A
     )?)
 }
 
-/// Creates an operator and its first token (returned: the only time it exists in clear).
+/// Creates an `admin` operator (not limited) and its first token (returned: the only
+/// time it exists in clear).
 pub fn create_operator(conn: &Connection, email: &str, actor: &str) -> Result<String, AdminError> {
+    create_operator_with(conn, email, &Grant::ROOT, actor)
+}
+
+/// Creates an operator with `grant` and its first token (returned: the only time it
+/// exists in clear).
+pub fn create_operator_with(
+    conn: &Connection,
+    email: &str,
+    grant: &Grant,
+    actor: &str,
+) -> Result<String, AdminError> {
     let email = normalize_email(email)?;
     let inserted = conn.execute(
         "INSERT INTO operators (email, created_at) VALUES (?1, ?2) ON CONFLICT (email) DO NOTHING",
@@ -111,14 +189,58 @@ pub fn create_operator(conn: &Connection, email: &str, actor: &str) -> Result<St
             "an operator with email {email:?} already exists (use `admin operator token create` for another token)"
         )));
     }
-    let token = insert_token(conn, conn.last_insert_rowid())?;
+    let id = conn.last_insert_rowid();
+    conn.execute(
+        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)",
+        params![id, grant.role.as_str(), grant.workspaces()],
+    )?;
+    let token = insert_token(conn, id)?;
     audit(
         conn,
         actor,
         "admin.operator_created",
-        serde_json::json!({ "email": email }),
+        serde_json::json!({
+            "email": email,
+            "role": grant.role.as_str(),
+            "workspaces": grant.workspaces(),
+        }),
     )?;
     Ok(token.secret)
+}
+
+/// Changes an existing operator's role and patterns. It holds at once, also for the
+/// operator's open UI sessions (every request reads the grant). Audited as
+/// `admin.operator_role_set` with the old and the new grant.
+pub fn set_operator_grant(
+    conn: &Connection,
+    email: &str,
+    grant: &Grant,
+    actor: &str,
+) -> Result<(), AdminError> {
+    let email = normalize_email(email)?;
+    let found = conn
+        .query_row(
+            &format!("{SELECT_OPERATOR} WHERE o.email = ?1"),
+            [&email],
+            operator_row,
+        )
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no operator with email {email:?}")))?;
+    conn.execute(
+        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
+         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
+        params![found.id, grant.role.as_str(), grant.workspaces()],
+    )?;
+    audit(
+        conn,
+        actor,
+        "admin.operator_role_set",
+        serde_json::json!({
+            "email": email,
+            "from": { "role": found.grant.role.as_str(), "workspaces": found.grant.workspaces() },
+            "to": { "role": grant.role.as_str(), "workspaces": grant.workspaces() },
+        }),
+    )
 }
 
 /// Another token for an existing operator (earlier tokens stay valid).
@@ -195,7 +317,70 @@ pub fn revoke_operator_token(conn: &Connection, id: &str, actor: &str) -> Result
 mod tests {
     use super::*;
     use crate::cluster::identity::tests::test_db;
+    use crate::operator::roles::{Action, Target};
     use crate::store::audit::list_audit;
+
+    #[test]
+    fn grants_are_stored_and_operators_from_before_roles_are_admins() {
+        let (_dir, conn) = test_db();
+        let grant = Grant::parse("viewer", Some("dev-*")).unwrap();
+        let token = create_operator_with(&conn, "v@x.io", &grant, "cli:root").unwrap();
+        let me = operator_by_token(&conn, token.as_bytes()).unwrap().unwrap();
+        assert_eq!(me.grant, grant);
+        // An operator created before `operator_grants` existed: no row until the
+        // schema runs again (every start), then an admin of everything.
+        conn.execute(
+            "INSERT INTO operators (email, created_at) VALUES ('old@x.io', 'then')",
+            [],
+        )
+        .unwrap();
+        let old = conn.last_insert_rowid();
+        conn.execute_batch(SCHEMA).unwrap();
+        let old = operator_by_id(&conn, old).unwrap().unwrap();
+        assert_eq!(old.grant, Grant::ROOT);
+        // Running it again changes no grant that exists.
+        conn.execute_batch(SCHEMA).unwrap();
+        assert_eq!(operator_by_id(&conn, me.id).unwrap().unwrap().grant, grant);
+        // A grant row that does not read (edited by hand) grants nothing at all.
+        conn.execute(
+            "UPDATE operator_grants SET workspaces = 'a/b' WHERE operator_id = ?1",
+            [me.id],
+        )
+        .unwrap();
+        let broken = operator_by_id(&conn, me.id).unwrap().unwrap().grant;
+        assert!(!broken.may(Action::Read, Target::Workspace("dev-1")));
+        assert!(!broken.may(Action::Read, Target::Site));
+        assert!(!broken.sees("dev-1"));
+        let listed = list_operators(&conn).unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|r| (r.email.as_str(), r.role.as_str()))
+                .collect::<Vec<_>>(),
+            [("old@x.io", "admin"), ("v@x.io", "viewer")]
+        );
+        let created = list_audit(&conn, Some("operators"), None, 10).unwrap();
+        assert_eq!(created[0].payload["role"], "viewer");
+        assert_eq!(created[0].payload["workspaces"], "dev-*");
+        // Changing a grant holds at once; an unknown operator is an error.
+        let to = Grant::parse("operator", Some("prod-*")).unwrap();
+        set_operator_grant(&conn, "V@x.io", &to, "cli:root").unwrap();
+        assert_eq!(
+            operator_by_token(&conn, token.as_bytes())
+                .unwrap()
+                .unwrap()
+                .grant,
+            to
+        );
+        assert!(matches!(
+            set_operator_grant(&conn, "who@x.io", &to, "cli:root"),
+            Err(AdminError::NotFound(_))
+        ));
+        let last = list_audit(&conn, Some("operators"), None, 10).unwrap();
+        let last = last.last().unwrap();
+        assert_eq!(last.event, "admin.operator_role_set");
+        assert_eq!(last.payload["to"]["role"], "operator");
+    }
 
     #[test]
     fn operator_lifecycle() {

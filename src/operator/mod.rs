@@ -4,7 +4,10 @@
 //! (`http::admin`) and the web UI (`crate::ui`), so they can never disagree. Operators
 //! authenticate with their own tokens (`identity`); every change is audited with the
 //! operator's identity in the change's transaction, and so is every read that hands out
-//! unmasked state (`reveal`, event `state.revealed`).
+//! unmasked state (`reveal`, event `state.revealed`). What an operator may do is its
+//! `roles::Grant` (a role and optional workspace patterns), checked by the HTTP edge
+//! before any of these runs; the listings (`list_workspaces`, `search`, `audit`) take
+//! the grant and return only what it sees. The CLI passes `Grant::ROOT`.
 //!
 //! Functions take plain values and return plain results or a typed `ApiError`; lock
 //! and lease staleness is judged here, against `locks.stale_after_seconds` and the
@@ -12,6 +15,7 @@
 
 pub mod diff;
 pub mod identity;
+pub mod roles;
 pub mod search;
 
 use rusqlite::Connection;
@@ -28,12 +32,15 @@ use crate::tofu::lock::{all_locks, held_lock_since, HeldLock};
 use crate::tofu::TofuBackend;
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
+use roles::Grant;
 pub use search::{SearchLimits, SearchResults};
 
 /// Longest `Who`/`Operation` shown from a client's LockInfo.
 const MAX_LOCK_FIELD: usize = 256;
 /// Most audit rows one listing returns.
 pub const MAX_AUDIT_LIMIT: u32 = 1000;
+/// Most audit rows read to fill one page for an operator limited to workspace patterns.
+pub const MAX_AUDIT_SCANNED: u32 = 20 * MAX_AUDIT_LIMIT;
 /// The audit event of every unmasked read of a workspace's state by an operator.
 pub const EVENT_REVEALED: &str = "state.revealed";
 
@@ -319,15 +326,19 @@ impl Operations {
         read.map_err(admin_error)
     }
 
-    pub async fn list_workspaces(&self) -> Result<Vec<WorkspaceSummary>, ApiError> {
+    /// Every workspace `grant` sees (an operator limited to `dev-*` never learns that
+    /// `prod-x` exists); [`Grant::ROOT`] for the CLI and housekeeping.
+    pub async fn list_workspaces(&self, grant: &Grant) -> Result<Vec<WorkspaceSummary>, ApiError> {
         let (now, stale) = (Self::now(), self.stale_after);
-        Ok(self.db.read(move |c| workspace_rows(c, now, stale)).await?)
+        let mut rows = self.db.read(move |c| workspace_rows(c, now, stale)).await?;
+        rows.retain(|w| grant.sees(&w.name));
+        Ok(rows)
     }
 
     /// One workspace's summary (404 when it has neither versions nor a lock).
     pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, ApiError> {
         validate_workspace(workspace)?;
-        self.list_workspaces()
+        self.list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
             .find(|w| w.name == workspace)
@@ -516,12 +527,13 @@ impl Operations {
 
     /// Resources whose address contains `query`, across every workspace's newest version
     /// (bounded by [`Self::search_limits`]; see [`search`]). A version that cannot be
-    /// read is listed as unreadable (and logged), not skipped silently.
-    pub async fn search(&self, query: &str) -> Result<SearchResults, ApiError> {
+    /// read is listed as unreadable (and logged), not skipped silently. Only the
+    /// workspaces `grant` sees are searched.
+    pub async fn search(&self, query: &str, grant: &Grant) -> Result<SearchResults, ApiError> {
         let limits = self.search_limits;
         let needle = search::needle(query)?;
         let mut workspaces: Vec<WorkspaceSummary> = self
-            .list_workspaces()
+            .list_workspaces(grant)
             .await?
             .into_iter()
             .filter(|w| !w.deleted && w.version.is_some())
@@ -600,15 +612,57 @@ impl Operations {
         })
     }
 
-    pub async fn audit(&self, filter: AuditFilter, limit: u32) -> Result<Vec<AuditRow>, ApiError> {
+    /// Audit rows, newest first. An operator limited to workspace patterns sees only
+    /// the rows of the workspaces it sees (`tf/<ws>`), nothing site-wide; the log is
+    /// read page by page until `limit` such rows are found or
+    /// [`MAX_AUDIT_SCANNED`] rows were read (then the page is short).
+    pub async fn audit(
+        &self,
+        filter: AuditFilter,
+        limit: u32,
+        grant: &Grant,
+    ) -> Result<Vec<AuditRow>, ApiError> {
         if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
             return Err(ApiError::BadRequest(format!(
                 "limit must be 1-{MAX_AUDIT_LIMIT}"
             )));
         }
+        if !grant.is_limited() {
+            return Ok(self
+                .db
+                .read(move |c| list_audit_filtered(c, &filter, limit))
+                .await?);
+        }
+        let grant = grant.clone();
         Ok(self
             .db
-            .read(move |c| list_audit_filtered(c, &filter, limit))
+            .read(move |c| -> Result<Vec<AuditRow>, rusqlite::Error> {
+                let visible = |row: &AuditRow| {
+                    row.scope
+                        .strip_prefix(crate::tofu::SCOPE_PREFIX)
+                        .is_some_and(|w| grant.sees(w))
+                };
+                // Each page comes oldest first, like the listing itself; `out` is
+                // newest first until the end.
+                let mut filter = filter;
+                let (mut out, mut scanned) = (Vec::new(), 0u32);
+                while scanned < MAX_AUDIT_SCANNED {
+                    let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;
+                    let Some(oldest) = page.first().map(|r| r.id) else {
+                        break;
+                    };
+                    scanned += page.len() as u32;
+                    let full = page.len() == MAX_AUDIT_LIMIT as usize;
+                    out.extend(page.into_iter().rev().filter(visible));
+                    if out.len() >= limit as usize || !full {
+                        break;
+                    }
+                    filter.before_id = Some(oldest);
+                }
+                out.truncate(limit as usize);
+                out.reverse();
+                Ok(out)
+            })
             .await?)
     }
 
@@ -654,7 +708,7 @@ impl Operations {
     /// Seconds each workspace lock and each cluster lease has been held (for `/metrics`).
     pub async fn held_locks(&self) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), ApiError> {
         let locks = self
-            .list_workspaces()
+            .list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
             .filter_map(|w| w.lock.map(|l| (w.name, l.age_seconds)))
@@ -671,7 +725,7 @@ impl Operations {
     /// Locks held longer than the stale threshold (logged by `serve` as warnings).
     pub async fn stale_locks(&self) -> Result<Vec<(String, LockState)>, ApiError> {
         Ok(self
-            .list_workspaces()
+            .list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
             .filter_map(|w| w.lock.filter(|l| l.stale).map(|l| (w.name, l)))

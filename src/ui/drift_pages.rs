@@ -10,6 +10,7 @@ use super::layout::{
     dash, exact_pattern, layout, layout_refreshing, unix_seconds, when, ws_href, Chrome,
 };
 use crate::drift::{Changes, CheckSummary, Kind, Outcome, Run, RunOutput};
+use crate::operator::roles::Action;
 
 /// How often a page showing a run that is still going reloads itself (seconds).
 const REFRESH_WHILE_RUNNING: u32 = 2;
@@ -127,7 +128,11 @@ fn check_settings(c: &CheckSummary) -> String {
     format!("{binary} · {every}{approval}")
 }
 
+/// Only for an operator allowed to run checks there (the server refuses the others).
 fn run_check_button(chrome: &Chrome, check: &CheckSummary) -> Markup {
+    if !chrome.may(Action::Operate, &check.workspace) {
+        return html! {};
+    }
     html! {
         form.link method="post" action=(format!("/ui/drift/{}/run", check.workspace)) {
             input type="hidden" name="csrf" value=(chrome.csrf);
@@ -333,7 +338,7 @@ pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
             }
             dt { "Message" } dd #message { (run.message.as_deref().unwrap_or("–")) }
         } }
-        @if run.approvable {
+        @if run.approvable && chrome.may(Action::Operate, &run.workspace) {
             (approve_form(chrome, run))
         } @else if let Some(why) = not_approvable(run, now) {
             p.notice.warn #not-approvable { (why) }
@@ -406,6 +411,7 @@ mod tests {
         let chrome = Chrome {
             email: evil,
             csrf: evil,
+            grant: &crate::operator::roles::Grant::ROOT,
             now: 0,
         };
         let r = run_with(Some(Outcome::Drifted), evil);
@@ -478,6 +484,7 @@ mod tests {
         let chrome = Chrome {
             email: "a",
             csrf: "c",
+            grant: &crate::operator::roles::Grant::ROOT,
             now: 10,
         };
         for (r, says) in [
@@ -509,6 +516,7 @@ mod tests {
         let chrome = Chrome {
             email: "a",
             csrf: "c",
+            grant: &crate::operator::roles::Grant::ROOT,
             now: 10,
         };
         let done = Run {
@@ -540,6 +548,7 @@ mod tests {
         let chrome = Chrome {
             email: "a",
             csrf: "c",
+            grant: &crate::operator::roles::Grant::ROOT,
             now: 0,
         };
         let view = RunsView {

@@ -5,11 +5,33 @@
 
 use maud::{html, Markup, DOCTYPE};
 
+use crate::operator::roles::{Action, Grant, Target};
+
 /// What every signed-in page shows in its header, and the clock pages are rendered at.
 pub struct Chrome<'a> {
     pub email: &'a str,
     pub csrf: &'a str,
+    /// The operator's role and patterns: the header shows them, and pages offer only
+    /// the actions they allow (the server refuses the others anyway, `http::guard`).
+    pub grant: &'a Grant,
     pub now: i64,
+}
+
+impl Chrome<'_> {
+    /// Is `action` on `workspace` offered on this page?
+    pub fn may(&self, action: Action, workspace: &str) -> bool {
+        self.grant.may(action, Target::Workspace(workspace))
+    }
+
+    /// The header's role: `viewer`, or `viewer (dev-*, stage)` when limited.
+    fn role(&self) -> String {
+        let role = self.grant.role.as_str();
+        if self.grant.is_limited() {
+            format!("{role} ({})", self.grant.workspaces().replace(',', ", "))
+        } else {
+            role.to_string()
+        }
+    }
 }
 
 const PAGE_TITLE_SUFFIX: &str = " · stategate";
@@ -43,12 +65,16 @@ pub fn layout_refreshing(
                         nav {
                             a href="/ui/workspaces" { "Workspaces" }
                             a href="/ui/audit" { "Audit" }
-                            a href="/ui/clusters" { "Clusters" }
+                            @if c.grant.may(Action::Read, Target::Site) {
+                                a href="/ui/clusters" { "Clusters" }
+                            }
                             a href="/ui/drift" { "Drift" }
                             a href="/ui/search" { "Search" }
                         }
                         form method="post" action="/ui/logout" {
                             span.who { (c.email) }
+                            " "
+                            span.role title="your operator role" { (c.role()) }
                             input type="hidden" name="csrf" value=(c.csrf);
                             button type="submit" { "Log out" }
                         }

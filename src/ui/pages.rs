@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::drift::CheckSummary;
 use crate::operator::diff::{AttributeChange, Change, StateDiff};
+use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
 use crate::store::audit::AuditRow;
@@ -169,19 +170,21 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
                 dt { "Held since" } dd { (when(&lock.created_at, chrome.now)) }
                 dt { "Lock ID" } dd { code { (lock.id) } }
             }
-            p {
-                "Force-unlocking breaks " strong { (lock.who) } "’s " (lock.operation)
-                ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
-                "Only do this when that run is dead."
-            }
-            form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
-                input type="hidden" name="csrf" value=(chrome.csrf);
-                input type="hidden" name="lock_id" value=(lock.id);
-                label.check {
-                    input type="checkbox" name="confirm" value="yes" required;
-                    " I understand; break this lock"
+            @if chrome.may(Action::Operate, &ws.name) {
+                p {
+                    "Force-unlocking breaks " strong { (lock.who) } "’s " (lock.operation)
+                    ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
+                    "Only do this when that run is dead."
                 }
-                button.danger type="submit" { "Force unlock" }
+                form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
+                    input type="hidden" name="csrf" value=(chrome.csrf);
+                    input type="hidden" name="lock_id" value=(lock.id);
+                    label.check {
+                        input type="checkbox" name="confirm" value="yes" required;
+                        " I understand; break this lock"
+                    }
+                    button.danger type="submit" { "Force unlock" }
+                }
             }
         }
     }
@@ -235,8 +238,10 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
                             span.badge.deleted { "deleted" }
                         } @else {
                             a href=(version_href(ws, v.version)) { "view" }
-                            " · "
-                            (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
+                            @if chrome.may(Action::Reveal, ws) {
+                                " · "
+                                (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
+                            }
                         }
                     }
                 } } }
@@ -316,10 +321,12 @@ pub fn workspace(
         (versions_table(chrome, &ws.name, versions))
         h2 { "Compare two versions" }
         (diff_form(&ws.name, live.get(1).copied(), live.first().copied()))
-        h2 { "Roll back" }
-        (rollback_form(ws, live.get(1).copied()))
-        h2 { "Write guard" }
-        (allow_write_form(chrome, &ws.name))
+        @if chrome.may(Action::Operate, &ws.name) {
+            h2 { "Roll back" }
+            (rollback_form(ws, live.get(1).copied()))
+            h2 { "Write guard" }
+            (allow_write_form(chrome, &ws.name))
+        }
     };
     layout(&ws.name, Some(chrome), body)
 }
@@ -343,14 +350,16 @@ pub fn version(
             dt { "When" } dd { (when(&row.created_at, chrome.now)) }
             dt { "SHA-256" } dd { code { (row.sha256.as_deref().unwrap_or("–")) } }
         } }
-        div.actions #reveal {
-            (post_button(chrome.csrf, &format!("{base}/download"), "Download .tfstate"))
-            @if revealed {
-                a href=(base) { "Mask sensitive values" }
-            } @else if matches!(content, Content::Json(_)) {
-                (post_button(chrome.csrf, &format!("{base}/reveal"), "Show sensitive values"))
+        @if chrome.may(Action::Reveal, workspace) {
+            div.actions #reveal {
+                (post_button(chrome.csrf, &format!("{base}/download"), "Download .tfstate"))
+                @if revealed {
+                    a href=(base) { "Mask sensitive values" }
+                } @else if matches!(content, Content::Json(_)) {
+                    (post_button(chrome.csrf, &format!("{base}/reveal"), "Show sensitive values"))
+                }
+                span.muted { "Showing or downloading the real values is recorded in the audit log." }
             }
-            span.muted { "Showing or downloading the real values is recorded in the audit log." }
         }
         @match content {
             Content::Json(text) => {
@@ -361,7 +370,10 @@ pub fn version(
                 }
                 pre #content { (text) }
             }
-            Content::NotPlain => p.notice.warn { "This version is not a plain JSON state (encrypted by the client?); download it to inspect it." },
+            Content::NotPlain => p.notice.warn {
+                "This version is not a plain JSON state (encrypted by the client?)"
+                @if chrome.may(Action::Reveal, workspace) { "; download it to inspect it." } @else { "." }
+            },
         }
     };
     layout(&format!("{workspace} v{}", row.version), Some(chrome), body)
@@ -452,22 +464,26 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
                 "No preview: " (why.as_deref().unwrap_or("the versions cannot be compared")) ". The rollback itself still works."
             },
         }
-        h2 { "Confirm" }
-        @if let Some(lock) = &p.lock { (locked_refusal(lock)) }
-        @if let Some(why) = &p.refused { p.notice.warn #rollback-refused { "This rollback would be refused: " (why) } }
-        form.inline #confirm-rollback method="post" action=(format!("{}/rollback", ws_href(name))) {
-            input type="hidden" name="csrf" value=(chrome.csrf);
-            input type="hidden" name="to" value=(p.to_version);
-            input type="hidden" name="from" value=(p.from_version);
-            label {
-                "Type " code { (name) } " to confirm"
-                input type="text" name="confirm" required autocomplete="off"
-                    pattern=(exact_pattern(name));
+        @if chrome.may(Action::Operate, name) {
+            h2 { "Confirm" }
+            @if let Some(lock) = &p.lock { (locked_refusal(lock)) }
+            @if let Some(why) = &p.refused { p.notice.warn #rollback-refused { "This rollback would be refused: " (why) } }
+            form.inline #confirm-rollback method="post" action=(format!("{}/rollback", ws_href(name))) {
+                input type="hidden" name="csrf" value=(chrome.csrf);
+                input type="hidden" name="to" value=(p.to_version);
+                input type="hidden" name="from" value=(p.from_version);
+                label {
+                    "Type " code { (name) } " to confirm"
+                    input type="text" name="confirm" required autocomplete="off"
+                        pattern=(exact_pattern(name));
+                }
+                button.danger type="submit" disabled[p.lock.is_some() || p.refused.is_some()] { "Roll back to version " (p.to_version) }
+                a href=(ws_href(name)) { "Cancel" }
             }
-            button.danger type="submit" disabled[p.lock.is_some() || p.refused.is_some()] { "Roll back to version " (p.to_version) }
-            a href=(ws_href(name)) { "Cancel" }
+            p.muted { "If anything writes to the workspace before you confirm, the rollback is refused and nothing changes; look again." }
+        } @else {
+            p.muted { "Your operator role does not allow a rollback here." }
         }
-        p.muted { "If anything writes to the workspace before you confirm, the rollback is refused and nothing changes; look again." }
     };
     layout(&format!("{name} rollback"), Some(chrome), body)
 }
@@ -630,6 +646,7 @@ mod tests {
         let chrome = Chrome {
             email: evil,
             csrf: evil,
+            grant: &crate::operator::roles::Grant::ROOT,
             now: 0,
         };
         let lock = LockState {

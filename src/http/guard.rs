@@ -1,0 +1,205 @@
+//! The one place the admin API and the web UI ask whether the authenticated operator
+//! may do what a route does (`operator::roles::may`), before any operation runs and
+//! before a body is read. Every route names what it needs here, in exhaustive matches
+//! (a new route does not compile until it says), so none can forget the check.
+//!
+//! A refusal is always `ApiError::NotPermitted` (403, one fixed body) whether the role
+//! lacks the action, the workspace is outside the operator's patterns or the thing is
+//! site-wide; it changes nothing and is not audited (a warning in the server log names
+//! the operator, the route and the workspace, never content). Listings are not refused
+//! but filtered: `Operations::list_workspaces`, `search` and `audit` take the
+//! operator's `Grant`, and the drift listing is filtered by [`visible_drift`].
+
+use super::router::{AdminAction, UiRoute};
+use super::App;
+use crate::drift::{CheckSummary, Run, MAX_LIST};
+use crate::error::ApiError;
+use crate::operator::roles::{Action, Grant, Target};
+use crate::operator::Operator;
+
+/// The drift checks and the newest `limit` runs (of `workspace`, or of all) that
+/// `grant` sees. For an operator limited to patterns the newest [`MAX_LIST`] runs are
+/// read and filtered, so a page is short only when fewer visible runs exist there.
+pub(super) async fn visible_drift(
+    app: &App,
+    grant: &Grant,
+    workspace: Option<String>,
+    limit: u32,
+) -> Result<(Vec<CheckSummary>, Vec<Run>), ApiError> {
+    let mut checks = app.drift.checks().await?;
+    checks.retain(|c| grant.sees(&c.workspace));
+    let read = if grant.is_limited() && workspace.is_none() {
+        MAX_LIST
+    } else {
+        limit
+    };
+    let mut runs = app.drift.runs(workspace, read).await?;
+    runs.retain(|r| grant.sees(&r.workspace));
+    runs.truncate(limit as usize);
+    Ok((checks, runs))
+}
+
+/// What a route is aimed at, before it is resolved to a [`Target`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum On<'a> {
+    Workspace(&'a str),
+    /// A drift run, by its raw id: aimed at the run's workspace.
+    Run(&'a str),
+    Listing,
+    Site,
+}
+
+/// What a route needs; `None`: nothing beyond a live operator (who am I, log out, a
+/// page that does not exist).
+pub(super) type Need<'a> = Option<(Action, On<'a>)>;
+
+fn masked(flag: Option<&str>) -> bool {
+    matches!(flag, Some("1" | "true"))
+}
+
+pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
+    use On::*;
+    Some(match action {
+        AdminAction::WhoAmI => return None,
+        AdminAction::Workspaces | AdminAction::Audit { .. } | AdminAction::Search { .. } => {
+            (Action::Read, Listing)
+        }
+        AdminAction::Drift { workspace, .. } => match workspace.as_deref() {
+            Some(w) if !w.trim().is_empty() => (Action::Read, Workspace(w)),
+            _ => (Action::Read, Listing),
+        },
+        AdminAction::Workspace { workspace }
+        | AdminAction::Versions { workspace, .. }
+        | AdminAction::Diff { workspace, .. }
+        | AdminAction::RollbackPreview { workspace, .. } => (Action::Read, Workspace(workspace)),
+        AdminAction::Version {
+            workspace,
+            masked: m,
+            ..
+        } => {
+            // Anything but an explicit masked read hands out the real values.
+            let action = if masked(m.as_deref()) {
+                Action::Read
+            } else {
+                Action::Reveal
+            };
+            (action, Workspace(workspace))
+        }
+        AdminAction::Rollback { workspace }
+        | AdminAction::Unlock { workspace }
+        | AdminAction::Restore { workspace }
+        | AdminAction::AllowWrite { workspace }
+        | AdminAction::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
+        AdminAction::Clusters => (Action::Read, Site),
+        AdminAction::DriftRun { run } => (Action::Read, Run(run)),
+        AdminAction::DriftApply { run } => (Action::Operate, Run(run)),
+    })
+}
+
+pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
+    use On::*;
+    Some(match route {
+        UiRoute::Stylesheet
+        | UiRoute::LoginForm
+        | UiRoute::Login
+        | UiRoute::Logout
+        | UiRoute::NotFound
+        | UiRoute::NotAllowed { .. } => return None,
+        UiRoute::Workspaces { .. } | UiRoute::Audit { .. } | UiRoute::Search { .. } => {
+            (Action::Read, Listing)
+        }
+        UiRoute::Drift { workspace, .. } => match workspace.as_deref() {
+            Some(w) if !w.trim().is_empty() => (Action::Read, Workspace(w.trim())),
+            _ => (Action::Read, Listing),
+        },
+        UiRoute::Workspace { workspace, .. }
+        | UiRoute::Version { workspace, .. }
+        | UiRoute::Diff { workspace, .. }
+        | UiRoute::RollbackPreview { workspace, .. } => (Action::Read, Workspace(workspace)),
+        UiRoute::Reveal { workspace, .. } | UiRoute::Download { workspace, .. } => {
+            (Action::Reveal, Workspace(workspace))
+        }
+        UiRoute::Rollback { workspace }
+        | UiRoute::Unlock { workspace }
+        | UiRoute::AllowWrite { workspace }
+        | UiRoute::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
+        UiRoute::Clusters => (Action::Read, Site),
+        UiRoute::DriftRun { run } => (Action::Read, Run(run)),
+        UiRoute::DriftApply { run } => (Action::Operate, Run(run)),
+    })
+}
+
+/// Does `who` get to do what `route` (named `route_name` in the log) needs?
+/// `Err(NotPermitted)` if not; nothing is read or changed either way.
+pub(super) async fn permit(
+    app: &App,
+    who: &Operator,
+    route_name: &str,
+    need: Need<'_>,
+) -> Result<(), ApiError> {
+    let Some((action, on)) = need else {
+        return Ok(());
+    };
+    let grant = &who.grant;
+    let allowed = match on {
+        On::Workspace(w) => grant.may(action, Target::Workspace(w)),
+        On::Listing => grant.may(action, Target::Listing),
+        On::Site => grant.may(action, Target::Site),
+        // The role first (a viewer's approval is refused without a lookup); then the
+        // run's workspace. An id that names no run passes here and gets the route's
+        // own 400 or 404, which says nothing about any workspace.
+        On::Run(id) => {
+            grant.may(action, Target::Listing)
+                && match id.parse::<i64>() {
+                    Ok(id) => match app.drift.run(id).await {
+                        Ok(run) => grant.may(action, Target::Workspace(&run.workspace)),
+                        Err(ApiError::NotFound(_)) => true,
+                        Err(e) => return Err(e),
+                    },
+                    Err(_) => true,
+                }
+        }
+    };
+    if allowed {
+        return Ok(());
+    }
+    let workspace: String = match on {
+        On::Workspace(w) | On::Run(w) => w.chars().take(crate::names::MAX_WORKSPACE_LEN).collect(),
+        On::Listing | On::Site => String::new(),
+    };
+    tracing::warn!(
+        operator = %who.email,
+        role = %grant.role,
+        route = route_name,
+        target = %workspace,
+        "operator refused: not permitted"
+    );
+    Err(ApiError::NotPermitted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reveals_need_admin_unless_explicitly_masked() {
+        let version = |masked: Option<&str>| AdminAction::Version {
+            workspace: "w".into(),
+            version: "1".into(),
+            masked: masked.map(str::to_string),
+        };
+        for (flag, action) in [
+            (Some("1"), Action::Read),
+            (Some("true"), Action::Read),
+            (None, Action::Reveal),
+            (Some("0"), Action::Reveal),
+            (Some("yes"), Action::Reveal),
+        ] {
+            assert_eq!(
+                admin_need(&version(flag)),
+                Some((action, On::Workspace("w"))),
+                "{flag:?}"
+            );
+        }
+    }
+}

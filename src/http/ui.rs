@@ -115,16 +115,21 @@ fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-/// The session cookie's value, from any `Cookie` header.
-fn cookie_value(session: &Session) -> Option<String> {
+/// The value of cookie `name`, from any `Cookie` header.
+fn cookie(session: &Session, name: &str) -> Option<String> {
     session
         .req_header()
         .headers
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .find_map(session::from_cookie_header)
+        .find_map(|header| session::cookie_in(header, name))
         .map(str::to_string)
+}
+
+/// The session cookie's value.
+fn cookie_value(session: &Session) -> Option<String> {
+    cookie(session, session::COOKIE)
 }
 
 /// Name of the cookie that remembers the page a login should return to. Sent only
@@ -141,16 +146,9 @@ fn return_cookie(path: &str, max_age: u32, secure: bool) -> String {
 
 /// The page the login should return to, from the request's cookies.
 fn return_to(session: &Session) -> Option<String> {
-    session
-        .req_header()
-        .headers
-        .get_all(http::header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|h| h.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == RETURN_COOKIE)
-        .and_then(|(_, value)| login_guard::return_path(value.trim()))
+    cookie(session, RETURN_COOKIE)
+        .as_deref()
+        .and_then(login_guard::return_path)
         .map(str::to_string)
 }
 

@@ -133,10 +133,15 @@ fn cookie(value: &str, max_age: i64, secure: bool) -> String {
 
 /// The session cookie's value in a `Cookie` request header, if present.
 pub fn from_cookie_header(header: &str) -> Option<&str> {
+    cookie_in(header, COOKIE)
+}
+
+/// The non-empty value of cookie `name` in one `Cookie` header.
+pub fn cookie_in<'h>(header: &'h str, name: &str) -> Option<&'h str> {
     header
         .split(';')
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value.trim())
         .filter(|v| !v.is_empty())
 }

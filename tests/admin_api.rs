@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::roles::{rank, role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
 use common::{lock_info, state, status, TestServer};
 use serde_json::{json, Value};
 use stategate::cluster::identity::{self, Role};
@@ -810,29 +811,6 @@ async fn views_refuse_versions_larger_than_max_view_bytes() {
 
 // ---- Roles: role × every route, refusals identical and changing nothing ----
 
-/// The operators of the role table: (email, role, workspace patterns). Viewers and
-/// limited operators come first, so their refusals meet the locks still held.
-const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[
-    ("viewer-dev@x.io", "viewer", Some("dev-*")),
-    ("viewer@x.io", "viewer", None),
-    ("operator-dev@x.io", "operator", Some("dev-*")),
-    ("admin-dev@x.io", "admin", Some("dev-*")),
-    ("operator@x.io", "operator", None),
-    ("admin@x.io", "admin", None),
-];
-
-/// A secret value in the states: never in a refusal.
-const SECRET: &str = "hunter2-very-secret";
-
-fn rank(role: &str) -> u8 {
-    match role {
-        "viewer" => 0,
-        "operator" => 1,
-        "admin" => 2,
-        other => panic!("{other}"),
-    }
-}
-
 /// What a route is aimed at, for the expected outcome (written out here, not taken
 /// from the rule under test).
 #[derive(Clone, Copy, Debug)]
@@ -889,33 +867,13 @@ async fn role_env() -> (
         .await;
         assert_eq!(code, 200);
     }
-    // One drift run per workspace (unfinished: nothing to approve), as the service stores them.
-    let conn = env.server.db();
-    for ws in ["prod-x", "dev-a"] {
-        stategate::drift::outcomes::start_run(
-            &conn,
-            ws,
-            stategate::drift::Kind::Check,
-            "test",
-            None,
-            Some(2),
-            Some("lin-1"),
-        )
-        .unwrap()
-        .unwrap();
-    }
-    let mut ops = Vec::new();
-    for (email, role, patterns) in ROLE_OPERATORS {
-        let grant = stategate::operator::roles::Grant::parse(role, *patterns).unwrap();
-        let token = env
-            .server
-            .app
-            .operator
-            .admin_write(move |c| operators::create_operator_with(c, email, &grant, "test"))
-            .await
-            .unwrap();
-        ops.push((*email, *role, *patterns, token));
-    }
+    unfinished_runs(&env.server, &["prod-x", "dev-a"]);
+    let tokens = role_operators(&env.server).await;
+    let ops = ROLE_OPERATORS
+        .iter()
+        .zip(tokens)
+        .map(|((email, role, patterns), token)| (*email, *role, *patterns, token))
+        .collect();
     (env, ops)
 }
 

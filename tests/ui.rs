@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::roles::{rank, role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
 use common::{state, status, TestServer};
 use reqwest::header::HeaderMap;
 use stategate::cluster::identity::{self, Role};
@@ -1784,25 +1785,6 @@ async fn allowing_one_refused_write_is_confirmed_and_audited_as_the_operator() {
 
 // ---- Roles: role × every UI page and form ----
 
-/// (email, role, workspace patterns); viewers and limited operators first, so their
-/// refusals meet the locks still held.
-const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[
-    ("viewer-dev@x.io", "viewer", Some("dev-*")),
-    ("viewer@x.io", "viewer", None),
-    ("operator-dev@x.io", "operator", Some("dev-*")),
-    ("admin-dev@x.io", "admin", Some("dev-*")),
-    ("operator@x.io", "operator", None),
-    ("admin@x.io", "admin", None),
-];
-const SECRET: &str = "hunter2-very-secret";
-
-fn rank(role: &str) -> u8 {
-    ["viewer", "operator", "admin"]
-        .iter()
-        .position(|r| *r == role)
-        .unwrap() as u8
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Aim {
     Listing,
@@ -1854,30 +1836,10 @@ async fn role_env() -> (Env, Vec<RoleSession>) {
         }
         env.lock(ws, &format!("L-{ws}"), "ci@runner").await;
     }
-    let conn = env.server.db();
-    for ws in ["prod-x", "dev-a"] {
-        stategate::drift::outcomes::start_run(
-            &conn,
-            ws,
-            stategate::drift::Kind::Check,
-            "test",
-            None,
-            Some(2),
-            Some("lin-1"),
-        )
-        .unwrap()
-        .unwrap();
-    }
+    unfinished_runs(&env.server, &["prod-x", "dev-a"]);
     let mut sessions = Vec::new();
-    for (email, role, patterns) in ROLE_OPERATORS {
-        let grant = stategate::operator::roles::Grant::parse(role, *patterns).unwrap();
-        let token = env
-            .server
-            .app
-            .operator
-            .admin_write(move |c| operators::create_operator_with(c, email, &grant, "test"))
-            .await
-            .unwrap();
+    let tokens = role_operators(&env.server).await;
+    for ((email, role, patterns), token) in ROLE_OPERATORS.iter().zip(tokens) {
         let r = env.login_with(&token).await;
         assert_eq!(r.status, 303, "{}", r.body);
         let cookie = r

@@ -3,6 +3,7 @@
 
 pub mod drift;
 pub mod engine;
+pub mod roles;
 
 use std::sync::Arc;
 

@@ -1,0 +1,65 @@
+//! The fixture both role tables share (admin API and web UI): the operators of every
+//! role, unlimited and limited to `dev-*`, and one unfinished drift run per workspace.
+
+use super::TestServer;
+
+/// (email, role, workspace patterns). Viewers and limited operators come first, so
+/// their refusals meet the locks still held.
+pub const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[
+    ("viewer-dev@x.io", "viewer", Some("dev-*")),
+    ("viewer@x.io", "viewer", None),
+    ("operator-dev@x.io", "operator", Some("dev-*")),
+    ("admin-dev@x.io", "admin", Some("dev-*")),
+    ("operator@x.io", "operator", None),
+    ("admin@x.io", "admin", None),
+];
+
+/// A secret value in the role tables' states: never in a refusal.
+pub const SECRET: &str = "hunter2-very-secret";
+
+/// The rank of a role name: an action needing `need` is allowed to `role` when
+/// `rank(role) >= rank(need)`.
+pub fn rank(role: &str) -> u8 {
+    ["viewer", "operator", "admin"]
+        .iter()
+        .position(|r| *r == role)
+        .map(|p| p as u8)
+        .unwrap_or_else(|| panic!("unknown role {role}"))
+}
+
+/// One unfinished drift check run per workspace (nothing to approve), as the service
+/// stores them.
+pub fn unfinished_runs(server: &TestServer, workspaces: &[&str]) {
+    let conn = server.db();
+    for ws in workspaces {
+        stategate::drift::outcomes::start_run(
+            &conn,
+            ws,
+            stategate::drift::Kind::Check,
+            "test",
+            None,
+            Some(2),
+            Some("lin-1"),
+        )
+        .unwrap()
+        .unwrap();
+    }
+}
+
+/// Creates every operator of [`ROLE_OPERATORS`]; their tokens, in that order.
+pub async fn role_operators(server: &TestServer) -> Vec<String> {
+    let mut tokens = Vec::new();
+    for (email, role, patterns) in ROLE_OPERATORS {
+        let grant = stategate::operator::roles::Grant::parse(role, *patterns).unwrap();
+        let token = server
+            .app
+            .operator
+            .admin_write(move |c| {
+                stategate::operator::identity::create_operator_with(c, email, &grant, "test")
+            })
+            .await
+            .unwrap();
+        tokens.push(token);
+    }
+    tokens
+}

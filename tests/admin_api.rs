@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::roles::{rank, role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
+use common::roles::{
+    expected_allowed, role_operators, snapshot, unfinished_runs, Aim, ROLE_OPERATORS, SECRET,
+};
 use common::{lock_info, state, status, TestServer};
 use serde_json::{json, Value};
 use stategate::cluster::identity::{self, Role};
@@ -150,6 +152,7 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
     ];
     let mut bodies = std::collections::BTreeSet::new();
     for (method, path) in routes {
+        let before = snapshot(&env.server);
         for token in bad {
             let (code, body) = env
                 .call_as(token, method, path, Some(json!({"to": 1})))
@@ -157,6 +160,11 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
             assert_eq!(code, 401, "{method} {path} with {token:?}");
             bodies.insert(body);
         }
+        assert_eq!(
+            snapshot(&env.server),
+            before,
+            "{method} {path}: a refused credential changed something"
+        );
         let (code, _) = env.call_as(Some(&second), method, path, None).await;
         assert_ne!(code, 401, "{method} {path} with a good token");
     }
@@ -810,44 +818,6 @@ async fn views_refuse_versions_larger_than_max_view_bytes() {
 }
 
 // ---- Roles: role × every route, refusals identical and changing nothing ----
-
-/// What a route is aimed at, for the expected outcome (written out here, not taken
-/// from the rule under test).
-#[derive(Clone, Copy, Debug)]
-enum Aim {
-    Nothing,
-    Listing,
-    Site,
-    Ws(&'static str),
-}
-
-fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Aim) -> bool {
-    rank(role) >= rank(least)
-        && match aim {
-            Aim::Nothing | Aim::Listing => true,
-            Aim::Site => patterns.is_none(),
-            Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
-        }
-}
-
-/// Everything a request could change: versions, locks, audit rows, tokens, runs,
-/// operators, write overrides.
-fn snapshot(server: &TestServer) -> Vec<i64> {
-    [
-        "SELECT count(*) FROM versions",
-        "SELECT count(*) FROM tf_locks",
-        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
-        "SELECT coalesce(max(id), 0) FROM audit",
-        "SELECT count(*) FROM tokens",
-        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
-        "SELECT count(*) FROM drift_runs",
-        "SELECT count(*) FROM operators",
-        "SELECT count(*) FROM tf_write_overrides",
-    ]
-    .iter()
-    .map(|sql| server.count(sql))
-    .collect()
-}
 
 async fn role_env() -> (
     Env,

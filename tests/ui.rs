@@ -9,7 +9,9 @@
 
 mod common;
 
-use common::roles::{rank, role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
+use common::roles::{
+    expected_allowed, role_operators, snapshot, unfinished_runs, Aim, ROLE_OPERATORS, SECRET,
+};
 use common::{state, status, TestServer};
 use reqwest::header::HeaderMap;
 use stategate::cluster::identity::{self, Role};
@@ -1784,38 +1786,6 @@ async fn allowing_one_refused_write_is_confirmed_and_audited_as_the_operator() {
 }
 
 // ---- Roles: role × every UI page and form ----
-
-#[derive(Clone, Copy, Debug)]
-enum Aim {
-    Listing,
-    Site,
-    Ws(&'static str),
-}
-
-fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Aim) -> bool {
-    rank(role) >= rank(least)
-        && match aim {
-            Aim::Listing => true,
-            Aim::Site => patterns.is_none(),
-            Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
-        }
-}
-
-fn snapshot(server: &TestServer) -> Vec<i64> {
-    [
-        "SELECT count(*) FROM versions",
-        "SELECT count(*) FROM tf_locks",
-        "SELECT coalesce(max(id), 0) FROM audit",
-        "SELECT count(*) FROM tokens",
-        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
-        "SELECT count(*) FROM drift_runs",
-        "SELECT count(*) FROM operators",
-        "SELECT count(*) FROM tf_write_overrides",
-    ]
-    .iter()
-    .map(|sql| server.count(sql))
-    .collect()
-}
 
 /// One session per operator of [`ROLE_OPERATORS`]: (email, role, patterns, cookie, csrf).
 type RoleSession = (

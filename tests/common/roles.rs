@@ -3,6 +3,46 @@
 
 use super::TestServer;
 
+/// What a route is aimed at, for the expected outcome (written out here, not taken
+/// from the rule under test).
+#[derive(Clone, Copy, Debug)]
+pub enum Aim {
+    Nothing,
+    Listing,
+    Site,
+    Ws(&'static str),
+}
+
+/// Is `role` with `patterns` expected to be let through a route needing `least`,
+/// aimed at `aim`? (The fixture's limited operators are limited to `dev-*`.)
+pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Aim) -> bool {
+    rank(role) >= rank(least)
+        && match aim {
+            Aim::Nothing | Aim::Listing => true,
+            Aim::Site => patterns.is_none(),
+            Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
+        }
+}
+
+/// Everything a request could change: versions, the fixture's locks, audit rows,
+/// tokens, runs, operators, write overrides.
+pub fn snapshot(server: &TestServer) -> Vec<i64> {
+    [
+        "SELECT count(*) FROM versions",
+        "SELECT count(*) FROM tf_locks",
+        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
+        "SELECT coalesce(max(id), 0) FROM audit",
+        "SELECT count(*) FROM tokens",
+        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
+        "SELECT count(*) FROM drift_runs",
+        "SELECT count(*) FROM operators",
+        "SELECT count(*) FROM tf_write_overrides",
+    ]
+    .iter()
+    .map(|sql| server.count(sql))
+    .collect()
+}
+
 /// (email, role, workspace patterns). Viewers and limited operators come first, so
 /// their refusals meet the locks still held.
 pub const ROLE_OPERATORS: &[(&str, &str, Option<&str>)] = &[

@@ -368,8 +368,7 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         shots.mkdir()
         page = Page(browser, server.url, shots)
         page.open("/ui/login")
-        page.fill("input[name=token]", token)
-        page.submit("form[action='/ui/login']")
+        page.login(token)
         page.wait_text("Workspaces", operator)
 
         # The drift page: the check is drifted, its plan awaiting approval.

@@ -77,11 +77,9 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.wait_text("Operator login")
     assert browser.current_url.endswith("/ui/login")
     assert ws_name not in page.text()
-    page.fill("input[name=token]", "sgo_not-a-real-token")
-    page.submit("form[action='/ui/login']")
+    page.login("sgo_not-a-real-token")
     page.wait_text("not a valid operator token")
-    page.fill("input[name=token]", token)
-    page.submit("form[action='/ui/login']")
+    page.login(token)
     # The login returns to the page asked for before it.
     page.wait_text(OPERATOR, ws_name, "Versions")
     assert browser.current_url.endswith(f"/ui/workspaces/{ws_name}"), browser.current_url
@@ -239,8 +237,7 @@ def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_pat
     shots.mkdir()
     page = Page(browser, server.url, shots)
     page.open("/ui/login")
-    page.fill("input[name=token]", token)
-    page.submit("form[action='/ui/login']")
+    page.login(token)
     text = page.wait_text("viewer@example.com", "viewer (dev-*)", "dev-web")
     assert "prod-web" not in text, text
     assert not browser.find_elements(page.By.LINK_TEXT, "Clusters")

@@ -148,8 +148,7 @@ def test_a_hostile_object_through_the_pass_through_cannot_use_the_ui(own_garage,
     shots.mkdir(exist_ok=True)
     page = Page(browser, srv.url, shots)
     page.open("/ui/login")
-    page.fill("input[name=token]", token)
-    page.submit("form[action='/ui/login']")
+    page.login(token)
     page.wait_text("Workspaces", OPERATOR)
 
     # Through stategate: the object loads (its text shows), its script never runs.

@@ -1,5 +1,6 @@
 //! The one naming rule for the names people choose: workspaces (in URLs, scopes and
-//! derived credentials) and orgs (in scopes and the audit log).
+//! derived credentials) and orgs (in scopes and the audit log), and the workspace
+//! patterns that grants are limited to (`prod-*`).
 //!
 //! A name is 1–N characters of `[A-Za-z0-9._-]` starting with a letter or digit:
 //! nothing percent-encoded, no slash, no leading dot, so a name can never mean a path.
@@ -38,6 +39,74 @@ fn validate(kind: &'static str, max: usize, name: &str) -> Result<(), InvalidNam
     } else {
         Err(InvalidName { kind, max })
     }
+}
+
+/// Longest workspace pattern accepted (a workspace name's limit).
+const MAX_PATTERN_LEN: usize = MAX_WORKSPACE_LEN;
+
+/// A workspace pattern that breaks the rule. The message states the rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid workspace pattern: use 1-128 characters from A-Z a-z 0-9 . _ - and * (any characters), starting with a letter, a digit or *")]
+pub struct InvalidPattern;
+
+/// A workspace pattern: a workspace name in which `*` matches any run of characters
+/// (`prod-*`, `*-eu`, `*`). No other wildcard exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    pub fn parse(text: &str) -> Result<Pattern, InvalidPattern> {
+        let text = text.trim();
+        let bytes = text.as_bytes();
+        let valid = !bytes.is_empty()
+            && bytes.len() <= MAX_PATTERN_LEN
+            && (bytes[0].is_ascii_alphanumeric() || bytes[0] == b'*')
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-*".contains(b));
+        if valid {
+            Ok(Pattern(text.to_string()))
+        } else {
+            Err(InvalidPattern)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A pattern no workspace matches (names are never empty): what a stored grant
+    /// that cannot be read is limited to.
+    pub(crate) fn nothing() -> Pattern {
+        Pattern(String::new())
+    }
+
+    /// Does `workspace` match? `*` matches any run of characters, everything else itself.
+    pub fn matches(&self, workspace: &str) -> bool {
+        glob_match(self.0.as_bytes(), workspace.as_bytes())
+    }
+}
+
+/// `*`-only glob matching, linear backtracking over the last `*` (no recursion).
+pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|b| *b == b'*')
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@
 
 use std::fmt;
 
-/// Longest pattern accepted (a workspace name's limit, plus room for `*`s).
-const MAX_PATTERN_LEN: usize = crate::names::MAX_WORKSPACE_LEN;
+pub use crate::names::{InvalidPattern, Pattern};
+
 /// Most patterns one operator may be limited to.
 pub const MAX_PATTERNS: usize = 32;
 
@@ -91,70 +91,10 @@ pub enum Target<'a> {
 pub enum InvalidGrant {
     #[error("unknown role: use viewer, operator or admin")]
     Role,
-    #[error("invalid workspace pattern: use 1-128 characters from A-Z a-z 0-9 . _ - and * (any characters), starting with a letter, a digit or *")]
-    Pattern,
+    #[error("{0}")]
+    Pattern(#[from] InvalidPattern),
     #[error("too many workspace patterns (at most 32)")]
     TooMany,
-}
-
-/// A workspace pattern: a workspace name in which `*` matches any run of characters
-/// (`prod-*`, `*-eu`, `*`). No other wildcard exists.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pattern(String);
-
-impl Pattern {
-    pub fn parse(text: &str) -> Result<Pattern, InvalidGrant> {
-        let text = text.trim();
-        let bytes = text.as_bytes();
-        let valid = !bytes.is_empty()
-            && bytes.len() <= MAX_PATTERN_LEN
-            && (bytes[0].is_ascii_alphanumeric() || bytes[0] == b'*')
-            && bytes
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-*".contains(b));
-        if valid {
-            Ok(Pattern(text.to_string()))
-        } else {
-            Err(InvalidGrant::Pattern)
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// A pattern no workspace matches (names are never empty): what a stored grant
-    /// that cannot be read is limited to.
-    pub(crate) fn nothing() -> Pattern {
-        Pattern(String::new())
-    }
-
-    /// Does `workspace` match? `*` matches any run of characters, everything else itself.
-    pub fn matches(&self, workspace: &str) -> bool {
-        glob_match(self.0.as_bytes(), workspace.as_bytes())
-    }
-}
-
-/// `*`-only glob matching, linear backtracking over the last `*` (no recursion).
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() && pattern[p] == b'*' {
-            star = Some((p, t));
-            p += 1;
-        } else if p < pattern.len() && pattern[p] == text[t] {
-            p += 1;
-            t += 1;
-        } else if let Some((sp, st)) = star {
-            p = sp + 1;
-            t = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|b| *b == b'*')
 }
 
 /// What an operator may do: a role, optionally limited to workspace patterns (none:
@@ -181,7 +121,7 @@ impl Grant {
             None | Some("") => Vec::new(),
             Some(list) => list
                 .split(',')
-                .map(Pattern::parse)
+                .map(|p| Pattern::parse(p).map_err(InvalidGrant::from))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         if patterns.len() > MAX_PATTERNS {
@@ -229,6 +169,7 @@ pub fn may(role: Role, patterns: &[Pattern], action: Action, target: Target<'_>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::glob_match;
 
     fn pats(list: &[&str]) -> Vec<Pattern> {
         list.iter().map(|p| Pattern::parse(p).unwrap()).collect()
@@ -309,7 +250,7 @@ mod tests {
             assert_eq!(Pattern::parse(p).unwrap().matches(w), want, "{p} {w}");
         }
         for bad in ["", " ", "-x", ".x", "a/b", "a?", "a[b]", "a b", "ü", "a,b"] {
-            assert_eq!(Pattern::parse(bad), Err(InvalidGrant::Pattern), "{bad:?}");
+            assert_eq!(Pattern::parse(bad), Err(InvalidPattern), "{bad:?}");
         }
         assert!(Pattern::parse(&"a".repeat(129)).is_err());
         // A pathological pattern stays linear-ish (no exponential backtracking).
@@ -371,11 +312,11 @@ mod tests {
         );
         assert_eq!(
             Grant::parse("viewer", Some("dev-*,prod/x")),
-            Err(InvalidGrant::Pattern)
+            Err(InvalidGrant::Pattern(InvalidPattern))
         );
         assert_eq!(
             Grant::parse("viewer", Some("dev-*,,x")),
-            Err(InvalidGrant::Pattern)
+            Err(InvalidGrant::Pattern(InvalidPattern))
         );
         let many = vec!["a"; MAX_PATTERNS + 1].join(",");
         assert_eq!(

@@ -6,6 +6,7 @@
 //! override are in `guard.rs`. Every check that decides whether a write may proceed
 //! runs again inside the commit transaction.
 
+pub mod access;
 pub mod guard;
 pub mod lock;
 pub mod protocol;
@@ -26,6 +27,7 @@ use crate::store::{
     WriteOutcome,
 };
 use crate::tfstate::parse_state;
+pub use access::Credential;
 use guard::{decide_successor, Override, Refusal, Sent, Successor};
 pub use lock::SCHEMA;
 use lock::{decide_lock, decide_unlock, decide_write, held_lock, HeldLock, Lock, Unlock};
@@ -72,25 +74,6 @@ pub const EVENT_OVERRIDE_USED: &str = "tf.write_override_used";
 /// Who acted: the workspace credential is the only identity the backend knows.
 fn actor(workspace: &str) -> String {
     format!("tf:{workspace}")
-}
-
-/// The credential a request to a workspace presented.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Credential {
-    /// The workspace's derived bearer (what `workspace env` prints).
-    Workspace,
-    /// A credential issued for one drift run, by its name (`drift:run-N`).
-    Run(String),
-}
-
-impl Credential {
-    /// The name it is recorded under: `tf:<workspace>` or the run credential's name.
-    pub fn name(&self, workspace: &str) -> String {
-        match self {
-            Credential::Workspace => actor(workspace),
-            Credential::Run(name) => name.clone(),
-        }
-    }
 }
 
 fn audit(workspace: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {

@@ -10,13 +10,13 @@ use crate::store::{BlobError, DbError, StoreError};
 const NOT_CONFIGURED_BODY: &[u8] = br#"{"error": "state sync not configured"}"#;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub enum Error {
     #[error("{0}")]
-    BadRequest(String),
+    Invalid(String),
     #[error("authentication required: send the workspace credential as the Basic-auth password or as a Bearer token")]
-    Unauthorized,
+    Unauthenticated,
     #[error("{0}")]
-    Forbidden(String),
+    Refused(String),
     /// An authenticated operator whose role or workspace patterns do not allow the
     /// request: one fixed body whatever the reason (a missing action, another
     /// workspace, something site-wide), so a refusal tells nothing else.
@@ -86,24 +86,24 @@ pub enum ApiError {
     Internal { public: String, detail: String },
 }
 
-impl ApiError {
+impl Error {
     pub fn http_status(&self) -> u16 {
         match self {
-            ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized | ApiError::TokenRequired | ApiError::OperatorRequired => 401,
-            ApiError::Forbidden(_) | ApiError::NotPermitted => 403,
-            ApiError::NotFound(_) => 404,
-            ApiError::MethodNotAllowed { .. } => 405,
-            ApiError::SlowClient => 408,
-            ApiError::Conflict(_)
-            | ApiError::LeaseHeld { .. }
-            | ApiError::PushConflict { .. }
-            | ApiError::WriteRefused { .. } => 409,
-            ApiError::Busy(_) => 429,
-            ApiError::PayloadTooLarge { .. } => 413,
-            ApiError::Locked { .. } => 423,
-            ApiError::Unavailable(_) | ApiError::NotConfigured => 503,
-            ApiError::Internal { .. } => 500,
+            Error::Invalid(_) => 400,
+            Error::Unauthenticated | Error::TokenRequired | Error::OperatorRequired => 401,
+            Error::Refused(_) | Error::NotPermitted => 403,
+            Error::NotFound(_) => 404,
+            Error::MethodNotAllowed { .. } => 405,
+            Error::SlowClient => 408,
+            Error::Conflict(_)
+            | Error::LeaseHeld { .. }
+            | Error::PushConflict { .. }
+            | Error::WriteRefused { .. } => 409,
+            Error::Busy(_) => 429,
+            Error::PayloadTooLarge { .. } => 413,
+            Error::Locked { .. } => 423,
+            Error::Unavailable(_) | Error::NotConfigured => 503,
+            Error::Internal { .. } => 500,
         }
     }
 
@@ -111,20 +111,20 @@ impl ApiError {
     /// protocol's own body where one is defined (LockInfo, the not-configured signal).
     pub fn body(&self) -> Bytes {
         let json = match self {
-            ApiError::Locked { holder_info } => return holder_info.clone(),
-            ApiError::NotConfigured => return Bytes::from_static(NOT_CONFIGURED_BODY),
-            ApiError::LeaseHeld {
+            Error::Locked { holder_info } => return holder_info.clone(),
+            Error::NotConfigured => return Bytes::from_static(NOT_CONFIGURED_BODY),
+            Error::LeaseHeld {
                 message,
                 holder: facts,
             }
-            | ApiError::WriteRefused { message, facts } => {
+            | Error::WriteRefused { message, facts } => {
                 let mut body = facts.clone();
                 if let Some(fields) = body.as_object_mut() {
                     fields.insert("error".into(), message.as_str().into());
                 }
                 body
             }
-            ApiError::PushConflict {
+            Error::PushConflict {
                 message,
                 stored_serial,
                 stored_lineage,
@@ -141,35 +141,35 @@ impl ApiError {
     /// What goes to the server log (may contain internal detail, never secrets).
     pub fn log_detail(&self) -> Option<&str> {
         match self {
-            ApiError::Internal { detail, .. } => Some(detail),
-            ApiError::Unavailable(msg) => Some(msg),
+            Error::Internal { detail, .. } => Some(detail),
+            Error::Unavailable(msg) => Some(msg),
             _ => None,
         }
     }
 }
 
-impl From<StoreError> for ApiError {
+impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Blob(BlobError::Unavailable(detail)) => {
                 tracing::warn!(error = %detail, "blob store unavailable");
-                ApiError::Unavailable("the state store is temporarily unavailable; retry".into())
+                Error::Unavailable("the state store is temporarily unavailable; retry".into())
             }
-            StoreError::Contended => ApiError::Unavailable(e.to_string()),
-            StoreError::VersionNotFound { .. } => ApiError::NotFound(e.to_string()),
+            StoreError::Contended => Error::Unavailable(e.to_string()),
+            StoreError::VersionNotFound { .. } => Error::NotFound(e.to_string()),
             StoreError::Tombstone { .. }
             | StoreError::Moved { .. }
             | StoreError::SerialExhausted { .. }
-            | StoreError::TooLargeToView { .. } => ApiError::Conflict(e.to_string()),
+            | StoreError::TooLargeToView { .. } => Error::Conflict(e.to_string()),
             StoreError::BlobMissing { version, .. } | StoreError::BlobUnreadable { version, .. } => {
-                ApiError::Internal {
+                Error::Internal {
                     public: format!(
                         "state version {version} exists but cannot be read; refusing to answer \"no state\". See the server log."
                     ),
                     detail: e.to_string(),
                 }
             }
-            other => ApiError::Internal {
+            other => Error::Internal {
                 public: "internal storage error; see the server log".into(),
                 detail: other.to_string(),
             },
@@ -177,15 +177,15 @@ impl From<StoreError> for ApiError {
     }
 }
 
-impl From<crate::names::InvalidName> for ApiError {
+impl From<crate::names::InvalidName> for Error {
     fn from(e: crate::names::InvalidName) -> Self {
-        ApiError::BadRequest(e.to_string())
+        Error::Invalid(e.to_string())
     }
 }
 
-impl From<DbError> for ApiError {
+impl From<DbError> for Error {
     fn from(e: DbError) -> Self {
-        ApiError::from(StoreError::Db(e))
+        Error::from(StoreError::Db(e))
     }
 }
 
@@ -203,26 +203,26 @@ mod tests {
             "heartbeat_age_seconds": 40,
         });
         // (error, status, exact body)
-        let table: Vec<(ApiError, u16, &str)> = vec![
+        let table: Vec<(Error, u16, &str)> = vec![
             (
-                ApiError::Locked {
+                Error::Locked {
                     holder_info: Bytes::from_static(br#"{"ID":"a", "Who":"me"}"#),
                 },
                 423,
                 r#"{"ID":"a", "Who":"me"}"#,
             ),
             (
-                ApiError::NotConfigured,
+                Error::NotConfigured,
                 503,
                 r#"{"error": "state sync not configured"}"#,
             ),
             (
-                ApiError::TokenRequired,
+                Error::TokenRequired,
                 401,
                 r#"{"error":"authentication required: send an org admin token as `Authorization: Bearer <token>`"}"#,
             ),
             (
-                ApiError::LeaseHeld {
+                Error::LeaseHeld {
                     message: "cannot lock: held".into(),
                     holder,
                 },
@@ -230,7 +230,7 @@ mod tests {
                 r#"{"acquired_at":"2026-01-01T00:00:00Z","error":"cannot lock: held","heartbeat_age_seconds":40,"holder_email":"a@x","host":"box","operation":"provision"}"#,
             ),
             (
-                ApiError::PushConflict {
+                Error::PushConflict {
                     message: "stale".into(),
                     stored_serial: Some(5),
                     stored_lineage: Some("L".into()),
@@ -238,13 +238,9 @@ mod tests {
                 409,
                 r#"{"error":"stale","stored_lineage":"L","stored_serial":5}"#,
             ),
+            (Error::Conflict("taken".into()), 409, r#"{"error":"taken"}"#),
             (
-                ApiError::Conflict("taken".into()),
-                409,
-                r#"{"error":"taken"}"#,
-            ),
-            (
-                ApiError::NotFound("cluster not found".into()),
+                Error::NotFound("cluster not found".into()),
                 404,
                 r#"{"error":"cluster not found"}"#,
             ),

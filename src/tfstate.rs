@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// Longest lineage accepted.
 const MAX_LINEAGE_LEN: usize = 256;
@@ -139,13 +139,13 @@ struct StateProbe {
     encryption_version: Option<String>,
 }
 
-fn not_a_state(why: &str) -> ApiError {
-    ApiError::BadRequest(format!("body is not a Terraform/OpenTofu state: {why}"))
+fn not_a_state(why: &str) -> Error {
+    Error::Invalid(format!("body is not a Terraform/OpenTofu state: {why}"))
 }
 
 /// Accepts a plain tfstate (`version`, `serial`, `lineage`) or OpenTofu's encrypted
 /// envelope (`encrypted_data`, `encryption_version`, with serial and lineage in clear).
-pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
+pub fn parse_state(body: &[u8]) -> Result<StateMeta, Error> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
         return Err(not_a_state("expected a JSON object"));
@@ -165,7 +165,7 @@ pub fn parse_state(body: &[u8]) -> Result<StateMeta, ApiError> {
     })
 }
 
-fn judge(probe: Probe) -> Result<StateMeta, ApiError> {
+fn judge(probe: Probe) -> Result<StateMeta, Error> {
     let is_envelope = probe.encrypted_data && probe.encryption_version;
     if !probe.version && !is_envelope {
         return Err(not_a_state(
@@ -364,7 +364,7 @@ impl StateScanner {
     }
 
     /// Scans the next piece of the body.
-    pub fn push(&mut self, data: &[u8]) -> Result<(), ApiError> {
+    pub fn push(&mut self, data: &[u8]) -> Result<(), Error> {
         if self.failed {
             return Err(not_a_state("invalid JSON"));
         }
@@ -405,7 +405,7 @@ impl StateScanner {
     }
 
     /// The body ended: its serial and lineage, or why it is not a state.
-    pub fn finish(mut self) -> Result<StateMeta, ApiError> {
+    pub fn finish(mut self) -> Result<StateMeta, Error> {
         if self.failed {
             return Err(not_a_state("invalid JSON"));
         }
@@ -419,7 +419,7 @@ impl StateScanner {
         }
     }
 
-    fn check_utf8(&mut self, data: &[u8]) -> Result<(), ApiError> {
+    fn check_utf8(&mut self, data: &[u8]) -> Result<(), Error> {
         let mut joined;
         let bytes = if self.utf8_carry.is_empty() {
             data
@@ -439,11 +439,11 @@ impl StateScanner {
         }
     }
 
-    fn invalid(&self, what: &str) -> ApiError {
+    fn invalid(&self, what: &str) -> Error {
         not_a_state(&format!("invalid JSON ({what} at byte {})", self.offset))
     }
 
-    fn byte(&mut self, b: u8) -> Result<(), ApiError> {
+    fn byte(&mut self, b: u8) -> Result<(), Error> {
         let expect = self.expect;
         match expect {
             Expect::InString => return self.string_byte(b),
@@ -506,7 +506,7 @@ impl StateScanner {
         }
     }
 
-    fn open(&mut self, b: u8) -> Result<(), ApiError> {
+    fn open(&mut self, b: u8) -> Result<(), Error> {
         self.stack.push(b);
         if self.stack.len() > MAX_JSON_DEPTH {
             return Err(not_a_state("nested too deeply"));
@@ -519,7 +519,7 @@ impl StateScanner {
         Ok(())
     }
 
-    fn close(&mut self, _b: u8) -> Result<(), ApiError> {
+    fn close(&mut self, _b: u8) -> Result<(), Error> {
         self.stack.pop();
         match self.stack.len() {
             0 => self.expect = Expect::End,
@@ -529,7 +529,7 @@ impl StateScanner {
     }
 
     /// A value begins; at the top level of the object, notes what it is.
-    fn value_start(&mut self, b: u8) -> Result<(), ApiError> {
+    fn value_start(&mut self, b: u8) -> Result<(), Error> {
         let top = self.stack.len() == 1;
         let kind = match b {
             b'"' => Kind::Str,
@@ -686,7 +686,7 @@ impl StateScanner {
         }
     }
 
-    fn string_byte(&mut self, b: u8) -> Result<(), ApiError> {
+    fn string_byte(&mut self, b: u8) -> Result<(), Error> {
         match self.esc {
             Esc::Backslash => {
                 let decoded = match b {
@@ -745,7 +745,7 @@ impl StateScanner {
     }
 
     /// One `\uXXXX` escape: checked for surrogate pairs where serde checks them.
-    fn code_unit(&mut self, unit: u16) -> Result<(), ApiError> {
+    fn code_unit(&mut self, unit: u16) -> Result<(), Error> {
         if !self.strict {
             return Ok(());
         }
@@ -770,7 +770,7 @@ impl StateScanner {
     }
 
     /// Returns false when `b` is not part of the number (which then ended).
-    fn number_byte(&mut self, b: u8) -> Result<bool, ApiError> {
+    fn number_byte(&mut self, b: u8) -> Result<bool, Error> {
         let next = match (self.num, b) {
             (Num::Minus, b'0') => Num::Zero,
             (Num::Minus, b'1'..=b'9') => Num::Int,
@@ -846,7 +846,7 @@ mod tests {
         ];
         for body in bad {
             assert!(
-                matches!(parse_state(body.as_bytes()), Err(ApiError::BadRequest(_))),
+                matches!(parse_state(body.as_bytes()), Err(Error::Invalid(_))),
                 "{body}"
             );
         }
@@ -898,7 +898,7 @@ mod tests {
             ] {
                 match (got, expected) {
                     (Ok(meta), Ok(want)) => assert_eq!(meta.serial, *want, "{serial} {how}"),
-                    (Err(ApiError::BadRequest(msg)), Err(words)) => {
+                    (Err(Error::Invalid(msg)), Err(words)) => {
                         assert!(msg.contains(words), "{serial} {how}: {msg}")
                     }
                     (got, _) => panic!("{serial} {how}: {got:?}"),
@@ -943,7 +943,7 @@ mod tests {
     }
 
     /// Scans `body` in pieces of `piece` bytes.
-    fn scan(body: &[u8], piece: usize) -> Result<StateMeta, ApiError> {
+    fn scan(body: &[u8], piece: usize) -> Result<StateMeta, Error> {
         let mut scanner = StateScanner::new();
         for part in body.chunks(piece.max(1)) {
             scanner.push(part)?;

@@ -940,7 +940,7 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
             ),
         ]);
     }
-    let refusal = stategate::error::ApiError::NotPermitted.body();
+    let refusal = stategate::error::Error::NotPermitted.body();
     let refusal = std::str::from_utf8(&refusal).unwrap().to_string();
     let (mut refused, mut allowed) = (0, 0);
     for (email, role, patterns, token) in &ops {

@@ -86,7 +86,7 @@ impl DriftOps {
 
     fn run<T>(
         &self,
-        f: impl std::future::Future<Output = Result<T, stategate::error::ApiError>>,
+        f: impl std::future::Future<Output = Result<T, stategate::error::Error>>,
     ) -> anyhow::Result<T> {
         self.rt.block_on(f).map_err(cli_error)
     }

@@ -6,7 +6,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use stategate::config::Config;
-use stategate::error::ApiError;
+use stategate::error::Error;
 
 /// A single-threaded runtime for one command.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -34,13 +34,13 @@ pub fn require_db(config: &Config) -> anyhow::Result<()> {
 }
 
 /// The operator-facing message of an engine error (the detail a server would only log).
-pub fn cli_error(e: ApiError) -> anyhow::Error {
+pub fn cli_error(e: Error) -> anyhow::Error {
     match e {
-        ApiError::Locked { holder_info } => anyhow::anyhow!(
+        Error::Locked { holder_info } => anyhow::anyhow!(
             "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
             String::from_utf8_lossy(&holder_info)
         ),
-        ApiError::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
+        Error::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),
     }
 }

@@ -12,7 +12,7 @@ use clap::Subcommand;
 
 use stategate::address;
 use stategate::config::Config;
-use stategate::error::ApiError;
+use stategate::error::Error;
 use stategate::installation;
 use stategate::names::validate_workspace;
 use stategate::operator::diff::{Change, StateDiff};
@@ -231,10 +231,7 @@ impl Ops {
         Ok(Ops { rt, ops })
     }
 
-    fn run<T>(
-        &self,
-        f: impl std::future::Future<Output = Result<T, ApiError>>,
-    ) -> anyhow::Result<T> {
+    fn run<T>(&self, f: impl std::future::Future<Output = Result<T, Error>>) -> anyhow::Result<T> {
         self.rt.block_on(f).map_err(cli_error)
     }
 }

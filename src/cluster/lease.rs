@@ -9,7 +9,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::Deserialize;
 
 use super::clock::rfc3339;
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// Largest lock request body accepted.
 pub const MAX_LOCK_BODY: u64 = 16 * 1024;
@@ -48,8 +48,8 @@ struct LockBody {
 
 /// `{"operation": "provision" | "deprovision" | "state-push", "host": "<hostname>"}`.
 /// Unknown extra fields are ignored (a newer CLI may send more).
-pub fn parse_lock_request(body: &[u8]) -> Result<LockRequest, ApiError> {
-    let bad = |why: String| ApiError::BadRequest(format!("invalid lock request: {why}"));
+pub fn parse_lock_request(body: &[u8]) -> Result<LockRequest, Error> {
+    let bad = |why: String| Error::Invalid(format!("invalid lock request: {why}"));
     let parsed: LockBody = serde_json::from_slice(body).map_err(|e| {
         bad(format!(
             "expected JSON {{\"operation\": \"provision\" | \"deprovision\" | \"state-push\", \"host\": \"<hostname>\"}} ({e})"
@@ -120,7 +120,7 @@ impl Lease {
 }
 
 /// A refusal naming the current holder (409 with [`Lease::holder_json`] and `error`).
-pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> ApiError {
+pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> Error {
     let message = format!(
         "{what}: the cluster's state lock is held by {} ({} from {}, last heartbeat {}s ago)",
         lease.holder_email,
@@ -132,7 +132,7 @@ pub fn held_by_other(lease: &Lease, now: i64, what: &str) -> ApiError {
         },
         lease.heartbeat_age(now)
     );
-    ApiError::LeaseHeld {
+    Error::LeaseHeld {
         message,
         holder: lease.holder_json(now),
     }

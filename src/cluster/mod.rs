@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::ClusterConfig;
 use crate::crypto::RootKey;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::{DbError, NewVersion, StateStore, VersionRow, WriteOutcome};
 use crate::tfstate::parse_state;
@@ -51,12 +51,12 @@ pub fn scope(cluster_id: &str) -> String {
     format!("{SCOPE_PREFIX}{cluster_id}")
 }
 
-fn not_found() -> ApiError {
-    ApiError::NotFound(NOT_FOUND_MESSAGE.into())
+fn not_found() -> Error {
+    Error::NotFound(NOT_FOUND_MESSAGE.into())
 }
 
-fn db_err(e: rusqlite::Error) -> ApiError {
-    ApiError::from(DbError::from(e))
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::from(DbError::from(e))
 }
 
 /// A caller cleared to act on one cluster: authenticated, an admin of the cluster's
@@ -139,13 +139,13 @@ pub fn check_push(
     serial: i64,
     lineage: &str,
     sha256: &str,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     let Some(stored) = stored.filter(|r| !r.is_tombstone()) else {
         return Ok(()); // nothing stored yet
     };
     let stored_serial = stored.serial.unwrap_or(-1);
     let stored_lineage = stored.lineage.as_deref().unwrap_or("");
-    let conflict = |message: String| ApiError::PushConflict {
+    let conflict = |message: String| Error::PushConflict {
         message,
         stored_serial: stored.serial,
         stored_lineage: stored.lineage.clone(),
@@ -175,11 +175,11 @@ fn check_holder(
     principal_id: i64,
     now: i64,
     what: &str,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     match current_lease(conn, cluster_id).map_err(db_err)? {
         Some(lease) if lease.holder_id == principal_id => Ok(()),
         Some(lease) => Err(held_by_other(&lease, now, what)),
-        None => Err(ApiError::Conflict(format!(
+        None => Err(Error::Conflict(format!(
             "{what}: you do not hold this cluster's state lock (it was never taken, released or broken); acquire it with POST /v1/clusters/<id>/lock first"
         ))),
     }
@@ -241,9 +241,9 @@ impl ClusterService {
         &self,
         token: Option<Vec<u8>>,
         cluster_id: &str,
-    ) -> Result<Authorized, ApiError> {
+    ) -> Result<Authorized, Error> {
         let Some(token) = token else {
-            return Err(ApiError::TokenRequired);
+            return Err(Error::TokenRequired);
         };
         // A malformed id still costs the same lookup as a well-formed missing one.
         let canonical = uuid::Uuid::parse_str(cluster_id)
@@ -263,20 +263,20 @@ impl ClusterService {
             })
             .await?;
         let Some(principal) = principal else {
-            return Err(ApiError::TokenRequired);
+            return Err(Error::TokenRequired);
         };
         let cluster_id = match canonical {
             Some(id) if in_org => id,
             _ => return Err(not_found()),
         };
         if principal.role != Role::Admin {
-            return Err(ApiError::Forbidden(format!(
+            return Err(Error::Refused(format!(
                 "{} is a member of org {:?}, not an admin: cluster state and locks need an org admin",
                 principal.email, principal.org
             )));
         }
         let Some(key) = self.key.clone() else {
-            return Err(ApiError::NotConfigured);
+            return Err(Error::NotConfigured);
         };
         Ok(Authorized {
             principal,
@@ -286,7 +286,7 @@ impl ClusterService {
     }
 
     /// The current state; `None` when nothing was pushed yet (never when it exists but is unreadable).
-    pub async fn get_state(&self, who: &Authorized) -> Result<Option<StoredState>, ApiError> {
+    pub async fn get_state(&self, who: &Authorized) -> Result<Option<StoredState>, Error> {
         let scope = who.scope();
         let current = self
             .store
@@ -296,7 +296,7 @@ impl ClusterService {
     }
 
     /// PUT step 2, before the body is read: the caller must hold the lock.
-    pub async fn require_holder(&self, who: &Authorized) -> Result<(), ApiError> {
+    pub async fn require_holder(&self, who: &Authorized) -> Result<(), Error> {
         let id = who.cluster_id.clone();
         let me = who.principal.id;
         let now = self.clock.now();
@@ -308,9 +308,9 @@ impl ClusterService {
 
     /// PUT steps 3-5: size, parse, then the lock and conflict rules inside the commit.
     /// Returns the pushed serial (also for an idempotent no-op).
-    pub async fn put_state(&self, who: &Authorized, body: Bytes) -> Result<i64, ApiError> {
+    pub async fn put_state(&self, who: &Authorized, body: Bytes) -> Result<i64, Error> {
         if body.len() as u64 > MAX_STATE_BYTES {
-            return Err(ApiError::PayloadTooLarge {
+            return Err(Error::PayloadTooLarge {
                 limit: MAX_STATE_BYTES,
             });
         }
@@ -346,13 +346,13 @@ impl ClusterService {
     }
 
     /// Acquire (or refresh, or take over a stale) lease. Returns `acquired_at` (RFC 3339).
-    pub async fn lock(&self, who: &Authorized, body: &[u8]) -> Result<String, ApiError> {
+    pub async fn lock(&self, who: &Authorized, body: &[u8]) -> Result<String, Error> {
         let request = lease::parse_lock_request(body)?;
         let now = self.clock.now();
         let stale_after = self.stale_after;
         let who = who.clone();
         self.db
-            .write(move |conn| -> Result<String, ApiError> {
+            .write(move |conn| -> Result<String, Error> {
                 let id = &who.cluster_id;
                 let current = current_lease(conn, id).map_err(db_err)?;
                 let decision =
@@ -386,12 +386,12 @@ impl ClusterService {
     }
 
     /// Holder only: extends the lease. Anyone else (or nobody holding) → 409, lock lost.
-    pub async fn heartbeat(&self, who: &Authorized) -> Result<(), ApiError> {
+    pub async fn heartbeat(&self, who: &Authorized) -> Result<(), Error> {
         let now = self.clock.now();
         let id = who.cluster_id.clone();
         let me = who.principal.id;
         self.db
-            .write(move |conn| -> Result<(), ApiError> {
+            .write(move |conn| -> Result<(), Error> {
                 check_holder(conn, &id, me, now, "lock lost")?;
                 lease::touch_lease(conn, &id, now).map_err(db_err)
             })
@@ -399,11 +399,11 @@ impl ClusterService {
     }
 
     /// Holder-only idempotent release; with `force`, any org admin breaks any lease (audited).
-    pub async fn unlock(&self, who: &Authorized, force: bool) -> Result<(), ApiError> {
+    pub async fn unlock(&self, who: &Authorized, force: bool) -> Result<(), Error> {
         let now = self.clock.now();
         let who = who.clone();
         self.db
-            .write(move |conn| -> Result<(), ApiError> {
+            .write(move |conn| -> Result<(), Error> {
                 let id = &who.cluster_id;
                 let current = current_lease(conn, id).map_err(db_err)?;
                 match (lease::decide_release(current.as_ref(), who.principal.id, force), current) {

@@ -7,9 +7,9 @@ impl DriftService {
     /// Approves a drifted check's kept plan: admits an apply run of it, audited as
     /// `drift.apply_approved` by `actor`. Refused for a run that is not a drifted
     /// check, was approved before, kept no plan, or whose plan expired.
-    pub async fn approve(&self, check_run: i64, actor: &str) -> Result<Started, ApiError> {
+    pub async fn approve(&self, check_run: i64, actor: &str) -> Result<Started, Error> {
         let run = self.run(check_run).await?;
-        let refuse = |why: String| Err(ApiError::Conflict(why));
+        let refuse = |why: String| Err(Error::Conflict(why));
         if run.kind != Kind::Check || run.outcome != Some(Outcome::Drifted) {
             return refuse(format!(
                 "drift run {check_run} is not a drifted check (outcome {}); only a drifted check's plan can be approved",
@@ -38,7 +38,7 @@ impl DriftService {
             .tofu
             .store()
             .db
-            .write(move |c| -> Result<_, ApiError> {
+            .write(move |c| -> Result<_, Error> {
                 let started = outcomes::start_run(
                     c,
                     &ws,
@@ -51,14 +51,14 @@ impl DriftService {
                 let id = match started {
                     Ok(Ok(id)) => id,
                     Ok(Err(outcomes::StartRefused::Busy(other))) => {
-                        return Err(ApiError::Conflict(format!(
+                        return Err(Error::Conflict(format!(
                             "drift run {other} of workspace {ws:?} is still going; nothing was approved"
                         )))
                     }
                     Err(rusqlite::Error::SqliteFailure(e, _))
                         if e.code == rusqlite::ErrorCode::ConstraintViolation =>
                     {
-                        return Err(ApiError::Conflict(format!(
+                        return Err(Error::Conflict(format!(
                             "drift run {check_run} was already approved; nothing was done"
                         )))
                     }

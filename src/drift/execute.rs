@@ -19,7 +19,7 @@ impl DriftService {
     }
 
     /// Admits a check of `workspace` now (409 while another run of it is unfinished).
-    pub async fn start_check(&self, workspace: &str, trigger: &str) -> Result<Started, ApiError> {
+    pub async fn start_check(&self, workspace: &str, trigger: &str) -> Result<Started, Error> {
         let check = self.check_of(workspace)?.clone();
         let latest = self
             .inner
@@ -48,9 +48,9 @@ impl DriftService {
                 .map_err(DbError::from)
             })
             .await
-            .map_err(ApiError::from)?
+            .map_err(Error::from)?
             .map_err(|outcomes::StartRefused::Busy(running)| {
-                ApiError::Conflict(format!(
+                Error::Conflict(format!(
                     "drift run {running} of workspace {workspace:?} is still going; nothing was started"
                 ))
             })?;
@@ -64,14 +64,14 @@ impl DriftService {
     }
 
     /// Runs a check now and waits for its outcome.
-    pub async fn check_now(&self, workspace: &str, trigger: &str) -> Result<Run, ApiError> {
+    pub async fn check_now(&self, workspace: &str, trigger: &str) -> Result<Run, Error> {
         let started = self.start_check(workspace, trigger).await?;
         self.execute(started).await
     }
 
     /// Executes an admitted run (check or apply) within the concurrency limit and
     /// records how it ended. Everything that goes wrong becomes the run's outcome.
-    pub async fn execute(&self, started: Started) -> Result<Run, ApiError> {
+    pub async fn execute(&self, started: Started) -> Result<Run, Error> {
         let _slot = self
             .inner
             .slots
@@ -497,7 +497,7 @@ impl DriftService {
         s: &Started,
         mut done: Finished,
         output: Option<String>,
-    ) -> Result<Run, ApiError> {
+    ) -> Result<Run, Error> {
         if let Some(text) = output {
             match self.store_output(s, text).await {
                 Ok(key) => done.output_blob = Some(key),

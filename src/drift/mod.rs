@@ -52,7 +52,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, DriftCheck, DriftSettings};
 use crate::crypto::{write_secret_file, RootKey};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
 use crate::store::DbError;
@@ -230,8 +230,8 @@ fn rfc3339_of(unix: i64) -> String {
         .unwrap_or_default()
 }
 
-fn internal(public: &str, detail: impl std::fmt::Display) -> ApiError {
-    ApiError::Internal {
+fn internal(public: &str, detail: impl std::fmt::Display) -> Error {
+    Error::Internal {
         public: public.into(),
         detail: format!("{public}: {detail}"),
     }
@@ -320,10 +320,10 @@ impl DriftService {
         self.inner.root.webhook_secret()
     }
 
-    fn check_of(&self, workspace: &str) -> Result<&DriftCheck, ApiError> {
+    fn check_of(&self, workspace: &str) -> Result<&DriftCheck, Error> {
         crate::names::validate_workspace(workspace)?;
         self.inner.checks.get(workspace).ok_or_else(|| {
-            ApiError::NotFound(format!(
+            Error::NotFound(format!(
                 "no drift check is configured for workspace {workspace:?} (add a [[drift]] entry)"
             ))
         })
@@ -332,7 +332,7 @@ impl DriftService {
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error> + Send + 'static,
-    ) -> Result<T, ApiError> {
+    ) -> Result<T, Error> {
         Ok(self.inner.tofu.store().db.read(f).await?)
     }
 

@@ -5,7 +5,7 @@ use super::*;
 
 impl DriftService {
     /// Every configured check with its latest status.
-    pub async fn checks(&self) -> Result<Vec<CheckSummary>, ApiError> {
+    pub async fn checks(&self) -> Result<Vec<CheckSummary>, Error> {
         if self.inner.checks.is_empty() {
             return Ok(Vec::new());
         }
@@ -69,7 +69,7 @@ impl DriftService {
     }
 
     /// The newest runs (of one workspace, or all), newest first.
-    pub async fn runs(&self, workspace: Option<String>, limit: u32) -> Result<Vec<Run>, ApiError> {
+    pub async fn runs(&self, workspace: Option<String>, limit: u32) -> Result<Vec<Run>, Error> {
         if let Some(ws) = &workspace {
             crate::names::validate_workspace(ws)?;
         }
@@ -85,9 +85,9 @@ impl DriftService {
     }
 
     /// One run (404 when unknown).
-    pub async fn run(&self, id: i64) -> Result<Run, ApiError> {
+    pub async fn run(&self, id: i64) -> Result<Run, Error> {
         let row = self.read(move |c| outcomes::get_run(c, id)).await?;
-        let row = row.ok_or_else(|| ApiError::NotFound(format!("no drift run {id}")))?;
+        let row = row.ok_or_else(|| Error::NotFound(format!("no drift run {id}")))?;
         Ok(Self::with_approvable(row, now_unix()))
     }
 
@@ -95,7 +95,7 @@ impl DriftService {
     /// never "no output"; one that is gone because retention deleted it (the tidy pass
     /// recorded so before deleting it) is [`RunOutput::Pruned`], and one gone without
     /// that record is an error too, whatever `keep_outputs` says now.
-    pub async fn show(&self, id: i64) -> Result<(Run, RunOutput), ApiError> {
+    pub async fn show(&self, id: i64) -> Result<(Run, RunOutput), Error> {
         let run = self.run(id).await?;
         let Some(key) = &run.output_blob else {
             return Ok((run, RunOutput::Absent));
@@ -141,14 +141,14 @@ impl DriftService {
         &self,
         workspace: &str,
         id: i64,
-    ) -> Result<Option<Outcome>, ApiError> {
+    ) -> Result<Option<Outcome>, Error> {
         let ws = workspace.to_string();
         self.read(move |c| outcomes::previous_status(c, &ws, id))
             .await
     }
 
     /// Per configured workspace: drift status (0/1/2) and when it was found (Unix).
-    pub async fn metric_rows(&self) -> Result<Vec<(String, i64, i64)>, ApiError> {
+    pub async fn metric_rows(&self) -> Result<Vec<(String, i64, i64)>, Error> {
         let latest = self.read(outcomes::latest_status).await?;
         Ok(latest
             .into_iter()

@@ -8,7 +8,7 @@ impl DriftService {
     /// Closes runs a stopped process left unfinished, deletes kept plans that expired,
     /// were used, or belong to no run, and deletes output blobs past retention or of
     /// no run (at most [`MAX_TIDY_DELETIONS`] of them per pass).
-    pub async fn tidy(&self) -> Result<(), ApiError> {
+    pub async fn tidy(&self) -> Result<(), Error> {
         self.sweep_work().await;
         self.close_abandoned().await?;
         self.tidy_plans().await?;
@@ -17,7 +17,7 @@ impl DriftService {
 
     /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the outputs sweep
     /// (a LIST of the blob store's `drift/`) only when [`outputs_sweep_due`].
-    pub async fn tidy_when_due(&self) -> Result<(), ApiError> {
+    pub async fn tidy_when_due(&self) -> Result<(), Error> {
         self.sweep_work().await;
         self.close_abandoned().await?;
         self.tidy_plans().await?;
@@ -35,7 +35,7 @@ impl DriftService {
 
     /// [`DriftService::tidy_outputs`], remembering it was done. A failed sweep counts
     /// too: it is retried when the next one is due, not every tick.
-    async fn sweep_outputs(&self) -> Result<(), ApiError> {
+    async fn sweep_outputs(&self) -> Result<(), Error> {
         // Read before the LIST: a run finishing during the sweep asks for another.
         let finished_runs = self.inner.finished_runs.load(Ordering::Relaxed);
         let result = self.tidy_outputs().await;
@@ -60,7 +60,7 @@ impl DriftService {
 
     /// Closes runs a stopped process left unfinished (and clears the lock its child
     /// may have left).
-    async fn close_abandoned(&self) -> Result<(), ApiError> {
+    async fn close_abandoned(&self) -> Result<(), Error> {
         let now = now_unix();
         let unfinished = self.read(outcomes::unfinished).await?;
         for run in unfinished {
@@ -123,7 +123,7 @@ impl DriftService {
     }
 
     /// Deletes kept plans that expired, were used, or belong to no run.
-    async fn tidy_plans(&self) -> Result<(), ApiError> {
+    async fn tidy_plans(&self) -> Result<(), Error> {
         let now = now_unix();
         let Ok(entries) = std::fs::read_dir(self.plans_dir()) else {
             return Ok(());
@@ -156,7 +156,7 @@ impl DriftService {
     /// it stopped at that bound. Only keys of the output form under [`OUTPUT_PREFIX`]
     /// are looked at. A retired output's run is recorded as pruned (durably) before its
     /// blob is deleted; an orphan is no run's output, so it needs no record.
-    async fn tidy_outputs(&self) -> Result<bool, ApiError> {
+    async fn tidy_outputs(&self) -> Result<bool, Error> {
         let keep = self.inner.settings.keep_outputs;
         let blobs = self.inner.tofu.store().blobs().clone();
         let listed = blobs

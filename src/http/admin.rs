@@ -12,7 +12,7 @@ use super::params::{number, required, workspace};
 use super::router::AdminAction;
 use super::{auth, App};
 use crate::drift::{DriftService, Started, MAX_LIST};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::operator::{diff, rolled_back_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT};
 use crate::store::audit::{parse_instant, AuditFilter};
 
@@ -55,23 +55,23 @@ fn ok(value: serde_json::Value) -> Reply {
     Reply::json(200, value.to_string())
 }
 
-fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
+fn flag(name: &str, value: Option<&str>) -> Result<bool, Error> {
     match value {
         None | Some("" | "0" | "false") => Ok(false),
         Some("1" | "true") => Ok(true),
-        Some(_) => Err(ApiError::BadRequest(format!("{name} must be 1 or 0"))),
+        Some(_) => Err(Error::Invalid(format!("{name} must be 1 or 0"))),
     }
 }
 
 /// A small JSON body; an empty body is `{}`.
-fn json_body<T: for<'de> Deserialize<'de>>(body: &[u8], expected: &str) -> Result<T, ApiError> {
+fn json_body<T: for<'de> Deserialize<'de>>(body: &[u8], expected: &str) -> Result<T, Error> {
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}" as &[u8]
     } else {
         body
     };
     serde_json::from_slice(body)
-        .map_err(|_| ApiError::BadRequest(format!("expected a JSON body {expected}")))
+        .map_err(|_| Error::Invalid(format!("expected a JSON body {expected}")))
 }
 
 #[derive(Deserialize)]
@@ -99,12 +99,7 @@ struct AllowWriteBody {
     minutes: Option<u32>,
 }
 
-async fn run(
-    app: &App,
-    who: &Operator,
-    action: AdminAction,
-    body: &[u8],
-) -> Result<Reply, ApiError> {
+async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Result<Reply, Error> {
     let ops = &app.operator;
     let actor = who.actor();
     Ok(match action {
@@ -126,7 +121,7 @@ async fn run(
         } => {
             let w = workspace(&w)?;
             let limit = number("limit", limit.as_deref())?.map_or(Ok(DEFAULT_VERSIONS), |n| {
-                u32::try_from(n).map_err(|_| ApiError::BadRequest("limit is too large".into()))
+                u32::try_from(n).map_err(|_| Error::Invalid("limit is too large".into()))
             })?;
             let rows = ops.history(w, Some(limit)).await?;
             ok(serde_json::json!({ "versions": rows.iter().map(version_json).collect::<Vec<_>>() }))
@@ -145,7 +140,7 @@ async fn run(
             let (row, content) = if masked {
                 let (row, content) = ops.show(w, version).await?;
                 let shown = diff::mask_state(&content, row.version)
-                    .map_err(|e| ApiError::Conflict(e.to_string()))?;
+                    .map_err(|e| Error::Conflict(e.to_string()))?;
                 (row, shown.to_string().into_bytes())
             } else {
                 // The real values leave the server: audited as `state.revealed`.
@@ -196,9 +191,7 @@ async fn run(
                 .as_deref()
                 .is_some_and(|id| !crate::tfstate::is_safe_id(id, 256))
             {
-                return Err(ApiError::BadRequest(
-                    "lock_id must be printable ASCII".into(),
-                ));
+                return Err(Error::Invalid("lock_id must be printable ASCII".into()));
             }
             ok(
                 serde_json::to_value(ops.unlock(w, parsed.lock_id, &actor).await?)
@@ -232,7 +225,7 @@ async fn run(
         } => {
             let instant = |name: &str, text: Option<String>| {
                 text.map(|t| {
-                    parse_instant(&t).map_err(|why| ApiError::BadRequest(format!("{name}: {why}")))
+                    parse_instant(&t).map_err(|why| Error::Invalid(format!("{name}: {why}")))
                 })
                 .transpose()
             };
@@ -247,9 +240,7 @@ async fn run(
             let limit = u32::try_from(limit)
                 .ok()
                 .filter(|n| *n <= MAX_AUDIT_LIMIT)
-                .ok_or_else(|| {
-                    ApiError::BadRequest(format!("limit must be 1-{MAX_AUDIT_LIMIT}"))
-                })?;
+                .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")))?;
             ok(serde_json::json!({ "audit": ops.audit(filter, limit, &who.grant).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
@@ -265,7 +256,7 @@ async fn run(
             let limit = u32::try_from(limit)
                 .ok()
                 .filter(|n| *n <= MAX_LIST)
-                .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))?;
+                .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_LIST}")))?;
             let (checks, runs) = super::guard::visible_drift(app, &who.grant, w, limit).await?;
             ok(serde_json::json!({ "checks": checks, "runs": runs }))
         }

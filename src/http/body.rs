@@ -10,7 +10,7 @@ use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// A finished local response.
 pub struct Reply {
@@ -92,14 +92,14 @@ impl Handled {
 
 /// A handler's error, and how far it got with the request body.
 pub struct Failure {
-    pub error: ApiError,
+    pub error: Error,
     pub bytes_in: usize,
     pub body_consumed: bool,
 }
 
 impl Failure {
     /// Refused before the body was read.
-    pub fn early(error: ApiError) -> Failure {
+    pub fn early(error: Error) -> Failure {
         Failure {
             error,
             bytes_in: 0,
@@ -108,7 +108,7 @@ impl Failure {
     }
 
     /// Refused after reading all `bytes_in` bytes of the body.
-    pub fn after_body(bytes_in: usize) -> impl Fn(ApiError) -> Failure {
+    pub fn after_body(bytes_in: usize) -> impl Fn(Error) -> Failure {
         move |error| Failure {
             error,
             bytes_in,
@@ -129,7 +129,7 @@ impl From<Failure> for Handled {
 }
 
 /// The JSON error reply for `e`; server-side failures are logged here, once.
-pub fn error_reply(e: &ApiError) -> Reply {
+pub fn error_reply(e: &Error) -> Reply {
     let status = e.http_status();
     match e.log_detail() {
         Some(detail) if status >= 500 => tracing::error!(status, error = detail, "request failed"),
@@ -176,7 +176,7 @@ impl BodyBudget {
     /// Grows `held`, a whole body's reservation, by the sealed copy the blob store
     /// collects while that body is written (at most its write buffer): a whole-body
     /// write holds both at once.
-    pub fn hold_store_copy(&self, held: &mut Reservation, body_len: u64) -> Result<(), ApiError> {
+    pub fn hold_store_copy(&self, held: &mut Reservation, body_len: u64) -> Result<(), Error> {
         let copy = body_len.min(self.store_write_buffer);
         self.grow(held, body_len + copy)
     }
@@ -187,14 +187,14 @@ impl BodyBudget {
     }
 
     /// A reservation covering `bytes`.
-    pub fn reserve(&self, bytes: u64) -> Result<Reservation, ApiError> {
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, Error> {
         let mut reservation = Reservation::default();
         self.grow(&mut reservation, bytes)?;
         Ok(reservation)
     }
 
     /// Grows `reservation` to cover `bytes` in all.
-    fn grow(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), ApiError> {
+    fn grow(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), Error> {
         let want = bytes.div_ceil(1024).min(u64::from(self.total_kib)) as u32;
         if want <= reservation.kib {
             return Ok(());
@@ -203,7 +203,7 @@ impl BodyBudget {
             .kib
             .clone()
             .try_acquire_many_owned(want - reservation.kib)
-            .map_err(|_| ApiError::Busy("too many large bodies in flight; retry shortly".into()))?;
+            .map_err(|_| Error::Busy("too many large bodies in flight; retry shortly".into()))?;
         match &mut reservation.permit {
             Some(permit) => permit.merge(more),
             None => reservation.permit = Some(more),
@@ -278,7 +278,7 @@ pub async fn read_body(
     limit: u64,
     budget: &BodyBudget,
     limits: BodyLimits,
-) -> Result<(Bytes, Reservation), ApiError> {
+) -> Result<(Bytes, Reservation), Error> {
     let declared = begin_body(session, limit, limits).await?;
     let mut wait = ClientWait::default();
     let mut reservation = Reservation::default();
@@ -287,7 +287,7 @@ pub async fn read_body(
     while let Some(chunk) = next_piece(session, limits, &mut wait, body.len() as u64).await? {
         let total = body.len() as u64 + chunk.len() as u64;
         if total > limit {
-            return Err(ApiError::PayloadTooLarge { limit });
+            return Err(Error::PayloadTooLarge { limit });
         }
         budget.grow(&mut reservation, total)?;
         body.extend_from_slice(&chunk);
@@ -311,7 +311,7 @@ pub async fn stream_body(
     limit: u64,
     budget: &BodyBudget,
     limits: BodyLimits,
-    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, ApiError>>,
+    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, Error>>,
 ) -> (usize, bool) {
     let mut read = 0u64;
     let result = async {
@@ -321,7 +321,7 @@ pub async fn stream_body(
         while let Some(chunk) = next_piece(session, limits, &mut wait, read).await? {
             read += chunk.len() as u64;
             if read > limit {
-                return Err(ApiError::PayloadTooLarge { limit });
+                return Err(Error::PayloadTooLarge { limit });
             }
             budget.grow(&mut held, read.min(budget.stream_hold))?;
             if tx.send(Ok(Some(chunk))).await.is_err() {
@@ -346,14 +346,14 @@ async fn begin_body(
     session: &mut Session,
     limit: u64,
     limits: BodyLimits,
-) -> Result<Option<u64>, ApiError> {
+) -> Result<Option<u64>, Error> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(ApiError::PayloadTooLarge { limit });
+        return Err(Error::PayloadTooLarge { limit });
     }
     let expects_continue = headers
         .get(http::header::EXPECT)
@@ -364,7 +364,7 @@ async fn begin_body(
             .as_downstream_mut()
             .write_continue_response()
             .await
-            .map_err(|e| ApiError::BadRequest(format!("connection failed: {e}")))?;
+            .map_err(|e| Error::Invalid(format!("connection failed: {e}")))?;
     }
     session.set_read_timeout(Some(limits.timeout));
     Ok(declared)
@@ -376,14 +376,14 @@ async fn next_piece(
     limits: BodyLimits,
     wait: &mut ClientWait,
     received: u64,
-) -> Result<Option<Bytes>, ApiError> {
+) -> Result<Option<Bytes>, Error> {
     match wait
         .read(&limits, received, session.read_request_body())
         .await
     {
-        None => Err(ApiError::SlowClient),
-        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(ApiError::SlowClient),
-        Some(Err(_)) => Err(ApiError::BadRequest(
+        None => Err(Error::SlowClient),
+        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(Error::SlowClient),
+        Some(Err(_)) => Err(Error::Invalid(
             "request body could not be read (connection closed?)".into(),
         )),
         Some(Ok(chunk)) => Ok(chunk),
@@ -429,12 +429,12 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
     while let Some(piece) = stream.recv().await {
         let piece = piece.map_err(|e| {
             // Logged once here; the client only sees the connection close early.
-            let e = ApiError::from(e);
+            let e = Error::from(e);
             tracing::error!(
                 error = e.log_detail().unwrap_or_default(),
                 "state read failed mid-response; connection closed"
             );
-            Error::explain(
+            pingora::Error::explain(
                 ErrorType::InternalError,
                 "state failed verification mid-response",
             )
@@ -445,7 +445,7 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
             .await?;
     }
     if sent != len {
-        return Err(Error::explain(
+        return Err(pingora::Error::explain(
             ErrorType::InternalError,
             "state ended short of its length",
         ));

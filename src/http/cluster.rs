@@ -8,7 +8,7 @@ use super::body::{error_reply, read_body, Failure, Handled, Reply};
 use super::router::ClusterAction;
 use super::{auth, App};
 use crate::cluster::{lease::MAX_LOCK_BODY, MAX_STATE_BYTES};
-use crate::error::ApiError;
+use crate::error::Error;
 
 pub(super) async fn handle(
     app: &App,
@@ -52,7 +52,7 @@ pub(super) async fn handle(
                     content_type: "application/json",
                 }
             }
-            None => error_reply(&ApiError::NotFound(
+            None => error_reply(&Error::NotFound(
                 "no state has been pushed to this cluster yet".into(),
             )),
         },

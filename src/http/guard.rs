@@ -3,7 +3,7 @@
 //! before a body is read. Every route names what it needs here, in exhaustive matches
 //! (a new route does not compile until it says), so none can forget the check.
 //!
-//! A refusal is always `ApiError::NotPermitted` (403, one fixed body) whether the role
+//! A refusal is always `Error::NotPermitted` (403, one fixed body) whether the role
 //! lacks the action, the workspace is outside the operator's patterns or the thing is
 //! site-wide; it changes nothing and is not audited (a warning in the server log names
 //! the operator, the route and the workspace, never content). Listings are not refused
@@ -13,7 +13,7 @@
 use super::router::{AdminAction, UiRoute};
 use super::App;
 use crate::drift::{CheckSummary, Run, MAX_LIST};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::operator::roles::{Action, Grant, Target};
 use crate::operator::Operator;
 
@@ -25,7 +25,7 @@ pub(super) async fn visible_drift(
     grant: &Grant,
     workspace: Option<String>,
     limit: u32,
-) -> Result<(Vec<CheckSummary>, Vec<Run>), ApiError> {
+) -> Result<(Vec<CheckSummary>, Vec<Run>), Error> {
     let mut checks = app.drift.checks().await?;
     checks.retain(|c| grant.sees(&c.workspace));
     let read = if grant.is_limited() && workspace.is_none() {
@@ -136,7 +136,7 @@ pub(super) async fn permit(
     who: &Operator,
     route_name: &str,
     need: Need<'_>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     let Some((action, on)) = need else {
         return Ok(());
     };
@@ -153,7 +153,7 @@ pub(super) async fn permit(
                 && match id.parse::<i64>() {
                     Ok(id) => match app.drift.run(id).await {
                         Ok(run) => grant.may(action, Target::Workspace(&run.workspace)),
-                        Err(ApiError::NotFound(_)) => true,
+                        Err(Error::NotFound(_)) => true,
                         Err(e) => return Err(e),
                     },
                     Err(_) => true,
@@ -174,7 +174,7 @@ pub(super) async fn permit(
         target = %workspace,
         "operator refused: not permitted"
     );
-    Err(ApiError::NotPermitted)
+    Err(Error::NotPermitted)
 }
 
 #[cfg(test)]

@@ -195,7 +195,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         if let Some(turn) = &ctx.conditional_turn {
             turn.body_progress(end_of_stream).map_err(|_| {
-                Error::explain(
+                pingora::Error::explain(
                     ErrorType::Custom(HOLD_EXPIRED),
                     "the conditional PUT's body did not arrive in time",
                 )
@@ -211,7 +211,7 @@ impl ProxyHttp for Gateway {
     ) -> Result<Box<HttpPeer>> {
         let Some(up) = &self.app.upstream else {
             // request_filter answers every request itself when there is no upstream.
-            return Err(Error::explain(
+            return Err(pingora::Error::explain(
                 ErrorType::HTTPStatus(404),
                 "no upstream configured",
             ));
@@ -221,7 +221,7 @@ impl ProxyHttp for Gateway {
             .ok()
             .and_then(|mut addrs| addrs.next())
             .ok_or_else(|| {
-                Error::explain(
+                pingora::Error::explain(
                     ErrorType::ConnectNoRoute,
                     "cannot resolve the upstream S3 host",
                 )
@@ -339,7 +339,7 @@ impl Gateway {
             Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
             Endpoint::Metrics if !self.may_scrape(session) => {
                 // The same answer for a missing and a wrong bearer; nothing is read.
-                let mut reply = error_reply(&crate::error::ApiError::Unauthorized);
+                let mut reply = error_reply(&crate::error::Error::Unauthenticated);
                 reply.headers.push((
                     "WWW-Authenticate",
                     "Bearer realm=\"stategate metrics\"".into(),

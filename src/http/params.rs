@@ -2,28 +2,29 @@
 //! for what a workspace name and a version number look like in a request, so both
 //! answer the same input with the same error.
 
-use crate::error::ApiError;
+use crate::error::Error;
 
-pub(super) fn workspace(name: &str) -> Result<&str, ApiError> {
+pub(super) fn workspace(name: &str) -> Result<&str, Error> {
     crate::names::validate_workspace(name)?;
     Ok(name)
 }
 
 /// A positive whole number; an empty value (a form field left blank) is absent.
-pub(super) fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+pub(super) fn number(name: &str, value: Option<&str>) -> Result<Option<i64>, Error> {
     value
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .map(|v| {
-            v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                ApiError::BadRequest(format!("{name} must be a positive whole number"))
-            })
+            v.parse::<i64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| Error::Invalid(format!("{name} must be a positive whole number")))
         })
         .transpose()
 }
 
-pub(super) fn required(name: &str, value: Option<&str>) -> Result<i64, ApiError> {
-    number(name, value)?.ok_or_else(|| ApiError::BadRequest(format!("{name} is required")))
+pub(super) fn required(name: &str, value: Option<&str>) -> Result<i64, Error> {
+    number(name, value)?.ok_or_else(|| Error::Invalid(format!("{name} is required")))
 }
 
 #[cfg(test)]

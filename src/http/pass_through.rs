@@ -12,7 +12,7 @@ use super::body::{error_reply, Reply};
 use super::conditional::{self, HeldTurn};
 use super::s3_target::{self, TargetError};
 use super::{upstream, App};
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// What to do with a pass-through request.
 pub enum Decision {
@@ -145,8 +145,8 @@ pub fn may_learn_precondition(request: &RequestHeader) -> bool {
     signed_header || presigned
 }
 
-pub fn no_upstream() -> ApiError {
-    ApiError::NotFound(
+pub fn no_upstream() -> Error {
+    Error::NotFound(
         "no such route (stategate serves /api/v1/tf/state/<workspace>; no S3 upstream is configured)"
             .into(),
     )

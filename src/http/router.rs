@@ -4,7 +4,7 @@
 //! decided by `pass_through` (forwarded to the S3 store, refused, or 404 when no
 //! upstream is configured).
 
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::names::validate_workspace;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
@@ -370,7 +370,7 @@ fn query_param(query: Option<&str>, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, ApiError> {
+pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, Error> {
     if path == "/healthz" {
         return match method {
             "GET" | "HEAD" => Ok(Endpoint::Health),
@@ -402,7 +402,7 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
         None => (rest, false),
         Some((ws, "lock")) => (ws, true),
         Some(_) => {
-            return Err(ApiError::NotFound(
+            return Err(Error::NotFound(
                 "no such route; the state address is /api/v1/tf/state/<workspace>".into(),
             ))
         }
@@ -429,7 +429,7 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
 }
 
 /// `{id}/tfstate`, `{id}/lock`, `{id}/lock/heartbeat` under `/v1/clusters/`.
-fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, ApiError> {
+fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, Error> {
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
     let action = match (tail, method) {
         ("tfstate", "GET") => ClusterAction::GetState,
@@ -441,7 +441,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
                 None | Some("" | "0" | "false") => false,
                 Some("1" | "true") => true,
                 Some(_) => {
-                    return Err(ApiError::BadRequest(
+                    return Err(Error::Invalid(
                         "force must be 1 (or true) to break another admin's lock".into(),
                     ))
                 }
@@ -451,7 +451,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
         ("lock/heartbeat", "POST") => ClusterAction::Heartbeat,
         ("lock/heartbeat", _) => return Err(not_allowed(method, "POST")),
         _ => {
-            return Err(ApiError::NotFound(
+            return Err(Error::NotFound(
                 "no such route; cluster routes are /v1/clusters/<id>/tfstate, /v1/clusters/<id>/lock and /v1/clusters/<id>/lock/heartbeat".into(),
             ))
         }
@@ -463,7 +463,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
 }
 
 /// The admin routes (see [`AdminAction`]); names and numbers are judged by the handler.
-fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, ApiError> {
+fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, Error> {
     let q = |name| query_param(query, name);
     let segments: Vec<&str> = rest.split('/').collect();
     let ws = |w: &str| w.to_string();
@@ -538,7 +538,7 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             "POST",
         ),
         _ => {
-            return Err(ApiError::NotFound(
+            return Err(Error::NotFound(
                 "no such admin route; see docs/admin-api.md".into(),
             ))
         }
@@ -649,8 +649,8 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
     route
 }
 
-fn not_allowed(method: &str, allowed: &'static str) -> ApiError {
-    ApiError::MethodNotAllowed {
+fn not_allowed(method: &str, allowed: &'static str) -> Error {
+    Error::MethodNotAllowed {
         method: method.chars().take(32).collect(),
         allowed,
     }

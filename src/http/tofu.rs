@@ -8,7 +8,7 @@ use pingora::proxy::Session;
 use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply, Reservation};
 use super::router::TfAction;
 use super::{auth, App};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::store::BODY_CHANNEL;
 use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
@@ -25,7 +25,7 @@ pub(super) async fn handle(
         .await
         .map_err(Failure::early)?
     else {
-        return Err(Failure::early(ApiError::Unauthorized));
+        return Err(Failure::early(Error::Unauthenticated));
     };
     match action {
         TfAction::Get => get(app, session, workspace).await,
@@ -64,7 +64,7 @@ impl SmallBody {
     }
 
     /// The empty reply of an action that succeeded, or its failure.
-    fn answer(self, outcome: Result<(), ApiError>) -> Result<Handled, Failure> {
+    fn answer(self, outcome: Result<(), Error>) -> Result<Handled, Failure> {
         let read = self.body.len();
         outcome.map_err(Failure::after_body(read))?;
         Ok(Handled::done(Reply::empty(), read).holding(self.held))
@@ -77,7 +77,7 @@ async fn get(app: &App, session: &mut Session, workspace: &str) -> Result<Handle
     let read = small.body.len();
     let fail = Failure::after_body(read);
     let Some(state) = app.tofu.get_stream(workspace).await.map_err(&fail)? else {
-        let missing = ApiError::NotFound(format!("workspace {workspace:?} has no state yet"));
+        let missing = Error::NotFound(format!("workspace {workspace:?} has no state yet"));
         return Ok(Handled::done(error_reply(&missing), read).holding(small.held));
     };
     // A few verified chunks are in flight at a time (a blob of an earlier release is
@@ -104,7 +104,7 @@ async fn write(
         .get("content-md5")
         .map(|v| {
             v.to_str()
-                .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))
+                .map_err(|_| Error::Invalid("Content-MD5 is not valid base64".into()))
         })
         .transpose()
         .and_then(|v| v.map(decode_content_md5).transpose())

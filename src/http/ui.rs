@@ -16,7 +16,7 @@ use super::params::{number, required, workspace};
 use super::router::UiRoute;
 use super::App;
 use crate::drift::MAX_LIST;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::operator::diff::mask_state;
 use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
@@ -164,13 +164,13 @@ fn to_login(app: &App, session: &Session) -> Answer {
     Answer::Redirect(LOGIN.into(), remembered.into_iter().collect())
 }
 
-fn error_page(chrome: Option<&Chrome>, e: &ApiError) -> Answer {
+fn error_page(chrome: Option<&Chrome>, e: &Error) -> Answer {
     let status = e.http_status();
     if let Some(detail) = e.log_detail().filter(|_| status >= 500) {
         tracing::error!(status, error = detail, "ui request failed");
     }
     let (message, holder) = match e {
-        ApiError::Locked { holder_info } => {
+        Error::Locked { holder_info } => {
             let info: serde_json::Value = serde_json::from_slice(holder_info).unwrap_or_default();
             let field = |k: &str| info[k].as_str().unwrap_or("?").chars().take(256).collect();
             (e.to_string(), Some((field("Who"), field("Operation"))))
@@ -249,7 +249,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
             };
             let read = form.len;
             if !session::csrf_matches(&me, form.get("csrf")) {
-                let refused = ApiError::Forbidden(
+                let refused = Error::Refused(
                     "this form is stale or was not sent by this UI (CSRF token mismatch); nothing was changed".into(),
                 );
                 return (error_page(Some(&chrome), &refused), read, true);
@@ -281,7 +281,7 @@ impl Form {
     }
 }
 
-async fn read_form(app: &App, session: &mut Session) -> Result<Form, ApiError> {
+async fn read_form(app: &App, session: &mut Session) -> Result<Form, Error> {
     let (body, _held) = read_body(session, MAX_FORM, &app.body_budget, app.body_limits).await?;
     Ok(Form {
         fields: form_urlencoded::parse(&body).into_owned().collect(),
@@ -309,7 +309,7 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
     {
         Ok(()) => {}
         Err(Refusal::CrossSite) => {
-            let refused = ApiError::Forbidden(
+            let refused = Error::Refused(
                 "this login was not sent from this server's own login page; nothing was done"
                     .into(),
             );
@@ -359,7 +359,7 @@ fn text(value: Option<String>) -> Option<String> {
 }
 
 /// The read-only pages.
-async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, ApiError> {
+async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, Error> {
     let ops = &app.operator;
     let ok = |markup| Ok(Answer::Page(200, markup));
     match route {
@@ -390,7 +390,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let skip = (page - 1) * VERSIONS_PER_PAGE;
             let rows = match ops.history(w, Some(skip + VERSIONS_PER_PAGE + 1)).await {
                 Ok(rows) => rows,
-                Err(ApiError::NotFound(_)) => Vec::new(), // only a lock so far
+                Err(Error::NotFound(_)) => Vec::new(), // only a lock so far
                 Err(e) => return Err(e),
             };
             let has_more = rows.len() > (skip + VERSIONS_PER_PAGE) as usize;
@@ -478,8 +478,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let instant = |name: &str, t: &str| {
                 (!t.is_empty())
                     .then(|| {
-                        parse_instant(t)
-                            .map_err(|why| ApiError::BadRequest(format!("{name}: {why}")))
+                        parse_instant(t).map_err(|why| Error::Invalid(format!("{name}: {why}")))
                     })
                     .transpose()
             };
@@ -510,7 +509,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 u32::try_from(n)
                     .ok()
                     .filter(|n| (1..=MAX_LIST).contains(n))
-                    .ok_or_else(|| ApiError::BadRequest(format!("limit must be 1-{MAX_LIST}")))
+                    .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_LIST}")))
             })?;
             let (checks, runs) =
                 super::guard::visible_drift(app, chrome.grant, filter.clone(), limit).await?;
@@ -528,8 +527,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
             ok(drift_pages::run(chrome, &run, &output))
         }
-        UiRoute::NotFound => Err(ApiError::NotFound("no such page".into())),
-        UiRoute::NotAllowed { allowed } => Err(ApiError::MethodNotAllowed {
+        UiRoute::NotFound => Err(Error::NotFound("no such page".into())),
+        UiRoute::NotAllowed { allowed } => Err(Error::MethodNotAllowed {
             method: "this method".into(),
             allowed,
         }),
@@ -544,7 +543,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Unlock { .. }
         | UiRoute::AllowWrite { .. }
         | UiRoute::DriftCheck { .. }
-        | UiRoute::DriftApply { .. } => Err(ApiError::NotFound("no such page".into())),
+        | UiRoute::DriftApply { .. } => Err(Error::NotFound("no such page".into())),
     }
 }
 
@@ -589,7 +588,7 @@ async fn action(
     cookie: Option<&str>,
     route: UiRoute,
     form: &Form,
-) -> Result<Answer, ApiError> {
+) -> Result<Answer, Error> {
     let ops = &app.operator;
     let actor = me.operator.actor();
     match route {
@@ -636,7 +635,7 @@ async fn action(
             let to = required("to", form.get("to"))?;
             let from = number("from", form.get("from"))?;
             if form.get("confirm").map(str::trim) != Some(w) {
-                return Err(ApiError::BadRequest(
+                return Err(Error::Invalid(
                     "type the workspace name exactly to confirm the rollback; nothing was changed"
                         .into(),
                 ));
@@ -651,7 +650,7 @@ async fn action(
         UiRoute::Unlock { workspace: w } => {
             let w = workspace(&w)?;
             if form.get("confirm") != Some("yes") {
-                return Err(ApiError::BadRequest(
+                return Err(Error::Invalid(
                     "tick the confirmation to break the lock; nothing was changed".into(),
                 ));
             }
@@ -663,9 +662,7 @@ async fn action(
                 .as_deref()
                 .is_some_and(|id| !crate::tfstate::is_safe_id(id, 256))
             {
-                return Err(ApiError::BadRequest(
-                    "lock_id must be printable ASCII".into(),
-                ));
+                return Err(Error::Invalid("lock_id must be printable ASCII".into()));
             }
             let done = ops.unlock(w, lock_id, &actor).await?;
             let flag = if done.unlocked { 1 } else { 0 };
@@ -675,14 +672,14 @@ async fn action(
         UiRoute::AllowWrite { workspace: w } => {
             let w = workspace(&w)?;
             if form.get("confirm") != Some("yes") {
-                return Err(ApiError::BadRequest(
+                return Err(Error::Invalid(
                     "tick the confirmation to allow the write; nothing was changed".into(),
                 ));
             }
             let minutes = match number("minutes", form.get("minutes").filter(|m| !m.is_empty()))? {
                 None => crate::tofu::guard::DEFAULT_OVERRIDE_MINUTES,
                 Some(n) => u32::try_from(n).map_err(|_| {
-                    ApiError::BadRequest(crate::tofu::guard::BadOverride::Minutes.to_string())
+                    Error::Invalid(crate::tofu::guard::BadOverride::Minutes.to_string())
                 })?,
             };
             ops.allow_write(w, minutes, form.get("reason").unwrap_or(""), &actor)
@@ -699,7 +696,7 @@ async fn action(
             let id = required("run", Some(&run))?;
             let check = app.drift.run(id).await?;
             if form.get("confirm").map(str::trim) != Some(check.workspace.as_str()) {
-                return Err(ApiError::BadRequest(
+                return Err(Error::Invalid(
                     "type the workspace name exactly to approve the plan; nothing was approved"
                         .into(),
                 ));
@@ -707,6 +704,6 @@ async fn action(
             let started = app.drift.approve(id, &actor).await?;
             Ok(redirect(&drift_pages::run_href(app.drift.spawn(started))))
         }
-        _ => Err(ApiError::NotFound("no such form".into())),
+        _ => Err(Error::NotFound("no such form".into())),
     }
 }

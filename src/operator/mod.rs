@@ -9,7 +9,7 @@
 //! before any of these runs; the listings (`list_workspaces`, `search`, `audit`) take
 //! the grant and return only what it sees. The CLI passes `Grant::ROOT`.
 //!
-//! Functions take plain values and return plain results or a typed `ApiError`; lock
+//! Functions take plain values and return plain results or a typed `Error`; lock
 //! and lease staleness is judged here, against `locks.stale_after_seconds` and the
 //! cluster API's `lease_stale_seconds`.
 
@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::cluster::identity::{list_clusters, AdminError};
 use crate::cluster::{lease::current_lease, ClusterService};
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::names::validate_workspace;
 use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
@@ -165,13 +165,13 @@ pub fn rolled_back_json(done: &RolledBack) -> serde_json::Value {
     })
 }
 
-pub fn admin_error(e: AdminError) -> ApiError {
+pub fn admin_error(e: AdminError) -> Error {
     match e {
-        AdminError::Invalid(m) => ApiError::BadRequest(m),
-        AdminError::NotFound(m) => ApiError::NotFound(m),
-        AdminError::Exists(m) => ApiError::Conflict(m),
-        AdminError::Db(e) => ApiError::from(e),
-        AdminError::Random(detail) => ApiError::Internal {
+        AdminError::Invalid(m) => Error::Invalid(m),
+        AdminError::NotFound(m) => Error::NotFound(m),
+        AdminError::Exists(m) => Error::Conflict(m),
+        AdminError::Db(e) => Error::from(e),
+        AdminError::Random(detail) => Error::Internal {
             public: "cannot create a token now; see the server log".into(),
             detail,
         },
@@ -300,20 +300,20 @@ impl Operations {
 
     /// The operator a bearer token belongs to. No token, a wrong one and a revoked one
     /// all get the same 401.
-    pub async fn authenticate(&self, token: Option<Vec<u8>>) -> Result<Operator, ApiError> {
-        let token = token.ok_or(ApiError::OperatorRequired)?;
+    pub async fn authenticate(&self, token: Option<Vec<u8>>) -> Result<Operator, Error> {
+        let token = token.ok_or(Error::OperatorRequired)?;
         let found = self
             .db
             .read(move |c| identity::operator_by_token(c, &token))
             .await?;
-        found.ok_or(ApiError::OperatorRequired)
+        found.ok_or(Error::OperatorRequired)
     }
 
     /// A change to operators or users, in one write transaction with its audit row.
     pub async fn admin_write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
-    ) -> Result<T, ApiError> {
+    ) -> Result<T, Error> {
         self.db.write(f).await.map_err(admin_error)
     }
 
@@ -321,14 +321,14 @@ impl Operations {
     pub async fn admin_read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
-    ) -> Result<T, ApiError> {
+    ) -> Result<T, Error> {
         let read = self.db.read(move |c| Ok(f(c))).await?;
         read.map_err(admin_error)
     }
 
     /// Every workspace `grant` sees (an operator limited to `dev-*` never learns that
     /// `prod-x` exists); [`Grant::ROOT`] for the CLI and housekeeping.
-    pub async fn list_workspaces(&self, grant: &Grant) -> Result<Vec<WorkspaceSummary>, ApiError> {
+    pub async fn list_workspaces(&self, grant: &Grant) -> Result<Vec<WorkspaceSummary>, Error> {
         let (now, stale) = (Self::now(), self.stale_after);
         let mut rows = self.db.read(move |c| workspace_rows(c, now, stale)).await?;
         rows.retain(|w| grant.sees(&w.name));
@@ -336,20 +336,20 @@ impl Operations {
     }
 
     /// One workspace's summary (404 when it has neither versions nor a lock).
-    pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, ApiError> {
+    pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, Error> {
         validate_workspace(workspace)?;
         self.list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
             .find(|w| w.name == workspace)
-            .ok_or_else(|| ApiError::NotFound(format!("workspace {workspace:?} has no versions")))
+            .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))
     }
 
     pub async fn history(
         &self,
         workspace: &str,
         limit: Option<u32>,
-    ) -> Result<Vec<VersionRow>, ApiError> {
+    ) -> Result<Vec<VersionRow>, Error> {
         validate_workspace(workspace)?;
         let rows = self
             .tofu
@@ -357,7 +357,7 @@ impl Operations {
             .history(&crate::tofu::scope(workspace), limit)
             .await?;
         if rows.is_empty() {
-            return Err(ApiError::NotFound(format!(
+            return Err(Error::NotFound(format!(
                 "workspace {workspace:?} has no versions"
             )));
         }
@@ -371,7 +371,7 @@ impl Operations {
         &self,
         workspace: &str,
         version: Option<i64>,
-    ) -> Result<(VersionRow, Vec<u8>), ApiError> {
+    ) -> Result<(VersionRow, Vec<u8>), Error> {
         validate_workspace(workspace)?;
         let version = match version {
             Some(v) => v,
@@ -383,7 +383,7 @@ impl Operations {
                     .await?;
                 match latest {
                     None => {
-                        return Err(ApiError::NotFound(format!(
+                        return Err(Error::NotFound(format!(
                             "workspace {workspace:?} has no versions"
                         )))
                     }
@@ -406,7 +406,7 @@ impl Operations {
         version: Option<i64>,
         who: &str,
         via: Reveal,
-    ) -> Result<(VersionRow, Vec<u8>), ApiError> {
+    ) -> Result<(VersionRow, Vec<u8>), Error> {
         let (row, body) = self.show(workspace, version).await?;
         let entry = AuditEntry {
             actor: who.to_string(),
@@ -422,7 +422,7 @@ impl Operations {
     }
 
     /// What changed from version `from` to version `to`.
-    pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, ApiError> {
+    pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, Error> {
         validate_workspace(workspace)?;
         let (a, a_body) = self
             .tofu
@@ -433,7 +433,7 @@ impl Operations {
             .read_version(workspace, to, self.max_view_bytes)
             .await?;
         diff::diff_states(&a_body, a.version, &b_body, b.version)
-            .map_err(|e| ApiError::Conflict(e.to_string()))
+            .map_err(|e| Error::Conflict(e.to_string()))
     }
 
     /// Rolls back to version `to`. `expected_from`: the current version the operator
@@ -444,7 +444,7 @@ impl Operations {
         to: i64,
         expected_from: Option<i64>,
         who: &str,
-    ) -> Result<RolledBack, ApiError> {
+    ) -> Result<RolledBack, Error> {
         validate_workspace(workspace)?;
         self.tofu
             .rollback_from(workspace, to, expected_from, who)
@@ -458,7 +458,7 @@ impl Operations {
         workspace: &str,
         target: &VersionRow,
         body: &[u8],
-    ) -> Result<Result<Option<i64>, String>, ApiError> {
+    ) -> Result<Result<Option<i64>, String>, Error> {
         if crate::tfstate::serial_span(body).is_none() {
             return Ok(Ok(target.serial));
         }
@@ -476,16 +476,14 @@ impl Operations {
         &self,
         workspace: &str,
         to: i64,
-    ) -> Result<RollbackPreview, ApiError> {
+    ) -> Result<RollbackPreview, Error> {
         validate_workspace(workspace)?;
         let latest = self
             .tofu
             .store()
             .latest(&crate::tofu::scope(workspace))
             .await?
-            .ok_or_else(|| {
-                ApiError::NotFound(format!("workspace {workspace:?} has no versions"))
-            })?;
+            .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))?;
         let (target, target_body) = self
             .tofu
             .read_version(workspace, to, self.max_view_bytes)
@@ -529,7 +527,7 @@ impl Operations {
     /// (bounded by [`Self::search_limits`]; see [`search`]). A version that cannot be
     /// read is listed as unreadable (and logged), not skipped silently. Only the
     /// workspaces `grant` sees are searched.
-    pub async fn search(&self, query: &str, grant: &Grant) -> Result<SearchResults, ApiError> {
+    pub async fn search(&self, query: &str, grant: &Grant) -> Result<SearchResults, Error> {
         let limits = self.search_limits;
         let needle = search::needle(query)?;
         let mut workspaces: Vec<WorkspaceSummary> = self
@@ -564,7 +562,7 @@ impl Operations {
         Ok(out)
     }
 
-    pub async fn restore(&self, workspace: &str, who: &str) -> Result<RolledBack, ApiError> {
+    pub async fn restore(&self, workspace: &str, who: &str) -> Result<RolledBack, Error> {
         validate_workspace(workspace)?;
         self.tofu.restore(workspace, who).await
     }
@@ -578,13 +576,13 @@ impl Operations {
         minutes: u32,
         reason: &str,
         who: &str,
-    ) -> Result<crate::tofu::guard::Override, ApiError> {
+    ) -> Result<crate::tofu::guard::Override, Error> {
         validate_workspace(workspace)?;
         self.tofu.allow_write(workspace, minutes, reason, who).await
     }
 
     /// The current holder, as `unlock` shows it before asking.
-    pub async fn lock(&self, workspace: &str) -> Result<Option<LockState>, ApiError> {
+    pub async fn lock(&self, workspace: &str) -> Result<Option<LockState>, Error> {
         validate_workspace(workspace)?;
         let ws = workspace.to_string();
         let (now, stale) = (Self::now(), self.stale_after);
@@ -599,7 +597,7 @@ impl Operations {
         workspace: &str,
         expected: Option<String>,
         who: &str,
-    ) -> Result<Unlocked, ApiError> {
+    ) -> Result<Unlocked, Error> {
         let shown = self.lock(workspace).await?;
         let freed = self.tofu.force_unlock(workspace, expected, who).await?;
         Ok(Unlocked {
@@ -621,11 +619,9 @@ impl Operations {
         filter: AuditFilter,
         limit: u32,
         grant: &Grant,
-    ) -> Result<Vec<AuditRow>, ApiError> {
+    ) -> Result<Vec<AuditRow>, Error> {
         if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
-            return Err(ApiError::BadRequest(format!(
-                "limit must be 1-{MAX_AUDIT_LIMIT}"
-            )));
+            return Err(Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")));
         }
         if !grant.is_limited() {
             return Ok(self
@@ -667,13 +663,13 @@ impl Operations {
     }
 
     /// Every cluster with its latest version and its lease (age, staleness).
-    pub async fn clusters(&self) -> Result<Vec<ClusterSummary>, ApiError> {
+    pub async fn clusters(&self) -> Result<Vec<ClusterSummary>, Error> {
         let now = Self::now();
         let stale = self.clusters.stale_seconds();
         let rows = self
             .db
             .read(
-                move |c| -> Result<Result<Vec<ClusterSummary>, ApiError>, rusqlite::Error> {
+                move |c| -> Result<Result<Vec<ClusterSummary>, Error>, rusqlite::Error> {
                     let clusters = match list_clusters(c, None) {
                         Ok(rows) => rows,
                         Err(e) => return Ok(Err(admin_error(e))),
@@ -701,12 +697,12 @@ impl Operations {
                 },
             )
             .await
-            .map_err(ApiError::from)?;
+            .map_err(Error::from)?;
         rows
     }
 
     /// Seconds each workspace lock and each cluster lease has been held (for `/metrics`).
-    pub async fn held_locks(&self) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), ApiError> {
+    pub async fn held_locks(&self) -> Result<(Vec<(String, i64)>, Vec<(String, i64)>), Error> {
         let locks = self
             .list_workspaces(&Grant::ROOT)
             .await?
@@ -723,7 +719,7 @@ impl Operations {
     }
 
     /// Locks held longer than the stale threshold (logged by `serve` as warnings).
-    pub async fn stale_locks(&self) -> Result<Vec<(String, LockState)>, ApiError> {
+    pub async fn stale_locks(&self) -> Result<Vec<(String, LockState)>, Error> {
         Ok(self
             .list_workspaces(&Grant::ROOT)
             .await?

@@ -9,7 +9,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// Longest query accepted.
 pub const MAX_QUERY: usize = 200;
@@ -73,16 +73,16 @@ pub struct SearchResults {
 }
 
 /// The lower-cased query; empty or over-long ones are refused.
-pub fn needle(query: &str) -> Result<String, ApiError> {
+pub fn needle(query: &str) -> Result<String, Error> {
     let q = query.trim();
     if q.is_empty() {
-        return Err(ApiError::BadRequest(
+        return Err(Error::Invalid(
             "q is required: part of a resource address, type or name (e.g. aws_instance, module.db)"
                 .into(),
         ));
     }
     if q.chars().count() > MAX_QUERY {
-        return Err(ApiError::BadRequest(format!(
+        return Err(Error::Invalid(format!(
             "q is longer than {MAX_QUERY} characters"
         )));
     }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use rusqlite::Connection;
 
 use crate::crypto::RootKey;
-use crate::error::ApiError;
+use crate::error::Error;
 use crate::store::history::{Rollback, RolledBack};
 use crate::store::VersionRow;
 use crate::store::{
@@ -96,8 +96,8 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
     serde_json::json!({ "lock_id": lock.id, "who": field("Who"), "operation": field("Operation") })
 }
 
-fn locked_by(holder: HeldLock) -> ApiError {
-    ApiError::Locked {
+fn locked_by(holder: HeldLock) -> Error {
+    Error::Locked {
         holder_info: Bytes::from(holder.info),
     }
 }
@@ -131,7 +131,7 @@ fn unix_now() -> i64 {
 
 /// The 409 of a write the guard refuses: what is stored, what was sent and how to
 /// proceed (serials and lineages only, never content).
-fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> ApiError {
+fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> Error {
     let stored_serial = current.serial.unwrap_or_default();
     let stored_lineage = current.lineage.as_deref().unwrap_or_default();
     let message = match why {
@@ -154,7 +154,7 @@ fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> 
         sent_serial = sent.serial,
         "state write refused by the write guard"
     );
-    ApiError::WriteRefused {
+    Error::WriteRefused {
         message,
         facts: serde_json::json!({
             "refused": why.as_str(),
@@ -183,7 +183,7 @@ fn guard_write(
     lock_id: Option<&str>,
     current: Option<&VersionRow>,
     sent: Option<&Sent>,
-) -> Result<(), ApiError> {
+) -> Result<(), Error> {
     check_writer(conn, workspace, lock_id)?;
     let (Some(sent), Some(row)) = (sent, current) else {
         return Ok(());
@@ -215,15 +215,15 @@ fn guard_write(
     Ok(())
 }
 
-impl BodyCheck<ApiError> for StateCheck {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), ApiError> {
+impl BodyCheck<Error> for StateCheck {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), Error> {
         if let Some((_, hasher)) = &mut self.md5 {
             md5::Digest::update(hasher, data);
         }
         self.scanner.push(data)
     }
 
-    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, ApiError> {
+    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, Error> {
         if let Some((expected, hasher)) = self.md5 {
             protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
         }
@@ -258,12 +258,12 @@ impl BodyCheck<ApiError> for StateCheck {
     }
 }
 
-fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), ApiError> {
+fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
     match (decide_write(held.as_ref(), lock_id), held) {
         (lock::Write::Allow, _) => Ok(()),
         (lock::Write::Refuse, Some(holder)) => Err(locked_by(holder)),
-        (lock::Write::NotHeld | lock::Write::Refuse, _) => Err(ApiError::Conflict(format!(
+        (lock::Write::NotHeld | lock::Write::Refuse, _) => Err(Error::Conflict(format!(
             "lock {} is not held on this workspace (it was released or force-unlocked); nothing was written",
             lock_id.unwrap_or_default()
         ))),
@@ -272,7 +272,7 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
 
 /// Operator writes (rollback) wait for nobody: refused (423 + holder's LockInfo)
 /// while anyone holds the workspace lock.
-fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), ApiError> {
+fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), Error> {
     check_writer(conn, workspace, None)
 }
 
@@ -296,7 +296,7 @@ impl TofuBackend {
         workspace: &str,
         to_version: i64,
         actor: &str,
-    ) -> Result<RolledBack, ApiError> {
+    ) -> Result<RolledBack, Error> {
         self.rollback_from(workspace, to_version, None, actor).await
     }
 
@@ -308,7 +308,7 @@ impl TofuBackend {
         to_version: i64,
         expected_from: Option<i64>,
         actor: &str,
-    ) -> Result<RolledBack, ApiError> {
+    ) -> Result<RolledBack, Error> {
         let scope = scope(workspace);
         let key = self.root.blob_key(&scope);
         let ws = workspace.to_string();
@@ -325,7 +325,7 @@ impl TofuBackend {
             .rollback(request, &key, move |conn, latest| {
                 let now = latest.map(|r| r.version);
                 if expected_from.is_some_and(|e| now != Some(e)) {
-                    return Err(ApiError::Conflict(format!(
+                    return Err(Error::Conflict(format!(
                         "{ws} changed since you looked (now at version {}); nothing was rolled back, look again",
                         now.unwrap_or(0)
                     )));
@@ -343,7 +343,7 @@ impl TofuBackend {
         workspace: &str,
         version: i64,
         max_bytes: u64,
-    ) -> Result<(crate::store::VersionRow, Vec<u8>), ApiError> {
+    ) -> Result<(crate::store::VersionRow, Vec<u8>), Error> {
         let scope = scope(workspace);
         let key = self.root.blob_key(&scope);
         Ok(self
@@ -353,7 +353,7 @@ impl TofuBackend {
     }
 
     /// Who holds the workspace lock right now.
-    pub async fn lock_holder(&self, workspace: &str) -> Result<Option<HeldLock>, ApiError> {
+    pub async fn lock_holder(&self, workspace: &str) -> Result<Option<HeldLock>, Error> {
         let ws = workspace.to_string();
         Ok(self.db.read(move |c| held_lock(c, &ws)).await?)
     }
@@ -366,16 +366,16 @@ impl TofuBackend {
         workspace: &str,
         expected: Option<String>,
         actor: &str,
-    ) -> Result<Option<HeldLock>, ApiError> {
+    ) -> Result<Option<HeldLock>, Error> {
         let ws = workspace.to_string();
         let actor = actor.to_string();
         self.db
-            .write(move |conn| -> Result<Option<HeldLock>, ApiError> {
+            .write(move |conn| -> Result<Option<HeldLock>, Error> {
                 let Some(holder) = held_lock(conn, &ws).map_err(DbError::from)? else {
                     return Ok(None);
                 };
                 if expected.as_ref().is_some_and(|id| id != &holder.id) {
-                    return Err(ApiError::Conflict(format!(
+                    return Err(Error::Conflict(format!(
                         "the lock of {ws} changed (now held as {}); nothing was unlocked, look again",
                         holder.id
                     )));
@@ -398,21 +398,21 @@ impl TofuBackend {
         workspace: &str,
         lock_id: &str,
         taken_by: &str,
-    ) -> Result<Option<HeldLock>, ApiError> {
+    ) -> Result<Option<HeldLock>, Error> {
         let (ws, id, who) = (
             workspace.to_string(),
             lock_id.to_string(),
             taken_by.to_string(),
         );
         self.db
-            .write(move |conn| -> Result<Option<HeldLock>, ApiError> {
+            .write(move |conn| -> Result<Option<HeldLock>, Error> {
                 let Some((holder, credential)) =
                     lock::held_lock_credential(conn, &ws).map_err(DbError::from)?
                 else {
                     return Ok(None);
                 };
                 if holder.id != id || credential.as_deref() != Some(who.as_str()) {
-                    return Err(ApiError::Conflict(format!(
+                    return Err(Error::Conflict(format!(
                         "the lock of {ws} is not the one {who} took; nothing was unlocked"
                     )));
                 }
@@ -428,22 +428,22 @@ impl TofuBackend {
     /// Undoes a DELETE: the newest version with content becomes current again as a new
     /// version, audited as `tf.restored`. Refused unless the newest version is a
     /// tombstone, and while the workspace is locked.
-    pub async fn restore(&self, workspace: &str, actor: &str) -> Result<RolledBack, ApiError> {
+    pub async fn restore(&self, workspace: &str, actor: &str) -> Result<RolledBack, Error> {
         let scope = scope(workspace);
         let rows = self.store.history(&scope, None).await?;
         let Some(latest) = rows.first() else {
-            return Err(ApiError::NotFound(format!(
+            return Err(Error::NotFound(format!(
                 "workspace {workspace:?} has no versions"
             )));
         };
         if !latest.is_tombstone() {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "workspace {workspace:?} is not deleted (version {} is current); nothing to restore",
                 latest.version
             )));
         }
         let Some(live) = rows.iter().find(|r| !r.is_tombstone()) else {
-            return Err(ApiError::Conflict(format!(
+            return Err(Error::Conflict(format!(
                 "workspace {workspace:?} has no version with content to restore"
             )));
         };
@@ -477,7 +477,7 @@ impl TofuBackend {
         &self,
         workspace: &str,
         presented: Option<Vec<u8>>,
-    ) -> Result<Option<Credential>, ApiError> {
+    ) -> Result<Option<Credential>, Error> {
         let Some(secret) = presented else {
             return Ok(None);
         };
@@ -502,7 +502,7 @@ impl TofuBackend {
     pub async fn lock_holder_credential(
         &self,
         workspace: &str,
-    ) -> Result<Option<(HeldLock, Option<String>)>, ApiError> {
+    ) -> Result<Option<(HeldLock, Option<String>)>, Error> {
         let ws = workspace.to_string();
         Ok(self
             .db
@@ -513,7 +513,7 @@ impl TofuBackend {
     /// The current state as verified pieces, or `None` when there is none. Returns once
     /// the blob's header and first chunk verified (a blob unreadable from the start is
     /// an error here, before anything was sent).
-    pub async fn get_stream(&self, workspace: &str) -> Result<Option<StateStream>, ApiError> {
+    pub async fn get_stream(&self, workspace: &str) -> Result<Option<StateStream>, Error> {
         let key = self.root.blob_key(&scope(workspace));
         Ok(self.store.stream_current(&scope(workspace), &key).await?)
     }
@@ -523,7 +523,7 @@ impl TofuBackend {
         workspace: &str,
         lock_id: Option<String>,
         body: Bytes,
-    ) -> Result<WriteOutcome, ApiError> {
+    ) -> Result<WriteOutcome, Error> {
         let meta = parse_state(&body)?;
         let size = body.len();
         let key = self.root.blob_key(&scope(workspace));
@@ -560,8 +560,8 @@ impl TofuBackend {
         workspace: &str,
         lock_id: Option<String>,
         content_md5: Option<Vec<u8>>,
-        body: BodyChunks<ApiError>,
-    ) -> Result<WriteOutcome, ApiError> {
+        body: BodyChunks<Error>,
+    ) -> Result<WriteOutcome, Error> {
         let key = self.root.blob_key(&scope(workspace));
         let ws = workspace.to_string();
         let slot = Arc::new(Mutex::new(Pending::default()));
@@ -603,10 +603,10 @@ impl TofuBackend {
         minutes: u32,
         reason: &str,
         actor: &str,
-    ) -> Result<Override, ApiError> {
+    ) -> Result<Override, Error> {
         crate::names::validate_workspace(workspace)?;
-        let reason = guard::check_request(minutes, reason)
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let reason =
+            guard::check_request(minutes, reason).map_err(|e| Error::Invalid(e.to_string()))?;
         let now = unix_now();
         let grant = Override {
             workspace: workspace.to_string(),
@@ -617,7 +617,7 @@ impl TofuBackend {
         };
         let done = grant.clone();
         self.db
-            .write(move |conn| -> Result<(), ApiError> {
+            .write(move |conn| -> Result<(), Error> {
                 guard::put_override(conn, &grant, now).map_err(DbError::from)?;
                 let mut entry = audit(
                     &grant.workspace,
@@ -638,12 +638,7 @@ impl TofuBackend {
 
     /// LOCK by `who`, which the lock row records (a drift run's recovery clears only
     /// locks its own credential took).
-    pub async fn lock(
-        &self,
-        workspace: &str,
-        body: &[u8],
-        who: &Credential,
-    ) -> Result<(), ApiError> {
+    pub async fn lock(&self, workspace: &str, body: &[u8], who: &Credential) -> Result<(), Error> {
         let info = parse_lock_info(body)?;
         let wanted = HeldLock {
             id: info.id,
@@ -652,7 +647,7 @@ impl TofuBackend {
         let ws = workspace.to_string();
         let credential = who.name(workspace);
         self.db
-            .write(move |conn| -> Result<(), ApiError> {
+            .write(move |conn| -> Result<(), Error> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
                 match (decide_lock(held.as_ref(), &wanted.id), held) {
                     (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
@@ -676,12 +671,12 @@ impl TofuBackend {
         workspace: &str,
         body: &[u8],
         who: &Credential,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         let request = UnlockRequest::parse(body)?;
         let ws = workspace.to_string();
         let actor = who.name(workspace);
         self.db
-            .write(move |conn| -> Result<(), ApiError> {
+            .write(move |conn| -> Result<(), Error> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
                 match (decide_unlock(held.as_ref(), &request), held) {
                     (Unlock::Nothing, _) | (_, None) => Ok(()), // idempotent
@@ -703,7 +698,7 @@ impl TofuBackend {
     }
 
     /// Admin delete: a tombstone version (history is kept). Refused while someone holds the lock.
-    pub async fn delete(&self, workspace: &str) -> Result<bool, ApiError> {
+    pub async fn delete(&self, workspace: &str) -> Result<bool, Error> {
         let ws = workspace.to_string();
         let row = self
             .store

@@ -5,7 +5,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde::Deserialize;
 
-use crate::error::ApiError;
+use crate::error::Error;
 
 /// Longest lock ID accepted.
 const MAX_ID_LEN: usize = 256;
@@ -23,23 +23,21 @@ struct LockProbe {
     id: Option<String>,
 }
 
-pub fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
+pub fn parse_lock_info(body: &[u8]) -> Result<LockInfo, Error> {
     let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::BadRequest("LockInfo must be UTF-8 JSON".into()))?;
+        .map_err(|_| Error::Invalid("LockInfo must be UTF-8 JSON".into()))?;
     if !text.trim_start().starts_with('{') {
-        return Err(ApiError::BadRequest(
-            "LockInfo must be a JSON object".into(),
-        ));
+        return Err(Error::Invalid("LockInfo must be a JSON object".into()));
     }
     crate::tfstate::check_untrusted_json(body)
-        .map_err(|why| ApiError::BadRequest(format!("LockInfo is {why}")))?;
+        .map_err(|why| Error::Invalid(format!("LockInfo is {why}")))?;
     let probe: LockProbe = serde_json::from_str(text)
-        .map_err(|e| ApiError::BadRequest(format!("LockInfo is not valid JSON ({e})")))?;
+        .map_err(|e| Error::Invalid(format!("LockInfo is not valid JSON ({e})")))?;
     let id = probe
         .id
-        .ok_or_else(|| ApiError::BadRequest("LockInfo has no \"ID\"".into()))?;
+        .ok_or_else(|| Error::Invalid("LockInfo has no \"ID\"".into()))?;
     if !crate::tfstate::is_safe_id(&id, MAX_ID_LEN) {
-        return Err(ApiError::BadRequest(format!(
+        return Err(Error::Invalid(format!(
             "LockInfo \"ID\" must be 1-{MAX_ID_LEN} printable ASCII characters"
         )));
     }
@@ -57,7 +55,7 @@ pub enum UnlockRequest {
 }
 
 impl UnlockRequest {
-    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+    pub fn parse(body: &[u8]) -> Result<Self, Error> {
         if body.iter().all(|b| b.is_ascii_whitespace()) {
             return Ok(UnlockRequest::Force);
         }
@@ -66,16 +64,16 @@ impl UnlockRequest {
 }
 
 /// Decodes a `Content-MD5` header (base64 of the body's MD5).
-pub fn decode_content_md5(header: &str) -> Result<Vec<u8>, ApiError> {
+pub fn decode_content_md5(header: &str) -> Result<Vec<u8>, Error> {
     BASE64
         .decode(header.trim())
-        .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))
+        .map_err(|_| Error::Invalid("Content-MD5 is not valid base64".into()))
 }
 
 /// Compares the body's MD5 with the one the client declared.
-pub fn check_md5(expected: &[u8], actual: &[u8]) -> Result<(), ApiError> {
+pub fn check_md5(expected: &[u8], actual: &[u8]) -> Result<(), Error> {
     if expected != actual {
-        return Err(ApiError::BadRequest(
+        return Err(Error::Invalid(
             "Content-MD5 does not match the body (corrupted in transit?); nothing was written"
                 .into(),
         ));
@@ -84,14 +82,14 @@ pub fn check_md5(expected: &[u8], actual: &[u8]) -> Result<(), ApiError> {
 }
 
 /// Verifies a `Content-MD5` header (base64 of the body's MD5) when the client sent one.
-pub fn verify_content_md5(header: Option<&str>, body: &[u8]) -> Result<(), ApiError> {
+pub fn verify_content_md5(header: Option<&str>, body: &[u8]) -> Result<(), Error> {
     use md5::Digest;
     let Some(header) = header else { return Ok(()) };
     let expected = BASE64
         .decode(header.trim())
-        .map_err(|_| ApiError::BadRequest("Content-MD5 is not valid base64".into()))?;
+        .map_err(|_| Error::Invalid("Content-MD5 is not valid base64".into()))?;
     if expected.as_slice() != md5::Md5::digest(body).as_slice() {
-        return Err(ApiError::BadRequest(
+        return Err(Error::Invalid(
             "Content-MD5 does not match the body (corrupted in transit?); nothing was written"
                 .into(),
         ));

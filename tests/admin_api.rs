@@ -10,6 +10,7 @@ use common::roles::{
 use common::{lock_info, state, status, TestServer};
 use serde_json::{json, Value};
 use stategate::cluster::identity::{self, Role};
+use stategate::http::error::HttpError;
 use stategate::operator::identity as operators;
 
 struct Env {

@@ -13,6 +13,7 @@
 
 mod common;
 
+use stategate::http::error::HttpError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{lock_info, state, status, TestServer};
+use stategate::http::error::HttpError;
 use stategate::store::history::history_rows;
 use stategate::store::{StoreError, WriteOutcome};
 

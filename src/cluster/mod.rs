@@ -310,7 +310,7 @@ impl ClusterService {
     /// Returns the pushed serial (also for an idempotent no-op).
     pub async fn put_state(&self, who: &Authorized, body: Bytes) -> Result<i64, Error> {
         if body.len() as u64 > MAX_STATE_BYTES {
-            return Err(Error::PayloadTooLarge {
+            return Err(Error::TooLarge {
                 limit: MAX_STATE_BYTES,
             });
         }
@@ -464,29 +464,38 @@ mod tests {
             lineage: None,
             ..row(0, "", "")
         };
-        // stored, pushed (serial, lineage, sha), expected status (200 = accepted)
-        type Row<'a> = (Option<VersionRow>, (i64, &'a str, &'a str), u16);
+        // stored, pushed (serial, lineage, sha), accepted (or refused as a push conflict)
+        type Row<'a> = (Option<VersionRow>, (i64, &'a str, &'a str), bool);
         let table: Vec<Row> = vec![
-            (None, (0, "L", "a"), 200),
-            (Some(tombstone), (0, "other", "a"), 200),
-            (Some(row(5, "L", "a")), (6, "L", "b"), 200),
-            (Some(row(5, "L", "a")), (5, "L", "a"), 200), // idempotent retry
-            (Some(row(5, "L", "a")), (5, "L", "b"), 409),
-            (Some(row(5, "L", "a")), (4, "L", "c"), 409),
-            (Some(row(5, "L", "a")), (4, "L", "a"), 409),
-            (Some(row(5, "L", "a")), (6, "M", "b"), 409),
-            (Some(row(5, "L", "a")), (5, "M", "a"), 409),
+            (None, (0, "L", "a"), true),
+            (Some(tombstone), (0, "other", "a"), true),
+            (Some(row(5, "L", "a")), (6, "L", "b"), true),
+            (Some(row(5, "L", "a")), (5, "L", "a"), true), // idempotent retry
+            (Some(row(5, "L", "a")), (5, "L", "b"), false),
+            (Some(row(5, "L", "a")), (4, "L", "c"), false),
+            (Some(row(5, "L", "a")), (4, "L", "a"), false),
+            (Some(row(5, "L", "a")), (6, "M", "b"), false),
+            (Some(row(5, "L", "a")), (5, "M", "a"), false),
         ];
         for (stored, (serial, lineage, sha), expected) in table {
-            let got = check_push(stored.as_ref(), serial, lineage, sha)
-                .map(|()| 200)
-                .unwrap_or_else(|e| e.http_status());
+            let got = match check_push(stored.as_ref(), serial, lineage, sha) {
+                Ok(()) => true,
+                Err(Error::PushConflict { .. }) => false,
+                Err(other) => panic!("not a push conflict: {other:?}"),
+            };
             assert_eq!(got, expected, "{stored:?} <- {serial} {lineage} {sha}");
         }
         let err = check_push(Some(&row(5, "L", "a")), 6, "M", "b").unwrap_err();
-        let body: serde_json::Value = serde_json::from_slice(&err.body()).unwrap();
-        assert!(body["error"].as_str().unwrap().contains("lineage mismatch"));
-        assert_eq!(body["stored_serial"], 5);
+        let Error::PushConflict {
+            message,
+            stored_serial,
+            ..
+        } = err
+        else {
+            panic!("not a push conflict: {err:?}");
+        };
+        assert!(message.contains("lineage mismatch"));
+        assert_eq!(stored_serial, Some(5));
     }
 
     #[test]
@@ -519,7 +528,7 @@ mod tests {
 
     #[test]
     fn not_found_body() {
-        // One body for a missing cluster, another org's cluster and a malformed id.
-        assert_eq!(&not_found().body()[..], br#"{"error":"cluster not found"}"#);
+        // One refusal for a missing cluster, another org's cluster and a malformed id.
+        assert!(matches!(not_found(), Error::NotFound(m) if m == "cluster not found"));
     }
 }

@@ -10,7 +10,7 @@ use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
-use crate::error::Error;
+use super::error::{EdgeError, HttpError};
 
 /// A finished local response.
 pub struct Reply {
@@ -92,25 +92,25 @@ impl Handled {
 
 /// A handler's error, and how far it got with the request body.
 pub struct Failure {
-    pub error: Error,
+    pub error: EdgeError,
     pub bytes_in: usize,
     pub body_consumed: bool,
 }
 
 impl Failure {
     /// Refused before the body was read.
-    pub fn early(error: Error) -> Failure {
+    pub fn early(error: impl Into<EdgeError>) -> Failure {
         Failure {
-            error,
+            error: error.into(),
             bytes_in: 0,
             body_consumed: false,
         }
     }
 
     /// Refused after reading all `bytes_in` bytes of the body.
-    pub fn after_body(bytes_in: usize) -> impl Fn(Error) -> Failure {
+    pub fn after_body<E: Into<EdgeError>>(bytes_in: usize) -> impl Fn(E) -> Failure {
         move |error| Failure {
-            error,
+            error: error.into(),
             bytes_in,
             body_consumed: true,
         }
@@ -129,7 +129,7 @@ impl From<Failure> for Handled {
 }
 
 /// The JSON error reply for `e`; server-side failures are logged here, once.
-pub fn error_reply(e: &Error) -> Reply {
+pub fn error_reply(e: &impl HttpError) -> Reply {
     let status = e.http_status();
     match e.log_detail() {
         Some(detail) if status >= 500 => tracing::error!(status, error = detail, "request failed"),
@@ -176,7 +176,7 @@ impl BodyBudget {
     /// Grows `held`, a whole body's reservation, by the sealed copy the blob store
     /// collects while that body is written (at most its write buffer): a whole-body
     /// write holds both at once.
-    pub fn hold_store_copy(&self, held: &mut Reservation, body_len: u64) -> Result<(), Error> {
+    pub fn hold_store_copy(&self, held: &mut Reservation, body_len: u64) -> Result<(), EdgeError> {
         let copy = body_len.min(self.store_write_buffer);
         self.grow(held, body_len + copy)
     }
@@ -187,14 +187,14 @@ impl BodyBudget {
     }
 
     /// A reservation covering `bytes`.
-    pub fn reserve(&self, bytes: u64) -> Result<Reservation, Error> {
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, EdgeError> {
         let mut reservation = Reservation::default();
         self.grow(&mut reservation, bytes)?;
         Ok(reservation)
     }
 
     /// Grows `reservation` to cover `bytes` in all.
-    fn grow(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), Error> {
+    fn grow(&self, reservation: &mut Reservation, bytes: u64) -> Result<(), EdgeError> {
         let want = bytes.div_ceil(1024).min(u64::from(self.total_kib)) as u32;
         if want <= reservation.kib {
             return Ok(());
@@ -203,7 +203,9 @@ impl BodyBudget {
             .kib
             .clone()
             .try_acquire_many_owned(want - reservation.kib)
-            .map_err(|_| Error::Busy("too many large bodies in flight; retry shortly".into()))?;
+            .map_err(|_| {
+                EdgeError::Busy("too many large bodies in flight; retry shortly".into())
+            })?;
         match &mut reservation.permit {
             Some(permit) => permit.merge(more),
             None => reservation.permit = Some(more),
@@ -278,7 +280,7 @@ pub async fn read_body(
     limit: u64,
     budget: &BodyBudget,
     limits: BodyLimits,
-) -> Result<(Bytes, Reservation), Error> {
+) -> Result<(Bytes, Reservation), EdgeError> {
     let declared = begin_body(session, limit, limits).await?;
     let mut wait = ClientWait::default();
     let mut reservation = Reservation::default();
@@ -287,7 +289,7 @@ pub async fn read_body(
     while let Some(chunk) = next_piece(session, limits, &mut wait, body.len() as u64).await? {
         let total = body.len() as u64 + chunk.len() as u64;
         if total > limit {
-            return Err(Error::PayloadTooLarge { limit });
+            return Err(EdgeError::PayloadTooLarge { limit });
         }
         budget.grow(&mut reservation, total)?;
         body.extend_from_slice(&chunk);
@@ -311,7 +313,7 @@ pub async fn stream_body(
     limit: u64,
     budget: &BodyBudget,
     limits: BodyLimits,
-    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, Error>>,
+    tx: tokio::sync::mpsc::Sender<Result<Option<Bytes>, EdgeError>>,
 ) -> (usize, bool) {
     let mut read = 0u64;
     let result = async {
@@ -321,7 +323,7 @@ pub async fn stream_body(
         while let Some(chunk) = next_piece(session, limits, &mut wait, read).await? {
             read += chunk.len() as u64;
             if read > limit {
-                return Err(Error::PayloadTooLarge { limit });
+                return Err(EdgeError::PayloadTooLarge { limit });
             }
             budget.grow(&mut held, read.min(budget.stream_hold))?;
             if tx.send(Ok(Some(chunk))).await.is_err() {
@@ -346,14 +348,14 @@ async fn begin_body(
     session: &mut Session,
     limit: u64,
     limits: BodyLimits,
-) -> Result<Option<u64>, Error> {
+) -> Result<Option<u64>, EdgeError> {
     let headers = &session.req_header().headers;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit) {
-        return Err(Error::PayloadTooLarge { limit });
+        return Err(EdgeError::PayloadTooLarge { limit });
     }
     let expects_continue = headers
         .get(http::header::EXPECT)
@@ -364,7 +366,7 @@ async fn begin_body(
             .as_downstream_mut()
             .write_continue_response()
             .await
-            .map_err(|e| Error::Invalid(format!("connection failed: {e}")))?;
+            .map_err(|e| crate::error::Error::Invalid(format!("connection failed: {e}")))?;
     }
     session.set_read_timeout(Some(limits.timeout));
     Ok(declared)
@@ -376,16 +378,19 @@ async fn next_piece(
     limits: BodyLimits,
     wait: &mut ClientWait,
     received: u64,
-) -> Result<Option<Bytes>, Error> {
+) -> Result<Option<Bytes>, EdgeError> {
     match wait
         .read(&limits, received, session.read_request_body())
         .await
     {
-        None => Err(Error::SlowClient),
-        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => Err(Error::SlowClient),
-        Some(Err(_)) => Err(Error::Invalid(
+        None => Err(EdgeError::SlowClient),
+        Some(Err(e)) if e.etype() == &pingora::ErrorType::ReadTimedout => {
+            Err(EdgeError::SlowClient)
+        }
+        Some(Err(_)) => Err(crate::error::Error::Invalid(
             "request body could not be read (connection closed?)".into(),
-        )),
+        )
+        .into()),
         Some(Ok(chunk)) => Ok(chunk),
     }
 }
@@ -429,7 +434,7 @@ pub async fn write_reply(session: &mut Session, reply: Reply, keepalive: bool) -
     while let Some(piece) = stream.recv().await {
         let piece = piece.map_err(|e| {
             // Logged once here; the client only sees the connection close early.
-            let e = Error::from(e);
+            let e = crate::error::Error::from(e);
             tracing::error!(
                 error = e.log_detail().unwrap_or_default(),
                 "state read failed mid-response; connection closed"

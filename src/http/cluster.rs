@@ -17,15 +17,15 @@ pub(super) async fn handle(
     action: ClusterAction,
 ) -> Result<Handled, Failure> {
     let svc = &app.cluster;
-    // Rejections before the body is read close the connection instead of draining it.
-    let early = Failure::early;
+    // Rejections before the body is read (`Failure::early`) close the connection
+    // instead of draining it.
     let token = auth::presented_secret(auth::authorization(session));
     // 1. auth, org, role (401/404/403), then the feature flag (503).
-    let who = svc.authorize(token, id).await.map_err(early)?;
+    let who = svc.authorize(token, id).await.map_err(Failure::early)?;
     let limit = match action {
         ClusterAction::PutState => {
             // 2. the lock holder, before a byte of a possibly huge body is read.
-            svc.require_holder(&who).await.map_err(early)?;
+            svc.require_holder(&who).await.map_err(Failure::early)?;
             // 3. the 10 MiB cap: a declared Content-Length over it is refused unread.
             MAX_STATE_BYTES
         }
@@ -33,7 +33,7 @@ pub(super) async fn handle(
     };
     let (body, mut held) = read_body(session, limit, &app.body_budget, app.body_limits)
         .await
-        .map_err(early)?;
+        .map_err(Failure::early)?;
     let read = body.len();
     let fail = Failure::after_body(read);
     let reply = match action {
@@ -43,7 +43,7 @@ pub(super) async fn handle(
                 held = app
                     .body_budget
                     .reserve(state.body.len() as u64)
-                    .map_err(&fail)?;
+                    .map_err(Failure::after_body(read))?;
                 Reply {
                     stream: None,
                     status: 200,
@@ -59,7 +59,7 @@ pub(super) async fn handle(
         ClusterAction::PutState => {
             app.body_budget
                 .hold_store_copy(&mut held, read as u64)
-                .map_err(&fail)?;
+                .map_err(Failure::after_body(read))?;
             // 4. parse serial/lineage (400), 5. conflict rules inside the commit.
             let serial = svc.put_state(&who, body).await.map_err(&fail)?;
             Reply::json(200, serde_json::json!({ "serial": serial }).to_string())

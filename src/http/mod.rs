@@ -6,7 +6,8 @@
 //! S3 requests (with `upstream` and `conditional`), `body` reads bounded bodies and
 //! writes replies, `edge` bounds every request's head and completes every answer's
 //! security headers (the pass-through's bytes never run with the UI's authority),
-//! `login_guard` refuses cross-site and too frequent logins. None of them touch SQL
+//! `login_guard` refuses cross-site and too frequent logins, `error` is the one
+//! mapping of domain and edge errors to statuses and bodies. None of them touch SQL
 //! or blobs; they call the domain modules with plain values.
 
 mod admin;
@@ -15,6 +16,7 @@ pub mod body;
 mod cluster;
 pub mod conditional;
 pub mod edge;
+pub mod error;
 mod guard;
 pub mod login_guard;
 mod params;

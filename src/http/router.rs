@@ -4,6 +4,7 @@
 //! decided by `pass_through` (forwarded to the S3 store, refused, or 404 when no
 //! upstream is configured).
 
+use super::error::EdgeError;
 use crate::error::Error;
 use crate::names::validate_workspace;
 
@@ -370,7 +371,7 @@ fn query_param(query: Option<&str>, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
-pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, Error> {
+pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, EdgeError> {
     if path == "/healthz" {
         return match method {
             "GET" | "HEAD" => Ok(Endpoint::Health),
@@ -404,7 +405,8 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
         Some(_) => {
             return Err(Error::NotFound(
                 "no such route; the state address is /api/v1/tf/state/<workspace>".into(),
-            ))
+            )
+            .into())
         }
     };
     validate_workspace(workspace)?;
@@ -429,7 +431,7 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
 }
 
 /// `{id}/tfstate`, `{id}/lock`, `{id}/lock/heartbeat` under `/v1/clusters/`.
-fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, Error> {
+fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, EdgeError> {
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
     let action = match (tail, method) {
         ("tfstate", "GET") => ClusterAction::GetState,
@@ -443,7 +445,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
                 Some(_) => {
                     return Err(Error::Invalid(
                         "force must be 1 (or true) to break another admin's lock".into(),
-                    ))
+                    ).into())
                 }
             },
         },
@@ -453,7 +455,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
         _ => {
             return Err(Error::NotFound(
                 "no such route; cluster routes are /v1/clusters/<id>/tfstate, /v1/clusters/<id>/lock and /v1/clusters/<id>/lock/heartbeat".into(),
-            ))
+            ).into())
         }
     };
     Ok(Endpoint::Cluster {
@@ -463,7 +465,7 @@ fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoi
 }
 
 /// The admin routes (see [`AdminAction`]); names and numbers are judged by the handler.
-fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, Error> {
+fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, EdgeError> {
     let q = |name| query_param(query, name);
     let segments: Vec<&str> = rest.split('/').collect();
     let ws = |w: &str| w.to_string();
@@ -538,9 +540,7 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             "POST",
         ),
         _ => {
-            return Err(Error::NotFound(
-                "no such admin route; see docs/admin-api.md".into(),
-            ))
+            return Err(Error::NotFound("no such admin route; see docs/admin-api.md".into()).into())
         }
     };
     if method != allowed {
@@ -649,8 +649,8 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
     route
 }
 
-fn not_allowed(method: &str, allowed: &'static str) -> Error {
-    Error::MethodNotAllowed {
+fn not_allowed(method: &str, allowed: &'static str) -> EdgeError {
+    EdgeError::MethodNotAllowed {
         method: method.chars().take(32).collect(),
         allowed,
     }
@@ -659,6 +659,7 @@ fn not_allowed(method: &str, allowed: &'static str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::error::HttpError;
 
     fn tf(ws: &str, action: TfAction) -> Endpoint {
         Endpoint::Tf {

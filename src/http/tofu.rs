@@ -86,7 +86,7 @@ async fn get(app: &App, session: &mut Session, workspace: &str) -> Result<Handle
     let held = app
         .body_budget
         .reserve((2 * size).min(super::body::STREAM_RESERVE))
-        .map_err(&fail)?;
+        .map_err(Failure::after_body(read))?;
     Ok(Handled::done(Reply::streamed(size, state.chunks), read).holding(held))
 }
 

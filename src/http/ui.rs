@@ -11,6 +11,7 @@ use maud::Markup;
 use pingora::proxy::Session;
 
 use super::body::{read_body, Handled, Reply};
+use super::error::{EdgeError, HttpError};
 use super::login_guard::{self, LoginRequest, Refusal};
 use super::params::{number, required, workspace};
 use super::router::UiRoute;
@@ -164,13 +165,14 @@ fn to_login(app: &App, session: &Session) -> Answer {
     Answer::Redirect(LOGIN.into(), remembered.into_iter().collect())
 }
 
-fn error_page(chrome: Option<&Chrome>, e: &Error) -> Answer {
+fn error_page(chrome: Option<&Chrome>, e: impl Into<EdgeError>) -> Answer {
+    let e = e.into();
     let status = e.http_status();
     if let Some(detail) = e.log_detail().filter(|_| status >= 500) {
         tracing::error!(status, error = detail, "ui request failed");
     }
-    let (message, holder) = match e {
-        Error::Locked { holder_info } => {
+    let (message, holder) = match &e {
+        EdgeError::Domain(Error::Locked { holder_info }) => {
             let info: serde_json::Value = serde_json::from_slice(holder_info).unwrap_or_default();
             let field = |k: &str| info[k].as_str().unwrap_or("?").chars().take(256).collect();
             (e.to_string(), Some((field("Who"), field("Operation"))))
@@ -215,7 +217,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 .await
             {
                 Ok(found) => found,
-                Err(e) => return (error_page(None, &e), 0, false),
+                Err(e) => return (error_page(None, e), 0, false),
             }
         }
     };
@@ -235,28 +237,28 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
             // every reason; nothing changes).
             let need = super::guard::ui_need(&route);
             if let Err(e) = super::guard::permit(app, &me.operator, route.name(), need).await {
-                return (error_page(Some(&chrome), &e), 0, false);
+                return (error_page(Some(&chrome), e), 0, false);
             }
             if !route.takes_form() {
                 let answer = page(app, &chrome, route)
                     .await
-                    .unwrap_or_else(|e| error_page(Some(&chrome), &e));
+                    .unwrap_or_else(|e| error_page(Some(&chrome), e));
                 return (answer, 0, false);
             }
             let form = match read_form(app, session).await {
                 Ok(form) => form,
-                Err(e) => return (error_page(Some(&chrome), &e), 0, false),
+                Err(e) => return (error_page(Some(&chrome), e), 0, false),
             };
             let read = form.len;
             if !session::csrf_matches(&me, form.get("csrf")) {
                 let refused = Error::Refused(
                     "this form is stale or was not sent by this UI (CSRF token mismatch); nothing was changed".into(),
                 );
-                return (error_page(Some(&chrome), &refused), read, true);
+                return (error_page(Some(&chrome), refused), read, true);
             }
             let answer = action(app, &chrome, &me, cookie.as_deref(), route, &form)
                 .await
-                .unwrap_or_else(|e| error_page(Some(&chrome), &e));
+                .unwrap_or_else(|e| error_page(Some(&chrome), e));
             (answer, read, true)
         }
     }
@@ -281,7 +283,7 @@ impl Form {
     }
 }
 
-async fn read_form(app: &App, session: &mut Session) -> Result<Form, Error> {
+async fn read_form(app: &App, session: &mut Session) -> Result<Form, EdgeError> {
     let (body, _held) = read_body(session, MAX_FORM, &app.body_budget, app.body_limits).await?;
     Ok(Form {
         fields: form_urlencoded::parse(&body).into_owned().collect(),
@@ -313,7 +315,7 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
                 "this login was not sent from this server's own login page; nothing was done"
                     .into(),
             );
-            return (error_page(None, &refused), 0, false);
+            return (error_page(None, refused), 0, false);
         }
         Err(Refusal::Throttled { retry_after }) => {
             return (Answer::Throttled(retry_after), 0, false);
@@ -321,7 +323,7 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
     }
     let form = match read_form(app, session).await {
         Ok(form) => form,
-        Err(e) => return (error_page(None, &e), 0, false),
+        Err(e) => return (error_page(None, e), 0, false),
     };
     let token = form.get("token").unwrap_or("").trim().as_bytes().to_vec();
     // A token that cannot be an operator token is refused like a wrong one, without a lookup.
@@ -347,7 +349,7 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
                 "That is not a valid operator token (wrong, revoked, or a workspace bearer).",
             )),
         ),
-        Err(e) => error_page(None, &e),
+        Err(e) => error_page(None, e),
     };
     (answer, form.len, true)
 }
@@ -359,7 +361,7 @@ fn text(value: Option<String>) -> Option<String> {
 }
 
 /// The read-only pages.
-async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, Error> {
+async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, EdgeError> {
     let ops = &app.operator;
     let ok = |markup| Ok(Answer::Page(200, markup));
     match route {
@@ -391,7 +393,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let rows = match ops.history(w, Some(skip + VERSIONS_PER_PAGE + 1)).await {
                 Ok(rows) => rows,
                 Err(Error::NotFound(_)) => Vec::new(), // only a lock so far
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             let has_more = rows.len() > (skip + VERSIONS_PER_PAGE) as usize;
             let rows: Vec<_> = rows
@@ -527,8 +529,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
             ok(drift_pages::run(chrome, &run, &output))
         }
-        UiRoute::NotFound => Err(Error::NotFound("no such page".into())),
-        UiRoute::NotAllowed { allowed } => Err(Error::MethodNotAllowed {
+        UiRoute::NotFound => Err(Error::NotFound("no such page".into()).into()),
+        UiRoute::NotAllowed { allowed } => Err(EdgeError::MethodNotAllowed {
             method: "this method".into(),
             allowed,
         }),
@@ -543,7 +545,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Unlock { .. }
         | UiRoute::AllowWrite { .. }
         | UiRoute::DriftCheck { .. }
-        | UiRoute::DriftApply { .. } => Err(Error::NotFound("no such page".into())),
+        | UiRoute::DriftApply { .. } => Err(Error::NotFound("no such page".into()).into()),
     }
 }
 

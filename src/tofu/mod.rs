@@ -23,8 +23,8 @@ use crate::store::history::{Rollback, RolledBack};
 use crate::store::VersionRow;
 use crate::store::{
     audit::{insert_audit, AuditEntry},
-    BodyCheck, BodyChunks, BodyMeta, DbError, NewVersion, StateStore, StateStream, StreamedVersion,
-    WriteOutcome,
+    BodyCheck, BodyChunks, BodyMeta, DbError, NewVersion, StateStore, StateStream, StoreError,
+    StreamedVersion, WriteOutcome,
 };
 use crate::tfstate::parse_state;
 pub use access::Credential;
@@ -215,15 +215,27 @@ fn guard_write(
     Ok(())
 }
 
-impl BodyCheck<Error> for StateCheck {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), Error> {
+/// The check speaks the caller's error type, so the body's own failures (which only
+/// the caller knows, e.g. the HTTP edge's) pass through the write unchanged.
+impl<E: From<Error> + Send + 'static> BodyCheck<E> for StateCheck {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), E> {
+        self.check_chunk(data).map_err(E::from)
+    }
+
+    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, E> {
+        self.check_end(sha256, size).map_err(E::from)
+    }
+}
+
+impl StateCheck {
+    fn check_chunk(&mut self, data: &[u8]) -> Result<(), Error> {
         if let Some((_, hasher)) = &mut self.md5 {
             md5::Digest::update(hasher, data);
         }
         self.scanner.push(data)
     }
 
-    fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, Error> {
+    fn check_end(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, Error> {
         if let Some((expected, hasher)) = self.md5 {
             protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
         }
@@ -554,14 +566,18 @@ impl TofuBackend {
 
     /// A state write whose body arrives in pieces through `body`: scanned for serial
     /// and lineage, hashed (and checked against `content_md5`, the decoded header) and
-    /// sealed into the store as it comes. Any failure stores nothing.
-    pub async fn write_stream(
+    /// sealed into the store as it comes. Any failure stores nothing. `E` is the
+    /// caller's error: a failure the body stream sends arrives back unchanged.
+    pub async fn write_stream<E>(
         &self,
         workspace: &str,
         lock_id: Option<String>,
         content_md5: Option<Vec<u8>>,
-        body: BodyChunks<Error>,
-    ) -> Result<WriteOutcome, Error> {
+        body: BodyChunks<E>,
+    ) -> Result<WriteOutcome, E>
+    where
+        E: From<Error> + From<StoreError> + From<DbError> + Send + 'static,
+    {
         let key = self.root.blob_key(&scope(workspace));
         let ws = workspace.to_string();
         let slot = Arc::new(Mutex::new(Pending::default()));
@@ -589,7 +605,7 @@ impl TofuBackend {
                     pending.seen = latest.cloned();
                     pending.overridable = overridable;
                 }
-                guard_write(conn, &ws, lock_id.as_deref(), latest, sent.as_ref())
+                guard_write(conn, &ws, lock_id.as_deref(), latest, sent.as_ref()).map_err(E::from)
             })
             .await
     }
@@ -762,9 +778,10 @@ mod tests {
             id: "a".into(),
             info: r#"{"ID":"a","Who":"me"}"#.into(),
         };
-        let err = locked_by(holder);
-        assert_eq!(err.http_status(), 423);
-        assert_eq!(&err.body()[..], br#"{"ID":"a","Who":"me"}"#);
+        let Error::Locked { holder_info } = locked_by(holder) else {
+            panic!("not a lock refusal");
+        };
+        assert_eq!(&holder_info[..], br#"{"ID":"a","Who":"me"}"#);
     }
 
     #[test]

@@ -35,8 +35,6 @@ impl DriftService {
         let (ws, who) = (run.workspace.clone(), actor.to_string());
         let admitted = self
             .inner
-            .tofu
-            .store()
             .db
             .write(move |c| -> Result<_, Error> {
                 let started = outcomes::start_run(

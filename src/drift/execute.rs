@@ -32,8 +32,6 @@ impl DriftService {
         let (ws, trigger) = (workspace.to_string(), trigger.to_string());
         let id = self
             .inner
-            .tofu
-            .store()
             .db
             .write(move |c| {
                 outcomes::start_run(
@@ -109,8 +107,6 @@ impl DriftService {
         );
         let (ws, name) = (s.workspace.clone(), run_credential::name_of_run(s.id));
         self.inner
-            .tofu
-            .store()
             .db
             .write(move |c| {
                 run_credential::insert(c, &hash, &ws, &name, expires).map_err(DbError::from)
@@ -511,8 +507,6 @@ impl DriftService {
         let recorded = done.clone();
         let (run, previous) = self
             .inner
-            .tofu
-            .store()
             .db
             .write(move |c| -> Result<_, DbError> {
                 outcomes::finish_run(c, id, &recorded)?;

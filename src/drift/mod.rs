@@ -55,7 +55,7 @@ use crate::crypto::{write_secret_file, RootKey};
 use crate::error::Error;
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
-use crate::store::DbError;
+use crate::store::{Db, DbError};
 use crate::tofu::{run_credential, TofuBackend};
 pub use outcomes::{Finished, Kind, Run, SCHEMA};
 use plan::Ended;
@@ -181,6 +181,9 @@ pub struct DriftService {
 
 struct Inner {
     tofu: TofuBackend,
+    /// The index, for drift's own tables (`drift_runs` and its records) and the
+    /// transactions that join them with `tofu`'s and `store`'s functions.
+    db: Db,
     root: RootKey,
     checks: BTreeMap<String, DriftCheck>,
     settings: DriftSettings,
@@ -296,6 +299,7 @@ impl DriftService {
         DriftService {
             inner: Arc::new(Inner {
                 sandbox,
+                db: tofu.store().index_handle(),
                 tofu,
                 checks: config
                     .drift
@@ -333,7 +337,7 @@ impl DriftService {
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, Error> {
-        Ok(self.inner.tofu.store().db.read(f).await?)
+        Ok(self.inner.db.read(f).await?)
     }
 
     pub fn has_checks(&self) -> bool {

@@ -88,8 +88,6 @@ impl DriftService {
                 let workspace = ws.clone();
                 let closed = self
                     .inner
-                    .tofu
-                    .store()
                     .db
                     .write(move |c| -> Result<(), DbError> {
                         outcomes::finish_run(c, id, &done)?;
@@ -209,8 +207,6 @@ impl DriftService {
                 .collect();
             if !pruning.is_empty() {
                 self.inner
-                    .tofu
-                    .store()
                     .db
                     .write(move |c| {
                         outcomes::record_pruned(c, &pruning, keep).map_err(DbError::from)

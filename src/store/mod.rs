@@ -254,8 +254,8 @@ pub struct StateStream {
 pub struct StateStore {
     /// The index. Not for callers: the `versions` table's SQL is this module's. The
     /// domain services take their own handle from it once, at construction, for their
-    /// own tables ([`Self::index_handle`]); `drift` still reads through the field.
-    pub(crate) db: Db,
+    /// own tables ([`Self::index_handle`]).
+    db: Db,
     blobs: Arc<dyn BlobStore>,
     /// Writers of one scope take turns in this process, so they never race for a
     /// version number (the commit still re-checks); writers of other scopes never wait.
@@ -285,7 +285,7 @@ impl StateStore {
 
     /// The database handle for a domain service's own tables (`tofu`: locks,
     /// `cluster`: identities and leases, `operator`: operators, tokens and the audit
-    /// log's reads), taken once when the service is built.
+    /// log's reads, `drift`: its runs), taken once when the service is built.
     pub(crate) fn index_handle(&self) -> Db {
         self.db.clone()
     }

@@ -7,9 +7,10 @@ use pingora::proxy::Session;
 
 use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply, Reservation};
 use super::router::TfAction;
-use super::{auth, App};
+use super::{auth, mtls, App};
 use crate::error::ApiError;
 use crate::store::BODY_CHANNEL;
+use crate::tofu::access::{permits, Credential, Use};
 use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
 pub(super) async fn handle(
@@ -20,11 +21,16 @@ pub(super) async fn handle(
 ) -> Result<Handled, Failure> {
     let tofu = &app.tofu;
     let presented = auth::presented_secret(auth::authorization(session));
-    let Some(who) = tofu
-        .authenticate(workspace, presented)
-        .await
-        .map_err(Failure::early)?
-    else {
+    // A secret, when one is sent, alone decides (a wrong one is refused even beside a
+    // valid certificate); only a request without one is judged by its certificate.
+    let who = match presented {
+        Some(_) => tofu
+            .authenticate(workspace, presented)
+            .await
+            .map_err(Failure::early)?,
+        None => certificate_credential(app, session, workspace),
+    };
+    let Some(who) = who.filter(|who| permits(who, use_of(&action))) else {
         return Err(Failure::early(ApiError::Unauthorized));
     };
     match action {
@@ -45,6 +51,22 @@ pub(super) async fn handle(
             let outcome = tofu.delete(workspace).await.map(drop);
             small.answer(outcome)
         }
+    }
+}
+
+/// The credential of the request's verified client certificate for `workspace`, if a
+/// grant gives it one.
+fn certificate_credential(app: &App, session: &Session, workspace: &str) -> Option<Credential> {
+    let identity = mtls::client_identity(session)?;
+    app.client_grants.credential(identity, workspace)
+}
+
+/// What `action` needs of a credential (`tofu::access::permits`).
+fn use_of(action: &TfAction) -> Use {
+    match action {
+        TfAction::Get => Use::ReadState,
+        TfAction::Write { .. } | TfAction::Lock | TfAction::Unlock => Use::Write,
+        TfAction::Delete => Use::Delete,
     }
 }
 

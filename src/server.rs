@@ -200,10 +200,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     crate::drift::sandbox::forbid_dumps().context("cannot make the server non-dumpable")?;
     // Held until the process ends (`run_forever` never returns): a restore into the
     // data dir checks it to prove no server is running there.
-    let _serving = crate::installation::hold_for_serving(&config)?;
     // The listener's certificate, key and client CA are read before the installation
-    // is: a file that cannot be used refuses startup, naming its key.
+    // is touched: a file that cannot be used refuses startup, naming its key.
     let tls = listener_tls(&config.tls)?;
+    let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
     let app = {
         let rt = tokio::runtime::Builder::new_multi_thread()

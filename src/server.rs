@@ -213,6 +213,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         rt.block_on(build_app(&config))?
     };
     crate::address::record_and_log(&config);
+    if config.tls.client_ca.is_some() {
+        tracing::info!(
+            grants = app.client_grants.len(),
+            required = config.tls.client_cert_required,
+            "client certificates are verified against tls.client_ca"
+        );
+    }
     // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
     // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
     // left, so the sleep is only the bound for requests that do not finish. Runtime

@@ -69,8 +69,8 @@ impl ClientIdentity {
         (!names.is_empty()).then_some(ClientIdentity { names })
     }
 
-    /// An identity by its names (tests, and callers that read them elsewhere).
-    pub fn from_names<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> ClientIdentity {
+    #[cfg(test)]
+    fn from_names<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> ClientIdentity {
         ClientIdentity {
             names: names.into_iter().map(Into::into).collect(),
         }
@@ -118,6 +118,10 @@ impl Grants {
             .map(|(i, grant)| Grant::parse(i + 1, grant))
             .collect::<Result<_, _>>()?;
         Ok(Grants { grants })
+    }
+
+    pub fn len(&self) -> usize {
+        self.grants.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,5 +1,8 @@
 //! HTTP framing for the OpenTofu/Terraform `http` state backend (`crate::tofu`):
-//! checks the workspace credential, reads the bounded body and shapes the replies.
+//! checks the workspace credential (a secret by `TofuBackend::authenticate`, or else a
+//! verified client certificate by its grant, then `tofu::access::permits` for what the
+//! route does: a refusal of either is the same 401, before any body is read), reads the
+//! bounded body and shapes the replies.
 //! No SQL or blobs here.
 
 use bytes::Bytes;
@@ -21,6 +24,11 @@ pub(super) async fn handle(
 ) -> Result<Handled, Failure> {
     let tofu = &app.tofu;
     let presented = auth::presented_secret(auth::authorization(session));
+    let what = match action {
+        TfAction::Get => Use::ReadState,
+        TfAction::Write { .. } | TfAction::Lock | TfAction::Unlock => Use::Write,
+        TfAction::Delete => Use::Delete,
+    };
     // A secret, when one is sent, alone decides (a wrong one is refused even beside a
     // valid certificate); only a request without one is judged by its certificate.
     let who = match presented {
@@ -30,9 +38,9 @@ pub(super) async fn handle(
             .map_err(Failure::early)?,
         None => certificate_credential(app, session, workspace),
     };
-    let Some(who) = who.filter(|who| permits(who, use_of(&action))) else {
-        return Err(Failure::early(ApiError::Unauthorized));
-    };
+    let who = who
+        .filter(|who| permits(who, what))
+        .ok_or_else(|| Failure::early(ApiError::Unauthorized))?;
     match action {
         TfAction::Get => get(app, session, workspace).await,
         TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
@@ -59,15 +67,6 @@ pub(super) async fn handle(
 fn certificate_credential(app: &App, session: &Session, workspace: &str) -> Option<Credential> {
     let identity = mtls::client_identity(session)?;
     app.client_grants.credential(identity, workspace)
-}
-
-/// What `action` needs of a credential (`tofu::access::permits`).
-fn use_of(action: &TfAction) -> Use {
-    match action {
-        TfAction::Get => Use::ReadState,
-        TfAction::Write { .. } | TfAction::Lock | TfAction::Unlock => Use::Write,
-        TfAction::Delete => Use::Delete,
-    }
 }
 
 /// The body of a request other than a write, read whole within its small limit (the

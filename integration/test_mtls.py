@@ -71,6 +71,8 @@ class Pki:
     reader: Client       # CN "reader" only
     expired: Client      # SAN DNS:ci-prod, from the client CA, expired yesterday
     foreign: Client      # SAN DNS:ci-prod, from another CA
+    revoked: Client      # SAN DNS:ci-prod, from the client CA, listed in `crl_file`
+    crl_file: Path       # the client CA's revocation list
 
 
 def _pem(obj) -> bytes:
@@ -128,6 +130,9 @@ def pki(tmp_path_factory) -> Pki:
                     ip="127.0.0.1", client=False)
     client_ca_file = d / "client-ca.pem"
     client_ca_file.write_bytes(_pem(client_ca))
+    revoked = _issue(d, "revoked", client_ca_key, client_ca, cn="ci-prod", dns=["ci-prod"])
+    crl_file = d / "client-ca.crl.pem"
+    crl_file.write_bytes(_crl(client_ca_key, client_ca, [revoked]))
     return Pki(
         dir=d,
         server_ca_pem=_pem(server_ca).decode(),
@@ -138,7 +143,28 @@ def pki(tmp_path_factory) -> Pki:
         reader=_issue(d, "reader", client_ca_key, client_ca, cn="reader"),
         expired=_issue(d, "expired", client_ca_key, client_ca, cn="ci-prod", dns=["ci-prod"], days=(-2, -1)),
         foreign=_issue(d, "foreign", other_key, other, cn="ci-prod", dns=["ci-prod"]),
+        revoked=revoked,
+        crl_file=crl_file,
     )
+
+
+def _crl(ca_key, ca, revoked: list[Client]) -> bytes:
+    """The CA's revocation list (PEM) naming `revoked`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    b = (x509.CertificateRevocationListBuilder()
+         .issuer_name(ca.subject)
+         .last_update(now - datetime.timedelta(minutes=5))
+         .next_update(now + datetime.timedelta(days=1))
+         .add_extension(x509.CRLNumber(1), critical=False)
+         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    for client in revoked:
+        serial = x509.load_pem_x509_certificate(client.cert_file.read_bytes()).serial_number
+        b = b.add_revoked_certificate(x509.RevokedCertificateBuilder().serial_number(serial)
+                                      .revocation_date(now - datetime.timedelta(minutes=1)).build())
+    return b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 class MtlsServer(Server):
@@ -184,7 +210,8 @@ def request(server: MtlsServer, method: str, path: str, body: bytes | dict | Non
 HANDSHAKE_REFUSED = (ssl.SSLError, ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)
 
 
-def start(server_factory, pki: Pki, *, grants: str = GRANTS, required: bool = False) -> MtlsServer:
+def start(server_factory, pki: Pki, *, grants: str = GRANTS, required: bool = False,
+          crl: bool = False) -> MtlsServer:
     cfg = pki.dir / f"stategate-{uuid.uuid4().hex[:6]}.toml"
     cfg.write_text(
         "[tls]\n"
@@ -192,6 +219,7 @@ def start(server_factory, pki: Pki, *, grants: str = GRANTS, required: bool = Fa
         f"key_file = {json.dumps(str(pki.server_key))}\n"
         f"client_ca = {json.dumps(str(pki.client_ca_file))}\n"
         f"client_cert_required = {'true' if required else 'false'}\n"
+        + (f"client_crl = {json.dumps(str(pki.crl_file))}\n" if crl else "")
         + grants)
 
     class _S(MtlsServer):
@@ -376,6 +404,36 @@ def test_required_client_certificates(server_factory, pki, make_tf):
     assert "1 added" in tf.apply().stdout
 
 
+def test_revoked_certificates_are_refused(server_factory, pki, make_tf):
+    server = start(server_factory, pki, crl=True)
+    ws = f"mtls-prod-{uuid.uuid4().hex[:8]}"
+    path = f"/api/v1/tf/state/{ws}"
+    tf = no_password_tf(make_tf, "valid")
+    tf.write(cert_backend(server, ws, pki.ci_prod) + data_resource("a", "before"))
+    tf.init()
+    tf.apply()
+    before = snapshot(server, ws)
+
+    # The revoked certificate (same CA, same subject, same grant) ends the handshake,
+    # with Terraform and with a raw client, and changes nothing.
+    revoked = no_password_tf(make_tf, "revoked")
+    revoked.write(cert_backend(server, ws, pki.revoked) + data_resource("a", "before") + data_resource("x", "no"))
+    r = revoked.run("init", "-input=false", "-no-color", check=False)
+    if r.returncode == 0:
+        r = revoked.apply(check=False)
+    assert r.returncode != 0 and "certificate" in r.output.lower(), f"a revoked certificate was served:\n{r}"
+    for method, body in (("GET", None), ("LOCK", lock_info())):
+        with pytest.raises(HANDSHAKE_REFUSED):
+            request(server, method, path, body, client=pki.revoked)
+    with pytest.raises(HANDSHAKE_REFUSED):
+        request(server, "GET", path, client=pki.foreign)
+    assert snapshot(server, ws) == before
+    # Certificates the list does not name, and clients without one, are served as before.
+    assert request(server, "GET", path, client=pki.ci_prod)[0] == 200
+    assert request(server, "GET", path, client=pki.reader)[0] == 200
+    assert request(server, "GET", path, password=server.workspace(ws).password)[0] == 200
+
+
 def _serve_refused(tmp_path: Path, config: str, extra_env: dict | None = None) -> str:
     """`stategate serve` with `config`: must exit non-zero before serving; its output."""
     cfg = tmp_path / f"bad-{uuid.uuid4().hex[:6]}.toml"
@@ -397,6 +455,7 @@ def test_malformed_client_certificate_config_refuses_startup(tmp_path, pki, chec
     ca = f"client_ca = {json.dumps(str(pki.client_ca_file))}\n"
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    (tmp_path / "garbage-crl.pem").write_text("-----BEGIN X509 CRL-----\nbm90IGEgY3Js\n-----END X509 CRL-----\n")
     empty = tmp_path / "empty.pem"
     empty.write_text("")
 
@@ -415,6 +474,12 @@ def test_malformed_client_certificate_config_refuses_startup(tmp_path, pki, chec
         (listener + grant(), "tls.client_grants needs tls.client_ca"),
         (listener + "client_cert_required = true\n", "tls.client_cert_required needs tls.client_ca"),
         (f"[tls]\n{ca}", "tls.client_ca needs tls.cert_file"),
+        (listener + ca + f"client_crl = {json.dumps(str(tmp_path / 'missing.crl'))}\n", "tls.client_crl"),
+        (listener + ca + f"client_crl = {json.dumps(str(pki.client_ca_file))}\n", "tls.client_crl"),
+        (listener + ca + f"client_crl = {json.dumps(str(empty))}\n", "tls.client_crl"),
+        (listener + ca + "client_crl = " + json.dumps(str(garbage).replace("garbage", "garbage-crl")) + "\n",
+         "tls.client_crl"),
+        (listener + f"client_crl = {json.dumps(str(pki.crl_file))}\n", "tls.client_crl needs tls.client_ca"),
         (listener + ca + grant().replace("scope", "role"), "role"),
         (listener + ca + grant() * 257, "at most 256"),
     ]

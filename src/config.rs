@@ -481,6 +481,10 @@ pub struct TlsConfig {
     /// PEM file of the CA(s) client certificates must chain to. Set, a client that
     /// presents a certificate not issued under it is refused at the handshake.
     pub client_ca: Option<PathBuf>,
+    /// PEM file of certificate revocation lists (`X509 CRL`), one for each CA in
+    /// `client_ca` that issues client certificates: a revoked certificate, or one whose
+    /// issuer has no list here, is refused at the handshake. Read at startup.
+    pub client_crl: Option<PathBuf>,
     /// Refuse, at the handshake, a client that presents no certificate at all
     /// (otherwise it may still authenticate with a workspace credential).
     pub client_cert_required: bool,
@@ -523,6 +527,9 @@ impl TlsConfig {
         if self.client_ca.is_none() {
             if self.client_cert_required {
                 return invalid("tls.client_cert_required needs tls.client_ca");
+            }
+            if self.client_crl.is_some() {
+                return invalid("tls.client_crl needs tls.client_ca");
             }
             if !self.client_grants.is_empty() {
                 return invalid(
@@ -932,6 +939,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
     ("STATEGATE_TLS_CLIENT_CA", "tls.client_ca"),
+    ("STATEGATE_TLS_CLIENT_CRL", "tls.client_crl"),
     (
         "STATEGATE_TLS_CLIENT_CERT_REQUIRED",
         "tls.client_cert_required",
@@ -1152,6 +1160,7 @@ impl Config {
             "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
             "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),
             "tls.client_ca" => self.tls.client_ca = Some(PathBuf::from(value)),
+            "tls.client_crl" => self.tls.client_crl = Some(PathBuf::from(value)),
             "tls.client_cert_required" => self.tls.client_cert_required = flag(value)?,
             "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value).map(Secret::from),
             "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
@@ -1746,6 +1755,14 @@ mod tests {
             (
                 format!("[tls]\n{listener}{grant}"),
                 Some("tls.client_grants needs tls.client_ca"),
+            ),
+            (
+                format!("[tls]\n{listener}client_crl = \"crl.pem\"\n"),
+                Some("tls.client_crl needs tls.client_ca"),
+            ),
+            (
+                format!("[tls]\n{listener}client_ca = \"ca.pem\"\nclient_crl = \"crl.pem\"\n"),
+                None,
             ),
             (
                 format!("[tls]\n{listener}client_ca = \"ca.pem\"\n{many}"),

@@ -351,13 +351,52 @@ fn client_cert_verifier(
     if roots.is_empty() {
         anyhow::bail!("tls.client_ca: {} holds no certificate", ca.display());
     }
-    let builder = pingora::tls::WebPkiClientVerifier::builder(Arc::new(roots));
+    let mut builder = pingora::tls::WebPkiClientVerifier::builder(Arc::new(roots));
+    if let Some(crl) = &tls.client_crl {
+        // Only the client's own certificate is looked up: an intermediate is revoked by
+        // taking it out of `tls.client_ca`. A certificate whose issuer has no list here
+        // is refused (an unknown status is not a good one).
+        builder = builder
+            .with_crls(revocation_lists(crl)?.into_iter().map(Into::into))
+            .only_check_end_entity_revocation();
+    }
     let builder = if tls.client_cert_required {
         builder
     } else {
         builder.allow_unauthenticated()
     };
     Ok(Some(builder.build().with_context(unusable)?))
+}
+
+/// The DER of every `X509 CRL` in the PEM file `path`; anything else in it, or none at
+/// all, refuses startup naming `tls.client_crl` (the lists are parsed by rustls).
+fn revocation_lists(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let unusable = || {
+        format!(
+            "tls.client_crl: cannot use {} as revocation lists",
+            path.display()
+        )
+    };
+    let text = std::fs::read(path).with_context(unusable)?;
+    let mut lists = Vec::new();
+    for pem in x509_parser::pem::Pem::iter_from_buffer(&text) {
+        let pem = pem.with_context(unusable)?;
+        if pem.label != "X509 CRL" {
+            anyhow::bail!(
+                "tls.client_crl: {} holds a {:?} block; only X509 CRL blocks belong there",
+                path.display(),
+                pem.label
+            );
+        }
+        x509_parser::parse_x509_crl(&pem.contents)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(unusable)?;
+        lists.push(pem.contents);
+    }
+    if lists.is_empty() {
+        anyhow::bail!("tls.client_crl: {} holds no X509 CRL", path.display());
+    }
+    Ok(lists)
 }
 
 /// Serves the gateway on an already-bound listener (tests: bind port 0, no sleeps).

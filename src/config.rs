@@ -478,6 +478,73 @@ pub struct TlsConfig {
     /// PEM certificate chain; with `key_file`, the listener speaks HTTPS only.
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// PEM file of the CA(s) client certificates must chain to. Set, a client that
+    /// presents a certificate not issued under it is refused at the handshake.
+    pub client_ca: Option<PathBuf>,
+    /// PEM file of certificate revocation lists (`X509 CRL`), one for each CA in
+    /// `client_ca` that issues client certificates: a revoked certificate, or one whose
+    /// issuer has no list here, is refused at the handshake. Read at startup.
+    pub client_crl: Option<PathBuf>,
+    /// Refuse, at the handshake, a client that presents no certificate at all
+    /// (otherwise it may still authenticate with a workspace credential).
+    pub client_cert_required: bool,
+    /// What a verified client certificate may do (`[[tls.client_grants]]`), checked
+    /// in file order; the first grant for the certificate's subject whose pattern
+    /// matches the workspace decides (`tofu::certificate`).
+    pub client_grants: Vec<ClientGrant>,
+}
+
+/// One `[[tls.client_grants]]` entry as written. Its subject, pattern and scope are
+/// read (and refused, naming the key) by `tofu::certificate` when the server starts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientGrant {
+    /// A DNS or URI subject alternative name of the certificate, or its common name
+    /// when it has neither.
+    pub subject: String,
+    /// A workspace pattern (`prod-*`, `*`).
+    pub workspaces: String,
+    /// `outputs`, `read` or `write`.
+    pub scope: String,
+}
+
+/// Most `[[tls.client_grants]]` entries accepted (each request may walk all of them).
+pub const MAX_CLIENT_GRANTS: usize = 256;
+
+impl TlsConfig {
+    /// The keys that only mean something together: client certificates need a TLS
+    /// listener and a CA, and their grants are bounded.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return invalid("tls.cert_file and tls.key_file must be set together");
+        }
+        if self.client_ca.is_some() && self.cert_file.is_none() {
+            return invalid(
+                "tls.client_ca needs tls.cert_file and tls.key_file (client certificates are checked by the TLS listener)",
+            );
+        }
+        if self.client_ca.is_none() {
+            if self.client_cert_required {
+                return invalid("tls.client_cert_required needs tls.client_ca");
+            }
+            if self.client_crl.is_some() {
+                return invalid("tls.client_crl needs tls.client_ca");
+            }
+            if !self.client_grants.is_empty() {
+                return invalid(
+                    "tls.client_grants needs tls.client_ca (without it no client certificate is verified)",
+                );
+            }
+        }
+        if self.client_grants.len() > MAX_CLIENT_GRANTS {
+            return Err(ConfigError::Invalid(format!(
+                "tls.client_grants must have at most {MAX_CLIENT_GRANTS} entries, not {}",
+                self.client_grants.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Most request threads `threads` may ask for.
@@ -871,6 +938,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
+    ("STATEGATE_TLS_CLIENT_CA", "tls.client_ca"),
+    ("STATEGATE_TLS_CLIENT_CRL", "tls.client_crl"),
+    (
+        "STATEGATE_TLS_CLIENT_CERT_REQUIRED",
+        "tls.client_cert_required",
+    ),
     ("ADJ_STATE_ENC_KEY", "cluster.state_enc_key"),
     (
         "STATEGATE_CLUSTER_LEASE_STALE_SECONDS",
@@ -1086,6 +1159,9 @@ impl Config {
             }
             "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
             "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),
+            "tls.client_ca" => self.tls.client_ca = Some(PathBuf::from(value)),
+            "tls.client_crl" => self.tls.client_crl = Some(PathBuf::from(value)),
+            "tls.client_cert_required" => self.tls.client_cert_required = flag(value)?,
             "cluster.state_enc_key" => self.cluster.state_enc_key = opt(value).map(Secret::from),
             "cluster.lease_stale_seconds" => self.cluster.lease_stale_seconds = num(value)?,
             "cluster.heartbeat_seconds" => self.cluster.heartbeat_seconds = num(value)?,
@@ -1116,11 +1192,7 @@ impl Config {
                 "body_read_timeout_seconds and body_min_bytes_per_second must be > 0".into(),
             ));
         }
-        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
-            return Err(ConfigError::Invalid(
-                "tls.cert_file and tls.key_file must be set together".into(),
-            ));
-        }
+        self.tls.validate()?;
         self.upstream.validate()?;
         validate_drift(&self.drift, &self.drift_settings)?;
         self.check_bounds()?;
@@ -1653,5 +1725,92 @@ mod tests {
             let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             c.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         }
+    }
+
+    #[test]
+    fn client_certificate_keys_need_each_other() {
+        let grant =
+            "[[tls.client_grants]]\nsubject = \"ci\"\nworkspaces = \"prod-*\"\nscope = \"write\"\n";
+        let listener = "cert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        let many = grant.repeat(MAX_CLIENT_GRANTS + 1);
+        // (file, the refusal's prefix or None)
+        let table: Vec<(String, Option<&str>)> = vec![
+            (
+                format!("[tls]\n{listener}client_ca = \"ca.pem\"\n{grant}"),
+                None,
+            ),
+            (
+                format!("[tls]\n{listener}client_ca = \"ca.pem\"\nclient_cert_required = true\n"),
+                None,
+            ),
+            (format!("[tls]\n{listener}"), None),
+            (
+                "[tls]\nclient_ca = \"ca.pem\"\n".into(),
+                Some("tls.client_ca needs tls.cert_file"),
+            ),
+            (
+                format!("[tls]\n{listener}client_cert_required = true\n"),
+                Some("tls.client_cert_required needs tls.client_ca"),
+            ),
+            (
+                format!("[tls]\n{listener}{grant}"),
+                Some("tls.client_grants needs tls.client_ca"),
+            ),
+            (
+                format!("[tls]\n{listener}client_crl = \"crl.pem\"\n"),
+                Some("tls.client_crl needs tls.client_ca"),
+            ),
+            (
+                format!("[tls]\n{listener}client_ca = \"ca.pem\"\nclient_crl = \"crl.pem\"\n"),
+                None,
+            ),
+            (
+                format!("[tls]\n{listener}client_ca = \"ca.pem\"\n{many}"),
+                Some("tls.client_grants must have at most 256 entries, not 257"),
+            ),
+            (
+                "[tls]\ncert_file = \"c.pem\"\n".into(),
+                Some("tls.cert_file and tls.key_file must be set together"),
+            ),
+        ];
+        for (text, refused) in table {
+            let c: Config = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            match (c.validate(), refused) {
+                (Ok(()), None) => {}
+                (Err(e), Some(prefix)) => {
+                    assert!(e.to_string().starts_with(prefix), "{text}: {e}")
+                }
+                (got, want) => panic!("{text}: {got:?}, wanted {want:?}"),
+            }
+        }
+        // A grant's keys are all required and no other is known.
+        for bad in [
+            "[[tls.client_grants]]\nsubject = \"ci\"\nscope = \"write\"\n",
+            "[[tls.client_grants]]\nsubject = \"ci\"\nworkspaces = \"*\"\nscope = \"write\"\nrole = \"admin\"\n",
+            "[tls]\nclient_grant = []\n",
+        ] {
+            assert!(toml::from_str::<Config>(bad).is_err(), "{bad}");
+        }
+        // The environment sets the CA and the requirement, never grants.
+        let c = with_env(&[
+            ("STATEGATE_TLS_CERT_FILE", "c.pem"),
+            ("STATEGATE_TLS_KEY_FILE", "k.pem"),
+            ("STATEGATE_TLS_CLIENT_CA", "ca.pem"),
+            ("STATEGATE_TLS_CLIENT_CERT_REQUIRED", "true"),
+        ])
+        .unwrap();
+        assert_eq!(c.tls.client_ca, Some(PathBuf::from("ca.pem")));
+        assert!(c.tls.client_cert_required);
+        let err = with_env(&[
+            ("STATEGATE_TLS_CERT_FILE", "c.pem"),
+            ("STATEGATE_TLS_KEY_FILE", "k.pem"),
+            ("STATEGATE_TLS_CLIENT_CERT_REQUIRED", "maybe"),
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("STATEGATE_TLS_CLIENT_CERT_REQUIRED"),
+            "{err}"
+        );
     }
 }

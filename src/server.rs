@@ -31,6 +31,8 @@ pub async fn build_app_with_clock(
     config: &Config,
     clock: Arc<dyn crate::cluster::Clock>,
 ) -> anyhow::Result<Arc<App>> {
+    // Read before anything is opened: a grant that cannot be meant refuses startup.
+    let client_grants = crate::tofu::certificate::Grants::from_config(&config.tls)?;
     // The store is checked first (it also creates the data dir): a misconfigured store
     // must not leave a fresh DEK behind.
     let metrics = Metrics::new();
@@ -73,6 +75,7 @@ pub async fn build_app_with_clock(
             crate::http::login_guard::Limits::default(),
             config.public_url.as_deref(),
         ),
+        client_grants,
     }))
 }
 
@@ -197,6 +200,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     crate::drift::sandbox::forbid_dumps().context("cannot make the server non-dumpable")?;
     // Held until the process ends (`run_forever` never returns): a restore into the
     // data dir checks it to prove no server is running there.
+    // The listener's certificate, key and client CA are read before the installation
+    // is touched: a file that cannot be used refuses startup, naming its key.
+    let tls = listener_tls(&config.tls)?;
     let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
     let app = {
@@ -207,6 +213,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         rt.block_on(build_app(&config))?
     };
     crate::address::record_and_log(&config);
+    if config.tls.client_ca.is_some() {
+        tracing::info!(
+            grants = app.client_grants.len(),
+            required = config.tls.client_cert_required,
+            "client certificates are verified against tls.client_ca"
+        );
+    }
     // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
     // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
     // left, so the sleep is only the bound for requests that do not finish. Runtime
@@ -264,15 +277,126 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
-    match (&config.tls.cert_file, &config.tls.key_file) {
-        (Some(cert), Some(key)) => service
-            .add_tls(&listen, &cert.to_string_lossy(), &key.to_string_lossy())
-            .context("cannot load the TLS certificate or key")?,
-        _ => service.add_tcp(&listen),
+    match tls {
+        Some(settings) => service.add_tls_with_settings(&listen, None, settings),
+        None => service.add_tcp(&listen),
     }
     server.add_service(service);
     tracing::info!(listen = %config.listen, url = %config.base_url(), "stategate serving");
     server.run_forever();
+}
+
+/// The TLS settings of the listener, or `None` for plain HTTP. The certificate and key
+/// are loaded here once to prove they work (pingora would panic on them later), and
+/// with `tls.client_ca` the listener verifies client certificates during the handshake:
+/// one that does not chain to the CA, or is outside its validity period, ends the
+/// handshake; none at all is allowed unless `tls.client_cert_required`.
+fn listener_tls(
+    tls: &crate::config::TlsConfig,
+) -> anyhow::Result<Option<pingora::listeners::tls::TlsSettings>> {
+    use pingora::listeners::tls::TlsSettings;
+    let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) else {
+        return Ok(None);
+    };
+    let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+    pingora::tls::install_default_crypto_provider();
+    let unusable = || {
+        format!("tls.cert_file / tls.key_file: cannot load the TLS certificate {cert} or key {key}")
+    };
+    let (chain, private) = pingora::tls::load_certs_and_key_files(&cert, &key)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(unusable)?
+        .with_context(unusable)?;
+    pingora::tls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .with_context(unusable)?;
+    let Some(verifier) = client_cert_verifier(tls)? else {
+        return Ok(Some(
+            TlsSettings::intermediate(&cert, &key).with_context(unusable)?,
+        ));
+    };
+    let mut settings =
+        TlsSettings::with_callbacks(Box::new(crate::http::mtls::VerifiedClientNames))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    settings
+        .set_certificate_chain_file(&cert)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(unusable)?;
+    settings
+        .set_private_key_file(&key)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(unusable)?;
+    settings.set_client_cert_verifier(verifier);
+    Ok(Some(settings))
+}
+
+/// The verifier of client certificates under `tls.client_ca`, if it is set.
+fn client_cert_verifier(
+    tls: &crate::config::TlsConfig,
+) -> anyhow::Result<Option<Arc<dyn pingora::tls::ClientCertVerifier>>> {
+    let Some(ca) = &tls.client_ca else {
+        return Ok(None);
+    };
+    let unusable = || {
+        format!(
+            "tls.client_ca: cannot use {} as the client CA",
+            ca.display()
+        )
+    };
+    let mut roots = pingora::tls::RootCertStore::empty();
+    pingora::tls::load_ca_file_into_store(ca, &mut roots)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(unusable)?;
+    if roots.is_empty() {
+        anyhow::bail!("tls.client_ca: {} holds no certificate", ca.display());
+    }
+    let mut builder = pingora::tls::WebPkiClientVerifier::builder(Arc::new(roots));
+    if let Some(crl) = &tls.client_crl {
+        // Only the client's own certificate is looked up: an intermediate is revoked by
+        // taking it out of `tls.client_ca`. A certificate whose issuer has no list here
+        // is refused (an unknown status is not a good one).
+        builder = builder
+            .with_crls(revocation_lists(crl)?.into_iter().map(Into::into))
+            .only_check_end_entity_revocation();
+    }
+    let builder = if tls.client_cert_required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    Ok(Some(builder.build().with_context(unusable)?))
+}
+
+/// The DER of every `X509 CRL` in the PEM file `path`; anything else in it, or none at
+/// all, refuses startup naming `tls.client_crl` (the lists are parsed by rustls).
+fn revocation_lists(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let unusable = || {
+        format!(
+            "tls.client_crl: cannot use {} as revocation lists",
+            path.display()
+        )
+    };
+    let text = std::fs::read(path).with_context(unusable)?;
+    let mut lists = Vec::new();
+    for pem in x509_parser::pem::Pem::iter_from_buffer(&text) {
+        let pem = pem.with_context(unusable)?;
+        if pem.label != "X509 CRL" {
+            anyhow::bail!(
+                "tls.client_crl: {} holds a {:?} block; only X509 CRL blocks belong there",
+                path.display(),
+                pem.label
+            );
+        }
+        x509_parser::parse_x509_crl(&pem.contents)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(unusable)?;
+        lists.push(pem.contents);
+    }
+    if lists.is_empty() {
+        anyhow::bail!("tls.client_crl: {} holds no X509 CRL", path.display());
+    }
+    Ok(lists)
 }
 
 /// Serves the gateway on an already-bound listener (tests: bind port 0, no sleeps).

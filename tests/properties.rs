@@ -1,7 +1,8 @@
 //! Property tests (proptest, bounded case counts so CI stays fast) for everything that
 //! reads untrusted input before any state changes: the router, the S3 target resolver
 //! and the protection it feeds, tfstate / OpenTofu envelope / LockInfo parsing, and
-//! Content-MD5. Each property says what must hold for every input, not just no panic.
+//! Content-MD5, and the names of a client certificate. Each property says what must
+//! hold for every input, not just no panic.
 
 use proptest::prelude::*;
 
@@ -9,6 +10,7 @@ use stategate::http::router::{self, Endpoint};
 use stategate::http::s3_target::{self, Addressing};
 use stategate::http::upstream::Protection;
 use stategate::tfstate::{check_untrusted_json, parse_state, MAX_JSON_DEPTH};
+use stategate::tofu::certificate::ClientIdentity;
 use stategate::tofu::protocol::{parse_lock_info, verify_content_md5, UnlockRequest};
 
 fn config() -> ProptestConfig {
@@ -188,5 +190,52 @@ proptest! {
         };
         let accepted = check_untrusted_json(body.as_bytes()).is_ok();
         prop_assert_eq!(accepted, in_string || depth <= MAX_JSON_DEPTH);
+    }
+}
+
+/// The DER of a real certificate with DNS, URI, IP and email SANs.
+fn san_certificate_der() -> Vec<u8> {
+    use base64::Engine;
+    let pem = include_str!("../src/tofu/testdata/san.pem");
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .expect("the fixture is PEM")
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A client certificate's names are read totally: whatever bytes (a real
+    /// certificate with bytes flipped or cut, or noise), no panic, and every name it
+    /// answers to could be a configured subject (printable ASCII, bounded, no repeats),
+    /// so `cert:<subject>` is always safe to record.
+    #[test]
+    fn certificate_names_are_total_and_printable(
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        cut in any::<prop::sample::Index>(),
+        noise in prop::collection::vec(any::<u8>(), 0..200),
+        use_noise in any::<bool>(),
+    ) {
+        let mut der = if use_noise { noise } else { san_certificate_der() };
+        for (at, byte) in &flips {
+            if !der.is_empty() {
+                let i = at.index(der.len());
+                der[i] ^= byte;
+            }
+        }
+        if flips.len() == 3 && !der.is_empty() {
+            der.truncate(cut.index(der.len()));
+        }
+        if let Some(identity) = ClientIdentity::from_der(&der) {
+            let names = identity.names();
+            prop_assert!(!names.is_empty() && names.len() <= 32);
+            for (i, name) in names.iter().enumerate() {
+                prop_assert!(!name.is_empty() && name.len() <= 253, "{name:?}");
+                prop_assert!(name.bytes().all(|b| (0x20..0x7f).contains(&b)), "{name:?}");
+                prop_assert_eq!(name.trim(), name.as_str());
+                prop_assert!(!names[..i].contains(name), "{name:?} twice");
+            }
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod edge;
 pub mod error;
 mod guard;
 pub mod login_guard;
+pub mod mtls;
 mod params;
 pub mod pass_through;
 pub mod router;
@@ -73,6 +74,8 @@ pub struct App {
     pub metrics_token: Option<crate::config::Secret>,
     /// Cross-site refusal and throttling of UI logins.
     pub login_guard: login_guard::LoginGuard,
+    /// What a verified client certificate may do (`[[tls.client_grants]]`).
+    pub client_grants: crate::tofu::certificate::Grants,
 }
 
 /// The pingora service.

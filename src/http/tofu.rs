@@ -1,5 +1,8 @@
 //! HTTP framing for the OpenTofu/Terraform `http` state backend (`crate::tofu`):
-//! checks the workspace credential, reads the bounded body and shapes the replies.
+//! checks the workspace credential (a secret by `TofuBackend::authenticate`, or else a
+//! verified client certificate by its grant, then `tofu::access::permits` for what the
+//! route does: a refusal of either is the same 401, before any body is read), reads the
+//! bounded body and shapes the replies.
 //! No SQL or blobs here.
 
 use bytes::Bytes;
@@ -7,9 +10,10 @@ use pingora::proxy::Session;
 
 use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply, Reservation};
 use super::router::TfAction;
-use super::{auth, App};
+use super::{auth, mtls, App};
 use crate::error::Error;
 use crate::store::BODY_CHANNEL;
+use crate::tofu::access::{permits, Credential, Use};
 use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
 pub(super) async fn handle(
@@ -20,13 +24,23 @@ pub(super) async fn handle(
 ) -> Result<Handled, Failure> {
     let tofu = &app.tofu;
     let presented = auth::presented_secret(auth::authorization(session));
-    let Some(who) = tofu
-        .authenticate(workspace, presented)
-        .await
-        .map_err(Failure::early)?
-    else {
-        return Err(Failure::early(Error::Unauthenticated));
+    let what = match action {
+        TfAction::Get => Use::ReadState,
+        TfAction::Write { .. } | TfAction::Lock | TfAction::Unlock => Use::Write,
+        TfAction::Delete => Use::Delete,
     };
+    // A secret, when one is sent, alone decides (a wrong one is refused even beside a
+    // valid certificate); only a request without one is judged by its certificate.
+    let who = match presented {
+        Some(_) => tofu
+            .authenticate(workspace, presented)
+            .await
+            .map_err(Failure::early)?,
+        None => certificate_credential(app, session, workspace),
+    };
+    let who = who
+        .filter(|who| permits(who, what))
+        .ok_or_else(|| Failure::early(Error::Unauthenticated))?;
     match action {
         TfAction::Get => get(app, session, workspace).await,
         TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
@@ -46,6 +60,13 @@ pub(super) async fn handle(
             small.answer(outcome)
         }
     }
+}
+
+/// The credential of the request's verified client certificate for `workspace`, if a
+/// grant gives it one.
+fn certificate_credential(app: &App, session: &Session, workspace: &str) -> Option<Credential> {
+    let identity = mtls::client_identity(session)?;
+    app.client_grants.credential(identity, workspace)
 }
 
 /// The body of a request other than a write, read whole within its small limit (the

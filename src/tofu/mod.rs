@@ -7,6 +7,7 @@
 //! runs again inside the commit transaction.
 
 pub mod access;
+pub mod certificate;
 pub mod guard;
 pub mod lock;
 pub mod protocol;

@@ -498,7 +498,8 @@ fn local_health_url(config: &Config) -> String {
 }
 
 /// Warns about workspace locks held longer than `locks.stale_after_seconds`, with their
-/// holder: at startup, then every retention interval (never frees them).
+/// holder (never frees them), and removes (audited) freezes whose end passed: at
+/// startup, then every retention interval.
 struct StaleLockService {
     ops: crate::operator::Operations,
     every: Option<std::time::Duration>,
@@ -522,6 +523,10 @@ impl pingora::services::background::BackgroundService for StaleLockService {
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot check for stale locks"),
+            }
+            // Housekeeping notices freezes whose `until` passed (removed, audited).
+            if let Err(e) = self.ops.freezes(&crate::operator::roles::Grant::ROOT).await {
+                tracing::warn!(error = %e, "cannot expire ended freezes");
             }
             let Some(every) = self.every else { return };
             tokio::select! {

@@ -139,6 +139,10 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("GET", "search?q=null_resource"),
         ("POST", "workspaces/prod/restore"),
         ("POST", "workspaces/prod/allow-write"),
+        ("POST", "workspaces/prod/freeze"),
+        ("POST", "workspaces/prod/unfreeze"),
+        ("GET", "freezes"),
+        ("POST", "workspaces/prod/move/dev"),
         ("GET", "audit"),
         ("GET", "clusters"),
         // Bad input is judged only after the token: still 401.
@@ -868,6 +872,30 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
         ("GET", "search?q=null".into(), None, "viewer", Aim::Listing),
         ("GET", "drift".into(), None, "viewer", Aim::Listing),
         ("GET", "clusters".into(), None, "viewer", Aim::Site),
+        ("GET", "freezes".into(), None, "viewer", Aim::Listing),
+        // A move needs the role on both workspaces (refused states change nothing:
+        // the fixture's locks refuse the allowed ones after the guard).
+        (
+            "POST",
+            "workspaces/dev-a/move/prod-x".into(),
+            Some(json!({"addresses": ["null_resource.one"]})),
+            "operator",
+            Aim::Both("dev-a", "prod-x"),
+        ),
+        (
+            "POST",
+            "workspaces/prod-x/move/dev-a".into(),
+            Some(json!({"addresses": ["null_resource.one"]})),
+            "operator",
+            Aim::Both("prod-x", "dev-a"),
+        ),
+        (
+            "POST",
+            "workspaces/dev-a/move/dev-b".into(),
+            Some(json!({"addresses": ["null_resource.one"]})),
+            "operator",
+            Aim::Both("dev-a", "dev-b"),
+        ),
         // A workspace that does not exist is refused like one that does.
         (
             "GET",
@@ -917,6 +945,14 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
                 "operator",
                 Aim::Ws(ws),
             ),
+            (
+                "POST",
+                w("/freeze"),
+                Some(json!({"reason": "window", "for": "1h"})),
+                "operator",
+                Aim::Ws(ws),
+            ),
+            ("POST", w("/unfreeze"), None, "operator", Aim::Ws(ws)),
             (
                 "GET",
                 format!("drift?workspace={ws}"),

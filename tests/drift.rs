@@ -292,6 +292,52 @@ async fn a_locked_workspace_is_skipped_and_its_holder_kept() {
 }
 
 #[tokio::test]
+async fn a_frozen_workspace_is_skipped_and_nothing_runs() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::write(scratch.path().join("main.tf"), "").unwrap();
+    std::fs::write(scratch.path().join("input"), "same").unwrap();
+    let tofu = fake_tofu(scratch.path());
+    let drift = service(
+        &server,
+        vec![check("prod", scratch.path(), &tofu.display().to_string())],
+        vec![],
+    );
+    server
+        .app
+        .operator
+        .freeze("prod", "change freeze", None, Some("1h"), "operator:ops")
+        .await
+        .unwrap();
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(run.outcome, Some(Outcome::SkippedFrozen));
+    let message = run.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("change freeze") && message.contains("operator:ops"),
+        "{message}"
+    );
+    assert!(
+        !scratch.path().join(".terraform").exists(),
+        "the binary never ran"
+    );
+    assert_eq!(server.count("SELECT count(*) FROM tf_locks"), 0);
+    assert_eq!(
+        server.count("SELECT count(*) FROM drift_runs WHERE outcome = 'skipped_frozen'"),
+        1
+    );
+    assert!(drift.metric_rows().await.unwrap().is_empty());
+    // Unfrozen, the next check runs.
+    server
+        .app
+        .operator
+        .unfreeze("prod", "operator:ops")
+        .await
+        .unwrap();
+    let run = drift.check_now("prod", "test").await.unwrap();
+    assert_ne!(run.outcome, Some(Outcome::SkippedFrozen));
+}
+
+#[tokio::test]
 async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
     let server = TestServer::start().await;
     let hooks = Receiver::start(vec![]).await;

@@ -291,6 +291,12 @@ fn private_routes() -> Vec<(&'static str, &'static str, Option<Fields>)> {
             "/ui/workspaces/prod/allow-write",
             Some(vec![("reason", "r"), ("confirm", "yes")]),
         ),
+        (
+            "POST",
+            "/ui/workspaces/prod/freeze",
+            Some(vec![("reason", "r"), ("confirm", "yes")]),
+        ),
+        ("POST", "/ui/workspaces/prod/unfreeze", Some(vec![])),
         ("GET", "/ui/drift", None),
         ("GET", "/ui/drift?workspace=prod", None),
         ("GET", "/ui/drift/1", None),
@@ -448,6 +454,11 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
                 "/ui/workspaces/prod/allow-write",
                 with(vec![("reason", "r".into()), ("confirm", "yes".into())]),
             ),
+            (
+                "/ui/workspaces/prod/freeze",
+                with(vec![("reason", "r".into()), ("confirm", "yes".into())]),
+            ),
+            ("/ui/workspaces/prod/unfreeze", with(vec![])),
             ("/ui/logout", with(vec![])),
         ];
         for (path, fields) in forms {
@@ -1905,6 +1916,14 @@ async fn every_ui_page_and_form_by_role_refuses_identically_and_changes_nothing(
                 Aim::Ws(ws),
             ),
             (
+                "POST",
+                w("/freeze"),
+                vec![("reason", "window".into()), ("confirm", "yes".into())],
+                "operator",
+                Aim::Ws(ws),
+            ),
+            ("POST", w("/unfreeze"), vec![], "operator", Aim::Ws(ws)),
+            (
                 "GET",
                 format!("/ui/drift?workspace={ws}"),
                 vec![],
@@ -2002,7 +2021,13 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
     let viewer = cookie("viewer@x.io");
     let page = env.page("/ui/workspaces/dev-a", &viewer).await;
     assert!(page.contains("viewer"), "{page}");
-    for offered in ["/download", "/unlock", "/rollback", "Force unlock"] {
+    for offered in [
+        "/download",
+        "/unlock",
+        "/rollback",
+        "Force unlock",
+        "/freeze",
+    ] {
         assert!(!page.contains(offered), "viewer offered {offered}");
     }
     let page = env.page("/ui/workspaces/dev-a/versions/1", &viewer).await;
@@ -2024,6 +2049,45 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         "{page}"
     );
     assert!(!page.contains("/download"), "{page}");
+    assert!(page.contains("/ui/workspaces/dev-a/freeze"), "{page}");
+    // The freeze card: set with its reason (escaped), shown to everyone, lifted.
+    let csrf = &sessions.iter().find(|s| s.0 == "operator@x.io").unwrap().4;
+    let r = env
+        .post(
+            "/ui/workspaces/dev-a/freeze",
+            &operator,
+            &[
+                ("csrf", csrf),
+                ("reason", "<b>incident</b>"),
+                ("for", "2h"),
+                ("confirm", "yes"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let page = env.page("/ui/workspaces/dev-a", &viewer).await;
+    assert!(
+        page.contains("FROZEN") && page.contains("&lt;b&gt;incident&lt;/b&gt;"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<b>incident") && !page.contains("/unfreeze"),
+        "{page}"
+    );
+    let page = env.page("/ui/workspaces/dev-a", &operator).await;
+    assert!(page.contains("/ui/workspaces/dev-a/unfreeze"), "{page}");
+    let r = env
+        .post(
+            "/ui/workspaces/dev-a/unfreeze",
+            &operator,
+            &[("csrf", csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(!env
+        .page("/ui/workspaces/dev-a", &viewer)
+        .await
+        .contains("FROZEN"));
     // An admin: everything.
     let admin = cookie("admin@x.io");
     let page = env.page("/ui/workspaces/dev-a/versions/1", &admin).await;

@@ -36,7 +36,8 @@ struct Cli {
 enum Command {
     /// Run the server (with no config: loopback:8080, local store in the data dir).
     Serve,
-    /// Workspaces: credentials, list, show, diff, history, rollback, unlock, restore, allow-write.
+    /// Workspaces: credentials, list, show, diff, history, rollback, unlock, restore, allow-write,
+    /// freeze, unfreeze, freezes, move.
     Workspace {
         #[command(subcommand)]
         command: workspace::WorkspaceCommand,

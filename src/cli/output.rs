@@ -36,6 +36,14 @@ pub fn require_db(config: &Config) -> anyhow::Result<()> {
 /// The operator-facing message of an engine error (the detail a server would only log).
 pub fn cli_error(e: Error) -> anyhow::Error {
     match e {
+        Error::Locked { holder_info }
+            if holder_info.starts_with(b"{") && frozen_info(&holder_info).is_some() =>
+        {
+            anyhow::anyhow!(
+                "the workspace is frozen, nothing was written: {}",
+                frozen_info(&holder_info).unwrap_or_default()
+            )
+        }
         Error::Locked { holder_info } => anyhow::anyhow!(
             "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
             String::from_utf8_lossy(&holder_info)
@@ -43,6 +51,16 @@ pub fn cli_error(e: Error) -> anyhow::Error {
         Error::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),
     }
+}
+
+/// The `Info` of a LockInfo that a freeze answered with (`tofu::freeze`), if it is one.
+fn frozen_info(holder_info: &[u8]) -> Option<String> {
+    let info: serde_json::Value = serde_json::from_slice(holder_info).ok()?;
+    let id = info["ID"].as_str()?;
+    if !id.starts_with(stategate::tofu::freeze::LOCK_ID_PREFIX) {
+        return None;
+    }
+    Some(info["Info"].as_str()?.to_string())
 }
 
 /// The error and its causes on one line ("outer: inner: root").

@@ -1,5 +1,5 @@
 //! The workspace commands: `workspace env|history|rollback|list|show|diff|unlock|
-//! restore|allow-write`. Each is one call into the engine — `stategate::operator::Operations`
+//! restore|allow-write|freeze|unfreeze|freezes|move`. Each is one call into the engine — `stategate::operator::Operations`
 //! (the admin HTTP API and the web UI call the same functions) or `TofuBackend` —
 //! plus printing: a table for people, `--json` lines for scripts (`history` prints
 //! JSON lines only). Every failure is one line on stderr and a non-zero exit.
@@ -106,6 +106,51 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Freeze a workspace (a maintenance window, an incident): every LOCK and every
+    /// write without a lock is refused with the reason and who froze it, until
+    /// `unfreeze` or the end given; drift checks are skipped. A lock held now is not
+    /// broken: the freeze applies once it is released. Audited as tf.frozen.
+    Freeze {
+        workspace: String,
+        /// Why (Terraform prints it to whoever is refused; kept in the audit log).
+        #[arg(long)]
+        reason: String,
+        /// When the freeze ends (RFC 3339, e.g. 2026-12-02T10:00Z).
+        #[arg(long, conflicts_with = "for_")]
+        until: Option<String>,
+        /// How long the freeze lasts (90m, 2h, 3d).
+        #[arg(long = "for")]
+        for_: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lift a workspace's freeze (audited as tf.unfrozen). Not frozen: says so, exit 0.
+    Unfreeze {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every freeze in force: workspace, who, until, reason.
+    Freezes {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move resources (every instance of each resource address) from SRC's state to
+    /// DST's, as `terraform state mv -state-out` between two files would: both locks
+    /// are taken (name order), one new version of each is written in one commit (next
+    /// serial, lineage kept), audited once as tf.resources_moved. Move the resource
+    /// blocks in the configurations too. Refused, changing nothing, when either is
+    /// locked or frozen, an address is missing in SRC or present in DST, or a state
+    /// is not a plain Terraform state.
+    Move {
+        source: String,
+        destination: String,
+        /// Resource addresses such as module.db.aws_db_instance.main (at most 1000).
+        #[arg(required = true)]
+        addresses: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
@@ -140,6 +185,21 @@ pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
             minutes,
             json,
         } => allow_write(config, &workspace, minutes, &reason, json),
+        WorkspaceCommand::Freeze {
+            workspace,
+            reason,
+            until,
+            for_,
+            json,
+        } => freeze(config, &workspace, &reason, until, for_, json),
+        WorkspaceCommand::Unfreeze { workspace, json } => unfreeze(config, &workspace, json),
+        WorkspaceCommand::Freezes { json } => freezes(config, json),
+        WorkspaceCommand::Move {
+            source,
+            destination,
+            addresses,
+            json,
+        } => move_resources(config, &source, &destination, &addresses, json),
     }
 }
 
@@ -452,6 +512,107 @@ pub fn allow_write(
     Ok(())
 }
 
+/// `workspace freeze`: every lock and unlocked write refused until unfrozen or the end.
+pub fn freeze(
+    config: &Config,
+    workspace: &str,
+    reason: &str,
+    until: Option<String>,
+    for_: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let o = Ops::open(config)?;
+    let done = o.run(o.ops.freeze(
+        workspace,
+        reason,
+        until.as_deref(),
+        for_.as_deref(),
+        &operator(),
+    ))?;
+    if json {
+        json_line(&done)?;
+    }
+    eprintln!(
+        "workspace {workspace} frozen ({}; audited as tf.frozen by {}): every lock and every write without a lock is refused with the reason",
+        done.until_text, done.freeze.frozen_by
+    );
+    if let Some(lock) = &done.lock_held {
+        eprintln!(
+            "lock held by {:?} ({}, lock {}); the freeze applies when it is released (the lock is not broken)",
+            lock.who, lock.operation, lock.id
+        );
+    }
+    Ok(())
+}
+
+/// `workspace unfreeze`.
+pub fn unfreeze(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
+    let o = Ops::open(config)?;
+    let lifted = o.run(o.ops.unfreeze(workspace, &operator()))?;
+    if json {
+        json_line(&serde_json::json!({ "unfrozen": lifted.is_some(), "freeze": lifted }))?;
+    }
+    match lifted {
+        Some(_) => eprintln!("workspace {workspace} unfrozen (audited as tf.unfrozen)"),
+        None => eprintln!("workspace {workspace} is not frozen; nothing to do"),
+    }
+    Ok(())
+}
+
+/// `workspace freezes`: a table, or JSON lines.
+pub fn freezes(config: &Config, json: bool) -> anyhow::Result<()> {
+    let o = Ops::open(config)?;
+    let rows = o.run(o.ops.freezes(&stategate::operator::roles::Grant::ROOT))?;
+    if json {
+        json_lines(&rows)?;
+    } else if rows.is_empty() {
+        eprintln!("no workspace is frozen");
+    } else {
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|f| {
+                vec![
+                    f.workspace.clone(),
+                    f.frozen_by.clone(),
+                    f.until_text(),
+                    f.reason.clone(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(&["WORKSPACE", "FROZEN BY", "UNTIL", "REASON"], &cells)
+        );
+    }
+    Ok(())
+}
+
+/// `workspace move SRC DST ADDRESS…`.
+pub fn move_resources(
+    config: &Config,
+    source: &str,
+    destination: &str,
+    addresses: &[String],
+    json: bool,
+) -> anyhow::Result<()> {
+    let o = Ops::open(config)?;
+    let done = o.run(
+        o.ops
+            .move_resources(source, destination, addresses, &operator()),
+    )?;
+    if json {
+        json_line(&done)?;
+    }
+    eprintln!(
+        "moved {} resources ({} instances) from {source} (now version {}) to {destination} (now version {}); audited as tf.resources_moved. Move their blocks in the configurations too.",
+        done.addresses.len(),
+        done.instances,
+        done.from.version,
+        done.to.version
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,6 +637,7 @@ mod tests {
                 updated_at: Some("t".into()),
                 deleted: false,
                 lock: Some(lock),
+                frozen: None,
             },
             WorkspaceSummary {
                 name: "gone".into(),
@@ -485,6 +647,7 @@ mod tests {
                 updated_at: Some("t".into()),
                 deleted: true,
                 lock: None,
+                frozen: None,
             },
         ];
         let text = workspace_table(&rows);

@@ -31,6 +31,15 @@ impl DriftService {
                 "the plan of drift run {check_run} has expired; run a new check"
             ));
         }
+        if let Some(f) = self.inner.tofu.freeze_of(&run.workspace).await? {
+            return refuse(format!(
+                "workspace {:?} is frozen by {} ({}): {}; nothing was approved",
+                run.workspace,
+                f.frozen_by,
+                f.until_text(),
+                f.reason
+            ));
+        }
         let check = self.check_of(&run.workspace)?.clone();
         let (ws, who) = (run.workspace.clone(), actor.to_string());
         let admitted = self

@@ -270,6 +270,9 @@ impl DriftService {
             Ok(ready) => ready,
             Err(why) => return (Finished::error(None, why), None),
         };
+        if let Some(skipped) = self.skip_if_frozen(&s.workspace).await {
+            return (skipped, None);
+        }
         if let Some(skipped) = self.skip_if_locked(&s.workspace).await {
             return (skipped, None);
         }
@@ -336,6 +339,28 @@ impl DriftService {
             },
             Some(text),
         )
+    }
+
+    /// A freeze postpones the check: the outcome `skipped_frozen` naming who froze the
+    /// workspace and why (nothing is run, no lock is asked for).
+    async fn skip_if_frozen(&self, workspace: &str) -> Option<Finished> {
+        match self.inner.tofu.freeze_of(workspace).await {
+            Ok(None) => None,
+            Ok(Some(f)) => Some(Finished {
+                outcome: Some(Outcome::SkippedFrozen),
+                message: format!(
+                    "the workspace is frozen by {} ({}): {}; nothing was run",
+                    f.frozen_by,
+                    f.until_text(),
+                    f.reason
+                ),
+                ..Finished::default()
+            }),
+            Err(e) => Some(Finished::error(
+                None,
+                format!("cannot read the freeze: {e}"),
+            )),
+        }
     }
 
     /// A held lock postpones the check without disturbing its holder: the outcome

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a run found. Checks end in the first four; approved applies in the last three.
+/// What a run found. Checks end in the first five; approved applies in the last three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -14,17 +14,20 @@ pub enum Outcome {
     Drifted,
     Error,
     SkippedLocked,
+    /// The workspace was frozen (`workspace freeze`): nothing was run.
+    SkippedFrozen,
     Applied,
     ApplyFailed,
     StalePlan,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::InSync,
         Outcome::Drifted,
         Outcome::Error,
         Outcome::SkippedLocked,
+        Outcome::SkippedFrozen,
         Outcome::Applied,
         Outcome::ApplyFailed,
         Outcome::StalePlan,
@@ -36,6 +39,7 @@ impl Outcome {
             Outcome::Drifted => "drifted",
             Outcome::Error => "error",
             Outcome::SkippedLocked => "skipped_locked",
+            Outcome::SkippedFrozen => "skipped_frozen",
             Outcome::Applied => "applied",
             Outcome::ApplyFailed => "apply_failed",
             Outcome::StalePlan => "stale_plan",

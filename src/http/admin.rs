@@ -18,6 +18,10 @@ use crate::store::audit::{parse_instant, AuditFilter};
 
 /// Largest admin request body (a version number or a lock ID).
 const MAX_ADMIN_BODY: u64 = 4096;
+/// Largest body of a move: the most addresses, each at its longest and escaped.
+const MAX_MOVE_BODY: u64 = (crate::tofu::moves::MAX_ADDRESSES as u64)
+    * (2 * crate::tofu::moves::MAX_ADDRESS_BYTES as u64 + 8)
+    + 4096;
 /// Versions listed when `limit` is not given.
 const DEFAULT_VERSIONS: u32 = 100;
 
@@ -37,10 +41,10 @@ pub(super) async fn handle(
     super::guard::permit(app, &who, action.name(), super::guard::admin_need(&action))
         .await
         .map_err(Failure::early)?;
-    let limit = if action.takes_body() {
-        MAX_ADMIN_BODY
-    } else {
-        0
+    let limit = match action {
+        AdminAction::Move { .. } => MAX_MOVE_BODY,
+        _ if action.takes_body() => MAX_ADMIN_BODY,
+        _ => 0,
     };
     let (body, held) = read_body(session, limit, &app.body_budget, app.body_limits)
         .await
@@ -97,6 +101,21 @@ struct EmptyBody {}
 struct AllowWriteBody {
     reason: Option<String>,
     minutes: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FreezeBody {
+    reason: Option<String>,
+    until: Option<String>,
+    #[serde(rename = "for")]
+    for_: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveBody {
+    addresses: Vec<String>,
 }
 
 async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Result<Reply, Error> {
@@ -213,6 +232,40 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             let reason = parsed.reason.unwrap_or_default();
             ok(
                 serde_json::to_value(ops.allow_write(w, minutes, &reason, &actor).await?)
+                    .unwrap_or_default(),
+            )
+        }
+        AdminAction::Freeze { workspace: w } => {
+            let w = workspace(&w)?;
+            let parsed: FreezeBody = json_body(
+                body,
+                r#"{"reason": "<why>", "until": "<RFC 3339, optional>" or "for": "<2h, optional>"}"#,
+            )?;
+            let done = ops
+                .freeze(
+                    w,
+                    parsed.reason.as_deref().unwrap_or(""),
+                    parsed.until.as_deref(),
+                    parsed.for_.as_deref(),
+                    &actor,
+                )
+                .await?;
+            ok(serde_json::to_value(done).unwrap_or_default())
+        }
+        AdminAction::Unfreeze { workspace: w } => {
+            let w = workspace(&w)?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            let lifted = ops.unfreeze(w, &actor).await?;
+            ok(serde_json::json!({ "unfrozen": lifted.is_some(), "freeze": lifted }))
+        }
+        AdminAction::Freezes => {
+            ok(serde_json::json!({ "freezes": ops.freezes(&who.grant).await? }))
+        }
+        AdminAction::Move { workspace: w, to } => {
+            let (w, to) = (workspace(&w)?, workspace(&to)?);
+            let parsed: MoveBody = json_body(body, r#"{"addresses": ["<resource address>", …]}"#)?;
+            ok(
+                serde_json::to_value(ops.move_resources(w, to, &parsed.addresses, &actor).await?)
                     .unwrap_or_default(),
             )
         }

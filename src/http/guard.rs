@@ -43,6 +43,8 @@ pub(super) async fn visible_drift(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum On<'a> {
     Workspace(&'a str),
+    /// Two workspaces (a move): the action is needed on both.
+    Both(&'a str, &'a str),
     /// A drift run, by its raw id: aimed at the run's workspace.
     Run(&'a str),
     Listing,
@@ -61,9 +63,11 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
     use On::*;
     Some(match action {
         AdminAction::WhoAmI => return None,
-        AdminAction::Workspaces | AdminAction::Audit { .. } | AdminAction::Search { .. } => {
-            (Action::Read, Listing)
-        }
+        AdminAction::Workspaces
+        | AdminAction::Audit { .. }
+        | AdminAction::Search { .. }
+        | AdminAction::Freezes => (Action::Read, Listing),
+        AdminAction::Move { workspace, to } => (Action::Operate, Both(workspace, to)),
         AdminAction::Drift { workspace, .. } => match workspace.as_deref() {
             Some(w) if !w.trim().is_empty() => (Action::Read, Workspace(w)),
             _ => (Action::Read, Listing),
@@ -89,6 +93,8 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         | AdminAction::Unlock { workspace }
         | AdminAction::Restore { workspace }
         | AdminAction::AllowWrite { workspace }
+        | AdminAction::Freeze { workspace }
+        | AdminAction::Unfreeze { workspace }
         | AdminAction::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
         AdminAction::Clusters => (Action::Read, Site),
         AdminAction::DriftRun { run } => (Action::Read, Run(run)),
@@ -122,6 +128,8 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         UiRoute::Rollback { workspace }
         | UiRoute::Unlock { workspace }
         | UiRoute::AllowWrite { workspace }
+        | UiRoute::Freeze { workspace }
+        | UiRoute::Unfreeze { workspace }
         | UiRoute::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
         UiRoute::Clusters => (Action::Read, Site),
         UiRoute::DriftRun { run } => (Action::Read, Run(run)),
@@ -143,6 +151,9 @@ pub(super) async fn permit(
     let grant = &who.grant;
     let allowed = match on {
         On::Workspace(w) => grant.may(action, Target::Workspace(w)),
+        On::Both(a, b) => {
+            grant.may(action, Target::Workspace(a)) && grant.may(action, Target::Workspace(b))
+        }
         On::Listing => grant.may(action, Target::Listing),
         On::Site => grant.may(action, Target::Site),
         // The role first (a viewer's approval is refused without a lookup); then the
@@ -165,6 +176,13 @@ pub(super) async fn permit(
     }
     let workspace: String = match on {
         On::Workspace(w) | On::Run(w) => w.chars().take(crate::names::MAX_WORKSPACE_LEN).collect(),
+        On::Both(a, b) => [a, b]
+            .map(|w| {
+                w.chars()
+                    .take(crate::names::MAX_WORKSPACE_LEN)
+                    .collect::<String>()
+            })
+            .join(" -> "),
         On::Listing | On::Site => String::new(),
     };
     tracing::warn!(

@@ -77,6 +77,15 @@ pub enum AdminAction {
     /// `POST workspaces/{ws}/allow-write` with `{"reason": "…"[, "minutes": N]}`: one
     /// write the write guard would refuse may go through
     AllowWrite { workspace: String },
+    /// `POST workspaces/{ws}/freeze` with `{"reason": "…"[, "until": T | "for": "2h"]}`
+    Freeze { workspace: String },
+    /// `POST workspaces/{ws}/unfreeze`
+    Unfreeze { workspace: String },
+    /// `GET freezes`: every freeze in force
+    Freezes,
+    /// `POST workspaces/{src}/move/{dst}` with `{"addresses": ["…", …]}`: move
+    /// resources from one workspace's state to another's
+    Move { workspace: String, to: String },
     /// `GET audit[?scope=&event=&since=&until=&limit=]`
     Audit {
         scope: Option<String>,
@@ -116,6 +125,10 @@ impl AdminAction {
             AdminAction::Unlock { .. } => "admin.unlock",
             AdminAction::Restore { .. } => "admin.restore",
             AdminAction::AllowWrite { .. } => "admin.allow_write",
+            AdminAction::Freeze { .. } => "admin.freeze",
+            AdminAction::Unfreeze { .. } => "admin.unfreeze",
+            AdminAction::Freezes => "admin.freezes",
+            AdminAction::Move { .. } => "admin.move",
             AdminAction::Audit { .. } => "admin.audit",
             AdminAction::Clusters => "admin.clusters",
             AdminAction::Search { .. } => "admin.search",
@@ -134,6 +147,9 @@ impl AdminAction {
                 | AdminAction::Unlock { .. }
                 | AdminAction::Restore { .. }
                 | AdminAction::AllowWrite { .. }
+                | AdminAction::Freeze { .. }
+                | AdminAction::Unfreeze { .. }
+                | AdminAction::Move { .. }
                 | AdminAction::DriftCheck { .. }
                 | AdminAction::DriftApply { .. }
         )
@@ -151,6 +167,9 @@ impl AdminAction {
             | AdminAction::Unlock { workspace }
             | AdminAction::Restore { workspace }
             | AdminAction::AllowWrite { workspace }
+            | AdminAction::Freeze { workspace }
+            | AdminAction::Unfreeze { workspace }
+            | AdminAction::Move { workspace, .. }
             | AdminAction::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
@@ -203,6 +222,10 @@ pub enum UiRoute {
     /// `POST workspaces/{ws}/allow-write` with `csrf`, `reason`, `minutes`, `confirm`:
     /// one write the write guard would refuse may go through
     AllowWrite { workspace: String },
+    /// `POST workspaces/{ws}/freeze` with `csrf`, `reason`, `for`, `confirm`
+    Freeze { workspace: String },
+    /// `POST workspaces/{ws}/unfreeze` with `csrf`
+    Unfreeze { workspace: String },
     /// `GET audit[?scope=&event=&since=&until=&before=]`
     Audit {
         scope: Option<String>,
@@ -249,6 +272,8 @@ impl UiRoute {
             UiRoute::Rollback { .. } => "ui.rollback",
             UiRoute::Unlock { .. } => "ui.unlock",
             UiRoute::AllowWrite { .. } => "ui.allow_write",
+            UiRoute::Freeze { .. } => "ui.freeze",
+            UiRoute::Unfreeze { .. } => "ui.unfreeze",
             UiRoute::Audit { .. } => "ui.audit",
             UiRoute::Clusters => "ui.clusters",
             UiRoute::Search { .. } => "ui.search",
@@ -279,6 +304,8 @@ impl UiRoute {
                 | UiRoute::Rollback { .. }
                 | UiRoute::Unlock { .. }
                 | UiRoute::AllowWrite { .. }
+                | UiRoute::Freeze { .. }
+                | UiRoute::Unfreeze { .. }
                 | UiRoute::DriftCheck { .. }
                 | UiRoute::DriftApply { .. }
         )
@@ -296,6 +323,8 @@ impl UiRoute {
             | UiRoute::Rollback { workspace }
             | UiRoute::Unlock { workspace }
             | UiRoute::AllowWrite { workspace }
+            | UiRoute::Freeze { workspace }
+            | UiRoute::Unfreeze { workspace }
             | UiRoute::DriftCheck { workspace } => Some(workspace),
             _ => None,
         }
@@ -519,6 +548,16 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         ["workspaces", w, "unlock"] => (AdminAction::Unlock { workspace: ws(w) }, "POST"),
         ["workspaces", w, "restore"] => (AdminAction::Restore { workspace: ws(w) }, "POST"),
         ["workspaces", w, "allow-write"] => (AdminAction::AllowWrite { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "freeze"] => (AdminAction::Freeze { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "unfreeze"] => (AdminAction::Unfreeze { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "move", to] => (
+            AdminAction::Move {
+                workspace: ws(w),
+                to: ws(to),
+            },
+            "POST",
+        ),
+        ["freezes"] => (AdminAction::Freezes, "GET"),
         ["drift"] => (
             AdminAction::Drift {
                 workspace: q("workspace"),
@@ -641,6 +680,8 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         ["workspaces", w, "rollback"] => (UiRoute::Rollback { workspace: ws(w) }, "POST"),
         ["workspaces", w, "unlock"] => (UiRoute::Unlock { workspace: ws(w) }, "POST"),
         ["workspaces", w, "allow-write"] => (UiRoute::AllowWrite { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "freeze"] => (UiRoute::Freeze { workspace: ws(w) }, "POST"),
+        ["workspaces", w, "unfreeze"] => (UiRoute::Unfreeze { workspace: ws(w) }, "POST"),
         _ => return UiRoute::NotFound,
     };
     if method != allowed {
@@ -975,6 +1016,33 @@ mod tests {
                 admin(AdminAction::AllowWrite { workspace: w() }),
             ),
             (
+                "POST",
+                "/api/v1/admin/workspaces/prod/freeze",
+                None,
+                admin(AdminAction::Freeze { workspace: w() }),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/workspaces/prod/unfreeze",
+                None,
+                admin(AdminAction::Unfreeze { workspace: w() }),
+            ),
+            (
+                "GET",
+                "/api/v1/admin/freezes",
+                None,
+                admin(AdminAction::Freezes),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/workspaces/prod/move/dev",
+                None,
+                admin(AdminAction::Move {
+                    workspace: w(),
+                    to: "dev".into(),
+                }),
+            ),
+            (
                 "GET",
                 "/api/v1/admin/search",
                 Some("q=module.db"),
@@ -1042,6 +1110,10 @@ mod tests {
             ("POST", "/api/v1/admin/workspaces", 405),
             ("PUT", "/api/v1/admin/workspaces/prod/rollback", 405),
             ("GET", "/api/v1/admin/workspaces/prod/allow-write", 405),
+            ("GET", "/api/v1/admin/workspaces/prod/freeze", 405),
+            ("GET", "/api/v1/admin/workspaces/prod/move/dev", 405),
+            ("POST", "/api/v1/admin/freezes", 405),
+            ("POST", "/api/v1/admin/workspaces/prod/move", 404),
             ("POST", "/api/v1/admin/search", 405),
             ("DELETE", "/api/v1/admin/workspaces/prod", 405),
             ("GET", "/api/v1/admin/nope", 404),
@@ -1181,6 +1253,24 @@ mod tests {
                 "/ui/workspaces/prod/unlock",
                 None,
                 UiRoute::Unlock { workspace: w() },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/freeze",
+                None,
+                UiRoute::Freeze { workspace: w() },
+            ),
+            (
+                "POST",
+                "/ui/workspaces/prod/unfreeze",
+                None,
+                UiRoute::Unfreeze { workspace: w() },
+            ),
+            (
+                "GET",
+                "/ui/workspaces/prod/freeze",
+                None,
+                UiRoute::NotAllowed { allowed: "POST" },
             ),
             (
                 "GET",

@@ -544,6 +544,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Rollback { .. }
         | UiRoute::Unlock { .. }
         | UiRoute::AllowWrite { .. }
+        | UiRoute::Freeze { .. }
+        | UiRoute::Unfreeze { .. }
         | UiRoute::DriftCheck { .. }
         | UiRoute::DriftApply { .. } => Err(Error::NotFound("no such page".into()).into()),
     }
@@ -687,6 +689,29 @@ async fn action(
             ops.allow_write(w, minutes, form.get("reason").unwrap_or(""), &actor)
                 .await?;
             Ok(redirect(&format!("/ui/workspaces/{w}?write_allowed=1")))
+        }
+        // The same calls as the admin API's and the CLI's freeze and unfreeze.
+        UiRoute::Freeze { workspace: w } => {
+            let w = workspace(&w)?;
+            if form.get("confirm") != Some("yes") {
+                return Err(Error::Invalid(
+                    "tick the confirmation to freeze the workspace; nothing was changed".into(),
+                ));
+            }
+            ops.freeze(
+                w,
+                form.get("reason").unwrap_or(""),
+                None,
+                form.get("for"),
+                &actor,
+            )
+            .await?;
+            Ok(redirect(&format!("/ui/workspaces/{w}#freeze")))
+        }
+        UiRoute::Unfreeze { workspace: w } => {
+            let w = workspace(&w)?;
+            ops.unfreeze(w, &actor).await?;
+            Ok(redirect(&format!("/ui/workspaces/{w}#freeze")))
         }
         // The same two calls as the admin API's `drift/{ws}/run` and `drift/{run}/apply`.
         UiRoute::DriftCheck { workspace: w } => {

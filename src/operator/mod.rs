@@ -1,5 +1,5 @@
 //! The operator surface: every day-two operation (list, show, reveal, diff, history,
-//! rollback and its preview, unlock, restore, search, audit, clusters) as one domain
+//! rollback and its preview, unlock, restore, freeze, move, search, audit, clusters) as one domain
 //! function, called by the CLI (`workspace …`, `admin …`), the admin HTTP API
 //! (`http::admin`) and the web UI (`crate::ui`), so they can never disagree. Operators
 //! authenticate with their own tokens (`identity`); every change is audited with the
@@ -28,8 +28,9 @@ use crate::names::validate_workspace;
 use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
 use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
+use crate::tofu::freeze::{all_freezes, Freeze};
 use crate::tofu::lock::{all_locks, held_lock_since, HeldLock};
-use crate::tofu::TofuBackend;
+use crate::tofu::{MoveDone, TofuBackend};
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
 use roles::Grant;
@@ -115,6 +116,8 @@ pub struct WorkspaceSummary {
     pub updated_at: Option<String>,
     pub deleted: bool,
     pub lock: Option<LockState>,
+    /// The maintenance freeze in force, if any (`workspace freeze`).
+    pub frozen: Option<Freeze>,
 }
 
 /// A cluster with its lease, for `GET /api/v1/admin/clusters`.
@@ -127,6 +130,17 @@ pub struct ClusterSummary {
     pub version: Option<i64>,
     pub serial: Option<i64>,
     pub lease: Option<serde_json::Value>,
+}
+
+/// What a freeze did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FreezeDone {
+    pub freeze: Freeze,
+    /// `until` for people (RFC 3339, or "until unfrozen").
+    pub until_text: String,
+    /// The lock held when the freeze was made: left alone, the freeze applies once it
+    /// is released.
+    pub lock_held: Option<LockState>,
 }
 
 /// What an operator unlock did.
@@ -227,6 +241,7 @@ pub fn workspace_rows(
                 updated_at: Some(row.created_at.clone()),
                 deleted: row.is_tombstone(),
                 lock: None,
+                frozen: None,
             },
         );
     }
@@ -241,8 +256,14 @@ pub fn workspace_rows(
                 updated_at: None,
                 deleted: false,
                 lock: None,
+                frozen: None,
             })
             .lock = Some(state);
+    }
+    for f in all_freezes(conn)?.into_iter().filter(|f| f.in_force(now)) {
+        if let Some(ws) = out.get_mut(&f.workspace) {
+            ws.frozen = Some(f);
+        }
     }
     Ok(out.into_values().collect())
 }
@@ -579,6 +600,63 @@ impl Operations {
     ) -> Result<crate::tofu::guard::Override, Error> {
         validate_workspace(workspace)?;
         self.tofu.allow_write(workspace, minutes, reason, who).await
+    }
+
+    /// Freezes `workspace` for `reason` until `until` (RFC 3339) or for `for_` (`2h`),
+    /// or until unfrozen, audited as `tf.frozen` by `who`. While frozen every LOCK and
+    /// every unlocked write is refused (423, the reason in the LockInfo); a lock held
+    /// now is not broken and is returned (the freeze applies once it is released).
+    pub async fn freeze(
+        &self,
+        workspace: &str,
+        reason: &str,
+        until: Option<&str>,
+        for_: Option<&str>,
+        who: &str,
+    ) -> Result<FreezeDone, Error> {
+        validate_workspace(workspace)?;
+        let end = crate::tofu::freeze::parse_end(until, for_, Self::now())
+            .map_err(|e| Error::Invalid(format!("{e}; nothing was frozen")))?;
+        let done = self.tofu.freeze(workspace, reason, end, who).await?;
+        let (now, stale) = (Self::now(), self.stale_after);
+        Ok(FreezeDone {
+            until_text: done.freeze.until_text(),
+            freeze: done.freeze,
+            lock_held: done
+                .held
+                .map(|(lock, at)| lock_state(&lock, &at, now, stale)),
+        })
+    }
+
+    /// Lifts the freeze of `workspace` (audited as `tf.unfrozen` by `who`); `None`
+    /// when it was not frozen (nothing changed).
+    pub async fn unfreeze(&self, workspace: &str, who: &str) -> Result<Option<Freeze>, Error> {
+        validate_workspace(workspace)?;
+        self.tofu.unfreeze(workspace, who).await
+    }
+
+    /// Every freeze in force that `grant` sees, by workspace. Freezes found expired
+    /// are removed and their expiry audited (as the housekeeping does).
+    pub async fn freezes(&self, grant: &Grant) -> Result<Vec<Freeze>, Error> {
+        let mut all = self.tofu.freezes().await?;
+        all.retain(|f| grant.sees(&f.workspace));
+        Ok(all)
+    }
+
+    /// Moves resources (`addresses`, every instance of each) from `source`'s state to
+    /// `destination`'s under both locks, in one commit, audited once as
+    /// `tf.resources_moved` by `who`. Both states are read whole, each at most
+    /// `max_view_bytes`.
+    pub async fn move_resources(
+        &self,
+        source: &str,
+        destination: &str,
+        addresses: &[String],
+        who: &str,
+    ) -> Result<MoveDone, Error> {
+        self.tofu
+            .move_resources(source, destination, addresses, who, self.max_view_bytes)
+            .await
     }
 
     /// The current holder, as `unlock` shows it before asking.

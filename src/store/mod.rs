@@ -684,6 +684,130 @@ impl StateStore {
             .await
     }
 
+    /// New versions of several scopes, all committed in ONE transaction or none: each
+    /// body (whole, in memory) is sealed into its own new blob, then one write
+    /// transaction checks that no scope moved since its newest row was read, runs
+    /// `guard` over the newest rows and the rows about to be inserted (it may record
+    /// its decision, e.g. one audit row for all of them, in that transaction), and
+    /// inserts every row. Scopes must be distinct; their turns are taken in name order,
+    /// so two such writes never wait for each other in a circle. Nothing is audited
+    /// here: the guard writes what describes the change. Any failure stores nothing
+    /// (the blobs written are discarded).
+    pub async fn write_versions<E>(
+        &self,
+        news: Vec<(NewVersion, SealKey)>,
+        guard: impl Fn(&Connection, &[Option<VersionRow>], &[VersionRow]) -> Result<(), E>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Result<Vec<VersionRow>, E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+    {
+        let mut scopes: Vec<String> = news.iter().map(|(n, _)| n.scope.clone()).collect();
+        scopes.sort();
+        scopes.dedup();
+        if scopes.len() != news.len() {
+            return Err(E::from(StoreError::Contended));
+        }
+        let mut turns = Vec::with_capacity(scopes.len());
+        for scope in &scopes {
+            turns.push(self.write_turns.wait(scope.clone()).await);
+        }
+        let wanted: Vec<String> = news.iter().map(|(n, _)| n.scope.clone()).collect();
+        let latest = self
+            .db
+            .read_quick(move |c| {
+                wanted
+                    .iter()
+                    .map(|scope| latest_row(c, scope))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(E::from)?;
+        let mut rows = Vec::with_capacity(news.len());
+        let mut written = Vec::with_capacity(news.len());
+        let mut failed = None;
+        for ((new, key), before) in news.into_iter().zip(&latest) {
+            let version = before.as_ref().map_or(1, |r| r.version + 1);
+            let id = BlobIdentity {
+                scope: new.scope.clone(),
+                version,
+                created_at: now_rfc3339(),
+                actor: new.actor.clone(),
+                parent: before.as_ref().and_then(|r| r.blob_key.clone()),
+            };
+            let blob_key = blob_key_for(&new.scope, version);
+            let check: Box<dyn BodyCheck<E>> = Box::new(Known(Some(BodyMeta {
+                serial: new.serial,
+                lineage: new.lineage.clone(),
+                audit: None,
+            })));
+            let mut body = BodySource::Whole(new.plaintext.clone());
+            match self
+                .store_blob(&blob_key, &id, &key, check, &mut body)
+                .await
+            {
+                Ok((meta, trailer)) => {
+                    written.push(blob_key.clone());
+                    rows.push(VersionRow {
+                        scope: id.scope,
+                        version,
+                        serial: meta.serial,
+                        lineage: meta.lineage,
+                        sha256: Some(trailer.sha256),
+                        size: trailer.size,
+                        blob_key: Some(blob_key),
+                        created_at: id.created_at,
+                        actor: id.actor,
+                    });
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let committed = match failed {
+            Some(e) => Err(e),
+            None => {
+                let inserted = rows.clone();
+                self.db
+                    .write(move |c| -> Result<(), E> {
+                        let mut current = Vec::with_capacity(inserted.len());
+                        for row in &inserted {
+                            let now =
+                                latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
+                            let found = now.as_ref().map_or(0, |r| r.version);
+                            if found != row.version - 1 {
+                                return Err(E::from(StoreError::Moved {
+                                    scope: row.scope.clone(),
+                                    found,
+                                }));
+                            }
+                            current.push(now);
+                        }
+                        guard(c, &current, &inserted)?;
+                        for row in &inserted {
+                            insert_version(c, row).map_err(|e| E::from(DbError::from(e)))?;
+                        }
+                        Ok(())
+                    })
+                    .await
+            }
+        };
+        drop(turns);
+        match committed {
+            Ok(()) => Ok(rows),
+            Err(e) => {
+                for key in &written {
+                    self.discard_blob(key).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Best effort: an orphan blob is harmless garbage (no row points at it).
     async fn discard_blob(&self, key: &str) {
         if let Err(e) = self.blobs.delete(key).await {

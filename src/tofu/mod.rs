@@ -3,13 +3,18 @@
 //! Handlers take plain values (workspace, lock id, body bytes) and return plain
 //! results; HTTP framing lives in `http`. Locks are rows in `tf_locks` (rules in
 //! `lock.rs`); the write guard (lineage, serial, content) and its one-shot operator
-//! override are in `guard.rs`. Every check that decides whether a write may proceed
-//! runs again inside the commit transaction.
+//! override are in `guard.rs`; maintenance freezes (every LOCK and unlocked write
+//! refused, a held lock left alone) in `freeze.rs`; moving resources between two
+//! workspaces' states (both locks, both versions in one commit) in `moves.rs` and
+//! [`TofuBackend::move_resources`]. Every check that decides whether a write may
+//! proceed runs again inside the commit transaction.
 
 pub mod access;
 pub mod certificate;
+pub mod freeze;
 pub mod guard;
 pub mod lock;
+pub mod moves;
 pub mod protocol;
 pub mod run_credential;
 
@@ -29,6 +34,7 @@ use crate::store::{
 };
 use crate::tfstate::parse_state;
 pub use access::Credential;
+use freeze::Freeze;
 use guard::{decide_successor, Override, Refusal, Sent, Successor};
 pub use lock::SCHEMA;
 use lock::{decide_lock, decide_unlock, decide_write, held_lock, HeldLock, Lock, Unlock};
@@ -71,6 +77,18 @@ pub const EVENT_WRITE_ALLOWED: &str = "tf.write_allowed";
 /// A write the guard would have refused went through on an operator's override
 /// (payload: why it was refused, stored and sent serial/lineage, who allowed it).
 pub const EVENT_OVERRIDE_USED: &str = "tf.write_override_used";
+
+/// An operator froze a workspace (payload: reason, until, whom it replaced).
+pub const EVENT_FROZEN: &str = "tf.frozen";
+/// An operator lifted a freeze (payload: the freeze lifted).
+pub const EVENT_UNFROZEN: &str = "tf.unfrozen";
+/// A freeze's `until` passed and stategate noticed (actor [`HOUSEKEEPING`]).
+pub const EVENT_FREEZE_EXPIRED: &str = "tf.freeze_expired";
+/// An operator moved resources from one workspace to another (one event, naming both
+/// new versions; recorded under the source's scope).
+pub const EVENT_RESOURCES_MOVED: &str = "tf.resources_moved";
+/// The actor of what stategate does by itself (a freeze's expiry).
+pub const HOUSEKEEPING: &str = "stategate";
 
 /// Who acted: the workspace credential is the only identity the backend knows.
 fn actor(workspace: &str) -> String {
@@ -271,7 +289,76 @@ impl StateCheck {
     }
 }
 
+/// The freeze in force on `workspace`. In a write transaction an expired freeze is
+/// removed and its expiry audited here, where it is noticed; on a reader an expired
+/// freeze is simply not in force (the commit that follows removes it).
+fn freeze_in_force(conn: &Connection, workspace: &str) -> Result<Option<Freeze>, Error> {
+    let row = freeze::freeze_of(conn, workspace).map_err(DbError::from)?;
+    match freeze::decide(row, unix_now()) {
+        freeze::State::NotFrozen => Ok(None),
+        freeze::State::Frozen(f) => Ok(Some(f)),
+        freeze::State::Expired(f) => {
+            if !conn.is_autocommit() {
+                expire_freeze(conn, &f)?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+fn expire_freeze(conn: &Connection, f: &Freeze) -> Result<(), Error> {
+    freeze::delete_freeze(conn, &f.workspace).map_err(DbError::from)?;
+    let mut entry = audit(
+        &f.workspace,
+        EVENT_FREEZE_EXPIRED,
+        serde_json::json!({ "frozen_by": f.frozen_by, "reason": f.reason, "until": f.until }),
+    );
+    entry.actor = HOUSEKEEPING.to_string();
+    insert_audit(conn, &entry).map_err(DbError::from)?;
+    Ok(())
+}
+
+/// The refusal of a LOCK or an unlocked write while frozen: 423 with the freeze's
+/// LockInfo (Terraform prints it).
+fn frozen(f: &Freeze) -> Error {
+    Error::Locked {
+        holder_info: Bytes::from(f.lock_info()),
+    }
+}
+
+/// What a freeze request did: the freeze now in force, and the lock held when it was
+/// made (the freeze applies once that lock is released; it is never broken).
+#[derive(Debug, Clone)]
+pub struct Frozen {
+    pub freeze: Freeze,
+    pub held: Option<(HeldLock, String)>,
+}
+
+/// What a move did: the new version of each workspace and what moved.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MoveDone {
+    pub from: MovedSide,
+    pub to: MovedSide,
+    pub addresses: Vec<String>,
+    /// Resource instances moved (every instance of each address).
+    pub instances: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MovedSide {
+    pub workspace: String,
+    pub version: i64,
+    pub serial: Option<i64>,
+}
+
+/// May a write carrying `lock_id` proceed: the lock holder's (a freeze never breaks a
+/// held lock), or without a lock only while nobody holds it and no freeze is in force.
 fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
+    if lock_id.is_none() {
+        if let Some(f) = freeze_in_force(conn, workspace)? {
+            return Err(frozen(&f));
+        }
+    }
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
     match (decide_write(held.as_ref(), lock_id), held) {
         (lock::Write::Allow, _) => Ok(()),
@@ -283,8 +370,9 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
     }
 }
 
-/// Operator writes (rollback) wait for nobody: refused (423 + holder's LockInfo)
-/// while anyone holds the workspace lock.
+/// Operator writes (rollback, restore) wait for nobody: refused (423 + holder's
+/// LockInfo) while anyone holds the workspace lock, and (423 + the freeze's LockInfo)
+/// while it is frozen.
 fn ensure_unlocked(conn: &Connection, workspace: &str) -> Result<(), Error> {
     check_writer(conn, workspace, None)
 }
@@ -653,6 +741,300 @@ impl TofuBackend {
         Ok(done)
     }
 
+    /// Freezes `workspace` until `until` (unix seconds; `None`: until unfrozen) for
+    /// `reason`, audited as `tf.frozen` by `actor`; replaces an earlier freeze. A held
+    /// lock is left alone and returned: the freeze applies once it is released.
+    pub async fn freeze(
+        &self,
+        workspace: &str,
+        reason: &str,
+        until: Option<i64>,
+        actor: &str,
+    ) -> Result<Frozen, Error> {
+        crate::names::validate_workspace(workspace)?;
+        let reason = freeze::check_reason(reason).map_err(|e| Error::Invalid(e.to_string()))?;
+        if until.is_some_and(|t| t <= unix_now()) {
+            return Err(Error::Invalid(freeze::BadFreeze::OutOfRange.to_string()));
+        }
+        let wanted = Freeze {
+            workspace: workspace.to_string(),
+            frozen_by: actor.to_string(),
+            reason,
+            created_at: crate::store::now_rfc3339(),
+            until,
+        };
+        self.db
+            .write(move |conn| -> Result<Frozen, Error> {
+                let before = freeze_in_force(conn, &wanted.workspace)?;
+                freeze::put_freeze(conn, &wanted).map_err(DbError::from)?;
+                let held = lock::held_lock_since(conn, &wanted.workspace).map_err(DbError::from)?;
+                let mut entry = audit(
+                    &wanted.workspace,
+                    EVENT_FROZEN,
+                    serde_json::json!({
+                        "reason": wanted.reason,
+                        "until": wanted.until,
+                        "replaced": before.map(|b| serde_json::json!({ "frozen_by": b.frozen_by, "reason": b.reason, "until": b.until })),
+                        "lock_held": held.as_ref().map(|(l, _)| lock_summary(l)),
+                    }),
+                );
+                entry.actor = wanted.frozen_by.clone();
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(Frozen { freeze: wanted, held })
+            })
+            .await
+    }
+
+    /// Lifts the freeze of `workspace`, audited as `tf.unfrozen` by `actor`. `None`
+    /// (nothing audited but a noticed expiry) when it was not frozen.
+    pub async fn unfreeze(&self, workspace: &str, actor: &str) -> Result<Option<Freeze>, Error> {
+        crate::names::validate_workspace(workspace)?;
+        let (ws, actor) = (workspace.to_string(), actor.to_string());
+        self.db
+            .write(move |conn| -> Result<Option<Freeze>, Error> {
+                let Some(f) = freeze_in_force(conn, &ws)? else {
+                    return Ok(None);
+                };
+                freeze::delete_freeze(conn, &ws).map_err(DbError::from)?;
+                let mut entry = audit(
+                    &ws,
+                    EVENT_UNFROZEN,
+                    serde_json::json!({ "frozen_by": f.frozen_by, "reason": f.reason, "until": f.until }),
+                );
+                entry.actor = actor;
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(Some(f))
+            })
+            .await
+    }
+
+    /// Every freeze in force, by workspace; freezes found expired are removed and
+    /// their expiry audited on the way (the listing and the housekeeping notice them).
+    pub async fn freezes(&self) -> Result<Vec<Freeze>, Error> {
+        self.db
+            .write(move |conn| -> Result<Vec<Freeze>, Error> {
+                let now = unix_now();
+                let mut out = Vec::new();
+                for f in freeze::all_freezes(conn).map_err(DbError::from)? {
+                    if f.in_force(now) {
+                        out.push(f);
+                    } else {
+                        expire_freeze(conn, &f)?;
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// The freeze in force on `workspace` right now (a read; changes nothing).
+    pub async fn freeze_of(&self, workspace: &str) -> Result<Option<Freeze>, Error> {
+        let ws = workspace.to_string();
+        let row = self.db.read(move |c| freeze::freeze_of(c, &ws)).await?;
+        Ok(row.filter(|f| f.in_force(unix_now())))
+    }
+
+    /// Moves the resource records `addresses` (every instance of each) from the state
+    /// of `source` to the state of `destination`, as `terraform state mv -state-out`
+    /// between two files would, by `actor`: takes both workspace locks (in name order,
+    /// in one transaction; refused with 423 while either is locked or frozen), reads
+    /// both current states whole (each at most `max_bytes`, else 409), writes one new
+    /// version of each (next serial, lineage kept) in ONE commit that re-checks both
+    /// locks, audited as one `tf.resources_moved` naming both versions, then releases
+    /// the locks. Any refusal changes nothing.
+    pub async fn move_resources(
+        &self,
+        source: &str,
+        destination: &str,
+        addresses: &[String],
+        actor: &str,
+        max_bytes: u64,
+    ) -> Result<MoveDone, Error> {
+        crate::names::validate_workspace(source)?;
+        crate::names::validate_workspace(destination)?;
+        if source == destination {
+            return Err(Error::Invalid(
+                "the source and the destination are the same workspace; nothing was moved".into(),
+            ));
+        }
+        let addresses = moves::check_addresses(addresses)
+            .map_err(|e| Error::Invalid(format!("{e}; nothing was moved")))?;
+        let move_id = format!("stategate-move-{}", uuid::Uuid::new_v4());
+        let mut order = [source.to_string(), destination.to_string()];
+        order.sort();
+        let info = serde_json::json!({
+            "ID": move_id,
+            "Operation": "stategate workspace move",
+            "Info": format!("moving {} resources from {source} to {destination}", addresses.len()),
+            "Who": actor,
+            "Version": "",
+            "Created": crate::store::now_rfc3339(),
+            "Path": "",
+        })
+        .to_string();
+        let lock = HeldLock {
+            id: move_id.clone(),
+            info,
+        };
+        let (taken, by) = (order.clone(), actor.to_string());
+        self.db
+            .write(move |conn| -> Result<(), Error> {
+                for ws in &taken {
+                    if let Some(f) = freeze_in_force(conn, ws)? {
+                        return Err(frozen(&f));
+                    }
+                    if let Some(holder) = held_lock(conn, ws).map_err(DbError::from)? {
+                        return Err(locked_by(holder));
+                    }
+                    lock::put_lock(conn, ws, &lock, &by).map_err(DbError::from)?;
+                }
+                Ok(())
+            })
+            .await?;
+        let done = self
+            .move_locked(source, destination, &addresses, actor, max_bytes, &move_id)
+            .await;
+        let (held, id) = (order, move_id);
+        let released = self
+            .db
+            .write(move |conn| -> Result<(), Error> {
+                for ws in &held {
+                    if held_lock(conn, ws)
+                        .map_err(DbError::from)?
+                        .is_some_and(|l| l.id == id)
+                    {
+                        lock::delete_lock(conn, ws).map_err(DbError::from)?;
+                    }
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = released {
+            tracing::warn!(source, destination, error = %e, "a move could not release its locks; free them with `stategate workspace unlock`");
+        }
+        done
+    }
+
+    /// The part of [`Self::move_resources`] that runs under both locks.
+    async fn move_locked(
+        &self,
+        source: &str,
+        destination: &str,
+        addresses: &[String],
+        actor: &str,
+        max_bytes: u64,
+        move_id: &str,
+    ) -> Result<MoveDone, Error> {
+        let mut read = Vec::with_capacity(2);
+        for (ws, what) in [(source, "from"), (destination, "to")] {
+            let latest = self.store.latest(&scope(ws)).await?;
+            let Some(row) = latest.filter(|r| !r.is_tombstone()) else {
+                return Err(Error::Conflict(format!(
+                    "workspace {ws:?} has no state to move {what} (run terraform apply there first); nothing was moved"
+                )));
+            };
+            read.push(self.read_version(ws, row.version, max_bytes).await?);
+        }
+        let refusal = |why: moves::Refusal| {
+            let name = |side| match side {
+                moves::Side::Source => source,
+                moves::Side::Destination => destination,
+            };
+            match why {
+                moves::Refusal::Missing(list) => Error::Invalid(format!(
+                    "not in the state of {source:?}: {}; nothing was moved",
+                    moves::listing(&list)
+                )),
+                moves::Refusal::Present(list) => Error::Conflict(format!(
+                    "already in the state of {destination:?}: {}; nothing was moved",
+                    moves::listing(&list)
+                )),
+                moves::Refusal::NotAState(side, why) => Error::Conflict(format!(
+                    "the state of {:?} cannot be parsed: {why}; nothing was moved",
+                    name(side)
+                )),
+                moves::Refusal::SerialExhausted(side) => Error::Conflict(format!(
+                    "the state of {:?} has the largest serial stategate stores; nothing was moved",
+                    name(side)
+                )),
+            }
+        };
+        let moved = moves::move_resources(&read[0].1, &read[1].1, addresses).map_err(refusal)?;
+        let seen: Vec<i64> = read.iter().map(|(row, _)| row.version).collect();
+        let new = |ws: &str, body: Vec<u8>, serial: i64, lineage: Option<String>| {
+            let key = self.root.blob_key(&scope(ws));
+            let version = NewVersion {
+                scope: scope(ws),
+                plaintext: Bytes::from(body),
+                serial: Some(serial),
+                lineage,
+                actor: actor.to_string(),
+                audit: None,
+            };
+            (version, key)
+        };
+        let news = vec![
+            new(
+                source,
+                moved.source,
+                moved.source_serial,
+                read[0].0.lineage.clone(),
+            ),
+            new(
+                destination,
+                moved.destination,
+                moved.destination_serial,
+                read[1].0.lineage.clone(),
+            ),
+        ];
+        let names = [source.to_string(), destination.to_string()];
+        let (id, by, list) = (move_id.to_string(), actor.to_string(), addresses.to_vec());
+        let instances = moved.instances;
+        let rows = self
+            .store
+            .write_versions(news, move |conn, current, rows| -> Result<(), Error> {
+                for ((ws, now), seen) in names.iter().zip(current).zip(&seen) {
+                    // Our lock still holds (not force-unlocked), and nothing was
+                    // written since the states were read.
+                    check_writer(conn, ws, Some(&id))?;
+                    if now.as_ref().map(|r| r.version) != Some(*seen) {
+                        return Err(Error::Conflict(format!(
+                            "{ws} changed while the move ran; nothing was moved, try again"
+                        )));
+                    }
+                }
+                let side = |i: usize| {
+                    serde_json::json!({ "workspace": names[i], "version": rows[i].version, "serial": rows[i].serial })
+                };
+                let mut entry = audit(
+                    &names[0],
+                    EVENT_RESOURCES_MOVED,
+                    serde_json::json!({
+                        "from": side(0),
+                        "to": side(1),
+                        "addresses": list.iter().take(100).collect::<Vec<_>>(),
+                        "address_count": list.len(),
+                        "instances": instances,
+                    }),
+                );
+                entry.actor = by.clone();
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(())
+            })
+            .await?;
+        let side = |ws: &str, row: &VersionRow| MovedSide {
+            workspace: ws.to_string(),
+            version: row.version,
+            serial: row.serial,
+        };
+        Ok(MoveDone {
+            from: side(source, &rows[0]),
+            to: side(destination, &rows[1]),
+            addresses: addresses.to_vec(),
+            instances,
+        })
+    }
+
     /// LOCK by `who`, which the lock row records (a drift run's recovery clears only
     /// locks its own credential took).
     pub async fn lock(&self, workspace: &str, body: &[u8], who: &Credential) -> Result<(), Error> {
@@ -666,7 +1048,14 @@ impl TofuBackend {
         self.db
             .write(move |conn| -> Result<(), Error> {
                 let held = held_lock(conn, &ws).map_err(DbError::from)?;
-                match (decide_lock(held.as_ref(), &wanted.id), held) {
+                let decision = decide_lock(held.as_ref(), &wanted.id);
+                // The holder's retry stays theirs; nobody else takes a frozen lock.
+                if decision != Lock::AlreadyHeld {
+                    if let Some(f) = freeze_in_force(conn, &ws)? {
+                        return Err(frozen(&f));
+                    }
+                }
+                match (decision, held) {
                     (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
                     (Lock::Take, _) => {
                         lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;

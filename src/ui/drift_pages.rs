@@ -34,7 +34,7 @@ fn outcome_badge(outcome: Option<Outcome>) -> Markup {
         Outcome::InSync | Outcome::Applied => "ok",
         Outcome::Drifted => "warn",
         Outcome::Error | Outcome::ApplyFailed | Outcome::StalePlan => "bad",
-        Outcome::SkippedLocked => "quiet",
+        Outcome::SkippedLocked | Outcome::SkippedFrozen => "quiet",
     };
     html! { span class=(format!("badge outcome {class}")) { (o.as_str()) } }
 }
@@ -78,7 +78,7 @@ fn check_status(check: &CheckSummary) -> Markup {
             Some(run) => {
                 (outcome_badge(run.outcome))
                 (state_moved_badge(run))
-                @if run.outcome == Some(Outcome::SkippedLocked) {
+                @if matches!(run.outcome, Some(Outcome::SkippedLocked | Outcome::SkippedFrozen)) {
                     @if let Some(status) = check.status {
                         " " span.muted { "(last known: " (status.as_str()) ")" }
                     }
@@ -230,7 +230,7 @@ pub fn drift(chrome: &Chrome, checks: &[CheckSummary], runs: &[Run], view: &Runs
         p.muted {
             "A drift check is a scheduled " code { "plan -detailed-exitcode" } " of a workspace: "
             "in_sync (exit 0), drifted (exit 2: the infrastructure no longer matches the code), "
-            "error, or skipped_locked (someone held the lock)."
+            "error, skipped_locked (someone held the lock) or skipped_frozen (the workspace was frozen)."
         }
         @if checks.is_empty() {
             div.card.empty #no-checks {

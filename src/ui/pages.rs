@@ -190,6 +190,47 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
     }
 }
 
+/// The maintenance freeze (`tofu::freeze`), as the CLI's `freeze`/`unfreeze`: who
+/// froze the workspace, why and until when, and the forms to lift or set one.
+fn freeze_card(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
+    let operate = chrome.may(Action::Operate, &ws.name);
+    html! {
+        section.card #freeze {
+            h2 { "Freeze" @if ws.frozen.is_some() { " " span.badge.warn { "FROZEN" } } }
+            @if let Some(f) = &ws.frozen {
+                dl.facts {
+                    dt { "Frozen by" } dd { (f.frozen_by) }
+                    dt { "Reason" } dd { (f.reason) }
+                    dt { "Since" } dd { (when(&f.created_at, chrome.now)) }
+                    dt { "Until" } dd { (f.until_text()) }
+                }
+                p.muted { "Every lock and every write without a lock is refused; Terraform prints the reason. A lock held before the freeze keeps working until it is released." }
+                @if operate {
+                    form.inline method="post" action=(format!("{}/unfreeze", ws_href(&ws.name))) {
+                        input type="hidden" name="csrf" value=(chrome.csrf);
+                        button type="submit" { "Unfreeze" }
+                    }
+                }
+            } @else {
+                p.muted { "Not frozen." }
+                @if operate {
+                    p { "A freeze stops every apply, import and state change (a maintenance window, an incident); drift checks are skipped." }
+                    form.inline method="post" action=(format!("{}/freeze", ws_href(&ws.name))) {
+                        input type="hidden" name="csrf" value=(chrome.csrf);
+                        label { "Reason" input type="text" name="reason" required maxlength=(crate::tofu::freeze::MAX_REASON_CHARS); }
+                        label { "For (e.g. 2h, 3d; empty: until unfrozen)" input type="text" name="for" maxlength="12" pattern="[0-9]+[smhd]"; }
+                        label.check {
+                            input type="checkbox" name="confirm" value="yes" required;
+                            " I understand; refuse every lock and write"
+                        }
+                        button.danger type="submit" { "Freeze" }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The one-shot override of the write guard (`tofu::guard`), as the CLI's `allow-write`.
 fn allow_write_form(chrome: &Chrome, ws: &str) -> Markup {
     html! {
@@ -317,6 +358,7 @@ pub fn workspace(
             }
         }
         (lock_panel(chrome, ws))
+        (freeze_card(chrome, ws))
         h2 { "Versions" }
         (versions_table(chrome, &ws.name, versions))
         h2 { "Compare two versions" }
@@ -665,6 +707,7 @@ mod tests {
             updated_at: Some(evil.into()),
             deleted: false,
             lock: Some(lock),
+            frozen: None,
         };
         let row = VersionRow {
             scope: "tf/prod".into(),

@@ -11,6 +11,8 @@ pub enum Aim {
     Listing,
     Site,
     Ws(&'static str),
+    /// Two workspaces (a move): the route needs the role on both.
+    Both(&'static str, &'static str),
 }
 
 /// Is `role` with `patterns` expected to be let through a route needing `least`,
@@ -21,11 +23,14 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
             Aim::Nothing | Aim::Listing => true,
             Aim::Site => patterns.is_none(),
             Aim::Ws(w) => patterns.is_none() || w.starts_with("dev-"),
+            Aim::Both(a, b) => {
+                patterns.is_none() || (a.starts_with("dev-") && b.starts_with("dev-"))
+            }
         }
 }
 
 /// Everything a request could change: versions, the fixture's locks, audit rows,
-/// tokens, runs, operators, write overrides.
+/// tokens, runs, operators, write overrides, freezes.
 pub fn snapshot(server: &TestServer) -> Vec<i64> {
     [
         "SELECT count(*) FROM versions",
@@ -37,6 +42,7 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT count(*) FROM drift_runs",
         "SELECT count(*) FROM operators",
         "SELECT count(*) FROM tf_write_overrides",
+        "SELECT count(*) FROM tf_freezes",
     ]
     .iter()
     .map(|sql| server.count(sql))

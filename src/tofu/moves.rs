@@ -1,0 +1,515 @@
+//! Moving resources from one workspace's state to another's, as
+//! `terraform state mv -state-out` would between two local files: the pure part.
+//!
+//! [`check_addresses`] judges the request (resource addresses, bounded in number and
+//! length); [`move_resources`] takes the two current states and returns the two new
+//! ones: every resource record named (all its instances) leaves the source and joins
+//! the destination, each state keeps its lineage and gets the next serial, and
+//! everything else in both is kept. It refuses, changing nothing, when an address is
+//! missing from the source or already in the destination, or when either state is not
+//! a plain Terraform v4 state (an OpenTofu-encrypted one shows stategate no resources).
+//! Taking both locks, reading the states (held whole, bounded by `max_view_bytes`) and
+//! committing both versions in one transaction is `TofuBackend::move_resources`.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Map, Value};
+
+/// Most addresses one move names.
+pub const MAX_ADDRESSES: usize = 1000;
+/// Longest address (bytes).
+pub const MAX_ADDRESS_BYTES: usize = 1024;
+/// Most addresses a refusal lists (the rest are counted).
+const LISTED: usize = 20;
+
+/// Why an address list is refused (400; nothing read or changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadAddresses {
+    #[error("name at least one resource address to move")]
+    Empty,
+    #[error("at most {MAX_ADDRESSES} addresses per move")]
+    TooMany,
+    #[error("address {0} is longer than {MAX_ADDRESS_BYTES} bytes")]
+    TooLong(usize),
+    #[error("address {0} is not a resource address (module.NAME… [data.]TYPE.NAME)")]
+    Malformed(usize),
+    #[error("address {0} names one instance; name the resource (moving TYPE.NAME moves all its instances)")]
+    Instance(usize),
+    #[error("address {0} is given twice")]
+    Duplicate(usize),
+}
+
+fn is_ident(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The length of a `[…]` instance key at the start of `s` (a number or a quoted
+/// string with `\` escapes), or `None` when there is none well formed.
+fn key_len(s: &str) -> Option<usize> {
+    let rest = s.strip_prefix('[')?;
+    let inner = if let Some(quoted) = rest.strip_prefix('"') {
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in quoted.char_indices() {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        end? + 2
+    } else {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        (digits > 0).then_some(digits)?
+    };
+    rest[inner..].starts_with(']').then_some(inner + 2)
+}
+
+/// Is `a` a resource address: `module.NAME[KEY]?.`… then `[data.]TYPE.NAME`?
+fn resource_address(a: &str) -> Result<(), bool> {
+    let mut rest = a;
+    while let Some(after) = rest.strip_prefix("module.") {
+        let name_len = after.find(['.', '[']).ok_or(false)?;
+        if !is_ident(&after[..name_len]) {
+            return Err(false);
+        }
+        let mut next = &after[name_len..];
+        if next.starts_with('[') {
+            next = &next[key_len(next).ok_or(false)?..];
+        }
+        rest = next.strip_prefix('.').ok_or(false)?;
+    }
+    let rest = rest.strip_prefix("data.").unwrap_or(rest);
+    let (kind, name) = rest.split_once('.').ok_or(false)?;
+    if let Some(open) = name.find('[') {
+        // `TYPE.NAME[0]`: an instance of a resource.
+        let whole = is_ident(kind) && is_ident(&name[..open]) && key_len(&name[open..]).is_some();
+        return Err(whole);
+    }
+    if is_ident(kind) && is_ident(name) {
+        Ok(())
+    } else {
+        Err(false)
+    }
+}
+
+/// The addresses, trimmed, if they are a move request stategate accepts.
+pub fn check_addresses(list: &[String]) -> Result<Vec<String>, BadAddresses> {
+    if list.is_empty() {
+        return Err(BadAddresses::Empty);
+    }
+    if list.len() > MAX_ADDRESSES {
+        return Err(BadAddresses::TooMany);
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, a) in list.iter().enumerate() {
+        let n = i + 1;
+        let a = a.trim();
+        if a.len() > MAX_ADDRESS_BYTES {
+            return Err(BadAddresses::TooLong(n));
+        }
+        match resource_address(a) {
+            Ok(()) => {}
+            Err(true) => return Err(BadAddresses::Instance(n)),
+            Err(false) => return Err(BadAddresses::Malformed(n)),
+        }
+        if !seen.insert(a.to_string()) {
+            return Err(BadAddresses::Duplicate(n));
+        }
+        out.push(a.to_string());
+    }
+    Ok(out)
+}
+
+/// Which of the two states a refusal is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Source,
+    Destination,
+}
+
+/// Why a move is refused by what the states hold (nothing changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a plain Terraform v4 state (encrypted, another format, not JSON).
+    NotAState(Side, &'static str),
+    /// These addresses are not in the source.
+    Missing(Vec<String>),
+    /// These addresses are already in the destination.
+    Present(Vec<String>),
+    /// The state's serial cannot be increased.
+    SerialExhausted(Side),
+}
+
+/// Up to [`LISTED`] addresses, and how many more.
+pub fn listing(addresses: &[String]) -> String {
+    let shown: Vec<&str> = addresses.iter().take(LISTED).map(String::as_str).collect();
+    let more = addresses.len().saturating_sub(LISTED);
+    if more > 0 {
+        format!("{} (and {more} more)", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+/// The two new states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moved {
+    pub source: Vec<u8>,
+    pub source_serial: i64,
+    pub destination: Vec<u8>,
+    pub destination_serial: i64,
+    /// Resource instances moved (all instances of the named resources).
+    pub instances: usize,
+}
+
+/// A plain v4 state taken apart: its other top-level keys, serial and resources.
+struct Opened {
+    doc: Map<String, Value>,
+    serial: i64,
+    resources: Vec<Value>,
+}
+
+/// A plain v4 state: its top-level object, serial and resources.
+fn open_state(body: &[u8], side: Side) -> Result<Opened, Refusal> {
+    let not = |why| Refusal::NotAState(side, why);
+    let doc: Value = serde_json::from_slice(body).map_err(|_| not("it is not JSON"))?;
+    let Value::Object(mut doc) = doc else {
+        return Err(not("it is not a JSON object"));
+    };
+    if doc.contains_key("encrypted_data") {
+        return Err(not(
+            "it is encrypted by OpenTofu, so stategate cannot see its resources",
+        ));
+    }
+    if doc.get("version").and_then(Value::as_i64) != Some(4) {
+        return Err(not("it is not a version 4 state"));
+    }
+    if !doc.get("lineage").is_some_and(Value::is_string) {
+        return Err(not("it has no lineage"));
+    }
+    let serial = doc
+        .get("serial")
+        .and_then(Value::as_i64)
+        .ok_or(not("it has no serial"))?;
+    let resources = match doc.remove("resources") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(not("its resources are not a list")),
+    };
+    Ok(Opened {
+        doc,
+        serial,
+        resources,
+    })
+}
+
+/// The address Terraform prints for a resource record of a state.
+fn address_of(resource: &Value) -> Option<String> {
+    let text = |name: &str| resource.get(name).and_then(Value::as_str);
+    let (kind, name) = (text("type")?, text("name")?);
+    let data = match text("mode") {
+        Some("data") => "data.",
+        _ => "",
+    };
+    Some(match text("module").filter(|m| !m.is_empty()) {
+        Some(module) => format!("{module}.{data}{kind}.{name}"),
+        None => format!("{data}{kind}.{name}"),
+    })
+}
+
+fn close_state(
+    mut doc: Map<String, Value>,
+    serial: i64,
+    resources: Vec<Value>,
+    side: Side,
+) -> Result<(Vec<u8>, i64), Refusal> {
+    let next = serial
+        .checked_add(1)
+        .ok_or(Refusal::SerialExhausted(side))?;
+    doc.insert("serial".into(), Value::from(next));
+    doc.insert("resources".into(), Value::Array(resources));
+    let mut body = serde_json::to_vec_pretty(&Value::Object(doc))
+        .map_err(|_| Refusal::NotAState(side, "it cannot be written back"))?;
+    body.push(b'\n');
+    Ok((body, next))
+}
+
+/// Moves the resource records `addresses` (checked by [`check_addresses`]) from the
+/// state `source` to the state `destination`.
+pub fn move_resources(
+    source: &[u8],
+    destination: &[u8],
+    addresses: &[String],
+) -> Result<Moved, Refusal> {
+    let Opened {
+        doc: src_doc,
+        serial: src_serial,
+        resources: src_resources,
+    } = open_state(source, Side::Source)?;
+    let Opened {
+        doc: dst_doc,
+        serial: dst_serial,
+        resources: mut dst_resources,
+    } = open_state(destination, Side::Destination)?;
+    let wanted: BTreeSet<&str> = addresses.iter().map(String::as_str).collect();
+    let in_dst: BTreeSet<String> = dst_resources.iter().filter_map(address_of).collect();
+    let present: Vec<String> = addresses
+        .iter()
+        .filter(|a| in_dst.contains(a.as_str()))
+        .cloned()
+        .collect();
+    let (moving, kept): (Vec<Value>, Vec<Value>) = src_resources
+        .into_iter()
+        .partition(|r| address_of(r).is_some_and(|a| wanted.contains(a.as_str())));
+    let found: BTreeSet<String> = moving.iter().filter_map(address_of).collect();
+    let missing: Vec<String> = addresses
+        .iter()
+        .filter(|a| !found.contains(a.as_str()))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        return Err(Refusal::Missing(missing));
+    }
+    if !present.is_empty() {
+        return Err(Refusal::Present(present));
+    }
+    let instances = moving
+        .iter()
+        .map(|r| {
+            r.get("instances")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        })
+        .sum();
+    dst_resources.extend(moving);
+    let (source, source_serial) = close_state(src_doc, src_serial, kept, Side::Source)?;
+    let (destination, destination_serial) =
+        close_state(dst_doc, dst_serial, dst_resources, Side::Destination)?;
+    Ok(Moved {
+        source,
+        source_serial,
+        destination,
+        destination_serial,
+        instances,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn addresses() {
+        use BadAddresses::*;
+        let ok = [
+            "terraform_data.a",
+            "data.http.x",
+            "module.net.aws_vpc.main",
+            "module.net[0].aws_vpc.main",
+            "module.net[\"eu.west\"].module.sub.data.x_y.z-1",
+            "module.a[\"q\\\"uote\"].t.n",
+            "  aws_s3_bucket.b  ",
+        ];
+        for a in ok {
+            assert_eq!(
+                check_addresses(&list(&[a])),
+                Ok(vec![a.trim().to_string()]),
+                "{a}"
+            );
+        }
+        let table: Vec<(Vec<String>, BadAddresses)> = vec![
+            (vec![], Empty),
+            (vec!["a.b".to_string(); MAX_ADDRESSES + 1], TooMany),
+            (list(&["a.b", "a.b"]), Duplicate(2)),
+            (
+                vec![format!("t.{}", "n".repeat(MAX_ADDRESS_BYTES))],
+                TooLong(1),
+            ),
+            (list(&["a.b", "terraform_data"]), Malformed(2)),
+            (list(&[""]), Malformed(1)),
+            (list(&["module.net"]), Malformed(1)),
+            (list(&["module.net.aws_vpc"]), Malformed(1)),
+            (list(&["a.b.c"]), Malformed(1)),
+            (list(&["1a.b"]), Malformed(1)),
+            (list(&["a.b c"]), Malformed(1)),
+            (list(&["module.[0].a.b"]), Malformed(1)),
+            (list(&["module.x[\"open].a.b"]), Malformed(1)),
+            (list(&["module.x[].a.b"]), Malformed(1)),
+            (list(&["data.a"]), Malformed(1)),
+            (list(&["a.b[0]"]), Instance(1)),
+            (list(&["module.m.a.b[\"k\"]"]), Instance(1)),
+        ];
+        for (input, expected) in table {
+            assert_eq!(check_addresses(&input), Err(expected.clone()), "{input:?}");
+        }
+    }
+
+    fn state(serial: i64, lineage: &str, resources: Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "version": 4, "terraform_version": "1.15.0", "serial": serial, "lineage": lineage,
+            "outputs": {"o": {"value": 1, "type": "number"}}, "resources": resources, "check_results": null
+        }))
+        .unwrap()
+    }
+
+    fn resource(module: Option<&str>, mode: &str, kind: &str, name: &str, n: usize) -> Value {
+        let mut r = serde_json::json!({
+            "mode": mode, "type": kind, "name": name, "provider": "provider[\"terraform.io/builtin/terraform\"]",
+            "instances": (0..n).map(|i| serde_json::json!({"index_key": i, "attributes": {"id": format!("{name}-{i}")}})).collect::<Vec<_>>(),
+        });
+        if let Some(m) = module {
+            r["module"] = Value::from(m);
+        }
+        r
+    }
+
+    #[test]
+    fn moves_whole_resources_and_keeps_everything_else() {
+        let a = resource(None, "managed", "terraform_data", "a", 2);
+        let b = resource(Some("module.m[\"k\"]"), "managed", "terraform_data", "b", 1);
+        let d = resource(None, "data", "terraform_data", "a", 1);
+        let keep = resource(None, "managed", "terraform_data", "keep", 1);
+        let src = state(7, "SRC", serde_json::json!([a, b, d, keep]));
+        let dst = state(
+            3,
+            "DST",
+            serde_json::json!([resource(None, "managed", "x", "y", 1)]),
+        );
+        let moved = move_resources(
+            &src,
+            &dst,
+            &list(&["terraform_data.a", "module.m[\"k\"].terraform_data.b"]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                moved.source_serial,
+                moved.destination_serial,
+                moved.instances
+            ),
+            (8, 4, 3)
+        );
+        let s: Value = serde_json::from_slice(&moved.source).unwrap();
+        let t: Value = serde_json::from_slice(&moved.destination).unwrap();
+        assert_eq!(s["lineage"], "SRC");
+        assert_eq!(t["lineage"], "DST");
+        assert_eq!(s["outputs"]["o"]["value"], 1);
+        assert_eq!(
+            s["resources"],
+            serde_json::json!([d, keep]),
+            "the data source of the same name stays"
+        );
+        assert_eq!(
+            t["resources"],
+            serde_json::json!([resource(None, "managed", "x", "y", 1), a, b])
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let src = state(
+            1,
+            "S",
+            serde_json::json!([
+                resource(None, "managed", "t", "a", 1),
+                resource(None, "managed", "t", "b", 1)
+            ]),
+        );
+        let dst = state(
+            1,
+            "D",
+            serde_json::json!([resource(None, "managed", "t", "b", 1)]),
+        );
+        let full = state(
+            i64::MAX,
+            "S",
+            serde_json::json!([resource(None, "managed", "t", "a", 1)]),
+        );
+        let enc = br#"{"serial":1,"lineage":"x","meta":{},"encrypted_data":"AA==","encryption_version":"v0"}"#;
+        type Row<'a> = (&'a [u8], &'a [u8], Vec<String>, Refusal);
+        let table: Vec<Row> = vec![
+            (
+                &src,
+                &dst,
+                list(&["t.a", "t.zz"]),
+                Refusal::Missing(list(&["t.zz"])),
+            ),
+            (
+                &src,
+                &dst,
+                list(&["t.a", "t.b"]),
+                Refusal::Present(list(&["t.b"])),
+            ),
+            (
+                enc,
+                &dst,
+                list(&["t.a"]),
+                Refusal::NotAState(
+                    Side::Source,
+                    "it is encrypted by OpenTofu, so stategate cannot see its resources",
+                ),
+            ),
+            (
+                &src,
+                enc,
+                list(&["t.a"]),
+                Refusal::NotAState(
+                    Side::Destination,
+                    "it is encrypted by OpenTofu, so stategate cannot see its resources",
+                ),
+            ),
+            (
+                b"nope",
+                &dst,
+                list(&["t.a"]),
+                Refusal::NotAState(Side::Source, "it is not JSON"),
+            ),
+            (
+                b"[]",
+                &dst,
+                list(&["t.a"]),
+                Refusal::NotAState(Side::Source, "it is not a JSON object"),
+            ),
+            (
+                br#"{"version":3,"serial":1,"lineage":"x"}"#,
+                &dst,
+                list(&["t.a"]),
+                Refusal::NotAState(Side::Source, "it is not a version 4 state"),
+            ),
+            (
+                &full,
+                &dst,
+                list(&["t.a"]),
+                Refusal::SerialExhausted(Side::Source),
+            ),
+        ];
+        for (s, d, addresses, expected) in table {
+            assert_eq!(
+                move_resources(s, d, &addresses),
+                Err(expected.clone()),
+                "{expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn listings_are_bounded() {
+        let many: Vec<String> = (0..25).map(|i| format!("t.n{i}")).collect();
+        assert!(listing(&many).ends_with("t.n19 (and 5 more)"));
+        assert_eq!(listing(&list(&["t.a", "t.b"])), "t.a, t.b");
+    }
+}

@@ -24,6 +24,7 @@ pub const ALL: &[&str] = &[
     crate::tofu::run_credential::SCHEMA,
     crate::tofu::guard::SCHEMA,
     crate::tofu::freeze::SCHEMA,
+    crate::tofu::credentials::SCHEMA,
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
     crate::tokens::SCHEMA,
@@ -45,7 +46,7 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
 
 /// Changes a database of an earlier release needs before [`ALL`] applies, each
 /// defined by its table's owner and idempotent.
-pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate];
+pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate, crate::tokens::migrate];
 
 /// One migration: changes a table of an earlier release in place.
 pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;

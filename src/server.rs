@@ -269,6 +269,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
         },
     ));
+    server.add_service(pingora::services::background::background_service(
+        "token-last-used",
+        LastUsedService {
+            tofu: app.tofu.clone(),
+            // Held from now on, so the process does not exit before the last flush.
+            holding: std::sync::Mutex::new(Some(app.inflight.enter())),
+        },
+    ));
     if app.drift.has_checks() {
         server.add_service(pingora::services::background::background_service(
             "drift",
@@ -532,6 +540,38 @@ impl pingora::services::background::BackgroundService for StaleLockService {
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Writes the last-used times of issued workspace tokens every
+/// `tofu::credentials::LAST_USED_FLUSH` and once more when the server stops (holding
+/// an in-flight guard until then, so the drain waits for that flush).
+struct LastUsedService {
+    tofu: TofuBackend,
+    holding: std::sync::Mutex<Option<crate::drain::InflightGuard>>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for LastUsedService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            let stopping = tokio::select! {
+                _ = tokio::time::sleep(crate::tofu::credentials::LAST_USED_FLUSH) => false,
+                _ = shutdown.changed() => true,
+            };
+            if let Err(e) = self.tofu.flush_last_used().await {
+                tracing::warn!(error = %e, "cannot record when workspace tokens were last used");
+            }
+            if stopping {
+                let guard = self
+                    .holding
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .take();
+                drop(guard);
+                return;
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Every secret stategate issues, in one place: cluster-API tokens (`sgp_`), operator
-//! tokens (`sgo_`) and web UI session ids (`sgs_`); the scoped workspace tokens that
-//! come next are one more [`Kind`] (with `name` and `expires_at` already in the table).
+//! tokens (`sgo_`), web UI session ids (`sgs_`) and issued workspace tokens (`sgw_`,
+//! named, with an expiry; what each may do is `tofu::credentials`').
 //!
 //! One set of rules for all of them:
 //! - **Generate**: 32 bytes from the OS (`getrandom`), base64url, behind the kind's
@@ -43,7 +43,7 @@ use crate::store::{BlobError, BlobStore};
 pub const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tokens (
     sha256      TEXT PRIMARY KEY,     -- hex SHA-256 of the secret; the secret itself is never stored
-    kind        TEXT NOT NULL CHECK (kind IN ('principal', 'operator', 'session')),
+    kind        TEXT NOT NULL CHECK (kind IN ('principal', 'operator', 'session', 'workspace')),
     owner_id    INTEGER,              -- principals.id / operators.id, by kind
     parent      TEXT REFERENCES tokens(sha256), -- live only while this token is (a session's operator token)
     name        TEXT,
@@ -86,6 +86,43 @@ DROP TABLE operator_tokens;
 DROP TABLE ui_sessions;
 "#;
 
+/// An earlier release's `tokens` table allows only the first three kinds (a CHECK
+/// constraint, which SQLite cannot alter): it is rebuilt with the same rows under
+/// [`SCHEMA`]'s definition. Idempotent (a table that allows `workspace` is left alone);
+/// runs before the schemas, inside their transaction. The old table is renamed first
+/// (so the only reference to it is its own `parent`), and dropped once copied.
+pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let sql: Option<String> = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tokens'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(sql) = sql else { return Ok(()) };
+    if sql.contains("'workspace'") {
+        return Ok(());
+    }
+    conn.execute_batch(
+        "PRAGMA defer_foreign_keys = ON;
+         ALTER TABLE tokens RENAME TO tokens_v1;
+         CREATE TABLE tokens (
+            sha256      TEXT PRIMARY KEY,
+            kind        TEXT NOT NULL CHECK (kind IN ('principal', 'operator', 'session', 'workspace')),
+            owner_id    INTEGER,
+            parent      TEXT REFERENCES tokens(sha256),
+            name        TEXT,
+            created_at  TEXT NOT NULL,
+            expires_at  INTEGER,
+            revoked_at  TEXT
+         ) WITHOUT ROWID;
+         INSERT INTO tokens (sha256, kind, owner_id, parent, name, created_at, expires_at, revoked_at)
+             SELECT sha256, kind, owner_id, parent, name, created_at, expires_at, revoked_at
+               FROM tokens_v1 ORDER BY parent IS NOT NULL;
+         DROP TABLE tokens_v1;",
+    )
+}
+
 /// What a token is for. Each kind has its own prefix; a token of one kind never
 /// authenticates as another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +133,8 @@ pub enum Kind {
     Operator,
     /// A web UI session, issued under an operator token (`ui::session`).
     Session,
+    /// A workspace token for Terraform clients, named, limited by `tofu::credentials`.
+    Workspace,
 }
 
 impl Kind {
@@ -104,6 +143,7 @@ impl Kind {
             Kind::Principal => "principal",
             Kind::Operator => "operator",
             Kind::Session => "session",
+            Kind::Workspace => "workspace",
         }
     }
 
@@ -113,13 +153,19 @@ impl Kind {
             Kind::Principal => "sgp_",
             Kind::Operator => "sgo_",
             Kind::Session => "sgs_",
+            Kind::Workspace => "sgw_",
         }
     }
 
     fn parse(text: &str) -> Option<Kind> {
-        [Kind::Principal, Kind::Operator, Kind::Session]
-            .into_iter()
-            .find(|k| k.as_str() == text)
+        [
+            Kind::Principal,
+            Kind::Operator,
+            Kind::Session,
+            Kind::Workspace,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == text)
     }
 }
 
@@ -195,11 +241,21 @@ impl Issued {
 
 /// Generates a secret of `new.kind` and stores its hash.
 pub fn issue(conn: &Connection, new: NewToken<'_>) -> Result<Issued, TokenError> {
+    issue_named(conn, new, None)
+}
+
+/// [`issue`] with a name the token is listed, revoked and recorded under (a workspace
+/// token's; the caller decides what names are unique).
+pub fn issue_named(
+    conn: &Connection,
+    new: NewToken<'_>,
+    name: Option<&str>,
+) -> Result<Issued, TokenError> {
     let secret = generate(new.kind.prefix())?;
     let sha256 = hash(secret.as_bytes());
     conn.prepare_cached(
-        "INSERT INTO tokens (sha256, kind, owner_id, parent, created_at, expires_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO tokens (sha256, kind, owner_id, parent, created_at, expires_at, name)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
         sha256,
@@ -207,9 +263,76 @@ pub fn issue(conn: &Connection, new: NewToken<'_>) -> Result<Issued, TokenError>
         new.owner_id,
         new.parent,
         crate::store::now_rfc3339(),
-        new.expires_at
+        new.expires_at,
+        name
     ])?;
     Ok(Issued { secret, sha256 })
+}
+
+/// The stored token of `kind` whose secret is `secret`, live or not: its hash, name,
+/// expiry and whether it was revoked. For a kind whose refusals must all cost the same
+/// (workspace tokens): the caller decides liveness after the same single lookup.
+pub fn stored(
+    conn: &Connection,
+    kind: Kind,
+    secret: &[u8],
+) -> Result<Option<Stored>, rusqlite::Error> {
+    let presented = hash(secret);
+    let found: Option<Stored> = conn
+        .prepare_cached(
+            "SELECT sha256, name, expires_at, revoked_at IS NOT NULL FROM tokens
+              WHERE sha256 = ?1 AND kind = ?2",
+        )?
+        .query_row(params![presented, kind.as_str()], |r| {
+            Ok(Stored {
+                sha256: r.get(0)?,
+                name: r.get(1)?,
+                expires_at: r.get(2)?,
+                revoked: r.get(3)?,
+            })
+        })
+        .optional()?;
+    // The index found the row by the hash; the comparison that decides is constant time.
+    Ok(found.filter(|s| bool::from(s.sha256.as_bytes().ct_eq(presented.as_bytes()))))
+}
+
+/// A stored token as [`stored`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub sha256: String,
+    pub name: Option<String>,
+    pub expires_at: Option<i64>,
+    pub revoked: bool,
+}
+
+impl Stored {
+    /// Not revoked and not expired at `now` (unix seconds).
+    pub fn is_live(&self, now: i64) -> bool {
+        !self.revoked && self.expires_at.is_none_or(|at| at > now)
+    }
+}
+
+/// The unrevoked token of `kind` named `name` (as it was issued), if exactly one is.
+pub fn find_unrevoked_by_name(
+    conn: &Connection,
+    kind: Kind,
+    name: &str,
+) -> Result<Option<Found>, rusqlite::Error> {
+    let found: Vec<(String, Option<i64>)> = conn
+        .prepare(
+            "SELECT sha256, owner_id FROM tokens
+              WHERE kind = ?1 AND name = ?2 AND revoked_at IS NULL",
+        )?
+        .query_map(params![kind.as_str(), name], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(match found.as_slice() {
+        [(sha256, owner_id)] => Some(Found {
+            kind,
+            sha256: sha256.clone(),
+            owner_id: *owner_id,
+        }),
+        _ => None,
+    })
 }
 
 /// A live token: its hash and owner.
@@ -251,6 +374,9 @@ pub fn live(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     pub id: String,
+    /// The full hash (what other modules key their rows on); never shown.
+    pub sha256: String,
+    pub name: Option<String>,
     pub owner_id: Option<i64>,
     pub created_at: String,
     pub expires_at: Option<i64>,
@@ -260,13 +386,16 @@ pub struct Listed {
 /// Every token of `kind` (revoked ones included), oldest first.
 pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<Listed>, rusqlite::Error> {
     let mut stmt = conn.prepare(
-        "SELECT sha256, owner_id, created_at, expires_at, revoked_at FROM tokens
+        "SELECT sha256, owner_id, created_at, expires_at, revoked_at, name FROM tokens
           WHERE kind = ?1 ORDER BY created_at, sha256",
     )?;
     let rows = stmt
         .query_map([kind.as_str()], |r| {
+            let sha256: String = r.get(0)?;
             Ok(Listed {
-                id: id_of(&r.get::<_, String>(0)?),
+                id: id_of(&sha256),
+                sha256,
+                name: r.get(5)?,
                 owner_id: r.get(1)?,
                 created_at: r.get(2)?,
                 expires_at: r.get(3)?,
@@ -531,7 +660,12 @@ mod tests {
     #[test]
     fn secrets_are_random_prefixed_and_only_their_hash_is_stored() {
         let (_dir, conn) = db();
-        for kind in [Kind::Principal, Kind::Operator, Kind::Session] {
+        for kind in [
+            Kind::Principal,
+            Kind::Operator,
+            Kind::Session,
+            Kind::Workspace,
+        ] {
             let a = issue(&conn, new(kind, 1)).unwrap();
             let b = issue(&conn, new(kind, 1)).unwrap();
             assert_ne!(a.secret, b.secret);
@@ -736,6 +870,66 @@ mod tests {
             )
             .unwrap();
         assert_eq!(legacy, 0);
+    }
+
+    /// A `tokens` table of the release before workspace tokens (its CHECK allows three
+    /// kinds): `open_db` rebuilds it with every row kept, then a workspace token can be
+    /// issued; opening again changes nothing.
+    #[test]
+    fn an_earlier_tokens_table_learns_the_workspace_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tokens (
+                sha256 TEXT PRIMARY KEY,
+                kind TEXT NOT NULL CHECK (kind IN ('principal', 'operator', 'session')),
+                owner_id INTEGER, parent TEXT REFERENCES tokens(sha256), name TEXT,
+                created_at TEXT NOT NULL, expires_at INTEGER, revoked_at TEXT) WITHOUT ROWID;",
+        )
+        .unwrap();
+        let (o, s) = (hash(b"sgo_o"), hash(b"sgs_s"));
+        conn.execute(
+            "INSERT INTO tokens (sha256, kind, owner_id, created_at) VALUES (?1, 'operator', 5, 't')",
+            [&o],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO tokens (sha256, kind, owner_id, parent, created_at, expires_at) VALUES (?1, 'session', 5, ?2, 't', 100)",
+            [&s, &o],
+        )
+        .unwrap();
+        drop(conn);
+        for _ in 0..2 {
+            drop(crate::schema::open_db(&path).unwrap());
+        }
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(
+            live(&conn, Kind::Operator, b"sgo_o", 0)
+                .unwrap()
+                .unwrap()
+                .owner_id,
+            Some(5)
+        );
+        assert!(live(&conn, Kind::Session, b"sgs_s", 99).unwrap().is_some());
+        let issued = issue_named(&conn, new(Kind::Workspace, 0), Some("ci")).unwrap();
+        let found = stored(&conn, Kind::Workspace, issued.secret.as_bytes())
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.name.as_deref(), Some("ci"));
+        assert!(found.is_live(0));
+        assert_eq!(
+            stored(&conn, Kind::Operator, issued.secret.as_bytes()).unwrap(),
+            None
+        );
+        let index: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'tokens_by_kind'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(index, 1);
     }
 
     #[tokio::test]

@@ -143,6 +143,12 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("POST", "workspaces/prod/unfreeze"),
         ("GET", "freezes"),
         ("POST", "workspaces/prod/move/dev"),
+        ("POST", "workspaces/prod/credential/rotate"),
+        ("GET", "workspaces/prod/consumers"),
+        ("PUT", "workspaces/prod/consumers"),
+        ("GET", "workspace-tokens"),
+        ("POST", "workspace-tokens"),
+        ("POST", "workspace-tokens/ci/revoke"),
         ("GET", "audit"),
         ("GET", "clusters"),
         // Bad input is judged only after the token: still 401.
@@ -896,6 +902,21 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
             "operator",
             Aim::Both("dev-a", "dev-b"),
         ),
+        ("GET", "workspace-tokens".into(), None, "admin", Aim::Site),
+        (
+            "POST",
+            "workspace-tokens".into(),
+            Some(json!({"name": "ci", "workspaces": "dev-*", "scope": "read"})),
+            "admin",
+            Aim::Site,
+        ),
+        (
+            "POST",
+            "workspace-tokens/nobody/revoke".into(),
+            None,
+            "admin",
+            Aim::Site,
+        ),
         // A workspace that does not exist is refused like one that does.
         (
             "GET",
@@ -923,6 +944,15 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
             ("GET", w("/versions/1?masked=0"), None, "admin", Aim::Ws(ws)),
             ("GET", w("/diff?from=1&to=2"), None, "viewer", Aim::Ws(ws)),
             ("GET", w("/rollback?to=1"), None, "viewer", Aim::Ws(ws)),
+            ("GET", w("/consumers"), None, "admin", Aim::Ws(ws)),
+            (
+                "PUT",
+                w("/consumers"),
+                Some(json!({"consumers": ["app"]})),
+                "admin",
+                Aim::Ws(ws),
+            ),
+            ("POST", w("/credential/rotate"), None, "admin", Aim::Ws(ws)),
             (
                 "POST",
                 w("/rollback"),

@@ -1866,6 +1866,13 @@ async fn every_ui_page_and_form_by_role_refuses_identically_and_changes_nothing(
         ("GET", "/ui/drift".into(), vec![], "viewer", Aim::Listing),
         ("GET", "/ui/clusters".into(), vec![], "viewer", Aim::Site),
         (
+            "POST",
+            "/ui/workspace-tokens/000000000000/revoke".into(),
+            vec![("workspace", "prod-x".into()), ("confirm", "yes".into())],
+            "admin",
+            Aim::Site,
+        ),
+        (
             "GET",
             "/ui/workspaces/prod-nope".into(),
             vec![],
@@ -2140,4 +2147,73 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         .await;
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(env.locked("dev-a"));
+}
+
+/// The workspace page's token card (admin): the live tokens covering the workspace,
+/// each revoked by a confirmed POST carrying the CSRF token (the same call as the CLI's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_card_lists_and_revokes_workspace_tokens() {
+    use stategate::tofu::credentials::{Grant, NewWorkspaceToken};
+    let env = Env::start().await;
+    env.write("prod", common::state(1, "lin", "")).await;
+    let new = |name: &str, pattern: &str| NewWorkspaceToken {
+        name: name.into(),
+        grant: Grant {
+            patterns: vec![stategate::names::Pattern::parse(pattern).unwrap()],
+            scope: stategate::tofu::access::Scope::Read,
+            include_sensitive: false,
+        },
+        expires_in: None,
+    };
+    let tofu = &env.server.app.tofu;
+    let (secret, ci) = tofu
+        .create_token(new("ci-prod", "prod*"), "t")
+        .await
+        .unwrap();
+    tofu.create_token(new("ci-dev", "dev-*"), "t")
+        .await
+        .unwrap();
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(
+        page.contains("Workspace tokens") && page.contains("ci-prod"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("ci-dev"),
+        "a token for other workspaces is not shown"
+    );
+    assert!(!page.contains(&secret));
+    let path = format!("/ui/workspace-tokens/{}/revoke", ci.id);
+    // Without the confirmation or the CSRF token: refused, still live.
+    let unconfirmed = env
+        .post(&path, &cookie, &[("csrf", &csrf), ("workspace", "prod")])
+        .await;
+    assert_eq!(unconfirmed.status, 400, "{}", unconfirmed.body);
+    let forged = env
+        .post(&path, &cookie, &[("workspace", "prod"), ("confirm", "yes")])
+        .await;
+    assert_ne!(forged.status, 303);
+    let url = env.server.url("prod");
+    let get = || {
+        reqwest::Client::new()
+            .get(&url)
+            .basic_auth("x", Some(&secret))
+    };
+    assert_eq!(status(get()).await.0, 200);
+    let done = env
+        .post(
+            &path,
+            &cookie,
+            &[("csrf", &csrf), ("workspace", "prod"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(
+        (done.status, done.location()),
+        (303, Some("/ui/workspaces/prod?token_revoked=1"))
+    );
+    assert_eq!(status(get()).await.0, 401);
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(!page.contains("ci-prod"), "a revoked token leaves the card");
 }

@@ -1,5 +1,5 @@
 //! The workspace commands: `workspace env|history|rollback|list|show|diff|unlock|
-//! restore|allow-write|freeze|unfreeze|freezes|move`. Each is one call into the engine — `stategate::operator::Operations`
+//! restore|allow-write|freeze|unfreeze|freezes|move|credential|token|consumers`. Each is one call into the engine — `stategate::operator::Operations`
 //! (the admin HTTP API and the web UI call the same functions) or `TofuBackend` —
 //! plus printing: a table for people, `--json` lines for scripts (`history` prints
 //! JSON lines only). Every failure is one line on stderr and a non-zero exit.
@@ -151,6 +151,84 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The workspace's derived credential (what `workspace env` prints).
+    Credential {
+        #[command(subcommand)]
+        command: CredentialCommand,
+    },
+    /// Issued workspace tokens (`sgw_…`): scoped (outputs, read, write), for workspace
+    /// patterns, with an expiry; accepted as the Basic password or as a Bearer token.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// The consumer workspaces whose own credential may read this workspace's outputs
+    /// (`/api/v1/tf/outputs/<workspace>`, for `terraform_remote_state`).
+    Consumers {
+        #[command(subcommand)]
+        command: ConsumersCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum CredentialCommand {
+    /// A new derived credential: the old one fails from the next request on (audited
+    /// as tf.credential_rotated); `workspace env` prints the new one. Other workspaces
+    /// are unchanged.
+    Rotate {
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCommand {
+    /// Issue a token; its secret is printed once (stored only as a hash).
+    Create {
+        /// A unique name among live tokens (kept in the audit log and lock records as `token:<name>`).
+        #[arg(long)]
+        name: String,
+        /// Comma-separated workspace patterns (`prod-*,staging`; `*` matches any run of characters).
+        #[arg(long)]
+        workspaces: String,
+        /// outputs (the outputs-only state), read (GET the state) or write (GET, LOCK, POST, UNLOCK).
+        #[arg(long)]
+        scope: String,
+        /// Expires after this long: 30d, 12h (at most 3650d). Default: until revoked.
+        #[arg(long)]
+        expires: Option<String>,
+        /// Keep sensitive outputs in the outputs-only state (read and write scopes see them anyway).
+        #[arg(long)]
+        include_sensitive: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every workspace token (revoked ones too), never a secret.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its name or id: refused from the next request on, and recorded
+    /// in the blob store so a restore cannot bring it back.
+    Revoke {
+        name_or_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ConsumersCommand {
+    /// Replace the consumers of WORKSPACE with a comma-separated list.
+    Set {
+        workspace: String,
+        consumers: String,
+    },
+    /// The consumers of WORKSPACE, one per line.
+    List { workspace: String },
+    /// Remove every consumer of WORKSPACE.
+    Clear { workspace: String },
 }
 
 pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
@@ -200,16 +278,201 @@ pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
             addresses,
             json,
         } => move_resources(config, &source, &destination, &addresses, json),
+        WorkspaceCommand::Credential {
+            command: CredentialCommand::Rotate { workspace, json },
+        } => rotate(config, &workspace, json),
+        WorkspaceCommand::Token { command } => token(config, command),
+        WorkspaceCommand::Consumers { command } => consumers(config, command),
     }
+}
+
+/// The backend over the installation, for the credential commands.
+fn with_backend<T>(
+    config: &Config,
+    f: impl AsyncFnOnce(stategate::tofu::TofuBackend) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    require_db(config)?;
+    let root = installation::load_root_key(config, false)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = installation::open_state_store(config).await?;
+        f(stategate::tofu::TofuBackend::new(store, root)).await
+    })
+}
+
+pub fn rotate(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    let generation = with_backend(config, async |tofu| {
+        tofu.rotate_credential(workspace, &operator())
+            .await
+            .map_err(cli_error)
+    })?;
+    if json {
+        return json_line(&serde_json::json!({ "workspace": workspace, "generation": generation }));
+    }
+    eprintln!(
+        "workspace {workspace}: credential rotated (generation {generation}). The old credential \
+         is refused from now on; `stategate workspace env {workspace}` prints the new one."
+    );
+    Ok(())
+}
+
+fn token(config: &Config, command: TokenCommand) -> anyhow::Result<()> {
+    use stategate::tofu::credentials::{self, Grant, NewWorkspaceToken};
+    match command {
+        TokenCommand::Create {
+            name,
+            workspaces,
+            scope,
+            expires,
+            include_sensitive,
+            json,
+        } => {
+            // Every input is checked before the database is opened.
+            let grant = Grant {
+                patterns: credentials::parse_patterns(&workspaces)?,
+                scope: stategate::tofu::access::Scope::parse(&scope)?,
+                include_sensitive,
+            };
+            let expires_in = expires
+                .as_deref()
+                .map(credentials::parse_expiry)
+                .transpose()?;
+            let new = NewWorkspaceToken {
+                name: credentials::check_name(&name)?,
+                grant,
+                expires_in,
+            };
+            let (secret, listed) = with_backend(config, async |tofu| {
+                tofu.create_token(new, &operator()).await.map_err(cli_error)
+            })?;
+            if json {
+                let mut value = serde_json::to_value(&listed)?;
+                value["secret"] = serde_json::Value::String(secret);
+                return json_line(&value);
+            }
+            eprintln!(
+                "token {} (id {}): scope {} on {}",
+                listed.name,
+                listed.id,
+                listed.scope,
+                listed.workspaces.join(",")
+            );
+            super::output::print_token(&secret);
+            Ok(())
+        }
+        TokenCommand::List { json } => {
+            let rows = with_backend(config, async |tofu| {
+                tofu.list_tokens().await.map_err(cli_error)
+            })?;
+            let unix = |t: Option<i64>| {
+                t.and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+                    .and_then(|t| {
+                        t.format(&time::format_description::well_known::Rfc3339)
+                            .ok()
+                    })
+                    .map_or_else(|| "-".to_string(), |t| super::output::when(&t))
+            };
+            super::output::listing(
+                &rows,
+                json,
+                "no workspace tokens",
+                &[
+                    "ID",
+                    "NAME",
+                    "SCOPE",
+                    "WORKSPACES",
+                    "CREATED",
+                    "EXPIRES",
+                    "LAST USED",
+                    "REVOKED",
+                ],
+                |t| {
+                    vec![
+                        t.id.clone(),
+                        t.name.clone(),
+                        if t.include_sensitive {
+                            format!("{}+sensitive", t.scope)
+                        } else {
+                            t.scope.to_string()
+                        },
+                        t.workspaces.join(","),
+                        super::output::when(&t.created_at),
+                        unix(t.expires_at),
+                        unix(t.last_used),
+                        when_opt(t.revoked_at.as_deref()),
+                    ]
+                },
+            )
+        }
+        TokenCommand::Revoke { name_or_id, json } => {
+            let done = with_backend(config, async |tofu| {
+                tofu.revoke_token(&name_or_id, &operator())
+                    .await
+                    .map_err(cli_error)
+            })?;
+            if !done.recorded {
+                eprintln!(
+                    "warning: the revocation is in force but could not be recorded in the blob store; \
+                     a restore from a backup taken before now would undo it: take a backup once the store is reachable"
+                );
+            }
+            if json {
+                return json_line(&done);
+            }
+            eprintln!("token {} (id {}) revoked", done.name, done.id);
+            Ok(())
+        }
+    }
+}
+
+fn consumers(config: &Config, command: ConsumersCommand) -> anyhow::Result<()> {
+    let (workspace, names) = match &command {
+        ConsumersCommand::Set {
+            workspace,
+            consumers,
+        } => (
+            workspace,
+            Some(stategate::tofu::credentials::parse_consumers(
+                workspace, consumers,
+            )?),
+        ),
+        ConsumersCommand::Clear { workspace } => (workspace, Some(Vec::new())),
+        ConsumersCommand::List { workspace } => (workspace, None),
+    };
+    validate_workspace(workspace)?;
+    let listed = with_backend(config, async |tofu| {
+        match names {
+            Some(names) => tofu.set_consumers(workspace, names, &operator()).await,
+            None => tofu.consumers(workspace).await,
+        }
+        .map_err(cli_error)
+    })?;
+    for name in &listed {
+        println!("{name}");
+    }
+    if listed.is_empty() {
+        eprintln!("workspace {workspace} has no consumers");
+    }
+    Ok(())
 }
 
 pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
     let root = installation::load_root_key(config, false)?;
+    // A workspace is at generation 0 until rotated; without a database nothing was.
+    let generation = if config.db_path().exists() {
+        let db = installation::open_database(config)?;
+        let ws = workspace.to_string();
+        runtime()?.block_on(db.read(move |c| stategate::tofu::credentials::generation(c, &ws)))?
+    } else {
+        0
+    };
     let lines = stategate::tofu::client_env(
         &address::for_clients(config),
         workspace,
         &root,
+        generation,
         opentofu_encryption,
     );
     print!("{lines}");

@@ -121,6 +121,23 @@ impl RootKey {
         BASE64.encode(self.derive(LABEL_TF_BEARER, workspace.as_bytes()))
     }
 
+    /// The bearer of `workspace` at credential `generation` (`tofu::credentials`):
+    /// generation 0 is exactly [`Self::workspace_bearer`], so rotation changes nothing
+    /// until it is used; generation g > 0 is
+    /// `base64(HKDF-SHA256(DEK, info = "tf-backend" ‖ workspace ‖ 0x00 ‖ g as 8 bytes BE))`
+    /// (no workspace name holds a 0x00 byte, so no generation of one workspace is
+    /// another's).
+    pub fn workspace_bearer_at(&self, workspace: &str, generation: u64) -> String {
+        if generation == 0 {
+            return self.workspace_bearer(workspace);
+        }
+        let mut context = Vec::with_capacity(workspace.len() + 9);
+        context.extend_from_slice(workspace.as_bytes());
+        context.push(0);
+        context.extend_from_slice(&generation.to_be_bytes());
+        BASE64.encode(self.derive(LABEL_TF_BEARER, &context))
+    }
+
     /// The OpenTofu `TF_ENCRYPTION` passphrase for a workspace (44 characters).
     pub fn workspace_passphrase(&self, workspace: &str) -> String {
         BASE64.encode(self.derive(LABEL_TF_PASSPHRASE, workspace.as_bytes()))
@@ -285,6 +302,28 @@ mod tests {
             RootKey::from_bytes([0u8; 32]).workspace_bearer("default"),
             BASE64.encode(out)
         );
+    }
+
+    #[test]
+    fn a_rotated_bearer_is_new_and_generation_zero_is_unchanged() {
+        let k = key();
+        assert_eq!(k.workspace_bearer_at("prod", 0), k.workspace_bearer("prod"));
+        let hk = Hkdf::<Sha256>::new(None, &[7u8; 32]);
+        let mut out = [0u8; 32];
+        hk.expand(b"tf-backendprod\0\0\0\0\0\0\0\0\x01", &mut out)
+            .unwrap();
+        assert_eq!(k.workspace_bearer_at("prod", 1), BASE64.encode(out));
+        let all = [
+            k.workspace_bearer_at("prod", 0),
+            k.workspace_bearer_at("prod", 1),
+            k.workspace_bearer_at("prod", 2),
+            k.workspace_bearer_at("dev", 1),
+        ];
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
     }
 
     #[test]

@@ -114,8 +114,59 @@ struct FreezeBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ConsumersBody {
+    consumers: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct MoveBody {
     addresses: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTokenBody {
+    name: String,
+    /// Comma-separated patterns, or a list of them.
+    workspaces: Patterns,
+    scope: String,
+    expires: Option<String>,
+    #[serde(default)]
+    include_sensitive: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Patterns {
+    Text(String),
+    List(Vec<String>),
+}
+
+const NEW_TOKEN_BODY: &str = r#"{"name": "ci", "workspaces": "prod-*", "scope": "outputs|read|write", "expires": "30d" (optional), "include_sensitive": false (optional)}"#;
+
+fn new_token(body: &[u8]) -> Result<crate::tofu::credentials::NewWorkspaceToken, Error> {
+    use crate::tofu::credentials::{self, Grant, NewWorkspaceToken};
+    let parsed: NewTokenBody = json_body(body, NEW_TOKEN_BODY)?;
+    let bad = |e: &dyn std::fmt::Display| Error::Invalid(e.to_string());
+    let patterns = match parsed.workspaces {
+        Patterns::Text(text) => text,
+        Patterns::List(list) => list.join(","),
+    };
+    Ok(NewWorkspaceToken {
+        name: credentials::check_name(&parsed.name).map_err(|e| bad(&e))?,
+        grant: Grant {
+            patterns: credentials::parse_patterns(&patterns).map_err(|e| bad(&e))?,
+            scope: crate::tofu::access::Scope::parse(&parsed.scope).map_err(|e| bad(&e))?,
+            include_sensitive: parsed.include_sensitive,
+        },
+        expires_in: parsed
+            .expires
+            .as_deref()
+            .map(credentials::parse_expiry)
+            .transpose()
+            .map_err(|e| bad(&e))?,
+    })
 }
 
 async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Result<Reply, Error> {
@@ -328,6 +379,38 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             let started = app.drift.approve(run, &actor).await?;
             accepted(&app.drift, started)
+        }
+        AdminAction::RotateCredential { workspace: w } => {
+            let w = workspace(&w)?;
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            let generation = app.tofu.rotate_credential(w, &actor).await?;
+            ok(serde_json::json!({ "workspace": w, "generation": generation }))
+        }
+        AdminAction::Consumers { workspace: w } => {
+            let w = workspace(&w)?;
+            ok(serde_json::json!({ "workspace": w, "consumers": app.tofu.consumers(w).await? }))
+        }
+        AdminAction::SetConsumers { workspace: w } => {
+            let w = workspace(&w)?;
+            let parsed: ConsumersBody = json_body(body, r#"{"consumers": ["app-a", "app-b"]}"#)?;
+            let consumers = app.tofu.set_consumers(w, parsed.consumers, &actor).await?;
+            ok(serde_json::json!({ "workspace": w, "consumers": consumers }))
+        }
+        AdminAction::WorkspaceTokens => {
+            ok(serde_json::json!({ "tokens": app.tofu.list_tokens().await? }))
+        }
+        AdminAction::CreateWorkspaceToken => {
+            let (secret, listed) = app.tofu.create_token(new_token(body)?, &actor).await?;
+            let mut value = serde_json::to_value(listed).unwrap_or_default();
+            value["secret"] = serde_json::Value::String(secret);
+            Reply::json(201, value.to_string())
+        }
+        AdminAction::RevokeWorkspaceToken { token } => {
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            ok(
+                serde_json::to_value(app.tofu.revoke_token(&token, &actor).await?)
+                    .unwrap_or_default(),
+            )
         }
     })
 }

@@ -99,6 +99,14 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         AdminAction::Clusters => (Action::Read, Site),
         AdminAction::DriftRun { run } => (Action::Read, Run(run)),
         AdminAction::DriftApply { run } => (Action::Operate, Run(run)),
+        // Credentials hand out access: the admin role only.
+        AdminAction::RotateCredential { workspace }
+        | AdminAction::Consumers { workspace }
+        | AdminAction::SetConsumers { workspace } => (Action::Administer, Workspace(workspace)),
+        // A token may name any pattern: only an admin not limited to patterns.
+        AdminAction::WorkspaceTokens
+        | AdminAction::CreateWorkspaceToken
+        | AdminAction::RevokeWorkspaceToken { .. } => (Action::Administer, Site),
     })
 }
 
@@ -134,6 +142,8 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         UiRoute::Clusters => (Action::Read, Site),
         UiRoute::DriftRun { run } => (Action::Read, Run(run)),
         UiRoute::DriftApply { run } => (Action::Operate, Run(run)),
+        // As the admin API's revoke: an admin not limited to patterns.
+        UiRoute::RevokeWorkspaceToken { .. } => (Action::Administer, Site),
     })
 }
 

@@ -9,6 +9,8 @@ use crate::error::Error;
 use crate::names::validate_workspace;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
+/// The outputs-only state (`tofu::outputs`), for `terraform_remote_state`.
+const TF_OUTPUTS_PREFIX: &str = "/api/v1/tf/outputs/";
 const CLUSTER_PREFIX: &str = "/v1/clusters/";
 const ADMIN_PREFIX: &str = "/api/v1/admin/";
 const UI_PREFIX: &str = "/ui/";
@@ -109,6 +111,19 @@ pub enum AdminAction {
     DriftCheck { workspace: String },
     /// `POST drift/{run}/apply`: approve a drifted check's kept plan
     DriftApply { run: String },
+    /// `POST workspaces/{ws}/credential/rotate`: a new derived credential
+    RotateCredential { workspace: String },
+    /// `GET workspaces/{ws}/consumers`
+    Consumers { workspace: String },
+    /// `PUT workspaces/{ws}/consumers` with `{"consumers": ["app-a", …]}`
+    SetConsumers { workspace: String },
+    /// `GET workspace-tokens`
+    WorkspaceTokens,
+    /// `POST workspace-tokens` with `{"name", "workspaces", "scope"[, "expires",
+    /// "include_sensitive"]}`
+    CreateWorkspaceToken,
+    /// `POST workspace-tokens/{name or id}/revoke`
+    RevokeWorkspaceToken { token: String },
 }
 
 impl AdminAction {
@@ -132,6 +147,12 @@ impl AdminAction {
             AdminAction::Audit { .. } => "admin.audit",
             AdminAction::Clusters => "admin.clusters",
             AdminAction::Search { .. } => "admin.search",
+            AdminAction::RotateCredential { .. } => "admin.rotate_credential",
+            AdminAction::Consumers { .. } => "admin.consumers",
+            AdminAction::SetConsumers { .. } => "admin.set_consumers",
+            AdminAction::WorkspaceTokens => "admin.workspace_tokens",
+            AdminAction::CreateWorkspaceToken => "admin.create_workspace_token",
+            AdminAction::RevokeWorkspaceToken { .. } => "admin.revoke_workspace_token",
             AdminAction::Drift { .. } => "admin.drift",
             AdminAction::DriftRun { .. } => "admin.drift_run",
             AdminAction::DriftCheck { .. } => "admin.drift_check",
@@ -152,6 +173,10 @@ impl AdminAction {
                 | AdminAction::Move { .. }
                 | AdminAction::DriftCheck { .. }
                 | AdminAction::DriftApply { .. }
+                | AdminAction::RotateCredential { .. }
+                | AdminAction::SetConsumers { .. }
+                | AdminAction::CreateWorkspaceToken
+                | AdminAction::RevokeWorkspaceToken { .. }
         )
     }
 
@@ -170,7 +195,10 @@ impl AdminAction {
             | AdminAction::Freeze { workspace }
             | AdminAction::Unfreeze { workspace }
             | AdminAction::Move { workspace, .. }
-            | AdminAction::DriftCheck { workspace } => Some(workspace),
+            | AdminAction::DriftCheck { workspace }
+            | AdminAction::RotateCredential { workspace }
+            | AdminAction::Consumers { workspace }
+            | AdminAction::SetConsumers { workspace } => Some(workspace),
             _ => None,
         }
     }
@@ -249,6 +277,9 @@ pub enum UiRoute {
     DriftCheck { workspace: String },
     /// `POST drift/{run}/apply` with `csrf`, `confirm`: approve a drifted check's plan
     DriftApply { run: String },
+    /// `POST workspace-tokens/{id}/revoke` with `csrf`, `workspace` (the page to return
+    /// to), `confirm`: revoke an issued workspace token
+    RevokeWorkspaceToken { token: String },
     /// No such page (answered after the session check, so it reveals nothing).
     NotFound,
     /// A page asked for with the wrong method.
@@ -281,6 +312,7 @@ impl UiRoute {
             UiRoute::DriftRun { .. } => "ui.drift_run",
             UiRoute::DriftCheck { .. } => "ui.drift_check",
             UiRoute::DriftApply { .. } => "ui.drift_apply",
+            UiRoute::RevokeWorkspaceToken { .. } => "ui.revoke_workspace_token",
             UiRoute::NotFound | UiRoute::NotAllowed { .. } => "ui.invalid",
         }
     }
@@ -308,6 +340,7 @@ impl UiRoute {
                 | UiRoute::Unfreeze { .. }
                 | UiRoute::DriftCheck { .. }
                 | UiRoute::DriftApply { .. }
+                | UiRoute::RevokeWorkspaceToken { .. }
         )
     }
 
@@ -361,7 +394,11 @@ impl ClusterAction {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TfAction {
     Get,
-    Write { lock_id: Option<String> },
+    /// GET of the outputs-only state.
+    Outputs,
+    Write {
+        lock_id: Option<String>,
+    },
     Lock,
     Unlock,
     Delete,
@@ -372,6 +409,7 @@ impl TfAction {
     pub fn name(&self) -> &'static str {
         match self {
             TfAction::Get => "tf.get",
+            TfAction::Outputs => "tf.outputs",
             TfAction::Write { .. } => "tf.write",
             TfAction::Lock => "tf.lock",
             TfAction::Unlock => "tf.unlock",
@@ -424,6 +462,22 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     }
     if let Some(rest) = path.strip_prefix(UI_PREFIX) {
         return Ok(Endpoint::Ui(route_ui(method, rest, query)));
+    }
+    if let Some(workspace) = path.strip_prefix(TF_OUTPUTS_PREFIX) {
+        if workspace.contains('/') {
+            return Err(Error::NotFound(
+                "no such route; the outputs address is /api/v1/tf/outputs/<workspace>".into(),
+            )
+            .into());
+        }
+        validate_workspace(workspace)?;
+        if method != "GET" {
+            return Err(not_allowed(method, "GET"));
+        }
+        return Ok(Endpoint::Tf {
+            workspace: workspace.to_string(),
+            action: TfAction::Outputs,
+        });
     }
     let Some(rest) = path.strip_prefix(TF_PREFIX) else {
         return Ok(Endpoint::Upstream);
@@ -558,6 +612,21 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             "POST",
         ),
         ["freezes"] => (AdminAction::Freezes, "GET"),
+        ["workspaces", w, "credential", "rotate"] => {
+            (AdminAction::RotateCredential { workspace: ws(w) }, "POST")
+        }
+        ["workspaces", w, "consumers"] if method == "GET" => {
+            (AdminAction::Consumers { workspace: ws(w) }, "GET")
+        }
+        ["workspaces", w, "consumers"] => (AdminAction::SetConsumers { workspace: ws(w) }, "PUT"),
+        ["workspace-tokens"] if method == "GET" => (AdminAction::WorkspaceTokens, "GET"),
+        ["workspace-tokens"] => (AdminAction::CreateWorkspaceToken, "POST"),
+        ["workspace-tokens", t, "revoke"] => (
+            AdminAction::RevokeWorkspaceToken {
+                token: t.to_string(),
+            },
+            "POST",
+        ),
         ["drift"] => (
             AdminAction::Drift {
                 workspace: q("workspace"),
@@ -682,6 +751,12 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         ["workspaces", w, "allow-write"] => (UiRoute::AllowWrite { workspace: ws(w) }, "POST"),
         ["workspaces", w, "freeze"] => (UiRoute::Freeze { workspace: ws(w) }, "POST"),
         ["workspaces", w, "unfreeze"] => (UiRoute::Unfreeze { workspace: ws(w) }, "POST"),
+        ["workspace-tokens", t, "revoke"] => (
+            UiRoute::RevokeWorkspaceToken {
+                token: t.to_string(),
+            },
+            "POST",
+        ),
         _ => return UiRoute::NotFound,
     };
     if method != allowed {
@@ -772,6 +847,12 @@ mod tests {
                 "/api/v1/tf/state/prod/lock",
                 None,
                 tf("prod", TfAction::Unlock),
+            ),
+            (
+                "GET",
+                "/api/v1/tf/outputs/prod",
+                None,
+                tf("prod", TfAction::Outputs),
             ),
             (
                 "LOCK",
@@ -916,6 +997,14 @@ mod tests {
             ("PUT", "/api/v1/tf/state/a", 405),
             ("PATCH", "/api/v1/tf/state/a", 405),
             ("GET", "/api/v1/tf/state/a/lock", 405),
+            ("GET", "/api/v1/tf/outputs/", 400),
+            ("GET", "/api/v1/tf/outputs/..", 400),
+            ("GET", "/api/v1/tf/outputs/a/b", 404),
+            ("POST", "/api/v1/tf/outputs/a", 405),
+            ("LOCK", "/api/v1/tf/outputs/a", 405),
+            ("UNLOCK", "/api/v1/tf/outputs/a", 405),
+            ("DELETE", "/api/v1/tf/outputs/a", 405),
+            ("PUT", "/api/v1/tf/outputs/a", 405),
             ("POST", "/healthz", 405),
         ];
         for (method, path, status) in table {

@@ -13,7 +13,7 @@ use super::router::TfAction;
 use super::{auth, mtls, App};
 use crate::error::Error;
 use crate::store::BODY_CHANNEL;
-use crate::tofu::access::{permits, Credential, Use};
+use crate::tofu::access::{permits, shows_sensitive_outputs, Credential, Use};
 use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
 pub(super) async fn handle(
@@ -25,6 +25,7 @@ pub(super) async fn handle(
     let tofu = &app.tofu;
     let presented = auth::presented_secret(auth::authorization(session));
     let what = match action {
+        TfAction::Outputs => Use::ReadOutputs,
         TfAction::Get => Use::ReadState,
         TfAction::Write { .. } | TfAction::Lock | TfAction::Unlock => Use::Write,
         TfAction::Delete => Use::Delete,
@@ -33,7 +34,7 @@ pub(super) async fn handle(
     // valid certificate); only a request without one is judged by its certificate.
     let who = match presented {
         Some(_) => tofu
-            .authenticate(workspace, presented)
+            .authenticate(workspace, presented, what)
             .await
             .map_err(Failure::early)?,
         None => certificate_credential(app, session, workspace),
@@ -43,6 +44,7 @@ pub(super) async fn handle(
         .ok_or_else(|| Failure::early(Error::Unauthenticated))?;
     match action {
         TfAction::Get => get(app, session, workspace).await,
+        TfAction::Outputs => outputs(app, session, workspace, &who).await,
         TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
         TfAction::Lock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
@@ -109,6 +111,31 @@ async fn get(app: &App, session: &mut Session, workspace: &str) -> Result<Handle
         .reserve((2 * size).min(super::body::STREAM_RESERVE))
         .map_err(Failure::after_body(read))?;
     Ok(Handled::done(Reply::streamed(size, state.chunks), read).holding(held))
+}
+
+/// GET of the outputs-only state: the current state is read whole within its stored
+/// size, reserved from the body budget first, and only the synthesized document sent.
+async fn outputs(
+    app: &App,
+    session: &mut Session,
+    workspace: &str,
+    who: &Credential,
+) -> Result<Handled, Failure> {
+    let small = SmallBody::read(app, session, 0).await?;
+    let read = small.body.len();
+    let fail = Failure::after_body(read);
+    let Some(state) = app.tofu.get_stream(workspace).await.map_err(&fail)? else {
+        let missing = Error::NotFound(format!("workspace {workspace:?} has no state yet"));
+        return Ok(Handled::done(error_reply(&missing), read).holding(small.held));
+    };
+    let held = app
+        .body_budget
+        .reserve(state.row.size.max(0) as u64)
+        .map_err(Failure::after_body(read))?;
+    let body = crate::tofu::outputs::of_stream(workspace, state, shows_sensitive_outputs(who))
+        .await
+        .map_err(&fail)?;
+    Ok(Handled::done(Reply::json(200, body), read).holding(held))
 }
 
 /// POST: the body streams into the store as it arrives (never held whole); the lock

@@ -419,12 +419,24 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 .await?
                 .into_iter()
                 .find(|c| c.workspace == w);
+            let site = crate::operator::roles::Target::Site;
+            let tokens = if chrome
+                .grant
+                .may(crate::operator::roles::Action::Administer, site)
+            {
+                let mut all = app.tofu.list_tokens().await?;
+                all.retain(|t| t.revoked_at.is_none() && t.covers(w));
+                Some(all)
+            } else {
+                None
+            };
             ok(pages::workspace(
                 chrome,
                 &summary,
                 &versions,
                 shown,
                 drift.as_ref(),
+                tokens.as_deref(),
             ))
         }
         UiRoute::Version {
@@ -547,7 +559,10 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         | UiRoute::Freeze { .. }
         | UiRoute::Unfreeze { .. }
         | UiRoute::DriftCheck { .. }
-        | UiRoute::DriftApply { .. } => Err(Error::NotFound("no such page".into()).into()),
+        | UiRoute::DriftApply { .. }
+        | UiRoute::RevokeWorkspaceToken { .. } => {
+            Err(Error::NotFound("no such page".into()).into())
+        }
     }
 }
 
@@ -730,6 +745,17 @@ async fn action(
             }
             let started = app.drift.approve(id, &actor).await?;
             Ok(redirect(&drift_pages::run_href(app.drift.spawn(started))))
+        }
+        // The same call as the admin API's and the CLI's `token revoke`.
+        UiRoute::RevokeWorkspaceToken { token } => {
+            let w = workspace(form.get("workspace").unwrap_or(""))?;
+            if form.get("confirm") != Some("yes") {
+                return Err(Error::Invalid(
+                    "tick the confirmation to revoke the token; nothing was changed".into(),
+                ));
+            }
+            app.tofu.revoke_token(&token, &actor).await?;
+            Ok(redirect(&format!("/ui/workspaces/{w}?token_revoked=1")))
         }
         _ => Err(Error::NotFound("no such form".into())),
     }

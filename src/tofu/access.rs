@@ -73,8 +73,13 @@ pub enum Credential {
     Workspace,
     /// A credential issued for one drift run, by its name (`drift:run-N`).
     Run(String),
-    /// An issued workspace token, by its name, limited to `scope`.
-    Token { name: String, scope: Scope },
+    /// An issued workspace token, by its name, limited to `scope`; `include_sensitive`:
+    /// its grant shows sensitive outputs in the outputs-only state.
+    Token {
+        name: String,
+        scope: Scope,
+        include_sensitive: bool,
+    },
     /// A verified client certificate, by its subject, mapped in config to `scope`.
     Certificate { subject: String, scope: Scope },
     /// Another workspace's own credential, named by this workspace as a consumer of
@@ -112,6 +117,20 @@ pub fn permits(credential: &Credential, what: Use) -> bool {
     }
 }
 
+/// Does the outputs-only state `credential` reads keep the sensitive outputs? A
+/// credential that may read the whole state sees them anyway; an `outputs` token only
+/// when its grant says so; a consumer never.
+pub fn shows_sensitive_outputs(credential: &Credential) -> bool {
+    permits(credential, Use::ReadState)
+        || matches!(
+            credential,
+            Credential::Token {
+                include_sensitive: true,
+                ..
+            }
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +140,7 @@ mod tests {
         let token = |scope| Credential::Token {
             name: "ci".into(),
             scope,
+            include_sensitive: false,
         };
         let consumer = Credential::Consumer {
             workspace: "app".into(),
@@ -146,6 +166,32 @@ mod tests {
                     "{credential:?} {what:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn who_sees_sensitive_outputs() {
+        let token = |scope, include_sensitive| Credential::Token {
+            name: "ci".into(),
+            scope,
+            include_sensitive,
+        };
+        let table = [
+            (Credential::Workspace, true),
+            (Credential::Run("drift:run-1".into()), true),
+            (token(Scope::Outputs, false), false),
+            (token(Scope::Outputs, true), true),
+            (token(Scope::Read, false), true),
+            (token(Scope::Write, false), true),
+            (
+                Credential::Consumer {
+                    workspace: "app".into(),
+                },
+                false,
+            ),
+        ];
+        for (credential, sees) in table {
+            assert_eq!(shows_sensitive_outputs(&credential), sees, "{credential:?}");
         }
     }
 

@@ -11,10 +11,12 @@
 
 pub mod access;
 pub mod certificate;
+pub mod credentials;
 pub mod freeze;
 pub mod guard;
 pub mod lock;
 pub mod moves;
+pub mod outputs;
 pub mod protocol;
 pub mod run_credential;
 
@@ -49,6 +51,8 @@ pub struct TofuBackend {
     /// For this module's own table (`tf_locks`); versions go through `store`.
     db: crate::store::Db,
     root: RootKey,
+    /// When each issued workspace token was last used, until the next flush.
+    last_used: credentials::LastUsed,
 }
 
 /// Audit event of an operator rollback (payload: versions and serial, never content).
@@ -383,6 +387,7 @@ impl TofuBackend {
             db: store.index_handle(),
             store,
             root,
+            last_used: credentials::LastUsed::default(),
         }
     }
 
@@ -566,36 +571,67 @@ impl TofuBackend {
             .await
     }
 
-    /// The credential a client must present for `workspace`.
-    pub fn expected_bearer(&self, workspace: &str) -> String {
-        self.root.workspace_bearer(workspace)
-    }
-
-    /// Which credential of `workspace` `presented` is, if any: its bearer (compared in
-    /// constant time, no database read), or a live run credential issued for it (looked
-    /// up by hash, only for secrets of that form).
+    /// Which credential of `workspace` `presented` is, if any, for a request that does
+    /// `what` (only an outputs read looks at consumers). Every credential is checked
+    /// here, in this order, after one short lookup on an idle reader (never the
+    /// writer): the workspace's derived bearer at its current generation (constant
+    /// time), a drift run's credential (`sgr_`), an issued workspace token (`sgw_`:
+    /// found by its hash whether live or not, then judged here, so a revoked, expired
+    /// or other workspace's token costs what a wrong one does), and for an outputs
+    /// read the derived credentials of the consumers this workspace names. The caller
+    /// asks [`access::permits`]; every refusal is the same 401.
     pub async fn authenticate(
         &self,
         workspace: &str,
         presented: Option<Vec<u8>>,
+        what: access::Use,
     ) -> Result<Option<Credential>, Error> {
         let Some(secret) = presented else {
             return Ok(None);
         };
-        let bearer = self.expected_bearer(workspace);
+        // A verified client certificate (mTLS) is decided before any secret, here.
+        let ws = workspace.to_string();
+        let outputs = what == access::Use::ReadOutputs;
+        let now = unix_now();
+        let lookup = secret.clone();
+        let (found, run) = self
+            .db
+            .read_quick(move |c| {
+                let found = credentials::presented(c, &ws, &lookup, outputs)?;
+                let run = run_credential::lookup(c, &ws, &lookup, now)?;
+                Ok((found, run))
+            })
+            .await?;
+        let bearer = self.root.workspace_bearer_at(workspace, found.generation);
         if crate::crypto::secrets_equal(&secret, bearer.as_bytes()) {
             return Ok(Some(Credential::Workspace));
         }
-        if !secret.starts_with(run_credential::PREFIX.as_bytes()) {
+        if let Some(name) = run {
+            return Ok(Some(Credential::Run(name)));
+        }
+        if let Some((stored, Some(grant))) = found.token {
+            if stored.is_live(now) && grant.covers(workspace) {
+                self.last_used.touch(&stored.sha256, now);
+                let name = stored
+                    .name
+                    .unwrap_or_else(|| crate::tokens::id_of(&stored.sha256));
+                return Ok(Some(Credential::Token {
+                    name,
+                    scope: grant.scope,
+                    include_sensitive: grant.include_sensitive,
+                }));
+            }
             return Ok(None);
         }
-        let ws = workspace.to_string();
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        let name = self
-            .db
-            .read(move |c| run_credential::lookup(c, &ws, &secret, now))
-            .await?;
-        Ok(name.map(Credential::Run))
+        // Every consumer is compared (no early exit): the work does not depend on which.
+        let mut consumer = None;
+        for (name, generation) in found.consumers {
+            let theirs = self.root.workspace_bearer_at(&name, generation);
+            if crate::crypto::secrets_equal(&secret, theirs.as_bytes()) {
+                consumer = Some(Credential::Consumer { workspace: name });
+            }
+        }
+        Ok(consumer)
     }
 
     /// Who holds the workspace lock, with the name of the credential that took it
@@ -1150,10 +1186,21 @@ pub fn client_vars(
     vars
 }
 
-/// Shell `export` lines of [`client_vars`] (no value holds a single quote).
-pub fn client_env(base_url: &str, workspace: &str, root: &RootKey, encryption: bool) -> String {
+/// Shell `export` lines of [`client_vars`] with the bearer of credential `generation`
+/// (no value holds a single quote).
+pub fn client_env(
+    base_url: &str,
+    workspace: &str,
+    root: &RootKey,
+    generation: u64,
+    encryption: bool,
+) -> String {
     client_vars(base_url, workspace, root, encryption)
         .into_iter()
+        .map(|(name, value)| match name {
+            "TF_HTTP_PASSWORD" => (name, root.workspace_bearer_at(workspace, generation)),
+            _ => (name, value),
+        })
         .map(|(name, value)| format!("export {name}='{value}'\n"))
         .collect()
 }
@@ -1177,7 +1224,7 @@ mod tests {
     #[test]
     fn client_env_lines() {
         let root = RootKey::from_bytes([3; 32]);
-        let plain = client_env("http://h:1", "prod", &root, false);
+        let plain = client_env("http://h:1", "prod", &root, 0, false);
         let lines: Vec<&str> = plain.lines().collect();
         assert_eq!(
             lines,
@@ -1192,7 +1239,10 @@ mod tests {
                 ),
             ]
         );
-        let encrypted = client_env("http://h:1", "prod", &root, true);
+        let encrypted = client_env("http://h:1", "prod", &root, 0, true);
+        let rotated = client_env("http://h:1", "prod", &root, 2, false);
+        assert!(rotated.contains(&root.workspace_bearer_at("prod", 2)));
+        assert!(!rotated.contains(&root.workspace_bearer("prod")));
         assert!(encrypted.starts_with(&plain));
         let passphrase = root.workspace_passphrase("prod");
         assert!(passphrase.len() >= 16);

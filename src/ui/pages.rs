@@ -337,6 +337,7 @@ pub fn workspace(
     versions: &VersionsPage,
     shown: Option<Notice>,
     drift: Option<&CheckSummary>,
+    tokens: Option<&[crate::tofu::credentials::WorkspaceToken]>,
 ) -> Markup {
     let live: Vec<i64> = versions
         .rows
@@ -369,8 +370,69 @@ pub fn workspace(
             h2 { "Write guard" }
             (allow_write_form(chrome, &ws.name))
         }
+        @if let Some(tokens) = tokens { (token_card(chrome, &ws.name, tokens)) }
     };
     layout(&ws.name, Some(chrome), body)
+}
+
+fn unix_when(at: Option<i64>, now: i64) -> Markup {
+    let text = at
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        });
+    match text {
+        Some(t) => when(&t, now),
+        None => html! { "–" },
+    }
+}
+
+/// The live workspace tokens whose patterns cover `ws`, each with a revoke form
+/// (shown to an admin not limited to patterns, who may revoke them).
+fn token_card(
+    chrome: &Chrome,
+    ws: &str,
+    tokens: &[crate::tofu::credentials::WorkspaceToken],
+) -> Markup {
+    html! {
+        section.card #workspace-tokens {
+            h2 { "Workspace tokens" }
+            p.muted {
+                "Issued tokens whose patterns cover this workspace. Create them with "
+                code { "stategate workspace token create" } " or the admin API; see Teams and access."
+            }
+            @if tokens.is_empty() {
+                p { "No live token covers this workspace." }
+            } @else {
+                table {
+                    thead { tr { th { "Name" } th { "Scope" } th { "Workspaces" } th { "Expires" } th { "Last used" } th {} } }
+                    tbody {
+                        @for t in tokens {
+                            tr {
+                                td { (t.name) br; span.muted { (t.id) } }
+                                td { (t.scope) @if t.include_sensitive { " + sensitive outputs" } }
+                                td { (t.workspaces.join(", ")) }
+                                td { (unix_when(t.expires_at, chrome.now)) }
+                                td { (unix_when(t.last_used, chrome.now)) }
+                                td {
+                                    form.inline method="post" action=(format!("/ui/workspace-tokens/{}/revoke", t.id)) {
+                                        input type="hidden" name="csrf" value=(chrome.csrf);
+                                        input type="hidden" name="workspace" value=(ws);
+                                        label.check {
+                                            input type="checkbox" name="confirm" value="yes" required;
+                                            " confirm"
+                                        }
+                                        button.danger type="submit" { "Revoke" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 pub fn version(
@@ -769,12 +831,30 @@ mod tests {
         });
         found.not_searchable.push(evil.into());
         found.unreadable.push(evil.into());
+        let evil_token = crate::tofu::credentials::WorkspaceToken {
+            id: evil.into(),
+            name: evil.into(),
+            workspaces: vec![evil.into()],
+            scope: "read",
+            include_sensitive: false,
+            created_at: evil.into(),
+            expires_at: None,
+            revoked_at: None,
+            last_used: None,
+        };
         let pages = [
             rollback_preview(&chrome, evil, &preview),
             search(&chrome, evil, Some(&found)),
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
-            workspace(&chrome, &ws, &page, None, None),
+            workspace(
+                &chrome,
+                &ws,
+                &page,
+                None,
+                None,
+                Some(std::slice::from_ref(&evil_token)),
+            ),
             version(&chrome, "prod", &row, &Content::Json(evil.into()), true),
             audit(&chrome, &form, &[audit_row], Some(evil)),
             error(Some(&chrome), 423, evil, Some((evil, evil))),

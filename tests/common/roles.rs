@@ -43,6 +43,9 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT count(*) FROM operators",
         "SELECT count(*) FROM tf_write_overrides",
         "SELECT count(*) FROM tf_freezes",
+        "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
+        "SELECT count(*) FROM tf_consumers",
+        "SELECT count(*) FROM tf_token_grants",
     ]
     .iter()
     .map(|sql| server.count(sql))

@@ -339,6 +339,7 @@ fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
         created_at: "2026-01-01T00:00:00Z".into(),
         actor: "bench".into(),
         parent: None,
+        facts: Default::default(),
     };
     per_second(cell, |_| {
         if md5 {

@@ -20,6 +20,7 @@ use crate::store::{Db, DbError};
 pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::store::audit::SCHEMA,
+    crate::store::timeline::SCHEMA,
     crate::tofu::SCHEMA,
     crate::tofu::run_credential::SCHEMA,
     crate::tofu::guard::SCHEMA,
@@ -44,7 +45,7 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
 
 /// Changes a database of an earlier release needs before [`ALL`] applies, each
 /// defined by its table's owner and idempotent.
-pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate];
+pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate, crate::store::db::migrate];
 
 /// One migration: changes a table of an earlier release in place.
 pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;

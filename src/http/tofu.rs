@@ -43,7 +43,7 @@ pub(super) async fn handle(
         .ok_or_else(|| Failure::early(Error::Unauthenticated))?;
     match action {
         TfAction::Get => get(app, session, workspace).await,
-        TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
+        TfAction::Write { lock_id } => write(app, session, workspace, lock_id, &who).await,
         TfAction::Lock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
             let outcome = tofu.lock(workspace, &small.body, &who).await;
@@ -56,7 +56,7 @@ pub(super) async fn handle(
         }
         TfAction::Delete => {
             let small = SmallBody::read(app, session, 0).await?;
-            let outcome = tofu.delete(workspace).await.map(drop);
+            let outcome = tofu.delete(workspace, &who).await.map(drop);
             small.answer(outcome)
         }
     }
@@ -118,6 +118,7 @@ async fn write(
     session: &mut Session,
     workspace: &str,
     lock_id: Option<String>,
+    who: &crate::tofu::Credential,
 ) -> Result<Handled, Failure> {
     let md5 = session
         .req_header()
@@ -138,7 +139,7 @@ async fn write(
         app.body_limits,
         tx,
     );
-    let store = app.tofu.write_stream(workspace, lock_id, md5, rx);
+    let store = app.tofu.write_stream(workspace, lock_id, md5, rx, who);
     let ((read, consumed), outcome) = tokio::join!(feed, store);
     match outcome {
         Ok(_) => Ok(Handled::done(Reply::empty(), read)),

@@ -238,6 +238,8 @@ pub(crate) fn row_of(claim: Claim) -> VersionRow {
         blob_key: Some(claim.key),
         created_at: h.created_at,
         actor: h.actor,
+        facts: h.facts,
+        changes: None,
     }
 }
 
@@ -336,6 +338,7 @@ mod tests {
                 created_at: created_at.into(),
                 actor: "t".into(),
                 parent: parent.map(str::to_string),
+                facts: Default::default(),
             },
         }
     }

@@ -676,6 +676,8 @@ mod tests {
             blob_key: Some("k".into()),
             created_at: evil.into(),
             actor: evil.into(),
+            facts: Default::default(),
+            changes: None,
         };
         let rows = [row.clone()];
         let page = VersionsPage {

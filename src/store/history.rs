@@ -151,6 +151,21 @@ impl StateStore {
         })
     }
 
+    /// The resource timeline of a scope ([`super::timeline::timeline_rows`]).
+    pub async fn timeline(
+        &self,
+        scope: &str,
+        address: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<super::timeline::TimelineRow>, StoreError> {
+        let scope = scope.to_string();
+        let address = address.map(str::to_string);
+        Ok(self
+            .db
+            .read(move |c| super::timeline::timeline_rows(c, &scope, address.as_deref(), limit))
+            .await?)
+    }
+
     /// Version rows of a scope, newest first. Reads SQLite only.
     pub async fn history(
         &self,

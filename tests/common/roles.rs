@@ -25,7 +25,7 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 }
 
 /// Everything a request could change: versions, the fixture's locks, audit rows,
-/// tokens, runs, operators, write overrides.
+/// tokens, runs, operators, write overrides, the resource timeline.
 pub fn snapshot(server: &TestServer) -> Vec<i64> {
     [
         "SELECT count(*) FROM versions",
@@ -37,6 +37,8 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT count(*) FROM drift_runs",
         "SELECT count(*) FROM operators",
         "SELECT count(*) FROM tf_write_overrides",
+        "SELECT count(*) FROM resource_changes",
+        "SELECT count(*) FROM resource_digests",
     ]
     .iter()
     .map(|sql| server.count(sql))

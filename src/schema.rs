@@ -41,6 +41,7 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
             clusters,
             "cluster scope, but ADJ_STATE_ENC_KEY (cluster.state_enc_key) is not configured",
         )
+        .with_timeline(crate::tofu::SCOPE_PREFIX, crate::tfstate::resource_scan)
 }
 
 /// Changes a database of an earlier release needs before [`ALL`] applies, each

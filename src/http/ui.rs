@@ -413,8 +413,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             };
             let timeline = match ops.timeline(w, None, TIMELINE_ROWS).await {
                 Ok(rows) => rows,
-                Err(ApiError::NotFound(_)) => Vec::new(),
-                Err(e) => return Err(e),
+                Err(Error::NotFound(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
             };
             let versions = VersionsPage {
                 rows: &rows,

@@ -65,7 +65,14 @@ async fn run(max_group: usize, writes: usize, concurrency: usize) -> (f64, f64) 
         tasks.push(tokio::spawn(async move {
             let ws = format!("ws-{worker}");
             for serial in 1..=per_worker {
-                tofu.write(&ws, None, state(serial, &ws)).await.unwrap();
+                tofu.write(
+                    &ws,
+                    None,
+                    state(serial, &ws),
+                    &stategate::tofu::Credential::Workspace,
+                )
+                .await
+                .unwrap();
             }
         }));
     }

@@ -339,6 +339,7 @@ fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
         created_at: "2026-01-01T00:00:00Z".into(),
         actor: "bench".into(),
         parent: None,
+        facts: Default::default(),
     };
     per_second(cell, |_| {
         if md5 {
@@ -1196,7 +1197,7 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
         &empty.get,
     );
     let ws = format!("fill-{:05}", workspaces / 2);
-    let (ms, lines) = time_cli(opts, &data, &["workspace", "history", &ws], 5);
+    let (ms, lines) = time_cli(opts, &data, &["workspace", "history", &ws, "--json"], 5);
     assert_eq!(lines, versions, "history lists every version");
     report.row(
         format!("scale: `workspace history` ({versions} versions), {rows}, CLI wall time"),

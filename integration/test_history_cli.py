@@ -16,7 +16,7 @@ from harness import BACKEND_HTTP, data_resource, lock_info, resources_of, stateg
 
 
 def history(server, ws: str, *extra) -> list[dict]:
-    return json_lines(cli(server, "workspace", "history", ws, *extra).stdout)
+    return json_lines(cli(server, "workspace", "history", ws, "--json", *extra).stdout)
 
 
 def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_path):

@@ -150,7 +150,7 @@ def test_rollback_to_a_64_mib_version_in_bounded_memory(server):
     assert peak > 0, "the CLI ended before its memory could be read"
     print(f"\npeak RSS of `stategate workspace rollback` to a 64 MiB version: {peak:.1f} MiB")
     assert peak < 96, peak
-    rows = json_lines(cli(server, "workspace", "history", "back").stdout)
+    rows = json_lines(cli(server, "workspace", "history", "back", "--json").stdout)
     assert [r["version"] for r in rows] == [3, 2, 1]
     # Version 1's content with a serial above every stored one (9), byte for byte otherwise.
     assert rows[0]["serial"] == 10 and rows[0]["size"] == rows[2]["size"] + 1

@@ -20,6 +20,7 @@ use crate::store::{Db, DbError};
 pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::store::audit::SCHEMA,
+    crate::store::timeline::SCHEMA,
     crate::tofu::SCHEMA,
     crate::tofu::run_credential::SCHEMA,
     crate::tofu::guard::SCHEMA,
@@ -42,11 +43,16 @@ pub fn scope_keys(workspaces: RootKey, clusters: Option<RootKey>) -> ScopeKeys {
             clusters,
             "cluster scope, but ADJ_STATE_ENC_KEY (cluster.state_enc_key) is not configured",
         )
+        .with_timeline(crate::tofu::SCOPE_PREFIX, crate::tfstate::resource_scan)
 }
 
 /// Changes a database of an earlier release needs before [`ALL`] applies, each
 /// defined by its table's owner and idempotent.
-pub const MIGRATIONS: &[Migration] = &[crate::tofu::lock::migrate, crate::tokens::migrate];
+pub const MIGRATIONS: &[Migration] = &[
+    crate::tofu::lock::migrate,
+    crate::tokens::migrate,
+    crate::store::db::migrate,
+];
 
 /// One migration: changes a table of an earlier release in place.
 pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;

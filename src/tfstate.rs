@@ -1,7 +1,9 @@
-//! What stategate reads from a Terraform/OpenTofu state body: its serial and lineage.
+//! What stategate reads from a Terraform/OpenTofu state body: its serial and lineage,
+//! and, for the resource timeline, each resource instance's address with a keyed
+//! digest of its bytes (never its content).
 //!
 //! Both APIs store tfstate (the workspace backend and the cluster API), so the parse
-//! lives below both. It looks at those two fields only and never at resources: an
+//! lives below both. Versioning looks at those two fields only: an
 //! OpenTofu-encrypted state (the `encrypted_data` envelope) keeps them in clear, so
 //! versioning and the conflict rules work on states the server cannot read. A serial
 //! is Terraform's uint64 but stored as an i64: one above [`MAX_SERIAL`] is refused
@@ -201,6 +203,8 @@ enum Key {
     Lineage,
     EncryptedData,
     EncryptionVersion,
+    /// Read only for the resource timeline (not part of what `parse_state` judges).
+    Resources,
     Other,
 }
 
@@ -212,8 +216,168 @@ impl Key {
             b"lineage" => Key::Lineage,
             b"encrypted_data" => Key::EncryptedData,
             b"encryption_version" => Key::EncryptionVersion,
+            b"resources" => Key::Resources,
             _ => Key::Other,
         }
+    }
+}
+
+/// Depths (open containers) of a v4 state's resource structure: the top-level
+/// `resources` array holds resource objects, whose `instances` array holds instances.
+const RESOURCES_DEPTH: usize = 2;
+const RESOURCE_DEPTH: usize = 3;
+const INSTANCES_DEPTH: usize = 4;
+const INSTANCE_DEPTH: usize = 5;
+
+/// The fields of a resource object (and of an instance) that make its address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Module,
+    Mode,
+    Type,
+    Name,
+    Instances,
+    IndexKey,
+    Other,
+}
+
+impl Field {
+    fn of(name: &[u8], depth: usize) -> Field {
+        match (depth, name) {
+            (RESOURCE_DEPTH, b"module") => Field::Module,
+            (RESOURCE_DEPTH, b"mode") => Field::Mode,
+            (RESOURCE_DEPTH, b"type") => Field::Type,
+            (RESOURCE_DEPTH, b"name") => Field::Name,
+            (RESOURCE_DEPTH, b"instances") => Field::Instances,
+            (INSTANCE_DEPTH, b"index_key") => Field::IndexKey,
+            _ => Field::Other,
+        }
+    }
+}
+
+type DigestMac = hmac::Hmac<sha2::Sha256>;
+
+/// The resource timeline's part of a scan: for every instance, its address and an
+/// HMAC of its bytes exactly as they stream past (Terraform writes states
+/// deterministically, so equal content is equal bytes). Holds one resource's
+/// instances and the finished (address, digest) pairs, within
+/// [`crate::store::timeline`]'s bounds; past them, or on a shape Terraform does not
+/// write, the scan gives no summary at all.
+struct ResourceScan {
+    mac: DigestMac,
+    in_resources: bool,
+    in_instances: bool,
+    field: Option<Field>,
+    module: Option<String>,
+    mode: Option<String>,
+    kind: Option<String>,
+    name: Option<String>,
+    /// The instance being read: its MAC so far and its index key.
+    current: Option<DigestMac>,
+    index_key: Option<String>,
+    /// Whether the index key being read is a string (else a number).
+    index_is_text: bool,
+    /// Where the instance's bytes not yet hashed begin (offset in the body).
+    hash_from: Option<u64>,
+    /// The offset of the instance's closing brace, just read.
+    closed_at: Option<u64>,
+    instances: Vec<(Option<String>, [u8; crate::store::timeline::DIGEST_LEN])>,
+    entries: Vec<(String, [u8; crate::store::timeline::DIGEST_LEN])>,
+    broken: bool,
+}
+
+impl ResourceScan {
+    fn new(key: [u8; 32]) -> Self {
+        use hmac::Mac;
+        ResourceScan {
+            mac: DigestMac::new_from_slice(&key).expect("HMAC takes a key of any length"),
+            in_resources: false,
+            in_instances: false,
+            field: None,
+            module: None,
+            mode: None,
+            kind: None,
+            name: None,
+            current: None,
+            index_key: None,
+            index_is_text: false,
+            hash_from: None,
+            closed_at: None,
+            instances: Vec::new(),
+            entries: Vec::new(),
+            broken: false,
+        }
+    }
+
+    fn start_resource(&mut self) {
+        self.module = None;
+        self.mode = None;
+        self.kind = None;
+        self.name = None;
+        self.instances.clear();
+    }
+
+    /// A resource object ended: one address per instance.
+    fn end_resource(&mut self) {
+        use crate::store::timeline::MAX_ADDRESSES;
+        let (Some(kind), Some(name)) = (self.kind.take(), self.name.take()) else {
+            self.broken = true;
+            return;
+        };
+        let mut base = String::new();
+        if let Some(module) = self.module.take().filter(|m| !m.is_empty()) {
+            base.push_str(&module);
+            base.push('.');
+        }
+        if self.mode.take().as_deref() == Some("data") {
+            base.push_str("data.");
+        }
+        base.push_str(&kind);
+        base.push('.');
+        base.push_str(&name);
+        for (index, digest) in self.instances.drain(..) {
+            let address = match index {
+                Some(index) => format!("{base}[{index}]"),
+                None => base.clone(),
+            };
+            self.entries.push((address, digest));
+        }
+        if self.entries.len() > MAX_ADDRESSES {
+            self.broken = true;
+        }
+        if self.broken {
+            self.entries = Vec::new(); // nothing will be summarized: hold nothing
+        }
+    }
+
+    fn hash(&mut self, bytes: &[u8]) {
+        use hmac::Mac;
+        if let Some(mac) = &mut self.current {
+            mac.update(bytes);
+        }
+    }
+
+    /// The instance whose bytes were all hashed ended.
+    fn end_instance(&mut self) {
+        use hmac::Mac;
+        let Some(mac) = self.current.take() else {
+            return;
+        };
+        let full = mac.finalize().into_bytes();
+        let mut digest = [0u8; crate::store::timeline::DIGEST_LEN];
+        digest.copy_from_slice(&full[..crate::store::timeline::DIGEST_LEN]);
+        self.instances.push((self.index_key.take(), digest));
+        if self.instances.len() > crate::store::timeline::MAX_ADDRESSES {
+            self.broken = true;
+            self.instances = Vec::new();
+        }
+    }
+
+    fn summary(self) -> Option<crate::store::timeline::ResourceSummary> {
+        if self.broken || self.in_resources {
+            return None;
+        }
+        crate::store::timeline::ResourceSummary::from_entries(self.entries)
     }
 }
 
@@ -284,6 +448,24 @@ pub fn serial_span_scan() -> Box<dyn crate::store::history::SpanScan> {
     Box::new(StateScanner::new())
 }
 
+/// The store's rollback and index rebuild learn a state's resources through this
+/// scanner (`store::timeline::Summarizer`), piece by piece.
+pub fn resource_scan(digest_key: [u8; 32]) -> Box<dyn crate::store::timeline::Summarize> {
+    Box::new(StateScanner::with_resources(digest_key))
+}
+
+impl crate::store::timeline::Summarize for StateScanner {
+    fn push(&mut self, piece: &[u8]) {
+        let _ = StateScanner::push(self, piece);
+    }
+
+    fn finish(self: Box<Self>) -> Option<crate::store::timeline::ResourceSummary> {
+        self.finish_with_resources()
+            .ok()
+            .and_then(|(_, summary)| summary)
+    }
+}
+
 impl crate::store::history::SpanScan for StateScanner {
     fn push(&mut self, piece: &[u8]) {
         // An error marks the scanner failed: `finish` then finds no span.
@@ -329,6 +511,8 @@ pub struct StateScanner {
     value_at: u64,
     /// The bytes of the top-level `serial` number, once read.
     serial_span: Option<(u64, u64)>,
+    /// The resource timeline's scan, when asked for ([`StateScanner::with_resources`]).
+    res: Option<Box<ResourceScan>>,
 }
 
 impl Default for StateScanner {
@@ -360,7 +544,42 @@ impl StateScanner {
             failed: false,
             value_at: 0,
             serial_span: None,
+            res: None,
         }
+    }
+
+    /// A scanner that also summarizes the state's resource instances for the resource
+    /// timeline, digests keyed with `digest_key` (the scope's
+    /// `SealKey::resource_digest_key`).
+    pub fn with_resources(digest_key: [u8; 32]) -> Self {
+        StateScanner {
+            res: Some(Box::new(ResourceScan::new(digest_key))),
+            ..StateScanner::new()
+        }
+    }
+
+    /// After a successful [`Self::finish`]-to-be: the resource summary, or `None` when
+    /// not asked for, past a bound, or not readable here (an encrypted state).
+    fn resource_summary(&mut self) -> Option<crate::store::timeline::ResourceSummary> {
+        let res = self.res.take()?;
+        if self.probe.encrypted_data || !self.probe.version {
+            return None;
+        }
+        res.summary()
+    }
+
+    /// [`Self::finish`], with the resource summary (see [`Self::with_resources`]).
+    pub fn finish_with_resources(
+        mut self,
+    ) -> Result<(StateMeta, Option<crate::store::timeline::ResourceSummary>), Error> {
+        let finished = matches!(self.expect, Expect::End) && !self.failed;
+        let summary = if finished {
+            self.resource_summary()
+        } else {
+            None
+        };
+        let meta = self.finish()?;
+        Ok((meta, summary))
     }
 
     /// Scans the next piece of the body.
@@ -368,6 +587,7 @@ impl StateScanner {
         if self.failed {
             return Err(not_a_state("invalid JSON"));
         }
+        let base = self.offset;
         let result = self.check_utf8(data).and_then(|()| {
             let mut at = 0;
             while at < data.len() {
@@ -381,6 +601,14 @@ impl StateScanner {
                     run = self.whitespace_run(&data[at..]);
                     if run == 0 {
                         self.byte(data[at])?;
+                        if let Some(res) = self.res.as_deref_mut() {
+                            if let Some(end) = res.closed_at.take() {
+                                // An instance ended at this byte: hash it up to here.
+                                let from = res.hash_from.take().unwrap_or(base).max(base);
+                                res.hash(&data[(from - base) as usize..=(end - base) as usize]);
+                                res.end_instance();
+                            }
+                        }
                     }
                 }
                 let step = run.max(1);
@@ -389,6 +617,14 @@ impl StateScanner {
             }
             Ok(())
         });
+        if let Some(res) = self.res.as_deref_mut() {
+            if let Some(from) = res.hash_from {
+                // The instance goes on in the next piece.
+                let from = from.max(base);
+                res.hash(&data[(from - base) as usize..]);
+                res.hash_from = Some(self.offset);
+            }
+        }
         if result.is_err() {
             self.failed = true;
         }
@@ -480,7 +716,11 @@ impl StateScanner {
                 if b != b'"' {
                     return Err(self.invalid("key must be a string"));
                 }
-                self.start_string(true, self.stack.len() == 1);
+                let top = self.stack.len() == 1;
+                self.start_string(true, top);
+                if !top && self.resource_level().is_some() {
+                    self.capture = Some(Vec::new()); // a resource field's name, not strict
+                }
                 Ok(())
             }
             Expect::Colon => {
@@ -525,12 +765,125 @@ impl StateScanner {
             0 => self.expect = Expect::End,
             _ => self.value_done(),
         }
+        if let Some(res) = self.res.as_deref_mut() {
+            match self.stack.len() {
+                1 => res.in_resources = false,
+                RESOURCE_DEPTH => res.in_instances = false,
+                _ => {}
+            }
+        }
         Ok(())
+    }
+
+    /// The depth of the resource structure the scanner is directly inside: a resource
+    /// object's fields ([`RESOURCE_DEPTH`]) or an instance's ([`INSTANCE_DEPTH`]).
+    fn resource_level(&self) -> Option<usize> {
+        let res = self.res.as_deref()?;
+        match self.stack.len() {
+            RESOURCE_DEPTH if res.in_resources && !res.broken => Some(RESOURCE_DEPTH),
+            INSTANCE_DEPTH if res.in_instances && !res.broken => Some(INSTANCE_DEPTH),
+            _ => None,
+        }
+    }
+
+    /// A value begins somewhere in the resource structure: notes where the
+    /// structure's parts start and which field values to keep.
+    fn resource_value_start_at(&mut self, depth: usize, b: u8) {
+        let key = self.key;
+        let offset = self.offset;
+        let Some(res) = self.res.as_deref_mut() else {
+            return;
+        };
+        if res.broken {
+            return;
+        }
+        let field = res.field;
+        match (depth, b) {
+            (1, b'[') if key == Some(Key::Resources) => res.in_resources = true,
+            (1, _) => {}
+            (RESOURCES_DEPTH, b'{') if res.in_resources => res.start_resource(),
+            (RESOURCES_DEPTH, _) if res.in_resources => res.broken = true,
+            (RESOURCE_DEPTH, b'[') if res.in_resources && field == Some(Field::Instances) => {
+                res.in_instances = true
+            }
+            (RESOURCE_DEPTH, b'"') if res.in_resources => {
+                if matches!(
+                    field,
+                    Some(Field::Module | Field::Mode | Field::Type | Field::Name)
+                ) {
+                    self.capture = Some(Vec::new());
+                    self.overflow = false;
+                }
+            }
+            (INSTANCES_DEPTH, b'{') if res.in_instances => {
+                res.current = Some(res.mac.clone());
+                res.index_key = None;
+                res.hash_from = Some(offset);
+            }
+            (INSTANCES_DEPTH, _) if res.in_instances => res.broken = true,
+            (INSTANCE_DEPTH, b'"' | b'-' | b'0'..=b'9')
+                if res.in_instances && field == Some(Field::IndexKey) =>
+            {
+                res.index_is_text = b == b'"';
+                self.capture = Some(if b == b'"' { Vec::new() } else { vec![b] });
+                self.overflow = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// A value (or key) ended inside the resource structure, at `depth`.
+    fn resource_value_done(&mut self, depth: usize, is_key: bool) {
+        let captured = self.capture.take().filter(|_| !self.overflow);
+        let Some(res) = self.res.as_deref_mut() else {
+            return;
+        };
+        if res.broken {
+            return;
+        }
+        if is_key {
+            if (depth == RESOURCE_DEPTH && res.in_resources)
+                || (depth == INSTANCE_DEPTH && res.in_instances)
+            {
+                res.field = Some(match captured {
+                    Some(name) => Field::of(&name, depth),
+                    None => Field::Other,
+                });
+            }
+            return;
+        }
+        let text = || captured.clone().and_then(|t| String::from_utf8(t).ok());
+        match depth {
+            RESOURCE_DEPTH if res.in_resources => match res.field.take() {
+                Some(Field::Module) => res.module = text(),
+                Some(Field::Mode) => res.mode = text(),
+                Some(Field::Type) => res.kind = text(),
+                Some(Field::Name) => res.name = text(),
+                _ => {}
+            },
+            INSTANCE_DEPTH if res.in_instances && res.field.take() == Some(Field::IndexKey) => {
+                res.index_key = match (text(), res.index_is_text) {
+                    (Some(key), true) => serde_json::to_string(&key).ok(),
+                    (Some(digits), false) => Some(digits),
+                    (None, _) => None,
+                };
+            }
+            INSTANCES_DEPTH if res.in_instances => {
+                res.field = None;
+                res.closed_at = Some(self.offset);
+            }
+            RESOURCES_DEPTH if res.in_resources => {
+                res.field = None;
+                res.end_resource();
+            }
+            _ => {}
+        }
     }
 
     /// A value begins; at the top level of the object, notes what it is.
     fn value_start(&mut self, b: u8) -> Result<(), Error> {
         let top = self.stack.len() == 1;
+        let in_structure = self.res.is_some();
         let kind = match b {
             b'"' => Kind::Str,
             b'-' | b'0'..=b'9' => Kind::Num,
@@ -542,7 +895,7 @@ impl StateScanner {
             self.value_at = self.offset;
         }
         let key = if top { self.key } else { None };
-        match b {
+        let opened = match b {
             b'{' | b'[' => self.open(b),
             b'"' => {
                 let capture = matches!(key, Some(Key::Lineage | Key::EncryptionVersion));
@@ -573,11 +926,21 @@ impl StateScanner {
                 Ok(())
             }
             _ => Err(self.invalid("expected value")),
+        };
+        if in_structure && opened.is_ok() {
+            // Where the value begins, before `open` deepened the stack.
+            let depth = self.stack.len() - usize::from(matches!(b, b'{' | b'['));
+            self.resource_value_start_at(depth, b);
         }
+        opened
     }
 
     /// A value (or a key) ended; decides what comes next.
     fn value_done(&mut self) {
+        if self.res.is_some() && self.stack.len() > 1 {
+            let (depth, is_key) = (self.stack.len(), self.is_key);
+            self.resource_value_done(depth, is_key);
+        }
         if self.is_key {
             self.is_key = false;
             if self.stack.len() == 1 {
@@ -601,8 +964,8 @@ impl StateScanner {
 
     /// Records a top-level field (errors are kept for [`StateScanner::finish`] via the probe).
     fn note(&mut self, key: Key, kind: Kind) {
-        if key == Key::Other {
-            return;
+        if matches!(key, Key::Other | Key::Resources) {
+            return; // not judged: `parse_state` ignores them, duplicates included
         }
         if self.seen.contains(&key) {
             self.failed = true; // a duplicate field, as serde refuses
@@ -747,6 +1110,12 @@ impl StateScanner {
     /// One `\uXXXX` escape: checked for surrogate pairs where serde checks them.
     fn code_unit(&mut self, unit: u16) -> Result<(), Error> {
         if !self.strict {
+            if self.capture.is_some() {
+                // A resource field, kept as read (a lone surrogate as U+FFFD).
+                let c = char::from_u32(u32::from(unit)).unwrap_or('\u{FFFD}');
+                let mut utf8 = [0u8; 4];
+                self.keep(c.encode_utf8(&mut utf8).as_bytes());
+            }
             return Ok(());
         }
         let c = match (self.high.take(), unit) {
@@ -940,6 +1309,112 @@ mod tests {
         let mut bad_utf8 = br#"{"version":4,"serial":1,"lineage":"l","outputs":{"o":""#.to_vec();
         bad_utf8.extend_from_slice(b"\xc3\x28\"}}");
         assert!(parse_state(&bad_utf8).is_err());
+    }
+
+    /// Addresses (and digests) of `body`'s resource instances, scanned in pieces of `piece`.
+    fn summarize(body: &[u8], piece: usize) -> Option<Vec<(String, [u8; 16])>> {
+        let mut scanner = StateScanner::with_resources([9; 32]);
+        for part in body.chunks(piece.max(1)) {
+            scanner.push(part).ok()?;
+        }
+        let (_, summary) = scanner.finish_with_resources().ok()?;
+        let summary = summary?;
+        // Re-encoded through the store's own form to read the entries back.
+        Some(summary_entries(&summary))
+    }
+
+    fn summary_entries(s: &crate::store::timeline::ResourceSummary) -> Vec<(String, [u8; 16])> {
+        let prev = crate::store::timeline::ResourceSummary::default();
+        let changes = crate::store::timeline::diff(&prev, s);
+        // Digests are compared through `diff` below; here only the addresses.
+        changes.into_iter().map(|(a, _)| (a, [0; 16])).collect()
+    }
+
+    const RESOURCES: &str = r#"{"version":4,"serial":3,"lineage":"l","outputs":{"o":{"value":"x"}},
+      "resources":[
+        {"mode":"managed","type":"null_resource","name":"one","provider":"p","instances":[
+          {"schema_version":0,"attributes":{"id":"1","triggers":{"k":"v"}}}]},
+        {"module":"module.net","mode":"managed","type":"aws_subnet","name":"s","instances":[
+          {"index_key":0,"attributes":{"id":"a"}},{"index_key":1,"attributes":{"id":"b"}}]},
+        {"mode":"data","type":"aws_ami","name":"ubuntu","instances":[{"attributes":{"id":"ami"}}]},
+        {"instances":[{"index_key":"blue \"x\"","attributes":{}}],"name":"web","type":"aws_instance","mode":"managed","module":"module.app[\"eu\"]"},
+        {"mode":"managed","type":"none_left","name":"n","instances":[]}
+      ]}"#;
+
+    /// Every instance gets its Terraform address (modules, data sources, count and
+    /// for_each keys, any field order), however the body is cut.
+    #[test]
+    fn resource_addresses_however_the_body_is_cut() {
+        let expected = vec![
+            "data.aws_ami.ubuntu",
+            "module.app[\"eu\"].aws_instance.web[\"blue \\\"x\\\"\"]",
+            "module.net.aws_subnet.s[0]",
+            "module.net.aws_subnet.s[1]",
+            "null_resource.one",
+        ];
+        for piece in [1, 2, 3, 5, 64, RESOURCES.len()] {
+            let got: Vec<String> = summarize(RESOURCES.as_bytes(), piece)
+                .unwrap()
+                .into_iter()
+                .map(|(a, _)| a)
+                .collect();
+            assert_eq!(got, expected, "pieces of {piece}");
+        }
+    }
+
+    /// The digest of an instance depends on its bytes only: the same state cut
+    /// differently gives the same summary; one changed attribute changes exactly that
+    /// instance's digest; another key gives other digests.
+    #[test]
+    fn resource_digests_follow_each_instances_bytes() {
+        let full = |body: &str, key: [u8; 32], piece: usize| {
+            let mut scanner = StateScanner::with_resources(key);
+            for part in body.as_bytes().chunks(piece) {
+                scanner.push(part).unwrap();
+            }
+            scanner.finish_with_resources().unwrap().1.unwrap()
+        };
+        let a = full(RESOURCES, [9; 32], 7);
+        assert_eq!(a, full(RESOURCES, [9; 32], 1));
+        assert_eq!(a, full(RESOURCES, [9; 32], RESOURCES.len()));
+        let changed = RESOURCES.replace(r#""id":"b""#, r#""id":"c""#);
+        let b = full(&changed, [9; 32], 5);
+        let diff: Vec<_> = crate::store::timeline::diff(&a, &b);
+        assert_eq!(
+            diff,
+            vec![(
+                "module.net.aws_subnet.s[1]".to_string(),
+                crate::store::timeline::Change::Changed
+            )]
+        );
+        assert_ne!(a, full(RESOURCES, [8; 32], 7), "digests are keyed");
+    }
+
+    /// What gives no summary: an encrypted envelope, a state with a resource Terraform
+    /// would not write, a duplicate address; a plain scanner never summarizes. The
+    /// serial and lineage are read as always.
+    #[test]
+    fn no_summary_where_none_can_be_trusted() {
+        let none = [
+            r#"{"serial":7,"lineage":"l","encrypted_data":"ZZ","encryption_version":"v0","resources":[]}"#,
+            r#"{"version":4,"serial":1,"lineage":"l","resources":[{"mode":"managed","instances":[{}]}]}"#,
+            r#"{"version":4,"serial":1,"lineage":"l","resources":[7]}"#,
+            r#"{"version":4,"serial":1,"lineage":"l","resources":[{"type":"t","name":"n","instances":[5]}]}"#,
+            r#"{"version":4,"serial":1,"lineage":"l","resources":[{"type":"t","name":"n","instances":[{}]},{"type":"t","name":"n","instances":[{}]}]}"#,
+        ];
+        for body in none {
+            assert_eq!(summarize(body.as_bytes(), 3), None, "{body}");
+            assert!(scan(body.as_bytes(), 3).is_ok(), "{body}");
+        }
+        let empty = r#"{"version":4,"serial":1,"lineage":"l"}"#;
+        assert_eq!(summarize(empty.as_bytes(), 2), Some(vec![]));
+        let mut plain = StateScanner::new();
+        plain.push(RESOURCES.as_bytes()).unwrap();
+        assert_eq!(plain.finish_with_resources().unwrap().1, None);
+        // A duplicate top-level "resources" is no error (parse_state ignores it).
+        let twice = r#"{"version":4,"serial":1,"lineage":"l","resources":[],"resources":[]}"#;
+        agrees(twice.as_bytes());
+        assert!(parse_state(twice.as_bytes()).is_ok());
     }
 
     /// Scans `body` in pieces of `piece` bytes.

@@ -556,6 +556,7 @@ impl RevocationLog {
             created_at: at.to_string(),
             actor: "stategate revocation".into(),
             parent: None,
+            facts: Default::default(),
         };
         let sealed = format::encode(&self.root.blob_key(&scope), &header, &body)?;
         self.blobs

@@ -242,6 +242,7 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
         org: None,
         event: "tf.rollback",
         renumber: None,
+        summarize: None,
     };
     let db_path = s.config.db_path();
     let err = store

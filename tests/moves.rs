@@ -315,7 +315,9 @@ async fn write_versions_commits_all_or_nothing() {
                     serial: Some(2),
                     lineage: Some("lin".into()),
                     actor: "test".into(),
+                    facts: Default::default(),
                     audit: None,
+                    resources: None,
                 };
                 (new, e.root.blob_key(scope))
             })

@@ -62,6 +62,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
                 org: None,
                 event: "tf.rollback",
                 renumber: None,
+                summarize: None,
             },
             &e.root.blob_key("tf/prod"),
             |_, _| Ok::<(), StoreError>(()),
@@ -85,6 +86,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
             created_at: stategate::store::now_rfc3339(),
             actor: "x".into(),
             parent: None,
+            facts: Default::default(),
         };
         let blob = format::encode(
             &RootKey::from_bytes([1; 32]).blob_key("tf/prod"),

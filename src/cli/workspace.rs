@@ -1,8 +1,8 @@
-//! The workspace commands: `workspace env|history|rollback|list|show|diff|unlock|
-//! restore|allow-write|freeze|unfreeze|freezes|move|credential|token|consumers`. Each is one call into the engine — `stategate::operator::Operations`
+//! The workspace commands: `workspace env|history|timeline|rollback|list|show|diff|
+//! unlock|restore|allow-write|freeze|unfreeze|freezes|move|credential|token|consumers`. Each is one call into the engine — `stategate::operator::Operations`
 //! (the admin HTTP API and the web UI call the same functions) or `TofuBackend` —
-//! plus printing: a table for people, `--json` lines for scripts (`history` prints
-//! JSON lines only). Every failure is one line on stderr and a non-zero exit.
+//! plus printing: a table for people, `--json` lines for scripts. Every failure is one
+//! line on stderr and a non-zero exit.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -20,8 +20,8 @@ use stategate::operator::{rolled_back_json, LockState, Operations, WorkspaceSumm
 use stategate::store::{history, WriteOutcome};
 
 use super::output::{
-    age, cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table,
-    when_opt,
+    age, cli_error, confirmed, json_line, json_lines, listing, operator, require_db, runtime,
+    table, when, when_opt,
 };
 
 #[derive(Subcommand)]
@@ -33,12 +33,30 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         opentofu_encryption: bool,
     },
-    /// Print the workspace's versions, newest first (JSON lines). Reads SQLite only.
+    /// The workspace's versions, newest first, with who wrote each (the credential,
+    /// the lock's Who and Operation, "rollback of vN") and what it did to resources
+    /// (+added ~changed -removed). Reads SQLite only.
     History {
         workspace: String,
         /// At most this many (the newest).
         #[arg(long)]
         limit: Option<u32>,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which versions added, changed or removed resources, newest first, with who wrote
+    /// them: of ADDRESS (e.g. `module.db.aws_db_instance.main`; its instances and, for a
+    /// module, what it holds) or of every address. Reads SQLite only.
+    Timeline {
+        workspace: String,
+        address: Option<String>,
+        /// At most this many rows (the newest; default 1000, at most 10000).
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Every workspace: latest version, serial, size, update time, lock holder (with a
     /// STALE flag past locks.stale_after_seconds), deleted or not.
@@ -237,7 +255,17 @@ pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
             workspace,
             opentofu_encryption,
         } => env(config, &workspace, opentofu_encryption),
-        WorkspaceCommand::History { workspace, limit } => history(config, &workspace, limit),
+        WorkspaceCommand::History {
+            workspace,
+            limit,
+            json,
+        } => history(config, &workspace, limit, json),
+        WorkspaceCommand::Timeline {
+            workspace,
+            address,
+            limit,
+            json,
+        } => timeline(config, &workspace, address.as_deref(), limit, json),
         WorkspaceCommand::Rollback { workspace, to } => rollback(config, &workspace, to),
         WorkspaceCommand::List { json } => list(config, json),
         WorkspaceCommand::Show {
@@ -479,18 +507,112 @@ pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyho
     Ok(())
 }
 
-pub fn history(config: &Config, workspace: &str, limit: Option<u32>) -> anyhow::Result<()> {
+pub fn history(
+    config: &Config,
+    workspace: &str,
+    limit: Option<u32>,
+    json: bool,
+) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
     require_db(config)?;
     let rt = runtime()?;
     let db = installation::open_database(config)?;
     let scope = stategate::tofu::scope(workspace);
     let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
+    if json {
+        if rows.is_empty() {
+            eprintln!("workspace {workspace} has no versions");
+        }
+        let rows: Vec<serde_json::Value> =
+            rows.iter().map(stategate::operator::version_json).collect();
+        return json_lines(&rows);
+    }
     if rows.is_empty() {
         eprintln!("workspace {workspace} has no versions");
+        return Ok(());
     }
-    let rows: Vec<serde_json::Value> = rows.iter().map(stategate::operator::version_json).collect();
-    json_lines(&rows)
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            let (serial, changes) = if row.is_tombstone() {
+                ("deleted".to_string(), "-".to_string())
+            } else {
+                (
+                    row.serial.map_or("-".into(), |s| s.to_string()),
+                    stategate::operator::change_summary(row.changes.as_ref()),
+                )
+            };
+            vec![
+                format!("v{}", row.version),
+                serial,
+                when(&row.created_at),
+                stategate::operator::written_by(&row.actor, &row.facts),
+                changes,
+                row.size.to_string(),
+            ]
+        })
+        .collect();
+    let header = ["VERSION", "SERIAL", "WRITTEN", "WRITER", "CHANGES", "SIZE"];
+    print!("{}", table(&header, &cells));
+    Ok(())
+}
+
+pub fn timeline(
+    config: &Config,
+    workspace: &str,
+    address: Option<&str>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    validate_workspace(workspace)?;
+    if let Some(address) = address {
+        stategate::operator::check_address(address).map_err(cli_error)?;
+    }
+    if limit == 0 || limit > stategate::store::timeline::MAX_TIMELINE_ROWS {
+        bail!(
+            "--limit must be 1-{}",
+            stategate::store::timeline::MAX_TIMELINE_ROWS
+        );
+    }
+    require_db(config)?;
+    let rt = runtime()?;
+    let db = installation::open_database(config)?;
+    let scope = stategate::tofu::scope(workspace);
+    let owned = address.map(str::to_string);
+    let rows = rt.block_on(db.read(move |c| {
+        stategate::store::timeline::timeline_rows(c, &scope, owned.as_deref(), limit)
+    }))?;
+    if json {
+        let rows: Vec<serde_json::Value> = rows
+            .iter()
+            .map(stategate::operator::timeline_json)
+            .collect();
+        return json_lines(&rows);
+    }
+    let empty = match address {
+        Some(a) => format!("no recorded change of {a} in workspace {workspace}"),
+        None => format!("no recorded resource changes in workspace {workspace}"),
+    };
+    listing(
+        &rows,
+        false,
+        &empty,
+        &["VERSION", "WRITTEN", "CHANGE", "ADDRESS", "WRITER"],
+        |row| {
+            let facts = stategate::store::WriteFacts {
+                lock_who: row.lock_who.clone(),
+                lock_operation: row.lock_operation.clone(),
+                restored_from: row.restored_from,
+            };
+            vec![
+                format!("v{}", row.version),
+                when(&row.created_at),
+                row.change.as_str().to_string(),
+                row.address.clone(),
+                stategate::operator::written_by(&row.writer, &facts),
+            ]
+        },
+    )
 }
 
 pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {

@@ -327,6 +327,8 @@ impl ClusterService {
                 serde_json::json!({ "serial": meta.serial, "size": body.len() }),
             )),
             plaintext: body,
+            facts: Default::default(),
+            resources: None,
         };
         let id = who.cluster_id.clone();
         let me = who.principal.id;
@@ -452,6 +454,8 @@ mod tests {
             blob_key: Some("k".into()),
             created_at: "2026-01-01T00:00:00Z".into(),
             actor: "a@x".into(),
+            facts: Default::default(),
+            changes: None,
         }
     }
 

@@ -24,6 +24,7 @@ const LABEL_BLOB: &[u8] = b"stategate-blob-aead-v1";
 const LABEL_DRIFT_OUTPUT: &[u8] = b"stategate-drift-output-aead-v1";
 const LABEL_DRIFT_PLAN: &[u8] = b"stategate-drift-plan-aead-v1";
 const LABEL_WEBHOOK: &[u8] = b"stategate-drift-webhook-hmac-v1";
+const LABEL_RESOURCE_DIGEST: &[u8] = b"stategate-resource-digest-hmac-v1";
 
 const NONCE_LEN: usize = 12;
 
@@ -190,6 +191,17 @@ pub enum SealError {
 }
 
 impl SealKey {
+    /// The HMAC-SHA256 key of this scope's per-resource content digests (the resource
+    /// timeline compares them between versions): keyed, so a digest kept in the index
+    /// cannot be used to confirm a guess of a resource's content without the DEK.
+    pub fn resource_digest_key(&self) -> [u8; 32] {
+        let hk = Hkdf::<Sha256>::new(None, &self.0);
+        let mut out = [0u8; 32];
+        hk.expand(LABEL_RESOURCE_DIGEST, &mut out)
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        out
+    }
+
     /// The AES-256-GCM cipher for this key (the chunked blob format drives it itself).
     pub(crate) fn cipher(&self) -> Aes256Gcm {
         Aes256Gcm::new_from_slice(&self.0).expect("key is 32 bytes")

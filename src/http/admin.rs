@@ -13,7 +13,9 @@ use super::router::AdminAction;
 use super::{auth, App};
 use crate::drift::{DriftService, Started, MAX_LIST};
 use crate::error::Error;
-use crate::operator::{diff, rolled_back_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT};
+use crate::operator::{
+    diff, rolled_back_json, timeline_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT,
+};
 use crate::store::audit::{parse_instant, AuditFilter};
 
 /// Largest admin request body (a version number or a lock ID).
@@ -22,6 +24,9 @@ const MAX_ADMIN_BODY: u64 = 4096;
 const MAX_MOVE_BODY: u64 = (crate::tofu::moves::MAX_ADDRESSES as u64)
     * (2 * crate::tofu::moves::MAX_ADDRESS_BYTES as u64 + 8)
     + 4096;
+/// Timeline rows listed when `limit` is not given.
+const DEFAULT_TIMELINE: u32 = 1_000;
+
 /// Versions listed when `limit` is not given.
 const DEFAULT_VERSIONS: u32 = 100;
 
@@ -195,6 +200,18 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             })?;
             let rows = ops.history(w, Some(limit)).await?;
             ok(serde_json::json!({ "versions": rows.iter().map(version_json).collect::<Vec<_>>() }))
+        }
+        AdminAction::Timeline {
+            workspace: w,
+            address,
+            limit,
+        } => {
+            let w = workspace(&w)?;
+            let limit = number("limit", limit.as_deref())?.map_or(Ok(DEFAULT_TIMELINE), |n| {
+                u32::try_from(n).map_err(|_| Error::Invalid("limit is too large".into()))
+            })?;
+            let rows = ops.timeline(w, address.as_deref(), limit).await?;
+            ok(serde_json::json!({ "changes": rows.iter().map(timeline_json).collect::<Vec<_>>() }))
         }
         AdminAction::Version {
             workspace: w,

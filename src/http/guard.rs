@@ -74,6 +74,7 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         },
         AdminAction::Workspace { workspace }
         | AdminAction::Versions { workspace, .. }
+        | AdminAction::Timeline { workspace, .. }
         | AdminAction::Diff { workspace, .. }
         | AdminAction::RollbackPreview { workspace, .. } => (Action::Read, Workspace(workspace)),
         AdminAction::Version {

@@ -53,6 +53,13 @@ pub enum AdminAction {
         workspace: String,
         limit: Option<String>,
     },
+    /// `GET workspaces/{ws}/timeline[?address=A&limit=N]`: which versions changed which
+    /// resource addresses, and who wrote them
+    Timeline {
+        workspace: String,
+        address: Option<String>,
+        limit: Option<String>,
+    },
     /// `GET workspaces/{ws}/versions/{n|latest}[?masked=1]`
     Version {
         workspace: String,
@@ -133,6 +140,7 @@ impl AdminAction {
             AdminAction::Workspaces => "admin.workspaces",
             AdminAction::Workspace { .. } => "admin.workspace",
             AdminAction::Versions { .. } => "admin.versions",
+            AdminAction::Timeline { .. } => "admin.timeline",
             AdminAction::Version { .. } => "admin.version",
             AdminAction::Diff { .. } => "admin.diff",
             AdminAction::RollbackPreview { .. } => "admin.rollback_preview",
@@ -185,6 +193,7 @@ impl AdminAction {
         match self {
             AdminAction::Workspace { workspace }
             | AdminAction::Versions { workspace, .. }
+            | AdminAction::Timeline { workspace, .. }
             | AdminAction::Version { workspace, .. }
             | AdminAction::Diff { workspace, .. }
             | AdminAction::RollbackPreview { workspace, .. }
@@ -571,6 +580,14 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
         ["workspaces", w, "versions"] => (
             AdminAction::Versions {
                 workspace: ws(w),
+                limit: q("limit"),
+            },
+            "GET",
+        ),
+        ["workspaces", w, "timeline"] => (
+            AdminAction::Timeline {
+                workspace: ws(w),
+                address: q("address"),
                 limit: q("limit"),
             },
             "GET",

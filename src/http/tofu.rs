@@ -45,7 +45,7 @@ pub(super) async fn handle(
     match action {
         TfAction::Get => get(app, session, workspace).await,
         TfAction::Outputs => outputs(app, session, workspace, &who).await,
-        TfAction::Write { lock_id } => write(app, session, workspace, lock_id).await,
+        TfAction::Write { lock_id } => write(app, session, workspace, lock_id, &who).await,
         TfAction::Lock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
             let outcome = tofu.lock(workspace, &small.body, &who).await;
@@ -58,7 +58,7 @@ pub(super) async fn handle(
         }
         TfAction::Delete => {
             let small = SmallBody::read(app, session, 0).await?;
-            let outcome = tofu.delete(workspace).await.map(drop);
+            let outcome = tofu.delete(workspace, &who).await.map(drop);
             small.answer(outcome)
         }
     }
@@ -145,6 +145,7 @@ async fn write(
     session: &mut Session,
     workspace: &str,
     lock_id: Option<String>,
+    who: &crate::tofu::Credential,
 ) -> Result<Handled, Failure> {
     let md5 = session
         .req_header()
@@ -165,7 +166,7 @@ async fn write(
         app.body_limits,
         tx,
     );
-    let store = app.tofu.write_stream(workspace, lock_id, md5, rx);
+    let store = app.tofu.write_stream(workspace, lock_id, md5, rx, who);
     let ((read, consumed), outcome) = tokio::join!(feed, store);
     match outcome {
         Ok(_) => Ok(Handled::done(Reply::empty(), read)),

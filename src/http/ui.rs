@@ -29,6 +29,9 @@ use crate::ui::session::{self, UiSession};
 
 /// Largest form body (a token, a version number, a lock ID, a CSRF token).
 const MAX_FORM: u64 = 8192;
+/// Resource changes the workspace page shows (the newest).
+const TIMELINE_ROWS: u32 = 20;
+
 /// Versions per page of the workspace page.
 const VERSIONS_PER_PAGE: u32 = 20;
 /// Audit rows per page.
@@ -408,10 +411,16 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 _ if write_allowed.as_deref() == Some("1") => Some(Notice::WriteAllowed),
                 _ => None,
             };
+            let timeline = match ops.timeline(w, None, TIMELINE_ROWS).await {
+                Ok(rows) => rows,
+                Err(Error::NotFound(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
             let versions = VersionsPage {
                 rows: &rows,
                 page,
                 has_more,
+                timeline: &timeline,
             };
             let drift = app
                 .drift

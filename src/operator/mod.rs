@@ -27,6 +27,7 @@ use crate::error::Error;
 use crate::names::validate_workspace;
 use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
+use crate::store::timeline::{TimelineRow, MAX_ADDRESS_LEN, MAX_TIMELINE_ROWS};
 use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
 use crate::tofu::freeze::{all_freezes, Freeze};
 use crate::tofu::lock::{all_locks, held_lock_since, HeldLock};
@@ -151,7 +152,25 @@ pub struct Unlocked {
     pub holder: Option<LockState>,
 }
 
-/// One version row as listings show it.
+/// A resource address as a query names it: 1-512 bytes, printable, no control
+/// characters (the message states the rule, never echoes the input).
+pub fn check_address(address: &str) -> Result<(), Error> {
+    let ok = !address.is_empty()
+        && address.len() <= MAX_ADDRESS_LEN
+        && !address.chars().any(char::is_control);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "address must be 1-{MAX_ADDRESS_LEN} bytes without control characters, e.g. module.db.aws_db_instance.main"
+        )))
+    }
+}
+
+/// One version row as listings show it: `writer` is the credential that wrote it
+/// (`actor`, kept for scripts of earlier releases), with the lock's `lock_who` and
+/// `lock_operation`, `restored_from` for a rollback, `changes` (added/changed/removed
+/// resource counts, `null` when not known) and `written_by`, all of it in words.
 pub fn version_json(row: &VersionRow) -> serde_json::Value {
     serde_json::json!({
         "version": row.version,
@@ -162,7 +181,60 @@ pub fn version_json(row: &VersionRow) -> serde_json::Value {
         "created_at": row.created_at,
         "tombstone": row.is_tombstone(),
         "actor": row.actor,
+        "writer": row.actor,
+        "lock_who": row.facts.lock_who,
+        "lock_operation": row.facts.lock_operation,
+        "restored_from": row.facts.restored_from,
+        "changes": row.changes,
+        "written_by": written_by(&row.actor, &row.facts),
     })
+}
+
+/// Terraform's `OperationTypeApply` as a person says it (`apply`); anything else as sent.
+pub fn operation_name(operation: &str) -> String {
+    match operation.strip_prefix("OperationType") {
+        Some(rest) if !rest.is_empty() => rest.to_lowercase(),
+        _ => operation.to_string(),
+    }
+}
+
+/// Who wrote a version, in words: `ci@runner-3 (apply) via token:ci`,
+/// `operator:alice · rollback of v2`, `drift:run-7`, or just the credential.
+pub fn written_by(writer: &str, facts: &crate::store::WriteFacts) -> String {
+    let mut out = match &facts.lock_who {
+        Some(who) => format!("{who} via {writer}"),
+        None => writer.to_string(),
+    };
+    if let Some(operation) = &facts.lock_operation {
+        out = match &facts.lock_who {
+            Some(who) => format!("{who} ({}) via {writer}", operation_name(operation)),
+            None => format!("{out} ({})", operation_name(operation)),
+        };
+    }
+    if let Some(from) = facts.restored_from {
+        out.push_str(&format!(" · rollback of v{from}"));
+    }
+    out
+}
+
+/// `+2 ~1 -0` (added, changed, removed resources), or `-` when not known.
+pub fn change_summary(changes: Option<&crate::store::timeline::ChangeCounts>) -> String {
+    match changes {
+        Some(c) => format!("+{} ~{} -{}", c.added, c.changed, c.removed),
+        None => "-".to_string(),
+    }
+}
+
+/// One timeline row as listings show it (with `written_by` in words).
+pub fn timeline_json(row: &TimelineRow) -> serde_json::Value {
+    let facts = crate::store::WriteFacts {
+        lock_who: row.lock_who.clone(),
+        lock_operation: row.lock_operation.clone(),
+        restored_from: row.restored_from,
+    };
+    let mut value = serde_json::to_value(row).unwrap_or_default();
+    value["written_by"] = written_by(&row.writer, &facts).into();
+    value
 }
 
 /// What a rollback or restore wrote.
@@ -364,6 +436,35 @@ impl Operations {
             .into_iter()
             .find(|w| w.name == workspace)
             .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))
+    }
+
+    /// The resource timeline of `workspace`: which versions added, changed or removed
+    /// `address` (its instances and, for a module, what it holds) or any address, newest
+    /// first, at most `limit` rows, with who wrote each. An address that is empty,
+    /// longer than any stored one or not printable is refused (400).
+    pub async fn timeline(
+        &self,
+        workspace: &str,
+        address: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<TimelineRow>, Error> {
+        validate_workspace(workspace)?;
+        if let Some(address) = address {
+            check_address(address)?;
+        }
+        if limit == 0 || limit > MAX_TIMELINE_ROWS {
+            return Err(Error::Invalid(format!(
+                "limit must be 1-{MAX_TIMELINE_ROWS}"
+            )));
+        }
+        let scope = crate::tofu::scope(workspace);
+        let store = self.tofu.store();
+        if store.latest(&scope).await?.is_none() {
+            return Err(Error::NotFound(format!(
+                "workspace {workspace:?} has no versions"
+            )));
+        }
+        Ok(store.timeline(&scope, address, limit).await?)
     }
 
     pub async fn history(

@@ -135,6 +135,7 @@ pub fn seal(root: &RootKey, id: &str, snapshot: &[u8], now: &str) -> Result<Vec<
         created_at: now.to_string(),
         actor: "stategate backup".into(),
         parent: None,
+        facts: Default::default(),
     };
     format::encode(&root.blob_key(&scope), &header, snapshot)
 }

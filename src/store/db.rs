@@ -40,7 +40,16 @@ CREATE TABLE IF NOT EXISTS versions (
     size        INTEGER NOT NULL,
     blob_key    TEXT,            -- NULL marks a tombstone (the state was deleted)
     created_at  TEXT    NOT NULL,
-    actor       TEXT    NOT NULL,
+    actor       TEXT    NOT NULL, -- the credential that wrote it (`Credential::name`, `operator:<name>`)
+    -- Who else the writer was (NULL in rows of earlier releases; see `migrate`): the
+    -- lock's client-supplied Who/Operation, the version a rollback/restore brought back.
+    lock_who       TEXT,
+    lock_operation TEXT,
+    restored_from  INTEGER,
+    -- What it did to resources (`store::timeline`); NULL: not known.
+    res_added      INTEGER,
+    res_changed    INTEGER,
+    res_removed    INTEGER,
     PRIMARY KEY (scope, version)
 ) WITHOUT ROWID;
 
@@ -57,6 +66,36 @@ CREATE TABLE IF NOT EXISTS audit (
 -- `admin audit list --scope` walks one scope's rows newest first instead of the whole log.
 CREATE INDEX IF NOT EXISTS audit_by_scope ON audit (scope, id);
 "#;
+
+/// The `versions` columns added after the first release, which an earlier release's
+/// table gets (NULL in its rows: shown as before).
+const ADDED_VERSION_COLUMNS: &[(&str, &str)] = &[
+    ("lock_who", "TEXT"),
+    ("lock_operation", "TEXT"),
+    ("restored_from", "INTEGER"),
+    ("res_added", "INTEGER"),
+    ("res_changed", "INTEGER"),
+    ("res_removed", "INTEGER"),
+];
+
+/// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_VERSION_COLUMNS`] that an
+/// earlier release's `versions` lacks. Idempotent; a database without the table is
+/// left to [`SCHEMA`].
+pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('versions')")?;
+    let present: Vec<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    for (name, kind) in ADDED_VERSION_COLUMNS {
+        if !present.iter().any(|p| p == name) {
+            conn.execute_batch(&format!("ALTER TABLE versions ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    Ok(())
+}
 
 type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
 type Job = Box<dyn FnOnce(&Connection) -> Completion + Send>;
@@ -363,6 +402,33 @@ mod tests {
                 plan.iter().all(|step| step.starts_with("SEARCH")),
                 "{sql}: {plan:?}"
             );
+        }
+    }
+
+    /// An earlier release's `versions` gets the writer and timeline columns on open,
+    /// its rows keeping NULLs (shown as before: no lock facts, changes not known); a
+    /// second open changes nothing.
+    #[test]
+    fn an_earlier_releases_versions_table_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stategate.db");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE versions (scope TEXT NOT NULL, version INTEGER NOT NULL, serial INTEGER,
+                lineage TEXT, sha256 TEXT, size INTEGER NOT NULL, blob_key TEXT,
+                created_at TEXT NOT NULL, actor TEXT NOT NULL, PRIMARY KEY (scope, version)) WITHOUT ROWID;
+             INSERT INTO versions VALUES ('tf/prod', 1, 1, 'l', 'ab', 2, 'k', 't', 'tf:prod');",
+        )
+        .unwrap();
+        drop(old);
+        for _ in 0..2 {
+            drop(crate::schema::open_db(&path).unwrap());
+            let conn = Connection::open(&path).unwrap();
+            let rows = crate::store::history::history_rows(&conn, "tf/prod", None).unwrap();
+            assert_eq!(rows.len(), 1);
+            assert_eq!(rows[0].actor, "tf:prod");
+            assert_eq!(rows[0].facts, crate::store::WriteFacts::default());
+            assert_eq!(rows[0].changes, None);
         }
     }
 

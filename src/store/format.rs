@@ -47,6 +47,45 @@ const TAG_LEN: usize = 16;
 /// STREAM's nonce prefix: 12-byte GCM nonce minus the 4-byte counter and the flag byte.
 const PREFIX_LEN: usize = 7;
 
+/// Who wrote a version beyond the credential (`actor`): the lock's `Who` and
+/// `Operation` when written under a lock (client-supplied, bounded), and the version a
+/// rollback or restore brought back. In the header, so authenticated with every chunk
+/// and recovered by an index rebuild; optional fields, so SGB2 blobs of earlier
+/// releases (which lack them) and earlier readers (which ignore them) keep working.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFacts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_who: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_operation: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<i64>,
+}
+
+/// Longest lock `Who` / `Operation` kept (characters), as the audit log keeps them.
+pub const MAX_LOCK_FACT: usize = 256;
+
+impl WriteFacts {
+    /// Facts of a write under a lock whose client-supplied LockInfo held `who` and
+    /// `operation`: cut to [`MAX_LOCK_FACT`] characters, control characters dropped,
+    /// empty ones left out.
+    pub fn under_lock(who: &str, operation: &str) -> WriteFacts {
+        let clean = |text: &str| {
+            let kept: String = text
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_LOCK_FACT)
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        };
+        WriteFacts {
+            lock_who: clean(who),
+            lock_operation: clean(operation),
+            restored_from: None,
+        }
+    }
+}
+
 /// What the index knows about a blob (for SGB2: header and trailer together).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlobHeader {
@@ -64,6 +103,8 @@ pub struct BlobHeader {
     /// blob from an orphan of a failed write without trusting wall clocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    #[serde(flatten)]
+    pub facts: WriteFacts,
 }
 
 /// Who a blob is, known before its first byte is written.
@@ -75,6 +116,8 @@ pub struct BlobIdentity {
     pub actor: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    #[serde(flatten)]
+    pub facts: WriteFacts,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -490,6 +533,7 @@ pub fn read_header(blob: &[u8]) -> Result<BlobHeader, FormatError> {
         created_at: header.id.created_at,
         actor: header.id.actor,
         parent: header.id.parent,
+        facts: header.id.facts,
     })
 }
 
@@ -526,6 +570,7 @@ pub fn encode(key: &SealKey, header: &BlobHeader, plaintext: &[u8]) -> Result<Ve
         created_at: header.created_at.clone(),
         actor: header.actor.clone(),
         parent: header.parent.clone(),
+        facts: header.facts.clone(),
     };
     let (mut sealer, head) = Sealer::new(key, &id)?;
     let mut out = head.to_vec();
@@ -563,6 +608,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".into(),
             actor: "test".into(),
             parent: Some("states/x/1.blob".into()),
+            facts: WriteFacts::default(),
         }
     }
 
@@ -713,6 +759,65 @@ mod tests {
         );
     }
 
+    /// Writer facts ride in the authenticated header: they come back from a blob, a
+    /// blob without them (an earlier release's) reads with none, a reader that does
+    /// not know them still opens the blob, and changing them breaks it.
+    #[test]
+    fn writer_facts_are_authenticated_header_fields_old_blobs_lack() {
+        let plain = body(70_000);
+        let mut header = BlobHeader {
+            parent: None,
+            scope: "tf/a".into(),
+            version: 2,
+            serial: Some(3),
+            lineage: Some("l".into()),
+            sha256: hex::encode(sha2_digest(&plain)),
+            size: plain.len() as i64,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            actor: "token:ci".into(),
+            facts: WriteFacts {
+                lock_who: Some("ci@runner-3".into()),
+                lock_operation: Some("OperationTypeApply".into()),
+                restored_from: Some(1),
+            },
+        };
+        let blob = encode(&key(), &header, &plain).unwrap();
+        assert_eq!(read_header(&blob).unwrap(), header);
+        assert_eq!(decode(&key(), &blob, "tf/a", 2, None).unwrap(), plain);
+        // An earlier release's reader: the same header without the new fields.
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct EarlierIdentity {
+            scope: String,
+            version: i64,
+            created_at: String,
+            actor: String,
+            chunk_size: u32,
+            nonce_prefix: String,
+        }
+        let len = header_len(&blob).unwrap();
+        let earlier: EarlierIdentity = serde_json::from_slice(&blob[8..8 + len]).unwrap();
+        assert_eq!(earlier.actor, "token:ci");
+        // Tampering with a fact (same length) breaks authentication.
+        let text = String::from_utf8_lossy(&blob[8..8 + len]).into_owned();
+        let at = 8 + text.find("runner-3").unwrap() + 7;
+        let mut forged = blob.clone();
+        forged[at] = b'4';
+        assert!(decode(&key(), &forged, "tf/a", 2, None).is_err());
+        // A blob written without facts reads with none.
+        header.facts = WriteFacts::default();
+        let plain_blob = encode(&key(), &header, &plain).unwrap();
+        assert_eq!(
+            read_header(&plain_blob).unwrap().facts,
+            WriteFacts::default()
+        );
+        assert!(!String::from_utf8_lossy(&plain_blob[..200]).contains("lock_who"));
+        // Lock facts are bounded and cleaned.
+        let long = WriteFacts::under_lock(&"w".repeat(1000), "\u{7}");
+        assert_eq!(long.lock_who.map(|w| w.len()), Some(MAX_LOCK_FACT));
+        assert_eq!(long.lock_operation, None);
+    }
+
     #[test]
     fn sgb1_blobs_of_earlier_releases_still_read() {
         let plain = body(1000);
@@ -726,6 +831,7 @@ mod tests {
             size: plain.len() as i64,
             created_at: "2026-01-01T00:00:00Z".into(),
             actor: "test".into(),
+            facts: WriteFacts::default(),
         };
         let blob = encode_v1(&key(), &header, &plain);
         assert_eq!(read_header(&blob).unwrap(), header);

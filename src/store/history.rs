@@ -59,6 +59,9 @@ pub struct Rollback {
     /// scope, written over the bytes this scanner points at (none found: the content
     /// cannot carry a new serial and is restored as it was). The store never reads states.
     pub renumber: Option<Renumber>,
+    /// When set, the restored content's resources are learnt as it is written, so the
+    /// rollback has a resource timeline like any write (`tfstate::resource_scan`).
+    pub summarize: Option<super::timeline::Summarizer>,
 }
 
 /// A fresh scanner that finds where a state's serial is (`tfstate::serial_span_scan`).
@@ -146,6 +149,21 @@ impl StateStore {
             scope: scope.to_string(),
             serial: top.max(restored).unwrap_or(0),
         })
+    }
+
+    /// The resource timeline of a scope ([`super::timeline::timeline_rows`]).
+    pub async fn timeline(
+        &self,
+        scope: &str,
+        address: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<super::timeline::TimelineRow>, StoreError> {
+        let scope = scope.to_string();
+        let address = address.map(str::to_string);
+        Ok(self
+            .db
+            .read(move |c| super::timeline::timeline_rows(c, &scope, address.as_deref(), limit))
+            .await?)
     }
 
     /// Version rows of a scope, newest first. Reads SQLite only.
@@ -357,11 +375,21 @@ impl StateStore {
         let new = StreamedVersion {
             scope: request.scope.clone(),
             actor: request.actor.clone(),
-            check: Box::new(Known(Some(BodyMeta {
-                serial,
-                lineage: old.lineage.clone(),
-                audit: Some(audit),
-            }))),
+            facts: super::WriteFacts {
+                restored_from: Some(request.to_version),
+                ..Default::default()
+            },
+            check: Box::new(Known(
+                Some(BodyMeta {
+                    serial,
+                    lineage: old.lineage.clone(),
+                    audit: Some(audit),
+                    resources: None,
+                }),
+                request
+                    .summarize
+                    .map(|summarize| summarize(key.resource_digest_key())),
+            )),
         };
         let body = self.body_of(&old, key, splice).await.map_err(E::from)?;
         let scope = request.scope.clone();

@@ -16,6 +16,7 @@ pub mod metered;
 pub mod rebuild;
 pub mod retention;
 pub mod s3;
+pub mod timeline;
 
 use std::sync::Arc;
 
@@ -27,7 +28,9 @@ pub use blob::{BlobError, BlobStore, LocalStore};
 pub use db::{Db, DbError};
 
 use crate::crypto::SealKey;
+pub use format::WriteFacts;
 use format::{BlobIdentity, FormatError, Opener, Sealer};
+use timeline::{ChangeCounts, ResourceSummary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -84,7 +87,14 @@ pub struct VersionRow {
     /// `None` for a tombstone.
     pub blob_key: Option<String>,
     pub created_at: String,
+    /// The credential that wrote it (`tf:<ws>`, `token:<name>`, `cert:<subject>`,
+    /// `drift:run-N`, `operator:<name>`): its writer.
     pub actor: String,
+    /// The lock's Who/Operation and the version a rollback restored (none in rows of
+    /// earlier releases).
+    pub facts: WriteFacts,
+    /// What it did to resources; `None` when not known (`store::timeline`).
+    pub changes: Option<ChangeCounts>,
 }
 
 impl VersionRow {
@@ -100,9 +110,15 @@ pub fn now_rfc3339() -> String {
 }
 
 const VERSION_COLUMNS: &str =
-    "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor";
+    "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor, \
+     lock_who, lock_operation, restored_from, res_added, res_changed, res_removed";
 
 fn row_to_version(row: &rusqlite::Row<'_>) -> Result<VersionRow, rusqlite::Error> {
+    let counts = (
+        row.get::<_, Option<i64>>(12)?,
+        row.get::<_, Option<i64>>(13)?,
+        row.get::<_, Option<i64>>(14)?,
+    );
     Ok(VersionRow {
         scope: row.get(0)?,
         version: row.get(1)?,
@@ -113,6 +129,19 @@ fn row_to_version(row: &rusqlite::Row<'_>) -> Result<VersionRow, rusqlite::Error
         blob_key: row.get(6)?,
         created_at: row.get(7)?,
         actor: row.get(8)?,
+        facts: WriteFacts {
+            lock_who: row.get(9)?,
+            lock_operation: row.get(10)?,
+            restored_from: row.get(11)?,
+        },
+        changes: match counts {
+            (Some(added), Some(changed), Some(removed)) => Some(ChangeCounts {
+                added,
+                changed,
+                removed,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -148,8 +177,11 @@ pub struct NewVersion {
     pub serial: Option<i64>,
     pub lineage: Option<String>,
     pub actor: String,
+    pub facts: WriteFacts,
     /// Written in the same transaction when the version is stored.
     pub audit: Option<AuditEntry>,
+    /// Its resources, for the timeline (`None`: not known).
+    pub resources: Option<ResourceSummary>,
 }
 
 /// What a streamed write learns from its body: checked piece by piece as it passes,
@@ -165,12 +197,16 @@ pub struct BodyMeta {
     pub lineage: Option<String>,
     /// Written in the same transaction when the version is stored.
     pub audit: Option<AuditEntry>,
+    /// Its resources, for the timeline (`None`: not known, e.g. an encrypted state).
+    pub resources: Option<ResourceSummary>,
 }
 
 /// A streamed state write: the body arrives through a [`BodySource`].
 pub struct StreamedVersion<E> {
     pub scope: String,
     pub actor: String,
+    /// Known before the body: sealed into the blob header with the actor.
+    pub facts: WriteFacts,
     pub check: Box<dyn BodyCheck<E>>,
 }
 
@@ -204,15 +240,23 @@ impl<E: From<StoreError>> BodySource<E> {
     }
 }
 
-/// A body whose metadata is known up front (buffered writes and rollbacks).
-struct Known(Option<BodyMeta>);
+/// A body whose metadata is known up front (buffered writes and rollbacks); with a
+/// summarizer, its resources are learnt as it passes (a rollback's restored content).
+struct Known(Option<BodyMeta>, Option<Box<dyn timeline::Summarize>>);
 
 impl<E: Send + 'static> BodyCheck<E> for Known {
-    fn chunk(&mut self, _: &[u8]) -> Result<(), E> {
+    fn chunk(&mut self, data: &[u8]) -> Result<(), E> {
+        if let Some(scan) = &mut self.1 {
+            scan.push(data);
+        }
         Ok(())
     }
     fn finish(mut self: Box<Self>, _: &str, _: u64) -> Result<BodyMeta, E> {
-        Ok(self.0.take().expect("finished once"))
+        let mut meta = self.0.take().expect("finished once");
+        if let Some(scan) = self.1.take() {
+            meta.resources = scan.finish();
+        }
+        Ok(meta)
     }
 }
 
@@ -223,7 +267,8 @@ pub enum WriteOutcome {
     Unchanged(VersionRow),
 }
 
-/// How one write attempt ended.
+/// How one write attempt ended (a short-lived return value: its size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Attempt {
     Done(WriteOutcome),
     /// Another writer took the version number (newest is now `found`).
@@ -448,11 +493,16 @@ impl StateStore {
             let streamed = StreamedVersion {
                 scope: new.scope.clone(),
                 actor: new.actor.clone(),
-                check: Box::new(Known(Some(BodyMeta {
-                    serial: new.serial,
-                    lineage: new.lineage.clone(),
-                    audit: new.audit.clone(),
-                }))),
+                facts: new.facts.clone(),
+                check: Box::new(Known(
+                    Some(BodyMeta {
+                        serial: new.serial,
+                        lineage: new.lineage.clone(),
+                        audit: new.audit.clone(),
+                        resources: new.resources.clone(),
+                    }),
+                    None,
+                )),
             };
             let body = BodySource::Whole(new.plaintext.clone());
             let attempt = self
@@ -522,15 +572,20 @@ impl StateStore {
         E: From<StoreError> + From<DbError> + Send + 'static,
         G: WriteGuard<E>,
     {
-        // The newest row and the guard's early verdict, in one read.
-        let (latest, verdict) = {
+        // The newest row, the guard's early verdict and the resources the newest
+        // version is known to have, in one read.
+        let (latest, verdict, prior) = {
             let guard = guard.clone();
             let scope = new.scope.clone();
             self.db
                 .read_quick(move |c| {
                     let latest = latest_row(c, &scope)?;
                     let verdict = guard(c, latest.as_ref());
-                    Ok((latest, verdict))
+                    let prior = match &verdict {
+                        Ok(()) => timeline::prior_summary(c, &scope)?,
+                        Err(_) => None,
+                    };
+                    Ok((latest, verdict, prior))
                 })
                 .await
                 .map_err(E::from)?
@@ -549,11 +604,15 @@ impl StateStore {
             created_at: now_rfc3339(),
             actor: new.actor.clone(),
             parent: latest.as_ref().and_then(|r| r.blob_key.clone()),
+            facts: new.facts.clone(),
         };
         let blob_key = blob_key_for(&new.scope, version);
-        let (meta, trailer) = self
+        let (mut meta, trailer) = self
             .store_blob(&blob_key, &id, key, new.check, &mut body)
             .await?;
+        // Compared outside the writer thread; the commit checks the base still holds.
+        let changes = timeline_changes(latest.as_ref(), prior, meta.resources.as_ref());
+        let resources = meta.resources.take();
         let row = VersionRow {
             scope: id.scope,
             version,
@@ -564,6 +623,8 @@ impl StateStore {
             blob_key: Some(blob_key.clone()),
             created_at: id.created_at,
             actor: id.actor,
+            facts: id.facts,
+            changes: None,
         };
         let audit = meta.audit;
         let committed = self
@@ -583,9 +644,12 @@ impl StateStore {
                         return Ok(Attempt::Done(WriteOutcome::Unchanged(live.clone())));
                     }
                 }
-                insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
+                let mut row = row;
+                let db = |e| E::from(DbError::from(e));
+                row.changes = record_timeline(c, &row, changes, resources.as_ref()).map_err(db)?;
+                insert_version(c, &row).map_err(db)?;
                 if let Some(entry) = &audit {
-                    insert_audit(c, entry).map_err(|e| E::from(DbError::from(e)))?;
+                    insert_audit(c, entry).map_err(db)?;
                 }
                 Ok(Attempt::Done(WriteOutcome::Stored(row)))
             })
@@ -664,7 +728,7 @@ impl StateStore {
                 let Some(current) = current.filter(|r| !r.is_tombstone()) else {
                     return Ok(None);
                 };
-                let row = VersionRow {
+                let mut row = VersionRow {
                     scope: scope.clone(),
                     version: current.version + 1,
                     serial: None,
@@ -674,8 +738,15 @@ impl StateStore {
                     blob_key: None,
                     created_at: now_rfc3339(),
                     actor,
+                    facts: WriteFacts::default(),
+                    changes: None,
                 };
-                insert_version(c, &row).map_err(|e| E::from(DbError::from(e)))?;
+                let db = |e| E::from(DbError::from(e));
+                // A deletion removes every resource the state is known to have had.
+                let prior = timeline::prior_summary(c, &scope).map_err(db)?;
+                let changes = timeline_changes(Some(&current), prior, Some(&Default::default()));
+                row.changes = record_timeline(c, &row, changes, None).map_err(db)?;
+                insert_version(c, &row).map_err(db)?;
                 if let Some(entry) = &audit {
                     insert_audit(c, entry).map_err(|e| E::from(DbError::from(e)))?;
                 }
@@ -715,20 +786,22 @@ impl StateStore {
             turns.push(self.write_turns.wait(scope.clone()).await);
         }
         let wanted: Vec<String> = news.iter().map(|(n, _)| n.scope.clone()).collect();
+        // The newest row of each scope and the resources it is known to hold.
         let latest = self
             .db
             .read_quick(move |c| {
                 wanted
                     .iter()
-                    .map(|scope| latest_row(c, scope))
-                    .collect::<Result<Vec<_>, _>>()
+                    .map(|scope| Ok((latest_row(c, scope)?, timeline::prior_summary(c, scope)?)))
+                    .collect::<Result<Vec<_>, rusqlite::Error>>()
             })
             .await
             .map_err(E::from)?;
         let mut rows = Vec::with_capacity(news.len());
         let mut written = Vec::with_capacity(news.len());
         let mut failed = None;
-        for ((new, key), before) in news.into_iter().zip(&latest) {
+        let mut timelines = Vec::with_capacity(news.len());
+        for ((new, key), (before, prior)) in news.into_iter().zip(latest.iter().cloned()) {
             let version = before.as_ref().map_or(1, |r| r.version + 1);
             let id = BlobIdentity {
                 scope: new.scope.clone(),
@@ -736,20 +809,27 @@ impl StateStore {
                 created_at: now_rfc3339(),
                 actor: new.actor.clone(),
                 parent: before.as_ref().and_then(|r| r.blob_key.clone()),
+                facts: new.facts.clone(),
             };
             let blob_key = blob_key_for(&new.scope, version);
-            let check: Box<dyn BodyCheck<E>> = Box::new(Known(Some(BodyMeta {
-                serial: new.serial,
-                lineage: new.lineage.clone(),
-                audit: None,
-            })));
+            let check: Box<dyn BodyCheck<E>> = Box::new(Known(
+                Some(BodyMeta {
+                    serial: new.serial,
+                    lineage: new.lineage.clone(),
+                    audit: None,
+                    resources: new.resources.clone(),
+                }),
+                None,
+            ));
             let mut body = BodySource::Whole(new.plaintext.clone());
             match self
                 .store_blob(&blob_key, &id, &key, check, &mut body)
                 .await
             {
-                Ok((meta, trailer)) => {
+                Ok((mut meta, trailer)) => {
                     written.push(blob_key.clone());
+                    let changes = timeline_changes(before.as_ref(), prior, meta.resources.as_ref());
+                    timelines.push((changes, meta.resources.take()));
                     rows.push(VersionRow {
                         scope: id.scope,
                         version,
@@ -760,6 +840,8 @@ impl StateStore {
                         blob_key: Some(blob_key),
                         created_at: id.created_at,
                         actor: id.actor,
+                        facts: id.facts,
+                        changes: None,
                     });
                 }
                 Err(e) => {
@@ -771,9 +853,9 @@ impl StateStore {
         let committed = match failed {
             Some(e) => Err(e),
             None => {
-                let inserted = rows.clone();
+                let mut inserted = rows;
                 self.db
-                    .write(move |c| -> Result<(), E> {
+                    .write(move |c| -> Result<Vec<VersionRow>, E> {
                         let mut current = Vec::with_capacity(inserted.len());
                         for row in &inserted {
                             let now =
@@ -788,17 +870,20 @@ impl StateStore {
                             current.push(now);
                         }
                         guard(c, &current, &inserted)?;
-                        for row in &inserted {
-                            insert_version(c, row).map_err(|e| E::from(DbError::from(e)))?;
+                        let db = |e| E::from(DbError::from(e));
+                        for (row, (changes, resources)) in inserted.iter_mut().zip(timelines) {
+                            row.changes =
+                                record_timeline(c, row, changes, resources.as_ref()).map_err(db)?;
+                            insert_version(c, row).map_err(db)?;
                         }
-                        Ok(())
+                        Ok(inserted)
                     })
                     .await
             }
         };
         drop(turns);
         match committed {
-            Ok(()) => Ok(rows),
+            Ok(rows) => Ok(rows),
             Err(e) => {
                 for key in &written {
                     self.discard_blob(key).await;
@@ -816,9 +901,61 @@ impl StateStore {
     }
 }
 
+/// What a new version did to resources, compared with what the newest version is known
+/// to hold: (the version compared with, or 0 for "no live state before"; the changes).
+/// `None` when either side is unknown (then no timeline is recorded for it).
+type TimelineChanges = Option<(i64, Vec<(String, timeline::Change)>)>;
+
+fn timeline_changes(
+    latest: Option<&VersionRow>,
+    prior: Option<(i64, Option<ResourceSummary>)>,
+    next: Option<&ResourceSummary>,
+) -> TimelineChanges {
+    let next = next?;
+    match latest.filter(|r| !r.is_tombstone()) {
+        // Nothing live before it (a first version, after a deletion): all added.
+        None => Some((0, timeline::diff(&ResourceSummary::default(), next))),
+        Some(live) => match prior {
+            Some((version, Some(base))) if version == live.version => {
+                Some((version, timeline::diff(&base, next)))
+            }
+            _ => None,
+        },
+    }
+}
+
+/// In the version's commit: records `changes` (unless the summary they were compared
+/// with was replaced since) and keeps `resources` for the next write; returns the
+/// counts for the version row (`None`: not known).
+fn record_timeline(
+    conn: &Connection,
+    row: &VersionRow,
+    changes: TimelineChanges,
+    resources: Option<&ResourceSummary>,
+) -> Result<Option<ChangeCounts>, rusqlite::Error> {
+    let kept = timeline::prior_version(conn, &row.scope)?;
+    let changes = changes.filter(|(base, _)| *base == 0 || kept == Some(*base));
+    let counts = changes.as_ref().map(|(_, c)| timeline::counts(c));
+    match (changes, resources) {
+        (Some((_, changes)), Some(next)) => {
+            timeline::record(conn, &row.scope, row.version, &changes, next)?
+        }
+        (Some((_, changes)), None) => {
+            timeline::record(conn, &row.scope, row.version, &changes, &Default::default())?;
+            timeline::forget(conn, &row.scope)?;
+        }
+        (None, Some(next)) => timeline::record(conn, &row.scope, row.version, &[], next)?,
+        (None, None) => timeline::forget(conn, &row.scope)?,
+    }
+    Ok(counts)
+}
+
 fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::Error> {
+    let counts = row.changes.unwrap_or_default();
+    let known = row.changes.is_some();
     conn.prepare_cached(&format!(
-        "INSERT INTO versions ({VERSION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+        "INSERT INTO versions ({VERSION_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))?
     .execute(params![
         row.scope,
@@ -829,7 +966,13 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::E
         row.size,
         row.blob_key,
         row.created_at,
-        row.actor
+        row.actor,
+        row.facts.lock_who,
+        row.facts.lock_operation,
+        row.facts.restored_from,
+        known.then_some(counts.added),
+        known.then_some(counts.changed),
+        known.then_some(counts.removed),
     ])?;
     Ok(())
 }

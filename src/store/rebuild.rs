@@ -6,6 +6,13 @@
 //! scope it claims (and that the content matches its hash), and writes one version row
 //! per (scope, version) into a NEW database file. It never touches the live index.
 //!
+//! Writer facts (the lock's Who/Operation, "rollback of vN") come back from the
+//! headers. The resource timeline is recomputed: each kept version's content is read
+//! again, summarized by the summarizer its kind of scope names
+//! ([`ScopeKeys::with_timeline`]) and compared with the version below it, one scope
+//! at a time (one summary held per scope). The oldest version kept of a scope whose
+//! history was pruned has no timeline (nothing to compare with), unless it is v1.
+//!
 //! What blobs do not carry, a rebuilt index does not have: locks (every workspace
 //! starts unlocked), tombstones (a deleted state comes back as its last version), the
 //! audit log and the cluster API's orgs, users, tokens, clusters and leases.
@@ -66,6 +73,8 @@ pub enum RebuildError {
 #[derive(Default)]
 pub struct ScopeKeys {
     kinds: Vec<ScopeKind>,
+    /// The scope prefixes whose resource timeline a rebuild recomputes, and how.
+    timelines: Vec<(&'static str, super::timeline::Summarizer)>,
 }
 
 struct ScopeKind {
@@ -86,6 +95,23 @@ impl ScopeKeys {
         let root = root.ok_or(missing);
         self.kinds.push(ScopeKind { prefix, root });
         self
+    }
+
+    /// Scopes starting with `prefix` have a resource timeline, summarized by `summarize`.
+    pub fn with_timeline(
+        mut self,
+        prefix: &'static str,
+        summarize: super::timeline::Summarizer,
+    ) -> Self {
+        self.timelines.push((prefix, summarize));
+        self
+    }
+
+    fn summarizer_for(&self, scope: &str) -> Option<super::timeline::Summarizer> {
+        self.timelines
+            .iter()
+            .find(|(prefix, _)| scope.starts_with(prefix))
+            .map(|(_, s)| *s)
     }
 
     pub fn key_for(&self, scope: &str) -> Result<SealKey, String> {
@@ -238,6 +264,8 @@ pub(crate) fn row_of(claim: Claim) -> VersionRow {
         blob_key: Some(claim.key),
         created_at: h.created_at,
         actor: h.actor,
+        facts: h.facts,
+        changes: None,
     }
 }
 
@@ -276,6 +304,92 @@ pub fn write_index(into: &Path, schemas: &[&str], rows: &[VersionRow]) -> Result
     Ok(())
 }
 
+/// One version's resource changes: (scope, version, changes).
+type VersionChanges = (String, i64, Vec<(String, super::timeline::Change)>);
+
+/// What a rebuild recomputed of the resource timeline: each version's changes, and the
+/// summary of each scope's newest version (what the next write compares with).
+#[derive(Default)]
+struct Recomputed {
+    changes: Vec<VersionChanges>,
+    newest: Vec<(String, i64, super::timeline::ResourceSummary)>,
+}
+
+/// Reads each row's content again (rows are ordered by scope, version) and compares
+/// its resources with the version below it; sets each row's counts.
+async fn recompute_timeline(
+    blobs: &dyn BlobStore,
+    keys: &ScopeKeys,
+    rows: &mut [VersionRow],
+) -> Result<Recomputed, RebuildError> {
+    use super::timeline::{counts, diff, ResourceSummary};
+    let mut out = Recomputed::default();
+    // (scope, version, summary) of the previous row, when it had one.
+    let mut below: Option<(String, i64, Option<ResourceSummary>)> = None;
+    for row in rows.iter_mut() {
+        let (Some(summarize), Ok(key), Some(blob_key)) = (
+            keys.summarizer_for(&row.scope),
+            keys.key_for(&row.scope),
+            row.blob_key.as_deref(),
+        ) else {
+            continue;
+        };
+        let summary = match blobs.get(blob_key).await? {
+            Some(blob) => {
+                format::decode(&key, &blob, &row.scope, row.version, row.sha256.as_deref())
+                    .ok()
+                    .and_then(|plain| {
+                        let mut scan = summarize(key.resource_digest_key());
+                        scan.push(&plain);
+                        scan.finish()
+                    })
+            }
+            None => None,
+        };
+        let base = match below.take() {
+            Some((scope, _, prev)) if scope == row.scope => prev,
+            // The first version kept of a scope: v1 is compared with nothing there.
+            _ if row.version == 1 => Some(ResourceSummary::default()),
+            _ => None,
+        };
+        if let (Some(base), Some(next)) = (&base, &summary) {
+            let changes = diff(base, next);
+            row.changes = Some(counts(&changes));
+            out.changes.push((row.scope.clone(), row.version, changes));
+        }
+        below = Some((row.scope.clone(), row.version, summary));
+        // The newest row of its scope so far.
+        if let Some((scope, version, Some(summary))) = &below {
+            if out.newest.last().is_some_and(|(s, _, _)| s == scope) {
+                out.newest.pop();
+            }
+            out.newest.push((scope.clone(), *version, summary.clone()));
+        } else if out.newest.last().is_some_and(|(s, _, _)| *s == row.scope) {
+            out.newest.pop();
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the recomputed timeline into the new index `into` (after [`write_index`]).
+fn write_timeline(into: &Path, timeline: &Recomputed) -> Result<(), RebuildError> {
+    let mut conn = rusqlite::Connection::open(into)?;
+    conn.pragma_update(None, "journal_mode", "DELETE")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let tx = conn.transaction()?;
+    let empty = super::timeline::ResourceSummary::default();
+    for (scope, version, changes) in &timeline.changes {
+        super::timeline::record(&tx, scope, *version, changes, &empty)?;
+    }
+    tx.execute("DELETE FROM resource_digests", [])?;
+    for (scope, version, summary) in &timeline.newest {
+        super::timeline::record(&tx, scope, *version, &[], summary)?;
+    }
+    tx.commit()?;
+    conn.close().map_err(|(_, e)| e)?;
+    Ok(())
+}
+
 /// Rebuilds the version index from `blobs` into the new file `into`.
 pub async fn rebuild_index(
     blobs: &dyn BlobStore,
@@ -299,8 +413,10 @@ pub async fn rebuild_index_with_progress(
     }
     let (claims, skipped) = collect_claims_with_progress(blobs, keys, progress).await?;
     let resolved = resolve_claims(claims);
-    let rows: Vec<VersionRow> = resolved.winners.into_iter().map(row_of).collect();
+    let mut rows: Vec<VersionRow> = resolved.winners.into_iter().map(row_of).collect();
+    let timeline = recompute_timeline(blobs, keys, &mut rows).await?;
     write_index(into, schemas, &rows)?;
+    write_timeline(into, &timeline)?;
     Ok(RebuildReport {
         rows,
         skipped,
@@ -336,6 +452,7 @@ mod tests {
                 created_at: created_at.into(),
                 actor: "t".into(),
                 parent: parent.map(str::to_string),
+                facts: Default::default(),
             },
         }
     }

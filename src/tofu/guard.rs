@@ -192,6 +192,8 @@ mod tests {
             blob_key: Some("k".into()),
             created_at: String::new(),
             actor: String::new(),
+            facts: Default::default(),
+            changes: None,
         }
     }
 

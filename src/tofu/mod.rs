@@ -28,13 +28,12 @@ use rusqlite::Connection;
 use crate::crypto::RootKey;
 use crate::error::Error;
 use crate::store::history::{Rollback, RolledBack};
-use crate::store::VersionRow;
 use crate::store::{
     audit::{insert_audit, AuditEntry},
     BodyCheck, BodyChunks, BodyMeta, DbError, NewVersion, StateStore, StateStream, StoreError,
     StreamedVersion, WriteOutcome,
 };
-use crate::tfstate::parse_state;
+use crate::store::{VersionRow, WriteFacts};
 pub use access::Credential;
 use freeze::Freeze;
 use guard::{decide_successor, Override, Refusal, Sent, Successor};
@@ -94,19 +93,38 @@ pub const EVENT_RESOURCES_MOVED: &str = "tf.resources_moved";
 /// The actor of what stategate does by itself (a freeze's expiry).
 pub const HOUSEKEEPING: &str = "stategate";
 
-/// Who acted: the workspace credential is the only identity the backend knows.
-fn actor(workspace: &str) -> String {
-    format!("tf:{workspace}")
-}
-
-fn audit(workspace: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {
+/// An audit row of `workspace` by `actor`, the name of the credential that acted
+/// ([`Credential::name`]) or the operator.
+fn audit(
+    actor: &str,
+    workspace: &str,
+    event: &'static str,
+    payload: serde_json::Value,
+) -> AuditEntry {
     AuditEntry {
-        actor: actor(workspace),
+        actor: actor.to_string(),
         org: None,
         scope: scope(workspace),
         event,
         payload,
     }
+}
+
+/// The payload of `tf.state_written`: metadata, and the lock it was written under with
+/// the client's own Who/Operation (bounded) when there was one.
+fn written_payload(
+    serial: i64,
+    lineage: &str,
+    size: u64,
+    lock: Option<&(String, WriteFacts)>,
+) -> serde_json::Value {
+    let mut payload = serde_json::json!({ "serial": serial, "lineage": lineage, "size": size });
+    if let Some((lock_id, facts)) = lock {
+        payload["lock_id"] = lock_id.as_str().into();
+        payload["who"] = facts.lock_who.as_deref().unwrap_or("").into();
+        payload["operation"] = facts.lock_operation.as_deref().unwrap_or("").into();
+    }
+    payload
 }
 
 /// The lock ID plus the client's own `Who`/`Operation` (bounded: they are client-supplied).
@@ -128,6 +146,9 @@ fn locked_by(holder: HeldLock) -> Error {
 /// What a streamed state write checks as its body passes.
 struct StateCheck {
     workspace: String,
+    /// The credential's name and the lock the write is made under, with its facts.
+    writer: String,
+    lock: Option<(String, WriteFacts)>,
     scanner: crate::tfstate::StateScanner,
     md5: Option<(Vec<u8>, md5::Md5)>,
     pending: Arc<Mutex<Pending>>,
@@ -203,6 +224,7 @@ fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> 
 fn guard_write(
     conn: &Connection,
     workspace: &str,
+    writer: &str,
     lock_id: Option<&str>,
     current: Option<&VersionRow>,
     sent: Option<&Sent>,
@@ -224,6 +246,7 @@ fn guard_write(
     }
     guard::delete_override(conn, workspace).map_err(DbError::from)?;
     let entry = audit(
+        writer,
         workspace,
         EVENT_OVERRIDE_USED,
         serde_json::json!({
@@ -262,7 +285,7 @@ impl StateCheck {
         if let Some((expected, hasher)) = self.md5 {
             protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
         }
-        let meta = self.scanner.finish()?;
+        let (meta, resources) = self.scanner.finish_with_resources()?;
         let sent = Sent {
             serial: meta.serial,
             lineage: meta.lineage.clone(),
@@ -285,10 +308,12 @@ impl StateCheck {
             serial: Some(meta.serial),
             lineage: Some(meta.lineage.clone()),
             audit: Some(audit(
+                &self.writer,
                 &self.workspace,
                 EVENT_WRITTEN,
-                serde_json::json!({ "serial": meta.serial, "lineage": meta.lineage, "size": size }),
+                written_payload(meta.serial, &meta.lineage, size, self.lock.as_ref()),
             )),
+            resources,
         })
     }
 }
@@ -312,12 +337,12 @@ fn freeze_in_force(conn: &Connection, workspace: &str) -> Result<Option<Freeze>,
 
 fn expire_freeze(conn: &Connection, f: &Freeze) -> Result<(), Error> {
     freeze::delete_freeze(conn, &f.workspace).map_err(DbError::from)?;
-    let mut entry = audit(
+    let entry = audit(
+        HOUSEKEEPING,
         &f.workspace,
         EVENT_FREEZE_EXPIRED,
         serde_json::json!({ "frozen_by": f.frozen_by, "reason": f.reason, "until": f.until }),
     );
-    entry.actor = HOUSEKEEPING.to_string();
     insert_audit(conn, &entry).map_err(DbError::from)?;
     Ok(())
 }
@@ -426,6 +451,7 @@ impl TofuBackend {
             event: EVENT_ROLLBACK,
             // Plans saved before the rollback must not apply to what it restores.
             renumber: Some(crate::tfstate::serial_span_scan),
+            summarize: Some(crate::tfstate::resource_scan),
         };
         self.store
             .rollback(request, &key, move |conn, latest| {
@@ -487,8 +513,7 @@ impl TofuBackend {
                     )));
                 }
                 lock::delete_lock(conn, &ws).map_err(DbError::from)?;
-                let mut entry = audit(&ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
-                entry.actor = actor;
+                let entry = audit(&actor, &ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(Some(holder))
             })
@@ -523,8 +548,7 @@ impl TofuBackend {
                     )));
                 }
                 lock::delete_lock(conn, &ws).map_err(DbError::from)?;
-                let mut entry = audit(&ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
-                entry.actor = who;
+                let entry = audit(&who, &ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(Some(holder))
             })
@@ -563,6 +587,7 @@ impl TofuBackend {
             event: EVENT_RESTORED,
             // Plans saved before the rollback must not apply to what it restores.
             renumber: Some(crate::tfstate::serial_span_scan),
+            summarize: Some(crate::tfstate::resource_scan),
         };
         self.store
             .rollback(request, &key, move |conn, _latest| {
@@ -655,27 +680,37 @@ impl TofuBackend {
         Ok(self.store.stream_current(&scope(workspace), &key).await?)
     }
 
+    /// A whole-body state write by `who` (tools and benchmarks; Terraform's POSTs
+    /// stream through [`Self::write_stream`]).
     pub async fn write(
         &self,
         workspace: &str,
         lock_id: Option<String>,
         body: Bytes,
+        who: &Credential,
     ) -> Result<WriteOutcome, Error> {
-        let meta = parse_state(&body)?;
-        let size = body.len();
         let key = self.root.blob_key(&scope(workspace));
+        let mut scanner = crate::tfstate::StateScanner::with_resources(key.resource_digest_key());
+        scanner.push(&body)?;
+        let (meta, resources) = scanner.finish_with_resources()?;
+        let size = body.len() as u64;
         let ws = workspace.to_string();
+        let writer = who.name(workspace);
+        let lock = self.lock_facts(workspace, lock_id.as_deref()).await?;
         let new = NewVersion {
             scope: scope(workspace),
             plaintext: body,
             serial: Some(meta.serial),
             lineage: Some(meta.lineage.clone()),
-            actor: actor(workspace),
+            actor: writer.clone(),
+            facts: lock.as_ref().map(|(_, f)| f.clone()).unwrap_or_default(),
             audit: Some(audit(
+                &writer,
                 workspace,
                 EVENT_WRITTEN,
-                serde_json::json!({ "serial": meta.serial, "lineage": meta.lineage, "size": size }),
+                written_payload(meta.serial, &meta.lineage, size, lock.as_ref()),
             )),
+            resources,
         };
         let sent = Sent {
             serial: meta.serial,
@@ -684,9 +719,30 @@ impl TofuBackend {
         };
         self.store
             .write_version(new, &key, move |conn, latest| {
-                guard_write(conn, &ws, lock_id.as_deref(), latest, Some(&sent))
+                guard_write(conn, &ws, &writer, lock_id.as_deref(), latest, Some(&sent))
             })
             .await
+    }
+
+    /// The lock `lock_id` a write is made under, with the Who/Operation its holder
+    /// sent (bounded), when it holds the workspace now; the commit checks again that it
+    /// still does, so a write never records a lock it was not made under.
+    async fn lock_facts(
+        &self,
+        workspace: &str,
+        lock_id: Option<&str>,
+    ) -> Result<Option<(String, WriteFacts)>, Error> {
+        let Some(id) = lock_id.map(str::to_string) else {
+            return Ok(None);
+        };
+        let ws = workspace.to_string();
+        let held = self.db.read_quick(move |c| held_lock(c, &ws)).await?;
+        Ok(held.filter(|h| h.id == id).map(|held| {
+            let summary = lock_summary(&held);
+            let field = |name: &str| summary[name].as_str().unwrap_or("").to_string();
+            let facts = WriteFacts::under_lock(&field("who"), &field("operation"));
+            (held.id, facts)
+        }))
     }
 
     /// A state write whose body arrives in pieces through `body`: scanned for serial
@@ -699,19 +755,25 @@ impl TofuBackend {
         lock_id: Option<String>,
         content_md5: Option<Vec<u8>>,
         body: BodyChunks<E>,
+        who: &Credential,
     ) -> Result<WriteOutcome, E>
     where
         E: From<Error> + From<StoreError> + From<DbError> + Send + 'static,
     {
         let key = self.root.blob_key(&scope(workspace));
         let ws = workspace.to_string();
+        let writer = who.name(workspace);
+        let lock = self.lock_facts(workspace, lock_id.as_deref()).await?;
         let slot = Arc::new(Mutex::new(Pending::default()));
         let new = StreamedVersion {
             scope: scope(workspace),
-            actor: actor(workspace),
+            actor: writer.clone(),
+            facts: lock.as_ref().map(|(_, f)| f.clone()).unwrap_or_default(),
             check: Box::new(StateCheck {
                 workspace: workspace.to_string(),
-                scanner: crate::tfstate::StateScanner::new(),
+                writer: writer.clone(),
+                lock,
+                scanner: crate::tfstate::StateScanner::with_resources(key.resource_digest_key()),
                 md5: content_md5.map(|expected| (expected, md5::Md5::default())),
                 pending: slot.clone(),
             }),
@@ -730,7 +792,15 @@ impl TofuBackend {
                     pending.seen = latest.cloned();
                     pending.overridable = overridable;
                 }
-                guard_write(conn, &ws, lock_id.as_deref(), latest, sent.as_ref()).map_err(E::from)
+                guard_write(
+                    conn,
+                    &ws,
+                    &writer,
+                    lock_id.as_deref(),
+                    latest,
+                    sent.as_ref(),
+                )
+                .map_err(E::from)
             })
             .await
     }
@@ -760,7 +830,8 @@ impl TofuBackend {
         self.db
             .write(move |conn| -> Result<(), Error> {
                 guard::put_override(conn, &grant, now).map_err(DbError::from)?;
-                let mut entry = audit(
+                let entry = audit(
+                    &grant.granted_by,
                     &grant.workspace,
                     EVENT_WRITE_ALLOWED,
                     serde_json::json!({
@@ -769,7 +840,6 @@ impl TofuBackend {
                         "expires_at": grant.expires_at,
                     }),
                 );
-                entry.actor = grant.granted_by.clone();
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(())
             })
@@ -804,7 +874,8 @@ impl TofuBackend {
                 let before = freeze_in_force(conn, &wanted.workspace)?;
                 freeze::put_freeze(conn, &wanted).map_err(DbError::from)?;
                 let held = lock::held_lock_since(conn, &wanted.workspace).map_err(DbError::from)?;
-                let mut entry = audit(
+                let entry = audit(
+                    &wanted.frozen_by,
                     &wanted.workspace,
                     EVENT_FROZEN,
                     serde_json::json!({
@@ -814,7 +885,6 @@ impl TofuBackend {
                         "lock_held": held.as_ref().map(|(l, _)| lock_summary(l)),
                     }),
                 );
-                entry.actor = wanted.frozen_by.clone();
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(Frozen { freeze: wanted, held })
             })
@@ -832,12 +902,12 @@ impl TofuBackend {
                     return Ok(None);
                 };
                 freeze::delete_freeze(conn, &ws).map_err(DbError::from)?;
-                let mut entry = audit(
+                let entry = audit(
+                    &actor,
                     &ws,
                     EVENT_UNFROZEN,
                     serde_json::json!({ "frozen_by": f.frozen_by, "reason": f.reason, "until": f.until }),
                 );
-                entry.actor = actor;
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(Some(f))
             })
@@ -999,13 +1069,20 @@ impl TofuBackend {
         let seen: Vec<i64> = read.iter().map(|(row, _)| row.version).collect();
         let new = |ws: &str, body: Vec<u8>, serial: i64, lineage: Option<String>| {
             let key = self.root.blob_key(&scope(ws));
+            // The new state's resources, for the timeline (held whole anyway).
+            let resources = crate::store::timeline::summarize_whole(
+                crate::tfstate::resource_scan(key.resource_digest_key()),
+                &body,
+            );
             let version = NewVersion {
                 scope: scope(ws),
                 plaintext: Bytes::from(body),
                 serial: Some(serial),
                 lineage,
                 actor: actor.to_string(),
+                facts: Default::default(),
                 audit: None,
+                resources,
             };
             (version, key)
         };
@@ -1042,7 +1119,8 @@ impl TofuBackend {
                 let side = |i: usize| {
                     serde_json::json!({ "workspace": names[i], "version": rows[i].version, "serial": rows[i].serial })
                 };
-                let mut entry = audit(
+                let entry = audit(
+                    &by,
                     &names[0],
                     EVENT_RESOURCES_MOVED,
                     serde_json::json!({
@@ -1053,7 +1131,6 @@ impl TofuBackend {
                         "instances": instances,
                     }),
                 );
-                entry.actor = by.clone();
                 insert_audit(conn, &entry).map_err(DbError::from)?;
                 Ok(())
             })
@@ -1095,8 +1172,7 @@ impl TofuBackend {
                     (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
                     (Lock::Take, _) => {
                         lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
-                        let mut entry = audit(&ws, EVENT_LOCKED, lock_summary(&wanted));
-                        entry.actor = credential;
+                        let entry = audit(&credential, &ws, EVENT_LOCKED, lock_summary(&wanted));
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
@@ -1129,8 +1205,7 @@ impl TofuBackend {
                             UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
                             UnlockRequest::Id(_) => EVENT_UNLOCKED,
                         };
-                        let mut entry = audit(&ws, event, lock_summary(&holder));
-                        entry.actor = actor;
+                        let entry = audit(&actor, &ws, event, lock_summary(&holder));
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
@@ -1139,15 +1214,22 @@ impl TofuBackend {
             .await
     }
 
-    /// Admin delete: a tombstone version (history is kept). Refused while someone holds the lock.
-    pub async fn delete(&self, workspace: &str) -> Result<bool, Error> {
+    /// DELETE by `who`: a tombstone version (history is kept). Refused while someone
+    /// holds the lock.
+    pub async fn delete(&self, workspace: &str, who: &Credential) -> Result<bool, Error> {
         let ws = workspace.to_string();
+        let writer = who.name(workspace);
         let row = self
             .store
             .write_tombstone(
                 &scope(workspace),
-                &actor(workspace),
-                Some(audit(workspace, EVENT_DELETED, serde_json::json!({}))),
+                &writer,
+                Some(audit(
+                    &writer,
+                    workspace,
+                    EVENT_DELETED,
+                    serde_json::json!({}),
+                )),
                 move |conn, _| check_writer(conn, &ws, None),
             )
             .await?;

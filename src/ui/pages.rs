@@ -31,6 +31,8 @@ pub struct VersionsPage<'a> {
     pub rows: &'a [VersionRow],
     pub page: u32,
     pub has_more: bool,
+    /// The newest resource changes (the timeline section), newest first.
+    pub timeline: &'a [crate::store::timeline::TimelineRow],
 }
 
 /// A version's content as the viewer shows it.
@@ -256,6 +258,53 @@ fn allow_write_form(chrome: &Chrome, ws: &str) -> Markup {
     }
 }
 
+/// Who wrote a version and what it did to resources: the lock's Who and operation,
+/// the credential, "rollback of vN", and `+added ~changed -removed`.
+fn writer_cell(v: &VersionRow) -> Markup {
+    let written_by = crate::operator::written_by(&v.actor, &v.facts);
+    html! {
+        span.writer { (written_by) }
+        @if let Some(c) = &v.changes {
+            " " span.changes title="resources added, changed, removed against the version before" {
+                "+" (c.added) " ~" (c.changed) " −" (c.removed)
+            }
+        }
+    }
+}
+
+/// The newest resource changes of a workspace: when each address changed, in which
+/// version, by whom (`stategate workspace timeline` has the rest).
+fn timeline_section(
+    chrome: &Chrome,
+    ws: &str,
+    rows: &[crate::store::timeline::TimelineRow],
+) -> Markup {
+    html! {
+        h2 #timeline { "Resource timeline" }
+        @if rows.is_empty() {
+            div.card.empty { "No recorded resource changes." }
+        } @else {
+            div.table-wrap { table #resource-changes {
+                thead { tr {
+                    th.num { "Version" } th { "Change" } th { "Address" } th { "Written by" } th { "When" }
+                } }
+                tbody { @for r in rows { tr {
+                    td.num { a href=(version_href(ws, r.version)) { (r.version) } }
+                    td { span.badge { (r.change.as_str()) } }
+                    td { code { (r.address) } }
+                    td { (crate::operator::written_by(&r.writer, &crate::store::WriteFacts {
+                        lock_who: r.lock_who.clone(),
+                        lock_operation: r.lock_operation.clone(),
+                        restored_from: r.restored_from,
+                    })) }
+                    td { (when(&r.created_at, chrome.now)) }
+                } } }
+            } }
+            p.muted { "The newest " (rows.len()) " changes; " code { "stategate workspace timeline " (ws) " [ADDRESS]" } " lists them all." }
+        }
+    }
+}
+
 fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
     let now = chrome.now;
     html! {
@@ -272,7 +321,7 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
                     td.num { (dash(v.serial)) }
                     td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
                     td.num.hide-narrow { (size(v.size)) }
-                    td { (v.actor) }
+                    td { (writer_cell(v)) }
                     td { (when(&v.created_at, now)) }
                     td {
                         @if v.is_tombstone() {
@@ -362,6 +411,7 @@ pub fn workspace(
         (freeze_card(chrome, ws))
         h2 { "Versions" }
         (versions_table(chrome, &ws.name, versions))
+        (timeline_section(chrome, &ws.name, versions.timeline))
         h2 { "Compare two versions" }
         (diff_form(&ws.name, live.get(1).copied(), live.first().copied()))
         @if chrome.may(Action::Operate, &ws.name) {
@@ -450,7 +500,7 @@ pub fn version(
             dt { "Serial" } dd { (dash(row.serial)) }
             dt { "Lineage" } dd { code { (row.lineage.as_deref().unwrap_or("–")) } }
             dt { "Size" } dd { (size(row.size)) }
-            dt { "Written by" } dd { (row.actor) }
+            dt { "Written by" } dd { (writer_cell(row)) }
             dt { "When" } dd { (when(&row.created_at, chrome.now)) }
             dt { "SHA-256" } dd { code { (row.sha256.as_deref().unwrap_or("–")) } }
         } }
@@ -781,12 +831,29 @@ mod tests {
             blob_key: Some("k".into()),
             created_at: evil.into(),
             actor: evil.into(),
+            facts: crate::store::WriteFacts {
+                lock_who: Some(evil.into()),
+                lock_operation: Some(evil.into()),
+                restored_from: Some(1),
+            },
+            changes: Some(Default::default()),
         };
         let rows = [row.clone()];
+        let timeline = [crate::store::timeline::TimelineRow {
+            version: 1,
+            address: evil.into(),
+            change: crate::store::timeline::Change::Added,
+            created_at: evil.into(),
+            writer: evil.into(),
+            lock_who: Some(evil.into()),
+            lock_operation: Some(evil.into()),
+            restored_from: None,
+        }];
         let page = VersionsPage {
             rows: &rows,
             page: 1,
             has_more: false,
+            timeline: &timeline,
         };
         let audit_row = AuditRow {
             id: 1,

@@ -124,7 +124,9 @@ pub async fn write(
         serial,
         lineage: Some("lin".into()),
         actor: "test".into(),
+        facts: Default::default(),
         audit: None,
+        resources: None,
     };
     match store
         .write_version(new, &root.blob_key(scope), |_, _| Ok::<(), StoreError>(()))
@@ -183,6 +185,7 @@ impl Engine {
                 .unwrap(),
             actor: "test".into(),
             parent: None,
+            facts: Default::default(),
         };
         let blob = format::encode(&self.root.blob_key(scope), &header, body).unwrap();
         let key = stategate::store::blob_key_for(scope, version);

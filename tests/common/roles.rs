@@ -30,7 +30,7 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 }
 
 /// Everything a request could change: versions, the fixture's locks, audit rows,
-/// tokens, runs, operators, write overrides, freezes.
+/// tokens, runs, operators, write overrides, freezes, the resource timeline.
 pub fn snapshot(server: &TestServer) -> Vec<i64> {
     [
         "SELECT count(*) FROM versions",
@@ -46,6 +46,8 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
         "SELECT count(*) FROM tf_consumers",
         "SELECT count(*) FROM tf_token_grants",
+        "SELECT count(*) FROM resource_changes",
+        "SELECT count(*) FROM resource_digests",
     ]
     .iter()
     .map(|sql| server.count(sql))

@@ -1,0 +1,429 @@
+//! The resource timeline: which resource addresses each version added, changed or
+//! removed relative to the version before it, so "when did `module.db.aws_db_instance.main`
+//! last change, and who did it?" is one indexed query.
+//!
+//! The store never reads states: the caller's body check (`tfstate::StateScanner`)
+//! hands over a [`ResourceSummary`] of the body it streamed — every resource instance's
+//! address with a keyed digest of its bytes — and the store compares it with the
+//! summary kept for the scope's newest version (`resource_digests`, one row per scope,
+//! replaced by each write), then records the differences (`resource_changes`) and the
+//! counts on the version row, in the version's commit.
+//!
+//! Bounds: at most [`MAX_ADDRESSES`] instances of at most [`MAX_ADDRESS_LEN`] bytes
+//! each per state; a state past them (or one the server cannot read, such as an
+//! OpenTofu-encrypted one) records no timeline for its version (counts NULL: unknown),
+//! and the next version is compared with nothing known, so it too records none.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+/// Most resource instances summarized per state. 50,000 instances of the longest
+/// address are 26 MiB held during one write; a real 10,000-resource state takes ~1 MiB.
+pub const MAX_ADDRESSES: usize = 50_000;
+/// Longest address kept (bytes); a state with a longer one records no timeline.
+pub const MAX_ADDRESS_LEN: usize = 512;
+/// Bytes of each instance's HMAC-SHA256 digest kept.
+pub const DIGEST_LEN: usize = 16;
+/// Most timeline rows one query returns.
+pub const MAX_TIMELINE_ROWS: u32 = 10_000;
+
+pub const SCHEMA: &str = r#"
+-- One row per resource address a version added, changed or removed (issue 23's timeline).
+CREATE TABLE IF NOT EXISTS resource_changes (
+    scope    TEXT    NOT NULL,
+    version  INTEGER NOT NULL,
+    address  TEXT    NOT NULL,
+    change   TEXT    NOT NULL CHECK (change IN ('added', 'changed', 'removed')),
+    PRIMARY KEY (scope, version, address)
+) WITHOUT ROWID;
+
+-- "When did this address change": one scope's rows for one address, newest first.
+CREATE INDEX IF NOT EXISTS resource_changes_by_address
+    ON resource_changes (scope, address, version);
+
+-- The summary (address -> keyed digest) of each scope's newest version, which the next
+-- write is compared with. Absent when that version has none (unknown).
+CREATE TABLE IF NOT EXISTS resource_digests (
+    scope    TEXT    PRIMARY KEY,
+    version  INTEGER NOT NULL,
+    summary  BLOB    NOT NULL
+) WITHOUT ROWID;
+"#;
+
+/// Every resource instance of one state: address and a digest of its content, sorted
+/// by address, each address once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceSummary(Vec<(String, [u8; DIGEST_LEN])>);
+
+impl ResourceSummary {
+    /// `None` when the entries break a bound or name an address twice (a state
+    /// Terraform would not write): such a version records no timeline.
+    pub fn from_entries(mut entries: Vec<(String, [u8; DIGEST_LEN])>) -> Option<Self> {
+        if entries.len() > MAX_ADDRESSES || entries.iter().any(|(a, _)| a.len() > MAX_ADDRESS_LEN) {
+            return None;
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+            return None;
+        }
+        Some(ResourceSummary(entries))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `u16 length ‖ address ‖ digest`, repeated (the `resource_digests.summary` blob).
+    fn encode(&self) -> Vec<u8> {
+        let size = self.0.iter().map(|(a, _)| 2 + a.len() + DIGEST_LEN).sum();
+        let mut out = Vec::with_capacity(size);
+        for (address, digest) in &self.0 {
+            // Bounded by MAX_ADDRESS_LEN, far below u16::MAX.
+            out.extend_from_slice(&(address.len() as u16).to_be_bytes());
+            out.extend_from_slice(address.as_bytes());
+            out.extend_from_slice(digest);
+        }
+        out
+    }
+
+    /// `None` for bytes [`Self::encode`] did not write (then nothing is known).
+    fn decode(mut bytes: &[u8]) -> Option<Self> {
+        let mut entries = Vec::new();
+        while !bytes.is_empty() {
+            let len = usize::from(u16::from_be_bytes(bytes.get(..2)?.try_into().ok()?));
+            let address = std::str::from_utf8(bytes.get(2..2 + len)?)
+                .ok()?
+                .to_string();
+            let digest = bytes.get(2 + len..2 + len + DIGEST_LEN)?.try_into().ok()?;
+            entries.push((address, digest));
+            bytes = &bytes[2 + len + DIGEST_LEN..];
+        }
+        Self::from_entries(entries)
+    }
+}
+
+/// What a version did to one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    Added,
+    Changed,
+    Removed,
+}
+
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Added => "added",
+            Change::Changed => "changed",
+            Change::Removed => "removed",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Change> {
+        [Change::Added, Change::Changed, Change::Removed]
+            .into_iter()
+            .find(|c| c.as_str() == text)
+    }
+}
+
+/// How many addresses a version added, changed and removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ChangeCounts {
+    pub added: i64,
+    pub changed: i64,
+    pub removed: i64,
+}
+
+/// What `next` did relative to `prev`, by address (one merge of two sorted lists).
+pub fn diff(prev: &ResourceSummary, next: &ResourceSummary) -> Vec<(String, Change)> {
+    use std::cmp::Ordering;
+    let (mut a, mut b) = (prev.0.iter().peekable(), next.0.iter().peekable());
+    let mut out = Vec::new();
+    loop {
+        let change = match (a.peek(), b.peek()) {
+            (None, None) => return out,
+            (Some((addr, _)), None) => (addr, Change::Removed, true, false),
+            (None, Some((addr, _))) => (addr, Change::Added, false, true),
+            (Some((x, dx)), Some((y, dy))) => match x.cmp(y) {
+                Ordering::Less => (x, Change::Removed, true, false),
+                Ordering::Greater => (y, Change::Added, false, true),
+                Ordering::Equal if dx == dy => {
+                    a.next();
+                    b.next();
+                    continue;
+                }
+                Ordering::Equal => (x, Change::Changed, true, true),
+            },
+        };
+        let (address, kind, step_a, step_b) = change;
+        out.push((address.clone(), kind));
+        if step_a {
+            a.next();
+        }
+        if step_b {
+            b.next();
+        }
+    }
+}
+
+pub fn counts(changes: &[(String, Change)]) -> ChangeCounts {
+    let mut counts = ChangeCounts::default();
+    for (_, change) in changes {
+        match change {
+            Change::Added => counts.added += 1,
+            Change::Changed => counts.changed += 1,
+            Change::Removed => counts.removed += 1,
+        }
+    }
+    counts
+}
+
+/// Scans content piece by piece into its resource summary (`tfstate`'s scanner). The
+/// store calls it for content it restores or rebuilds, never reading states itself.
+pub trait Summarize: Send {
+    fn push(&mut self, piece: &[u8]);
+    /// The summary, or `None` when the content has none the server can read.
+    fn finish(self: Box<Self>) -> Option<ResourceSummary>;
+}
+
+/// A fresh summarizer keyed for one scope (`key` is that scope's
+/// `SealKey::resource_digest_key`).
+pub type Summarizer = fn(key: [u8; 32]) -> Box<dyn Summarize>;
+
+/// The summary of content held whole (a move's new states), by `summarize`.
+pub fn summarize_whole(
+    mut summarize: Box<dyn Summarize>,
+    content: &[u8],
+) -> Option<ResourceSummary> {
+    summarize.push(content);
+    summarize.finish()
+}
+
+/// The summary kept for `scope`'s newest version: (that version, summary).
+pub fn prior_summary(
+    conn: &Connection,
+    scope: &str,
+) -> Result<Option<(i64, Option<ResourceSummary>)>, rusqlite::Error> {
+    conn.prepare_cached("SELECT version, summary FROM resource_digests WHERE scope = ?1")?
+        .query_row([scope], |r| {
+            let bytes: Vec<u8> = r.get(1)?;
+            Ok((r.get::<_, i64>(0)?, ResourceSummary::decode(&bytes)))
+        })
+        .optional()
+}
+
+/// The version `prior_summary` was kept for, without reading it (the commit's check
+/// that nothing replaced it since it was compared).
+pub fn prior_version(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
+    conn.prepare_cached("SELECT version FROM resource_digests WHERE scope = ?1")?
+        .query_row([scope], |r| r.get(0))
+        .optional()
+}
+
+/// Records `version`'s changes and makes `summary` the one the next write compares with.
+pub fn record(
+    conn: &Connection,
+    scope: &str,
+    version: i64,
+    changes: &[(String, Change)],
+    summary: &ResourceSummary,
+) -> Result<(), rusqlite::Error> {
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO resource_changes (scope, version, address, change) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for (address, change) in changes {
+        insert.execute(params![scope, version, address, change.as_str()])?;
+    }
+    conn.prepare_cached(
+        "INSERT INTO resource_digests (scope, version, summary) VALUES (?1, ?2, ?3)
+         ON CONFLICT (scope) DO UPDATE SET version = excluded.version, summary = excluded.summary",
+    )?
+    .execute(params![scope, version, summary.encode()])?;
+    Ok(())
+}
+
+/// The scope's newest version has no summary: the next write is compared with nothing.
+pub fn forget(conn: &Connection, scope: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached("DELETE FROM resource_digests WHERE scope = ?1")?
+        .execute([scope])?;
+    Ok(())
+}
+
+/// One timeline entry: a change of one address in one version, with who wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelineRow {
+    pub version: i64,
+    pub address: String,
+    pub change: Change,
+    pub created_at: String,
+    pub writer: String,
+    pub lock_who: Option<String>,
+    pub lock_operation: Option<String>,
+    pub restored_from: Option<i64>,
+}
+
+/// One address's changes: the address itself, its instances (`[`) and what a module
+/// holds (`.`), as ranges of the (scope, address, version) index.
+const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+     FROM resource_changes c JOIN versions v ON v.scope = c.scope AND v.version = c.version
+    WHERE c.scope = ?1
+      AND (c.address = ?2
+           OR (c.address >= ?2 || '[' AND c.address < ?2 || '\\')
+           OR (c.address >= ?2 || '.' AND c.address < ?2 || '/'))
+    ORDER BY c.version DESC LIMIT ?3";
+
+/// Every address's changes, newest version first.
+const ALL_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+     FROM resource_changes c JOIN versions v ON v.scope = c.scope AND v.version = c.version
+    WHERE c.scope = ?1
+    ORDER BY c.version DESC, c.address DESC LIMIT ?2";
+
+/// `scope`'s changes, newest version first (addresses in order within a version): of
+/// `address` and its instances (`address[...]`) and everything inside it when it is a
+/// module (`address.…`), or of every address; at most `limit` rows. Found through the
+/// table's indexes (the query-plan test in `store::db`).
+pub fn timeline_rows(
+    conn: &Connection,
+    scope: &str,
+    address: Option<&str>,
+    limit: u32,
+) -> Result<Vec<TimelineRow>, rusqlite::Error> {
+    let limit = limit.min(MAX_TIMELINE_ROWS);
+    let map = |r: &rusqlite::Row<'_>| {
+        let change: String = r.get(2)?;
+        Ok(TimelineRow {
+            version: r.get(0)?,
+            address: r.get(1)?,
+            // The table's CHECK admits only these three.
+            change: Change::parse(&change).unwrap_or(Change::Changed),
+            created_at: r.get(3)?,
+            writer: r.get(4)?,
+            lock_who: r.get(5)?,
+            lock_operation: r.get(6)?,
+            restored_from: r.get(7)?,
+        })
+    };
+    let mut rows: Vec<TimelineRow> = match address {
+        Some(address) => {
+            let mut stmt = conn.prepare_cached(BY_ADDRESS_SQL)?;
+            let rows = stmt.query_map(params![scope, address, limit], map)?;
+            rows.collect::<Result<_, _>>()?
+        }
+        None => {
+            let mut stmt = conn.prepare_cached(ALL_SQL)?;
+            let rows = stmt.query_map(params![scope, limit], map)?;
+            rows.collect::<Result<_, _>>()?
+        }
+    };
+    rows.sort_by(|a, b| b.version.cmp(&a.version).then(a.address.cmp(&b.address)));
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(entries: &[(&str, u8)]) -> ResourceSummary {
+        ResourceSummary::from_entries(
+            entries
+                .iter()
+                .map(|(a, d)| (a.to_string(), [*d; DIGEST_LEN]))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn diff_names_each_added_changed_and_removed_address() {
+        // (previous, next, expected changes)
+        type Case<'a> = (
+            &'a [(&'a str, u8)],
+            &'a [(&'a str, u8)],
+            &'a [(&'a str, Change)],
+        );
+        let table: &[Case] = &[
+            (&[], &[], &[]),
+            (&[], &[("a", 1)], &[("a", Change::Added)]),
+            (&[("a", 1)], &[], &[("a", Change::Removed)]),
+            (&[("a", 1)], &[("a", 1)], &[]),
+            (&[("a", 1)], &[("a", 2)], &[("a", Change::Changed)]),
+            (
+                &[("a", 1), ("b[0]", 1), ("b[1]", 1), ("d", 4)],
+                &[("b[0]", 1), ("b[1]", 9), ("c", 3), ("d", 4)],
+                &[
+                    ("a", Change::Removed),
+                    ("b[1]", Change::Changed),
+                    ("c", Change::Added),
+                ],
+            ),
+        ];
+        for (prev, next, expected) in table {
+            let got = diff(&summary(prev), &summary(next));
+            let expected: Vec<(String, Change)> =
+                expected.iter().map(|(a, c)| (a.to_string(), *c)).collect();
+            assert_eq!(got, expected, "{prev:?} -> {next:?}");
+        }
+    }
+
+    /// Both timeline queries find their rows through an index (no SCAN of either
+    /// table), so they cost the same on a 1M-version index as on a small one.
+    #[test]
+    fn timeline_queries_use_an_index() {
+        let conn = Connection::open_in_memory().unwrap();
+        for schema in crate::schema::ALL {
+            conn.execute_batch(schema).unwrap();
+        }
+        let sqls = [
+            BY_ADDRESS_SQL,
+            ALL_SQL,
+            "SELECT version, summary FROM resource_digests WHERE scope = ?1",
+        ];
+        for sql in sqls {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                plan.iter().all(|step| !step.starts_with("SCAN")),
+                "{sql}: {plan:?}"
+            );
+            assert!(
+                plan.iter()
+                    .any(|s| s.starts_with("SEARCH c") || s.starts_with("SEARCH resource_digests")),
+                "{sql}: {plan:?}"
+            );
+        }
+        assert!(timeline_rows(&conn, "tf/a", Some("x"), 10)
+            .unwrap()
+            .is_empty());
+        assert!(timeline_rows(&conn, "tf/a", None, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn summaries_are_bounded_and_round_trip() {
+        let s = summary(&[("module.x.aws_instance.web[\"a\"]", 7), ("b", 1)]);
+        assert_eq!(ResourceSummary::decode(&s.encode()), Some(s.clone()));
+        assert_eq!(s.0[0].0, "b", "sorted by address");
+        // A duplicate address, too many, or too long: no summary at all.
+        let dup = vec![("a".to_string(), [1; DIGEST_LEN]); 2];
+        assert_eq!(ResourceSummary::from_entries(dup), None);
+        let long = vec![("a".repeat(MAX_ADDRESS_LEN + 1), [1; DIGEST_LEN])];
+        assert_eq!(ResourceSummary::from_entries(long), None);
+        let many = (0..=MAX_ADDRESSES)
+            .map(|i| (i.to_string(), [0; DIGEST_LEN]))
+            .collect();
+        assert_eq!(ResourceSummary::from_entries(many), None);
+        // Bytes it did not write decode to nothing known.
+        for bad in [&[0u8][..], &[0, 5, b'a'], &[0, 1, b'a', 1, 2]] {
+            assert_eq!(ResourceSummary::decode(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -14,6 +14,10 @@
 #   chromium, chromium-driver  (apt) a headless browser for integration/test_ui_browser.py
 #   selenium                   (PyPI, into the venv) drives it through chromedriver
 #   bubblewrap                 (apt) `bwrap`, the sandbox drift checks run their child in
+#   oidc-provider              (npm, pinned by integration/oidc/package-lock.json, into
+#                              ${STATEGATE_TEST_OIDC_DIR:-$HOME/.cache/stategate/oidc}) the real
+#                              OpenID provider integration/test_oidc.py starts; node and
+#                              npm from apt when missing
 #
 # Prints the venv path on the last line of output ("VENV=<path>").
 set -euo pipefail
@@ -149,6 +153,24 @@ if "$VENV/bin/python" -c "import selenium" 2>/dev/null; then
 else
     log "pip install selenium"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check selenium
+fi
+
+# --- A real OpenID provider for integration/test_oidc.py (npm oidc-provider) -------
+# Installed from the lock file into a cache dir (the test passes that node_modules to
+# integration/oidc/provider.js); skipped when the same lock file is installed there.
+OIDC_DIR="${STATEGATE_TEST_OIDC_DIR:-$HOME/.cache/stategate/oidc}"
+OIDC_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/integration/oidc"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+if [ -f "$OIDC_DIR/node_modules/oidc-provider/package.json" ] \
+        && cmp -s "$OIDC_SRC/package-lock.json" "$OIDC_DIR/package-lock.json"; then
+    log "oidc-provider present in $OIDC_DIR"
+else
+    log "npm ci oidc-provider into $OIDC_DIR"
+    mkdir -p "$OIDC_DIR"
+    cp "$OIDC_SRC/package.json" "$OIDC_SRC/package-lock.json" "$OIDC_DIR/"
+    (cd "$OIDC_DIR" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 echo "VENV=$VENV"

@@ -547,6 +547,45 @@ impl TlsConfig {
     }
 }
 
+/// `[oidc]`: single sign-on for the web UI (`crate::ui::oidc` reads and checks it at
+/// startup: roles, patterns, the issuer's scheme, the redirect from `public_url`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OidcConfig {
+    /// The OpenID provider's issuer; its `/.well-known/openid-configuration` is read
+    /// on the first sign-in (and again every few minutes, for rotated keys).
+    pub issuer_url: String,
+    pub client_id: String,
+    /// The client's secret, or `client_secret_file` (not both; neither: a public
+    /// client, which PKCE alone protects).
+    pub client_secret: Option<Secret>,
+    pub client_secret_file: Option<PathBuf>,
+    /// The ID token claim that lists the user's groups (a list of strings or one string).
+    pub groups_claim: String,
+    /// Scopes asked for besides `openid` (add `groups` where the provider needs it).
+    pub scopes: Vec<String>,
+    /// The provider's name on the login page's button ("Sign in with …").
+    pub display_name: String,
+    /// Group → role: `"sre" = "operator"`, or `"team-a" = { role = "operator",
+    /// workspaces = "team-a-*" }` (a pattern, a comma-separated list or an array).
+    pub roles: std::collections::BTreeMap<String, toml::Value>,
+}
+
+impl Default for OidcConfig {
+    fn default() -> Self {
+        OidcConfig {
+            issuer_url: String::new(),
+            client_id: String::new(),
+            client_secret: None,
+            client_secret_file: None,
+            groups_claim: "groups".into(),
+            scopes: vec!["email".into(), "profile".into()],
+            display_name: "single sign-on".into(),
+            roles: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
 /// Most request threads `threads` may ask for.
 const MAX_THREADS: usize = 1024;
 
@@ -817,6 +856,8 @@ pub struct Config {
     /// The bearer `/metrics` requires (`Authorization: Bearer …`); unset, anyone who
     /// can connect may scrape it.
     pub metrics_token: Option<Secret>,
+    /// Single sign-on for the web UI (`[oidc]`); unset, the UI takes operator tokens only.
+    pub oidc: Option<OidcConfig>,
     /// The file this was loaded from (not a key): a drift child must not read it.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -847,6 +888,7 @@ impl Default for Config {
             drift: Vec::new(),
             drift_settings: DriftSettings::default(),
             metrics_token: None,
+            oidc: None,
             loaded_from: None,
         }
     }
@@ -971,6 +1013,13 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "backup.interval_seconds",
     ),
     ("STATEGATE_BACKUP_KEEP", "backup.keep"),
+    ("STATEGATE_OIDC_ISSUER_URL", "oidc.issuer_url"),
+    ("STATEGATE_OIDC_CLIENT_ID", "oidc.client_id"),
+    ("STATEGATE_OIDC_CLIENT_SECRET", "oidc.client_secret"),
+    (
+        "STATEGATE_OIDC_CLIENT_SECRET_FILE",
+        "oidc.client_secret_file",
+    ),
 ];
 
 /// `STATEGATE_*` variables the binary reads itself, outside the configuration: the
@@ -1171,9 +1220,20 @@ impl Config {
             "locks.stale_after_seconds" => self.locks.stale_after_seconds = num(value)?,
             "backup.interval_seconds" => self.backup.interval_seconds = num(value)?,
             "backup.keep" => self.backup.keep = num(value)?,
+            "oidc.issuer_url" => self.oidc_mut().issuer_url = value.into(),
+            "oidc.client_id" => self.oidc_mut().client_id = value.into(),
+            "oidc.client_secret" => self.oidc_mut().client_secret = Some(value.into()),
+            "oidc.client_secret_file" => {
+                self.oidc_mut().client_secret_file = Some(PathBuf::from(value))
+            }
             other => unreachable!("unmapped config key {other}"),
         }
         Ok(())
+    }
+
+    /// The `[oidc]` table, made (with its defaults) when a variable sets one of its keys.
+    fn oidc_mut(&mut self) -> &mut OidcConfig {
+        self.oidc.get_or_insert_with(OidcConfig::default)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -1322,6 +1382,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_state_bytes"), "{err}");
+    }
+
+    #[test]
+    fn oidc_parses_from_the_file_and_the_environment() {
+        let c: Config = toml::from_str(
+            "[oidc]\nissuer_url = \"https://id.example.com\"\nclient_id = \"sg\"\n\
+             [oidc.roles]\n\"sre\" = \"operator\"\n\"team-a\" = { role = \"viewer\", workspaces = \"a-*\" }\n",
+        )
+        .unwrap();
+        let oidc = c.oidc.as_ref().unwrap();
+        assert_eq!(
+            (oidc.groups_claim.as_str(), oidc.roles.len()),
+            ("groups", 2)
+        );
+        assert_eq!(oidc.scopes, ["email", "profile"]);
+        assert!(Config::default().oidc.is_none());
+        let err = toml::from_str::<Config>("[oidc]\nissuer = \"x\"\n").unwrap_err();
+        assert!(err.message().contains("issuer"), "{err}");
+        let c = with_env(&[
+            ("STATEGATE_OIDC_ISSUER_URL", "https://id.example.com"),
+            ("STATEGATE_OIDC_CLIENT_SECRET", "s3cret"),
+        ])
+        .unwrap();
+        let oidc = c.oidc.unwrap();
+        assert_eq!(oidc.issuer_url, "https://id.example.com");
+        assert_eq!(oidc.client_secret.unwrap().expose(), "s3cret");
+        assert!(!format!(
+            "{:?}",
+            with_env(&[("STATEGATE_OIDC_CLIENT_SECRET", "s3cret")])
+        )
+        .contains("s3cret"));
     }
 
     #[test]

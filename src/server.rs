@@ -33,6 +33,18 @@ pub async fn build_app_with_clock(
 ) -> anyhow::Result<Arc<App>> {
     // Read before anything is opened: a grant that cannot be meant refuses startup.
     let client_grants = crate::tofu::certificate::Grants::from_config(&config.tls)?;
+    // `[oidc]` is checked whole before anything is opened.
+    let sso = match &config.oidc {
+        None => None,
+        Some(oidc) => {
+            let settings = crate::ui::oidc::Settings::from_config(
+                oidc,
+                config.public_url.as_deref(),
+                |path| std::fs::read_to_string(path),
+            )?;
+            Some(crate::ui::oidc::Sso::new(settings)?)
+        }
+    };
     // The store is checked first (it also creates the data dir): a misconfigured store
     // must not leave a fresh DEK behind.
     let metrics = Metrics::new();
@@ -76,6 +88,7 @@ pub async fn build_app_with_clock(
             config.public_url.as_deref(),
         ),
         client_grants,
+        sso,
     }))
 }
 

@@ -117,6 +117,8 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         UiRoute::Stylesheet
         | UiRoute::LoginForm
         | UiRoute::Login
+        | UiRoute::SsoStart
+        | UiRoute::SsoCallback { .. }
         | UiRoute::Logout
         | UiRoute::NotFound
         | UiRoute::NotAllowed { .. } => return None,

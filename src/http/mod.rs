@@ -76,6 +76,8 @@ pub struct App {
     pub login_guard: login_guard::LoginGuard,
     /// What a verified client certificate may do (`[[tls.client_grants]]`).
     pub client_grants: crate::tofu::certificate::Grants,
+    /// Single sign-on for the UI (`[oidc]`); `None` when not configured.
+    pub sso: Option<crate::ui::oidc::Sso>,
 }
 
 /// The pingora service.

@@ -222,6 +222,15 @@ pub enum UiRoute {
     LoginForm,
     /// `POST login` with `token` (public)
     Login,
+    /// `GET login/oidc` (public): start a single sign-on (303 to the provider)
+    SsoStart,
+    /// `GET login/oidc/callback?state=&code=` or `?state=&error=` (public): the
+    /// provider's answer
+    SsoCallback {
+        state: Option<String>,
+        code: Option<String>,
+        error: Option<String>,
+    },
     /// `POST logout` with `csrf`
     Logout,
     /// `GET /ui`, `GET /ui/`, `GET workspaces[?q=]`
@@ -301,6 +310,8 @@ impl UiRoute {
             UiRoute::Stylesheet => "ui.static",
             UiRoute::LoginForm => "ui.login_form",
             UiRoute::Login => "ui.login",
+            UiRoute::SsoStart => "ui.sso_start",
+            UiRoute::SsoCallback { .. } => "ui.sso_callback",
             UiRoute::Logout => "ui.logout",
             UiRoute::Workspaces { .. } => "ui.workspaces",
             UiRoute::Workspace { .. } => "ui.workspace",
@@ -330,7 +341,11 @@ impl UiRoute {
     pub fn is_public(&self) -> bool {
         matches!(
             self,
-            UiRoute::Stylesheet | UiRoute::LoginForm | UiRoute::Login
+            UiRoute::Stylesheet
+                | UiRoute::LoginForm
+                | UiRoute::Login
+                | UiRoute::SsoStart
+                | UiRoute::SsoCallback { .. }
         )
     }
 
@@ -683,6 +698,15 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         ["static", "app.css"] => (UiRoute::Stylesheet, "GET"),
         ["login"] if method == "POST" => (UiRoute::Login, "POST"),
         ["login"] => (UiRoute::LoginForm, "GET"),
+        ["login", "oidc"] => (UiRoute::SsoStart, "GET"),
+        ["login", "oidc", "callback"] => (
+            UiRoute::SsoCallback {
+                state: q("state"),
+                code: q("code"),
+                error: q("error"),
+            },
+            "GET",
+        ),
         ["logout"] => (UiRoute::Logout, "POST"),
         [""] | ["workspaces"] => (UiRoute::Workspaces { filter: q("q") }, "GET"),
         ["audit"] => (
@@ -1257,6 +1281,30 @@ mod tests {
             ("GET", "/ui/static/app.css", None, UiRoute::Stylesheet),
             ("GET", "/ui/login", None, UiRoute::LoginForm),
             ("POST", "/ui/login", None, UiRoute::Login),
+            ("GET", "/ui/login/oidc", None, UiRoute::SsoStart),
+            (
+                "POST",
+                "/ui/login/oidc",
+                None,
+                UiRoute::NotAllowed { allowed: "GET" },
+            ),
+            (
+                "GET",
+                "/ui/login/oidc/callback",
+                Some("state=s%2B1&code=c&iss=x"),
+                UiRoute::SsoCallback {
+                    state: Some("s+1".into()),
+                    code: Some("c".into()),
+                    error: None,
+                },
+            ),
+            (
+                "POST",
+                "/ui/login/oidc/callback",
+                Some("state=s&code=c"),
+                UiRoute::NotAllowed { allowed: "GET" },
+            ),
+            ("GET", "/ui/login/oidc/x", None, UiRoute::NotFound),
             ("POST", "/ui/logout", None, UiRoute::Logout),
             (
                 "GET",

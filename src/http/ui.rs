@@ -56,10 +56,16 @@ const SECURITY_HEADERS: [(&str, &str); 3] = [
 /// What a UI handler answers, before the security headers.
 enum Answer {
     Page(u16, Markup),
+    /// A page, setting these cookies.
+    PageCookies(u16, Markup, Vec<String>),
     /// 303 to a path of ours, setting these cookies.
     Redirect(String, Vec<String>),
-    /// 429: too many logins; retry after this many seconds.
-    Throttled(u64),
+    /// 303 to the single sign-on provider's authorization URL (the only answer that
+    /// sends the browser elsewhere), setting these cookies.
+    ToProvider(String, Vec<String>),
+    /// 429: too many logins; retry after this many seconds (the login page, with
+    /// the single sign-on button when there is one).
+    Throttled(u64, Option<String>),
     Stylesheet,
     /// A version's content as a download.
     File {
@@ -72,7 +78,14 @@ impl Answer {
     fn into_reply(self) -> Reply {
         let mut reply = match self {
             Answer::Page(status, markup) => html(status, markup),
-            Answer::Redirect(to, cookies) => {
+            Answer::PageCookies(status, markup, cookies) => {
+                let mut r = html(status, markup);
+                for c in cookies {
+                    r.headers.push(("Set-Cookie", c));
+                }
+                r
+            }
+            Answer::Redirect(to, cookies) | Answer::ToProvider(to, cookies) => {
                 let mut r = html(303, maud::html! { a href=(to) { "Continue" } });
                 r.headers.push(("Location", to));
                 for c in cookies {
@@ -80,11 +93,11 @@ impl Answer {
                 }
                 r
             }
-            Answer::Throttled(seconds) => {
+            Answer::Throttled(seconds, sso) => {
                 let message = format!(
                     "Too many login attempts; try again in {seconds} s. Nothing was checked."
                 );
-                let mut r = html(429, pages::login(Some(&message)));
+                let mut r = html(429, pages::login(Some(&message), sso.as_deref()));
                 r.headers.push(("Retry-After", seconds.to_string()));
                 r
             }
@@ -134,6 +147,24 @@ fn cookie(session: &Session, name: &str) -> Option<String> {
 /// The session cookie's value.
 fn cookie_value(session: &Session) -> Option<String> {
     cookie(session, session::COOKIE)
+}
+
+/// What a refused login shows, whatever the reason (a wrong, revoked or expired token,
+/// a single sign-on refused at any step, a user whose groups map to no role).
+const REFUSED_LOGIN: &str = "Login refused: that is not a valid operator token or single sign-on (wrong, revoked, expired, or not given a role). Nothing was changed.";
+
+/// The single sign-on provider's name for the login page, when there is one.
+fn sso_name(app: &App) -> Option<&str> {
+    app.sso.as_ref().map(|sso| sso.display_name())
+}
+
+/// The login page with `message`, as a refused login answers it.
+fn refused_login(app: &App, cookies: Vec<String>) -> Answer {
+    Answer::PageCookies(
+        401,
+        pages::login(Some(REFUSED_LOGIN), sso_name(app)),
+        cookies,
+    )
 }
 
 /// Name of the cookie that remembers the page a login should return to. Sent only
@@ -226,8 +257,24 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
     };
     match (&route, current) {
         (UiRoute::LoginForm, Some(_)) => (redirect("/ui/"), 0, false),
-        (UiRoute::LoginForm, None) => (Answer::Page(200, pages::login(None)), 0, false),
+        (UiRoute::LoginForm, None) => (
+            Answer::Page(200, pages::login(None, sso_name(app))),
+            0,
+            false,
+        ),
         (UiRoute::Login, _) => login(app, session, now).await,
+        (UiRoute::SsoStart, _) => (sso_start(app, session).await, 0, false),
+        (UiRoute::SsoCallback { .. }, _) => {
+            let UiRoute::SsoCallback { state, code, error } = route else {
+                return (
+                    error_page(None, Error::NotFound("no such page".into())),
+                    0,
+                    false,
+                );
+            };
+            let callback = CallbackQuery { state, code, error };
+            (sso_callback(app, session, callback, now).await, 0, false)
+        }
         (_, None) => (to_login(app, session), 0, false),
         (_, Some(me)) => {
             let chrome = Chrome {
@@ -313,15 +360,13 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
         .admit(request, client, std::time::Instant::now())
     {
         Ok(()) => {}
-        Err(Refusal::CrossSite) => {
-            let refused = Error::Refused(
-                "this login was not sent from this server's own login page; nothing was done"
-                    .into(),
-            );
-            return (error_page(None, refused), 0, false);
-        }
+        Err(Refusal::CrossSite) => return (error_page(None, cross_site()), 0, false),
         Err(Refusal::Throttled { retry_after }) => {
-            return (Answer::Throttled(retry_after), 0, false);
+            return (
+                Answer::Throttled(retry_after, sso_name(app).map(str::to_string)),
+                0,
+                false,
+            );
         }
     }
     let form = match read_form(app, session).await {
@@ -346,15 +391,152 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
             }
             Answer::Redirect(to.unwrap_or_else(|| "/ui/".into()), cookies)
         }
-        Ok(None) => Answer::Page(
-            401,
-            pages::login(Some(
-                "That is not a valid operator token (wrong, revoked, or a workspace bearer).",
-            )),
-        ),
+        Ok(None) => refused_login(app, Vec::new()),
         Err(e) => error_page(None, e),
     };
     (answer, form.len, true)
+}
+
+/// The refusal of a login from another site's page, whatever it tried.
+fn cross_site() -> Error {
+    Error::Refused(
+        "this login was not sent from this server's own login page; nothing was done".into(),
+    )
+}
+
+/// The client's address, for the login throttle.
+fn client_ip(session: &Session) -> Option<std::net::IpAddr> {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip())
+}
+
+/// Name of the cookie that binds a started single sign-on to this browser. `Lax`:
+/// it must come back on the provider's cross-site redirect to the callback; sent
+/// only under the sign-on paths.
+const SSO_COOKIE: &str = "sg_sso";
+
+fn sso_cookie(value: &str, max_age: u64, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!("{SSO_COOKIE}={value}; HttpOnly; SameSite=Lax; Path=/ui/login/oidc; Max-Age={max_age}{secure}")
+}
+
+/// `GET /ui/login/oidc`: from our own login page only, throttled like a login, then
+/// 303 to the provider with the binding cookie.
+async fn sso_start(app: &App, session: &Session) -> Answer {
+    let Some(sso) = &app.sso else {
+        return error_page(None, Error::NotFound("no such page".into()));
+    };
+    let headers = &session.req_header().headers;
+    let header = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let request = LoginRequest {
+        origin: header(http::header::ORIGIN),
+        sec_fetch_site: headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()),
+        host: header(http::header::HOST),
+    };
+    match app
+        .login_guard
+        .admit(request, client_ip(session), std::time::Instant::now())
+    {
+        Ok(()) => {}
+        Err(Refusal::CrossSite) => return error_page(None, cross_site()),
+        Err(Refusal::Throttled { retry_after }) => {
+            return Answer::Throttled(retry_after, Some(sso.display_name().to_string()))
+        }
+    }
+    match sso.start(return_to(session)).await {
+        Ok(started) => {
+            let mut cookies = vec![sso_cookie(
+                &started.binding,
+                crate::ui::oidc::PENDING_SECONDS,
+                app.tls,
+            )];
+            if return_to(session).is_some() {
+                cookies.push(return_cookie("", 0, app.tls));
+            }
+            Answer::ToProvider(started.authorize_url, cookies)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "single sign-on cannot start");
+            Answer::Page(
+                503,
+                pages::login(
+                    Some("Single sign-on is not available right now (the server could not reach the identity provider). Try again later, or log in with an operator token."),
+                    Some(sso.display_name()),
+                ),
+            )
+        }
+    }
+}
+
+/// The callback's query values.
+struct CallbackQuery {
+    state: Option<String>,
+    code: Option<String>,
+    error: Option<String>,
+}
+
+/// `GET /ui/login/oidc/callback`: it comes from the provider's site, so there is no
+/// same-origin check, and no throttle either: it costs a lookup in memory unless it
+/// names a sign-in that a (throttled) start made, and it uses that one up. Then
+/// `ui::oidc` checks everything; a session is opened only for a verified user whose
+/// groups map to a role. Every refusal is the same page; the reason is logged (never a
+/// code or token).
+async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i64) -> Answer {
+    let Some(sso) = &app.sso else {
+        return error_page(None, Error::NotFound("no such page".into()));
+    };
+    let binding = cookie(session, SSO_COOKIE);
+    let clear = sso_cookie("", 0, app.tls);
+    let finished = sso
+        .finish(crate::ui::oidc::Callback {
+            state: query.state.as_deref(),
+            code: query.code.as_deref(),
+            error: query.error.as_deref(),
+            binding: binding.as_deref(),
+        })
+        .await;
+    let signed = match finished {
+        Ok(signed) => signed,
+        Err(why) => {
+            tracing::info!(reason = %why, "single sign-on refused");
+            return refused_login(app, vec![clear]);
+        }
+    };
+    let identity = signed.identity.clone();
+    let grant = signed.grant.clone();
+    let opened = app
+        .operator
+        .admin_write(move |conn| {
+            let name = identity.operator_name();
+            let user = crate::operator::identity::SsoUser {
+                issuer: &identity.issuer,
+                subject: &identity.subject,
+                name: &name,
+                grant: &grant,
+            };
+            session::open_sso(conn, user, identity.email.as_deref(), now)
+        })
+        .await;
+    match opened {
+        Ok(Some(opened)) => {
+            let to = signed.return_to.unwrap_or_else(|| "/ui/".into());
+            Answer::PageCookies(
+                200,
+                pages::signed_in(&to),
+                vec![session::set_cookie(&opened.cookie_value, app.tls), clear],
+            )
+        }
+        Ok(None) => {
+            tracing::info!(
+                reason = %crate::ui::oidc::Refused::NameTaken,
+                "single sign-on refused"
+            );
+            refused_login(app, vec![clear])
+        }
+        Err(e) => error_page(None, e),
+    }
 }
 
 fn text(value: Option<String>) -> Option<String> {
@@ -559,6 +741,8 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         UiRoute::Stylesheet
         | UiRoute::LoginForm
         | UiRoute::Login
+        | UiRoute::SsoStart
+        | UiRoute::SsoCallback { .. }
         | UiRoute::Logout
         | UiRoute::Reveal { .. }
         | UiRoute::Download { .. }

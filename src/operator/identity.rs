@@ -29,6 +29,17 @@ CREATE TABLE IF NOT EXISTS operator_grants (
 );
 -- Operators created before roles existed keep what they could do: everything.
 INSERT OR IGNORE INTO operator_grants (operator_id, role) SELECT id, 'admin' FROM operators;
+
+-- Operators who sign in to the web UI through single sign-on (`ui::oidc`): one per
+-- (issuer, subject), whatever their email says. Their grant is recomputed from
+-- their groups at every sign-in.
+CREATE TABLE IF NOT EXISTS operator_sso (
+    operator_id   INTEGER PRIMARY KEY REFERENCES operators(id),
+    issuer        TEXT NOT NULL,
+    subject       TEXT NOT NULL,
+    last_login_at TEXT NOT NULL,
+    UNIQUE (issuer, subject)
+);
 "#;
 
 /// Prefix of every operator token.
@@ -243,6 +254,85 @@ pub fn set_operator_grant(
     )
 }
 
+/// A user the identity provider vouched for, with the grant its groups map to.
+#[derive(Debug, Clone, Copy)]
+pub struct SsoUser<'a> {
+    pub issuer: &'a str,
+    pub subject: &'a str,
+    /// The operator name (`operators.email`) to show: their email, or a name made
+    /// from the subject.
+    pub name: &'a str,
+    pub grant: &'a Grant,
+}
+
+/// The operator a single sign-on user is: the one linked to its (issuer, subject),
+/// renamed and given `user.grant` now, or a new one. `None` (nothing changed) when
+/// the name is not a valid operator name or belongs to another operator, who is
+/// never taken over: an operator made from the CLI, or another user of the provider.
+/// A new operator is audited as `admin.operator_created` (method `oidc`).
+pub fn sso_operator(conn: &Connection, user: SsoUser<'_>) -> Result<Option<Operator>, AdminError> {
+    let Ok(name) = normalize_email(user.name) else {
+        return Ok(None);
+    };
+    let linked: Option<i64> = conn
+        .prepare_cached("SELECT operator_id FROM operator_sso WHERE issuer = ?1 AND subject = ?2")?
+        .query_row(params![user.issuer, user.subject], |r| r.get(0))
+        .optional()?;
+    let holder: Option<i64> = conn
+        .prepare_cached("SELECT id FROM operators WHERE email = ?1")?
+        .query_row([&name], |r| r.get(0))
+        .optional()?;
+    let now = crate::store::now_rfc3339();
+    let (role, workspaces) = (user.grant.role.as_str(), user.grant.workspaces());
+    let id = match (linked, holder) {
+        (Some(id), Some(other)) if other != id => return Ok(None),
+        (None, Some(_)) => return Ok(None),
+        (Some(id), _) => {
+            conn.execute(
+                "UPDATE operators SET email = ?2 WHERE id = ?1",
+                params![id, name],
+            )?;
+            conn.execute(
+                "UPDATE operator_sso SET last_login_at = ?2 WHERE operator_id = ?1",
+                params![id, now],
+            )?;
+            id
+        }
+        (None, None) => {
+            conn.execute(
+                "INSERT INTO operators (email, created_at) VALUES (?1, ?2)",
+                params![name, now],
+            )?;
+            let id = conn.last_insert_rowid();
+            conn.execute(
+                "INSERT INTO operator_sso (operator_id, issuer, subject, last_login_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![id, user.issuer, user.subject, now],
+            )?;
+            audit(
+                conn,
+                &format!("operator:{name}"),
+                "admin.operator_created",
+                serde_json::json!({
+                    "email": name,
+                    "role": role,
+                    "workspaces": workspaces,
+                    "method": "oidc",
+                    "issuer": user.issuer,
+                    "subject": user.subject,
+                }),
+            )?;
+            id
+        }
+    };
+    conn.execute(
+        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
+         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
+        params![id, role, workspaces],
+    )?;
+    Ok(operator_by_id(conn, id)?)
+}
+
 /// Another token for an existing operator (earlier tokens stay valid).
 pub fn create_operator_token(
     conn: &Connection,
@@ -380,6 +470,67 @@ mod tests {
         let last = last.last().unwrap();
         assert_eq!(last.event, "admin.operator_role_set");
         assert_eq!(last.payload["to"]["role"], "operator");
+    }
+
+    #[test]
+    fn sso_users_are_one_operator_per_subject_regranted_at_every_sign_in() {
+        let (_dir, conn) = test_db();
+        let admin = Grant::ROOT;
+        let viewer = Grant::parse("viewer", Some("dev-*")).unwrap();
+        let user = |subject, name, grant| SsoUser {
+            issuer: "https://id.example.com",
+            subject,
+            name,
+            grant,
+        };
+        let first = sso_operator(&conn, user("u1", "A@x.io", &admin))
+            .unwrap()
+            .unwrap();
+        assert_eq!((first.email.as_str(), &first.grant), ("a@x.io", &admin));
+        // The next sign-in: its groups give less now, and the email changed.
+        let again = sso_operator(&conn, user("u1", "a2@x.io", &viewer))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (again.id, again.email.as_str(), &again.grant),
+            (first.id, "a2@x.io", &viewer)
+        );
+        // An operator made another way is never taken over, by a new user or a
+        // linked one, and nothing changes.
+        let root_token = create_operator(&conn, "root@x.io", "cli:root").unwrap();
+        let before = list_operators(&conn).unwrap();
+        for taken in [
+            user("u2", "root@x.io", &admin),
+            user("u1", "root@x.io", &admin),
+            user("u3", "not an email", &admin),
+        ] {
+            assert_eq!(sso_operator(&conn, taken).unwrap(), None, "{taken:?}");
+        }
+        assert_eq!(list_operators(&conn).unwrap(), before);
+        let root = operator_by_token(&conn, root_token.as_bytes())
+            .unwrap()
+            .unwrap();
+        assert_eq!(root.grant, Grant::ROOT);
+        // The same subject at another issuer is someone else.
+        let elsewhere = SsoUser {
+            issuer: "https://other.example.com",
+            ..user("u1", "b@x.io", &viewer)
+        };
+        let other = sso_operator(&conn, elsewhere).unwrap().unwrap();
+        assert_ne!(other.id, first.id);
+        let created: Vec<_> = list_audit(&conn, Some("operators"), None, 20)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "admin.operator_created" && r.payload["method"] == "oidc")
+            .map(|r| (r.actor, r.payload["subject"].clone()))
+            .collect();
+        assert_eq!(
+            created,
+            [
+                ("operator:a@x.io".to_string(), serde_json::json!("u1")),
+                ("operator:b@x.io".to_string(), serde_json::json!("u1")),
+            ]
+        );
     }
 
     #[test]

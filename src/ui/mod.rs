@@ -7,7 +7,8 @@
 //! admin API and the CLI call, so the three can never disagree; every change it makes
 //! is audited with the operator's identity by those functions.
 //!
-//! `session` keeps logins server-side (as `crate::tokens` of kind `session`; no SQL here);
+//! `oidc` is single sign-on (OpenID Connect code flow with PKCE; the group → role
+//! rule); `session` keeps logins server-side (as `crate::tokens` of kind `session`; no SQL here);
 //! `pages` and `drift_pages` turn plain values into HTML (maud escapes every value it
 //! is given), over `layout` (chrome, page layout, time and size formatting), which
 //! imports neither;
@@ -15,6 +16,7 @@
 
 pub mod drift_pages;
 pub mod layout;
+pub mod oidc;
 pub mod pages;
 pub mod session;
 

@@ -79,11 +79,18 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
     }
 }
 
-pub fn login(error: Option<&str>) -> Markup {
+/// The login page; `sso`: the single sign-on provider's name, for its button.
+pub fn login(error: Option<&str>, sso: Option<&str>) -> Markup {
     let body = html! {
         section.card.login {
             h1 { "Operator login" }
             @if let Some(e) = error { p.notice.error { (e) } }
+            @if let Some(name) = sso {
+                // A link, not a form: the provider is another origin, and the UI's
+                // `form-action 'self'` would stop a form's redirect there.
+                p { a.button href="/ui/login/oidc" { "Sign in with " (name) } }
+                p.muted { "or with an operator token:" }
+            }
             form method="post" action="/ui/login" {
                 label {
                     "Operator token"
@@ -99,6 +106,24 @@ pub fn login(error: Option<&str>) -> Markup {
         }
     };
     layout("Log in", None, body)
+}
+
+/// After a single sign-on: the browser arrived from the provider's site, so the
+/// session cookie (`SameSite=Strict`) is sent only on a navigation this page starts.
+pub fn signed_in(to: &str) -> Markup {
+    let refresh = format!("0;url={to}");
+    html! {
+        (maud::DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="refresh" content=(refresh);
+                title { "Signed in · stategate" }
+                link rel="stylesheet" href="/ui/static/app.css";
+            }
+            body { main { p { "Signed in. " a href=(to) { "Continue" } } } }
+        }
+    }
 }
 
 pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> Markup {
@@ -912,7 +937,8 @@ mod tests {
         let pages = [
             rollback_preview(&chrome, evil, &preview),
             search(&chrome, evil, Some(&found)),
-            login(Some(evil)),
+            login(Some(evil), Some(evil)),
+            signed_in(evil),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
             workspace(
                 &chrome,

@@ -11,7 +11,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::cluster::identity::AdminError;
-use crate::operator::identity::{live_operator_token, operator_by_id, Operator};
+use crate::operator::identity::{
+    live_operator_token, operator_by_id, sso_operator, Operator, SsoUser,
+};
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::tokens::{self, Kind, NewToken};
 
@@ -73,6 +75,54 @@ pub fn open(conn: &Connection, token: &[u8], now: i64) -> Result<Option<Opened>,
             scope: "operators".into(),
             event: "ui.login",
             payload: serde_json::json!({}),
+        },
+    )?;
+    let csrf = csrf_of(&issued.secret);
+    Ok(Some(Opened {
+        cookie_value: issued.secret,
+        session: UiSession { operator, csrf },
+    }))
+}
+
+/// Opens a session for a single sign-on user (`ui::oidc`): its operator is made or
+/// updated with `user.grant` (`operator::identity::sso_operator`), then the session is
+/// issued as for a token login, but under no operator token (it ends at its expiry or
+/// logout). `None`, with nothing stored, when the user's name belongs to another
+/// operator. Audited as `ui.login` with method `oidc`, the issuer, subject and email.
+pub fn open_sso(
+    conn: &Connection,
+    user: SsoUser<'_>,
+    email: Option<&str>,
+    now: i64,
+) -> Result<Option<Opened>, AdminError> {
+    let Some(operator) = sso_operator(conn, user)? else {
+        return Ok(None);
+    };
+    tokens::sweep_expired(conn, Kind::Session, now)?;
+    let issued = tokens::issue(
+        conn,
+        NewToken {
+            kind: Kind::Session,
+            owner_id: Some(operator.id),
+            parent: None,
+            expires_at: Some(now + LIFETIME_SECONDS),
+        },
+    )?;
+    insert_audit(
+        conn,
+        &AuditEntry {
+            actor: operator.actor(),
+            org: None,
+            scope: "operators".into(),
+            event: "ui.login",
+            payload: serde_json::json!({
+                "method": "oidc",
+                "issuer": user.issuer,
+                "subject": user.subject,
+                "email": email,
+                "role": operator.grant.role.as_str(),
+                "workspaces": operator.grant.workspaces(),
+            }),
         },
     )?;
     let csrf = csrf_of(&issued.secret);

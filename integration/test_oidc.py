@@ -1,0 +1,388 @@
+"""Single sign-on for the web UI against a real OpenID provider: the certified npm
+package `oidc-provider` (integration/oidc/provider.js, installed by
+scripts/setup-test-deps.sh), started by the test on a loopback port, with a
+confidential client that must use PKCE, test users and their groups.
+
+- In headless Chromium: an operator asks for a workspace page, is sent to the login
+  page, signs in through the provider's own login form and lands on the page asked
+  for with the role its groups map to: an admin (`platform-admins`) sees and uses the
+  reveal form; a viewer (`dev`) is offered none and a reveal it posts anyway is a 403.
+  A user whose groups map to no role sees the same refusal as a wrong token, and no
+  operator, session or login row is made for it. The `ui.login` audit row names the
+  subject, issuer and email, never a code or token.
+- Over plain HTTP (the same provider, its login form posted by the test): a forged
+  `state`, a replayed callback (the same code again), a code of another sign-in
+  presented with this one's state (its PKCE verifier does not match), this sign-in's
+  own request sent to the provider with another nonce (the ID token's nonce does not
+  match), a callback from another browser (no binding cookie), cross-site starts and POSTs,
+  a name an operator from the CLI already has, and an expired ID token (a provider
+  whose clock runs 30 minutes behind issues tokens that expired 20 minutes ago):
+  each is the one refusal, and nothing changes in the database.
+
+Nothing is skipped: without node, the package, chromium or chromedriver the test fails.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from browser_support import Page, browser  # noqa: F401 (a fixture)
+from harness import BACKEND_HTTP, Server, cli, data_resource, free_port
+
+HERE = Path(__file__).resolve().parent
+PROVIDER_JS = HERE / "oidc" / "provider.js"
+MODULES = Path(os.environ.get("STATEGATE_TEST_OIDC_DIR",
+                              Path.home() / ".cache/stategate/oidc")) / "node_modules"
+CALLBACK = "/ui/login/oidc/callback"
+REFUSED = "not a valid operator token or single sign-on"
+CLIENT_SECRET = "test-client-secret-7f3a9c"
+
+
+class Provider:
+    """node provider.js on a loopback port, stopped at the end."""
+
+    def __init__(self, redirect_uri: str, log: Path, skew_seconds: int = 0):
+        node = shutil.which("node")
+        if node is None:
+            pytest.fail("node is missing; run scripts/setup-test-deps.sh")
+        if not (MODULES / "oidc-provider" / "package.json").exists():
+            pytest.fail(f"oidc-provider is not installed in {MODULES}; run scripts/setup-test-deps.sh")
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [node, str(PROVIDER_JS), str(MODULES), redirect_uri, CLIENT_SECRET, str(skew_seconds)],
+            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True)
+        line = self.proc.stdout.readline().decode().strip()
+        if not line.startswith("PORT="):
+            self.stop()
+            pytest.fail(f"the provider did not start: {line!r}\n{log.read_text(errors='replace')}")
+        self.url = f"http://127.0.0.1:{int(line[5:])}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+class Setup:
+    def __init__(self, server: Server, provider: Provider):
+        self.server, self.provider = server, provider
+
+    def db(self, sql: str, *args):
+        con = sqlite3.connect(self.server.data_dir / "stategate.db")
+        try:
+            return con.execute(sql, args).fetchall()
+        finally:
+            con.close()
+
+    def snapshot(self) -> dict:
+        """What a refused sign-in must leave as it was."""
+        return {
+            "operators": self.db("SELECT id, email FROM operators ORDER BY id"),
+            "grants": self.db("SELECT * FROM operator_grants ORDER BY operator_id"),
+            "sso": self.db("SELECT operator_id, issuer, subject FROM operator_sso ORDER BY operator_id"),
+            "sessions": self.db("SELECT sha256, revoked_at FROM tokens WHERE kind = 'session' ORDER BY sha256"),
+            "logins": self.db("SELECT id FROM audit WHERE event = 'ui.login'"),
+            "created": self.db("SELECT id FROM audit WHERE event = 'admin.operator_created'"),
+        }
+
+
+def start(tmp_path: Path, skew_seconds: int = 0) -> Setup:
+    port = free_port()
+    public = f"http://127.0.0.1:{port}"
+    provider = Provider(public + CALLBACK, tmp_path / f"provider{skew_seconds}.log", skew_seconds)
+    secret = tmp_path / "client-secret"
+    secret.write_text(CLIENT_SECRET + "\n")
+    conf = tmp_path / f"stategate{skew_seconds}.toml"
+    conf.write_text(f"""
+[oidc]
+issuer_url = "{provider.url}"
+client_id = "stategate"
+client_secret_file = "{secret}"
+scopes = ["email", "groups"]
+display_name = "Test IdP"
+
+[oidc.roles]
+"platform-admins" = "admin"
+"dev" = "viewer"
+"team-a" = {{ role = "operator", workspaces = "team-a-*" }}
+""")
+    server = Server(data_dir=tmp_path / f"data{skew_seconds}", store="local", port=port,
+                    extra_env={"STATEGATE_CONFIG": str(conf)})
+    try:
+        server.start()
+    except Exception:
+        provider.stop()
+        raise
+    return Setup(server, provider)
+
+
+@pytest.fixture
+def sso(tmp_path, check_binary):
+    s = start(tmp_path)
+    yield s
+    s.server.stop()
+    s.provider.stop()
+
+
+# -- a browser-less client: cookies per port, no redirects followed ------------------
+
+def request(method: str, url: str, jar: dict, *, form: dict | None = None, headers: dict | None = None):
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    h = dict(headers or {})
+    cookies = jar.setdefault(u.port, {})
+    if cookies:
+        h["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
+    body = None
+    if form is not None:
+        body = urllib.parse.urlencode(form)
+        h["Content-Type"] = "application/x-www-form-urlencoded"
+    conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=h)
+    r = conn.getresponse()
+    data = r.read().decode(errors="replace")
+    for k, v in r.getheaders():
+        if k.lower() == "set-cookie":
+            name, _, rest = v.partition("=")
+            value = rest.split(";")[0]
+            low = v.lower()
+            if not value or "max-age=0" in low or "expires=thu, 01 jan 1970" in low:
+                cookies.pop(name, None)
+            else:
+                cookies[name] = value
+    location = r.getheader("Location")
+    conn.close()
+    return r.status, (urllib.parse.urljoin(url, location) if location else None), data
+
+
+def begin(s: Setup, jar: dict) -> str:
+    """Starts a sign-in as our own login page's link would: the provider's URL."""
+    status, location, body = request("GET", s.server.url + "/ui/login/oidc", jar,
+                                     headers={"Sec-Fetch-Site": "same-origin"})
+    assert status == 303 and location and location.startswith(s.provider.url), (status, body)
+    return location
+
+
+def at_provider(s: Setup, authorize_url: str, jar: dict, login: str) -> str:
+    """Signs in at the provider (its own form); the callback URL it sends back."""
+    url = authorize_url
+    for _ in range(12):
+        status, location, body = request("GET", url, jar)
+        if status in (302, 303) and location:
+            if location.startswith(s.server.url + CALLBACK):
+                return location
+            url = location
+            continue
+        assert status == 200, (status, body)
+        action = urllib.parse.urljoin(url, re.search(r'<form[^>]*action="([^"]+)"', body).group(1))
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', body))
+        fields.update(login=login, password="any")
+        status, location, body = request("POST", action, jar, form=fields)
+        assert status in (302, 303) and location, (status, body)
+        if location.startswith(s.server.url + CALLBACK):
+            return location
+        url = location
+    raise AssertionError("the provider never sent the browser back")
+
+
+def callback_url(s: Setup, login: str) -> tuple[str, dict]:
+    jar: dict = {}
+    return at_provider(s, begin(s, jar), jar, login), jar
+
+
+def with_query(url: str, **changes) -> str:
+    u = urllib.parse.urlsplit(url)
+    q = dict(urllib.parse.parse_qsl(u.query))
+    q.update(changes)
+    return urllib.parse.urlunsplit(u._replace(query=urllib.parse.urlencode(q)))
+
+
+def assert_refused(result):
+    status, _, body = result
+    assert status == 401 and REFUSED in body, (status, body[:400])
+    assert "code=" not in body and "sgs_" not in body
+
+
+# -- in the browser -------------------------------------------------------------------
+
+CONFIG = (BACKEND_HTTP + data_resource("web", "one")
+          + 'output "db_password" {\n  value = "pw-sso-secret"\n  sensitive = true\n}\n')
+
+
+def sign_in(page: Page, login: str):
+    page.css("a[href='/ui/login/oidc']").click()
+    page.wait_text("Sign-in")
+    page.fill("input[name=login]", login)
+    page.fill("input[name=password]", "any")
+    page.css("button[type=submit]").click()
+
+
+def test_sign_in_through_the_provider_gives_the_mapped_role(sso, browser, make_tf, tmp_path):
+    ws = sso.server.workspace("prod")
+    tf = make_tf("w", ws.env)
+    tf.write(CONFIG)
+    tf.init()
+    tf.apply()
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    page = Page(browser, sso.server.url, shots)
+
+    # The page asked for is where the sign-in lands, with the admin's reveal form.
+    page.open("/ui/workspaces/prod/versions/1")
+    page.wait_text("Operator login", "Sign in with Test IdP")
+    sign_in(page, "alice")
+    text = page.wait_text("alice@example.com", "prod")
+    assert browser.current_url == sso.server.url + "/ui/workspaces/prod/versions/1", browser.current_url
+    assert "pw-sso-secret" not in text
+    page.submit("form[action$='/versions/1/reveal']")
+    page.wait_text("pw-sso-secret")
+    page.shot("admin-revealed")
+
+    rows = sso.db("SELECT actor, payload FROM audit WHERE event = 'ui.login'")
+    assert len(rows) == 1, rows
+    actor, payload = rows[0]
+    assert actor == "operator:alice@example.com"
+    assert '"method":"oidc"' in payload and '"subject":"alice"' in payload, payload
+    assert sso.provider.url in payload and '"role":"admin"' in payload, payload
+    assert "code" not in payload and "token" not in payload, payload
+    assert sso.db("SELECT o.email, g.role, s.subject FROM operators o JOIN operator_grants g ON g.operator_id = o.id"
+                  " JOIN operator_sso s ON s.operator_id = o.id") == [("alice@example.com", "admin", "alice")]
+    log = sso.server.log_path.read_text(errors="replace")
+    assert "code=" not in log and "sgs_" not in log
+
+    # A viewer (group `dev`): masked values, no reveal offered, a posted one refused.
+    browser.delete_all_cookies()  # the provider's session too (cookies ignore ports)
+    page.open("/ui/workspaces/prod/versions/1")
+    page.wait_text("Operator login")
+    sign_in(page, "vic")
+    text = page.wait_text("vic@example.com", "viewer")
+    assert "pw-sso-secret" not in text
+    assert not browser.find_elements(page.By.CSS_SELECTOR, "form[action$='/reveal']")
+    session = browser.get_cookie("sg_session")["value"]
+    status, _, body = request("POST", sso.server.url + "/ui/workspaces/prod/versions/1/reveal",
+                              {}, form={"csrf": "x"}, headers={"Cookie": f"sg_session={session}"})
+    assert status == 403 and "pw-sso-secret" not in body, (status, body[:300])
+    assert not sso.db("SELECT id FROM audit WHERE event = 'state.revealed' AND actor = 'operator:vic@example.com'")
+
+    # A user whose groups map to no role: the wrong-token refusal, nothing created.
+    browser.delete_all_cookies()
+    before = sso.snapshot()
+    page.open("/ui/login")
+    sign_in(page, "nora")
+    page.wait_text(REFUSED)
+    page.shot("no-role-refused")
+    assert browser.get_cookie("sg_session") is None
+    assert sso.snapshot() == before
+
+
+# -- hostile callbacks, over HTTP -------------------------------------------------------
+
+def test_forged_replayed_and_foreign_callbacks_are_refused_and_change_nothing(sso):
+    s = sso
+    # A working sign-in first: the callback opens a session (200, then our own page).
+    url, jar = callback_url(s, "tess")
+    status, _, body = request("GET", url, jar)
+    assert status == 200 and 'http-equiv="refresh"' in body, (status, body[:300])
+    assert jar[s.server.port].get("sg_session", "").startswith("sgs_")
+    assert "sg_sso" not in jar[s.server.port], "the binding cookie is cleared"
+    assert s.db("SELECT g.role, g.workspaces FROM operator_grants g JOIN operators o ON o.id = g.operator_id"
+                " WHERE o.email = 'tess@example.com'") == [("operator", "team-a-*")]
+    before = s.snapshot()
+
+    # The same callback again (a replayed code): the sign-in was used up.
+    binding = {s.server.port: {"sg_sso": "whatever"}}
+    assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+
+    # A forged state, with a fresh real code and its browser's binding cookie.
+    url, jar = callback_url(s, "tess")
+    assert_refused(request("GET", with_query(url, state="forged-state"), jar))
+    # ... and no state at all, an empty one, an absurd one.
+    for forged in (with_query(url, state=""), with_query(url, state="x" * 5000),
+                   s.server.url + CALLBACK + "?code=abc"):
+        assert_refused(request("GET", forged, jar))
+    assert s.snapshot() == before
+
+    # Another browser (no binding cookie, or another one) with the real state and code.
+    url, jar = callback_url(s, "tess")
+    assert_refused(request("GET", url, binding))
+    # That burned the sign-in: the right browser cannot finish it either.
+    assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+
+    # The code of sign-in B presented with sign-in A's state (A's nonce and PKCE
+    # verifier): refused; and B's own state, now with A's code spent, too.
+    jar_a: dict = {}
+    auth_a = begin(s, jar_a)
+    jar_b: dict = {}
+    auth_b = begin(s, jar_b)
+    url_a = at_provider(s, auth_a, jar_a, "tess")
+    url_b = at_provider(s, auth_b, jar_b, "tess")
+    code_b = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url_b).query))["code"]
+    assert_refused(request("GET", with_query(url_a, code=code_b), jar_a))
+    assert s.snapshot() == before
+
+    # A mismatched nonce: the authorization request of this very sign-in (its state and
+    # PKCE challenge, both visible in the URL) sent to the provider with another nonce.
+    # The code exchange succeeds; the ID token's nonce is not this sign-in's.
+    jar = {}
+    url = at_provider(s, with_query(begin(s, jar), nonce="another-nonce"), jar, "tess")
+    assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+
+    # The provider's error answer (the user cancelled) ends the sign-in.
+    url, jar = callback_url(s, "tess")
+    state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["state"]
+    assert_refused(request("GET", s.server.url + CALLBACK + "?" + urllib.parse.urlencode(
+        {"state": state, "error": "access_denied"}), jar))
+    assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+
+    # Cross-site: a start from another site's page is the login's cross-site 403; a
+    # POST to either path is no route (to the login page); none starts or makes anything.
+    for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "https://evil.example"}):
+        status, location, body = request("GET", s.server.url + "/ui/login/oidc", {}, headers=headers)
+        assert status == 403 and "own login page" in body and location is None, (status, body[:300])
+    for path in ("/ui/login/oidc", CALLBACK):
+        status, location, _ = request("POST", s.server.url + path, {}, form={"state": "x", "code": "y"},
+                                      headers={"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"})
+        assert (status, location) == (303, s.server.url + "/ui/login"), (path, status)
+    assert s.snapshot() == before
+
+    # A user whose email an operator from the CLI already has never becomes that
+    # operator (nor changes its role): refused, nothing changed.
+    cli(s.server, "admin", "operator", "create", "--email", "root@example.com", "--role", "viewer")
+    before = s.snapshot()
+    url, jar = callback_url(s, "mallory")
+    assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+
+    # No code, token or session id in the server's log.
+    log = s.server.log_path.read_text(errors="replace")
+    assert "single sign-on refused" in log and "nonce" in log.lower()
+    assert "code=" not in log and "sgs_" not in log and CLIENT_SECRET not in log
+
+
+def test_an_expired_id_token_is_refused(tmp_path, check_binary):
+    """A provider whose clock runs 30 minutes behind issues ID tokens (10-minute
+    lifetime) that expired 20 minutes ago by the server's clock."""
+    s = start(tmp_path, skew_seconds=-1800)
+    try:
+        before = s.snapshot()
+        url, jar = callback_url(s, "alice")
+        assert_refused(request("GET", url, jar))
+        assert s.snapshot() == before
+        log = s.server.log_path.read_text(errors="replace")
+        assert "expired" in log.lower(), log[-2000:]
+    finally:
+        s.server.stop()
+        s.provider.stop()

@@ -1,0 +1,1051 @@
+//! Single sign-on for the web UI: the OpenID Connect authorization code flow with
+//! PKCE, over the `openidconnect` crate.
+//!
+//! - [`Settings`] is `[oidc]` checked whole at startup (pure): the issuer (https, or
+//!   http on a loopback address), the redirect (`public_url` + [`CALLBACK_PATH`]), the
+//!   client secret (inline or from a file) and the group → role map. A bad key is
+//!   refused naming it, before anything is opened.
+//! - [`RoleMap::grant_for`] is the one rule from a user's groups to a [`Grant`] (pure,
+//!   table-tested): **the highest mapped role wins**; the user gets the workspace
+//!   patterns of the mappings at that role (all workspaces if one of them is not
+//!   limited); mappings at lower roles add nothing. No mapped group: no grant, and the
+//!   login is refused. It runs at every sign-in, so a user taken out of a group loses
+//!   what it gave at the next one.
+//! - [`Sso`] runs the flow. The provider's metadata (and keys) are discovered lazily
+//!   on the first sign-in and again after [`REDISCOVER_AFTER`]; a provider that cannot
+//!   be reached makes sign-in unavailable (the log names `oidc.issuer_url`), never the
+//!   server. A started login is kept in memory only ([`Pending`]): its `state`, nonce
+//!   and PKCE verifier, bound to the browser by a random cookie (only its SHA-256 is
+//!   kept), used once, forgotten after [`PENDING_SECONDS`] (and at a restart). The
+//!   callback takes it out before anything else, so a replayed or forged callback
+//!   finds nothing; the ID token is then checked by the crate: signature (the
+//!   provider's JWKS), issuer, audience, expiry and nonce.
+//!
+//! What a refused sign-in looks like to the browser is the same whatever the reason;
+//! the reason ([`Refused`]) goes to the log, never a code or token.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openidconnect::core::{
+    CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreErrorResponseType,
+    CoreGenderClaim, CoreJsonWebKey, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
+    CoreProviderMetadata, CoreRevocableToken, CoreRevocationErrorResponse,
+    CoreTokenIntrospectionResponse, CoreTokenType,
+};
+use openidconnect::{
+    url, AdditionalClaims, AuthorizationCode, ClientId, ClientSecret, CsrfToken,
+    EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields, IssuerUrl,
+    Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope, StandardErrorResponse,
+    StandardTokenResponse,
+};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{ConfigError, OidcConfig};
+use crate::operator::roles::{Grant, Pattern, Role, MAX_PATTERNS};
+
+/// Where the provider sends the browser back (under `public_url`).
+pub const CALLBACK_PATH: &str = "/ui/login/oidc/callback";
+/// How long a started sign-in may take at the provider.
+pub const PENDING_SECONDS: u64 = 600;
+/// Started sign-ins remembered at once; past that, new ones are refused until some
+/// finish or expire (an unauthenticated client cannot grow this map).
+pub const MAX_PENDING: usize = 4096;
+/// The provider's metadata and keys are read again after this (rotated keys).
+pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
+/// Longest wait for the provider (discovery, code exchange).
+const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `state`, `code` or cookie value looked at.
+const MAX_PARAM: usize = 4096;
+/// Most groups read from a token (a longer list is cut, never an error).
+const MAX_GROUPS: usize = 1024;
+
+/// The claims of an ID token besides the standard ones (the groups claim is one).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct OtherClaims {
+    #[serde(flatten)]
+    claims: HashMap<String, serde_json::Value>,
+}
+
+impl AdditionalClaims for OtherClaims {}
+
+type TokenResponse = StandardTokenResponse<
+    IdTokenFields<
+        OtherClaims,
+        EmptyExtraTokenFields,
+        CoreGenderClaim,
+        CoreJweContentEncryptionAlgorithm,
+        CoreJwsSigningAlgorithm,
+    >,
+    CoreTokenType,
+>;
+
+/// The client as discovery makes it: an authorization endpoint; a token endpoint
+/// and userinfo endpoint if the provider names them.
+type Client = openidconnect::Client<
+    OtherClaims,
+    CoreAuthDisplay,
+    CoreGenderClaim,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJsonWebKey,
+    CoreAuthPrompt,
+    StandardErrorResponse<CoreErrorResponseType>,
+    TokenResponse,
+    CoreTokenIntrospectionResponse,
+    CoreRevocableToken,
+    CoreRevocationErrorResponse,
+    EndpointSet,
+    EndpointNotSet,
+    EndpointNotSet,
+    EndpointNotSet,
+    EndpointMaybeSet,
+    EndpointMaybeSet,
+>;
+
+/// Group → grant, in the order of the configuration (groups sorted by name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleMap(Vec<(String, Grant)>);
+
+impl RoleMap {
+    /// The grant a user in `groups` gets (see the module docs for the rule); `None`
+    /// when no group is mapped.
+    pub fn grant_for(&self, groups: &[String]) -> Option<Grant> {
+        let matched: Vec<&Grant> = self
+            .0
+            .iter()
+            .filter(|(group, _)| groups.iter().any(|g| g == group))
+            .map(|(_, grant)| grant)
+            .collect();
+        let top = matched.iter().map(|g| g.role).max()?;
+        let at_top: Vec<&Grant> = matched.into_iter().filter(|g| g.role == top).collect();
+        if at_top.iter().any(|g| !g.is_limited()) {
+            return Some(Grant {
+                role: top,
+                patterns: Vec::new(),
+            });
+        }
+        let mut patterns: Vec<Pattern> = Vec::new();
+        for pattern in at_top.iter().flat_map(|g| g.patterns.iter()) {
+            if !patterns.iter().any(|p| p.as_str() == pattern.as_str()) {
+                patterns.push(pattern.clone());
+            }
+        }
+        Some(Grant {
+            role: top,
+            patterns,
+        })
+    }
+}
+
+/// `[oidc]`, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub issuer: IssuerUrl,
+    pub client_id: ClientId,
+    pub client_secret: Option<ClientSecret>,
+    pub redirect: RedirectUrl,
+    pub groups_claim: String,
+    pub scopes: Vec<String>,
+    pub display_name: String,
+    pub roles: RoleMap,
+}
+
+fn invalid(message: String) -> ConfigError {
+    ConfigError::Invalid(message)
+}
+
+/// Is `url` https, or http to a loopback host (a provider or UI on this machine)?
+fn secure_or_loopback(url: &url::Url) -> bool {
+    match url.scheme() {
+        "https" => true,
+        "http" => match url.host() {
+            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// One `[oidc.roles]` entry: `"viewer"`, or `{ role = "…", workspaces = … }`.
+fn mapping(group: &str, value: &toml::Value) -> Result<Grant, ConfigError> {
+    let key = format!("oidc.roles.{group:?}");
+    let bad_role = || {
+        invalid(format!(
+            "{key}: unknown role (use viewer, operator or admin)"
+        ))
+    };
+    let (role, workspaces) = match value {
+        toml::Value::String(role) => (role.as_str(), None),
+        toml::Value::Table(table) => {
+            if let Some(extra) = table.keys().find(|k| *k != "role" && *k != "workspaces") {
+                return Err(invalid(format!(
+                    "{key}: unknown key {extra:?} (a mapping has role and workspaces)"
+                )));
+            }
+            let role = match table.get("role") {
+                Some(toml::Value::String(r)) => r.as_str(),
+                _ => return Err(bad_role()),
+            };
+            let workspaces = match table.get("workspaces") {
+                None => None,
+                Some(toml::Value::String(list)) => Some(list.clone()),
+                Some(toml::Value::Array(items)) => {
+                    let names: Option<Vec<&str>> = items.iter().map(toml::Value::as_str).collect();
+                    let names = names.ok_or_else(|| {
+                        invalid(format!("{key}.workspaces: a list of workspace patterns"))
+                    })?;
+                    Some(names.join(","))
+                }
+                Some(_) => {
+                    return Err(invalid(format!(
+                        "{key}.workspaces: a workspace pattern or a list of them"
+                    )))
+                }
+            };
+            (role, workspaces)
+        }
+        _ => return Err(bad_role()),
+    };
+    if Role::parse(role).is_err() || role.trim() != role {
+        return Err(bad_role());
+    }
+    if workspaces.as_deref().is_some_and(|w| w.trim().is_empty()) {
+        return Err(invalid(format!(
+            "{key}.workspaces: empty (leave it out for every workspace)"
+        )));
+    }
+    Grant::parse(role, workspaces.as_deref()).map_err(|e| invalid(format!("{key}.workspaces: {e}")))
+}
+
+impl Settings {
+    /// Checks `[oidc]` whole; `read_file` reads `client_secret_file`.
+    pub fn from_config(
+        oidc: &OidcConfig,
+        public_url: Option<&str>,
+        read_file: impl Fn(&Path) -> std::io::Result<String>,
+    ) -> Result<Settings, ConfigError> {
+        let issuer = url::Url::parse(oidc.issuer_url.trim()).map_err(|_| {
+            invalid("oidc.issuer_url: not a URL (e.g. https://id.example.com/realms/ops)".into())
+        })?;
+        if !secure_or_loopback(&issuer) {
+            return Err(invalid(
+                "oidc.issuer_url must be https (http only to a loopback address)".into(),
+            ));
+        }
+        if issuer.query().is_some() || issuer.fragment().is_some() {
+            return Err(invalid(
+                "oidc.issuer_url: no query or fragment (the issuer exactly as the provider names it)".into(),
+            ));
+        }
+        let client_id = oidc.client_id.trim();
+        if client_id.is_empty() {
+            return Err(invalid("oidc.client_id is not set".into()));
+        }
+        let client_secret = match (&oidc.client_secret, &oidc.client_secret_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "oidc.client_secret and oidc.client_secret_file: set one, not both".into(),
+                ))
+            }
+            (Some(secret), None) if secret.is_blank() => {
+                return Err(invalid("oidc.client_secret is empty".into()))
+            }
+            (Some(secret), None) => Some(ClientSecret::new(secret.expose().trim().to_string())),
+            (None, Some(path)) => {
+                // The file's contents never appear in an error.
+                let text = read_file(path).map_err(|e| {
+                    invalid(format!(
+                        "oidc.client_secret_file: cannot read {}: {}",
+                        path.display(),
+                        e.kind()
+                    ))
+                })?;
+                let secret = text.trim();
+                if secret.is_empty() {
+                    return Err(invalid(format!(
+                        "oidc.client_secret_file: {} is empty",
+                        path.display()
+                    )));
+                }
+                Some(ClientSecret::new(secret.to_string()))
+            }
+            (None, None) => None,
+        };
+        let public = public_url
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| {
+                invalid("[oidc] needs public_url (the provider sends the browser back to <public_url>/ui/login/oidc/callback)".into())
+            })?;
+        let public_parsed = url::Url::parse(public)
+            .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))?;
+        if !secure_or_loopback(&public_parsed) {
+            return Err(invalid(
+                "public_url must be https for [oidc] (http only to a loopback address): the provider sends the sign-in code there".into(),
+            ));
+        }
+        let redirect = RedirectUrl::new(format!("{}{CALLBACK_PATH}", public.trim_end_matches('/')))
+            .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))?;
+        let groups_claim = oidc.groups_claim.trim().to_string();
+        if groups_claim.is_empty() {
+            return Err(invalid("oidc.groups_claim is empty".into()));
+        }
+        let mut scopes = Vec::new();
+        for scope in &oidc.scopes {
+            let ok = !scope.is_empty()
+                && scope
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+            if !ok {
+                return Err(invalid(
+                    "oidc.scopes: each scope is one word of printable ASCII".into(),
+                ));
+            }
+            if scope != "openid" && !scopes.contains(scope) {
+                scopes.push(scope.clone());
+            }
+        }
+        let display_name = oidc.display_name.trim();
+        if display_name.is_empty() || display_name.chars().count() > 64 {
+            return Err(invalid("oidc.display_name: 1-64 characters".into()));
+        }
+        if oidc.roles.is_empty() {
+            return Err(invalid(
+                "oidc.roles maps no group to a role, so nobody could sign in (e.g. \"platform-admins\" = \"admin\")".into(),
+            ));
+        }
+        let mut roles = Vec::new();
+        for (group, value) in &oidc.roles {
+            if group.trim().is_empty() {
+                return Err(invalid("oidc.roles: an empty group name".into()));
+            }
+            roles.push((group.clone(), mapping(group, value)?));
+        }
+        // The union a user in every group of one role would get must still be a grant.
+        for role in Role::ALL {
+            let patterns: usize = roles
+                .iter()
+                .filter(|(_, g)| g.role == role)
+                .map(|(_, g)| g.patterns.len())
+                .sum();
+            if patterns > MAX_PATTERNS {
+                return Err(invalid(format!(
+                    "oidc.roles: the {role} mappings name {patterns} workspace patterns together (at most {MAX_PATTERNS})"
+                )));
+            }
+        }
+        Ok(Settings {
+            // As written: the provider's metadata must name exactly this issuer, and
+            // a parsed URL would gain a trailing slash.
+            issuer: IssuerUrl::new(oidc.issuer_url.trim().to_string())
+                .map_err(|_| invalid("oidc.issuer_url: not a URL".into()))?,
+            client_id: ClientId::new(client_id.to_string()),
+            client_secret,
+            redirect,
+            groups_claim,
+            scopes,
+            display_name: display_name.to_string(),
+            roles: RoleMap(roles),
+        })
+    }
+}
+
+/// Who signed in, as the provider's verified ID token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub issuer: String,
+    pub subject: String,
+    /// The `email` claim, unless the token says it is not verified.
+    pub email: Option<String>,
+    pub groups: Vec<String>,
+}
+
+impl Identity {
+    /// The operator name (`operators.email`) this user gets: the email, or
+    /// `<subject>@<issuer host>` without one.
+    pub fn operator_name(&self) -> String {
+        if let Some(email) = &self.email {
+            if crate::cluster::identity::normalize_email(email).is_ok() {
+                return email.trim().to_ascii_lowercase();
+            }
+        }
+        let host = url::Url::parse(&self.issuer)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_else(|| "sso".into());
+        let subject: String = self
+            .subject
+            .chars()
+            .take(128)
+            .map(|c| {
+                if c == '@' || c.is_whitespace() || c.is_control() {
+                    '_'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        format!("{subject}@{host}").to_ascii_lowercase()
+    }
+}
+
+/// Why a sign-in was refused (for the log; the browser sees one refusal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("no pending sign-in for this state (forged, replayed or expired)")]
+    NoPending,
+    #[error("the sign-in was started in another browser (binding cookie mismatch)")]
+    Binding,
+    #[error("the provider answered with error {0:?}")]
+    Provider(String),
+    #[error("the callback carries no code")]
+    NoCode,
+    #[error("the code exchange failed: {0}")]
+    Exchange(String),
+    #[error("the provider sent no ID token")]
+    NoIdToken,
+    #[error("the ID token was refused: {0}")]
+    IdToken(String),
+    #[error("the user's groups map to no role")]
+    NoRole,
+    #[error("the operator name is taken by another operator")]
+    NameTaken,
+}
+
+/// Why a sign-in cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    #[error("oidc.issuer_url: the provider's discovery failed: {0}")]
+    Discovery(String),
+    #[error("too many sign-ins are in progress")]
+    Busy,
+}
+
+/// A started sign-in.
+struct PendingLogin {
+    binding: [u8; 32],
+    nonce: Nonce,
+    verifier: PkceCodeVerifier,
+    return_to: Option<String>,
+    at: Instant,
+}
+
+/// Started sign-ins by `state`, bounded in number and age.
+#[derive(Default)]
+struct Pending {
+    logins: Mutex<HashMap<String, PendingLogin>>,
+}
+
+fn sha256(value: &str) -> [u8; 32] {
+    Sha256::digest(value.as_bytes()).into()
+}
+
+impl Pending {
+    fn insert(&self, state: String, login: PendingLogin, now: Instant) -> Result<(), Unavailable> {
+        let mut logins = self
+            .logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logins.len() >= MAX_PENDING {
+            let ttl = Duration::from_secs(PENDING_SECONDS);
+            logins.retain(|_, l| now.saturating_duration_since(l.at) < ttl);
+        }
+        if logins.len() >= MAX_PENDING {
+            return Err(Unavailable::Busy);
+        }
+        logins.insert(state, login);
+        Ok(())
+    }
+
+    /// Takes the sign-in `state` names out (one use), if it is not too old.
+    fn take(&self, state: &str, now: Instant) -> Option<PendingLogin> {
+        let login = self
+            .logins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(state)?;
+        (now.saturating_duration_since(login.at) < Duration::from_secs(PENDING_SECONDS))
+            .then_some(login)
+    }
+}
+
+/// A sign-in just started: where to send the browser, and the binding cookie's value.
+#[derive(Debug)]
+pub struct Started {
+    pub authorize_url: String,
+    pub binding: String,
+}
+
+/// What the callback brought, as received.
+#[derive(Debug, Default)]
+pub struct Callback<'a> {
+    pub state: Option<&'a str>,
+    pub code: Option<&'a str>,
+    pub error: Option<&'a str>,
+    /// The binding cookie's value.
+    pub binding: Option<&'a str>,
+}
+
+/// A finished sign-in: who, with what grant, and the page to return to.
+#[derive(Debug)]
+pub struct SignedIn {
+    pub identity: Identity,
+    pub grant: Grant,
+    pub return_to: Option<String>,
+}
+
+struct Discovered {
+    client: Arc<Client>,
+    at: Instant,
+}
+
+/// The single sign-on service: settings, the provider's discovered metadata, the
+/// started sign-ins.
+pub struct Sso {
+    settings: Settings,
+    http: openidconnect::reqwest::Client,
+    discovered: tokio::sync::Mutex<Option<Discovered>>,
+    pending: Pending,
+}
+
+impl Sso {
+    pub fn new(settings: Settings) -> Result<Sso, ConfigError> {
+        let http = openidconnect::reqwest::Client::builder()
+            // Following redirects would let a provider's answer point us anywhere.
+            .redirect(openidconnect::reqwest::redirect::Policy::none())
+            .timeout(PROVIDER_TIMEOUT)
+            .build()
+            .map_err(|e| invalid(format!("[oidc]: cannot build the HTTP client: {e}")))?;
+        Ok(Sso {
+            settings,
+            http,
+            discovered: tokio::sync::Mutex::new(None),
+            pending: Pending::default(),
+        })
+    }
+
+    /// The provider's name for the login page's button.
+    pub fn display_name(&self) -> &str {
+        &self.settings.display_name
+    }
+
+    /// The client, discovered now if not yet or not recently (an older discovery is
+    /// kept when the provider cannot be reached again).
+    async fn client(&self) -> Result<Arc<Client>, Unavailable> {
+        let mut discovered = self.discovered.lock().await;
+        if let Some(d) = discovered.as_ref() {
+            if d.at.elapsed() < REDISCOVER_AFTER {
+                return Ok(d.client.clone());
+            }
+        }
+        match CoreProviderMetadata::discover_async(self.settings.issuer.clone(), &self.http).await {
+            Ok(metadata) => {
+                let client = Client::from_provider_metadata(
+                    metadata,
+                    self.settings.client_id.clone(),
+                    self.settings.client_secret.clone(),
+                )
+                .set_redirect_uri(self.settings.redirect.clone());
+                let client = Arc::new(client);
+                *discovered = Some(Discovered {
+                    client: client.clone(),
+                    at: Instant::now(),
+                });
+                Ok(client)
+            }
+            Err(e) => {
+                let why = error_chain(&e);
+                match discovered.as_ref() {
+                    Some(old) => {
+                        tracing::warn!(error = %why, "oidc.issuer_url: rediscovery failed; keeping the provider metadata read before");
+                        Ok(old.client.clone())
+                    }
+                    None => Err(Unavailable::Discovery(why)),
+                }
+            }
+        }
+    }
+
+    /// Starts a sign-in: the provider's authorization URL (code flow, PKCE S256,
+    /// `state` and nonce) and the value of the cookie that binds it to this browser.
+    pub async fn start(&self, return_to: Option<String>) -> Result<Started, Unavailable> {
+        let client = self.client().await?;
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let mut request = client
+            .authorize_url(
+                CoreAuthenticationFlow::AuthorizationCode,
+                CsrfToken::new_random,
+                Nonce::new_random,
+            )
+            .set_pkce_challenge(challenge);
+        for scope in &self.settings.scopes {
+            request = request.add_scope(Scope::new(scope.clone()));
+        }
+        let (url, state, nonce) = request.url();
+        let binding = CsrfToken::new_random().secret().clone();
+        self.pending.insert(
+            state.secret().clone(),
+            PendingLogin {
+                binding: sha256(&binding),
+                nonce,
+                verifier,
+                return_to,
+                at: Instant::now(),
+            },
+            Instant::now(),
+        )?;
+        Ok(Started {
+            authorize_url: url.to_string(),
+            binding,
+        })
+    }
+
+    /// Finishes a sign-in from the provider's callback: the pending sign-in is taken
+    /// out first (one use, whatever follows), then the binding cookie, the code
+    /// exchange (with the PKCE verifier), the ID token and the group mapping.
+    pub async fn finish(&self, callback: Callback<'_>) -> Result<SignedIn, Refused> {
+        let state = bounded(callback.state).ok_or(Refused::NoPending)?;
+        let login = self
+            .pending
+            .take(state, Instant::now())
+            .ok_or(Refused::NoPending)?;
+        let binding = bounded(callback.binding).ok_or(Refused::Binding)?;
+        if !bool::from(sha256(binding).ct_eq(&login.binding)) {
+            return Err(Refused::Binding);
+        }
+        if let Some(error) = callback.error {
+            let error: String = error
+                .chars()
+                .filter(|c| c.is_ascii_graphic())
+                .take(64)
+                .collect();
+            return Err(Refused::Provider(error));
+        }
+        let code = bounded(callback.code).ok_or(Refused::NoCode)?;
+        // Discovered before the sign-in started; refreshed only if that was long ago.
+        let client = self
+            .client()
+            .await
+            .map_err(|e| Refused::Exchange(e.to_string()))?;
+        let response = client
+            .exchange_code(AuthorizationCode::new(code.to_string()))
+            .map_err(|e| Refused::Exchange(error_chain(&e)))?
+            .set_pkce_verifier(login.verifier)
+            .request_async(&self.http)
+            .await
+            .map_err(|e| Refused::Exchange(error_chain(&e)))?;
+        let id_token = response
+            .extra_fields()
+            .id_token()
+            .ok_or(Refused::NoIdToken)?;
+        let claims = id_token
+            .claims(&client.id_token_verifier(), &login.nonce)
+            .map_err(|e| Refused::IdToken(e.to_string()))?;
+        let email = match claims.email_verified() {
+            Some(false) => None,
+            _ => claims.email().map(|e| e.as_str().to_string()),
+        };
+        let identity = Identity {
+            issuer: claims.issuer().as_str().to_string(),
+            subject: claims.subject().as_str().to_string(),
+            email,
+            groups: groups_of(
+                claims
+                    .additional_claims()
+                    .claims
+                    .get(&self.settings.groups_claim),
+            ),
+        };
+        let grant = self
+            .settings
+            .roles
+            .grant_for(&identity.groups)
+            .ok_or(Refused::NoRole)?;
+        Ok(SignedIn {
+            identity,
+            grant,
+            return_to: login.return_to,
+        })
+    }
+}
+
+/// A callback value worth looking at: present, not empty, not absurdly long.
+fn bounded(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty() && v.len() <= MAX_PARAM)
+}
+
+/// The groups a claim lists: an array of strings (others skipped) or one string.
+fn groups_of(claim: Option<&serde_json::Value>) -> Vec<String> {
+    match claim {
+        Some(serde_json::Value::String(one)) => vec![one.clone()],
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .take(MAX_GROUPS)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An error and its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(roles: &str) -> OidcConfig {
+        let text = format!(
+            "issuer_url = \"https://id.example.com/realms/ops\"\nclient_id = \"stategate\"\nclient_secret = \"s3cret\"\n[roles]\n{roles}"
+        );
+        toml::from_str(&text).unwrap()
+    }
+
+    fn settings(c: &OidcConfig, public: Option<&str>) -> Result<Settings, String> {
+        Settings::from_config(c, public, |_| Ok("from-file\n".into())).map_err(|e| e.to_string())
+    }
+
+    const PUBLIC: Option<&str> = Some("https://sg.example.com/");
+
+    #[test]
+    fn config_is_checked_whole_naming_the_key() {
+        let good = settings(&config("\"sre\" = \"operator\""), PUBLIC).unwrap();
+        assert_eq!(
+            good.redirect.as_str(),
+            "https://sg.example.com/ui/login/oidc/callback"
+        );
+        assert_eq!(good.scopes, ["email", "profile"]);
+        assert_eq!(good.issuer.as_str(), "https://id.example.com/realms/ops");
+        assert_eq!(good.groups_claim, "groups");
+        // (what is changed, part of the refusal; None: accepted)
+        type Edit = fn(&mut OidcConfig);
+        let table: &[(&str, Edit, Option<&str>)] = &[
+            (
+                "http issuer",
+                |c| c.issuer_url = "http://id.example.com".into(),
+                Some("oidc.issuer_url must be https"),
+            ),
+            (
+                "loopback http issuer",
+                |c| c.issuer_url = "http://127.0.0.1:4000".into(),
+                None,
+            ),
+            (
+                "localhost http issuer",
+                |c| c.issuer_url = "http://localhost:4000/".into(),
+                None,
+            ),
+            (
+                "ipv6 loopback issuer",
+                |c| c.issuer_url = "http://[::1]:4000".into(),
+                None,
+            ),
+            (
+                "not a url",
+                |c| c.issuer_url = "id.example.com".into(),
+                Some("oidc.issuer_url: not a URL"),
+            ),
+            (
+                "ftp issuer",
+                |c| c.issuer_url = "ftp://id.example.com".into(),
+                Some("oidc.issuer_url must be https"),
+            ),
+            (
+                "query",
+                |c| c.issuer_url = "https://id.example.com/?a=1".into(),
+                Some("oidc.issuer_url: no query"),
+            ),
+            (
+                "no client id",
+                |c| c.client_id = " ".into(),
+                Some("oidc.client_id is not set"),
+            ),
+            (
+                "both secrets",
+                |c| c.client_secret_file = Some("/s".into()),
+                Some("set one, not both"),
+            ),
+            (
+                "empty secret",
+                |c| c.client_secret = Some("".into()),
+                Some("oidc.client_secret is empty"),
+            ),
+            ("public client", |c| c.client_secret = None, None),
+            (
+                "secret file",
+                |c| {
+                    c.client_secret = None;
+                    c.client_secret_file = Some("/s".into());
+                },
+                None,
+            ),
+            (
+                "blank claim",
+                |c| c.groups_claim = " ".into(),
+                Some("oidc.groups_claim is empty"),
+            ),
+            (
+                "bad scope",
+                |c| c.scopes = vec!["a b".into()],
+                Some("oidc.scopes"),
+            ),
+            (
+                "long name",
+                |c| c.display_name = "x".repeat(65),
+                Some("oidc.display_name"),
+            ),
+            (
+                "no roles",
+                |c| c.roles.clear(),
+                Some("oidc.roles maps no group"),
+            ),
+        ];
+        for (what, edit, want) in table {
+            let mut c = config("\"sre\" = \"operator\"");
+            edit(&mut c);
+            let got = settings(&c, PUBLIC);
+            match want {
+                None => assert!(got.is_ok(), "{what}: {got:?}"),
+                Some(part) => {
+                    let e = got.expect_err(what);
+                    assert!(e.contains(part), "{what}: {e}");
+                    assert!(!e.contains("s3cret"), "{what}: the secret leaked: {e}");
+                }
+            }
+        }
+        let from_file = {
+            let mut c = config("\"sre\" = \"operator\"");
+            c.client_secret = None;
+            c.client_secret_file = Some("/s".into());
+            settings(&c, PUBLIC).unwrap()
+        };
+        assert_eq!(from_file.client_secret.unwrap().secret(), "from-file");
+        let unreadable = {
+            let mut c = config("\"sre\" = \"operator\"");
+            c.client_secret = None;
+            c.client_secret_file = Some("/nope".into());
+            Settings::from_config(&c, PUBLIC, |_| {
+                Err(std::io::Error::from(std::io::ErrorKind::NotFound))
+            })
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(
+            unreadable.contains("oidc.client_secret_file"),
+            "{unreadable}"
+        );
+        // public_url: required, https or loopback.
+        let c = config("\"sre\" = \"operator\"");
+        for (public, want) in [
+            (None, Some("[oidc] needs public_url")),
+            (Some(" "), Some("[oidc] needs public_url")),
+            (
+                Some("http://sg.example.com"),
+                Some("public_url must be https"),
+            ),
+            (Some("sg.example.com"), Some("public_url: not a URL")),
+            (Some("http://127.0.0.1:8080"), None),
+        ] {
+            match (settings(&c, public), want) {
+                (Ok(_), None) => {}
+                (Err(e), Some(part)) => assert!(e.contains(part), "{public:?}: {e}"),
+                (got, _) => panic!("{public:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn role_mappings_are_refused_naming_the_group() {
+        // (roles table, part of the refusal; None: accepted)
+        let table: &[(&str, Option<&str>)] = &[
+            ("\"dev\" = \"viewer\"", None),
+            (
+                "\"team-a\" = { role = \"operator\", workspaces = \"team-a-*\" }",
+                None,
+            ),
+            (
+                "\"team-a\" = { role = \"operator\", workspaces = [\"a-*\", \"b\"] }",
+                None,
+            ),
+            (
+                "\"team-a\" = { role = \"operator\", workspaces = \"a-*,b\" }",
+                None,
+            ),
+            (
+                "\"dev\" = \"root\"",
+                Some("oidc.roles.\"dev\": unknown role"),
+            ),
+            (
+                "\"dev\" = \"Viewer\"",
+                Some("oidc.roles.\"dev\": unknown role"),
+            ),
+            (
+                "\"dev\" = \" viewer\"",
+                Some("oidc.roles.\"dev\": unknown role"),
+            ),
+            ("\"dev\" = 3", Some("oidc.roles.\"dev\": unknown role")),
+            (
+                "\"dev\" = { workspaces = \"a\" }",
+                Some("oidc.roles.\"dev\": unknown role"),
+            ),
+            (
+                "\"dev\" = { role = \"viewer\", scope = \"a\" }",
+                Some("unknown key \"scope\""),
+            ),
+            (
+                "\"dev\" = { role = \"viewer\", workspaces = \"a/b\" }",
+                Some("oidc.roles.\"dev\".workspaces"),
+            ),
+            (
+                "\"dev\" = { role = \"viewer\", workspaces = \"\" }",
+                Some("oidc.roles.\"dev\".workspaces: empty"),
+            ),
+            (
+                "\"dev\" = { role = \"viewer\", workspaces = [1] }",
+                Some("oidc.roles.\"dev\".workspaces"),
+            ),
+            (
+                "\"dev\" = { role = \"viewer\", workspaces = 1 }",
+                Some("oidc.roles.\"dev\".workspaces"),
+            ),
+            ("\"\" = \"viewer\"", Some("an empty group name")),
+        ];
+        for (roles, want) in table {
+            let got = settings(&config(roles), PUBLIC);
+            match want {
+                None => assert!(got.is_ok(), "{roles}: {got:?}"),
+                Some(part) => {
+                    let e = got.expect_err(roles);
+                    assert!(e.contains(part), "{roles}: {e}");
+                }
+            }
+        }
+        // Too many patterns for one role, all mappings together.
+        let many: String = (0..33)
+            .map(|i| format!("\"g{i}\" = {{ role = \"viewer\", workspaces = \"w{i}\" }}\n"))
+            .collect();
+        let e = settings(&config(&many), PUBLIC).unwrap_err();
+        assert!(e.contains("at most 32"), "{e}");
+    }
+
+    #[test]
+    fn the_highest_mapped_role_wins() {
+        let c = config(
+            "\"platform-admins\" = \"admin\"\n\"sre\" = \"operator\"\n\"dev\" = \"viewer\"\n\
+             \"team-a\" = { role = \"operator\", workspaces = \"team-a-*\" }\n\
+             \"team-b\" = { role = \"operator\", workspaces = [\"team-b-*\", \"team-a-*\"] }\n\
+             \"audit\" = { role = \"viewer\", workspaces = \"prod-*\" }",
+        );
+        let map = settings(&c, PUBLIC).unwrap().roles;
+        let g = |role: &str, w: Option<&str>| Some(Grant::parse(role, w).unwrap());
+        // (groups, grant)
+        let table: &[(&[&str], Option<Grant>)] = &[
+            (&[], None),
+            (&["nobody", "Dev", "dev "], None),
+            (&["dev"], g("viewer", None)),
+            (&["audit"], g("viewer", Some("prod-*"))),
+            // Unlimited at the top role beats limited ones at it.
+            (&["audit", "dev"], g("viewer", None)),
+            (&["dev", "sre"], g("operator", None)),
+            (&["platform-admins", "dev", "team-a"], g("admin", None)),
+            // A limited higher role wins over an unlimited lower one.
+            (&["dev", "team-a"], g("operator", Some("team-a-*"))),
+            // Patterns of the mappings at the top role are joined, once each.
+            (
+                &["team-a", "team-b"],
+                g("operator", Some("team-a-*,team-b-*")),
+            ),
+            (
+                &["team-b", "team-a", "audit"],
+                g("operator", Some("team-a-*,team-b-*")),
+            ),
+            (&["team-a", "sre"], g("operator", None)),
+        ];
+        for (groups, want) in table {
+            let groups: Vec<String> = groups.iter().map(|s| s.to_string()).collect();
+            assert_eq!(&map.grant_for(&groups), want, "{groups:?}");
+        }
+    }
+
+    #[test]
+    fn groups_claims_and_operator_names() {
+        use serde_json::json;
+        let table = [
+            (json!(["a", "b"]), vec!["a", "b"]),
+            (json!("a"), vec!["a"]),
+            (json!(["a", 1, null, {"x": 1}]), vec!["a"]),
+            (json!(1), vec![]),
+            (json!({"a": true}), vec![]),
+        ];
+        for (claim, want) in table {
+            assert_eq!(groups_of(Some(&claim)), want, "{claim}");
+        }
+        assert!(groups_of(None).is_empty());
+        let many = serde_json::Value::Array((0..5000).map(|i| json!(i.to_string())).collect());
+        assert_eq!(groups_of(Some(&many)).len(), MAX_GROUPS);
+
+        let who = |subject: &str, email: Option<&str>| Identity {
+            issuer: "https://ID.example.com/realms/x".into(),
+            subject: subject.into(),
+            email: email.map(str::to_string),
+            groups: vec![],
+        };
+        assert_eq!(
+            who("u1", Some("Alice@Example.com")).operator_name(),
+            "alice@example.com"
+        );
+        assert_eq!(who("u1", None).operator_name(), "u1@id.example.com");
+        assert_eq!(
+            who("a@b c", Some("not an email")).operator_name(),
+            "a_b_c@id.example.com"
+        );
+    }
+
+    #[test]
+    fn pending_sign_ins_are_used_once_bounded_and_expire() {
+        let pending = Pending::default();
+        let t0 = Instant::now();
+        let login = |at| PendingLogin {
+            binding: sha256("b"),
+            nonce: Nonce::new("n".into()),
+            verifier: PkceCodeVerifier::new("v".into()),
+            return_to: None,
+            at,
+        };
+        pending.insert("s1".into(), login(t0), t0).unwrap();
+        assert!(pending.take("s2", t0).is_none());
+        assert!(pending.take("s1", t0).is_some());
+        assert!(pending.take("s1", t0).is_none(), "used once");
+        pending.insert("old".into(), login(t0), t0).unwrap();
+        let later = t0 + Duration::from_secs(PENDING_SECONDS);
+        assert!(pending.take("old", later).is_none(), "expired");
+        for i in 0..MAX_PENDING {
+            pending.insert(format!("s{i}"), login(t0), t0).unwrap();
+        }
+        assert_eq!(
+            pending
+                .insert("one-more".into(), login(t0), t0)
+                .unwrap_err(),
+            Unavailable::Busy
+        );
+        // Once the old ones have expired, they make room.
+        pending
+            .insert("one-more".into(), login(later), later)
+            .unwrap();
+        assert_eq!(pending.logins.lock().unwrap().len(), 1);
+    }
+}

@@ -76,6 +76,7 @@ pub async fn build_app_with_clock(
             config.public_url.as_deref(),
         ),
         client_grants,
+        reveals: Default::default(),
     }))
 }
 

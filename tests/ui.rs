@@ -541,7 +541,7 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
     let ws = env.page("/ui/workspaces/prod", &cookie).await;
     for text in [
         "holder-who@box",
-        "OperationTypeApply",
+        "<dd>apply</dd>",
         "Force unlock",
         "lineage-secret-1",
     ] {
@@ -597,11 +597,18 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
         env.reveals("tf/prod"),
         [(ACTOR.into(), r#"{"version":1,"via":"ui.download"}"#.into())]
     );
+    // A GET of the download (a reload, a bookmark) is sent to the version page.
     let r = env
         .get("/ui/workspaces/prod/versions/1/download", &cookie)
         .await;
-    assert_eq!(r.status, 405, "GET download: {}", r.body);
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod/versions/1")),
+        "GET download: {}",
+        r.body
+    );
     assert!(!r.body.contains("hunter2"));
+    assert_eq!(env.reveals("tf/prod").len(), 1, "a GET downloads nothing");
     // Bad input is a clear error page, not data.
     for (path, code) in [
         ("/ui/workspaces/prod/versions/x", 400),
@@ -835,13 +842,18 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
     );
     assert!(page.contains(&format!(r#"name="csrf" value="{csrf}""#)));
     assert!(!page.contains("hunter2"));
-    // A GET of the reveal is refused and shows nothing.
+    // A GET of the reveal's URL is sent to the version page and shows nothing.
     let r = env
         .get("/ui/workspaces/prod/versions/1/reveal", &cookie)
         .await;
-    assert_eq!(r.status, 405);
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod/versions/1"))
+    );
     assert!(!r.body.contains("hunter2"));
+    assert!(env.reveals("tf/prod").is_empty());
 
+    // POST-redirect-GET: the POST answers with a one-time ticket in a GET address.
     let r = env
         .post(
             "/ui/workspaces/prod/versions/1/reveal",
@@ -849,9 +861,38 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
             &[("csrf", &csrf)],
         )
         .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("hunter2-secret"), "revealed");
-    assert!(r.body.contains("Mask sensitive values") && r.body.contains("state.revealed"));
+    assert_eq!(r.status, 303, "{}", r.body);
+    let to = r.location().expect("a location").to_string();
+    assert!(
+        to.starts_with("/ui/workspaces/prod/versions/1?reveal=sgv_") && to.ends_with("#content"),
+        "{to}"
+    );
+    assert!(!r.body.contains("hunter2"));
+    let to = to.trim_end_matches("#content");
+    // Another session cannot use the ticket (and that uses it up).
+    let other = env.login().await;
+    let stolen = env.page(to, &other).await;
+    assert!(!stolen.contains("hunter2") && stolen.contains("reveal-used"));
+    assert!(env.reveals("tf/prod").is_empty(), "nothing revealed");
+    let r = env
+        .post(
+            "/ui/workspaces/prod/versions/1/reveal",
+            &cookie,
+            &[("csrf", &csrf)],
+        )
+        .await;
+    let to = r
+        .location()
+        .unwrap()
+        .trim_end_matches("#content")
+        .to_string();
+    let shown = env.page(&to, &cookie).await;
+    assert!(shown.contains("hunter2-secret"), "revealed");
+    assert!(shown.contains("Mask sensitive values") && shown.contains("state.revealed"));
+    // A reload of that address shows the masked page and reveals nothing again.
+    let reloaded = env.page(&to, &cookie).await;
+    assert!(!reloaded.contains("hunter2"), "{reloaded}");
+    assert!(reloaded.contains("reveal-used") && reloaded.contains("/versions/1/reveal"));
     // Exactly one row, naming the operator and the version, never a value.
     let rows = env.reveals("tf/prod");
     assert_eq!(
@@ -2076,4 +2117,122 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         .await;
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(env.locked("dev-a"));
+}
+
+#[tokio::test]
+async fn a_get_of_any_form_address_goes_to_its_page_and_changes_nothing() {
+    let env = seeded().await;
+    // Without a session it is the login page, like every other route.
+    let r = env
+        .send("GET", "/ui/workspaces/prod/unlock", None, None)
+        .await;
+    assert_eq!((r.status, r.location()), (303, Some("/ui/login")));
+    let cookie = env.login().await;
+    let table = [
+        ("/ui/logout", "/ui/"),
+        ("/ui/workspaces/prod/unlock", "/ui/workspaces/prod"),
+        ("/ui/workspaces/prod/allow-write", "/ui/workspaces/prod"),
+        (
+            "/ui/workspaces/prod/versions/1/reveal",
+            "/ui/workspaces/prod/versions/1",
+        ),
+        (
+            "/ui/workspaces/prod/versions/2/download",
+            "/ui/workspaces/prod/versions/2",
+        ),
+        ("/ui/drift/prod/run", "/ui/drift?workspace=prod"),
+        ("/ui/drift/7/apply", "/ui/drift/7"),
+    ];
+    for (path, page) in table {
+        for method in ["GET", "HEAD"] {
+            let before = snapshot(&env.server);
+            let r = env.send(method, path, Some(&cookie), None).await;
+            assert_eq!(
+                (r.status, r.location()),
+                (303, Some(page)),
+                "{method} {path}"
+            );
+            assert_security_headers(&r, path);
+            assert_eq!(
+                snapshot(&env.server),
+                before,
+                "{method} {path} changed something"
+            );
+        }
+    }
+    assert!(env.locked("prod"), "still locked");
+    assert!(
+        env.page("/ui/", &cookie).await.contains("Log out"),
+        "still logged in"
+    );
+    // A name that is not a workspace's, or a run that is not a number, is an error page,
+    // never a redirect carrying it.
+    for (path, code) in [
+        ("/ui/workspaces/.hidden/unlock", 400),
+        ("/ui/drift/x/apply", 400),
+        ("/ui/workspaces/prod/versions/x/reveal", 400),
+    ] {
+        let r = env.get(path, &cookie).await;
+        assert_eq!((r.status, r.location()), (code, None), "{path}: {}", r.body);
+    }
+    // Other methods are still refused (no 405 words from inside, though).
+    let r = env
+        .send("PUT", "/ui/workspaces/prod/unlock", Some(&cookie), None)
+        .await;
+    assert_eq!(r.status, 405);
+    assert!(!r.body.contains("method this method"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn stategate_serves_its_own_icon_and_pages_speak_plainly() {
+    let env = seeded().await;
+    // The icon is public and ours (not an S3 404).
+    for method in ["GET", "HEAD"] {
+        let r = env
+            .http
+            .request(
+                method.parse().unwrap(),
+                format!("{}/favicon.ico", env.server.base),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{method}");
+        assert_eq!(r.headers()["content-type"], "image/x-icon");
+        if method == "GET" {
+            let bytes = r.bytes().await.unwrap();
+            assert!(bytes.starts_with(&[0, 0, 1, 0]), "an ICO file");
+        }
+    }
+    let cookie = env.login().await;
+    let page = env.page("/ui/", &cookie).await;
+    assert!(page.contains(r#"rel="icon" href="/favicon.ico""#));
+    // Terraform's operation names read as words.
+    for path in ["/ui/", "/ui/workspaces/prod"] {
+        let page = env.page(path, &cookie).await;
+        assert!(!page.contains("OperationType"), "{path}: {page}");
+        assert!(page.contains("apply"), "{path}");
+    }
+    // A rollback gets a fresh serial, and the help says so.
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(page.contains("fresh serial"), "{page}");
+    assert!(!page.contains("with its serial and lineage"));
+    // The typed confirmation's words stay on one line (one element inside the label).
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    assert!(
+        preview.contains("<label><span>Type <code>prod</code> to confirm</span><input"),
+        "{preview}"
+    );
+    // After a force-unlock the page says what to do next.
+    let page = env.page("/ui/workspaces/prod?unlocked=1", &cookie).await;
+    assert!(page.contains("was not saved to the state") && page.contains("terraform plan"));
+    // Error pages name workspaces, not internal scopes.
+    let r = env.get("/ui/workspaces/prod/versions/99", &cookie).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.body.contains("Workspace prod has no version 99"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("tf/prod"), "{}", r.body);
 }

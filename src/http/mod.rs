@@ -76,6 +76,8 @@ pub struct App {
     pub login_guard: login_guard::LoginGuard,
     /// What a verified client certificate may do (`[[tls.client_grants]]`).
     pub client_grants: crate::tofu::certificate::Grants,
+    /// One-time tickets carrying a UI reveal from its POST to the GET it redirects to.
+    pub reveals: crate::ui::reveal::RevealTickets,
 }
 
 /// The pingora service.

@@ -57,6 +57,7 @@ pub fn layout_refreshing(
                 @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                 title { (title) (PAGE_TITLE_SUFFIX) }
                 link rel="stylesheet" href="/ui/static/app.css";
+                link rel="icon" href="/favicon.ico" type="image/x-icon";
             }
             body {
                 header.top {

@@ -50,7 +50,32 @@ pub struct AuditForm {
     pub until: String,
 }
 
-fn version_href(workspace: &str, version: i64) -> String {
+/// How a version page shows its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Sensitive values masked (the default).
+    Masked,
+    /// Unmasked, by a reveal ticket (audited).
+    Revealed,
+    /// Masked: the reveal ticket in the address was used already or expired (a reload).
+    RevealUsed,
+}
+
+/// Terraform's lock operation as an operator says it: `OperationTypeApply` → `apply`.
+pub fn operation_name(operation: &str) -> &str {
+    match operation {
+        "OperationTypeApply" => "apply",
+        "OperationTypePlan" => "plan",
+        "OperationTypeRefresh" => "refresh",
+        "OperationTypeInvalid" => "unknown operation",
+        other => other
+            .strip_prefix("OperationType")
+            .filter(|rest| !rest.is_empty())
+            .unwrap_or(other),
+    }
+}
+
+pub fn version_href(workspace: &str, version: i64) -> String {
     format!("{}/versions/{version}", ws_href(workspace))
 }
 
@@ -71,7 +96,7 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
         " "
         span { (lock.who) }
         " · "
-        span.muted { (lock.operation) }
+        span.muted { (operation_name(&lock.operation)) }
         " · "
         "locked " (when(&lock.created_at, now))
     }
@@ -147,7 +172,16 @@ fn notice(n: Notice) -> Markup {
         Notice::RolledBack(v) => html! {
             p.notice.ok { "Rolled back: the workspace is now at version " (v) "." }
         },
-        Notice::Unlocked => html! { p.notice.ok { "The lock was released." } },
+        Notice::Unlocked => html! {
+            div.notice.ok #unlocked {
+                p { "The lock was released." }
+                p {
+                    "If the run that held it was killed, what it changed in the infrastructure was not saved to the state. "
+                    "Run " code { "terraform plan" } " in that workspace’s configuration now: it shows what the state is missing, and an "
+                    code { "apply" } " records it."
+                }
+            }
+        },
         Notice::WasNotLocked => {
             html! { p.notice.warn { "The workspace was not locked; nothing changed." } }
         }
@@ -166,13 +200,13 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
             h2 { "Lock" @if lock.stale { span.badge.stale { "STALE" } } }
             dl.facts {
                 dt { "Who" } dd { (lock.who) }
-                dt { "Operation" } dd { (lock.operation) }
+                dt { "Operation" } dd { (operation_name(&lock.operation)) }
                 dt { "Held since" } dd { (when(&lock.created_at, chrome.now)) }
                 dt { "Lock ID" } dd { code { (lock.id) } }
             }
             @if chrome.may(Action::Operate, &ws.name) {
                 p {
-                    "Force-unlocking breaks " strong { (lock.who) } "’s " (lock.operation)
+                    "Force-unlocking breaks " strong { (lock.who) } "’s " (operation_name(&lock.operation))
                     ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
                     "Only do this when that run is dead."
                 }
@@ -272,7 +306,7 @@ fn locked_refusal(lock: &LockState) -> Markup {
     html! {
         p.notice.warn {
             "Rollback is refused while the workspace is locked by " strong { (lock.who) }
-            " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
+            " (" (operation_name(&lock.operation)) ", " (ago(lock.age_seconds)) ")."
         }
     }
 }
@@ -281,7 +315,7 @@ fn locked_refusal(lock: &LockState) -> Markup {
 fn rollback_form(ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
     html! {
         @if let Some(lock) = &ws.lock { (locked_refusal(lock)) }
-        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run. You see what changes before you confirm." }
+        p.muted { "Stores the chosen version’s content as a new version with a fresh serial (above every serial stored before, so plans saved before the rollback are refused as stale; the lineage stays). Nothing is deleted, and Terraform reads it on its next run. You see what changes before you confirm." }
         form.inline #rollback method="get" action=(format!("{}/rollback", ws_href(&ws.name))) {
             label { "Version to restore" input type="number" name="to" min="1" required value=[default_to]; }
             button type="submit" { "Preview rollback" }
@@ -336,8 +370,9 @@ pub fn version(
     workspace: &str,
     row: &VersionRow,
     content: &Content,
-    revealed: bool,
+    shown: Shown,
 ) -> Markup {
+    let revealed = shown == Shown::Revealed;
     let base = version_href(workspace, row.version);
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
@@ -364,7 +399,10 @@ pub fn version(
         @match content {
             Content::Json(text) => {
                 @if revealed {
-                    p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } "." }
+                    p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } ". Reloading this page masks them again." }
+                } @else if shown == Shown::RevealUsed {
+                    p.notice.warn #reveal-used { "That reveal was shown once already (or it expired); the values are masked again. Press “Show sensitive values” to reveal them again (recorded in the audit log)." }
+                    p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 } @else {
                     p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 }
@@ -473,7 +511,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
                 input type="hidden" name="to" value=(p.to_version);
                 input type="hidden" name="from" value=(p.from_version);
                 label {
-                    "Type " code { (name) } " to confirm"
+                    span { "Type " code { (name) } " to confirm" }
                     input type="text" name="confirm" required autocomplete="off"
                         pattern=(exact_pattern(name));
                 }
@@ -732,7 +770,13 @@ mod tests {
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
             workspace(&chrome, &ws, &page, None, None),
-            version(&chrome, "prod", &row, &Content::Json(evil.into()), true),
+            version(
+                &chrome,
+                "prod",
+                &row,
+                &Content::Json(evil.into()),
+                Shown::Revealed,
+            ),
             audit(&chrome, &form, &[audit_row], Some(evil)),
             error(Some(&chrome), 423, evil, Some((evil, evil))),
         ];

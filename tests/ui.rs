@@ -2236,3 +2236,78 @@ async fn stategate_serves_its_own_icon_and_pages_speak_plainly() {
     );
     assert!(!r.body.contains("tf/prod"), "{}", r.body);
 }
+
+/// A state with one VPC whose `tags.tier` is `tier`, a `terraform_data` whose
+/// dynamically typed input holds a marked password, and `extra` resources.
+fn tagged_state(serial: u64, tier: &str, password: &str, extra: &str) -> String {
+    let vpc = serde_json::json!({
+        "mode": "managed", "type": "aws_vpc", "name": "main", "provider": "p",
+        "instances": [{"attributes": {"id": "vpc-1", "tags": {"tier": tier, "team": "net"}}}]
+    });
+    let db = serde_json::json!({
+        "mode": "managed", "type": "terraform_data", "name": "db", "provider": "p",
+        "instances": [{
+            "attributes": {"input": {"value": {"user": "app", "pass": password},
+                                     "type": ["object", {"user": "string", "pass": "string"}]}},
+            "sensitive_attributes": [[{"type": "get_attr", "value": "input"}, {"type": "get_attr", "value": "pass"}]]
+        }]
+    });
+    let mut resources = vec![vpc.to_string(), db.to_string()];
+    if !extra.is_empty() {
+        resources.push(extra.to_string());
+    }
+    state(serial, "lin-tags", &resources.join(","))
+}
+
+#[tokio::test]
+async fn a_diff_reads_by_attribute_path_with_counts_and_masks_every_value() {
+    let env = Env::start().await;
+    env.write(
+        "net",
+        tagged_state(1, "private", "first-password-1", &resource("gone", "bye")),
+    )
+    .await;
+    let added = r#"{"mode":"managed","type":"aws_subnet","name":"a","module":"module.app","provider":"p","instances":[{"index_key":0,"attributes":{"cidr":"10.0.1.0/24","tags":{"az":"a"}}}]}"#;
+    env.write("net", tagged_state(2, "app", "second-password-2", added))
+        .await;
+    let cookie = env.login().await;
+    let page = env
+        .page("/ui/workspaces/net/diff?from=1&to=2", &cookie)
+        .await;
+    // Counts on top.
+    assert!(
+        page.contains("+1 to add")
+            && page.contains("~2 to change")
+            && page.contains("−1 to destroy"),
+        "{page}"
+    );
+    // The changed value by its path, before struck and after highlighted.
+    assert!(
+        page.contains(r#"<code class="path">tags.tier</code>: <del>&quot;private&quot;</del> → <ins>&quot;app&quot;</ins>"#),
+        "{page}"
+    );
+    assert!(
+        !page.contains("tags.team"),
+        "an unchanged path is not listed"
+    );
+    // The type schema of a dynamic value is gone; the masked password's change is said.
+    assert!(
+        !page.contains("&quot;object&quot;") && !page.contains("[&quot;object"),
+        "{page}"
+    );
+    assert!(page.contains("input.pass") && page.contains("both sides are masked"));
+    // Added and removed resources list their (masked) attributes, with anchors.
+    assert!(page.contains(r#"<code class="path">cidr</code>: <ins>&quot;10.0.1.0/24&quot;</ins>"#));
+    assert!(page.contains(r#"<code class="path">tags.az</code>"#));
+    assert!(page.contains(r#"<code class="path">input</code>: <del>&quot;bye&quot;</del>"#));
+    assert!(page.contains(r#"id="r-module.app.aws_5fsubnet.a_5b0_5d""#));
+    assert!(page.contains(r#"href="/ui/workspaces/net/versions/2#r-aws_5fvpc.main""#));
+    // No sensitive value anywhere on the page.
+    for secret in ["first-password-1", "second-password-2"] {
+        assert!(!page.contains(secret), "{secret}");
+    }
+    // The rollback preview reads the same way.
+    let preview = env.page("/ui/workspaces/net/rollback?to=1", &cookie).await;
+    assert!(preview.contains("<del>&quot;app&quot;</del> → <ins>&quot;private&quot;</ins>"));
+    assert!(!preview.contains("first-password-1") && !preview.contains("second-password-2"));
+}

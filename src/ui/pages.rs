@@ -6,7 +6,8 @@ use maud::{html, Markup};
 use serde_json::Value;
 
 use crate::drift::CheckSummary;
-use crate::operator::diff::{AttributeChange, Change, StateDiff};
+use crate::operator::diff::{Change, StateDiff};
+use crate::operator::paths::{self, DiffView};
 use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
@@ -425,61 +426,84 @@ fn change_badge(change: &Change) -> Markup {
     }
 }
 
-fn json_text(value: &Option<Value>) -> String {
-    value.as_ref().map_or_else(|| "–".into(), Value::to_string)
-}
-
-fn attribute_rows(attrs: &[AttributeChange]) -> Markup {
-    html! {
-        @for a in attrs { tr {
-            td { code { (a.name) } }
-            td { code { (json_text(&a.before)) } }
-            td { code { (json_text(&a.after)) } }
-        } }
-    }
-}
-
 pub fn diff(chrome: &Chrome, workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (from) " → " (to) }
         (diff_form(workspace, Some(from), Some(to)))
-        (diff_sections(from, to, d))
+        (diff_sections(workspace, from, to, d))
     };
     layout(&format!("{workspace} diff"), Some(chrome), body)
 }
 
-/// Resources and outputs that differ from version `from` to version `to`.
-fn diff_sections(from: i64, to: i64, d: &StateDiff) -> Markup {
+/// `+1 ~2 −0` of resource instances (and how many outputs changed).
+fn diff_counts(view: &DiffView) -> Markup {
+    let c = view.counts;
     html! {
-        @if d.is_empty() {
-            div.card.empty { "No differences in resources or outputs." }
+        p.counts #counts {
+            span.add title="resource instances added" { "+" (c.add) " to add" }
+            span.change title="resource instances changed" { "~" (c.change) " to change" }
+            span.destroy title="resource instances removed" { "−" (c.destroy) " to destroy" }
+            @if !view.outputs.is_empty() {
+                span.muted { (view.outputs.len()) " output" @if view.outputs.len() != 1 { "s" } " changed" }
+            }
         }
-        @if !d.resources.is_empty() {
-            h2 { "Resources" }
-            @for r in &d.resources {
-                section.card.resource {
-                    h3 { code { (r.address) } (change_badge(&r.change)) }
-                    @if !r.attributes.is_empty() {
-                        div.table-wrap { table {
-                            thead { tr { th { "Attribute" } th { "Before (v" (from) ")" } th { "After (v" (to) ")" } } }
-                            tbody { (attribute_rows(&r.attributes)) }
-                        } }
+    }
+}
+
+/// One item's rows: `path: before → after`, before struck through, after highlighted.
+fn path_rows(item: &paths::Item) -> Markup {
+    html! {
+        @if item.hidden {
+            p.muted.small { "A sensitive value changed; both sides are masked." }
+        }
+        @if !item.rows.is_empty() {
+            ul.paths {
+                @for r in &item.rows { li {
+                    code.path { (r.path) } ": "
+                    @match (&r.before, &r.after) {
+                        (Some(b), Some(a)) => { del { (b) } " → " ins { (a) } },
+                        (Some(b), None) => { del { (b) } " " span.muted.small { "(gone)" } },
+                        (None, Some(a)) => { ins { (a) } },
+                        (None, None) => "–",
                     }
+                } }
+                @if item.more > 0 { li.muted { "… and " (item.more) " more" } }
+            }
+        }
+    }
+}
+
+/// Resources and outputs that differ from version `from` to version `to`, by path.
+fn diff_sections(workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
+    let view = DiffView::of(d);
+    html! {
+        @if view.is_empty() {
+            div.card.empty { "No differences in resources or outputs." }
+        } @else {
+            (diff_counts(&view))
+        }
+        @if !view.resources.is_empty() {
+            h2 { "Resources" }
+            @for r in &view.resources {
+                @let shown_in = if r.change == Change::Removed { from } else { to };
+                section.card.resource id=(r.anchor) {
+                    h3 {
+                        code { (r.address) } (change_badge(&r.change))
+                        " " a.small href=(format!("{}#{}", version_href(workspace, shown_in), r.anchor)) { "in v" (shown_in) }
+                    }
+                    (path_rows(r))
                 }
             }
         }
-        @if !d.outputs.is_empty() {
+        @if !view.outputs.is_empty() {
             h2 { "Outputs" }
-            div.table-wrap { table #outputs {
-                thead { tr { th { "Output" } th { "Change" } th { "Before" } th { "After" } } }
-                tbody { @for o in &d.outputs { tr {
-                    td { code { (o.name) } }
-                    td { (change_badge(&o.change)) }
-                    td { code { (json_text(&o.before)) } }
-                    td { code { (json_text(&o.after)) } }
-                } } }
-            } }
+            @for o in &view.outputs {
+                section.card.resource id=(o.anchor) {
+                    h3 { code { (o.address) } (change_badge(&o.change)) }
+                    (path_rows(o))
+                }
+            }
         }
     }
 }
@@ -497,7 +521,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
             (p.from_version) " to what it would become:"
         }
         @match (&p.diff, &p.diff_unavailable) {
-            (Some(d), _) => (diff_sections(p.from_version, p.to_version, d)),
+            (Some(d), _) => (diff_sections(name, p.from_version, p.to_version, d)),
             (None, why) => p.notice.warn {
                 "No preview: " (why.as_deref().unwrap_or("the versions cannot be compared")) ". The rollback itself still works."
             },
@@ -743,7 +767,8 @@ mod tests {
                 resources: vec![crate::operator::diff::ResourceChange {
                     address: evil.into(),
                     change: Change::Changed,
-                    attributes: vec![AttributeChange {
+                    values: Vec::new(),
+                    attributes: vec![crate::operator::diff::AttributeChange {
                         name: evil.into(),
                         before: Some(Value::from(evil)),
                         after: None,

@@ -77,6 +77,7 @@ pub async fn build_app_with_clock(
         ),
         client_grants,
         reveals: Default::default(),
+        client_url: crate::address::for_clients(config),
     }))
 }
 

@@ -793,7 +793,7 @@ async fn deleted_workspaces_and_cluster_leases_are_shown() {
     assert!(preview.contains(r#"id="confirm-rollback""#));
     // Search passes over it (its newest version is the deletion).
     let found = env.page("/ui/search?q=terraform_data", &cookie).await;
-    assert!(found.contains(r#"href="/ui/workspaces/prod/versions/2""#));
+    assert!(found.contains(r#"href="/ui/workspaces/prod/versions/2#r-terraform_5fdata."#));
     assert!(!found.contains("/ui/workspaces/gone/"), "{found}");
 
     let admin = env
@@ -1098,8 +1098,8 @@ async fn search_finds_resources_by_type_and_name_across_workspaces() {
     for text in [
         "aws_instance.web",
         "aws_instance.api2",
-        r#"href="/ui/workspaces/alpha/versions/1""#,
-        r#"href="/ui/workspaces/beta/versions/2""#,
+        r#"href="/ui/workspaces/alpha/versions/1#r-aws_5finstance.web""#,
+        r#"href="/ui/workspaces/beta/versions/2#r-aws_5finstance.api2""#,
         "2 matches in 3 workspaces searched",
     ] {
         assert!(by_type.contains(text), "{text}: {by_type}");
@@ -2310,4 +2310,76 @@ async fn a_diff_reads_by_attribute_path_with_counts_and_masks_every_value() {
     let preview = env.page("/ui/workspaces/net/rollback?to=1", &cookie).await;
     assert!(preview.contains("<del>&quot;app&quot;</del> → <ins>&quot;private&quot;</ins>"));
     assert!(!preview.contains("first-password-1") && !preview.contains("second-password-2"));
+}
+
+#[tokio::test]
+async fn a_version_reads_as_an_outline_with_anchors_that_search_and_diffs_link_to() {
+    let env = Env::start().await;
+    env.write("net", tagged_state(1, "private", "first-password-1", ""))
+        .await;
+    env.write("net", tagged_state(2, "app", "second-password-2", ""))
+        .await;
+    let cookie = env.login().await;
+    let page = env.page("/ui/workspaces/net/versions/2", &cookie).await;
+    // The outline: module → type → instance, each a link to its section.
+    assert!(page.contains(r#"id="outline""#) && page.contains("root module"));
+    assert!(page.contains(r##"href="#r-aws_5fvpc.main""##), "{page}");
+    assert!(page.contains(r#"<section class="card resource" id="r-aws_5fvpc.main">"#));
+    // Attributes by path, the type schema dropped, only the marked sub-path masked.
+    assert!(page.contains(
+        r#"<code class="path">tags.tier</code>: <span class="value">&quot;app&quot;</span>"#
+    ));
+    assert!(page.contains(
+        r#"<code class="path">input.user</code>: <span class="value">&quot;app&quot;</span>"#
+    ));
+    assert!(page.contains(r#"<code class="path">input.pass</code>: <span class="value">&quot;(sensitive)&quot;</span>"#));
+    assert!(!page.contains("second-password-2") && !page.contains("first-password-1"));
+    // The previous version is one click away, and so is each row's diff.
+    assert!(page.contains(r#"href="/ui/workspaces/net/diff?from=1&amp;to=2""#));
+    let ws = env.page("/ui/workspaces/net", &cookie).await;
+    assert!(
+        ws.contains(r#"href="/ui/workspaces/net/diff?from=1&amp;to=2""#),
+        "{ws}"
+    );
+    assert!(
+        !ws.contains("diff?from=0"),
+        "version 1 has nothing before it"
+    );
+    // Search hits land on the resource, not the top of the page.
+    let found = env.page("/ui/search?q=aws_vpc", &cookie).await;
+    assert!(
+        found.contains(r#"href="/ui/workspaces/net/versions/2#r-aws_5fvpc.main""#),
+        "{found}"
+    );
+}
+
+#[tokio::test]
+async fn every_workspace_says_how_to_connect_terraform_and_an_empty_one_starts_there() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let base = env.server.app.client_url.clone();
+    let address = format!("{base}/api/v1/tf/state/prod");
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(page.contains(r#"id="connect""#), "{page}");
+    assert!(
+        page.contains(&format!("address        = &quot;{address}&quot;")),
+        "{page}"
+    );
+    assert!(page.contains(&format!("unlock_address = &quot;{address}&quot;")));
+    assert!(page.contains("stategate workspace env prod") && page.contains("issued token"));
+    // Never the credential itself.
+    let bearer = env.server.bearer("prod");
+    assert!(!page.contains(&bearer));
+    // A name nothing wrote to: the same panel, opened, instead of a bare error.
+    let r = env.get("/ui/workspaces/fresh-ws", &cookie).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.body.contains("has no state yet") && r.body.contains(r#"id="connect" open"#),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("/api/v1/tf/state/fresh-ws")
+            && r.body.contains("stategate workspace env fresh-ws")
+    );
 }

@@ -417,7 +417,17 @@ async fn page(
             write_allowed,
         } => {
             let w = workspace(&w)?;
-            let summary = ops.workspace(w).await?;
+            let summary = match ops.workspace(w).await {
+                Ok(summary) => summary,
+                // A name nothing wrote to yet: how to connect Terraform (still a 404).
+                Err(ApiError::NotFound(_)) => {
+                    return Ok(Answer::Page(
+                        404,
+                        pages::empty_workspace(chrome, w, &app.client_url),
+                    ))
+                }
+                Err(e) => return Err(e),
+            };
             let page = number("page", page.as_deref())?
                 .and_then(|p| u32::try_from(p).ok())
                 .unwrap_or(1)
@@ -458,6 +468,7 @@ async fn page(
                 &versions,
                 shown,
                 drift.as_ref(),
+                &app.client_url,
             ))
         }
         UiRoute::Version {
@@ -597,7 +608,10 @@ async fn page(
 /// A state document as the viewer shows it; `None`: not a plain JSON state.
 fn json_content(doc: Option<serde_json::Value>) -> Content {
     match doc {
-        Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
+        Some(doc) => Content::Json {
+            text: serde_json::to_string_pretty(&doc).unwrap_or_default(),
+            outline: crate::operator::paths::Outline::of(&doc),
+        },
         None => Content::NotPlain,
     }
 }

@@ -278,7 +278,8 @@ pub struct Outline {
 }
 
 impl Outline {
-    /// `masked`: a state as `diff::mask_state` returns it (never an unmasked one).
+    /// `masked`: a state as `diff::mask_state` returns it, or one the operator
+    /// revealed (audited by `Operations::reveal`).
     pub fn of(masked: &Value) -> Outline {
         let mut outline = Outline::default();
         for resource in masked["resources"].as_array().into_iter().flatten() {

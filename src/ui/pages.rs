@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::drift::CheckSummary;
 use crate::operator::diff::{Change, StateDiff};
-use crate::operator::paths::{self, DiffView};
+use crate::operator::paths::{self, DiffView, Outline};
 use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
@@ -36,8 +36,9 @@ pub struct VersionsPage<'a> {
 
 /// A version's content as the viewer shows it.
 pub enum Content {
-    /// Pretty-printed JSON (masked unless the operator asked to reveal).
-    Json(String),
+    /// Pretty-printed JSON and its resources by module and type (masked unless the
+    /// operator asked to reveal).
+    Json { text: String, outline: Outline },
     /// Not a plain JSON state (e.g. encrypted by the client): only the download.
     NotPlain,
 }
@@ -251,7 +252,6 @@ fn allow_write_form(chrome: &Chrome, ws: &str) -> Markup {
 }
 
 fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
-    let now = chrome.now;
     html! {
         @if page.rows.is_empty() {
             div.card.empty { "No versions on this page." }
@@ -261,25 +261,11 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
                     th.num { "Version" } th.num { "Serial" } th.hide-narrow { "Lineage" }
                     th.num.hide-narrow { "Size" } th { "Written by" } th { "When" } th { "" }
                 } }
-                tbody { @for v in page.rows { tr {
-                    td.num { (v.version) }
-                    td.num { (dash(v.serial)) }
-                    td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
-                    td.num.hide-narrow { (size(v.size)) }
-                    td { (v.actor) }
-                    td { (when(&v.created_at, now)) }
-                    td {
-                        @if v.is_tombstone() {
-                            span.badge.deleted { "deleted" }
-                        } @else {
-                            a href=(version_href(ws, v.version)) { "view" }
-                            @if chrome.may(Action::Reveal, ws) {
-                                " · "
-                                (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
-                            }
-                        }
-                    }
-                } } }
+                tbody { @for (i, v) in page.rows.iter().enumerate() {
+                    // The version below it (older), or the one before the page's last.
+                    @let previous = page.rows.get(i + 1).map_or(v.version - 1, |p| p.version);
+                    (version_row(chrome, ws, v, previous))
+                } }
             } }
         }
         div.pager {
@@ -291,6 +277,76 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
             }
         }
     }
+}
+
+/// One row of the versions table; `previous`: the version before it (a diff link
+/// when it is a version at all).
+fn version_row(chrome: &Chrome, ws: &str, v: &VersionRow, previous: i64) -> Markup {
+    html! {
+        tr {
+            td.num { (v.version) }
+            td.num { (dash(v.serial)) }
+            td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
+            td.num.hide-narrow { (size(v.size)) }
+            td { (v.actor) }
+            td { (when(&v.created_at, chrome.now)) }
+            td.actions-cell {
+                @if v.is_tombstone() {
+                    span.badge.deleted { "deleted" }
+                } @else {
+                    a href=(version_href(ws, v.version)) { "view" }
+                    @if previous >= 1 {
+                        " · " a href=(diff_href(ws, previous, v.version)) title=(format!("what changed from version {previous}")) { "diff" }
+                    }
+                    @if chrome.may(Action::Reveal, ws) {
+                        " · "
+                        (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How to point Terraform/OpenTofu at this workspace: the backend block (addresses
+/// from the server's public address) and where the credential comes from. Never the
+/// credential itself.
+pub fn connect_panel(ws: &str, base_url: &str, open: bool) -> Markup {
+    let address = format!("{}/api/v1/tf/state/{ws}", base_url.trim_end_matches('/'));
+    let block = format!(
+        "terraform {{\n  backend \"http\" {{\n    address        = \"{address}\"\n    lock_address   = \"{address}\"\n    unlock_address = \"{address}\"\n    username       = \"stategate\"\n    # password: TF_HTTP_PASSWORD (see below)\n  }}\n}}\n"
+    );
+    html! {
+        details.card #connect open[open] {
+            summary { h2 { "Connect Terraform" } }
+            p { "Put this backend in the configuration’s " code { "terraform" } " block, then run " code { "terraform init" } ":" }
+            pre #backend { (block) }
+            p { "The password is a credential, never shown here. Either:" }
+            ul {
+                li {
+                    "the workspace credential: on the stategate host run "
+                    code #env-command { "stategate workspace env " (ws) }
+                    " and " code { "eval" } " its output (it exports " code { "TF_HTTP_ADDRESS" } ", " code { "TF_HTTP_USERNAME" }
+                    " and " code { "TF_HTTP_PASSWORD" } "; add " code { "--opentofu-encryption" } " for OpenTofu state encryption), or"
+                }
+                li { "an issued token for this workspace as " code { "TF_HTTP_PASSWORD" } " (see docs/access.md)." }
+            }
+        }
+    }
+}
+
+/// A workspace nothing has been written to yet (or only locked): how to start.
+pub fn empty_workspace(chrome: &Chrome, ws: &str, base_url: &str) -> Markup {
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
+        h1 { (ws) }
+        div.card.empty #no-versions {
+            "Workspace " strong { (ws) } " has no state yet. Connect Terraform to it and run "
+            code { "terraform apply" } " (or " code { "terraform state push" } " an existing state); it appears here with its first write."
+        }
+        (connect_panel(ws, base_url, true))
+    };
+    layout(ws, Some(chrome), body)
 }
 
 fn diff_form(ws: &str, from: Option<i64>, to: Option<i64>) -> Markup {
@@ -331,6 +387,7 @@ pub fn workspace(
     versions: &VersionsPage,
     shown: Option<Notice>,
     drift: Option<&CheckSummary>,
+    base_url: &str,
 ) -> Markup {
     let live: Vec<i64> = versions
         .rows
@@ -352,6 +409,7 @@ pub fn workspace(
             }
         }
         (lock_panel(chrome, ws))
+        (connect_panel(&ws.name, base_url, false))
         h2 { "Versions" }
         (versions_table(chrome, &ws.name, versions))
         h2 { "Compare two versions" }
@@ -378,6 +436,11 @@ pub fn version(
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (row.version) }
+        @if row.version > 1 {
+            p.actions #compare {
+                a href=(diff_href(workspace, row.version - 1, row.version)) { "Diff with previous (v" (row.version - 1) ")" }
+            }
+        }
         section.card { dl.facts {
             dt { "Serial" } dd { (dash(row.serial)) }
             dt { "Lineage" } dd { code { (row.lineage.as_deref().unwrap_or("–")) } }
@@ -391,14 +454,14 @@ pub fn version(
                 (post_button(chrome.csrf, &format!("{base}/download"), "Download .tfstate"))
                 @if revealed {
                     a href=(base) { "Mask sensitive values" }
-                } @else if matches!(content, Content::Json(_)) {
+                } @else if matches!(content, Content::Json { .. }) {
                     (post_button(chrome.csrf, &format!("{base}/reveal"), "Show sensitive values"))
                 }
                 span.muted { "Showing or downloading the real values is recorded in the audit log." }
             }
         }
         @match content {
-            Content::Json(text) => {
+            Content::Json { text, outline } => {
                 @if revealed {
                     p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } ". Reloading this page masks them again." }
                 } @else if shown == Shown::RevealUsed {
@@ -407,7 +470,12 @@ pub fn version(
                 } @else {
                     p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 }
-                pre #content { (text) }
+                (outline_nav(outline))
+                (outline_body(outline))
+                details #raw {
+                    summary { "The whole state as JSON" }
+                    pre #content { (text) }
+                }
             }
             Content::NotPlain => p.notice.warn {
                 "This version is not a plain JSON state (encrypted by the client?)"
@@ -416,6 +484,55 @@ pub fn version(
         }
     };
     layout(&format!("{workspace} v{}", row.version), Some(chrome), body)
+}
+
+fn diff_href(workspace: &str, from: i64, to: i64) -> String {
+    format!("{}/diff?from={from}&to={to}", ws_href(workspace))
+}
+
+/// The version's resources as a list of links: module → type → instance.
+fn outline_nav(outline: &Outline) -> Markup {
+    html! {
+        nav.card.outline #outline aria-label="Resources" {
+            h2 { "Resources (" (outline.instances()) ")" }
+            @if outline.modules.is_empty() { p.muted { "No resources." } }
+            ul {
+                @for (module, types) in &outline.modules { li {
+                    strong { @if module.is_empty() { "root module" } @else { code { (module) } } }
+                    ul { @for (kind, instances) in types { li {
+                        code { (kind) }
+                        ul { @for i in instances { li { a href=(format!("#{}", i.anchor)) { code { (i.address) } } } } }
+                    } } }
+                } }
+            }
+            @if !outline.outputs.is_empty() { p { a href="#outputs" { "Outputs (" (outline.outputs.len()) ")" } } }
+        }
+    }
+}
+
+/// Each instance's attributes by path, under its anchor; then the outputs.
+fn outline_body(outline: &Outline) -> Markup {
+    html! {
+        @for types in outline.modules.values() {
+            @for instances in types.values() {
+                @for i in instances {
+                    section.card.resource id=(i.anchor) {
+                        h3 { code { (i.address) } }
+                        ul.paths {
+                            @for (path, value) in &i.rows { li { code.path { (path) } ": " span.value { (value) } } }
+                            @if i.more > 0 { li.muted { "… and " (i.more) " more (see the JSON below)" } }
+                        }
+                    }
+                }
+            }
+        }
+        @if !outline.outputs.is_empty() {
+            section.card.resource #outputs {
+                h3 { "Outputs" }
+                ul.paths { @for (path, value) in &outline.outputs { li { code.path { (path) } ": " span.value { (value) } } } }
+            }
+        }
+    }
 }
 
 fn change_badge(change: &Change) -> Markup {
@@ -599,7 +716,7 @@ pub fn search(chrome: &Chrome, query: &str, results: Option<&SearchResults>) -> 
                     thead { tr { th { "Workspace" } th { "Resource" } th.hide-narrow { "Type" } th.num { "Version" } } }
                     tbody { @for h in &r.hits { tr {
                         td { a href=(ws_href(&h.workspace)) { (h.workspace) } }
-                        td { a href=(version_href(&h.workspace, h.version)) { code { (h.address) } } }
+                        td { a href=(format!("{}#{}", version_href(&h.workspace, h.version), paths::anchor(&h.address))) { code { (h.address) } } }
                         td.hide-narrow { code { (h.kind) } @if h.mode == "data" { " " span.muted { "(data)" } } }
                         td.num { (h.version) }
                     } } }
@@ -794,12 +911,17 @@ mod tests {
             search(&chrome, evil, Some(&found)),
             login(Some(evil)),
             workspaces(&chrome, std::slice::from_ref(&ws), evil),
-            workspace(&chrome, &ws, &page, None, None),
+            workspace(&chrome, &ws, &page, None, None, evil),
             version(
                 &chrome,
                 "prod",
                 &row,
-                &Content::Json(evil.into()),
+                &Content::Json {
+                    text: evil.into(),
+                    outline: Outline::of(&serde_json::json!({"resources": [
+                        {"type": evil, "name": evil, "module": evil, "instances": [{"index_key": evil, "attributes": {evil: evil}}]}
+                    ], "outputs": {evil: {"value": evil}}})),
+                },
                 Shown::Revealed,
             ),
             audit(&chrome, &form, &[audit_row], Some(evil)),

@@ -2383,3 +2383,50 @@ async fn every_workspace_says_how_to_connect_terraform_and_an_empty_one_starts_t
             && r.body.contains("stategate workspace env fresh-ws")
     );
 }
+
+#[tokio::test]
+async fn a_stale_lock_stands_out_and_times_read_without_hovering() {
+    let env = Env::start_with(|c| c.locks.stale_after_seconds = 0).await;
+    env.write("prod", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    env.write("dev", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    env.lock("prod", "L1", "ci@runner").await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let cookie = env.login().await;
+    let list = env.page("/ui/", &cookie).await;
+    assert!(
+        list.contains(r#"id="stale-locks""#) && list.contains("1 stale lock</strong>"),
+        "{list}"
+    );
+    assert!(list.contains(r##"href="/ui/workspaces/prod#lock""##));
+    assert!(list.contains("1 of 2 workspaces locked now."));
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(
+        page.contains(r#"id="stale""#) && page.contains("may have died"),
+        "{page}"
+    );
+    // Every time: UTC without fractions in `datetime`, shown beside the relative one.
+    let times: Vec<&str> = page.split("<time datetime=\"").skip(1).collect();
+    assert!(!times.is_empty());
+    for t in times {
+        let iso = &t[..t.find('"').unwrap()];
+        assert!(
+            iso.len() == 20 && iso.ends_with('Z') && !iso.contains('.'),
+            "{iso}"
+        );
+        assert!(
+            t.contains(r#"<span class="abs">"#) && t.contains(" UTC</span> · "),
+            "{t}"
+        );
+    }
+    // A fresh lock is no banner.
+    let fresh = Env::start().await;
+    fresh
+        .write("prod", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    fresh.lock("prod", "L1", "ci@runner").await;
+    let cookie = fresh.login().await;
+    let list = fresh.page("/ui/", &cookie).await;
+    assert!(!list.contains("stale-locks") && list.contains("1 of 1 workspace locked now."));
+}

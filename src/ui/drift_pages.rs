@@ -53,12 +53,14 @@ fn changes_text(c: Option<Changes>) -> String {
 
 /// A future time as `in 5 min` (absolute on hover); past or now: `due now`.
 fn until(rfc3339: &str, now: i64) -> Markup {
-    match unix_seconds(rfc3339) {
-        Some(t) if t > now => {
+    match unix_seconds(rfc3339).and_then(|t| Some((t, super::layout::utc(t)?))) {
+        Some((t, (iso, shown))) if t > now => {
             let rel = super::layout::ago(t - now);
-            html! { time datetime=(rfc3339) title=(rfc3339) { "in " (rel.trim_end_matches(" ago")) } }
+            html! { time datetime=(iso) { "in " (rel.trim_end_matches(" ago")) " · " span.abs { (shown) } } }
         }
-        Some(_) => html! { time datetime=(rfc3339) title=(rfc3339) { "due now" } },
+        Some((_, (iso, shown))) => {
+            html! { time datetime=(iso) { "due now · " span.abs { (shown) } } }
+        }
         None => html! { span.muted { (rfc3339) } },
     }
 }

@@ -126,9 +126,35 @@ pub fn login(error: Option<&str>) -> Markup {
     layout("Log in", None, body)
 }
 
+/// The banner of stale locks on the list page: how many, and which.
+fn stale_banner(rows: &[WorkspaceSummary]) -> Markup {
+    let stale: Vec<&WorkspaceSummary> = rows
+        .iter()
+        .filter(|w| w.lock.as_ref().is_some_and(|l| l.stale))
+        .collect();
+    let locked = rows.iter().filter(|w| w.lock.is_some()).count();
+    html! {
+        @if !stale.is_empty() {
+            div.notice.error #stale-locks role="status" {
+                strong { (stale.len()) " stale lock" @if stale.len() != 1 { "s" } }
+                ": held longer than expected, so the run holding it may have died. "
+                @for (i, w) in stale.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    a href=(format!("{}#lock", ws_href(&w.name))) { (w.name) }
+                }
+                "."
+            }
+        }
+        @if locked > 0 {
+            p.muted #lock-count { (locked) " of " (rows.len()) " workspace" @if rows.len() != 1 { "s" } " locked now." }
+        }
+    }
+}
+
 pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> Markup {
     let body = html! {
         h1 { "Workspaces" }
+        (stale_banner(rows))
         form.inline method="get" action="/ui/workspaces" {
             label { "Filter by name" input type="search" name="q" value=(filter); }
             button type="submit" { "Filter" }
@@ -200,6 +226,9 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
     html! {
         section.card #lock {
             h2 { "Lock" @if lock.stale { span.badge.stale { "STALE" } } }
+            @if lock.stale {
+                p.notice.error #stale { "This lock is stale: it has been held longer than expected, so the run that took it may have died. If it did, break the lock below, then run " code { "terraform plan" } "." }
+            }
             dl.facts {
                 dt { "Who" } dd { (lock.who) }
                 dt { "Operation" } dd { (operation_name(&lock.operation)) }

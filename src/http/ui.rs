@@ -420,13 +420,13 @@ async fn page(
             let summary = match ops.workspace(w).await {
                 Ok(summary) => summary,
                 // A name nothing wrote to yet: how to connect Terraform (still a 404).
-                Err(ApiError::NotFound(_)) => {
+                Err(Error::NotFound(_)) => {
                     return Ok(Answer::Page(
                         404,
                         pages::empty_workspace(chrome, w, &app.client_url),
                     ))
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             };
             let page = number("page", page.as_deref())?
                 .and_then(|p| u32::try_from(p).ok())

@@ -87,6 +87,18 @@ class Ui:
         except urllib.error.HTTPError as e:
             return e.code, (e.read() or b"").decode()
 
+    def redirected(self, path: str, form: dict) -> str:
+        """POSTs `form` and returns where the 303 answer sends the browser."""
+        data = urllib.parse.urlencode(form).encode()
+        req = urllib.request.Request(self.base + path, data=data, method="POST")
+        req.add_header("Content-Type", "application/x-www-form-urlencoded")
+        try:
+            with self.opener.open(req, timeout=30) as r:
+                raise AssertionError(f"{path}: {r.status}, not a redirect")
+        except urllib.error.HTTPError as e:
+            assert e.code == 303, (path, e.code)
+            return e.headers["Location"]
+
     def page(self, path: str) -> str:
         status, text = self.request("GET", path)
         assert status == 200, (path, status, text[:500])
@@ -183,9 +195,11 @@ def test_masked_views_hide_every_copy_of_a_sensitive_value(server_factory, ws_na
 
     # The reveal still shows the real values, audited (the row holds no value).
     csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
-    status, shown = ui.request("POST", f"{path}/versions/{last}/reveal", {"csrf": csrf})
-    assert status == 200, (status, shown[:500])
+    # The reveal is POST-redirect-GET: the values are shown (once) at the address it sends to.
+    location = ui.redirected(f"{path}/versions/{last}/reveal", {"csrf": csrf})
+    shown = ui.page(location.split("#")[0])
     assert SECRET_2 in shown and NESTED in shown
+    assert not any(s in ui.page(location.split("#")[0]) for s in secrets), "a reload is masked"
     rows = revealed_rows(server, ws_name)
     assert rows == [{"version": last, "via": "ui.view"}], rows
     assert not any(s in json.dumps(rows) for s in secrets)

@@ -89,6 +89,8 @@ pub async fn build_app_with_clock(
         ),
         client_grants,
         sso,
+        reveals: Default::default(),
+        client_url: crate::address::for_clients(config),
     }))
 }
 

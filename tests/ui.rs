@@ -552,7 +552,7 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
     let ws = env.page("/ui/workspaces/prod", &cookie).await;
     for text in [
         "holder-who@box",
-        "OperationTypeApply",
+        "<dd>apply</dd>",
         "Force unlock",
         "lineage-secret-1",
     ] {
@@ -608,11 +608,18 @@ async fn pages_show_versions_masked_content_diffs_and_downloads() {
         env.reveals("tf/prod"),
         [(ACTOR.into(), r#"{"version":1,"via":"ui.download"}"#.into())]
     );
+    // A GET of the download (a reload, a bookmark) is sent to the version page.
     let r = env
         .get("/ui/workspaces/prod/versions/1/download", &cookie)
         .await;
-    assert_eq!(r.status, 405, "GET download: {}", r.body);
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod/versions/1")),
+        "GET download: {}",
+        r.body
+    );
     assert!(!r.body.contains("hunter2"));
+    assert_eq!(env.reveals("tf/prod").len(), 1, "a GET downloads nothing");
     // Bad input is a clear error page, not data.
     for (path, code) in [
         ("/ui/workspaces/prod/versions/x", 400),
@@ -797,7 +804,7 @@ async fn deleted_workspaces_and_cluster_leases_are_shown() {
     assert!(preview.contains(r#"id="confirm-rollback""#));
     // Search passes over it (its newest version is the deletion).
     let found = env.page("/ui/search?q=terraform_data", &cookie).await;
-    assert!(found.contains(r#"href="/ui/workspaces/prod/versions/2""#));
+    assert!(found.contains(r#"href="/ui/workspaces/prod/versions/2#r-terraform_5fdata."#));
     assert!(!found.contains("/ui/workspaces/gone/"), "{found}");
 
     let admin = env
@@ -846,13 +853,18 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
     );
     assert!(page.contains(&format!(r#"name="csrf" value="{csrf}""#)));
     assert!(!page.contains("hunter2"));
-    // A GET of the reveal is refused and shows nothing.
+    // A GET of the reveal's URL is sent to the version page and shows nothing.
     let r = env
         .get("/ui/workspaces/prod/versions/1/reveal", &cookie)
         .await;
-    assert_eq!(r.status, 405);
+    assert_eq!(
+        (r.status, r.location()),
+        (303, Some("/ui/workspaces/prod/versions/1"))
+    );
     assert!(!r.body.contains("hunter2"));
+    assert!(env.reveals("tf/prod").is_empty());
 
+    // POST-redirect-GET: the POST answers with a one-time ticket in a GET address.
     let r = env
         .post(
             "/ui/workspaces/prod/versions/1/reveal",
@@ -860,9 +872,38 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
             &[("csrf", &csrf)],
         )
         .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("hunter2-secret"), "revealed");
-    assert!(r.body.contains("Mask sensitive values") && r.body.contains("state.revealed"));
+    assert_eq!(r.status, 303, "{}", r.body);
+    let to = r.location().expect("a location").to_string();
+    assert!(
+        to.starts_with("/ui/workspaces/prod/versions/1?reveal=sgv_") && to.ends_with("#content"),
+        "{to}"
+    );
+    assert!(!r.body.contains("hunter2"));
+    let to = to.trim_end_matches("#content");
+    // Another session cannot use the ticket (and that uses it up).
+    let other = env.login().await;
+    let stolen = env.page(to, &other).await;
+    assert!(!stolen.contains("hunter2") && stolen.contains("reveal-used"));
+    assert!(env.reveals("tf/prod").is_empty(), "nothing revealed");
+    let r = env
+        .post(
+            "/ui/workspaces/prod/versions/1/reveal",
+            &cookie,
+            &[("csrf", &csrf)],
+        )
+        .await;
+    let to = r
+        .location()
+        .unwrap()
+        .trim_end_matches("#content")
+        .to_string();
+    let shown = env.page(&to, &cookie).await;
+    assert!(shown.contains("hunter2-secret"), "revealed");
+    assert!(shown.contains("Mask sensitive values") && shown.contains("state.revealed"));
+    // A reload of that address shows the masked page and reveals nothing again.
+    let reloaded = env.page(&to, &cookie).await;
+    assert!(!reloaded.contains("hunter2"), "{reloaded}");
+    assert!(reloaded.contains("reveal-used") && reloaded.contains("/versions/1/reveal"));
     // Exactly one row, naming the operator and the version, never a value.
     let rows = env.reveals("tf/prod");
     assert_eq!(
@@ -1068,8 +1109,8 @@ async fn search_finds_resources_by_type_and_name_across_workspaces() {
     for text in [
         "aws_instance.web",
         "aws_instance.api2",
-        r#"href="/ui/workspaces/alpha/versions/1""#,
-        r#"href="/ui/workspaces/beta/versions/2""#,
+        r#"href="/ui/workspaces/alpha/versions/1#r-aws_5finstance.web""#,
+        r#"href="/ui/workspaces/beta/versions/2#r-aws_5finstance.api2""#,
         "2 matches in 3 workspaces searched",
     ] {
         assert!(by_type.contains(text), "{text}: {by_type}");
@@ -2216,4 +2257,316 @@ async fn the_token_card_lists_and_revokes_workspace_tokens() {
     assert_eq!(status(get()).await.0, 401);
     let page = env.page("/ui/workspaces/prod", &cookie).await;
     assert!(!page.contains("ci-prod"), "a revoked token leaves the card");
+}
+
+#[tokio::test]
+async fn a_get_of_any_form_address_goes_to_its_page_and_changes_nothing() {
+    let env = seeded().await;
+    // Without a session it is the login page, like every other route.
+    let r = env
+        .send("GET", "/ui/workspaces/prod/unlock", None, None)
+        .await;
+    assert_eq!((r.status, r.location()), (303, Some("/ui/login")));
+    let cookie = env.login().await;
+    let table = [
+        ("/ui/logout", "/ui/"),
+        ("/ui/workspaces/prod/unlock", "/ui/workspaces/prod"),
+        ("/ui/workspaces/prod/allow-write", "/ui/workspaces/prod"),
+        (
+            "/ui/workspaces/prod/versions/1/reveal",
+            "/ui/workspaces/prod/versions/1",
+        ),
+        (
+            "/ui/workspaces/prod/versions/2/download",
+            "/ui/workspaces/prod/versions/2",
+        ),
+        ("/ui/drift/prod/run", "/ui/drift?workspace=prod"),
+        ("/ui/drift/7/apply", "/ui/drift/7"),
+    ];
+    for (path, page) in table {
+        for method in ["GET", "HEAD"] {
+            let before = snapshot(&env.server);
+            let r = env.send(method, path, Some(&cookie), None).await;
+            assert_eq!(
+                (r.status, r.location()),
+                (303, Some(page)),
+                "{method} {path}"
+            );
+            assert_security_headers(&r, path);
+            assert_eq!(
+                snapshot(&env.server),
+                before,
+                "{method} {path} changed something"
+            );
+        }
+    }
+    assert!(env.locked("prod"), "still locked");
+    assert!(
+        env.page("/ui/", &cookie).await.contains("Log out"),
+        "still logged in"
+    );
+    // A name that is not a workspace's, or a run that is not a number, is an error page,
+    // never a redirect carrying it.
+    for (path, code) in [
+        ("/ui/workspaces/.hidden/unlock", 400),
+        ("/ui/drift/x/apply", 400),
+        ("/ui/workspaces/prod/versions/x/reveal", 400),
+    ] {
+        let r = env.get(path, &cookie).await;
+        assert_eq!((r.status, r.location()), (code, None), "{path}: {}", r.body);
+    }
+    // Other methods are still refused (no 405 words from inside, though).
+    let r = env
+        .send("PUT", "/ui/workspaces/prod/unlock", Some(&cookie), None)
+        .await;
+    assert_eq!(r.status, 405);
+    assert!(!r.body.contains("method this method"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn stategate_serves_its_own_icon_and_pages_speak_plainly() {
+    let env = seeded().await;
+    // The icon is public and ours (not an S3 404).
+    for method in ["GET", "HEAD"] {
+        let r = env
+            .http
+            .request(
+                method.parse().unwrap(),
+                format!("{}/favicon.ico", env.server.base),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{method}");
+        assert_eq!(r.headers()["content-type"], "image/x-icon");
+        if method == "GET" {
+            let bytes = r.bytes().await.unwrap();
+            assert!(bytes.starts_with(&[0, 0, 1, 0]), "an ICO file");
+        }
+    }
+    let cookie = env.login().await;
+    let page = env.page("/ui/", &cookie).await;
+    assert!(page.contains(r#"rel="icon" href="/favicon.ico""#));
+    // Terraform's operation names read as words.
+    for path in ["/ui/", "/ui/workspaces/prod"] {
+        let page = env.page(path, &cookie).await;
+        assert!(!page.contains("OperationType"), "{path}: {page}");
+        assert!(page.contains("apply"), "{path}");
+    }
+    // A rollback gets a fresh serial, and the help says so.
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(page.contains("fresh serial"), "{page}");
+    assert!(!page.contains("with its serial and lineage"));
+    // The typed confirmation's words stay on one line (one element inside the label).
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    assert!(
+        preview.contains("<label><span>Type <code>prod</code> to confirm</span><input"),
+        "{preview}"
+    );
+    // After a force-unlock the page says what to do next.
+    let page = env.page("/ui/workspaces/prod?unlocked=1", &cookie).await;
+    assert!(page.contains("was not saved to the state") && page.contains("terraform plan"));
+    // Error pages name workspaces, not internal scopes.
+    let r = env.get("/ui/workspaces/prod/versions/99", &cookie).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.body.contains("Workspace prod has no version 99"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("tf/prod"), "{}", r.body);
+}
+
+/// A state with one VPC whose `tags.tier` is `tier`, a `terraform_data` whose
+/// dynamically typed input holds a marked password, and `extra` resources.
+fn tagged_state(serial: u64, tier: &str, password: &str, extra: &str) -> String {
+    let vpc = serde_json::json!({
+        "mode": "managed", "type": "aws_vpc", "name": "main", "provider": "p",
+        "instances": [{"attributes": {"id": "vpc-1", "tags": {"tier": tier, "team": "net"}}}]
+    });
+    let db = serde_json::json!({
+        "mode": "managed", "type": "terraform_data", "name": "db", "provider": "p",
+        "instances": [{
+            "attributes": {"input": {"value": {"user": "app", "pass": password},
+                                     "type": ["object", {"user": "string", "pass": "string"}]}},
+            "sensitive_attributes": [[{"type": "get_attr", "value": "input"}, {"type": "get_attr", "value": "pass"}]]
+        }]
+    });
+    let mut resources = vec![vpc.to_string(), db.to_string()];
+    if !extra.is_empty() {
+        resources.push(extra.to_string());
+    }
+    state(serial, "lin-tags", &resources.join(","))
+}
+
+#[tokio::test]
+async fn a_diff_reads_by_attribute_path_with_counts_and_masks_every_value() {
+    let env = Env::start().await;
+    env.write(
+        "net",
+        tagged_state(1, "private", "first-password-1", &resource("gone", "bye")),
+    )
+    .await;
+    let added = r#"{"mode":"managed","type":"aws_subnet","name":"a","module":"module.app","provider":"p","instances":[{"index_key":0,"attributes":{"cidr":"10.0.1.0/24","tags":{"az":"a"}}}]}"#;
+    env.write("net", tagged_state(2, "app", "second-password-2", added))
+        .await;
+    let cookie = env.login().await;
+    let page = env
+        .page("/ui/workspaces/net/diff?from=1&to=2", &cookie)
+        .await;
+    // Counts on top.
+    assert!(
+        page.contains("+1 to add")
+            && page.contains("~2 to change")
+            && page.contains("−1 to destroy"),
+        "{page}"
+    );
+    // The changed value by its path, before struck and after highlighted.
+    assert!(
+        page.contains(r#"<code class="path">tags.tier</code>: <del>&quot;private&quot;</del> → <ins>&quot;app&quot;</ins>"#),
+        "{page}"
+    );
+    assert!(
+        !page.contains("tags.team"),
+        "an unchanged path is not listed"
+    );
+    // The type schema of a dynamic value is gone; the masked password's change is said.
+    assert!(
+        !page.contains("&quot;object&quot;") && !page.contains("[&quot;object"),
+        "{page}"
+    );
+    assert!(page.contains("input.pass") && page.contains("both sides are masked"));
+    // Added and removed resources list their (masked) attributes, with anchors.
+    assert!(page.contains(r#"<code class="path">cidr</code>: <ins>&quot;10.0.1.0/24&quot;</ins>"#));
+    assert!(page.contains(r#"<code class="path">tags.az</code>"#));
+    assert!(page.contains(r#"<code class="path">input</code>: <del>&quot;bye&quot;</del>"#));
+    assert!(page.contains(r#"id="r-module.app.aws_5fsubnet.a_5b0_5d""#));
+    assert!(page.contains(r#"href="/ui/workspaces/net/versions/2#r-aws_5fvpc.main""#));
+    // No sensitive value anywhere on the page.
+    for secret in ["first-password-1", "second-password-2"] {
+        assert!(!page.contains(secret), "{secret}");
+    }
+    // The rollback preview reads the same way.
+    let preview = env.page("/ui/workspaces/net/rollback?to=1", &cookie).await;
+    assert!(preview.contains("<del>&quot;app&quot;</del> → <ins>&quot;private&quot;</ins>"));
+    assert!(!preview.contains("first-password-1") && !preview.contains("second-password-2"));
+}
+
+#[tokio::test]
+async fn a_version_reads_as_an_outline_with_anchors_that_search_and_diffs_link_to() {
+    let env = Env::start().await;
+    env.write("net", tagged_state(1, "private", "first-password-1", ""))
+        .await;
+    env.write("net", tagged_state(2, "app", "second-password-2", ""))
+        .await;
+    let cookie = env.login().await;
+    let page = env.page("/ui/workspaces/net/versions/2", &cookie).await;
+    // The outline: module → type → instance, each a link to its section.
+    assert!(page.contains(r#"id="outline""#) && page.contains("root module"));
+    assert!(page.contains(r##"href="#r-aws_5fvpc.main""##), "{page}");
+    assert!(page.contains(r#"<section class="card resource" id="r-aws_5fvpc.main">"#));
+    // Attributes by path, the type schema dropped, only the marked sub-path masked.
+    assert!(page.contains(
+        r#"<code class="path">tags.tier</code>: <span class="value">&quot;app&quot;</span>"#
+    ));
+    assert!(page.contains(
+        r#"<code class="path">input.user</code>: <span class="value">&quot;app&quot;</span>"#
+    ));
+    assert!(page.contains(r#"<code class="path">input.pass</code>: <span class="value">&quot;(sensitive)&quot;</span>"#));
+    assert!(!page.contains("second-password-2") && !page.contains("first-password-1"));
+    // The previous version is one click away, and so is each row's diff.
+    assert!(page.contains(r#"href="/ui/workspaces/net/diff?from=1&amp;to=2""#));
+    let ws = env.page("/ui/workspaces/net", &cookie).await;
+    assert!(
+        ws.contains(r#"href="/ui/workspaces/net/diff?from=1&amp;to=2""#),
+        "{ws}"
+    );
+    assert!(
+        !ws.contains("diff?from=0"),
+        "version 1 has nothing before it"
+    );
+    // Search hits land on the resource, not the top of the page.
+    let found = env.page("/ui/search?q=aws_vpc", &cookie).await;
+    assert!(
+        found.contains(r#"href="/ui/workspaces/net/versions/2#r-aws_5fvpc.main""#),
+        "{found}"
+    );
+}
+
+#[tokio::test]
+async fn every_workspace_says_how_to_connect_terraform_and_an_empty_one_starts_there() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let base = env.server.app.client_url.clone();
+    let address = format!("{base}/api/v1/tf/state/prod");
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(page.contains(r#"id="connect""#), "{page}");
+    assert!(
+        page.contains(&format!("address        = &quot;{address}&quot;")),
+        "{page}"
+    );
+    assert!(page.contains(&format!("unlock_address = &quot;{address}&quot;")));
+    assert!(page.contains("stategate workspace env prod") && page.contains("issued token"));
+    // Never the credential itself.
+    let bearer = env.server.bearer("prod");
+    assert!(!page.contains(&bearer));
+    // A name nothing wrote to: the same panel, opened, instead of a bare error.
+    let r = env.get("/ui/workspaces/fresh-ws", &cookie).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.body.contains("has no state yet") && r.body.contains(r#"id="connect" open"#),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("/api/v1/tf/state/fresh-ws")
+            && r.body.contains("stategate workspace env fresh-ws")
+    );
+}
+
+#[tokio::test]
+async fn a_stale_lock_stands_out_and_times_read_without_hovering() {
+    let env = Env::start_with(|c| c.locks.stale_after_seconds = 0).await;
+    env.write("prod", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    env.write("dev", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    env.lock("prod", "L1", "ci@runner").await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let cookie = env.login().await;
+    let list = env.page("/ui/", &cookie).await;
+    assert!(
+        list.contains(r#"id="stale-locks""#) && list.contains("1 stale lock</strong>"),
+        "{list}"
+    );
+    assert!(list.contains(r##"href="/ui/workspaces/prod#lock""##));
+    assert!(list.contains("1 of 2 workspaces locked now."));
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(
+        page.contains(r#"id="stale""#) && page.contains("may have died"),
+        "{page}"
+    );
+    // Every time: UTC without fractions in `datetime`, shown beside the relative one.
+    let times: Vec<&str> = page.split("<time datetime=\"").skip(1).collect();
+    assert!(!times.is_empty());
+    for t in times {
+        let iso = &t[..t.find('"').unwrap()];
+        assert!(
+            iso.len() == 20 && iso.ends_with('Z') && !iso.contains('.'),
+            "{iso}"
+        );
+        assert!(
+            t.contains(r#"<span class="abs">"#) && t.contains(" UTC</span> · "),
+            "{t}"
+        );
+    }
+    // A fresh lock is no banner.
+    let fresh = Env::start().await;
+    fresh
+        .write("prod", with_output(1, "l", &resource("a", "one"), "o"))
+        .await;
+    fresh.lock("prod", "L1", "ci@runner").await;
+    let cookie = fresh.login().await;
+    let list = fresh.page("/ui/", &cookie).await;
+    assert!(!list.contains("stale-locks") && list.contains("1 of 1 workspace locked now."));
 }

@@ -174,6 +174,7 @@ impl DriftService {
                 exit_code: out.exit_code(),
                 outcome: Some(outcome),
                 message,
+                changes: plan::apply_changes(&out.stdout),
                 ..Finished::default()
             },
             Some(text),

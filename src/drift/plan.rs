@@ -218,6 +218,30 @@ pub fn classify_plan(ended: Ended, report: &PlanReport, stderr: &str) -> (Outcom
 }
 
 /// The outcome of an approved apply of a saved plan.
+/// The counts of Terraform's `Apply complete! Resources: 1 added, 2 changed, 1 destroyed.`
+/// (the last such line; `None` when the apply printed none).
+pub fn apply_changes(output: &str) -> Option<Changes> {
+    let line = output
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("Apply complete! Resources: "))?;
+    let mut changes = Changes::default();
+    let mut seen = 0;
+    for part in line.trim_end_matches('.').split(',') {
+        let mut words = part.split_whitespace();
+        let n: i64 = words.next()?.parse().ok()?;
+        match words.next()? {
+            "added" => changes.add = n,
+            "changed" => changes.change = n,
+            "destroyed" => changes.destroy = n,
+            // OpenTofu's "imported"/"forgotten" are not in the three counts.
+            _ => continue,
+        }
+        seen += 1;
+    }
+    (seen > 0).then_some(changes)
+}
+
 pub fn classify_apply(ended: Ended, output: &str) -> (Outcome, String) {
     match ended {
         Ended::TimedOut => (
@@ -379,6 +403,32 @@ mod tests {
         assert!(classify_plan(Ended::Exited(1), &none, "Error: boom\n")
             .1
             .contains("Error: boom"));
+    }
+
+    #[test]
+    fn apply_counts_are_read_from_terraforms_last_summary_line() {
+        type Counts = Option<(i64, i64, i64)>;
+        let table: &[(&str, Counts)] = &[
+            (
+                "x\nApply complete! Resources: 1 added, 2 changed, 1 destroyed.\n",
+                Some((1, 2, 1)),
+            ),
+            (
+                "Apply complete! Resources: 0 added, 0 changed, 0 destroyed.",
+                Some((0, 0, 0)),
+            ),
+            (
+                "Apply complete! Resources: 1 imported, 3 added, 0 changed, 0 destroyed.",
+                Some((3, 0, 0)),
+            ),
+            ("Error: nope", None),
+            ("Apply complete! Resources: many added.", None),
+            ("", None),
+        ];
+        for (text, want) in table {
+            let got = apply_changes(text).map(|c| (c.add, c.change, c.destroy));
+            assert_eq!(got, *want, "{text}");
+        }
     }
 
     #[test]

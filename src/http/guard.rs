@@ -114,7 +114,9 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
 pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
     use On::*;
     Some(match route {
+        UiRoute::PostOnly { page } => return ui_need(page),
         UiRoute::Stylesheet
+        | UiRoute::Favicon
         | UiRoute::LoginForm
         | UiRoute::Login
         | UiRoute::SsoStart

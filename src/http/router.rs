@@ -218,6 +218,8 @@ impl AdminAction {
 pub enum UiRoute {
     /// `GET static/app.css` (public)
     Stylesheet,
+    /// `GET /favicon.ico` (public; outside `/ui/` because browsers ask for it there)
+    Favicon,
     /// `GET login` (public)
     LoginForm,
     /// `POST login` with `token` (public)
@@ -244,8 +246,14 @@ pub enum UiRoute {
         unlocked: Option<String>,
         write_allowed: Option<String>,
     },
-    /// `GET workspaces/{ws}/versions/{n}` (sensitive values masked)
-    Version { workspace: String, version: String },
+    /// `GET workspaces/{ws}/versions/{n}[?reveal=<ticket>]`: sensitive values masked,
+    /// or shown once with a ticket the reveal form's POST redirected with
+    /// (`crate::ui::reveal`)
+    Version {
+        workspace: String,
+        version: String,
+        reveal: Option<String>,
+    },
     /// `POST workspaces/{ws}/versions/{n}/reveal` with `csrf`: unmasked, audited
     Reveal { workspace: String, version: String },
     /// `POST workspaces/{ws}/versions/{n}/download` with `csrf`: the raw state, audited
@@ -298,6 +306,9 @@ pub enum UiRoute {
     /// `POST workspace-tokens/{id}/revoke` with `csrf`, `workspace` (the page to return
     /// to), `confirm`: revoke an issued workspace token
     RevokeWorkspaceToken { token: String },
+    /// A GET (or HEAD) of a form's URL (a reload, a bookmark, a restored tab): 303 to
+    /// the page the form belongs to, never a 405 page.
+    PostOnly { page: Box<UiRoute> },
     /// No such page (answered after the session check, so it reveals nothing).
     NotFound,
     /// A page asked for with the wrong method.
@@ -308,6 +319,8 @@ impl UiRoute {
     pub fn name(&self) -> &'static str {
         match self {
             UiRoute::Stylesheet => "ui.static",
+            UiRoute::Favicon => "ui.favicon",
+            UiRoute::PostOnly { .. } => "ui.post_only",
             UiRoute::LoginForm => "ui.login_form",
             UiRoute::Login => "ui.login",
             UiRoute::SsoStart => "ui.sso_start",
@@ -342,6 +355,7 @@ impl UiRoute {
         matches!(
             self,
             UiRoute::Stylesheet
+                | UiRoute::Favicon
                 | UiRoute::LoginForm
                 | UiRoute::Login
                 | UiRoute::SsoStart
@@ -480,6 +494,11 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     }
     if let Some(rest) = path.strip_prefix(ADMIN_PREFIX) {
         return route_admin(method, rest, query).map(Endpoint::Admin);
+    }
+    // Browsers ask every site for its icon; a plain GET of it is ours, not a
+    // ListObjects of an S3 bucket named `favicon.ico` (any query still goes upstream).
+    if path == "/favicon.ico" && query.is_none() && matches!(method, "GET" | "HEAD") {
+        return Ok(Endpoint::Ui(UiRoute::Favicon));
     }
     if path == "/ui" {
         return Ok(Endpoint::Ui(route_ui(method, "", query)));
@@ -755,6 +774,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
             UiRoute::Version {
                 workspace: ws(w),
                 version: v.to_string(),
+                reveal: q("reveal"),
             },
             "GET",
         ),
@@ -801,9 +821,46 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
         _ => return UiRoute::NotFound,
     };
     if method != allowed {
+        if allowed == "POST" && matches!(method, "GET" | "HEAD") {
+            if let Some(page) = form_page(&route) {
+                return UiRoute::PostOnly {
+                    page: Box::new(page),
+                };
+            }
+        }
         return UiRoute::NotAllowed { allowed };
     }
     route
+}
+
+/// The page a form route's form is on (where a GET of the form's URL is sent).
+fn form_page(form: &UiRoute) -> Option<UiRoute> {
+    let workspace_page = |w: &String| UiRoute::Workspace {
+        workspace: w.clone(),
+        page: None,
+        rolled_back: None,
+        unlocked: None,
+        write_allowed: None,
+    };
+    Some(match form {
+        UiRoute::Logout => UiRoute::Workspaces { filter: None },
+        UiRoute::Reveal { workspace, version } | UiRoute::Download { workspace, version } => {
+            UiRoute::Version {
+                workspace: workspace.clone(),
+                version: version.clone(),
+                reveal: None,
+            }
+        }
+        UiRoute::Rollback { workspace }
+        | UiRoute::Unlock { workspace }
+        | UiRoute::AllowWrite { workspace } => workspace_page(workspace),
+        UiRoute::DriftCheck { workspace } => UiRoute::Drift {
+            workspace: Some(workspace.clone()),
+            limit: None,
+        },
+        UiRoute::DriftApply { run } => UiRoute::DriftRun { run: run.clone() },
+        _ => return None,
+    })
 }
 
 fn not_allowed(method: &str, allowed: &'static str) -> EdgeError {
@@ -1310,7 +1367,9 @@ mod tests {
                 "GET",
                 "/ui/logout",
                 None,
-                UiRoute::NotAllowed { allowed: "POST" },
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::Workspaces { filter: None }),
+                },
             ),
             (
                 "GET",
@@ -1331,6 +1390,7 @@ mod tests {
                 UiRoute::Version {
                     workspace: w(),
                     version: "3".into(),
+                    reveal: Some("1".into()),
                 },
             ),
             (
@@ -1346,7 +1406,13 @@ mod tests {
                 "GET",
                 "/ui/workspaces/prod/versions/3/reveal",
                 None,
-                UiRoute::NotAllowed { allowed: "POST" },
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::Version {
+                        workspace: w(),
+                        version: "3".into(),
+                        reveal: None,
+                    }),
+                },
             ),
             (
                 "POST",
@@ -1361,7 +1427,13 @@ mod tests {
                 "GET",
                 "/ui/workspaces/prod/versions/3/download",
                 None,
-                UiRoute::NotAllowed { allowed: "POST" },
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::Version {
+                        workspace: w(),
+                        version: "3".into(),
+                        reveal: None,
+                    }),
+                },
             ),
             (
                 "GET",
@@ -1476,13 +1548,20 @@ mod tests {
                 "GET",
                 "/ui/drift/12/apply",
                 None,
-                UiRoute::NotAllowed { allowed: "POST" },
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::DriftRun { run: "12".into() }),
+                },
             ),
             (
                 "GET",
                 "/ui/drift/prod/run",
                 None,
-                UiRoute::NotAllowed { allowed: "POST" },
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::Drift {
+                        workspace: Some(w()),
+                        limit: None,
+                    }),
+                },
             ),
             (
                 "POST",
@@ -1491,6 +1570,21 @@ mod tests {
                 UiRoute::NotAllowed { allowed: "GET" },
             ),
             ("GET", "/ui/nope", None, UiRoute::NotFound),
+            (
+                "HEAD",
+                "/ui/workspaces/prod/unlock",
+                None,
+                UiRoute::PostOnly {
+                    page: Box::new(UiRoute::Workspace {
+                        workspace: w(),
+                        page: None,
+                        rolled_back: None,
+                        unlocked: None,
+                        write_allowed: None,
+                    }),
+                },
+            ),
+            ("GET", "/favicon.ico", None, UiRoute::Favicon),
             ("GET", "/ui/workspaces/prod/x", None, UiRoute::NotFound),
             ("GET", "/ui/drift/12/x", None, UiRoute::NotFound),
         ];
@@ -1503,5 +1597,18 @@ mod tests {
         }
         // Not the UI: a bucket cannot be called "ui", but "uix" can.
         assert_eq!(route("GET", "/uix/key", None).unwrap(), Endpoint::Upstream);
+        // Only a plain GET/HEAD of the icon is ours; the bucket's listing, its keys and
+        // writes go upstream as before.
+        for (method, path, query) in [
+            ("GET", "/favicon.ico", Some("list-type=2")),
+            ("PUT", "/favicon.ico", None),
+            ("GET", "/favicon.ico/key", None),
+        ] {
+            assert_eq!(
+                route(method, path, query).unwrap(),
+                Endpoint::Upstream,
+                "{method} {path}"
+            );
+        }
     }
 }

@@ -67,6 +67,7 @@ enum Answer {
     /// the single sign-on button when there is one).
     Throttled(u64, Option<String>),
     Stylesheet,
+    Favicon,
     /// A version's content as a download.
     File {
         name: String,
@@ -104,6 +105,10 @@ impl Answer {
             Answer::Stylesheet => Reply {
                 content_type: "text/css; charset=utf-8",
                 ..Reply::json(200, Bytes::from_static(crate::ui::STYLESHEET.as_bytes()))
+            },
+            Answer::Favicon => Reply {
+                content_type: "image/x-icon",
+                ..Reply::json(200, Bytes::from_static(crate::ui::FAVICON))
             },
             Answer::File { name, body } => {
                 let mut r = Reply::json(200, body);
@@ -209,14 +214,35 @@ fn error_page(chrome: Option<&Chrome>, e: impl Into<EdgeError>) -> Answer {
         EdgeError::Domain(Error::Locked { holder_info }) => {
             let info: serde_json::Value = serde_json::from_slice(holder_info).unwrap_or_default();
             let field = |k: &str| info[k].as_str().unwrap_or("?").chars().take(256).collect();
-            (e.to_string(), Some((field("Who"), field("Operation"))))
+            let operation: String = field("Operation");
+            (
+                e.to_string(),
+                Some((field("Who"), pages::operation_name(&operation).to_string())),
+            )
         }
-        other => (other.to_string(), None),
+        other => (operator_words(other), None),
     };
     let holder = holder
         .as_ref()
         .map(|(w, o): &(String, String)| (w.as_str(), o.as_str()));
     Answer::Page(status, pages::error(chrome, status, &message, holder))
+}
+
+/// An error as an operator reads it: workspaces by name, not by their internal scope
+/// (`tf/prod has no version 9` → `Workspace prod has no version 9.`).
+fn operator_words(e: &EdgeError) -> String {
+    let text = e.to_string();
+    match e {
+        EdgeError::MethodNotAllowed { .. } => {
+            "This address is not a page; open it from the UI's own links and forms. Nothing was done."
+                .into()
+        }
+        EdgeError::Domain(Error::NotFound(_) | Error::Conflict(_)) => match text.strip_prefix("tf/") {
+            Some(rest) => format!("Workspace {rest}."),
+            None => text,
+        },
+        _ => text,
+    }
 }
 
 pub(super) async fn handle(app: &App, session: &mut Session, route: UiRoute) -> Handled {
@@ -236,8 +262,10 @@ pub(super) async fn handle(app: &App, session: &mut Session, route: UiRoute) -> 
 
 /// The answer, the body bytes read and whether the body was consumed.
 async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usize, bool) {
-    if route == UiRoute::Stylesheet {
-        return (Answer::Stylesheet, 0, false);
+    match route {
+        UiRoute::Stylesheet => return (Answer::Stylesheet, 0, false),
+        UiRoute::Favicon => return (Answer::Favicon, 0, false),
+        _ => {}
     }
     let now = now();
     let cookie = cookie_value(session);
@@ -290,7 +318,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 return (error_page(Some(&chrome), e), 0, false);
             }
             if !route.takes_form() {
-                let answer = page(app, &chrome, route)
+                let answer = page(app, &chrome, &me, route)
                     .await
                     .unwrap_or_else(|e| error_page(Some(&chrome), e));
                 return (answer, 0, false);
@@ -306,7 +334,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 );
                 return (error_page(Some(&chrome), refused), read, true);
             }
-            let answer = action(app, &chrome, &me, cookie.as_deref(), route, &form)
+            let answer = action(app, &me, cookie.as_deref(), route, &form)
                 .await
                 .unwrap_or_else(|e| error_page(Some(&chrome), e));
             (answer, read, true)
@@ -546,7 +574,12 @@ fn text(value: Option<String>) -> Option<String> {
 }
 
 /// The read-only pages.
-async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, EdgeError> {
+async fn page(
+    app: &App,
+    chrome: &Chrome<'_>,
+    me: &UiSession,
+    route: UiRoute,
+) -> Result<Answer, EdgeError> {
     let ops = &app.operator;
     let ok = |markup| Ok(Answer::Page(200, markup));
     match route {
@@ -569,7 +602,17 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
             write_allowed,
         } => {
             let w = workspace(&w)?;
-            let summary = ops.workspace(w).await?;
+            let summary = match ops.workspace(w).await {
+                Ok(summary) => summary,
+                // A name nothing wrote to yet: how to connect Terraform (still a 404).
+                Err(Error::NotFound(_)) => {
+                    return Ok(Answer::Page(
+                        404,
+                        pages::empty_workspace(chrome, w, &app.client_url),
+                    ))
+                }
+                Err(e) => return Err(e.into()),
+            };
             let page = number("page", page.as_deref())?
                 .and_then(|p| u32::try_from(p).ok())
                 .unwrap_or(1)
@@ -628,18 +671,30 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
                 shown,
                 drift.as_ref(),
                 tokens.as_deref(),
+                &app.client_url,
             ))
         }
         UiRoute::Version {
             workspace: w,
             version,
+            reveal,
         } => {
             let w = workspace(&w)?;
             let v = required("version", Some(&version))?;
+            if let Some(ticket) = reveal.filter(|t| !t.is_empty()) {
+                return version_with_ticket(app, chrome, me, w, v, &ticket).await;
+            }
             let (row, body) = ops.show(w, Some(v)).await?;
             let content = json_content(mask_state(&body, row.version).ok());
-            ok(pages::version(chrome, w, &row, &content, false))
+            ok(pages::version(
+                chrome,
+                w,
+                &row,
+                &content,
+                pages::Shown::Masked,
+            ))
         }
+        UiRoute::PostOnly { page } => Ok(redirect(&page_href(&page)?)),
         UiRoute::RollbackPreview { workspace: w, to } => {
             let w = workspace(&w)?;
             let to = required("to", to.as_deref())?;
@@ -739,6 +794,7 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
         }),
         // Public or form routes never get here.
         UiRoute::Stylesheet
+        | UiRoute::Favicon
         | UiRoute::LoginForm
         | UiRoute::Login
         | UiRoute::SsoStart
@@ -762,7 +818,10 @@ async fn page(app: &App, chrome: &Chrome<'_>, route: UiRoute) -> Result<Answer, 
 /// A state document as the viewer shows it; `None`: not a plain JSON state.
 fn json_content(doc: Option<serde_json::Value>) -> Content {
     match doc {
-        Some(doc) => Content::Json(serde_json::to_string_pretty(&doc).unwrap_or_default()),
+        Some(doc) => Content::Json {
+            text: serde_json::to_string_pretty(&doc).unwrap_or_default(),
+            outline: crate::operator::paths::Outline::of(&doc),
+        },
         None => Content::NotPlain,
     }
 }
@@ -795,7 +854,6 @@ fn older_href(form: &AuditForm, before: i64) -> String {
 /// The state-changing forms (CSRF already checked).
 async fn action(
     app: &App,
-    chrome: &Chrome<'_>,
     me: &UiSession,
     cookie: Option<&str>,
     route: UiRoute,
@@ -818,17 +876,26 @@ async fn action(
             workspace: w,
             version,
         } => {
+            // POST-redirect-GET: the values are shown (and audited) by the GET this
+            // ticket lets through once, so the address bar holds a reloadable page.
             let w = workspace(&w)?;
             let v = required("version", Some(&version))?;
-            let (row, body) = ops.reveal(w, Some(v), &actor, Reveal::UiView).await?;
-            let doc = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .filter(|d| d.get("resources").is_some() || d.get("outputs").is_some());
-            let content = json_content(doc);
-            Ok(Answer::Page(
-                200,
-                pages::version(chrome, w, &row, &content, true),
-            ))
+            // An unknown, pruned or unreadable version is refused here, as before.
+            ops.show(w, Some(v)).await?;
+            let ticket = app
+                .reveals
+                .issue(&me.csrf, w, v, std::time::Instant::now())
+                .map_err(|e| Error::Internal {
+                    public: "could not start the reveal; see the server log".into(),
+                    detail: e.to_string(),
+                })?;
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("reveal", &ticket);
+            Ok(redirect(&format!(
+                "{}?{}#content",
+                pages::version_href(w, v),
+                q.finish()
+            )))
         }
         UiRoute::Download {
             workspace: w,
@@ -952,4 +1019,67 @@ async fn action(
         }
         _ => Err(Error::NotFound("no such form".into())),
     }
+}
+
+/// A version page asked for with a reveal ticket: the unmasked values (audited as
+/// `state.revealed`) when the ticket is this session's for this version and unused,
+/// else the masked page saying so. The operator must still be allowed to reveal.
+async fn version_with_ticket(
+    app: &App,
+    chrome: &Chrome<'_>,
+    me: &UiSession,
+    w: &str,
+    v: i64,
+    ticket: &str,
+) -> Result<Answer, EdgeError> {
+    let ops = &app.operator;
+    let taken = app
+        .reveals
+        .take(ticket, &me.csrf, w, v, std::time::Instant::now());
+    let need = Some((
+        crate::operator::roles::Action::Reveal,
+        super::guard::On::Workspace(w),
+    ));
+    if taken {
+        super::guard::permit(app, &me.operator, "ui.reveal", need).await?;
+        let (row, body) = ops
+            .reveal(w, Some(v), &me.operator.actor(), Reveal::UiView)
+            .await?;
+        let doc = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .filter(|d| d.get("resources").is_some() || d.get("outputs").is_some());
+        let content = json_content(doc);
+        return Ok(Answer::Page(
+            200,
+            pages::version(chrome, w, &row, &content, pages::Shown::Revealed),
+        ));
+    }
+    let (row, body) = ops.show(w, Some(v)).await?;
+    let content = json_content(mask_state(&body, row.version).ok());
+    Ok(Answer::Page(
+        200,
+        pages::version(chrome, w, &row, &content, pages::Shown::RevealUsed),
+    ))
+}
+
+/// The address of a page a form belongs to (names checked, so a redirect never
+/// carries text that is not a UI path).
+fn page_href(page: &UiRoute) -> Result<String, EdgeError> {
+    Ok(match page {
+        UiRoute::Workspace { workspace: w, .. } => crate::ui::layout::ws_href(workspace(w)?),
+        UiRoute::Version {
+            workspace: w,
+            version,
+            ..
+        } => pages::version_href(workspace(w)?, required("version", Some(version))?),
+        UiRoute::Drift {
+            workspace: Some(w), ..
+        } => {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("workspace", workspace(w)?);
+            format!("/ui/drift?{}", q.finish())
+        }
+        UiRoute::DriftRun { run } => drift_pages::run_href(required("run", Some(run))?),
+        _ => "/ui/".into(),
+    })
 }

@@ -46,7 +46,7 @@ const SECRET_LOOKING: &[&str] = &["password", "secret", "token", "private_key", 
 /// a value from the configuration.
 const STATE_METADATA: &[&str] = &["version", "terraform_version", "serial", "lineage"];
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Change {
     Added,
@@ -69,6 +69,10 @@ pub struct ResourceChange {
     /// For `changed` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attributes: Vec<AttributeChange>,
+    /// For `added` and `removed`: the instance's attributes on the side that has it,
+    /// masked (what the UI lists; not part of the API's JSON).
+    #[serde(skip)]
+    pub values: Vec<(String, Value)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -261,7 +265,10 @@ pub fn diff_states(a: &[u8], va: i64, b: &[u8], vb: i64) -> Result<StateDiff, Di
     let mut resources = Vec::new();
     for (address, before) in &ra {
         match rb.get(address) {
-            None => resources.push(resource(&before.shown, Change::Removed, Vec::new())),
+            None => resources.push(ResourceChange {
+                values: values(before),
+                ..resource(&before.shown, Change::Removed, Vec::new())
+            }),
             Some(after) => {
                 let changed = changed_attributes(before, after);
                 if !changed.is_empty() {
@@ -271,7 +278,10 @@ pub fn diff_states(a: &[u8], va: i64, b: &[u8], vb: i64) -> Result<StateDiff, Di
         }
     }
     for (_, after) in rb.iter().filter(|(k, _)| !ra.contains_key(*k)) {
-        resources.push(resource(&after.shown, Change::Added, Vec::new()));
+        resources.push(ResourceChange {
+            values: values(after),
+            ..resource(&after.shown, Change::Added, Vec::new())
+        });
     }
     resources.sort_by(|x, y| x.address.cmp(&y.address));
     Ok(StateDiff {
@@ -371,7 +381,7 @@ fn step(raw: &Value) -> Step<'_> {
 /// A dynamically typed attribute (`terraform_data`'s `input`/`output`, any `any`
 /// attribute) is stored as `{"value": …, "type": <cty type>}`; a path goes through it
 /// to the value (the wrapper is how the JSON encodes it, not part of the path).
-fn is_dynamic_wrapper(node: &Value) -> bool {
+pub(crate) fn is_dynamic_wrapper(node: &Value) -> bool {
     let Some(map) = node.as_object() else {
         return false;
     };
@@ -483,7 +493,17 @@ fn resource(address: &str, change: Change, attributes: Vec<AttributeChange>) -> 
         address: address.to_string(),
         change,
         attributes,
+        values: Vec::new(),
     }
+}
+
+/// An instance's masked attributes, by name.
+fn values(instance: &Instance) -> Vec<(String, Value)> {
+    instance
+        .masked
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn parse(bytes: &[u8], version: i64) -> Result<Value, DiffError> {

@@ -15,6 +15,7 @@
 
 pub mod diff;
 pub mod identity;
+pub mod paths;
 pub mod roles;
 pub mod search;
 

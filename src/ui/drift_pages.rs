@@ -53,19 +53,27 @@ fn changes_text(c: Option<Changes>) -> String {
 
 /// A future time as `in 5 min` (absolute on hover); past or now: `due now`.
 fn until(rfc3339: &str, now: i64) -> Markup {
-    match unix_seconds(rfc3339) {
-        Some(t) if t > now => {
+    match unix_seconds(rfc3339).and_then(|t| Some((t, super::layout::utc(t)?))) {
+        Some((t, (iso, shown))) if t > now => {
             let rel = super::layout::ago(t - now);
-            html! { time datetime=(rfc3339) title=(rfc3339) { "in " (rel.trim_end_matches(" ago")) } }
+            html! { time datetime=(iso) { "in " (rel.trim_end_matches(" ago")) " · " span.abs { (shown) } } }
         }
-        Some(_) => html! { time datetime=(rfc3339) title=(rfc3339) { "due now" } },
+        Some((_, (iso, shown))) => {
+            html! { time datetime=(iso) { "due now · " span.abs { (shown) } } }
+        }
         None => html! { span.muted { (rfc3339) } },
     }
 }
 
+/// `state moved` when a newer state may void the run's finding; after an approved
+/// apply of its plan the state moved because of that apply, which is said instead.
 fn state_moved_badge(run: &Run) -> Markup {
     html! {
-        @if run.state_moved {
+        @if let Some(apply) = run.applied_by {
+            " " a href=(run_href(apply)) title="The state moved because this plan was applied; the next check shows whether the drift is gone." {
+                span.badge.ok { "fix applied by #" (apply) }
+            }
+        } @else if run.state_moved {
             span.badge.warn title="The workspace has a newer state than the one this check planned against: its finding may no longer hold." { "state moved" }
         }
     }
@@ -179,8 +187,6 @@ fn run_note(run: &Run) -> Markup {
     html! {
         @if let Some(check) = run.applies {
             "applies " a href=(run_href(check)) { "#" (check) }
-        } @else if let Some(apply) = run.applied_by {
-            "approved: " a href=(run_href(apply)) { "apply #" (apply) }
         } @else if run.approvable {
             span.badge.warn { "awaiting approval" }
         }
@@ -292,7 +298,7 @@ fn approve_form(chrome: &Chrome, run: &Run) -> Markup {
         form.inline #approve method="post" action=(format!("/ui/drift/{}/apply", run.id)) {
             input type="hidden" name="csrf" value=(chrome.csrf);
             label {
-                "Type " code { (ws) } " to confirm"
+                span { "Type " code { (ws) } " to confirm" }
                 input type="text" name="confirm" required autocomplete="off" pattern=(exact_pattern(ws));
             }
             button.danger type="submit" { "Approve and apply" }
@@ -312,7 +318,9 @@ pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
         @if running {
             p.notice.warn #running { "This run is still going; the page reloads every " (REFRESH_WHILE_RUNNING) " seconds." }
         }
-        @if run.state_moved && !run.approvable {
+        @if let Some(apply) = run.applied_by {
+            p.notice.ok #applied { "This plan was approved and applied by " a href=(run_href(apply)) { "apply run #" (apply) } "; the next check shows whether the drift is gone." }
+        } @else if run.state_moved && !run.approvable {
             p.notice.warn { "The workspace’s state changed since this check planned; its finding may no longer hold." }
         }
         section.card { dl.facts #run-facts {
@@ -541,6 +549,73 @@ mod tests {
             let html = run(&chrome, &done, &output).into_string();
             assert!(html.contains(says), "{output:?}: {html}");
         }
+    }
+
+    #[test]
+    fn an_approved_apply_is_said_instead_of_state_moved() {
+        let chrome = Chrome {
+            email: "a",
+            csrf: "c",
+            grant: &crate::operator::roles::Grant::ROOT,
+            now: 10,
+        };
+        let applied = Run {
+            approvable: false,
+            applied_by: Some(9),
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        let check = CheckSummary {
+            workspace: "prod".into(),
+            dir: "d".into(),
+            binary: "tofu".into(),
+            interval_seconds: 60,
+            timeout_seconds: 60,
+            approve_apply: true,
+            status: Some(Outcome::Drifted),
+            status_at: None,
+            running: None,
+            last_check: Some(applied.clone()),
+            next_due_at: None,
+        };
+        let view = RunsView {
+            workspace: "",
+            limit: 50,
+            more: None,
+        };
+        for html in [
+            status_line(&chrome, &check).into_string(),
+            drift(
+                &chrome,
+                std::slice::from_ref(&check),
+                std::slice::from_ref(&applied),
+                &view,
+            )
+            .into_string(),
+            run(&chrome, &applied, &RunOutput::Absent).into_string(),
+        ] {
+            assert!(
+                html.contains("applied by #9") || html.contains("apply run #9"),
+                "{html}"
+            );
+            assert!(
+                !html.contains(">state moved<") && !html.contains("state changed since"),
+                "{html}"
+            );
+        }
+        // Without an approval, a moved state is still pointed out.
+        let moved = Run {
+            approvable: false,
+            ..run_with(Some(Outcome::Drifted), "x")
+        };
+        assert!(status_line(
+            &chrome,
+            &CheckSummary {
+                last_check: Some(moved),
+                ..check
+            }
+        )
+        .into_string()
+        .contains("state moved"));
     }
 
     #[test]

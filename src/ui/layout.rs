@@ -57,6 +57,7 @@ pub fn layout_refreshing(
                 @if let Some(seconds) = refresh { meta http-equiv="refresh" content=(seconds); }
                 title { (title) (PAGE_TITLE_SUFFIX) }
                 link rel="stylesheet" href="/ui/static/app.css";
+                link rel="icon" href="/favicon.ico" type="image/x-icon";
             }
             body {
                 header.top {
@@ -103,10 +104,21 @@ pub fn ago(seconds: i64) -> String {
     }
 }
 
-/// A time in relative form, with the absolute time on hover.
+/// `2026-12-01T21:03:07Z` and `2026-12-01 21:03 UTC` of a unix time (no fractions).
+pub fn utc(unix: i64) -> Option<(String, String)> {
+    let t = time::OffsetDateTime::from_unix_timestamp(unix).ok()?;
+    let iso = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+    let shown = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
+    Some((t.format(&iso).ok()?, t.format(&shown).ok()?))
+}
+
+/// A time as `2026-12-01 21:03 UTC · 2 min ago`: absolute (UTC, no fractions, also
+/// in `datetime`) beside relative, readable on a phone without hovering.
 pub fn when(rfc3339: &str, now: i64) -> Markup {
-    match unix_seconds(rfc3339) {
-        Some(t) => html! { time datetime=(rfc3339) title=(rfc3339) { (ago(now - t)) } },
+    match unix_seconds(rfc3339).and_then(|t| Some((t, utc(t)?))) {
+        Some((t, (iso, shown))) => html! {
+            time datetime=(iso) { span.abs { (shown) } " · " (ago(now - t)) }
+        },
         None => html! { span.muted { (rfc3339) } },
     }
 }
@@ -160,6 +172,25 @@ mod tests {
         }
         for (b, want) in [(812, "812 B"), (4300, "4.2 KiB"), (1572864, "1.5 MiB")] {
             assert_eq!(size(b), want);
+        }
+    }
+
+    #[test]
+    fn times_show_utc_beside_relative_without_fractions() {
+        let now = unix_seconds("2026-12-01T21:05:07Z").unwrap();
+        let table = [
+            (
+                "2026-12-01T21:03:07.123456789Z",
+                r#"<time datetime="2026-12-01T21:03:07Z"><span class="abs">2026-12-01 21:03 UTC</span> · 2 min ago</time>"#,
+            ),
+            (
+                "2026-12-01T23:03:07+02:00",
+                r#"<time datetime="2026-12-01T21:03:07Z"><span class="abs">2026-12-01 21:03 UTC</span> · 2 min ago</time>"#,
+            ),
+            ("yesterday", r#"<span class="muted">yesterday</span>"#),
+        ];
+        for (input, want) in table {
+            assert_eq!(when(input, now).into_string(), want, "{input}");
         }
     }
 

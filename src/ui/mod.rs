@@ -12,13 +12,18 @@
 //! `pages` and `drift_pages` turn plain values into HTML (maud escapes every value it
 //! is given), over `layout` (chrome, page layout, time and size formatting), which
 //! imports neither;
-//! `http::ui` is the pingora glue (cookies, forms, CSRF, security headers).
+//! `reveal` keeps the one-time tickets that carry an audited reveal across its
+//! POST-redirect-GET; `http::ui` is the pingora glue (cookies, forms, CSRF, security headers).
 
 pub mod drift_pages;
 pub mod layout;
 pub mod oidc;
 pub mod pages;
+pub mod reveal;
 pub mod session;
 
 /// The hand-written stylesheet, served at `/ui/static/app.css`.
 pub const STYLESHEET: &str = include_str!("app.css");
+
+/// The site icon (16×16), served at `/favicon.ico`.
+pub const FAVICON: &[u8] = include_bytes!("favicon.ico");

@@ -6,7 +6,8 @@ use maud::{html, Markup};
 use serde_json::Value;
 
 use crate::drift::CheckSummary;
-use crate::operator::diff::{AttributeChange, Change, StateDiff};
+use crate::operator::diff::{Change, StateDiff};
+use crate::operator::paths::{self, DiffView, Outline};
 use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
@@ -37,8 +38,9 @@ pub struct VersionsPage<'a> {
 
 /// A version's content as the viewer shows it.
 pub enum Content {
-    /// Pretty-printed JSON (masked unless the operator asked to reveal).
-    Json(String),
+    /// Pretty-printed JSON and its resources by module and type (masked unless the
+    /// operator asked to reveal).
+    Json { text: String, outline: Outline },
     /// Not a plain JSON state (e.g. encrypted by the client): only the download.
     NotPlain,
 }
@@ -52,7 +54,32 @@ pub struct AuditForm {
     pub until: String,
 }
 
-fn version_href(workspace: &str, version: i64) -> String {
+/// How a version page shows its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    /// Sensitive values masked (the default).
+    Masked,
+    /// Unmasked, by a reveal ticket (audited).
+    Revealed,
+    /// Masked: the reveal ticket in the address was used already or expired (a reload).
+    RevealUsed,
+}
+
+/// Terraform's lock operation as an operator says it: `OperationTypeApply` → `apply`.
+pub fn operation_name(operation: &str) -> &str {
+    match operation {
+        "OperationTypeApply" => "apply",
+        "OperationTypePlan" => "plan",
+        "OperationTypeRefresh" => "refresh",
+        "OperationTypeInvalid" => "unknown operation",
+        other => other
+            .strip_prefix("OperationType")
+            .filter(|rest| !rest.is_empty())
+            .unwrap_or(other),
+    }
+}
+
+pub fn version_href(workspace: &str, version: i64) -> String {
     format!("{}/versions/{version}", ws_href(workspace))
 }
 
@@ -73,7 +100,7 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
         " "
         span { (lock.who) }
         " · "
-        span.muted { (lock.operation) }
+        span.muted { (operation_name(&lock.operation)) }
         " · "
         "locked " (when(&lock.created_at, now))
     }
@@ -126,9 +153,35 @@ pub fn signed_in(to: &str) -> Markup {
     }
 }
 
+/// The banner of stale locks on the list page: how many, and which.
+fn stale_banner(rows: &[WorkspaceSummary]) -> Markup {
+    let stale: Vec<&WorkspaceSummary> = rows
+        .iter()
+        .filter(|w| w.lock.as_ref().is_some_and(|l| l.stale))
+        .collect();
+    let locked = rows.iter().filter(|w| w.lock.is_some()).count();
+    html! {
+        @if !stale.is_empty() {
+            div.notice.error #stale-locks role="status" {
+                strong { (stale.len()) " stale lock" @if stale.len() != 1 { "s" } }
+                ": held longer than expected, so the run holding it may have died. "
+                @for (i, w) in stale.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    a href=(format!("{}#lock", ws_href(&w.name))) { (w.name) }
+                }
+                "."
+            }
+        }
+        @if locked > 0 {
+            p.muted #lock-count { (locked) " of " (rows.len()) " workspace" @if rows.len() != 1 { "s" } " locked now." }
+        }
+    }
+}
+
 pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> Markup {
     let body = html! {
         h1 { "Workspaces" }
+        (stale_banner(rows))
         form.inline method="get" action="/ui/workspaces" {
             label { "Filter by name" input type="search" name="q" value=(filter); }
             button type="submit" { "Filter" }
@@ -174,7 +227,16 @@ fn notice(n: Notice) -> Markup {
         Notice::RolledBack(v) => html! {
             p.notice.ok { "Rolled back: the workspace is now at version " (v) "." }
         },
-        Notice::Unlocked => html! { p.notice.ok { "The lock was released." } },
+        Notice::Unlocked => html! {
+            div.notice.ok #unlocked {
+                p { "The lock was released." }
+                p {
+                    "If the run that held it was killed, what it changed in the infrastructure was not saved to the state. "
+                    "Run " code { "terraform plan" } " in that workspace’s configuration now: it shows what the state is missing, and an "
+                    code { "apply" } " records it."
+                }
+            }
+        },
         Notice::WasNotLocked => {
             html! { p.notice.warn { "The workspace was not locked; nothing changed." } }
         }
@@ -191,15 +253,18 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
     html! {
         section.card #lock {
             h2 { "Lock" @if lock.stale { span.badge.stale { "STALE" } } }
+            @if lock.stale {
+                p.notice.error #stale { "This lock is stale: it has been held longer than expected, so the run that took it may have died. If it did, break the lock below, then run " code { "terraform plan" } "." }
+            }
             dl.facts {
                 dt { "Who" } dd { (lock.who) }
-                dt { "Operation" } dd { (lock.operation) }
+                dt { "Operation" } dd { (operation_name(&lock.operation)) }
                 dt { "Held since" } dd { (when(&lock.created_at, chrome.now)) }
                 dt { "Lock ID" } dd { code { (lock.id) } }
             }
             @if chrome.may(Action::Operate, &ws.name) {
                 p {
-                    "Force-unlocking breaks " strong { (lock.who) } "’s " (lock.operation)
+                    "Force-unlocking breaks " strong { (lock.who) } "’s " (operation_name(&lock.operation))
                     ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
                     "Only do this when that run is dead."
                 }
@@ -331,7 +396,6 @@ fn timeline_section(
 }
 
 fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
-    let now = chrome.now;
     html! {
         @if page.rows.is_empty() {
             div.card.empty { "No versions on this page." }
@@ -341,25 +405,11 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
                     th.num { "Version" } th.num { "Serial" } th.hide-narrow { "Lineage" }
                     th.num.hide-narrow { "Size" } th { "Written by" } th { "When" } th { "" }
                 } }
-                tbody { @for v in page.rows { tr {
-                    td.num { (v.version) }
-                    td.num { (dash(v.serial)) }
-                    td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
-                    td.num.hide-narrow { (size(v.size)) }
-                    td { (writer_cell(v)) }
-                    td { (when(&v.created_at, now)) }
-                    td {
-                        @if v.is_tombstone() {
-                            span.badge.deleted { "deleted" }
-                        } @else {
-                            a href=(version_href(ws, v.version)) { "view" }
-                            @if chrome.may(Action::Reveal, ws) {
-                                " · "
-                                (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
-                            }
-                        }
-                    }
-                } } }
+                tbody { @for (i, v) in page.rows.iter().enumerate() {
+                    // The version below it (older), or the one before the page's last.
+                    @let previous = page.rows.get(i + 1).map_or(v.version - 1, |p| p.version);
+                    (version_row(chrome, ws, v, previous))
+                } }
             } }
         }
         div.pager {
@@ -371,6 +421,76 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
             }
         }
     }
+}
+
+/// One row of the versions table; `previous`: the version before it (a diff link
+/// when it is a version at all).
+fn version_row(chrome: &Chrome, ws: &str, v: &VersionRow, previous: i64) -> Markup {
+    html! {
+        tr {
+            td.num { (v.version) }
+            td.num { (dash(v.serial)) }
+            td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
+            td.num.hide-narrow { (size(v.size)) }
+            td { (writer_cell(v)) }
+            td { (when(&v.created_at, chrome.now)) }
+            td.actions-cell {
+                @if v.is_tombstone() {
+                    span.badge.deleted { "deleted" }
+                } @else {
+                    a href=(version_href(ws, v.version)) { "view" }
+                    @if previous >= 1 {
+                        " · " a href=(diff_href(ws, previous, v.version)) title=(format!("what changed from version {previous}")) { "diff" }
+                    }
+                    @if chrome.may(Action::Reveal, ws) {
+                        " · "
+                        (post_button(chrome.csrf, &format!("{}/download", version_href(ws, v.version)), "download"))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How to point Terraform/OpenTofu at this workspace: the backend block (addresses
+/// from the server's public address) and where the credential comes from. Never the
+/// credential itself.
+pub fn connect_panel(ws: &str, base_url: &str, open: bool) -> Markup {
+    let address = format!("{}/api/v1/tf/state/{ws}", base_url.trim_end_matches('/'));
+    let block = format!(
+        "terraform {{\n  backend \"http\" {{\n    address        = \"{address}\"\n    lock_address   = \"{address}\"\n    unlock_address = \"{address}\"\n    username       = \"stategate\"\n    # password: TF_HTTP_PASSWORD (see below)\n  }}\n}}\n"
+    );
+    html! {
+        details.card #connect open[open] {
+            summary { h2 { "Connect Terraform" } }
+            p { "Put this backend in the configuration’s " code { "terraform" } " block, then run " code { "terraform init" } ":" }
+            pre #backend { (block) }
+            p { "The password is a credential, never shown here. Either:" }
+            ul {
+                li {
+                    "the workspace credential: on the stategate host run "
+                    code #env-command { "stategate workspace env " (ws) }
+                    " and " code { "eval" } " its output (it exports " code { "TF_HTTP_ADDRESS" } ", " code { "TF_HTTP_USERNAME" }
+                    " and " code { "TF_HTTP_PASSWORD" } "; add " code { "--opentofu-encryption" } " for OpenTofu state encryption), or"
+                }
+                li { "an issued token for this workspace as " code { "TF_HTTP_PASSWORD" } " (see docs/access.md)." }
+            }
+        }
+    }
+}
+
+/// A workspace nothing has been written to yet (or only locked): how to start.
+pub fn empty_workspace(chrome: &Chrome, ws: &str, base_url: &str) -> Markup {
+    let body = html! {
+        p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
+        h1 { (ws) }
+        div.card.empty #no-versions {
+            "Workspace " strong { (ws) } " has no state yet. Connect Terraform to it and run "
+            code { "terraform apply" } " (or " code { "terraform state push" } " an existing state); it appears here with its first write."
+        }
+        (connect_panel(ws, base_url, true))
+    };
+    layout(ws, Some(chrome), body)
 }
 
 fn diff_form(ws: &str, from: Option<i64>, to: Option<i64>) -> Markup {
@@ -387,7 +507,7 @@ fn locked_refusal(lock: &LockState) -> Markup {
     html! {
         p.notice.warn {
             "Rollback is refused while the workspace is locked by " strong { (lock.who) }
-            " (" (lock.operation) ", " (ago(lock.age_seconds)) ")."
+            " (" (operation_name(&lock.operation)) ", " (ago(lock.age_seconds)) ")."
         }
     }
 }
@@ -396,7 +516,7 @@ fn locked_refusal(lock: &LockState) -> Markup {
 fn rollback_form(ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
     html! {
         @if let Some(lock) = &ws.lock { (locked_refusal(lock)) }
-        p.muted { "Stores the chosen version’s content (with its serial and lineage) as a new version; nothing is deleted, and Terraform reads it on its next run. You see what changes before you confirm." }
+        p.muted { "Stores the chosen version’s content as a new version with a fresh serial (above every serial stored before, so plans saved before the rollback are refused as stale; the lineage stays). Nothing is deleted, and Terraform reads it on its next run. You see what changes before you confirm." }
         form.inline #rollback method="get" action=(format!("{}/rollback", ws_href(&ws.name))) {
             label { "Version to restore" input type="number" name="to" min="1" required value=[default_to]; }
             button type="submit" { "Preview rollback" }
@@ -412,6 +532,7 @@ pub fn workspace(
     shown: Option<Notice>,
     drift: Option<&CheckSummary>,
     tokens: Option<&[crate::tofu::credentials::WorkspaceToken]>,
+    base_url: &str,
 ) -> Markup {
     let live: Vec<i64> = versions
         .rows
@@ -434,6 +555,7 @@ pub fn workspace(
         }
         (lock_panel(chrome, ws))
         (freeze_card(chrome, ws))
+        (connect_panel(&ws.name, base_url, false))
         h2 { "Versions" }
         (versions_table(chrome, &ws.name, versions))
         (timeline_section(chrome, &ws.name, versions.timeline))
@@ -515,12 +637,18 @@ pub fn version(
     workspace: &str,
     row: &VersionRow,
     content: &Content,
-    revealed: bool,
+    shown: Shown,
 ) -> Markup {
+    let revealed = shown == Shown::Revealed;
     let base = version_href(workspace, row.version);
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (row.version) }
+        @if row.version > 1 {
+            p.actions #compare {
+                a href=(diff_href(workspace, row.version - 1, row.version)) { "Diff with previous (v" (row.version - 1) ")" }
+            }
+        }
         section.card { dl.facts {
             dt { "Serial" } dd { (dash(row.serial)) }
             dt { "Lineage" } dd { code { (row.lineage.as_deref().unwrap_or("–")) } }
@@ -534,20 +662,28 @@ pub fn version(
                 (post_button(chrome.csrf, &format!("{base}/download"), "Download .tfstate"))
                 @if revealed {
                     a href=(base) { "Mask sensitive values" }
-                } @else if matches!(content, Content::Json(_)) {
+                } @else if matches!(content, Content::Json { .. }) {
                     (post_button(chrome.csrf, &format!("{base}/reveal"), "Show sensitive values"))
                 }
                 span.muted { "Showing or downloading the real values is recorded in the audit log." }
             }
         }
         @match content {
-            Content::Json(text) => {
+            Content::Json { text, outline } => {
                 @if revealed {
-                    p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } "." }
+                    p.notice.warn { "Sensitive values are shown; this was recorded in the audit log as " code { "state.revealed" } ". Reloading this page masks them again." }
+                } @else if shown == Shown::RevealUsed {
+                    p.notice.warn #reveal-used { "That reveal was shown once already (or it expired); the values are masked again. Press “Show sensitive values” to reveal them again (recorded in the audit log)." }
+                    p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 } @else {
                     p.muted #masking { (crate::operator::diff::MASKING_LIMITS) }
                 }
-                pre #content { (text) }
+                (outline_nav(outline))
+                (outline_body(outline))
+                details #raw {
+                    summary { "The whole state as JSON" }
+                    pre #content { (text) }
+                }
             }
             Content::NotPlain => p.notice.warn {
                 "This version is not a plain JSON state (encrypted by the client?)"
@@ -558,6 +694,55 @@ pub fn version(
     layout(&format!("{workspace} v{}", row.version), Some(chrome), body)
 }
 
+fn diff_href(workspace: &str, from: i64, to: i64) -> String {
+    format!("{}/diff?from={from}&to={to}", ws_href(workspace))
+}
+
+/// The version's resources as a list of links: module → type → instance.
+fn outline_nav(outline: &Outline) -> Markup {
+    html! {
+        nav.card.outline #outline aria-label="Resources" {
+            h2 { "Resources (" (outline.instances()) ")" }
+            @if outline.modules.is_empty() { p.muted { "No resources." } }
+            ul {
+                @for (module, types) in &outline.modules { li {
+                    strong { @if module.is_empty() { "root module" } @else { code { (module) } } }
+                    ul { @for (kind, instances) in types { li {
+                        code { (kind) }
+                        ul { @for i in instances { li { a href=(format!("#{}", i.anchor)) { code { (i.address) } } } } }
+                    } } }
+                } }
+            }
+            @if !outline.outputs.is_empty() { p { a href="#outputs" { "Outputs (" (outline.outputs.len()) ")" } } }
+        }
+    }
+}
+
+/// Each instance's attributes by path, under its anchor; then the outputs.
+fn outline_body(outline: &Outline) -> Markup {
+    html! {
+        @for types in outline.modules.values() {
+            @for instances in types.values() {
+                @for i in instances {
+                    section.card.resource id=(i.anchor) {
+                        h3 { code { (i.address) } }
+                        ul.paths {
+                            @for (path, value) in &i.rows { li { code.path { (path) } ": " span.value { (value) } } }
+                            @if i.more > 0 { li.muted { "… and " (i.more) " more (see the JSON below)" } }
+                        }
+                    }
+                }
+            }
+        }
+        @if !outline.outputs.is_empty() {
+            section.card.resource #outputs {
+                h3 { "Outputs" }
+                ul.paths { @for (path, value) in &outline.outputs { li { code.path { (path) } ": " span.value { (value) } } } }
+            }
+        }
+    }
+}
+
 fn change_badge(change: &Change) -> Markup {
     match change {
         Change::Added => html! { span.badge.added { "added" } },
@@ -566,61 +751,84 @@ fn change_badge(change: &Change) -> Markup {
     }
 }
 
-fn json_text(value: &Option<Value>) -> String {
-    value.as_ref().map_or_else(|| "–".into(), Value::to_string)
-}
-
-fn attribute_rows(attrs: &[AttributeChange]) -> Markup {
-    html! {
-        @for a in attrs { tr {
-            td { code { (a.name) } }
-            td { code { (json_text(&a.before)) } }
-            td { code { (json_text(&a.after)) } }
-        } }
-    }
-}
-
 pub fn diff(chrome: &Chrome, workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " / " a href=(ws_href(workspace)) { (workspace) } " /" }
         h1 { (workspace) " · version " (from) " → " (to) }
         (diff_form(workspace, Some(from), Some(to)))
-        (diff_sections(from, to, d))
+        (diff_sections(workspace, from, to, d))
     };
     layout(&format!("{workspace} diff"), Some(chrome), body)
 }
 
-/// Resources and outputs that differ from version `from` to version `to`.
-fn diff_sections(from: i64, to: i64, d: &StateDiff) -> Markup {
+/// `+1 ~2 −0` of resource instances (and how many outputs changed).
+fn diff_counts(view: &DiffView) -> Markup {
+    let c = view.counts;
     html! {
-        @if d.is_empty() {
-            div.card.empty { "No differences in resources or outputs." }
+        p.counts #counts {
+            span.add title="resource instances added" { "+" (c.add) " to add" }
+            span.change title="resource instances changed" { "~" (c.change) " to change" }
+            span.destroy title="resource instances removed" { "−" (c.destroy) " to destroy" }
+            @if !view.outputs.is_empty() {
+                span.muted { (view.outputs.len()) " output" @if view.outputs.len() != 1 { "s" } " changed" }
+            }
         }
-        @if !d.resources.is_empty() {
-            h2 { "Resources" }
-            @for r in &d.resources {
-                section.card.resource {
-                    h3 { code { (r.address) } (change_badge(&r.change)) }
-                    @if !r.attributes.is_empty() {
-                        div.table-wrap { table {
-                            thead { tr { th { "Attribute" } th { "Before (v" (from) ")" } th { "After (v" (to) ")" } } }
-                            tbody { (attribute_rows(&r.attributes)) }
-                        } }
+    }
+}
+
+/// One item's rows: `path: before → after`, before struck through, after highlighted.
+fn path_rows(item: &paths::Item) -> Markup {
+    html! {
+        @if item.hidden {
+            p.muted.small { "A sensitive value changed; both sides are masked." }
+        }
+        @if !item.rows.is_empty() {
+            ul.paths {
+                @for r in &item.rows { li {
+                    code.path { (r.path) } ": "
+                    @match (&r.before, &r.after) {
+                        (Some(b), Some(a)) => { del { (b) } " → " ins { (a) } },
+                        (Some(b), None) => { del { (b) } " " span.muted.small { "(gone)" } },
+                        (None, Some(a)) => { ins { (a) } },
+                        (None, None) => "–",
                     }
+                } }
+                @if item.more > 0 { li.muted { "… and " (item.more) " more" } }
+            }
+        }
+    }
+}
+
+/// Resources and outputs that differ from version `from` to version `to`, by path.
+fn diff_sections(workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
+    let view = DiffView::of(d);
+    html! {
+        @if view.is_empty() {
+            div.card.empty { "No differences in resources or outputs." }
+        } @else {
+            (diff_counts(&view))
+        }
+        @if !view.resources.is_empty() {
+            h2 { "Resources" }
+            @for r in &view.resources {
+                @let shown_in = if r.change == Change::Removed { from } else { to };
+                section.card.resource id=(r.anchor) {
+                    h3 {
+                        code { (r.address) } (change_badge(&r.change))
+                        " " a.small href=(format!("{}#{}", version_href(workspace, shown_in), r.anchor)) { "in v" (shown_in) }
+                    }
+                    (path_rows(r))
                 }
             }
         }
-        @if !d.outputs.is_empty() {
+        @if !view.outputs.is_empty() {
             h2 { "Outputs" }
-            div.table-wrap { table #outputs {
-                thead { tr { th { "Output" } th { "Change" } th { "Before" } th { "After" } } }
-                tbody { @for o in &d.outputs { tr {
-                    td { code { (o.name) } }
-                    td { (change_badge(&o.change)) }
-                    td { code { (json_text(&o.before)) } }
-                    td { code { (json_text(&o.after)) } }
-                } } }
-            } }
+            @for o in &view.outputs {
+                section.card.resource id=(o.anchor) {
+                    h3 { code { (o.address) } (change_badge(&o.change)) }
+                    (path_rows(o))
+                }
+            }
         }
     }
 }
@@ -638,7 +846,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
             (p.from_version) " to what it would become:"
         }
         @match (&p.diff, &p.diff_unavailable) {
-            (Some(d), _) => (diff_sections(p.from_version, p.to_version, d)),
+            (Some(d), _) => (diff_sections(name, p.from_version, p.to_version, d)),
             (None, why) => p.notice.warn {
                 "No preview: " (why.as_deref().unwrap_or("the versions cannot be compared")) ". The rollback itself still works."
             },
@@ -652,7 +860,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
                 input type="hidden" name="to" value=(p.to_version);
                 input type="hidden" name="from" value=(p.from_version);
                 label {
-                    "Type " code { (name) } " to confirm"
+                    span { "Type " code { (name) } " to confirm" }
                     input type="text" name="confirm" required autocomplete="off"
                         pattern=(exact_pattern(name));
                 }
@@ -716,7 +924,7 @@ pub fn search(chrome: &Chrome, query: &str, results: Option<&SearchResults>) -> 
                     thead { tr { th { "Workspace" } th { "Resource" } th.hide-narrow { "Type" } th.num { "Version" } } }
                     tbody { @for h in &r.hits { tr {
                         td { a href=(ws_href(&h.workspace)) { (h.workspace) } }
-                        td { a href=(version_href(&h.workspace, h.version)) { code { (h.address) } } }
+                        td { a href=(format!("{}#{}", version_href(&h.workspace, h.version), paths::anchor(&h.address))) { code { (h.address) } } }
                         td.hide-narrow { code { (h.kind) } @if h.mode == "data" { " " span.muted { "(data)" } } }
                         td.num { (h.version) }
                     } } }
@@ -902,7 +1110,8 @@ mod tests {
                 resources: vec![crate::operator::diff::ResourceChange {
                     address: evil.into(),
                     change: Change::Changed,
-                    attributes: vec![AttributeChange {
+                    values: Vec::new(),
+                    attributes: vec![crate::operator::diff::AttributeChange {
                         name: evil.into(),
                         before: Some(Value::from(evil)),
                         after: None,
@@ -947,8 +1156,20 @@ mod tests {
                 None,
                 None,
                 Some(std::slice::from_ref(&evil_token)),
+                evil,
             ),
-            version(&chrome, "prod", &row, &Content::Json(evil.into()), true),
+            version(
+                &chrome,
+                "prod",
+                &row,
+                &Content::Json {
+                    text: evil.into(),
+                    outline: Outline::of(&serde_json::json!({"resources": [
+                        {"type": evil, "name": evil, "module": evil, "instances": [{"index_key": evil, "attributes": {evil: evil}}]}
+                    ], "outputs": {evil: {"value": evil}}})),
+                },
+                Shown::Revealed,
+            ),
             audit(&chrome, &form, &[audit_row], Some(evil)),
             error(Some(&chrome), 423, evil, Some((evil, evil))),
         ];

@@ -159,7 +159,9 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
         p.communicate(timeout=30)
     time.sleep(2.2)  # past STATEGATE_LOCKS_STALE_AFTER_SECONDS=1 (ages are whole seconds)
     page.open(f"/ui/workspaces/{ws_name}")
-    text = page.wait_text("Force unlock", "OperationTypeApply", "STALE")
+    # The killed apply's lock, stale, with Terraform's operation in words.
+    text = page.wait_text("Force unlock", "’s apply", "STALE")
+    assert "OperationTypeApply" not in text
     assert "Rollback is refused while the workspace is locked" in text
     page.shot("05-locked")
     # The preview still shows the diff, and why the confirmation is disabled.

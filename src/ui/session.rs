@@ -57,31 +57,14 @@ pub fn open(conn: &Connection, token: &[u8], now: i64) -> Result<Option<Opened>,
     let Some((token_sha256, operator)) = live_operator_token(conn, token, now)? else {
         return Ok(None);
     };
-    tokens::sweep_expired(conn, Kind::Session, now)?;
-    let issued = tokens::issue(
+    issue(
         conn,
-        NewToken {
-            kind: Kind::Session,
-            owner_id: Some(operator.id),
-            parent: Some(&token_sha256),
-            expires_at: Some(now + LIFETIME_SECONDS),
-        },
-    )?;
-    insert_audit(
-        conn,
-        &AuditEntry {
-            actor: operator.actor(),
-            org: None,
-            scope: "operators".into(),
-            event: "ui.login",
-            payload: serde_json::json!({}),
-        },
-    )?;
-    let csrf = csrf_of(&issued.secret);
-    Ok(Some(Opened {
-        cookie_value: issued.secret,
-        session: UiSession { operator, csrf },
-    }))
+        operator,
+        Some(&token_sha256),
+        serde_json::json!({}),
+        now,
+    )
+    .map(Some)
 }
 
 /// Opens a session for a single sign-on user (`ui::oidc`): its operator is made or
@@ -98,13 +81,34 @@ pub fn open_sso(
     let Some(operator) = sso_operator(conn, user)? else {
         return Ok(None);
     };
+    let payload = serde_json::json!({
+        "method": "oidc",
+        "issuer": user.issuer,
+        "subject": user.subject,
+        "email": email,
+        "role": operator.grant.role.as_str(),
+        "workspaces": operator.grant.workspaces(),
+    });
+    issue(conn, operator, None, payload, now).map(Some)
+}
+
+/// Issues the session of `operator` (live only while `parent` is, when given), sweeping
+/// expired sessions first, and audits the login (`ui.login`, scope `operators`) with
+/// `payload`, which never holds a secret.
+fn issue(
+    conn: &Connection,
+    operator: Operator,
+    parent: Option<&str>,
+    payload: serde_json::Value,
+    now: i64,
+) -> Result<Opened, AdminError> {
     tokens::sweep_expired(conn, Kind::Session, now)?;
     let issued = tokens::issue(
         conn,
         NewToken {
             kind: Kind::Session,
             owner_id: Some(operator.id),
-            parent: None,
+            parent,
             expires_at: Some(now + LIFETIME_SECONDS),
         },
     )?;
@@ -115,21 +119,14 @@ pub fn open_sso(
             org: None,
             scope: "operators".into(),
             event: "ui.login",
-            payload: serde_json::json!({
-                "method": "oidc",
-                "issuer": user.issuer,
-                "subject": user.subject,
-                "email": email,
-                "role": operator.grant.role.as_str(),
-                "workspaces": operator.grant.workspaces(),
-            }),
+            payload,
         },
     )?;
     let csrf = csrf_of(&issued.secret);
-    Ok(Some(Opened {
+    Ok(Opened {
         cookie_value: issued.secret,
         session: UiSession { operator, csrf },
-    }))
+    })
 }
 
 /// The live session a cookie value names: not expired or logged out, and its operator

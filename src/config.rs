@@ -586,6 +586,127 @@ impl Default for OidcConfig {
     }
 }
 
+/// `[key]`: where the root key (the DEK) lives. `"file"` (the default): the plain
+/// key file (`dek_file`) or `dek`. `"pkcs11"`: the key is stored wrapped
+/// (`wrapped_file`) and a PKCS#11 token (`[key.pkcs11]`) unwraps it at startup; no
+/// plain copy is read or written (`crate::installation::load_root_key`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyConfig {
+    pub service: KeyServiceKind,
+    /// Defaults to `<data_dir>/stategate.key.wrapped`.
+    pub wrapped_file: Option<PathBuf>,
+    pub pkcs11: Option<Pkcs11Config>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyServiceKind {
+    #[default]
+    File,
+    Pkcs11,
+}
+
+/// `[key.pkcs11]`: the token that wraps the root key. The user PIN comes from
+/// `pin_file` or `STATEGATE_KEY_PKCS11_PIN`, never from the config file itself (a
+/// `pin` key there is refused as unknown).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pkcs11Config {
+    /// The vendor's PKCS#11 module, e.g. `/usr/lib/softhsm/libsofthsm2.so`.
+    pub module: PathBuf,
+    /// The token's label (at most 32 bytes, as PKCS#11 stores it).
+    pub token_label: String,
+    /// The label of the AES-256 secret key on the token.
+    pub key_label: String,
+    /// A file holding the user PIN (trailing newline ignored).
+    pub pin_file: Option<PathBuf>,
+    /// From `STATEGATE_KEY_PKCS11_PIN` only.
+    #[serde(skip)]
+    pub pin: Option<Secret>,
+}
+
+/// Longest PKCS#11 token label (the field is 32 bytes) and key label accepted.
+const MAX_TOKEN_LABEL: usize = 32;
+const MAX_KEY_LABEL: usize = 128;
+
+impl KeyConfig {
+    fn validate(&self, dek_in_config: bool) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        match (self.service, &self.pkcs11) {
+            (KeyServiceKind::File, None) => Ok(()),
+            (KeyServiceKind::File, Some(_)) => invalid(
+                "[key.pkcs11] is set but key.service (STATEGATE_KEY_SERVICE) is \"file\"; set key.service = \"pkcs11\" to use the token".into(),
+            ),
+            (KeyServiceKind::Pkcs11, None) => invalid(
+                "key.service is \"pkcs11\" but [key.pkcs11] (module, token_label, key_label, pin_file) is not set".into(),
+            ),
+            (KeyServiceKind::Pkcs11, Some(p)) => {
+                if dek_in_config {
+                    return invalid(
+                        "dek (STATEGATE_DEK) cannot be set with key.service = \"pkcs11\": the key would be in plain text; keep it in dek_file and run `stategate key wrap`".into(),
+                    );
+                }
+                if p.module.as_os_str().is_empty() {
+                    return invalid("key.pkcs11.module (STATEGATE_KEY_PKCS11_MODULE) is not set".into());
+                }
+                for (name, value, max) in [
+                    ("key.pkcs11.token_label (STATEGATE_KEY_PKCS11_TOKEN_LABEL)", &p.token_label, MAX_TOKEN_LABEL),
+                    ("key.pkcs11.key_label (STATEGATE_KEY_PKCS11_KEY_LABEL)", &p.key_label, MAX_KEY_LABEL),
+                ] {
+                    if value.is_empty() || value.len() > max || value.chars().any(char::is_control) {
+                        return invalid(format!(
+                            "{name} must be 1 to {max} bytes without control characters"
+                        ));
+                    }
+                }
+                match (&p.pin_file, &p.pin) {
+                    (Some(_), Some(_)) => invalid(
+                        "key.pkcs11.pin_file and STATEGATE_KEY_PKCS11_PIN are both set; use one".into(),
+                    ),
+                    (None, None) => invalid(
+                        "the PKCS#11 user PIN is not set: key.pkcs11.pin_file (STATEGATE_KEY_PKCS11_PIN_FILE) or STATEGATE_KEY_PKCS11_PIN".into(),
+                    ),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// `[tofu]`: policies of the Terraform/OpenTofu backend.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TofuConfig {
+    /// Workspace patterns (`prod-*`) on which a plaintext state write onto a current
+    /// state that OpenTofu encrypted is refused with 409 (a silent downgrade); an
+    /// operator's `workspace allow-write` lets one through.
+    pub refuse_plaintext_after_encrypted: Vec<String>,
+}
+
+/// Most patterns `tofu.refuse_plaintext_after_encrypted` may list.
+const MAX_DOWNGRADE_PATTERNS: usize = 256;
+
+impl TofuConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let patterns = &self.refuse_plaintext_after_encrypted;
+        if patterns.len() > MAX_DOWNGRADE_PATTERNS {
+            return Err(ConfigError::Invalid(format!(
+                "tofu.refuse_plaintext_after_encrypted must list at most {MAX_DOWNGRADE_PATTERNS} patterns, not {}",
+                patterns.len()
+            )));
+        }
+        for p in patterns {
+            crate::names::Pattern::parse(p).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "tofu.refuse_plaintext_after_encrypted (STATEGATE_TOFU_REFUSE_PLAINTEXT_AFTER_ENCRYPTED): {p:?}: {e}"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// Most request threads `threads` may ask for.
 const MAX_THREADS: usize = 1024;
 
@@ -858,6 +979,10 @@ pub struct Config {
     pub metrics_token: Option<Secret>,
     /// Single sign-on for the web UI (`[oidc]`); unset, the UI takes operator tokens only.
     pub oidc: Option<OidcConfig>,
+    /// Where the root key lives (`[key]`): the plain file, or wrapped by a PKCS#11 token.
+    pub key: KeyConfig,
+    /// Backend policies (`[tofu]`).
+    pub tofu: TofuConfig,
     /// The file this was loaded from (not a key): a drift child must not read it.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -889,6 +1014,8 @@ impl Default for Config {
             drift_settings: DriftSettings::default(),
             metrics_token: None,
             oidc: None,
+            key: KeyConfig::default(),
+            tofu: TofuConfig::default(),
             loaded_from: None,
         }
     }
@@ -911,6 +1038,17 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("STATEGATE_DATA_DIR", "data_dir"),
     ("STATEGATE_DEK", "dek"),
     ("STATEGATE_DEK_FILE", "dek_file"),
+    ("STATEGATE_KEY_SERVICE", "key.service"),
+    ("STATEGATE_KEY_WRAPPED_FILE", "key.wrapped_file"),
+    ("STATEGATE_KEY_PKCS11_MODULE", "key.pkcs11.module"),
+    ("STATEGATE_KEY_PKCS11_TOKEN_LABEL", "key.pkcs11.token_label"),
+    ("STATEGATE_KEY_PKCS11_KEY_LABEL", "key.pkcs11.key_label"),
+    ("STATEGATE_KEY_PKCS11_PIN_FILE", "key.pkcs11.pin_file"),
+    ("STATEGATE_KEY_PKCS11_PIN", "key.pkcs11.pin"),
+    (
+        "STATEGATE_TOFU_REFUSE_PLAINTEXT_AFTER_ENCRYPTED",
+        "tofu.refuse_plaintext_after_encrypted",
+    ),
     ("STATEGATE_MAX_STATE_BYTES", "max_state_bytes"),
     (
         "STATEGATE_MAX_INFLIGHT_BODY_BYTES",
@@ -1158,6 +1296,22 @@ impl Config {
             "data_dir" => self.data_dir = PathBuf::from(value),
             "dek" => self.dek = opt(value).map(Secret::from),
             "dek_file" => self.dek_file = Some(PathBuf::from(value)),
+            "key.service" => {
+                self.key.service = match value {
+                    "file" => KeyServiceKind::File,
+                    "pkcs11" => KeyServiceKind::Pkcs11,
+                    _ => return Err("expected \"file\" or \"pkcs11\"".into()),
+                }
+            }
+            "key.wrapped_file" => self.key.wrapped_file = Some(PathBuf::from(value)),
+            "key.pkcs11.module" => self.pkcs11_mut().module = PathBuf::from(value),
+            "key.pkcs11.token_label" => self.pkcs11_mut().token_label = value.into(),
+            "key.pkcs11.key_label" => self.pkcs11_mut().key_label = value.into(),
+            "key.pkcs11.pin_file" => self.pkcs11_mut().pin_file = Some(PathBuf::from(value)),
+            "key.pkcs11.pin" => self.pkcs11_mut().pin = Some(value.into()),
+            "tofu.refuse_plaintext_after_encrypted" => {
+                self.tofu.refuse_plaintext_after_encrypted = list(value)
+            }
             "max_state_bytes" => self.max_state_bytes = num(value)?,
             "max_inflight_body_bytes" => self.max_inflight_body_bytes = num(value)?,
             "max_view_bytes" => self.max_view_bytes = num(value)?,
@@ -1231,6 +1385,11 @@ impl Config {
         Ok(())
     }
 
+    /// The `[key.pkcs11]` table, made when a variable sets one of its keys.
+    fn pkcs11_mut(&mut self) -> &mut Pkcs11Config {
+        self.key.pkcs11.get_or_insert_with(Pkcs11Config::default)
+    }
+
     /// The `[oidc]` table, made (with its defaults) when a variable sets one of its keys.
     fn oidc_mut(&mut self) -> &mut OidcConfig {
         self.oidc.get_or_insert_with(OidcConfig::default)
@@ -1253,6 +1412,8 @@ impl Config {
             ));
         }
         self.tls.validate()?;
+        self.key.validate(self.dek.is_some())?;
+        self.tofu.validate()?;
         self.upstream.validate()?;
         validate_drift(&self.drift, &self.drift_settings)?;
         self.check_bounds()?;
@@ -1302,6 +1463,14 @@ impl Config {
         self.dek_file
             .clone()
             .unwrap_or_else(|| self.data_dir.join("dek"))
+    }
+
+    /// The wrapped root key's file (`key.service = "pkcs11"`).
+    pub fn wrapped_key_path(&self) -> PathBuf {
+        self.key
+            .wrapped_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("stategate.key.wrapped"))
     }
 
     /// Threads serving requests: `threads`, or half the CPUs (at least one) when it is
@@ -1413,6 +1582,114 @@ mod tests {
             with_env(&[("STATEGATE_OIDC_CLIENT_SECRET", "s3cret")])
         )
         .contains("s3cret"));
+    }
+
+    #[test]
+    fn the_key_section_names_what_is_missing_and_never_takes_a_pin_from_the_file() {
+        let pkcs11 = "[key]\nservice = \"pkcs11\"\n[key.pkcs11]\nmodule = \"/m.so\"\ntoken_label = \"t\"\nkey_label = \"k\"\n";
+        let ok: Config = toml::from_str(&format!("{pkcs11}pin_file = \"/pin\"\n")).unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.key.service, KeyServiceKind::Pkcs11);
+        assert_eq!(
+            ok.wrapped_key_path(),
+            ok.data_dir.join("stategate.key.wrapped")
+        );
+        // (file text, what the refusal names)
+        let rows = [
+            (
+                "[key.pkcs11]\nmodule = \"/m.so\"\n".to_string(),
+                "key.service",
+            ),
+            ("[key]\nservice = \"pkcs11\"\n".to_string(), "[key.pkcs11]"),
+            (pkcs11.to_string(), "PIN is not set"),
+            (
+                pkcs11.replace("module = \"/m.so\"\n", "") + "pin_file = \"/p\"\n",
+                "key.pkcs11.module",
+            ),
+            (
+                pkcs11.replace("\"t\"", "\"\"") + "pin_file = \"/p\"\n",
+                "token_label",
+            ),
+            (
+                pkcs11.replace("\"t\"", &format!("\"{}\"", "t".repeat(33))) + "pin_file = \"/p\"\n",
+                "token_label",
+            ),
+            (
+                pkcs11.replace("\"k\"", "\"\"") + "pin_file = \"/p\"\n",
+                "key_label",
+            ),
+            (
+                format!("dek = \"{}\"\n{pkcs11}pin_file = \"/p\"\n", "A".repeat(44)),
+                "STATEGATE_DEK",
+            ),
+        ];
+        for (text, needle) in &rows {
+            let c: Config = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}\n{err}");
+        }
+        // A PIN in the file is an unknown key; an unknown service is refused.
+        let err = toml::from_str::<Config>(&format!("{pkcs11}pin = \"1234\"\n")).unwrap_err();
+        assert!(err.message().contains("unknown field `pin`"), "{err}");
+        assert!(toml::from_str::<Config>("[key]\nservice = \"vault\"\n").is_err());
+        // From the environment: the PIN variable, redacted in a refusal and in Debug.
+        let c = with_env(&[
+            ("STATEGATE_KEY_SERVICE", "pkcs11"),
+            ("STATEGATE_KEY_PKCS11_MODULE", "/m.so"),
+            ("STATEGATE_KEY_PKCS11_TOKEN_LABEL", "t"),
+            ("STATEGATE_KEY_PKCS11_KEY_LABEL", "k"),
+            ("STATEGATE_KEY_PKCS11_PIN", "pin-from-env-9876"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.key
+                .pkcs11
+                .as_ref()
+                .unwrap()
+                .pin
+                .as_ref()
+                .unwrap()
+                .expose(),
+            "pin-from-env-9876"
+        );
+        assert!(!format!("{c:?}").contains("pin-from-env-9876"));
+        let err = with_env(&[("STATEGATE_KEY_SERVICE", "hsm")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("STATEGATE_KEY_SERVICE") && err.contains("\"pkcs11\""),
+            "{err}"
+        );
+        let err = with_env(&[
+            ("STATEGATE_KEY_SERVICE", "pkcs11"),
+            ("STATEGATE_KEY_PKCS11_MODULE", "/m.so"),
+            ("STATEGATE_KEY_PKCS11_TOKEN_LABEL", "t"),
+            ("STATEGATE_KEY_PKCS11_KEY_LABEL", "k"),
+            ("STATEGATE_KEY_PKCS11_PIN", "pin-from-env-9876"),
+            ("STATEGATE_KEY_PKCS11_PIN_FILE", "/p"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("both set") && !err.contains("9876"), "{err}");
+    }
+
+    #[test]
+    fn the_downgrade_policy_takes_workspace_patterns_only() {
+        let c: Config =
+            toml::from_str("[tofu]\nrefuse_plaintext_after_encrypted = [\"prod-*\", \"core\"]\n")
+                .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.tofu.refuse_plaintext_after_encrypted, ["prod-*", "core"]);
+        let c: Config =
+            toml::from_str("[tofu]\nrefuse_plaintext_after_encrypted = [\"prod/*\"]\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("refuse_plaintext_after_encrypted") && err.contains("prod/*"),
+            "{err}"
+        );
+        let c = with_env(&[("STATEGATE_TOFU_REFUSE_PLAINTEXT_AFTER_ENCRYPTED", "a-*, b")]).unwrap();
+        assert_eq!(c.tofu.refuse_plaintext_after_encrypted, ["a-*", "b"]);
+        assert!(toml::from_str::<Config>("[tofu]\nrefuse_plaintext = []\n").is_err());
     }
 
     #[test]

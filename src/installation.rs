@@ -14,14 +14,21 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::config::{Config, StoreKind};
-use crate::crypto::RootKey;
+use crate::config::{Config, KeyServiceKind, StoreKind};
+use crate::crypto::pkcs11::{Pkcs11KeyService, Pkcs11Params};
+use crate::crypto::service::KeyService;
+use crate::crypto::{wrapped, RootKey};
 use crate::store::blob::create_private_dir;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
 
-/// Loads the DEK from config/env, else from the key file (creating it on first start).
+/// Loads the DEK from config/env, else from the key file (creating it on first start);
+/// with `key.service = "pkcs11"`, from the wrapped key file, opened by the token (on
+/// first start a new key is made and only its wrapped form is written).
 pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    if config.key.service == KeyServiceKind::Pkcs11 {
+        return load_wrapped_root_key(config, create);
+    }
     if let Some(text) = &config.dek {
         return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
     }
@@ -47,6 +54,159 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         );
     }
     Ok(key)
+}
+
+/// Largest PIN file read (a PIN is a few dozen characters at most).
+const MAX_PIN_FILE_BYTES: u64 = 4096;
+
+/// The configured PKCS#11 key service, opened: module loaded, token found, logged in,
+/// key found. Every failure names what failed (never the PIN); nothing is written.
+pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
+    let p = config
+        .key
+        .pkcs11
+        .as_ref()
+        .context("key.service is \"pkcs11\" but [key.pkcs11] is not set")?;
+    let pin = match (&p.pin, &p.pin_file) {
+        (Some(pin), _) => pin.expose().to_string(),
+        (None, Some(path)) => {
+            use std::io::Read;
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(MAX_PIN_FILE_BYTES).read_to_string(&mut text))
+                .with_context(|| format!("cannot read key.pkcs11.pin_file {}", path.display()))?;
+            text.trim_end_matches(['\r', '\n']).to_string()
+        }
+        (None, None) => anyhow::bail!(
+            "the PKCS#11 user PIN is not set: key.pkcs11.pin_file or STATEGATE_KEY_PKCS11_PIN"
+        ),
+    };
+    let params = Pkcs11Params {
+        module: p.module.clone(),
+        token_label: p.token_label.clone(),
+        key_label: p.key_label.clone(),
+        pin: pin.into(),
+    };
+    Ok(Pkcs11KeyService::open(&params)?)
+}
+
+/// Proves the key service can give the root key, before `serve` touches the data dir:
+/// the token opens and, when there is a wrapped key, unwraps it. Writes nothing.
+pub fn check_key_service(config: &Config) -> anyhow::Result<()> {
+    if config.key.service != KeyServiceKind::Pkcs11 {
+        return Ok(());
+    }
+    let service = open_key_service(config)?;
+    let path = config.wrapped_key_path();
+    if path.exists() {
+        wrapped::unwrap_root(&service, &path)?;
+    }
+    Ok(())
+}
+
+fn load_wrapped_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    let service = open_key_service(config)?;
+    let path = config.wrapped_key_path();
+    let plain = config.dek_path();
+    if path.exists() {
+        let key = wrapped::unwrap_root(&service, &path)?;
+        if plain.exists() {
+            // A plain copy beside the wrapped one defeats the token. Refuse outright
+            // only when the two differ: then one of them is not this installation's.
+            let (copy, _) = RootKey::load_or_create(&plain)?;
+            if copy.to_base64() != key.to_base64() {
+                anyhow::bail!(
+                    "the plain key file {} is not the key wrapped in {}; remove the one that does not belong to this installation",
+                    plain.display(),
+                    path.display()
+                );
+            }
+            tracing::warn!(
+                plain = %plain.display(),
+                "the plain key file is still there beside the wrapped key: remove it (`stategate key wrap --remove` does it safely)"
+            );
+        }
+        tracing::info!(service = %service.describe(), "root key unwrapped");
+        return Ok(key);
+    }
+    if plain.exists() {
+        anyhow::bail!(
+            "key.service is \"pkcs11\" but there is no wrapped key at {}; the plain key file {} is there: run `stategate key wrap` first",
+            path.display(),
+            plain.display()
+        );
+    }
+    if !create {
+        anyhow::bail!(
+            "no wrapped key at {} (run `stategate serve` once to create one, or `stategate key wrap` to wrap an existing key file)",
+            path.display()
+        );
+    }
+    let key = RootKey::generate()?;
+    let sealed = wrapped::wrap_root(&service, &key)?;
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    wrapped::write_root_file(&path, &service.describe(), &sealed)
+        .with_context(|| format!("cannot write the wrapped key file {}", path.display()))?;
+    tracing::warn!(
+        path = %path.display(),
+        service = %service.describe(),
+        "created a NEW data-encryption key, stored only wrapped by the token. BACK UP the wrapped file AND the token's key: without both every stored state is unreadable"
+    );
+    Ok(key)
+}
+
+/// What `stategate key wrap` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Wrapped {
+    /// A new wrapped key file was written and read back to the same key.
+    Written,
+    /// The wrapped key file already held the same key.
+    AlreadyThere,
+}
+
+/// Wraps the plain key file (`dek_file`) with the configured token into the wrapped
+/// key file: written atomically and fsynced, then read back and unwrapped to prove it
+/// opens to the same key before anything else happens. The plain file is left alone
+/// (removing it is the caller's second step). Refuses when the wrapped file already
+/// holds a different key.
+pub fn wrap_key_file(config: &Config) -> anyhow::Result<Wrapped> {
+    if config.key.service != KeyServiceKind::Pkcs11 {
+        anyhow::bail!(
+            "key.service is \"file\": set key.service = \"pkcs11\" and [key.pkcs11] (module, token_label, key_label, pin_file) first"
+        );
+    }
+    let plain = config.dek_path();
+    if !plain.exists() {
+        anyhow::bail!("no plain key file at {} to wrap", plain.display());
+    }
+    let (key, _) = RootKey::load_or_create(&plain)?;
+    let service = open_key_service(config)?;
+    let path = config.wrapped_key_path();
+    if path.exists() {
+        let there = wrapped::unwrap_root(&service, &path)?;
+        if there.to_base64() != key.to_base64() {
+            anyhow::bail!(
+                "{} already holds a different key than {}; move one of them away first",
+                path.display(),
+                plain.display()
+            );
+        }
+        return Ok(Wrapped::AlreadyThere);
+    }
+    let sealed = wrapped::wrap_root(&service, &key)?;
+    wrapped::write_root_file(&path, &service.describe(), &sealed)
+        .with_context(|| format!("cannot write the wrapped key file {}", path.display()))?;
+    let back = wrapped::unwrap_root(&service, &path)?;
+    if back.to_base64() != key.to_base64() {
+        anyhow::bail!(
+            "the wrapped key file {} does not open to the key in {}; it was left in place for inspection, the plain file is untouched",
+            path.display(),
+            plain.display()
+        );
+    }
+    Ok(Wrapped::Written)
 }
 
 /// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a

@@ -58,7 +58,10 @@ pub async fn build_app_with_clock(
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
     let store_buffer = store.blobs().write_buffer_bytes();
-    let tofu = TofuBackend::new(store, root.clone());
+    let downgrade =
+        crate::tofu::posture::DowngradePolicy::parse(&config.tofu.refuse_plaintext_after_encrypted)
+            .map_err(anyhow::Error::msg)?;
+    let tofu = TofuBackend::new(store, root.clone()).with_downgrade_policy(downgrade);
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root);
     let operator = crate::operator::Operations::new(
         tofu.clone(),
@@ -218,6 +221,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // The listener's certificate, key and client CA are read before the installation
     // is touched: a file that cannot be used refuses startup, naming its key.
     let tls = listener_tls(&config.tls)?;
+    // A key service that cannot give the key stops startup before the data dir is
+    // created or touched.
+    crate::installation::check_key_service(&config)?;
     let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
     let app = {

@@ -129,6 +129,25 @@ struct Probe {
     lineage: Option<String>,
     encrypted_data: bool,
     encryption_version: bool,
+    /// The keys of a top-level `meta` object (OpenTofu's key provider addresses),
+    /// at most [`MAX_META_KEYS`], each at most [`MAX_CAPTURE`] bytes.
+    meta_keys: Vec<String>,
+}
+
+/// Most `meta` keys kept: an envelope names one key provider per configured one, and
+/// a fallback or two.
+const MAX_META_KEYS: usize = 16;
+
+/// How a state body is protected, as far as its clear text says: what a write
+/// records per version (`crate::tofu::posture`) without reading the state again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyEncryption {
+    Plaintext,
+    /// OpenTofu's encrypted envelope; `key_providers` are its `meta` keys
+    /// (`key_provider.<type>.<name>`).
+    OpenTofu {
+        key_providers: Vec<String>,
+    },
 }
 
 /// Only the fields we need; everything else in the state is skipped without allocation.
@@ -164,6 +183,7 @@ pub fn parse_state(body: &[u8]) -> Result<StateMeta, Error> {
         lineage: probe.lineage,
         encrypted_data: probe.encrypted_data.is_some(),
         encryption_version: probe.encryption_version.is_some(),
+        meta_keys: Vec::new(),
     })
 }
 
@@ -203,6 +223,8 @@ enum Key {
     Lineage,
     EncryptedData,
     EncryptionVersion,
+    /// OpenTofu's key provider metadata: only its keys are kept, never judged.
+    Meta,
     /// Read only for the resource timeline (not part of what `parse_state` judges).
     Resources,
     Other,
@@ -216,6 +238,7 @@ impl Key {
             b"lineage" => Key::Lineage,
             b"encrypted_data" => Key::EncryptedData,
             b"encryption_version" => Key::EncryptionVersion,
+            b"meta" => Key::Meta,
             b"resources" => Key::Resources,
             _ => Key::Other,
         }
@@ -513,6 +536,8 @@ pub struct StateScanner {
     serial_span: Option<(u64, u64)>,
     /// The resource timeline's scan, when asked for ([`StateScanner::with_resources`]).
     res: Option<Box<ResourceScan>>,
+    /// Inside the top-level `meta` object (its keys are kept in the probe).
+    in_meta: bool,
 }
 
 impl Default for StateScanner {
@@ -545,6 +570,19 @@ impl StateScanner {
             value_at: 0,
             serial_span: None,
             res: None,
+            in_meta: false,
+        }
+    }
+
+    /// After the whole body was pushed: whether it is OpenTofu's encrypted envelope
+    /// (and which key providers its `meta` names) or a plain state.
+    pub fn encryption(&self) -> BodyEncryption {
+        if self.probe.encrypted_data && self.probe.encryption_version {
+            BodyEncryption::OpenTofu {
+                key_providers: self.probe.meta_keys.clone(),
+            }
+        } else {
+            BodyEncryption::Plaintext
         }
     }
 
@@ -718,8 +756,8 @@ impl StateScanner {
                 }
                 let top = self.stack.len() == 1;
                 self.start_string(true, top);
-                if !top && self.resource_level().is_some() {
-                    self.capture = Some(Vec::new()); // a resource field's name, not strict
+                if !top && (self.resource_level().is_some() || self.meta_key_here()) {
+                    self.capture = Some(Vec::new()); // a field's name, not strict
                 }
                 Ok(())
             }
@@ -759,8 +797,16 @@ impl StateScanner {
         Ok(())
     }
 
+    /// A key read now is one of the top-level `meta` object's own keys.
+    fn meta_key_here(&self) -> bool {
+        self.in_meta && self.stack.len() == 2
+    }
+
     fn close(&mut self, _b: u8) -> Result<(), Error> {
         self.stack.pop();
+        if self.stack.len() == 1 {
+            self.in_meta = false;
+        }
         match self.stack.len() {
             0 => self.expect = Expect::End,
             _ => self.value_done(),
@@ -893,6 +939,7 @@ impl StateScanner {
         if top {
             self.kind = Some(kind);
             self.value_at = self.offset;
+            self.in_meta = b == b'{' && self.key == Some(Key::Meta);
         }
         let key = if top { self.key } else { None };
         let opened = match b {
@@ -937,6 +984,13 @@ impl StateScanner {
 
     /// A value (or a key) ended; decides what comes next.
     fn value_done(&mut self) {
+        if self.is_key && self.meta_key_here() && self.probe.meta_keys.len() < MAX_META_KEYS {
+            if let (Some(name), false) = (&self.capture, self.overflow) {
+                if let Ok(name) = std::str::from_utf8(name) {
+                    self.probe.meta_keys.push(name.to_string());
+                }
+            }
+        }
         if self.res.is_some() && self.stack.len() > 1 {
             let (depth, is_key) = (self.stack.len(), self.is_key);
             self.resource_value_done(depth, is_key);
@@ -964,7 +1018,7 @@ impl StateScanner {
 
     /// Records a top-level field (errors are kept for [`StateScanner::finish`] via the probe).
     fn note(&mut self, key: Key, kind: Kind) {
-        if matches!(key, Key::Other | Key::Resources) {
+        if matches!(key, Key::Other | Key::Resources | Key::Meta) {
             return; // not judged: `parse_state` ignores them, duplicates included
         }
         if self.seen.contains(&key) {
@@ -1606,6 +1660,71 @@ mod tests {
                 format!(r#"{{"version":4,"{extra}":[],"serial":{serial},"lineage":"{lineage}","resources":[{{"x":"{extra}"}}]}}"#)
             };
             proptest::prop_assert_eq!(scan(body.as_bytes(), piece).ok(), parse_state(body.as_bytes()).ok(), "{}", body);
+        }
+    }
+
+    #[test]
+    fn the_scanner_tells_an_envelope_and_its_key_providers_from_a_plain_state() {
+        // OpenTofu's envelope as `encryption/base.go` marshals it (meta values are
+        // base64 JSON), with serial and lineage in clear; pieces of every size.
+        let envelope = r#"{"serial":3,"lineage":"l-1","meta":{"key_provider.pbkdf2.main":"eyJzYWx0IjoiYWJjIn0=","key_provider.pbkdf2.old":"e30="},"encrypted_data":"ZW5j","encryption_version":"v0"}"#;
+        let rows: &[(&str, BodyEncryption)] = &[
+            (
+                envelope,
+                BodyEncryption::OpenTofu {
+                    key_providers: vec![
+                        "key_provider.pbkdf2.main".into(),
+                        "key_provider.pbkdf2.old".into(),
+                    ],
+                },
+            ),
+            (
+                r#"{"serial":3,"lineage":"l","meta":{},"encrypted_data":"x","encryption_version":"v0"}"#,
+                BodyEncryption::OpenTofu {
+                    key_providers: vec![],
+                },
+            ),
+            // Nested keys of meta's values are not provider names.
+            (
+                r#"{"meta":{"a":{"b":1}},"serial":3,"lineage":"l","encrypted_data":"x","encryption_version":"v0"}"#,
+                BodyEncryption::OpenTofu {
+                    key_providers: vec!["a".into()],
+                },
+            ),
+            (
+                r#"{"version":4,"serial":3,"lineage":"l","resources":[]}"#,
+                BodyEncryption::Plaintext,
+            ),
+            // A plain state with a `meta` of its own is still plain.
+            (
+                r#"{"version":4,"serial":3,"lineage":"l","meta":{"k":"v"}}"#,
+                BodyEncryption::Plaintext,
+            ),
+        ];
+        for (body, want) in rows {
+            for step in [1, 7, body.len()] {
+                let mut s = StateScanner::with_resources([1; 32]);
+                for piece in body.as_bytes().chunks(step) {
+                    s.push(piece).unwrap();
+                }
+                assert_eq!(&s.encryption(), want, "{body} by {step}");
+                s.finish().unwrap();
+            }
+            parse_state(body.as_bytes()).unwrap();
+        }
+        // Bounded: at most MAX_META_KEYS names are kept.
+        let many: Vec<String> = (0..40).map(|i| format!("\"k{i}\":1")).collect();
+        let body = format!(
+            r#"{{"serial":1,"lineage":"l","meta":{{{}}},"encrypted_data":"x","encryption_version":"v0"}}"#,
+            many.join(",")
+        );
+        let mut s = StateScanner::new();
+        s.push(body.as_bytes()).unwrap();
+        match s.encryption() {
+            BodyEncryption::OpenTofu { key_providers } => {
+                assert_eq!(key_providers.len(), MAX_META_KEYS)
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -1295,3 +1295,281 @@ async fn allow_write_checks_the_operator_then_the_input_and_changes_nothing_when
     assert_eq!(code, 400);
     assert_eq!(snapshot(&s), before);
 }
+
+/// OpenTofu's encrypted envelope as `internal/encryption` marshals it (meta values are
+/// base64 JSON of the key provider's metadata), serial and lineage in clear.
+fn envelope(serial: u64, provider: &str) -> String {
+    format!(
+        r#"{{"serial":{serial},"lineage":"L","meta":{{"key_provider.pbkdf2.{provider}":"eyJzYWx0IjoiYWJjIiwiaXRlcmF0aW9ucyI6NjAwMDAwfQ=="}},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}}"#
+    )
+}
+
+async fn admin_workspace(s: &TestServer, token: &str, ws: &str) -> serde_json::Value {
+    let (code, text) = status(
+        reqwest::Client::new()
+            .get(format!("{}/api/v1/admin/workspaces/{ws}", s.base))
+            .bearer_auth(token),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// What a refused downgrade must leave as it was, with the posture rows.
+fn posture_snapshot(s: &TestServer) -> ((i64, i64, usize, i64), i64) {
+    (
+        snapshot(s),
+        s.count("SELECT count(*) FROM tf_state_encryption"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encryption_posture_is_recorded_per_version_and_shown() {
+    let s = TestServer::start().await;
+    let token = s.operator_token("ops@example.com").await;
+    // (workspace, bodies written in order, state, current, key providers)
+    let rows: Vec<(&str, Vec<String>, &str, &str, Vec<&str>)> = vec![
+        (
+            "enc",
+            vec![envelope(1, "main"), envelope(2, "main")],
+            "encrypted",
+            "encrypted",
+            vec!["pbkdf2.main"],
+        ),
+        (
+            "plain",
+            vec![state(1, "L", ""), state(2, "L", "")],
+            "plaintext",
+            "plaintext",
+            vec![],
+        ),
+        (
+            "migrated",
+            vec![state(1, "L", ""), envelope(2, "main")],
+            "mixed",
+            "encrypted",
+            vec!["pbkdf2.main"],
+        ),
+        (
+            "rotated",
+            vec![envelope(1, "old"), envelope(2, "new")],
+            "encrypted",
+            "encrypted",
+            vec!["pbkdf2.new", "pbkdf2.old"],
+        ),
+    ];
+    for (ws, bodies, ..) in &rows {
+        for body in bodies {
+            assert_eq!(
+                status(s.tf("POST", ws).body(body.clone())).await.0,
+                200,
+                "{ws}"
+            );
+        }
+        // An identical retry stores nothing and records nothing.
+        let last = bodies.last().unwrap().clone();
+        assert_eq!(status(s.tf("POST", ws).body(last)).await.0, 200);
+    }
+    for (ws, bodies, state_, current, providers) in &rows {
+        let shown = admin_workspace(&s, &token, ws).await;
+        let enc = &shown["encryption"];
+        assert_eq!(enc["state"], *state_, "{ws}: {shown}");
+        assert_eq!(enc["current"], *current, "{ws}: {shown}");
+        assert_eq!(
+            enc["key_providers"],
+            serde_json::json!(providers),
+            "{ws}: {shown}"
+        );
+        assert_eq!(enc["known"], bodies.len(), "{ws}: {shown}");
+        // Posture only: no meta values, no ciphertext.
+        let text = shown.to_string();
+        assert!(
+            !text.contains("eyJzYWx0") && !text.contains("q83v"),
+            "{text}"
+        );
+    }
+    assert_eq!(s.count("SELECT count(*) FROM tf_state_encryption"), 8);
+    // The listing carries the same; a deleted workspace has none.
+    assert_eq!(status(s.tf("DELETE", "plain")).await.0, 200);
+    let (code, text) = status(
+        reqwest::Client::new()
+            .get(format!("{}/api/v1/admin/workspaces", s.base))
+            .bearer_auth(&token),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let find = |name: &str| {
+        list.as_array()
+            .or_else(|| list["workspaces"].as_array())
+            .unwrap()
+            .iter()
+            .find(|w| w["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(find("migrated")["encryption"]["state"], "mixed", "{text}");
+    assert!(find("plain")["encryption"].is_null(), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_write_onto_an_encrypted_state_is_refused_where_the_policy_says() {
+    let s = TestServer::start_with(|c| {
+        c.tofu.refuse_plaintext_after_encrypted = vec!["prod-*".into()];
+    })
+    .await;
+    let token = s.operator_token("ops@example.com").await;
+    let current = envelope(5, "main");
+    assert_eq!(
+        status(s.tf("POST", "prod-a").body(current.clone())).await.0,
+        200
+    );
+    let before = posture_snapshot(&s);
+    // (what, body) — every plaintext successor is refused the same way.
+    let table: Vec<(&str, String)> = vec![
+        ("the next serial", state(6, "L", &secret_resource("a"))),
+        ("a far serial", state(60, "L", "")),
+        ("an empty state", state(7, "L", "")),
+    ];
+    for (what, body) in &table {
+        for locked in [false, true] {
+            let mut req = s.tf("POST", "prod-a").body(body.clone());
+            if locked {
+                assert_eq!(
+                    status(s.tf("LOCK", "prod-a").body(lock_info("G"))).await.0,
+                    200
+                );
+                req = req.query(&[("ID", "G")]);
+            }
+            let (code, text) = status(req).await;
+            if locked {
+                assert_eq!(
+                    status(s.tf("UNLOCK", "prod-a").body(lock_info("G")))
+                        .await
+                        .0,
+                    200
+                );
+            }
+            assert_eq!(code, 409, "{what}: {text}");
+            let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(reply["refused"], "plaintext_after_encrypted", "{text}");
+            assert_eq!(reply["stored"]["encryption"], "encrypted", "{text}");
+            assert_eq!(reply["stored"]["version"], 1, "{text}");
+            assert_eq!(reply["stored"]["serial"], 5, "{text}");
+            assert_eq!(reply["sent"]["encryption"], "plaintext", "{text}");
+            assert!(reply["error"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was written"));
+            let how = reply["how_to_proceed"].as_str().unwrap();
+            assert!(
+                how.contains("TF_ENCRYPTION") && how.contains("allow-write prod-a"),
+                "{how}"
+            );
+            assert!(!text.contains(SECRET) && !text.contains("q83v"), "{text}");
+        }
+        let now = posture_snapshot(&s);
+        assert_eq!(
+            (now.0 .0, now.0 .2, now.1),
+            (before.0 .0, before.0 .2, before.1),
+            "{what}"
+        );
+        assert_eq!(
+            s.count("SELECT count(*) FROM audit WHERE event = 'tf.state_written'"),
+            1
+        );
+        assert_eq!(status(s.tf("GET", "prod-a")).await, (200, current.clone()));
+    }
+    // Hostile rows: the policy never answers before the credential — another
+    // workspace's bearer or none gets the same refusal as any bad credential.
+    let other = s.bearer("dev-a");
+    for auth in [Some(other.as_str()), None] {
+        let mut req = reqwest::Client::new()
+            .post(s.url("prod-a"))
+            .body(state(6, "L", ""));
+        if let Some(bearer) = auth {
+            req = req.basic_auth("x", Some(bearer));
+        }
+        let (code, text) = status(req).await;
+        assert_eq!(code, 401, "{text}");
+        assert!(
+            !text.contains("plaintext_after_encrypted") && !text.contains("encrypted"),
+            "{text}"
+        );
+    }
+    assert_eq!(posture_snapshot(&s).1, before.1);
+    // Encrypted successors, even under another key provider, pass.
+    assert_eq!(
+        status(s.tf("POST", "prod-a").body(envelope(6, "next")))
+            .await
+            .0,
+        200
+    );
+    // A workspace the policy does not name takes plaintext after encrypted (mixed).
+    assert_eq!(
+        status(s.tf("POST", "dev-a").body(envelope(1, "main")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("POST", "dev-a").body(state(2, "L", "")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        admin_workspace(&s, &token, "dev-a").await["encryption"]["state"],
+        "mixed"
+    );
+    // A first write, or one after a delete, has nothing to downgrade from.
+    assert_eq!(
+        status(s.tf("POST", "prod-new").body(state(1, "L", "")))
+            .await
+            .0,
+        200
+    );
+
+    // The operator override lets exactly one decrypting write through, audited.
+    let (code, text) = status(
+        reqwest::Client::new()
+            .post(format!(
+                "{}/api/v1/admin/workspaces/prod-a/allow-write",
+                s.base
+            ))
+            .bearer_auth(&token)
+            .body(serde_json::json!({"reason": "decrypt for the audit"}).to_string()),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let plain = state(7, "L", "");
+    assert_eq!(
+        status(s.tf("POST", "prod-a").body(plain.clone())).await.0,
+        200
+    );
+    assert_eq!(status(s.tf("GET", "prod-a")).await, (200, plain));
+    let used: serde_json::Value = serde_json::from_str(&s.db().query_row(
+        "SELECT payload FROM audit WHERE event = 'tf.write_override_used' AND scope = 'tf/prod-a'",
+        [],
+        |r| r.get::<_, String>(0),
+    ).unwrap())
+    .unwrap();
+    assert_eq!(used["refused"], "plaintext_after_encrypted");
+    assert_eq!(s.count("SELECT count(*) FROM tf_write_overrides"), 0);
+    let shown = admin_workspace(&s, &token, "prod-a").await;
+    assert_eq!(shown["encryption"]["current"], "plaintext", "{shown}");
+    assert_eq!(shown["encryption"]["state"], "mixed", "{shown}");
+    // Re-encrypting and then downgrading again is refused again (the override is gone).
+    assert_eq!(
+        status(s.tf("POST", "prod-a").body(envelope(8, "main")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        status(s.tf("POST", "prod-a").body(state(9, "L", "")))
+            .await
+            .0,
+        409
+    );
+}

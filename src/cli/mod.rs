@@ -14,6 +14,7 @@ use stategate::server;
 
 mod admin;
 mod drift;
+mod hsm;
 mod index;
 mod output;
 mod workspace;
@@ -87,6 +88,12 @@ enum Command {
         #[command(subcommand)]
         command: drift::DriftCommand,
     },
+    /// The root key: `key wrap` moves it from the plain key file into a file only the
+    /// PKCS#11 token of [key.pkcs11] can open.
+    Key {
+        #[command(subcommand)]
+        command: hsm::HsmKeyCommand,
+    },
     /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
     /// database in the data dir directly; the server may keep running.
     Admin {
@@ -137,5 +144,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Restore { from, into } => index::restore(&config, &from, &into),
         Command::Admin { command } => admin::run(&config, command),
         Command::Drift { command } => drift::run(&config, command),
+        Command::Key { command } => hsm::run(&config, command),
     }
 }

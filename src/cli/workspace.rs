@@ -702,12 +702,21 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.serial),
                 opt(w.size),
                 when_opt(w.updated_at.as_deref()),
+                w.encryption.as_ref().map_or("-".into(), |p| p.label()),
                 w.lock.as_ref().map_or("-".into(), lock_text),
             ]
         })
         .collect();
     table(
-        &["WORKSPACE", "VERSION", "SERIAL", "SIZE", "UPDATED", "LOCK"],
+        &[
+            "WORKSPACE",
+            "VERSION",
+            "SERIAL",
+            "SIZE",
+            "UPDATED",
+            "ENCRYPTION",
+            "LOCK",
+        ],
         &cells,
     )
 }
@@ -1023,6 +1032,7 @@ mod tests {
                 deleted: false,
                 lock: Some(lock),
                 frozen: None,
+                encryption: Some(stategate::tofu::posture::posture_unknown()),
             },
             WorkspaceSummary {
                 name: "gone".into(),
@@ -1033,6 +1043,7 @@ mod tests {
                 deleted: true,
                 lock: None,
                 frozen: None,
+                encryption: None,
             },
         ];
         let text = workspace_table(&rows);

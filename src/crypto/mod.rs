@@ -17,6 +17,10 @@ use hkdf::Hkdf;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+pub mod pkcs11;
+pub mod service;
+pub mod wrapped;
+
 /// HKDF labels. Each derived secret has its own, so no two purposes ever share key material.
 const LABEL_TF_BEARER: &[u8] = b"tf-backend";
 const LABEL_TF_PASSPHRASE: &[u8] = b"tf-encryption-passphrase";
@@ -46,6 +50,10 @@ pub enum KeyError {
     },
     #[error("no randomness available from the OS: {0}")]
     Random(String),
+    /// A key service (`crypto::pkcs11`) failed: the text names what (module, token,
+    /// PIN, key) and never holds key material or the PIN.
+    #[error("{0}")]
+    Service(String),
 }
 
 /// A 32-byte root key. Cloning is cheap and deliberate: handlers hold their own copy.

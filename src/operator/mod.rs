@@ -120,6 +120,9 @@ pub struct WorkspaceSummary {
     pub lock: Option<LockState>,
     /// The maintenance freeze in force, if any (`workspace freeze`).
     pub frozen: Option<Freeze>,
+    /// Client-side encryption of its recent versions (`tofu::posture`); `None`
+    /// without a live state.
+    pub encryption: Option<crate::tofu::posture::Posture>,
 }
 
 /// A cluster with its lease, for `GET /api/v1/admin/clusters`.
@@ -315,6 +318,7 @@ pub fn workspace_rows(
                 deleted: row.is_tombstone(),
                 lock: None,
                 frozen: None,
+                encryption: None,
             },
         );
     }
@@ -330,12 +334,27 @@ pub fn workspace_rows(
                 deleted: false,
                 lock: None,
                 frozen: None,
+                encryption: None,
             })
             .lock = Some(state);
     }
     for f in all_freezes(conn)?.into_iter().filter(|f| f.in_force(now)) {
         if let Some(ws) = out.get_mut(&f.workspace) {
             ws.frozen = Some(f);
+        }
+    }
+    let live: std::collections::HashMap<String, i64> = out
+        .values()
+        .filter(|w| !w.deleted)
+        .filter_map(|w| Some((w.name.clone(), w.version?)))
+        .collect();
+    let mut postures = crate::tofu::posture::postures(conn, &live)?;
+    for name in live.keys() {
+        let posture = postures
+            .remove(name)
+            .unwrap_or_else(crate::tofu::posture::posture_unknown);
+        if let Some(ws) = out.get_mut(name) {
+            ws.encryption = Some(posture);
         }
     }
     Ok(out.into_values().collect())

@@ -40,6 +40,8 @@ pub struct Sent {
     pub serial: i64,
     pub lineage: String,
     pub sha256: String,
+    /// Plaintext or OpenTofu's envelope (`super::posture`).
+    pub encryption: crate::tfstate::BodyEncryption,
 }
 
 /// Why a write may not replace the current state.
@@ -212,6 +214,7 @@ mod tests {
             serial,
             lineage: lineage.into(),
             sha256: sha.into(),
+            encryption: crate::tfstate::BodyEncryption::Plaintext,
         };
         use Refusal::*;
         use Successor::*;

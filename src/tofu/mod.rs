@@ -17,6 +17,7 @@ pub mod guard;
 pub mod lock;
 pub mod moves;
 pub mod outputs;
+pub mod posture;
 pub mod protocol;
 pub mod run_credential;
 
@@ -52,6 +53,8 @@ pub struct TofuBackend {
     root: RootKey,
     /// When each issued workspace token was last used, until the next flush.
     last_used: credentials::LastUsed,
+    /// `tofu.refuse_plaintext_after_encrypted` (`posture`).
+    downgrade: Arc<posture::DowngradePolicy>,
 }
 
 /// Audit event of an operator rollback (payload: versions and serial, never content).
@@ -152,6 +155,8 @@ struct StateCheck {
     scanner: crate::tfstate::StateScanner,
     md5: Option<(Vec<u8>, md5::Md5)>,
     pending: Arc<Mutex<Pending>>,
+    /// The downgrade policy applies to this workspace (`posture`).
+    downgrade: bool,
 }
 
 /// What the guard of one streamed write learns on the way: the newest row and whether
@@ -160,6 +165,8 @@ struct StateCheck {
 #[derive(Default)]
 struct Pending {
     seen: Option<VersionRow>,
+    /// Whether `seen` was recorded as encrypted (`posture`; `None`: not recorded).
+    seen_encrypted: Option<bool>,
     overridable: bool,
     sent: Option<Sent>,
 }
@@ -216,6 +223,42 @@ fn refused(workspace: &str, current: &VersionRow, sent: &Sent, why: Refusal) -> 
     }
 }
 
+/// The 409 of a plaintext write onto an encrypted current state where the downgrade
+/// policy applies: what is stored, what was sent, how to proceed (no content).
+fn refused_downgrade(workspace: &str, current: &VersionRow, sent: &Sent) -> Error {
+    let message = format!(
+        "refused: workspace {workspace:?} holds an OpenTofu-encrypted state (version {}, serial {}) and the state sent (serial {}) is plaintext; nothing was written. tofu.refuse_plaintext_after_encrypted covers this workspace so that a run without its encryption configuration (TF_ENCRYPTION unset, a plain terraform) cannot silently store the state in clear.",
+        current.version,
+        current.serial.unwrap_or_default(),
+        sent.serial
+    );
+    tracing::warn!(
+        workspace,
+        refused = REFUSED_DOWNGRADE,
+        "plaintext state write onto an encrypted state refused"
+    );
+    Error::WriteRefused {
+        message,
+        facts: serde_json::json!({
+            "refused": REFUSED_DOWNGRADE,
+            "stored": {
+                "version": current.version,
+                "serial": current.serial,
+                "lineage": current.lineage,
+                "encryption": "encrypted",
+            },
+            "sent": { "serial": sent.serial, "lineage": sent.lineage, "encryption": "plaintext" },
+            "how_to_proceed": format!(
+                "run with the workspace's encryption configuration (TF_ENCRYPTION / the encryption block) so the state is written encrypted. If decrypting it is intended (a deliberate migration to plaintext), an operator can allow one such write for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then retry.",
+                guard::DEFAULT_OVERRIDE_MINUTES
+            ),
+        }),
+    }
+}
+
+/// The `refused` name of a downgrade in the 409 body and the override's audit row.
+pub const REFUSED_DOWNGRADE: &str = "plaintext_after_encrypted";
+
 /// The guard of a state POST: the lock holder first ([`lock::decide_write`]), then,
 /// once `sent` is known, the successor rules ([`guard::decide_successor`]). A refused
 /// kind of write passes on a valid operator override; inside the commit (a write
@@ -228,20 +271,51 @@ fn guard_write(
     lock_id: Option<&str>,
     current: Option<&VersionRow>,
     sent: Option<&Sent>,
+    downgrade: &posture::DowngradePolicy,
 ) -> Result<(), Error> {
     check_writer(conn, workspace, lock_id)?;
-    let (Some(sent), Some(row)) = (sent, current) else {
+    let Some(sent) = sent else {
+        return Ok(());
+    };
+    let in_commit = !conn.is_autocommit();
+    let Some(row) = current else {
+        if in_commit {
+            posture::record(conn, workspace, 1, &sent.encryption).map_err(DbError::from)?;
+        }
         return Ok(());
     };
     let why = match decide_successor(Some(row), sent) {
-        Successor::Allow => return Ok(()),
-        Successor::Refuse(why) => why,
+        Successor::Allow => None,
+        Successor::Refuse(why) => Some(why),
     };
+    let live = !row.is_tombstone();
+    let current_encrypted = if live && downgrade.applies(workspace) {
+        posture::of_version(conn, workspace, row.version).map_err(DbError::from)?
+    } else {
+        None
+    };
+    let downgraded =
+        posture::is_refused_downgrade(downgrade, workspace, current_encrypted, &sent.encryption);
+    // What the commit records for the version it is about to insert; an identical
+    // retry inserts nothing and records nothing.
+    let record = |conn: &Connection| -> Result<(), Error> {
+        if in_commit && !(live && row.sha256.as_deref() == Some(sent.sha256.as_str())) {
+            posture::record(conn, workspace, row.version + 1, &sent.encryption)
+                .map_err(DbError::from)?;
+        }
+        Ok(())
+    };
+    if why.is_none() && !downgraded {
+        return record(conn);
+    }
     let grant = guard::active_override(conn, workspace, unix_now()).map_err(DbError::from)?;
     let Some(grant) = grant else {
-        return Err(refused(workspace, row, sent, why));
+        return Err(match why {
+            Some(why) => refused(workspace, row, sent, why),
+            None => refused_downgrade(workspace, row, sent),
+        });
     };
-    if conn.is_autocommit() {
+    if !in_commit {
         return Ok(()); // the commit decides again, and uses the override up there
     }
     guard::delete_override(conn, workspace).map_err(DbError::from)?;
@@ -250,7 +324,7 @@ fn guard_write(
         workspace,
         EVENT_OVERRIDE_USED,
         serde_json::json!({
-            "refused": why.as_str(),
+            "refused": why.map_or(REFUSED_DOWNGRADE, Refusal::as_str),
             "granted_by": grant.granted_by,
             "reason": grant.reason,
             "stored": { "serial": row.serial, "lineage": row.lineage },
@@ -258,7 +332,7 @@ fn guard_write(
         }),
     );
     insert_audit(conn, &entry).map_err(DbError::from)?;
-    Ok(())
+    record(conn)
 }
 
 /// The check speaks the caller's error type, so the body's own failures (which only
@@ -285,11 +359,13 @@ impl StateCheck {
         if let Some((expected, hasher)) = self.md5 {
             protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
         }
+        let encryption = self.scanner.encryption();
         let (meta, resources) = self.scanner.finish_with_resources()?;
         let sent = Sent {
             serial: meta.serial,
             lineage: meta.lineage.clone(),
             sha256: sha256.to_string(),
+            encryption,
         };
         {
             // Judged against the row seen when the write began, before the blob is
@@ -300,6 +376,13 @@ impl StateCheck {
                     if !pending.overridable {
                         return Err(refused(&self.workspace, row, &sent, why));
                     }
+                }
+                let downgraded = self.downgrade
+                    && !row.is_tombstone()
+                    && pending.seen_encrypted == Some(true)
+                    && sent.encryption == crate::tfstate::BodyEncryption::Plaintext;
+                if downgraded && !pending.overridable {
+                    return Err(refused_downgrade(&self.workspace, row, &sent));
                 }
             }
             pending.sent = Some(sent);
@@ -413,7 +496,15 @@ impl TofuBackend {
             store,
             root,
             last_used: credentials::LastUsed::default(),
+            downgrade: Arc::default(),
         }
+    }
+
+    /// Refuses plaintext writes onto encrypted current states of the workspaces
+    /// `policy` names (`tofu.refuse_plaintext_after_encrypted`).
+    pub fn with_downgrade_policy(mut self, policy: posture::DowngradePolicy) -> Self {
+        self.downgrade = Arc::new(policy);
+        self
     }
 
     pub fn store(&self) -> &StateStore {
@@ -462,7 +553,14 @@ impl TofuBackend {
                         now.unwrap_or(0)
                     )));
                 }
-                ensure_unlocked(conn, &ws)
+                ensure_unlocked(conn, &ws)?;
+                if !conn.is_autocommit() {
+                    // The restored content is what it was: its posture carries over
+                    // (a later version number only ever replaces this row).
+                    posture::copy(conn, &ws, to_version, now.unwrap_or(0) + 1)
+                        .map_err(DbError::from)?;
+                }
+                Ok(())
             })
             .await
     }
@@ -692,6 +790,7 @@ impl TofuBackend {
         let key = self.root.blob_key(&scope(workspace));
         let mut scanner = crate::tfstate::StateScanner::with_resources(key.resource_digest_key());
         scanner.push(&body)?;
+        let encryption = scanner.encryption();
         let (meta, resources) = scanner.finish_with_resources()?;
         let size = body.len() as u64;
         let ws = workspace.to_string();
@@ -716,10 +815,20 @@ impl TofuBackend {
             serial: meta.serial,
             lineage: meta.lineage,
             sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&new.plaintext)),
+            encryption,
         };
+        let downgrade = self.downgrade.clone();
         self.store
             .write_version(new, &key, move |conn, latest| {
-                guard_write(conn, &ws, &writer, lock_id.as_deref(), latest, Some(&sent))
+                guard_write(
+                    conn,
+                    &ws,
+                    &writer,
+                    lock_id.as_deref(),
+                    latest,
+                    Some(&sent),
+                    &downgrade,
+                )
             })
             .await
     }
@@ -776,8 +885,10 @@ impl TofuBackend {
                 scanner: crate::tfstate::StateScanner::with_resources(key.resource_digest_key()),
                 md5: content_md5.map(|expected| (expected, md5::Md5::default())),
                 pending: slot.clone(),
+                downgrade: self.downgrade.applies(workspace),
             }),
         };
+        let downgrade = self.downgrade.clone();
         self.store
             .write_stream(new, body, &key, move |conn, latest| {
                 let sent = pending(&slot).sent.clone();
@@ -788,8 +899,15 @@ impl TofuBackend {
                     let overridable = guard::active_override(conn, &ws, now)
                         .map_err(DbError::from)?
                         .is_some();
+                    let seen_encrypted = match latest {
+                        Some(row) if downgrade.applies(&ws) => {
+                            posture::of_version(conn, &ws, row.version).map_err(DbError::from)?
+                        }
+                        _ => None,
+                    };
                     let mut pending = pending(&slot);
                     pending.seen = latest.cloned();
+                    pending.seen_encrypted = seen_encrypted;
                     pending.overridable = overridable;
                 }
                 guard_write(
@@ -799,6 +917,7 @@ impl TofuBackend {
                     lock_id.as_deref(),
                     latest,
                     sent.as_ref(),
+                    &downgrade,
                 )
                 .map_err(E::from)
             })

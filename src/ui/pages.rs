@@ -206,6 +206,7 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                     td {
                         a href=(ws_href(&w.name)) { (w.name) }
                         @if w.deleted { span.badge.deleted { "deleted" } }
+                        @if let Some(p) = &w.encryption { (encryption_badge(p)) }
                     }
                     td { @match &w.lock {
                         Some(lock) => (lock_summary(lock, chrome.now)),
@@ -542,7 +543,8 @@ pub fn workspace(
         .collect();
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
-        h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } } }
+        h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } }
+            @if let Some(p) = &ws.encryption { (encryption_badge(p)) } }
         @if let Some(n) = shown { (notice(n)) }
         @if let Some(check) = drift { (super::drift_pages::status_line(chrome, check)) }
         section.card {
@@ -740,6 +742,18 @@ fn outline_body(outline: &Outline) -> Markup {
                 ul.paths { @for (path, value) in &outline.outputs { li { code.path { (path) } ": " span.value { (value) } } } }
             }
         }
+    }
+}
+
+/// The state's client-side encryption (`tofu::posture`): a badge, with the key
+/// providers as its title; nothing while unknown.
+fn encryption_badge(p: &crate::tofu::posture::Posture) -> Markup {
+    let providers = p.key_providers.join(", ");
+    match p.state {
+        "encrypted" => html! { span.badge.ok title=(providers) { "encrypted" } },
+        "mixed" => html! { span.badge.warn title=(providers) { "mixed encryption" } },
+        "plaintext" => html! { span.badge.quiet { "plaintext" } },
+        _ => html! {},
     }
 }
 
@@ -1053,6 +1067,7 @@ mod tests {
             deleted: false,
             lock: Some(lock),
             frozen: None,
+            encryption: None,
         };
         let row = VersionRow {
             scope: "tf/prod".into(),

@@ -1,0 +1,375 @@
+//! Encryption posture of a workspace's state: is it client-encrypted by OpenTofu (the
+//! envelope, whose `meta` names the key providers), plaintext, or mixed across its
+//! recent versions — and the optional policy that refuses a silent downgrade (a
+//! plaintext write onto a state that is encrypted now).
+//!
+//! The fact is recorded per version when it is written (`tf_state_encryption`, owned
+//! here), in the version's own commit, from what the body scanner saw as the body
+//! streamed past (`tfstate::StateScanner::encryption`): nothing is read again to
+//! show it. Versions written before this existed, or by a path that does not scan
+//! (a rollback, a restore, an index rebuild), are "unknown" until the next write.
+
+use std::collections::{BTreeSet, HashMap};
+
+use rusqlite::{params, Connection};
+use serde::Serialize;
+
+use crate::names::Pattern;
+use crate::tfstate::BodyEncryption;
+
+/// The per-version facts; `crate::schema` applies it.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tf_state_encryption (
+    workspace     TEXT    NOT NULL,
+    version       INTEGER NOT NULL,
+    encrypted     INTEGER NOT NULL,  -- 1: OpenTofu's encrypted envelope, 0: plaintext
+    key_providers TEXT    NOT NULL,  -- JSON array of the envelope's meta keys
+    PRIMARY KEY (workspace, version)
+) WITHOUT ROWID;
+"#;
+
+/// How many of the newest versions the posture looks at.
+pub const RECENT_VERSIONS: i64 = 10;
+
+/// Longest key provider name kept (the rest of a longer one is cut).
+const MAX_PROVIDER_CHARS: usize = 128;
+
+/// Records what version `version` of `workspace` is. Runs inside the version's commit.
+pub fn record(
+    conn: &Connection,
+    workspace: &str,
+    version: i64,
+    body: &BodyEncryption,
+) -> rusqlite::Result<()> {
+    let (encrypted, providers) = match body {
+        BodyEncryption::Plaintext => (false, Vec::new()),
+        BodyEncryption::OpenTofu { key_providers } => (true, clean(key_providers)),
+    };
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO tf_state_encryption (workspace, version, encrypted, key_providers)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        workspace,
+        version,
+        encrypted,
+        serde_json::to_string(&providers).expect("strings serialize")
+    ])?;
+    Ok(())
+}
+
+/// Records version `to` of `workspace` as whatever version `from` was recorded as
+/// (a rollback stores `from`'s content again); nothing when `from` is not recorded.
+pub fn copy(conn: &Connection, workspace: &str, from: i64, to: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO tf_state_encryption (workspace, version, encrypted, key_providers)
+         SELECT workspace, ?3, encrypted, key_providers FROM tf_state_encryption
+          WHERE workspace = ?1 AND version = ?2",
+    )?
+    .execute(params![workspace, from, to])?;
+    Ok(())
+}
+
+/// Provider names for display: `key_provider.pbkdf2.main` → `pbkdf2.main`, control
+/// characters dropped, bounded; sorted and unique.
+fn clean(names: &[String]) -> Vec<String> {
+    let set: BTreeSet<String> = names
+        .iter()
+        .map(|n| {
+            n.strip_prefix("key_provider.")
+                .unwrap_or(n)
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_PROVIDER_CHARS)
+                .collect::<String>()
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    set.into_iter().collect()
+}
+
+/// What one version is, when recorded.
+pub fn of_version(
+    conn: &Connection,
+    workspace: &str,
+    version: i64,
+) -> rusqlite::Result<Option<bool>> {
+    use rusqlite::OptionalExtension;
+    conn.prepare_cached(
+        "SELECT encrypted FROM tf_state_encryption WHERE workspace = ?1 AND version = ?2",
+    )?
+    .query_row(params![workspace, version], |r| r.get(0))
+    .optional()
+}
+
+/// The posture of one workspace's recent versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Posture {
+    /// `encrypted`, `plaintext`, `mixed` (both among the recent versions) or `unknown`
+    /// (none of them recorded).
+    pub state: &'static str,
+    /// The newest version: `encrypted`, `plaintext` or `unknown`.
+    pub current: &'static str,
+    /// The key providers the recent encrypted versions name (`pbkdf2.main`), sorted.
+    pub key_providers: Vec<String>,
+    /// How many of the recent versions are recorded.
+    pub known: u32,
+}
+
+/// The posture of a workspace none of whose recent versions is recorded.
+pub fn posture_unknown() -> Posture {
+    Posture::unknown()
+}
+
+impl Posture {
+    fn unknown() -> Posture {
+        Posture {
+            state: "unknown",
+            current: "unknown",
+            key_providers: Vec::new(),
+            known: 0,
+        }
+    }
+
+    /// One short word for a table or a badge: `encrypted (pbkdf2.main)`, `plaintext`,
+    /// `mixed`, `unknown`.
+    pub fn label(&self) -> String {
+        match (self.state, self.key_providers.is_empty()) {
+            ("encrypted", false) => format!("encrypted ({})", self.key_providers.join(", ")),
+            (state, _) => state.to_string(),
+        }
+    }
+}
+
+/// The posture of every workspace with recorded versions, by name: each judged over
+/// its newest [`RECENT_VERSIONS`] versions (`latest` is each one's newest version
+/// number). One read of this table.
+pub fn postures(
+    conn: &Connection,
+    latest: &HashMap<String, i64>,
+) -> rusqlite::Result<HashMap<String, Posture>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT workspace, version, encrypted, key_providers FROM tf_state_encryption",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, bool>(2)?,
+            r.get::<_, String>(3)?,
+        ))
+    })?;
+    // (encrypted seen, plaintext seen, providers, known, current)
+    type Acc = (bool, bool, BTreeSet<String>, u32, Option<bool>);
+    let mut acc: HashMap<String, Acc> = HashMap::new();
+    for row in rows {
+        let (workspace, version, encrypted, providers) = row?;
+        let Some(&newest) = latest.get(&workspace) else {
+            continue;
+        };
+        if version > newest || version <= newest - RECENT_VERSIONS {
+            continue;
+        }
+        let entry = acc.entry(workspace).or_default();
+        if encrypted {
+            entry.0 = true;
+            let names: Vec<String> = serde_json::from_str(&providers).unwrap_or_default();
+            entry.2.extend(names);
+        } else {
+            entry.1 = true;
+        }
+        entry.3 += 1;
+        if version == newest {
+            entry.4 = Some(encrypted);
+        }
+    }
+    Ok(acc
+        .into_iter()
+        .map(|(ws, (enc, plain, providers, known, current))| {
+            let state = match (enc, plain) {
+                (true, true) => "mixed",
+                (true, false) => "encrypted",
+                (false, true) => "plaintext",
+                (false, false) => "unknown",
+            };
+            let posture = Posture {
+                state,
+                current: match current {
+                    Some(true) => "encrypted",
+                    Some(false) => "plaintext",
+                    None => "unknown",
+                },
+                key_providers: providers.into_iter().collect(),
+                known,
+            };
+            (ws, posture)
+        })
+        .collect())
+}
+
+/// The posture of one workspace whose newest version is `newest` (`None`: no state).
+pub fn posture(
+    conn: &Connection,
+    workspace: &str,
+    newest: Option<i64>,
+) -> rusqlite::Result<Posture> {
+    let Some(newest) = newest else {
+        return Ok(Posture::unknown());
+    };
+    let latest = HashMap::from([(workspace.to_string(), newest)]);
+    Ok(postures(conn, &latest)?
+        .remove(workspace)
+        .unwrap_or_else(Posture::unknown))
+}
+
+/// `tofu.refuse_plaintext_after_encrypted`: the workspaces (patterns) on which a
+/// plaintext write onto an encrypted current state is refused.
+#[derive(Debug, Clone, Default)]
+pub struct DowngradePolicy(Vec<Pattern>);
+
+impl DowngradePolicy {
+    /// Parses the configured patterns; the error names the one that is not a pattern.
+    pub fn parse(patterns: &[String]) -> Result<DowngradePolicy, String> {
+        patterns
+            .iter()
+            .map(|p| {
+                Pattern::parse(p)
+                    .map_err(|e| format!("tofu.refuse_plaintext_after_encrypted: {p:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(DowngradePolicy)
+    }
+
+    pub fn applies(&self, workspace: &str) -> bool {
+        self.0.iter().any(|p| p.matches(workspace))
+    }
+}
+
+/// Would this write be a downgrade the policy refuses? `current_encrypted` is what the
+/// newest live version was recorded as (`None`: not recorded, which never refuses,
+/// as an unjudgeable row never refuses in `guard::decide_successor`).
+pub fn is_refused_downgrade(
+    policy: &DowngradePolicy,
+    workspace: &str,
+    current_encrypted: Option<bool>,
+    sent: &BodyEncryption,
+) -> bool {
+    policy.applies(workspace)
+        && current_encrypted == Some(true)
+        && *sent == BodyEncryption::Plaintext
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c
+    }
+
+    fn enc(names: &[&str]) -> BodyEncryption {
+        BodyEncryption::OpenTofu {
+            key_providers: names.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn posture_is_judged_over_the_recent_versions() {
+        let c = db();
+        let plain = BodyEncryption::Plaintext;
+        // (workspace, versions written oldest first, newest, state, current, providers)
+        let rows: Vec<(&str, Vec<BodyEncryption>, &str, &str, Vec<&str>)> = vec![
+            (
+                "a",
+                vec![enc(&["key_provider.pbkdf2.k"]); 3],
+                "encrypted",
+                "encrypted",
+                vec!["pbkdf2.k"],
+            ),
+            (
+                "b",
+                vec![plain.clone(), plain.clone()],
+                "plaintext",
+                "plaintext",
+                vec![],
+            ),
+            (
+                "c",
+                vec![plain.clone(), enc(&["key_provider.aws_kms.x"])],
+                "mixed",
+                "encrypted",
+                vec!["aws_kms.x"],
+            ),
+            (
+                "d",
+                vec![enc(&["key_provider.pbkdf2.k"]), plain.clone()],
+                "mixed",
+                "plaintext",
+                vec!["pbkdf2.k"],
+            ),
+            // A plaintext version older than the recent window no longer counts.
+            (
+                "e",
+                std::iter::once(plain.clone())
+                    .chain(
+                        std::iter::repeat(enc(&["key_provider.pbkdf2.new"]))
+                            .take(RECENT_VERSIONS as usize),
+                    )
+                    .collect(),
+                "encrypted",
+                "encrypted",
+                vec!["pbkdf2.new"],
+            ),
+        ];
+        let mut latest = HashMap::new();
+        for (ws, versions, ..) in &rows {
+            for (i, v) in versions.iter().enumerate() {
+                record(&c, ws, i as i64 + 1, v).unwrap();
+            }
+            latest.insert(ws.to_string(), versions.len() as i64);
+        }
+        // A workspace whose newest version was never recorded is unknown now.
+        latest.insert("b2".into(), 3);
+        record(&c, "b2", 1, &plain).unwrap();
+        let all = postures(&c, &latest).unwrap();
+        for (ws, _, state, current, providers) in &rows {
+            let p = &all[*ws];
+            assert_eq!((p.state, p.current), (*state, *current), "{ws}");
+            assert_eq!(p.key_providers, *providers, "{ws}");
+        }
+        assert_eq!(all["b2"].current, "unknown");
+        assert_eq!(posture(&c, "zzz", Some(4)).unwrap().state, "unknown");
+        assert_eq!(posture(&c, "a", None).unwrap().state, "unknown");
+        assert_eq!(all["a"].label(), "encrypted (pbkdf2.k)");
+        assert_eq!(of_version(&c, "d", 2).unwrap(), Some(false));
+        assert_eq!(of_version(&c, "d", 9).unwrap(), None);
+    }
+
+    #[test]
+    fn the_downgrade_policy_refuses_only_plaintext_onto_an_encrypted_current_state() {
+        let policy = DowngradePolicy::parse(&["prod-*".into()]).unwrap();
+        let plain = BodyEncryption::Plaintext;
+        // (workspace, current recorded, sent, refused)
+        let rows = [
+            ("prod-a", Some(true), plain.clone(), true),
+            ("prod-a", Some(true), enc(&["k"]), false),
+            ("prod-a", Some(false), plain.clone(), false),
+            ("prod-a", None, plain.clone(), false),
+            ("dev-a", Some(true), plain.clone(), false),
+        ];
+        for (ws, current, sent, refused) in rows {
+            assert_eq!(
+                is_refused_downgrade(&policy, ws, current, &sent),
+                refused,
+                "{ws} {current:?} {sent:?}"
+            );
+        }
+        let err = DowngradePolicy::parse(&["prod/*".into()]).unwrap_err();
+        assert!(
+            err.contains("prod/*") && err.contains("refuse_plaintext"),
+            "{err}"
+        );
+    }
+}

@@ -252,7 +252,8 @@ fn the_wrapped_key_opens_only_through_the_right_token_and_failures_write_nothing
     };
     let not_a_module = env!("CARGO_BIN_EXE_stategate").to_string();
     // (what is wrong, env, the message)
-    let cases: Vec<(&str, Vec<(&'static str, String)>, &str)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'static str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "wrong PIN",
             base(&wrong_pin),

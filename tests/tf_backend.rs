@@ -1326,9 +1326,10 @@ fn posture_snapshot(s: &TestServer) -> ((i64, i64, usize, i64), i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encryption_posture_is_recorded_per_version_and_shown() {
     let s = TestServer::start().await;
-    let token = s.operator_token("ops@example.com").await;
+    let token = operator(&s).await;
     // (workspace, bodies written in order, state, current, key providers)
-    let rows: Vec<(&str, Vec<String>, &str, &str, Vec<&str>)> = vec![
+    type Row<'a> = (&'a str, Vec<String>, &'a str, &'a str, Vec<&'a str>);
+    let rows: Vec<Row> = vec![
         (
             "enc",
             vec![envelope(1, "main"), envelope(2, "main")],
@@ -1418,7 +1419,7 @@ async fn a_plaintext_write_onto_an_encrypted_state_is_refused_where_the_policy_s
         c.tofu.refuse_plaintext_after_encrypted = vec!["prod-*".into()];
     })
     .await;
-    let token = s.operator_token("ops@example.com").await;
+    let token = operator(&s).await;
     let current = envelope(5, "main");
     assert_eq!(
         status(s.tf("POST", "prod-a").body(current.clone())).await.0,

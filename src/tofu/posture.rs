@@ -279,8 +279,9 @@ mod tests {
     fn posture_is_judged_over_the_recent_versions() {
         let c = db();
         let plain = BodyEncryption::Plaintext;
-        // (workspace, versions written oldest first, newest, state, current, providers)
-        let rows: Vec<(&str, Vec<BodyEncryption>, &str, &str, Vec<&str>)> = vec![
+        // (workspace, versions written oldest first, state, current, providers)
+        type Row<'a> = (&'a str, Vec<BodyEncryption>, &'a str, &'a str, Vec<&'a str>);
+        let rows: Vec<Row> = vec![
             (
                 "a",
                 vec![enc(&["key_provider.pbkdf2.k"]); 3],
@@ -313,10 +314,10 @@ mod tests {
             (
                 "e",
                 std::iter::once(plain.clone())
-                    .chain(
-                        std::iter::repeat(enc(&["key_provider.pbkdf2.new"]))
-                            .take(RECENT_VERSIONS as usize),
-                    )
+                    .chain(std::iter::repeat_n(
+                        enc(&["key_provider.pbkdf2.new"]),
+                        RECENT_VERSIONS as usize,
+                    ))
                     .collect(),
                 "encrypted",
                 "encrypted",

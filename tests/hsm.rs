@@ -290,7 +290,7 @@ fn the_wrapped_key_opens_only_through_the_right_token_and_failures_write_nothing
         (
             "unreachable token store",
             set(&good, "SOFTHSM2_CONF", empty_conf.display().to_string()),
-            "PKCS#11",
+            "did not initialise (is the token or its service reachable",
         ),
         (
             "another token's key",

@@ -1054,5 +1054,16 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("4 (deleted)"), "{text}");
+        // The encryption posture sits before the lock; a deleted state has none.
+        assert!(lines[0].contains("ENCRYPTION  LOCK"), "{text}");
+        assert!(lines[1].contains(" unknown "), "{text}");
+        let mut encrypted = rows[0].clone();
+        encrypted.encryption = Some(stategate::tofu::posture::Posture {
+            state: "encrypted",
+            current: "encrypted",
+            key_providers: vec!["pbkdf2.main".into()],
+            known: 3,
+        });
+        assert!(workspace_table(&[encrypted]).contains(" encrypted (pbkdf2.main) "));
     }
 }

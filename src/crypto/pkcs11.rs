@@ -100,7 +100,7 @@ impl Pkcs11KeyService {
             Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
             Err(e) => {
                 return Err(fail(format!(
-                    "PKCS#11 module {module} did not initialise: {}",
+                    "PKCS#11 module {module} did not initialise (is the token or its service reachable, and the module's own configuration readable?): {}",
                     short(&e)
                 )))
             }

@@ -141,70 +141,64 @@ impl Posture {
     }
 }
 
-/// The posture of every workspace with recorded versions, by name: each judged over
-/// its newest [`RECENT_VERSIONS`] versions (`latest` is each one's newest version
-/// number). One read of this table.
+/// The posture of every workspace in `latest` (name → its newest version number),
+/// each judged over its newest [`RECENT_VERSIONS`] versions. One primary-key range
+/// read per workspace: the cost follows the workspaces listed, not the versions kept.
 pub fn postures(
     conn: &Connection,
     latest: &HashMap<String, i64>,
 ) -> rusqlite::Result<HashMap<String, Posture>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT workspace, version, encrypted, key_providers FROM tf_state_encryption",
+        "SELECT version, encrypted, key_providers FROM tf_state_encryption
+          WHERE workspace = ?1 AND version > ?2 AND version <= ?3",
     )?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, bool>(2)?,
-            r.get::<_, String>(3)?,
-        ))
-    })?;
-    // (encrypted seen, plaintext seen, providers, known, current)
-    type Acc = (bool, bool, BTreeSet<String>, u32, Option<bool>);
-    let mut acc: HashMap<String, Acc> = HashMap::new();
-    for row in rows {
-        let (workspace, version, encrypted, providers) = row?;
-        let Some(&newest) = latest.get(&workspace) else {
+    let mut out = HashMap::new();
+    for (workspace, &newest) in latest {
+        let rows = stmt.query_map(params![workspace, newest - RECENT_VERSIONS, newest], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, bool>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
+        let (mut enc, mut plain, mut known) = (false, false, 0u32);
+        let mut providers = BTreeSet::new();
+        let mut current = None;
+        for row in rows {
+            let (version, encrypted, names) = row?;
+            if encrypted {
+                enc = true;
+                let names: Vec<String> = serde_json::from_str(&names).unwrap_or_default();
+                providers.extend(names);
+            } else {
+                plain = true;
+            }
+            known += 1;
+            if version == newest {
+                current = Some(encrypted);
+            }
+        }
+        if known == 0 {
             continue;
+        }
+        let state = match (enc, plain) {
+            (true, true) => "mixed",
+            (true, false) => "encrypted",
+            _ => "plaintext",
         };
-        if version > newest || version <= newest - RECENT_VERSIONS {
-            continue;
-        }
-        let entry = acc.entry(workspace).or_default();
-        if encrypted {
-            entry.0 = true;
-            let names: Vec<String> = serde_json::from_str(&providers).unwrap_or_default();
-            entry.2.extend(names);
-        } else {
-            entry.1 = true;
-        }
-        entry.3 += 1;
-        if version == newest {
-            entry.4 = Some(encrypted);
-        }
+        let posture = Posture {
+            state,
+            current: match current {
+                Some(true) => "encrypted",
+                Some(false) => "plaintext",
+                None => "unknown",
+            },
+            key_providers: providers.into_iter().collect(),
+            known,
+        };
+        out.insert(workspace.clone(), posture);
     }
-    Ok(acc
-        .into_iter()
-        .map(|(ws, (enc, plain, providers, known, current))| {
-            let state = match (enc, plain) {
-                (true, true) => "mixed",
-                (true, false) => "encrypted",
-                (false, true) => "plaintext",
-                (false, false) => "unknown",
-            };
-            let posture = Posture {
-                state,
-                current: match current {
-                    Some(true) => "encrypted",
-                    Some(false) => "plaintext",
-                    None => "unknown",
-                },
-                key_providers: providers.into_iter().collect(),
-                known,
-            };
-            (ws, posture)
-        })
-        .collect())
+    Ok(out)
 }
 
 /// The posture of one workspace whose newest version is `newest` (`None`: no state).
@@ -346,6 +340,22 @@ mod tests {
         assert_eq!(all["a"].label(), "encrypted (pbkdf2.k)");
         assert_eq!(of_version(&c, "d", 2).unwrap(), Some(false));
         assert_eq!(of_version(&c, "d", 9).unwrap(), None);
+    }
+
+    #[test]
+    fn posture_reads_use_the_primary_key() {
+        let c = db();
+        for sql in [
+            "SELECT version, encrypted, key_providers FROM tf_state_encryption WHERE workspace = ?1 AND version > ?2 AND version <= ?3",
+            "SELECT encrypted FROM tf_state_encryption WHERE workspace = ?1 AND version = ?2",
+        ] {
+            let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let args = std::iter::repeat_n("1", stmt.parameter_count());
+            let plan: String = stmt
+                .query_row(rusqlite::params_from_iter(args), |r| r.get(3))
+                .unwrap();
+            assert!(plan.starts_with("SEARCH"), "{sql}: {plan}");
+        }
     }
 
     #[test]

@@ -312,8 +312,12 @@ impl KeyService for Pkcs11KeyService {
                     short(&other)
                 )),
             })?;
-        let out: [u8; 32] = plain.as_slice().try_into().map_err(|_| refused())?;
-        Ok(out)
+        let mut plain = plain;
+        let out: Result<[u8; 32], _> = plain.as_slice().try_into();
+        // The token's copy of the key material is not left in freed memory.
+        plain.iter_mut().for_each(|b| *b = 0);
+        std::hint::black_box(&plain);
+        out.map_err(|_| refused())
     }
 
     fn describe(&self) -> String {

@@ -268,8 +268,9 @@ pub struct TimelineRow {
 }
 
 /// One address's changes: the address itself, its instances (`[`) and what a module
-/// holds (`.`), as ranges of the (scope, address, version) index.
-const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+/// holds (`.`), as ranges of the (scope, address, version) index. Public for the load
+/// harness's query-plan check on a 1M-version index.
+pub const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
      FROM resource_changes c JOIN versions v ON v.scope = c.scope AND v.version = c.version
     WHERE c.scope = ?1
       AND (c.address = ?2
@@ -278,7 +279,7 @@ const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_a
     ORDER BY c.version DESC LIMIT ?3";
 
 /// Every address's changes, newest version first.
-const ALL_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+pub const ALL_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
      FROM resource_changes c JOIN versions v ON v.scope = c.scope AND v.version = c.version
     WHERE c.scope = ?1
     ORDER BY c.version DESC, c.address DESC LIMIT ?2";

@@ -7,7 +7,7 @@
 //! Options (after `--`): `--quick`; `--bin PATH` (default `$STATEGATE_BIN`, else
 //! `target/release/stategate` next to this bench); `--dir DIR` (where the data dirs go;
 //! default the temp dir — put it on the disk you care about); `--secs S` per cell;
-//! `--phases floor,cycles,get,rss,scale` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! `--phases floor,cycles,get,rss,scale,big,timeline` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
 //! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
 //! floor also times raw PUT/GET of 100 KiB objects on that store.
 //!
@@ -24,7 +24,17 @@
 //! 4. rss: the server's VmHWM after a 1, 64 and 256 MiB state POST + GET (fresh server each);
 //! 5. scale: the same write/GET figures with an empty index and with 10,000 workspaces ×
 //!    100 versions (1M version rows + 1M audit rows inserted into the server's SQLite
-//!    before it starts), and the time of `workspace history` / `admin audit list --scope`.
+//!    before it starts), and the time of `workspace history` / `admin audit list --scope`;
+//! 6. big: LOCK → POST → UNLOCK of a 10,000-instance state (~4.5 MiB, modules, `count`,
+//!    `for_each`, data sources) changing 3 instances per write, 1 client and 8 clients on
+//!    8 workspaces, beside the POST CPU floor of that state with and without the resource
+//!    timeline's summary (what the timeline costs a large state; the old server takes
+//!    the same requests);
+//! 7. timeline: 1M versions with their resource changes inserted into a stopped
+//!    server's index (9,900 workspaces × 100 versions + one of 10,000 versions of a
+//!    10,000-instance state), then `store::timeline::timeline_rows` timed (p50/p99) for
+//!    `workspace timeline WS [ADDRESS]`, each query plan checked for index use and every
+//!    p99 asserted < 20 ms; and the CLI's wall time (needs a binary with the timeline).
 //!
 //! Every workspace name is fresh per run (`b<run id>-…`) and every data dir is deleted at
 //! the end (also when a phase fails), so a run stopped mid-cycle leaves no held lock on

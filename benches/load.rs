@@ -7,7 +7,7 @@
 //! Options (after `--`): `--quick`; `--bin PATH` (default `$STATEGATE_BIN`, else
 //! `target/release/stategate` next to this bench); `--dir DIR` (where the data dirs go;
 //! default the temp dir — put it on the disk you care about); `--secs S` per cell;
-//! `--phases floor,cycles,get,rss,scale` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! `--phases floor,cycles,get,rss,scale,big,timeline` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
 //! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
 //! floor also times raw PUT/GET of 100 KiB objects on that store.
 //!
@@ -24,7 +24,17 @@
 //! 4. rss: the server's VmHWM after a 1, 64 and 256 MiB state POST + GET (fresh server each);
 //! 5. scale: the same write/GET figures with an empty index and with 10,000 workspaces ×
 //!    100 versions (1M version rows + 1M audit rows inserted into the server's SQLite
-//!    before it starts), and the time of `workspace history` / `admin audit list --scope`.
+//!    before it starts), and the time of `workspace history` / `admin audit list --scope`;
+//! 6. big: LOCK → POST → UNLOCK of a 10,000-instance state (~4.5 MiB, modules, `count`,
+//!    `for_each`, data sources) changing 3 instances per write, 1 client and 8 clients on
+//!    8 workspaces, beside the POST CPU floor of that state with and without the resource
+//!    timeline's summary (what the timeline costs a large state; the old server takes
+//!    the same requests);
+//! 7. timeline: 1M versions with their resource changes inserted into a stopped
+//!    server's index (9,900 workspaces × 100 versions + one of 10,000 versions of a
+//!    10,000-instance state), then `store::timeline::timeline_rows` timed (p50/p99) for
+//!    `workspace timeline WS [ADDRESS]`, each query plan checked for index use and every
+//!    p99 asserted < 20 ms; and the CLI's wall time (needs a binary with the timeline).
 //!
 //! Every workspace name is fresh per run (`b<run id>-…`) and every data dir is deleted at
 //! the end (also when a phase fails), so a run stopped mid-cycle leaves no held lock on
@@ -90,7 +100,7 @@ impl Opts {
         let mut bin = std::env::var_os("STATEGATE_BIN").map(PathBuf::from);
         let mut base = std::env::temp_dir();
         let mut secs = None;
-        let mut phases = "floor,cycles,get,rss,scale".to_string();
+        let mut phases = "floor,cycles,get,rss,scale,big,timeline".to_string();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -330,8 +340,14 @@ fn get_cpu_floor(base: &Path, cell: Duration) -> f64 {
 /// `md5`: the part that must finish before the blob can be fsynced (the trailer holds
 /// the serial and lineage; Content-MD5 could be checked beside the fsync).
 fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
+    post_cpu_of(&state(100 * KIB, 1, "lineage-floor"), cell, md5, false)
+}
+
+/// [`post_cpu_floor`] of `body`; with `resources`, the scan also takes the resource
+/// timeline's summary (every instance's address and keyed digest, as the server's
+/// write path does since issue 23), so the two figures give that summary's own cost.
+fn post_cpu_of(body: &[u8], cell: Duration, md5: bool, resources: bool) -> f64 {
     use stategate::store::format::{BlobIdentity, Sealer};
-    let body = state(100 * KIB, 1, "lineage-floor");
     let key = RootKey::from_bytes(DEK).blob_key("tf/floor");
     let id = BlobIdentity {
         scope: "tf/floor".into(),
@@ -343,13 +359,22 @@ fn post_cpu_floor(cell: Duration, md5: bool) -> f64 {
     };
     per_second(cell, |_| {
         if md5 {
-            std::hint::black_box(content_md5(&body));
+            std::hint::black_box(content_md5(body));
         }
-        let mut scanner = stategate::tfstate::StateScanner::new();
-        scanner.push(&body).unwrap();
-        let meta = scanner.finish().unwrap();
+        let meta = if resources {
+            let mut scanner =
+                stategate::tfstate::StateScanner::with_resources(key.resource_digest_key());
+            scanner.push(body).unwrap();
+            let (meta, summary) = scanner.finish_with_resources().unwrap();
+            assert!(summary.is_some_and(|s| !s.is_empty()), "a summary");
+            meta
+        } else {
+            let mut scanner = stategate::tfstate::StateScanner::new();
+            scanner.push(body).unwrap();
+            scanner.finish().unwrap()
+        };
         let (mut sealer, head) = Sealer::new(&key, &id).unwrap();
-        let sealed = sealer.push(&body).unwrap();
+        let sealed = sealer.push(body).unwrap();
         let (tail, _) = sealer
             .finish(Some(meta.serial), Some(meta.lineage))
             .unwrap();
@@ -652,6 +677,183 @@ fn state(size: usize, serial: u64, lineage: &str) -> Bytes {
     Bytes::from(body)
 }
 
+/// A realistic large Terraform state: `instances` resource instances in the shapes
+/// Terraform writes (root resources, `count`, `for_each`, a `for_each` module, data
+/// sources), pretty-printed as Terraform does, each instance with a handful of
+/// attributes, ~450 bytes. Every instance has an 8-digit `revision` attribute whose
+/// offsets are kept, so a write can change a few of them in place (what the resource
+/// timeline must then find among all the others).
+struct BigState {
+    /// The `resources` array's elements (between `[` and `]`).
+    resources: Vec<u8>,
+    /// Offset in `resources` of each instance's revision digits.
+    revisions: Vec<usize>,
+}
+
+/// Instances a write of a [`BigState`] changes.
+const BIG_EDITS: usize = 3;
+
+impl BigState {
+    fn new(instances: usize) -> BigState {
+        let mut out = BigState {
+            resources: Vec::with_capacity(instances * 480),
+            revisions: Vec::with_capacity(instances),
+        };
+        let mut left = instances;
+        let l = &mut left;
+        out.group(l, "", "managed", "aws_vpc", "main", 1, None);
+        out.group(
+            l,
+            "module.net",
+            "managed",
+            "aws_subnet",
+            "private",
+            100,
+            Some(false),
+        );
+        out.group(l, "", "data", "aws_ami", "base", 1, None);
+        let mut m = 0;
+        while *l > 0 {
+            let module = format!("module.svc[\"svc-{m:03}\"]");
+            out.group(
+                l,
+                &module,
+                "managed",
+                "aws_instance",
+                "web",
+                200,
+                Some(false),
+            );
+            out.group(
+                l,
+                &module,
+                "managed",
+                "aws_security_group_rule",
+                "ingress",
+                100,
+                Some(true),
+            );
+            out.group(l, &module, "managed", "aws_route53_record", "a", 1, None);
+            out.group(
+                l,
+                &module,
+                "data",
+                "aws_iam_policy_document",
+                "assume",
+                1,
+                None,
+            );
+            m += 1;
+            if m == 20 {
+                out.group(
+                    l,
+                    "",
+                    "managed",
+                    "aws_s3_object",
+                    "obj",
+                    usize::MAX,
+                    Some(true),
+                );
+            }
+        }
+        assert_eq!(out.revisions.len(), instances);
+        out
+    }
+
+    /// One resource of up to `n` instances (index keys: `None` = single, `Some(false)`
+    /// = `count`, `Some(true)` = `for_each`), fewer when `left` runs out.
+    #[allow(clippy::too_many_arguments)]
+    fn group(
+        &mut self,
+        left: &mut usize,
+        module: &str,
+        mode: &str,
+        kind: &str,
+        name: &str,
+        n: usize,
+        keys: Option<bool>,
+    ) {
+        let n = n.min(*left);
+        if n == 0 {
+            return;
+        }
+        *left -= n;
+        let r = &mut self.resources;
+        if !r.is_empty() {
+            r.extend_from_slice(b",");
+        }
+        let module_line = if module.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\n      \"module\": {},",
+                serde_json::to_string(module).unwrap()
+            )
+        };
+        r.extend_from_slice(
+            format!(
+                "\n    {{{module_line}\n      \"mode\": \"{mode}\",\n      \"type\": \"{kind}\",\n      \"name\": \"{name}\",\n      \"provider\": \"provider[\\\"registry.terraform.io/hashicorp/aws\\\"]\",\n      \"instances\": ["
+            )
+            .as_bytes(),
+        );
+        for i in 0..n {
+            if i > 0 {
+                r.extend_from_slice(b",");
+            }
+            let key = match keys {
+                None => String::new(),
+                Some(false) => format!("\n          \"index_key\": {i},"),
+                Some(true) => format!("\n          \"index_key\": \"{name}-{i:05}\","),
+            };
+            let id = self.revisions.len();
+            let head = format!(
+                "\n        {{{key}\n          \"schema_version\": 1,\n          \"attributes\": {{\n            \"arn\": \"arn:aws:{kind}:eu-west-1:123456789012:{name}/{id:08x}\",\n            \"id\": \"{kind}-{id:08x}\",\n            \"instance_type\": \"t3.micro\",\n            \"private_ip\": \"10.{}.{}.{}\",\n            \"revision\": \"",
+                id >> 16,
+                (id >> 8) & 0xff,
+                id & 0xff
+            );
+            r.extend_from_slice(head.as_bytes());
+            self.revisions.push(r.len());
+            r.extend_from_slice(b"00000000");
+            r.extend_from_slice(
+                format!(
+                    "\",\n            \"tags\": {{\n              \"Name\": \"{name}-{id}\",\n              \"env\": \"prod\"\n            }}\n          }},\n          \"sensitive_attributes\": [],\n          \"dependencies\": [\n            \"module.net.aws_subnet.private\"\n          ]\n        }}"
+                )
+                .as_bytes(),
+            );
+        }
+        r.extend_from_slice(b"\n      ]\n    }");
+    }
+
+    /// Bytes of a whole state.
+    fn len(&self) -> usize {
+        self.body(1, "lineage", &self.resources).len()
+    }
+
+    /// Write `serial` changes [`BIG_EDITS`] instances' revision to `serial`, spread
+    /// over the state.
+    fn edit(&self, resources: &mut [u8], serial: u64) {
+        let n = self.revisions.len() as u64;
+        for e in 0..BIG_EDITS as u64 {
+            let at = self.revisions[((serial * 7919 + e * 104_729) % n) as usize];
+            resources[at..at + 8]
+                .copy_from_slice(format!("{:08}", serial % 100_000_000).as_bytes());
+        }
+    }
+
+    fn body(&self, serial: u64, lineage: &str, resources: &[u8]) -> Bytes {
+        let head = format!(
+            "{{\n  \"version\": 4,\n  \"terraform_version\": \"1.15.0\",\n  \"serial\": {serial},\n  \"lineage\": \"{lineage}\",\n  \"outputs\": {{}},\n  \"resources\": ["
+        );
+        let tail = b"\n  ],\n  \"check_results\": null\n}\n";
+        let mut body = Vec::with_capacity(head.len() + resources.len() + tail.len());
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(resources);
+        body.extend_from_slice(tail);
+        Bytes::from(body)
+    }
+}
+
 fn content_md5(body: &[u8]) -> String {
     use base64::Engine;
     use md5::Digest;
@@ -738,33 +940,72 @@ struct CycleStats {
     lock: Samples,
     post: Samples,
     unlock: Samples,
+    /// [`Body::Big`]: each workspace's first (untimed) write, every instance added.
+    first: Samples,
     elapsed: f64,
 }
 
-/// LOCK → POST (`size`) → UNLOCK cycles by `clients` tasks for `cell`; client `i` uses
+/// What each cycle POSTs.
+#[derive(Clone)]
+enum Body {
+    /// [`state`] of this many bytes: one resource instance, new content every write.
+    Pad(usize),
+    /// A [`BigState`]: every write changes a few attributes of a few instances.
+    Big(Arc<BigState>),
+}
+
+impl Body {
+    fn size(&self) -> usize {
+        match self {
+            Body::Pad(size) => *size,
+            Body::Big(big) => big.len(),
+        }
+    }
+}
+
+/// LOCK → POST (`body`) → UNLOCK cycles by `clients` tasks for `cell`; client `i` uses
 /// workspace `i % workspaces`. A LOCK refused (423: another client holds it) is retried.
+/// With [`Body::Big`], each workspace first gets one untimed write of the whole state
+/// (every instance added: its time is `CycleStats::first`), so the timed cycles
+/// change a few instances each, as applies of a large configuration do.
 async fn cycles(
     api: &Api,
     prefix: &str,
     clients: usize,
     workspaces: usize,
-    size: usize,
+    body: Body,
     cell: Duration,
 ) -> CycleStats {
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
     // Like Terraform, each write sends the workspace's current serial + 1 and its lineage
     // (the write guard refuses anything else); the lock orders the clients of one workspace.
     let serials: Arc<Vec<std::sync::atomic::AtomicU64>> =
         Arc::new((0..workspaces).map(|_| Default::default()).collect());
+    let mut first = Samples::default();
+    if let Body::Big(big) = &body {
+        for (w, serial) in serials.iter().enumerate() {
+            let ws = format!("{prefix}-w{w}");
+            let content = big.body(1, &format!("lineage-{prefix}-w{w}"), &big.resources);
+            let t = Instant::now();
+            api.post(&ws, content).await;
+            first.push(t.elapsed());
+            serial.store(1, Relaxed);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
     for c in 0..clients {
-        let (api, stop, serials) = (api.clone(), stop.clone(), serials.clone());
+        let (api, stop, serials, body) = (api.clone(), stop.clone(), serials.clone(), body.clone());
         let w = c % workspaces;
         let ws = format!("{prefix}-w{w}");
         let lineage = format!("lineage-{prefix}-w{w}");
         tasks.push(tokio::spawn(async move {
             let mut st = CycleStats::default();
+            // This client's copy of the big state's resources, edited a little per write.
+            let mut resources = match &body {
+                Body::Big(big) => big.resources.clone(),
+                Body::Pad(_) => Vec::new(),
+            };
             while !stop.load(Relaxed) {
                 let id = uuid::Uuid::new_v4().to_string();
                 let info = Bytes::from(format!(
@@ -782,7 +1023,13 @@ async fn cycles(
                     other => panic!("LOCK {ws}: {other} {text:?}"),
                 }
                 let serial = serials[w].fetch_add(1, Relaxed) + 1;
-                let body = state(size, serial, &lineage);
+                let body = match &body {
+                    Body::Pad(size) => state(*size, serial, &lineage),
+                    Body::Big(big) => {
+                        big.edit(&mut resources, serial);
+                        big.body(serial, &lineage, &resources)
+                    }
+                };
                 let md5 = content_md5(&body);
                 let t = Instant::now();
                 let (status, text) = api.send_state(&ws, &format!("?ID={id}"), body, md5).await;
@@ -809,6 +1056,7 @@ async fn cycles(
         all.unlock.extend(st.unlock);
     }
     all.elapsed = started.elapsed().as_secs_f64();
+    all.first = first;
     all
 }
 
@@ -865,7 +1113,7 @@ async fn cycle_phase(
             &format!("{run}-c{i}"),
             clients,
             workspaces,
-            100 * KIB,
+            Body::Pad(100 * KIB),
             opts.cell(),
         )
         .await;
@@ -1094,7 +1342,15 @@ impl Probe {
 }
 
 async fn probe(api: &Api, prefix: &str, round: usize, cell: Duration, into: &mut Probe) {
-    let st = cycles(api, &format!("{prefix}-r{round}"), 1, 1, 100 * KIB, cell).await;
+    let st = cycles(
+        api,
+        &format!("{prefix}-r{round}"),
+        1,
+        1,
+        Body::Pad(100 * KIB),
+        cell,
+    )
+    .await;
     let ws = format!("{prefix}-get");
     let body = state(100 * KIB, 1, "lineage-probe");
     if round == 0 {
@@ -1245,6 +1501,365 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
     );
 }
 
+/// LOCK → POST → UNLOCK cycles of a 10,000-instance state (~4.5 MiB) where each write
+/// changes [`BIG_EDITS`] instances, with 1 client and with 8 clients on 8 workspaces:
+/// what the resource timeline (a keyed digest per instance, the comparison with the
+/// previous version's summary, its rows) costs on a large state. The old server takes
+/// the same requests, so the same phase measures a release without the timeline.
+async fn big_phase(opts: &Opts, run: &str, report: &mut Report) {
+    let instances = if opts.quick { 2_000 } else { 10_000 };
+    let big = Arc::new(BigState::new(instances));
+    let size = Body::Big(big.clone()).size();
+    let mib = size as f64 / MIB as f64;
+    println!("\n== LOCK → POST ({instances} resource instances, {mib:.1} MiB) → UNLOCK cycles");
+    let sample = big.body(1, "lineage-floor", &big.resources);
+    let plain = post_cpu_of(&sample, opts.cell(), true, false);
+    let summarized = post_cpu_of(&sample, opts.cell(), true, true);
+    report.row(
+        format!("floor: POST CPU of the {instances}-instance state (Content-MD5 + scan + SHA-256 + seal), 1 thread"),
+        format!(
+            "{:.2} ms ({:.2} ms with the timeline's summary: +{:.2} ms)",
+            1e3 / plain,
+            1e3 / summarized,
+            1e3 / summarized - 1e3 / plain
+        ),
+        "-".into(),
+        "-".into(),
+    );
+    let dir = tempfile::tempdir_in(&opts.base).unwrap();
+    let server = Server::start(opts, dir.path()).await;
+    let api = &Api::new(&server.url);
+    for (i, &(clients, workspaces)) in [(1usize, 1usize), (8, 8)].iter().enumerate() {
+        let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
+        let st = cycles(
+            api,
+            &format!("{run}-big{i}"),
+            clients,
+            workspaces,
+            Body::Big(big.clone()),
+            opts.cell(),
+        )
+        .await;
+        // The first writes are not in the cell's rate, but their CPU is in both counters.
+        let server_cpu = server.cpu_seconds() - server_cpu;
+        let own_cpu = cpu_seconds_of("/proc/self/stat") - own_cpu;
+        let rate = st.cycles as f64 / st.elapsed;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        // Every cycle needs the POST CPU floor on some core: no server goes faster.
+        let ceiling = plain * clients.min(workspaces).min(cores as usize) as f64;
+        report.row(
+            format!("big: cycles, {clients} client(s), {workspaces} workspace(s), {instances} instances ({mib:.1} MiB), {BIG_EDITS} changed per write"),
+            format!(
+                "{rate:.1}/s (LOCK {}; POST {}; UNLOCK {}; first write, all added: {}; CPU per cycle incl. first writes: server {:.1} ms, load generator {:.1} ms)",
+                st.lock.ms(),
+                st.post.ms(),
+                st.unlock.ms(),
+                st.first.ms(),
+                server_cpu * 1e3 / (st.cycles + workspaces as u64).max(1) as f64,
+                own_cpu * 1e3 / (st.cycles + workspaces as u64).max(1) as f64,
+            ),
+            format!("{ceiling:.1}/s POST CPU floor × {:.0} core(s)", ceiling / plain),
+            ratio(rate, ceiling),
+        );
+    }
+    println!(
+        "  server peak RSS after the big cycles: {:.0} MiB",
+        server.status_kib("VmHWM") as f64 / 1024.0
+    );
+    server.stop();
+}
+
+/// Addresses of the small workspaces of [`timeline_phase`]: 20 instances.
+fn small_address(i: usize) -> String {
+    match i {
+        0 => "module.db.aws_db_instance.main".into(),
+        1 => "aws_vpc.main".into(),
+        2..=11 => format!("aws_instance.web[{}]", i - 2),
+        _ => format!("module.app.aws_s3_bucket.b[\"bucket-{}\"]", i - 12),
+    }
+}
+
+/// Address `i` of the hot workspace of [`timeline_phase`] (10,000 instances across a
+/// `for_each` module, `count` and `for_each`); 0 is the one changed in every version.
+fn hot_address(i: usize) -> String {
+    match i {
+        0 => "module.db.aws_db_instance.main".into(),
+        1..=3000 => format!("aws_s3_object.obj[\"obj-{:05}\"]", i - 1),
+        _ => {
+            let j = i - 3001;
+            let module = format!("module.svc[\"svc-{:03}\"]", j / 350);
+            match j % 350 {
+                k @ 0..=199 => format!("{module}.aws_instance.web[{k}]"),
+                k => format!("{module}.aws_security_group_rule.ingress[\"rule-{k:03}\"]"),
+            }
+        }
+    }
+}
+
+/// Fills `db` (a server's index, the server stopped) with a resource timeline of
+/// `small × 100` versions of 20-instance workspaces (v1 adds all, every later version
+/// changes 2, every 10th also adds one and removes one) and one hot workspace of `hot`
+/// versions of a 10,000-instance state (v1 adds all, every later version changes 3
+/// spread over the state and `module.db.aws_db_instance.main`), version rows included,
+/// in one transaction through the real schema. Returns (versions, change rows).
+fn populate_timeline(db: &Path, small: usize, hot: usize) -> (usize, usize) {
+    let mut conn = rusqlite::Connection::open(db).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    let tx = conn.transaction().unwrap();
+    let (mut versions, mut rows) = (0, 0);
+    {
+        let mut v = tx
+            .prepare(
+                "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor,
+                                       lock_who, lock_operation, res_added, res_changed, res_removed)
+                 VALUES (?1, ?2, ?2, 'fill-lineage', ?3, 102400, NULL, '2026-01-01T00:00:00Z', 'tf:fill',
+                         'ci@runner-3', 'OperationTypeApply', ?4, ?5, ?6)",
+            )
+            .unwrap();
+        let mut c = tx
+            .prepare(
+                "INSERT INTO resource_changes (scope, version, address, change) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .unwrap();
+        let mut version = |scope: &str, n: i64, changes: &[(String, &str)]| {
+            let count = |k: &str| changes.iter().filter(|(_, c)| *c == k).count() as i64;
+            let sha = format!("{:064x}", versions);
+            v.execute(rusqlite::params![
+                scope,
+                n,
+                sha,
+                count("added"),
+                count("changed"),
+                count("removed")
+            ])
+            .unwrap();
+            for (address, change) in changes {
+                c.execute(rusqlite::params![scope, n, address, change])
+                    .unwrap();
+            }
+            versions += 1;
+            rows += changes.len();
+        };
+        for w in 0..small {
+            let scope = format!("tf/tl-{w:05}");
+            let all: Vec<(String, &str)> = (0..20).map(|i| (small_address(i), "added")).collect();
+            version(&scope, 1, &all);
+            for n in 2..=100i64 {
+                let mut changes = vec![
+                    (small_address(n as usize % 20), "changed"),
+                    (small_address((n as usize * 7 + 3) % 20), "changed"),
+                ];
+                if n % 10 == 0 {
+                    changes.push((format!("aws_iam_role.r{n}"), "added"));
+                    if n > 10 {
+                        changes.push((format!("aws_iam_role.r{}", n - 10), "removed"));
+                    }
+                }
+                changes.sort();
+                changes.dedup_by(|a, b| a.0 == b.0);
+                version(&scope, n, &changes);
+            }
+        }
+        let all: Vec<(String, &str)> = (0..10_000).map(|i| (hot_address(i), "added")).collect();
+        version("tf/tl-hot", 1, &all);
+        for n in 2..=hot as i64 {
+            let mut changes: Vec<(String, &str)> = (0..3u64)
+                .map(|e| {
+                    (
+                        hot_address(1 + ((n as u64 * 7919 + e * 104_729) % 9_999) as usize),
+                        "changed",
+                    )
+                })
+                .collect();
+            changes.push((hot_address(0), "changed"));
+            changes.sort();
+            changes.dedup_by(|a, b| a.0 == b.0);
+            version("tf/tl-hot", n, &changes);
+        }
+    }
+    tx.commit().unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    (versions, rows)
+}
+
+/// p50/p99 (ms) of `queries` timeline queries on a read-only connection, the `i`th
+/// asking `ask(i)` = (scope, address); every answer must have `expect(rows)`.
+fn time_timeline(
+    db: &Path,
+    queries: usize,
+    ask: impl Fn(usize) -> (String, Option<String>),
+    expect: impl Fn(usize) -> bool,
+) -> Samples {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut times = Samples::default();
+    for i in 0..queries {
+        let (scope, address) = ask(i);
+        let t = Instant::now();
+        let rows =
+            stategate::store::timeline::timeline_rows(&conn, &scope, address.as_deref(), 1_000)
+                .unwrap();
+        times.push(t.elapsed());
+        assert!(
+            expect(rows.len()),
+            "{scope} {address:?}: {} rows",
+            rows.len()
+        );
+    }
+    times
+}
+
+/// Timeline queries on a 1M-version index (issue 23: < 20 ms): `workspace timeline WS`
+/// and `workspace timeline WS ADDRESS` (the CLI's default limit, 1,000 rows), p50/p99
+/// over many queries through `store::timeline::timeline_rows`, on small workspaces and
+/// on one hot workspace with a 10,000-instance state; each query plan must use an index
+/// (no SCAN) on this index too; and the CLI's wall time. Asserts every p99 < 20 ms.
+async fn timeline_phase(opts: &Opts, report: &mut Report) {
+    let (small, hot) = if opts.quick {
+        (990, 1_000)
+    } else {
+        (9_900, 10_000)
+    };
+    println!("\n== timeline queries: {small} workspaces × 100 versions + 1 × {hot} versions of 10,000 instances");
+    let dir = tempfile::tempdir_in(&opts.base).unwrap();
+    // The server creates the data dir and its index (every table), then stops.
+    Server::start(opts, dir.path()).await.stop();
+    let db = dir.path().join("stategate.db");
+    let t = Instant::now();
+    let (versions, rows) = populate_timeline(&db, small, hot);
+    println!(
+        "  populated {versions} versions and {rows} resource changes in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        for sql in [
+            stategate::store::timeline::BY_ADDRESS_SQL,
+            stategate::store::timeline::ALL_SQL,
+        ] {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let params: Vec<rusqlite::types::Value> = match stmt.parameter_count() {
+                3 => vec![
+                    "tf/tl-hot".to_string().into(),
+                    hot_address(0).into(),
+                    1000.into(),
+                ],
+                _ => vec!["tf/tl-hot".to_string().into(), 1000.into()],
+            };
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(params), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                plan.iter()
+                    .all(|s| !s.starts_with("SCAN") || s.starts_with("SCAN (subquery-")),
+                "{sql}: {plan:?}"
+            );
+            println!("  plan: {}", plan.join("; "));
+        }
+    }
+    let queries = if opts.quick { 50 } else { 300 };
+    let ws = |i: usize| format!("tf/tl-{:05}", (i * 7_919) % small);
+    let cells: Vec<(String, Samples)> = vec![
+        (
+            "`timeline WS`, 100-version workspaces (every change, ~240 rows)".into(),
+            time_timeline(&db, queries, |i| (ws(i), None), |n| n > 200),
+        ),
+        (
+            "`timeline WS ADDRESS`, 100-version workspaces (one instance, ~10 rows)".into(),
+            time_timeline(
+                &db,
+                queries,
+                |i| (ws(i), Some(small_address(2 + i % 10))),
+                |n| n >= 1,
+            ),
+        ),
+        (
+            "`timeline WS ADDRESS`, 100-version workspaces (a module, `module.app`)".into(),
+            time_timeline(&db, queries, |i| (ws(i), Some("module.app".into())), |n| n >= 8),
+        ),
+        (
+            format!("`timeline WS`, hot workspace ({hot} versions; newest 1,000 rows)"),
+            time_timeline(&db, queries, |_| ("tf/tl-hot".into(), None), |n| n == 1_000),
+        ),
+        (
+            format!("`timeline WS ADDRESS`, hot workspace, the instance changed in all {hot} versions (newest 1,000)"),
+            time_timeline(
+                &db,
+                queries,
+                |_| ("tf/tl-hot".into(), Some(hot_address(0))),
+                |n| n == 1_000,
+            ),
+        ),
+        (
+            "`timeline WS ADDRESS`, hot workspace, one module of 350 instances".into(),
+            time_timeline(
+                &db,
+                queries,
+                |i| ("tf/tl-hot".into(), Some(format!("module.svc[\"svc-{:03}\"]", i % 20))),
+                |n| n >= 350,
+            ),
+        ),
+        (
+            "`timeline WS ADDRESS`, hot workspace, one instance".into(),
+            time_timeline(
+                &db,
+                queries,
+                |i| ("tf/tl-hot".into(), Some(hot_address(1 + (i * 31) % 9_999))),
+                |n| n >= 1,
+            ),
+        ),
+    ];
+    let label = format!("{}k versions", versions / 1000);
+    let mut slow = Vec::new();
+    for (what, s) in &cells {
+        let p99 = s.pct(99.0) * 1e3;
+        report.row(
+            format!("timeline: {what}, {label}, query alone"),
+            s.ms(),
+            "20 ms".into(),
+            ratio(p99, 20.0),
+        );
+        if p99 >= 20.0 {
+            slow.push(format!("{what}: p99 {p99:.1} ms"));
+        }
+    }
+    for (args, what) in [
+        (
+            vec!["workspace", "timeline", "tl-00042", "--json"],
+            "`workspace timeline WS`, 100 versions",
+        ),
+        (
+            vec!["workspace", "timeline", "tl-hot", "--json"],
+            "`workspace timeline WS`, hot workspace",
+        ),
+        (
+            vec![
+                "workspace",
+                "timeline",
+                "tl-hot",
+                "module.db.aws_db_instance.main",
+                "--json",
+            ],
+            "`workspace timeline WS ADDRESS`, hot workspace",
+        ),
+    ] {
+        let (ms, lines) = time_cli(opts, dir.path(), &args, 5);
+        report.row(
+            format!("timeline: {what}, {label}, CLI wall time"),
+            format!("{ms:.1} ms ({lines} rows)"),
+            "-".into(),
+            "-".into(),
+        );
+    }
+    assert!(slow.is_empty(), "timeline queries over 20 ms: {slow:?}");
+}
+
 fn machine_facts(opts: &Opts) {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -1324,6 +1939,12 @@ async fn main() {
     }
     if opts.runs("scale") {
         scale_phase(&opts, &run, &mut report).await;
+    }
+    if opts.runs("big") {
+        big_phase(&opts, &run, &mut report).await;
+    }
+    if opts.runs("timeline") {
+        timeline_phase(&opts, &mut report).await;
     }
     report.print();
     if let Some(f) = &floors {

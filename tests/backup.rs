@@ -35,6 +35,7 @@ async fn restore(
         &keys(root),
         from.clone(),
         into,
+        stategate::schema::MIGRATIONS,
         stategate::schema::ALL,
         &|_, _| {},
         &mut |_| Ok(()),

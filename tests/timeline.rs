@@ -551,3 +551,144 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
     let rebuilt = read(&rusqlite::Connection::open(&into).unwrap());
     assert_eq!(rebuilt, live);
 }
+
+/// A restore recomputes the resource timeline a snapshot does not have: from a
+/// snapshot shaped like the release before the timeline (no `resource_changes` or
+/// `resource_digests`, no writer or count columns in `versions`), the restored index
+/// has the live index's counts, changes and newest summaries, for the versions of the
+/// snapshot and for the one written after it; a snapshot that has the timeline keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() {
+    use stategate::store::backup;
+    let env = Env::start().await;
+    let s = &env.server;
+    let a = |id: &str| {
+        resource(
+            None,
+            "null_resource",
+            "a",
+            &[instance(None, &format!(r#"{{"id":"{id}"}}"#))],
+        )
+    };
+    let b = |id: &str| {
+        resource(
+            Some("module.m"),
+            "null_resource",
+            "b",
+            &[
+                instance(Some("0"), &format!(r#"{{"id":"b0-{id}"}}"#)),
+                instance(Some("1"), r#"{"id":"b1"}"#),
+            ],
+        )
+    };
+    env.apply("prod", "ci@runner-3", state(1, "lin", &a("1")))
+        .await;
+    env.apply(
+        "prod",
+        "ci@runner-4",
+        state(2, "lin", &format!("{},{}", a("2"), b("1"))),
+    )
+    .await;
+    env.apply("other", "ci@runner-5", state(1, "lin-o", &b("1")))
+        .await;
+    let blobs = stategate::store::LocalStore::open(&s.config.local_store_path()).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    // The live index copied, then cut back to the earlier release's shape.
+    let old = scratch.path().join("old.db");
+    s.db()
+        .execute("VACUUM INTO ?1", [old.to_str().unwrap()])
+        .unwrap();
+    rusqlite::Connection::open(&old)
+        .unwrap()
+        .execute_batch(
+            "DROP TABLE resource_changes; DROP TABLE resource_digests;
+             ALTER TABLE versions DROP COLUMN lock_who; ALTER TABLE versions DROP COLUMN lock_operation;
+             ALTER TABLE versions DROP COLUMN restored_from; ALTER TABLE versions DROP COLUMN res_added;
+             ALTER TABLE versions DROP COLUMN res_changed; ALTER TABLE versions DROP COLUMN res_removed;",
+        )
+        .unwrap();
+    let old_snap = backup::take_backup(&old, scratch.path(), &blobs, &s.root)
+        .await
+        .unwrap();
+    let current_snap = backup::take_backup(&s.config.db_path(), scratch.path(), &blobs, &s.root)
+        .await
+        .unwrap();
+    // After both snapshots: b's second instance removed, a changed, in a later version.
+    env.apply(
+        "prod",
+        "ci@runner-6",
+        state(3, "lin", &format!("{},{}", a("3"), b("1"))),
+    )
+    .await;
+    env.apply(
+        "prod",
+        "ci@runner-6",
+        state(
+            4,
+            "lin",
+            &format!(
+                "{},{}",
+                a("3"),
+                resource(
+                    Some("module.m"),
+                    "null_resource",
+                    "b",
+                    &[instance(Some("0"), r#"{"id":"b0-1"}"#)]
+                )
+            ),
+        ),
+    )
+    .await;
+    let read = |conn: &rusqlite::Connection| {
+        let rows = |sql: &str| -> Vec<String> {
+            conn.prepare(sql)
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect()
+        };
+        (
+            rows("SELECT scope || ' ' || version || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) FROM versions ORDER BY scope, version"),
+            rows("SELECT scope || ' ' || version || ' ' || change || ' ' || address FROM resource_changes ORDER BY scope, version, address"),
+            rows("SELECT scope || ' ' || version || ' ' || hex(summary) FROM resource_digests ORDER BY scope"),
+        )
+    };
+    let live = read(&s.db());
+    assert_eq!(
+        live.0,
+        vec![
+            "tf/other 1 2 0 0",
+            "tf/prod 1 1 0 0",
+            "tf/prod 2 2 1 0",
+            "tf/prod 3 0 1 0",
+            "tf/prod 4 0 0 1",
+        ]
+    );
+    assert_eq!(live.1.len(), 8, "{:?}", live.1);
+    assert_eq!(live.2.len(), 2, "{:?}", live.2);
+    let keys = stategate::schema::scope_keys(s.root.clone(), None);
+    for (case, snap) in [("earlier release", old_snap), ("current", current_snap)] {
+        let into = scratch.path().join(format!("restored-{}.db", case.len()));
+        let report = backup::restore(
+            &blobs,
+            &s.root,
+            &keys,
+            snap,
+            &into,
+            stategate::schema::MIGRATIONS,
+            stategate::schema::ALL,
+            &|_, _| {},
+            &mut |_| Ok(()),
+        )
+        .await
+        .unwrap();
+        let added: Vec<i64> = report.added.iter().map(|r| r.version).collect();
+        assert_eq!(added, vec![3, 4], "{case}");
+        assert_eq!(
+            read(&rusqlite::Connection::open(&into).unwrap()),
+            live,
+            "{case}"
+        );
+    }
+}

@@ -315,6 +315,7 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         &keys,
         chosen.clone(),
         into,
+        stategate::schema::MIGRATIONS,
         stategate::schema::ALL,
         &advance(&bar),
         &mut |c| {

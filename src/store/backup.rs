@@ -268,9 +268,17 @@ pub async fn pick(blobs: &dyn BlobStore, from: Option<&str>) -> Result<BackupInf
 /// schemas and the versions): e.g. re-applying what the blob store recorded since.
 pub type Finish<'a> = &'a mut (dyn FnMut(&Connection) -> Result<(), rusqlite::Error> + Send);
 
+/// A change an earlier release's database needs before the schemas apply
+/// (`crate::schema::MIGRATIONS`).
+pub type Migration = fn(&Connection) -> Result<(), rusqlite::Error>;
+
 /// Restores `backup` (sealed under `dek`) into the new file `into` and adds every
-/// version committed after it, opened with `keys`, then runs `finish`. `progress(done,
-/// total)` is called as blobs are verified. Nothing is created unless every check passed.
+/// version committed after it, opened with `keys`, then runs `finish`; a snapshot of
+/// an earlier release is brought up to date with `migrations` and `schemas` first, and
+/// every version it kept without a resource timeline (an earlier release recorded
+/// none) or added after it gets one recomputed from its content, as the index rebuild
+/// does. `progress(done, total)` is called as blobs are verified. Nothing is created
+/// unless every check passed.
 #[allow(clippy::too_many_arguments)]
 pub async fn restore(
     blobs: &dyn BlobStore,
@@ -278,6 +286,7 @@ pub async fn restore(
     keys: &ScopeKeys,
     backup: BackupInfo,
     into: &Path,
+    migrations: &[Migration],
     schemas: &[&str],
     progress: &(dyn Fn(usize, usize) + Sync),
     finish: Finish<'_>,
@@ -314,14 +323,22 @@ pub async fn restore(
     let scratch = Scratch(scratch_path(&dir, "restore"));
     std::fs::write(&scratch.0, &db)
         .map_err(|e| BackupError::Io(format!("cannot write {}: {e}", scratch.0.display())))?;
-    let (added, dropped) =
-        complete(&scratch.0, schemas, &candidates, &present, finish).map_err(|e| match e {
-            Completion::Unusable(reason) => BackupError::NotADatabase {
-                id: backup.id.clone(),
-                reason,
-            },
-            Completion::Write(e) => BackupError::Write(e),
-        })?;
+    let (added, dropped) = complete(
+        &scratch.0,
+        migrations,
+        schemas,
+        &candidates,
+        &present,
+        finish,
+    )
+    .map_err(|e| match e {
+        Completion::Unusable(reason) => BackupError::NotADatabase {
+            id: backup.id.clone(),
+            reason,
+        },
+        Completion::Write(e) => BackupError::Write(e),
+    })?;
+    complete_timeline(&scratch.0, blobs, keys).await?;
     // A hard link never replaces an existing file: the new name appears complete or not at all.
     std::fs::hard_link(&scratch.0, into).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists {
@@ -350,6 +367,7 @@ enum Completion {
 /// than the snapshot's newest of each scope, then runs `finish`. Returns (added, dropped).
 fn complete(
     path: &Path,
+    migrations: &[Migration],
     schemas: &[&str],
     candidates: &[VersionRow],
     present: &HashSet<String>,
@@ -370,6 +388,9 @@ fn complete(
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(write)?;
     let tx = conn.transaction().map_err(write)?;
+    for migration in migrations {
+        migration(&tx).map_err(write)?;
+    }
     for schema in schemas {
         tx.execute_batch(schema).map_err(write)?;
     }
@@ -402,6 +423,70 @@ fn complete(
     tx.commit().map_err(write)?;
     conn.close().map_err(|(_, e)| write(e))?;
     Ok((added, dropped))
+}
+
+/// Gives every version of the restored database at `path` that has no resource
+/// timeline (a snapshot of an earlier release, which recorded none, and the versions
+/// added after the snapshot) the one recomputed from the blobs, keeps what the
+/// snapshot recorded (it was computed against versions that may since have been
+/// pruned), and makes each scope's newest summary the one the next write compares
+/// with. One durable transaction.
+async fn complete_timeline(
+    path: &Path,
+    blobs: &dyn BlobStore,
+    keys: &ScopeKeys,
+) -> Result<(), BackupError> {
+    let mut rows = {
+        let conn = Connection::open(path).map_err(BackupError::Write)?;
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {} FROM versions ORDER BY scope, version",
+                super::VERSION_COLUMNS
+            ))
+            .map_err(BackupError::Write)?;
+        let rows = stmt
+            .query_map([], super::row_to_version)
+            .and_then(|r| r.collect::<Result<Vec<_>, _>>())
+            .map_err(BackupError::Write)?;
+        rows
+    };
+    let recorded: HashSet<(String, i64)> = rows
+        .iter()
+        .filter(|r| r.changes.is_some())
+        .map(|r| (r.scope.clone(), r.version))
+        .collect();
+    let timeline = rebuild::recompute_timeline(blobs, keys, &mut rows)
+        .await
+        .map_err(|e| match e {
+            rebuild::RebuildError::Blob(e) => BackupError::Blob(e),
+            rebuild::RebuildError::Sqlite(e) => BackupError::Write(e),
+            other => BackupError::Io(other.to_string()),
+        })?;
+    let mut conn = Connection::open(path).map_err(BackupError::Write)?;
+    let write = |conn: &mut Connection| -> Result<(), rusqlite::Error> {
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let tx = conn.transaction()?;
+        let empty = super::timeline::ResourceSummary::default();
+        for (scope, version, changes) in &timeline.changes {
+            if recorded.contains(&(scope.clone(), *version)) {
+                continue;
+            }
+            super::timeline::record(&tx, scope, *version, changes, &empty)?;
+            let counts = super::timeline::counts(changes);
+            tx.execute(
+                "UPDATE versions SET res_added = ?3, res_changed = ?4, res_removed = ?5
+                  WHERE scope = ?1 AND version = ?2",
+                rusqlite::params![scope, version, counts.added, counts.changed, counts.removed],
+            )?;
+        }
+        tx.execute("DELETE FROM resource_digests", [])?;
+        for (scope, version, summary) in &timeline.newest {
+            super::timeline::record(&tx, scope, *version, &[], summary)?;
+        }
+        tx.commit()
+    };
+    write(&mut conn).map_err(BackupError::Write)?;
+    conn.close().map_err(|(_, e)| BackupError::Write(e))
 }
 
 /// (scope, version, blob_key) of every row of the snapshot.

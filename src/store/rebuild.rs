@@ -310,14 +310,15 @@ type VersionChanges = (String, i64, Vec<(String, super::timeline::Change)>);
 /// What a rebuild recomputed of the resource timeline: each version's changes, and the
 /// summary of each scope's newest version (what the next write compares with).
 #[derive(Default)]
-struct Recomputed {
-    changes: Vec<VersionChanges>,
-    newest: Vec<(String, i64, super::timeline::ResourceSummary)>,
+pub(crate) struct Recomputed {
+    pub(crate) changes: Vec<VersionChanges>,
+    pub(crate) newest: Vec<(String, i64, super::timeline::ResourceSummary)>,
 }
 
 /// Reads each row's content again (rows are ordered by scope, version) and compares
-/// its resources with the version below it; sets each row's counts.
-async fn recompute_timeline(
+/// its resources with the version below it; sets each row's counts (the restore's
+/// too, for the versions a snapshot has no timeline for).
+pub(crate) async fn recompute_timeline(
     blobs: &dyn BlobStore,
     keys: &ScopeKeys,
     rows: &mut [VersionRow],
@@ -327,24 +328,26 @@ async fn recompute_timeline(
     // (scope, version, summary) of the previous row, when it had one.
     let mut below: Option<(String, i64, Option<ResourceSummary>)> = None;
     for row in rows.iter_mut() {
-        let (Some(summarize), Ok(key), Some(blob_key)) = (
+        // Unreadable here (no timeline for the scope's kind, no key, no blob): nothing
+        // known, so the next version is compared with nothing either.
+        let summary = match (
             keys.summarizer_for(&row.scope),
             keys.key_for(&row.scope),
             row.blob_key.as_deref(),
-        ) else {
-            continue;
-        };
-        let summary = match blobs.get(blob_key).await? {
-            Some(blob) => {
-                format::decode(&key, &blob, &row.scope, row.version, row.sha256.as_deref())
-                    .ok()
-                    .and_then(|plain| {
-                        let mut scan = summarize(key.resource_digest_key());
-                        scan.push(&plain);
-                        scan.finish()
-                    })
-            }
-            None => None,
+        ) {
+            (Some(summarize), Ok(key), Some(blob_key)) => match blobs.get(blob_key).await? {
+                Some(blob) => {
+                    format::decode(&key, &blob, &row.scope, row.version, row.sha256.as_deref())
+                        .ok()
+                        .and_then(|plain| {
+                            let mut scan = summarize(key.resource_digest_key());
+                            scan.push(&plain);
+                            scan.finish()
+                        })
+                }
+                None => None,
+            },
+            _ => None,
         };
         let base = match below.take() {
             Some((scope, _, prev)) if scope == row.scope => prev,

@@ -444,7 +444,14 @@ async fn hostile_credentials_get_one_401_and_change_nothing() {
     let finished_run = run_secret("prod", "drift:run-903", far);
     stategate::tofu::run_credential::revoke(&s.db(), "drift:run-903").unwrap();
     // Not backend credentials at all: an operator token, a web UI session id.
-    let operator = s.operator_token("ops@example.com").await;
+    let operator = s
+        .app
+        .operator
+        .admin_write(|c| {
+            stategate::operator::identity::create_operator(c, "ops@example.com", "test")
+        })
+        .await
+        .unwrap();
     let session_id = {
         let token = operator.clone();
         let now = std::time::SystemTime::now()

@@ -979,18 +979,21 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
         .page("/ui/workspaces/prod/versions/1?reveal=sgv_made_up", &cookie)
         .await;
     assert!(!made_up.contains("hunter2") && made_up.contains("reveal-used"));
-    let r = env
-        .post(
-            "/ui/workspaces/prod/versions/1/reveal",
-            &cookie,
-            &[("csrf", &csrf)],
-        )
-        .await;
-    let ticket = r
-        .location()
-        .unwrap()
-        .trim_end_matches("#content")
-        .to_string();
+    // The address a reveal POST of version 1 sends the browser to (a fresh ticket).
+    let reveal_address = || async {
+        let r = env
+            .post(
+                "/ui/workspaces/prod/versions/1/reveal",
+                &cookie,
+                &[("csrf", &csrf)],
+            )
+            .await;
+        r.location()
+            .unwrap()
+            .trim_end_matches("#content")
+            .to_string()
+    };
+    let ticket = reveal_address().await;
     let elsewhere = ticket.replace("/versions/1?", "/versions/2?");
     let shown = env.page(&elsewhere, &cookie).await;
     assert!(!shown.contains("hunter2"), "{shown}");
@@ -999,18 +1002,7 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
         "used up"
     );
     assert!(env.reveals("tf/prod").is_empty(), "nothing revealed");
-    let r = env
-        .post(
-            "/ui/workspaces/prod/versions/1/reveal",
-            &cookie,
-            &[("csrf", &csrf)],
-        )
-        .await;
-    let to = r
-        .location()
-        .unwrap()
-        .trim_end_matches("#content")
-        .to_string();
+    let to = reveal_address().await;
     let shown = env.page(&to, &cookie).await;
     assert!(shown.contains("hunter2-secret"), "revealed");
     assert!(shown.contains("Mask sensitive values") && shown.contains("state.revealed"));

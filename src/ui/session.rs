@@ -121,24 +121,16 @@ pub fn regrant(
         return Ok(Some(session.operator.clone()));
     }
     crate::operator::identity::set_grant(conn, session.operator.id, grant)?;
-    insert_audit(
-        conn,
-        &AuditEntry {
-            actor: session.operator.actor(),
-            org: None,
-            scope: "operators".into(),
-            event: "ui.sso_regrant",
-            payload: serde_json::json!({
-                "method": "oidc",
-                "from": {
-                    "role": session.operator.grant.role.as_str(),
-                    "workspaces": session.operator.grant.workspaces(),
-                },
-                "role": grant.role.as_str(),
-                "workspaces": grant.workspaces(),
-            }),
+    let payload = serde_json::json!({
+        "method": "oidc",
+        "from": {
+            "role": session.operator.grant.role.as_str(),
+            "workspaces": session.operator.grant.workspaces(),
         },
-    )?;
+        "role": grant.role.as_str(),
+        "workspaces": grant.workspaces(),
+    });
+    audit(conn, &session.operator, "ui.sso_regrant", payload)?;
     Ok(operator_by_id(conn, session.operator.id)?)
 }
 
@@ -146,14 +138,25 @@ pub fn regrant(
 /// logout) and audits it (`ui.session_ended`, with a fixed reason word).
 pub fn end_sso(conn: &Connection, session: &UiSession, reason: &str) -> Result<(), AdminError> {
     tokens::revoke(conn, &session.sha256, &crate::store::now_rfc3339())?;
+    let payload = serde_json::json!({ "method": "oidc", "reason": reason });
+    audit(conn, &session.operator, "ui.session_ended", payload)
+}
+
+/// An audit row of `operator` in scope `operators` (`payload` never holds a secret).
+fn audit(
+    conn: &Connection,
+    operator: &Operator,
+    event: &'static str,
+    payload: serde_json::Value,
+) -> Result<(), AdminError> {
     insert_audit(
         conn,
         &AuditEntry {
-            actor: session.operator.actor(),
+            actor: operator.actor(),
             org: None,
             scope: "operators".into(),
-            event: "ui.session_ended",
-            payload: serde_json::json!({ "method": "oidc", "reason": reason }),
+            event,
+            payload,
         },
     )?;
     Ok(())
@@ -180,16 +183,7 @@ fn issue(
             expires_at: Some(now + lifetime),
         },
     )?;
-    insert_audit(
-        conn,
-        &AuditEntry {
-            actor: operator.actor(),
-            org: None,
-            scope: "operators".into(),
-            event: "ui.login",
-            payload,
-        },
-    )?;
+    audit(conn, &operator, "ui.login", payload)?;
     let csrf = csrf_of(&issued.secret);
     let session = UiSession {
         operator,

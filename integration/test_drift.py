@@ -534,3 +534,52 @@ def test_a_drift_child_reads_nothing_of_the_server(server_factory, ws_name, tmp_
         assert f"DENIED /proc/{server.proc.pid}/{target}" in report, report
     for path in (server.data_dir / "dek", server.data_dir / "stategate.db", cfg):
         assert f"DENIED {path}" in report, report
+
+
+def test_a_drift_apply_is_written_and_locked_by_its_run(server_factory, ws_name, make_tf, tf_env, tmp_path):
+    """The version a drift apply writes names its run (`drift:run-N`) as the writer, in
+    `workspace history --json` and the admin API, and the lock it wrote under was taken
+    and released by that run's own credential (not the workspace's)."""
+    tfdir = tmp_path / "w"
+    cfg = config_file(tmp_path / "drift.toml", [{
+        "workspace": ws_name, "dir": str(tfdir), "binary": TERRAFORM,
+        "var_files": ["drift.tfvars"], "interval_seconds": 0, "timeout_seconds": 60,
+        "approve_apply": True, "env": tf_env_for_check(tf_env),
+    }])
+    server = server_factory.new(STATEGATE_CONFIG=cfg)
+    ws = server.workspace(ws_name)
+    tf = make_tf("w", ws.env)
+    tf.write(MAIN)
+    (tfdir / "drift.tfvars").write_text('v = "one"\n')
+    tf.init()
+    tf.apply("-var-file=drift.tfvars")
+    (tfdir / "drift.tfvars").write_text('v = "two"\n')
+    drifted = run_check(server, ws_name)
+    assert drifted["outcome"] == "drifted", drifted
+    applied = json.loads(cli(server, "drift", "apply", str(drifted["id"]), "--yes", "--json").stdout)
+    assert applied["outcome"] == "applied", applied
+    run = f"drift:run-{applied['id']}"
+
+    history = [json.loads(line) for line in
+               cli(server, "workspace", "history", ws_name, "--json").stdout.splitlines()]
+    newest, before = history[0], history[1]
+    assert newest["writer"] == run and newest["written_by"].endswith(run), newest
+    assert newest["lock_operation"] == "OperationTypeApply", newest
+    assert before["writer"] != run and not before["writer"].startswith("drift:"), before
+
+    token = cli(server, "admin", "operator", "create", "--email", "ops@example.com").stdout.strip().split()[-1]
+    listed = http_call("GET", f"{server.url}/api/v1/admin/workspaces/{ws_name}/versions", bearer=token)
+    assert listed.status == 200, listed
+    body = listed.json()
+    rows = body["versions"] if isinstance(body, dict) else body
+    assert rows[0]["version"] == newest["version"] and rows[0]["writer"] == run, rows[0]
+
+    # The lock the apply wrote under: taken and released by the run's credential.
+    audit = [json.loads(line) for line in
+             cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--json").stdout.splitlines()]
+    lock_actors = {(a["event"], a["actor"]) for a in audit if a["event"] in ("tf.lock_acquired", "tf.lock_released")
+                   and a["actor"] == run}
+    assert lock_actors == {("tf.lock_acquired", run), ("tf.lock_released", run)}, audit
+    written = [a for a in audit if a["event"] == "tf.state_written" and a["actor"] == run]
+    assert written, [(a["event"], a["actor"]) for a in audit]
+    assert not lock_held(server, ws_name)

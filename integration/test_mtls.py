@@ -2,7 +2,9 @@
 `[[tls.client_grants]]`): the real Terraform CLI with a private CA and NO password
 applies, a read-scope certificate serves `terraform_remote_state` but cannot apply,
 and every refused certificate (another CA, expired, no grant for the workspace, the
-wrong scope) changes nothing. Refusals are checked twice: with Terraform, and with a
+wrong scope) changes nothing. A resumed TLS session (1.2 and 1.3) keeps the identity
+of the certificate verified at its full handshake, and not past that certificate's
+expiry. Refusals are checked twice: with Terraform, and with a
 raw client that shows where each one happens (the handshake, or the same 401 as a
 wrong password).
 
@@ -18,9 +20,11 @@ import datetime
 import http.client
 import json
 import os
+import socket
 import sqlite3
 import ssl
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +77,8 @@ class Pki:
     foreign: Client      # SAN DNS:ci-prod, from another CA
     revoked: Client      # SAN DNS:ci-prod, from the client CA, listed in `crl_file`
     crl_file: Path       # the client CA's revocation list
+    client_ca_key: object = None  # to issue certificates in a test
+    client_ca: object = None
 
 
 def _pem(obj) -> bytes:
@@ -145,6 +151,8 @@ def pki(tmp_path_factory) -> Pki:
         foreign=_issue(d, "foreign", other_key, other, cn="ci-prod", dns=["ci-prod"]),
         revoked=revoked,
         crl_file=crl_file,
+        client_ca_key=client_ca_key,
+        client_ca=client_ca,
     )
 
 
@@ -488,3 +496,58 @@ def test_malformed_client_certificate_config_refuses_startup(tmp_path, pki, chec
         assert named in out, f"refusal does not name {named!r}:\n{config}\n{out}"
     # Nothing was opened for any of them.
     assert not (tmp_path / "data" / "stategate.db").exists()
+
+
+def raw_get(server: MtlsServer, ctx: ssl.SSLContext, path: str, session=None):
+    """One GET on a fresh connection, resuming `session` if given: (status, resumed,
+    the session to resume next)."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    tls = ctx.wrap_socket(sock, server_hostname="127.0.0.1", session=session)
+    try:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while True:
+            try:
+                chunk = tls.recv(65536)
+            except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+                break
+            if not chunk:
+                break
+            data += chunk
+        if not data:
+            raise ConnectionResetError("the server closed the connection without an answer")
+        return int(data.split(b" ", 2)[1]), tls.session_reused, tls.session
+    finally:
+        tls.close()
+
+
+def test_a_resumed_tls_session_keeps_its_certificate_identity_until_expiry(server_factory, pki):
+    """rustls restores a resumed session's client certificate from its full handshake
+    without checking it again; the listener re-checks its validity period at every
+    handshake. A certificate valid for a few seconds: a resumed session (proved
+    resumed) has its identity while it is valid, none once it has expired (401, as
+    without a certificate), and a full handshake with it is refused."""
+    server = start(server_factory, pki)
+    ws = f"mtls-resume-{uuid.uuid4().hex[:8]}"
+    path = f"/api/v1/tf/state/{ws}"
+    # Without a certificate: 401. With the read certificate: no state yet, not 401.
+    assert request(server, "GET", path)[0] == 401
+    authed = request(server, "GET", path, client=pki.reader)[0]
+    assert authed != 401, authed
+    for version in (ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2):
+        short = _issue(pki.dir, f"short-{version.name}", pki.client_ca_key, pki.client_ca,
+                       cn="reader", days=(-1 / 288, 6 / 86400))
+        expires = time.time() + 6
+        ctx = context(pki, short)
+        ctx.minimum_version = ctx.maximum_version = version
+        status, resumed, session = raw_get(server, ctx, path)
+        assert (status, resumed) == (authed, False), version
+        status, resumed, session = raw_get(server, ctx, path, session)
+        assert (status, resumed) == (authed, True), f"{version}: resumption is on and keeps the identity"
+        before = snapshot(server, ws)
+        time.sleep(max(0, expires - time.time()) + 1.5)
+        status, resumed, _ = raw_get(server, ctx, path, session)
+        assert (status, resumed) == (401, True), f"{version}: an expired certificate on a resumed session"
+        with pytest.raises(HANDSHAKE_REFUSED):
+            raw_get(server, ctx, path)
+        assert snapshot(server, ws) == before

@@ -16,8 +16,14 @@ confidential client that must use PKCE, test users and their groups.
   own request sent to the provider with another nonce (the ID token's nonce does not
   match), a callback from another browser (no binding cookie), cross-site starts and POSTs,
   a name an operator from the CLI already has, and an expired ID token (a provider
-  whose clock runs 30 minutes behind issues tokens that expired 20 minutes ago):
+  whose clock runs 30 minutes behind issues tokens that expired 20 minutes ago), a
+  callback naming another issuer or none (RFC 9207; the provider advertises `iss`):
   each is the one refusal, and nothing changes in the database.
+- A session follows the provider: re-checked through userinfo (and the refresh token
+  once the access token has expired) after `revalidate_seconds`, a user promoted or
+  taken out of its groups at the provider (a test hook of provider.js) gets the new
+  role or loses the session at the next request (revoked, audited), and a session
+  signed in before a restart ends. Groups can come from userinfo alone.
 
 Nothing is skipped: without node, the package, chromium or chromedriver the test fails.
 """
@@ -25,7 +31,9 @@ Nothing is skipped: without node, the package, chromium or chromedriver the test
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import time
 import re
 import shutil
 import sqlite3
@@ -50,7 +58,7 @@ CLIENT_SECRET = "test-client-secret-7f3a9c"
 class Provider:
     """node provider.js on a loopback port, stopped at the end."""
 
-    def __init__(self, redirect_uri: str, log: Path, skew_seconds: int = 0):
+    def __init__(self, redirect_uri: str, log: Path, skew_seconds: int = 0, env: dict | None = None):
         node = shutil.which("node")
         if node is None:
             pytest.fail("node is missing; run scripts/setup-test-deps.sh")
@@ -59,12 +67,21 @@ class Provider:
         self.log = open(log, "wb")
         self.proc = subprocess.Popen(
             [node, str(PROVIDER_JS), str(MODULES), redirect_uri, CLIENT_SECRET, str(skew_seconds)],
-            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline().decode().strip()
         if not line.startswith("PORT="):
             self.stop()
             pytest.fail(f"the provider did not start: {line!r}\n{log.read_text(errors='replace')}")
         self.url = f"http://127.0.0.1:{int(line[5:])}"
+
+    def set_groups(self, subject: str, groups: list[str]):
+        """What an administrator of the identity provider does: effective at once."""
+        u = urllib.parse.urlsplit(self.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("POST", f"/test/users/{subject}/groups", body=json.dumps(groups))
+        assert conn.getresponse().status == 204
+        conn.close()
 
     def stop(self):
         if self.proc.poll() is None:
@@ -96,10 +113,11 @@ class Setup:
         }
 
 
-def start(tmp_path: Path, skew_seconds: int = 0) -> Setup:
+def start(tmp_path: Path, skew_seconds: int = 0, oidc: str = "", provider_env: dict | None = None) -> Setup:
     port = free_port()
     public = f"http://127.0.0.1:{port}"
-    provider = Provider(public + CALLBACK, tmp_path / f"provider{skew_seconds}.log", skew_seconds)
+    provider = Provider(public + CALLBACK, tmp_path / f"provider{skew_seconds}.log", skew_seconds,
+                        provider_env)
     secret = tmp_path / "client-secret"
     secret.write_text(CLIENT_SECRET + "\n")
     conf = tmp_path / f"stategate{skew_seconds}.toml"
@@ -110,6 +128,7 @@ client_id = "stategate"
 client_secret_file = "{secret}"
 scopes = ["email", "groups"]
 display_name = "Test IdP"
+{oidc}
 
 [oidc.roles]
 "platform-admins" = "admin"
@@ -203,6 +222,12 @@ def with_query(url: str, **changes) -> str:
     u = urllib.parse.urlsplit(url)
     q = dict(urllib.parse.parse_qsl(u.query))
     q.update(changes)
+    return urllib.parse.urlunsplit(u._replace(query=urllib.parse.urlencode(q)))
+
+
+def without(url: str, name: str) -> str:
+    u = urllib.parse.urlsplit(url)
+    q = [(k, v) for k, v in urllib.parse.parse_qsl(u.query) if k != name]
     return urllib.parse.urlunsplit(u._replace(query=urllib.parse.urlencode(q)))
 
 
@@ -343,7 +368,7 @@ def test_forged_replayed_and_foreign_callbacks_are_refused_and_change_nothing(ss
     url, jar = callback_url(s, "tess")
     state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["state"]
     assert_refused(request("GET", s.server.url + CALLBACK + "?" + urllib.parse.urlencode(
-        {"state": state, "error": "access_denied"}), jar))
+        {"state": state, "error": "access_denied", "iss": s.provider.url}), jar))
     assert_refused(request("GET", url, jar))
     assert s.snapshot() == before
 
@@ -386,3 +411,131 @@ def test_an_expired_id_token_is_refused(tmp_path, check_binary):
     finally:
         s.server.stop()
         s.provider.stop()
+
+
+def session_rows(s: Setup):
+    return s.db("SELECT revoked_at IS NOT NULL FROM tokens WHERE kind = 'session' ORDER BY created_at")
+
+
+def ended(s: Setup):
+    return s.db("SELECT actor, payload FROM audit WHERE event = 'ui.session_ended' ORDER BY id")
+
+
+def test_a_session_follows_the_users_groups_at_the_provider(tmp_path, check_binary):
+    """A single sign-on session is re-checked at the provider (userinfo) once its last
+    check is older than `revalidate_seconds`: renewed through the refresh token when
+    the access token has expired, given the role the user's groups map to today, and
+    ended (revoked, audited) when they map to none. A session the server does not
+    follow any more (signed in before a restart) ends too. The provider's access
+    tokens live 2 seconds; sessions are re-checked after 1."""
+    s = start(tmp_path, oidc="revalidate_seconds = 1\nsession_max_age_seconds = 3600\n",
+              provider_env={"OIDC_ACCESS_TTL": "2"})
+    try:
+        home = s.server.url + "/ui/"
+        url, jar = callback_url(s, "tess")
+        assert request("GET", url, jar)[0] == 200
+        # Bounded by session_max_age_seconds, not the token login's 12 hours.
+        (expires,), = s.db("SELECT expires_at FROM tokens WHERE kind = 'session'")
+        assert abs(expires - (time.time() + 3600)) < 120, expires
+        status, _, body = request("GET", home, jar)
+        assert status == 200 and "tess@example.com" in body, (status, body[:300])
+
+        # The access token has expired: the re-check renews it and the session goes on.
+        time.sleep(2.5)
+        status, _, body = request("GET", home, jar)
+        assert status == 200 and "tess@example.com" in body, (status, body[:300])
+        assert ended(s) == [] and session_rows(s) == [(0,)]
+
+        # Promoted at the provider: the next request after the interval has the new
+        # role, and the change is audited.
+        s.provider.set_groups("tess", ["platform-admins"])
+        time.sleep(1.2)
+        assert request("GET", home, jar)[0] == 200
+        grants = ("SELECT g.role, g.workspaces FROM operator_grants g JOIN operators o"
+                  " ON o.id = g.operator_id WHERE o.email = 'tess@example.com'")
+        assert s.db(grants) == [("admin", "")]  # (unlimited)
+        (actor, payload), = s.db("SELECT actor, payload FROM audit WHERE event = 'ui.sso_regrant'")
+        assert actor == "operator:tess@example.com"
+        assert json.loads(payload) == {"method": "oidc", "from": {"role": "operator", "workspaces": "team-a-*"},
+                                       "role": "admin", "workspaces": ""}, payload
+
+        # Taken out of every mapped group: the next request after the interval is sent
+        # to the login page, the session is revoked and the end audited; nothing else
+        # changes (the operator keeps its row, no login, no other audit row).
+        s.provider.set_groups("tess", ["marketing"])
+        time.sleep(1.2)
+        before = s.snapshot()
+        status, location, _ = request("GET", s.server.url + "/ui/workspaces", jar)
+        assert (status, location) == (303, s.server.url + "/ui/login"), (status, location)
+        assert session_rows(s) == [(1,)]
+        assert [(a, json.loads(p)) for a, p in ended(s)] == [
+            ("operator:tess@example.com", {"method": "oidc", "reason": "no_role"})]
+        after = s.snapshot()
+        assert {k: v for k, v in after.items() if k != "sessions"} == \
+            {k: v for k, v in before.items() if k != "sessions"}
+        # The same cookie again, a form POST with it: the login page, nothing more.
+        assert request("GET", home, jar)[:2] == (303, s.server.url + "/ui/login")
+        status, _, _ = request("POST", s.server.url + "/ui/logout", jar, form={"csrf": "x"},
+                               headers={"Origin": s.server.url})
+        assert status == 303
+        assert len(ended(s)) == 1 and s.snapshot() == after
+        # Signing in again is refused as for anyone without a mapped group.
+        url, jar = callback_url(s, "tess")
+        assert_refused(request("GET", url, jar))
+        assert s.snapshot() == after
+
+        # Back in a group; signed in; then the server restarts: it no longer holds the
+        # session's provider tokens, so the session ends at its next request (audited).
+        s.provider.set_groups("tess", ["team-a"])
+        url, jar = callback_url(s, "tess")
+        assert request("GET", url, jar)[0] == 200
+        assert request("GET", home, jar)[0] == 200
+        s.server.restart()
+        assert request("GET", home, jar)[:2] == (303, s.server.url + "/ui/login")
+        assert json.loads(ended(s)[-1][1]) == {"method": "oidc", "reason": "untracked"}
+        log = s.server.log_path.read_text(errors="replace")
+        assert "single sign-on session ended" in log
+        assert "sgs_" not in log and CLIENT_SECRET not in log
+    finally:
+        s.server.stop()
+        s.provider.stop()
+
+
+def test_groups_can_come_from_userinfo(tmp_path, check_binary):
+    """A provider that puts no groups in the ID token (only userinfo has them), with
+    `groups_from_userinfo = true`: the user gets the role its groups map to."""
+    s = start(tmp_path, oidc="groups_from_userinfo = true\n",
+              provider_env={"OIDC_GROUPS_IN_USERINFO_ONLY": "1"})
+    try:
+        url, jar = callback_url(s, "tess")
+        assert request("GET", url, jar)[0] == 200
+        # (The ID token has no email either, so the operator is named by its subject.)
+        assert s.db("SELECT g.role, g.workspaces FROM operator_grants g JOIN operator_sso s"
+                    " ON s.operator_id = g.operator_id WHERE s.subject = 'tess'") == [("operator", "team-a-*")]
+        before = s.snapshot()
+        url, jar = callback_url(s, "nora")
+        assert_refused(request("GET", url, jar))
+        assert s.snapshot() == before
+    finally:
+        s.server.stop()
+        s.provider.stop()
+
+
+def test_a_callback_naming_another_issuer_is_refused(sso):
+    """RFC 9207 (mix-up defence): the provider advertises `iss` on its authorization
+    responses, so a callback naming another issuer (the answer of another provider
+    the browser also uses) or none at all is refused; that too burns the sign-in.
+    (Its own test: the hostile-callback test above uses up the login throttle.)"""
+    s = sso
+    before = s.snapshot()
+    for forged in ("http://127.0.0.1:1/evil", s.provider.url + "/", None):
+        url, jar = callback_url(s, "tess")
+        assert dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["iss"] == s.provider.url
+        bad = with_query(url, iss=forged) if forged else without(url, "iss")
+        assert_refused(request("GET", bad, jar))
+        assert_refused(request("GET", url, jar))
+    assert s.snapshot() == before
+    assert "RFC 9207" in s.server.log_path.read_text(errors="replace")
+    # The genuine callback, iss and all, signs in.
+    url, jar = callback_url(s, "tess")
+    assert request("GET", url, jar)[0] == 200

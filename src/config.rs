@@ -569,6 +569,15 @@ pub struct OidcConfig {
     /// Group → role: `"sre" = "operator"`, or `"team-a" = { role = "operator",
     /// workspaces = "team-a-*" }` (a pattern, a comma-separated list or an array).
     pub roles: std::collections::BTreeMap<String, toml::Value>,
+    /// A single sign-on session ends this long after sign-in, whatever happens at the
+    /// provider (at most the UI's session lifetime, 12 hours).
+    pub session_max_age_seconds: u64,
+    /// A session's role is re-derived from the provider (userinfo, through the refresh
+    /// token when the access token has expired) when it was last checked longer ago
+    /// than this: a user taken out of a group loses its role within this time.
+    pub revalidate_seconds: u64,
+    /// Read the groups claim from the userinfo endpoint when the ID token has none.
+    pub groups_from_userinfo: bool,
 }
 
 impl Default for OidcConfig {
@@ -582,6 +591,9 @@ impl Default for OidcConfig {
             scopes: vec!["email".into(), "profile".into()],
             display_name: "single sign-on".into(),
             roles: std::collections::BTreeMap::new(),
+            session_max_age_seconds: 8 * 3600,
+            revalidate_seconds: 300,
+            groups_from_userinfo: false,
         }
     }
 }

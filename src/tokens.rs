@@ -340,6 +340,8 @@ pub fn find_unrevoked_by_name(
 pub struct Live {
     pub sha256: String,
     pub owner_id: Option<i64>,
+    /// The token it was issued under, if any.
+    pub parent: Option<String>,
 }
 
 /// The live token of `kind` whose secret is `secret`, at `now` (unix seconds): not
@@ -351,9 +353,9 @@ pub fn live(
     now: i64,
 ) -> Result<Option<Live>, rusqlite::Error> {
     let presented = hash(secret);
-    let found: Option<(String, Option<i64>)> = conn
+    let found: Option<(String, Option<i64>, Option<String>)> = conn
         .prepare_cached(
-            "SELECT t.sha256, t.owner_id FROM tokens t
+            "SELECT t.sha256, t.owner_id, t.parent FROM tokens t
               WHERE t.sha256 = ?1 AND t.kind = ?2 AND t.revoked_at IS NULL
                 AND (t.expires_at IS NULL OR t.expires_at > ?3)
                 AND (t.parent IS NULL OR EXISTS (
@@ -361,13 +363,17 @@ pub fn live(
                         AND (p.expires_at IS NULL OR p.expires_at > ?3)))",
         )?
         .query_row(params![presented, kind.as_str(), now], |r| {
-            Ok((r.get(0)?, r.get(1)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
         .optional()?;
     // The index found the row by the hash; the comparison that decides is constant time.
     Ok(found
-        .filter(|(stored, _)| bool::from(stored.as_bytes().ct_eq(presented.as_bytes())))
-        .map(|(sha256, owner_id)| Live { sha256, owner_id }))
+        .filter(|(stored, _, _)| bool::from(stored.as_bytes().ct_eq(presented.as_bytes())))
+        .map(|(sha256, owner_id, parent)| Live {
+            sha256,
+            owner_id,
+            parent,
+        }))
 }
 
 /// A stored token as listings show it: never the secret.

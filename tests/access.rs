@@ -431,6 +431,44 @@ async fn hostile_credentials_get_one_401_and_change_nothing() {
         200
     );
 
+    // Drift run credentials (`tofu::run_credential`): one of a run on another
+    // workspace, one expired, one whose run has finished (revoked).
+    let run_secret = |ws: &str, name: &str, expires: i64| {
+        let (secret, hash) = stategate::tofu::run_credential::new_secret().unwrap();
+        stategate::tofu::run_credential::insert(&s.db(), &hash, ws, name, expires).unwrap();
+        secret
+    };
+    let far = 4_000_000_000;
+    let dev_run = run_secret("dev", "drift:run-901", far);
+    let expired_run = run_secret("prod", "drift:run-902", 1);
+    let finished_run = run_secret("prod", "drift:run-903", far);
+    stategate::tofu::run_credential::revoke(&s.db(), "drift:run-903").unwrap();
+    // Not backend credentials at all: an operator token, a web UI session id.
+    let operator = s
+        .app
+        .operator
+        .admin_write(|c| {
+            stategate::operator::identity::create_operator(c, "ops@example.com", "test")
+        })
+        .await
+        .unwrap();
+    let session_id = {
+        let token = operator.clone();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        s.app
+            .operator
+            .admin_write(move |c| {
+                Ok(stategate::ui::session::open(c, token.as_bytes(), now)?
+                    .unwrap()
+                    .cookie_value)
+            })
+            .await
+            .unwrap()
+    };
+
     let (code, refusal) = status(basic("GET", &s.url("prod"), "wrong")).await;
     assert_eq!(code, 401);
     let state = s.url("prod");
@@ -496,6 +534,19 @@ async fn hostile_credentials_get_one_401_and_change_nothing() {
         &s.bearer("app"),
     );
     add("non-consumer on outputs", &["GET"], &outs, &s.bearer("dev"));
+    let all = ["GET", "LOCK", "POST", "UNLOCK", "DELETE"];
+    add("another workspace's drift run", &all, &state, &dev_run);
+    add(
+        "an expired drift run credential",
+        &all,
+        &state,
+        &expired_run,
+    );
+    add("a finished drift run (replay)", &all, &state, &finished_run);
+    add("a drift run on outputs", &["GET"], &outs, &dev_run);
+    add("an operator token", &all, &state, &operator);
+    add("a web UI session id", &all, &state, &session_id);
+    add("an operator token on outputs", &["GET"], &outs, &operator);
     add(
         "a token's hash",
         &["GET"],

@@ -107,6 +107,13 @@ fn resource(name: &str, attrs: &str) -> String {
 
 const ACTOR: &str = "operator:ops@example.com";
 
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
 #[tokio::test]
 async fn every_route_wants_an_operator_token_and_says_so_identically() {
     let env = Env::start().await;
@@ -126,6 +133,43 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         .await
         .unwrap();
     let bearer = env.server.bearer("prod");
+    // An issued workspace token (even a write one) and a web UI session id are not
+    // operator tokens either.
+    let grant = stategate::tofu::credentials::Grant {
+        patterns: vec![stategate::names::Pattern::parse("*").unwrap()],
+        scope: stategate::tofu::access::Scope::Write,
+        include_sensitive: true,
+    };
+    let issued = env
+        .server
+        .app
+        .tofu
+        .create_token(
+            stategate::tofu::credentials::NewWorkspaceToken {
+                name: "ci-any".into(),
+                grant,
+                expires_in: None,
+            },
+            "operator:test",
+        )
+        .await
+        .unwrap()
+        .0;
+    let session_id = {
+        let token = second.clone();
+        env.server
+            .app
+            .operator
+            .admin_write(move |c| {
+                Ok(
+                    stategate::ui::session::open(c, token.as_bytes(), now_unix())?
+                        .unwrap()
+                        .cookie_value,
+                )
+            })
+            .await
+            .unwrap()
+    };
     let routes: &[(&str, &str)] = &[
         ("GET", "whoami"),
         ("GET", "workspaces"),
@@ -153,15 +197,21 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("POST", "workspace-tokens/ci/revoke"),
         ("GET", "audit"),
         ("GET", "clusters"),
+        ("GET", "drift"),
+        ("GET", "drift/1"),
+        ("POST", "drift/prod/run"),
+        ("POST", "drift/1/apply"),
         // Bad input is judged only after the token: still 401.
         ("GET", "workspaces/..%2Fx/versions/zz"),
     ];
-    let bad: [Option<&str>; 5] = [
+    let bad: [Option<&str>; 7] = [
         None,
         Some("sgo_wrong"),
         Some(&revoked),
         Some(&principal),
         Some(&bearer),
+        Some(&issued),
+        Some(&session_id),
     ];
     let mut bodies = std::collections::BTreeSet::new();
     for (method, path) in routes {

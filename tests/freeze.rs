@@ -5,41 +5,25 @@
 
 mod common;
 
-use common::{lock_info, state, status, TestServer};
+use common::{lock_info, state, status, AdminEnv};
 use serde_json::{json, Value};
-use stategate::operator::identity as operators;
 
 const OPS: &str = "ops@example.com";
 const ACTOR: &str = "operator:ops@example.com";
 
-struct Env {
-    server: TestServer,
-    token: String,
+/// The shared setup (`common::AdminEnv`) and this file's helpers over it.
+struct Env(AdminEnv);
+
+impl std::ops::Deref for Env {
+    type Target = AdminEnv;
+    fn deref(&self) -> &AdminEnv {
+        &self.0
+    }
 }
 
 impl Env {
     async fn start() -> Env {
-        let server = TestServer::start().await;
-        let token = server
-            .app
-            .operator
-            .admin_write(|c| operators::create_operator(c, OPS, "test"))
-            .await
-            .unwrap();
-        Env { server, token }
-    }
-
-    async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
-        let mut req = reqwest::Client::new()
-            .request(
-                method.parse().unwrap(),
-                format!("{}/api/v1/admin/{path}", self.server.base),
-            )
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.body(b.to_string());
-        }
-        status(req).await
+        Env(AdminEnv::start(OPS).await)
     }
 
     async fn freeze(&self, ws: &str, body: Value) -> Value {
@@ -344,8 +328,50 @@ async fn a_freeze_never_answers_before_authentication() {
     env.freeze("prod", json!({"reason": "secret-ish reason"}))
         .await;
     let other = env.server.bearer("dev");
+    // Issued tokens that must not learn the freeze either: expired, revoked, another
+    // workspace's, and one whose scope cannot write.
+    let server = &env.server;
+    let issue = |name: &'static str, ws: &'static str, scope, expires_in| async move {
+        let grant = stategate::tofu::credentials::Grant {
+            patterns: vec![stategate::names::Pattern::parse(ws).unwrap()],
+            scope,
+            include_sensitive: false,
+        };
+        let new = stategate::tofu::credentials::NewWorkspaceToken {
+            name: name.into(),
+            grant,
+            expires_in,
+        };
+        server
+            .app
+            .tofu
+            .create_token(new, "operator:test")
+            .await
+            .unwrap()
+            .0
+    };
+    use stategate::tofu::access::Scope;
+    let expired = issue("old", "prod", Scope::Write, Some(-1)).await;
+    let revoked = issue("gone", "prod", Scope::Write, None).await;
+    env.server
+        .app
+        .tofu
+        .revoke_token("gone", "operator:test")
+        .await
+        .unwrap();
+    let elsewhere = issue("dev-ci", "dev", Scope::Write, None).await;
+    let outputs = issue("outs", "prod", Scope::Outputs, None).await;
+    let before = env.snapshot();
     for (method, body) in [("LOCK", lock_info("x")), ("POST", state(1, "l", ""))] {
-        for password in [None, Some("wrong"), Some(other.as_str())] {
+        for password in [
+            None,
+            Some("wrong"),
+            Some(other.as_str()),
+            Some(expired.as_str()),
+            Some(revoked.as_str()),
+            Some(elsewhere.as_str()),
+            Some(outputs.as_str()),
+        ] {
             let mut req = reqwest::Client::new()
                 .request(method.parse().unwrap(), env.server.url("prod"))
                 .body(body.clone());
@@ -357,4 +383,5 @@ async fn a_freeze_never_answers_before_authentication() {
             assert!(!text.contains("secret-ish"), "{text}");
         }
     }
+    assert_eq!(env.snapshot(), before, "a refusal changed something");
 }

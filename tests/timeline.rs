@@ -4,38 +4,24 @@
 
 mod common;
 
-use common::{state, status, TestServer};
+use common::{state, status, AdminEnv};
 use serde_json::{json, Value};
-use stategate::operator::identity as operators;
 
 const OPS: &str = "ops@example.com";
 
-struct Env {
-    server: TestServer,
-    token: String,
+/// The shared setup (`common::AdminEnv`) and this file's helpers over it.
+struct Env(AdminEnv);
+
+impl std::ops::Deref for Env {
+    type Target = AdminEnv;
+    fn deref(&self) -> &AdminEnv {
+        &self.0
+    }
 }
 
 impl Env {
     async fn start() -> Env {
-        let server = TestServer::start().await;
-        let token = server
-            .app
-            .operator
-            .admin_write(|c| operators::create_operator(c, OPS, "test"))
-            .await
-            .unwrap();
-        Env { server, token }
-    }
-
-    async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
-        let url = format!("{}/api/v1/admin/{path}", self.server.base);
-        let mut req = reqwest::Client::new()
-            .request(method.parse().unwrap(), url)
-            .bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.body(b.to_string());
-        }
-        status(req).await
+        Env(AdminEnv::start(OPS).await)
     }
 
     async fn json(&self, method: &str, path: &str, body: Option<Value>) -> Value {

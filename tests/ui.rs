@@ -302,6 +302,11 @@ fn private_routes() -> Vec<(&'static str, &'static str, Option<Fields>)> {
         ("GET", "/ui/drift/1", None),
         ("POST", "/ui/drift/prod/run", Some(vec![])),
         ("POST", "/ui/drift/1/apply", Some(vec![("confirm", "prod")])),
+        (
+            "POST",
+            "/ui/workspace-tokens/000000000000/revoke",
+            Some(vec![("workspace", "prod"), ("confirm", "yes")]),
+        ),
     ]
 }
 
@@ -337,7 +342,28 @@ async fn without_a_session_every_route_redirects_to_login_and_shows_nothing() {
             .unwrap()
             .to_string()
     };
-    for cookie in [None, Some("sgs_made_up"), Some(stale_cookie.as_str())] {
+    // A session past its expiry, and one logged out (its cookie replayed).
+    let expired_cookie = env.login().await;
+    env.server
+        .db()
+        .execute(
+            "UPDATE tokens SET expires_at = 1 WHERE sha256 = ?1",
+            [stategate::tokens::hash(expired_cookie.as_bytes())],
+        )
+        .unwrap();
+    let logged_out = env.login().await;
+    let csrf = env.csrf(&logged_out).await;
+    let r = env
+        .post("/ui/logout", &logged_out, &[("csrf", &csrf)])
+        .await;
+    assert_eq!(r.status, 303);
+    for cookie in [
+        None,
+        Some("sgs_made_up"),
+        Some(stale_cookie.as_str()),
+        Some(expired_cookie.as_str()),
+        Some(logged_out.as_str()),
+    ] {
         for (method, path, form) in private_routes() {
             let r = env.send(method, path, cookie, form.as_deref()).await;
             let what = format!("{method} {path} with {cookie:?}");
@@ -459,6 +485,15 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
                 with(vec![("reason", "r".into()), ("confirm", "yes".into())]),
             ),
             ("/ui/workspaces/prod/unfreeze", with(vec![])),
+            ("/ui/drift/prod/run", with(vec![])),
+            ("/ui/drift/1/apply", with(vec![("confirm", "prod".into())])),
+            (
+                "/ui/workspace-tokens/000000000000/revoke",
+                with(vec![
+                    ("workspace", "prod".into()),
+                    ("confirm", "yes".into()),
+                ]),
+            ),
             ("/ui/logout", with(vec![])),
         ];
         for (path, fields) in forms {
@@ -481,6 +516,59 @@ async fn forms_without_the_sessions_csrf_token_are_refused_and_change_nothing() 
         env.reveals("tf/prod").is_empty(),
         "a refused reveal is not one"
     );
+    // Another site's page posting the forms, even with this session's own token
+    // (the cookie is SameSite=Strict; a browser that sent it anyway says where the
+    // form came from): refused before the form is read.
+    let before = snapshot(&env.server);
+    let host = env.server.base.trim_start_matches("http://").to_string();
+    let own = format!("http://{host}");
+    for headers in [
+        vec![("Origin", "https://evil.example")],
+        vec![("Origin", "null")],
+        vec![("Origin", "http://127.0.0.1.evil.example")],
+        vec![("Sec-Fetch-Site", "cross-site")],
+        vec![("Sec-Fetch-Site", "same-site"), ("Origin", own.as_str())],
+    ] {
+        for (path, fields) in [
+            (
+                "/ui/workspaces/prod/unlock",
+                vec![("confirm", "yes"), ("lock_id", "L1")],
+            ),
+            (
+                "/ui/workspaces/prod/rollback",
+                vec![("to", "1"), ("confirm", "prod")],
+            ),
+            ("/ui/workspaces/prod/versions/1/reveal", vec![]),
+            (
+                "/ui/workspaces/prod/freeze",
+                vec![("reason", "r"), ("confirm", "yes")],
+            ),
+            ("/ui/drift/prod/run", vec![]),
+            ("/ui/logout", vec![]),
+        ] {
+            let mut form = vec![("csrf", csrf.as_str())];
+            form.extend(fields);
+            let r = env
+                .send_with("POST", path, Some(&cookie), Some(&form), &headers)
+                .await;
+            assert_eq!(r.status, 403, "{path} with {headers:?}: {}", r.body);
+            assert!(r.body.contains("nothing was changed"), "{path}");
+            assert!(!r.body.contains("hunter2"), "{path}");
+            assert_eq!(snapshot(&env.server), before, "{path} with {headers:?}");
+        }
+    }
+    assert!(env.reveals("tf/prod").is_empty());
+    // The same form from this UI's own page goes through.
+    let r = env
+        .send_with(
+            "POST",
+            "/ui/workspaces/prod/versions/1/reveal",
+            Some(&cookie),
+            Some(&[("csrf", csrf.as_str())]),
+            &[("Origin", own.as_str()), ("Sec-Fetch-Site", "same-origin")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
     // The session survived the refused logouts.
     assert_eq!(env.get("/ui/", &cookie).await.status, 200);
 }
@@ -885,18 +973,36 @@ async fn revealing_sensitive_values_is_a_csrf_post_audited_once_without_the_valu
     let stolen = env.page(to, &other).await;
     assert!(!stolen.contains("hunter2") && stolen.contains("reveal-used"));
     assert!(env.reveals("tf/prod").is_empty(), "nothing revealed");
-    let r = env
-        .post(
-            "/ui/workspaces/prod/versions/1/reveal",
-            &cookie,
-            &[("csrf", &csrf)],
-        )
+    // A made-up ticket, and a live ticket of version 1 at version 2's address: masked,
+    // nothing revealed (the second uses that ticket up).
+    let made_up = env
+        .page("/ui/workspaces/prod/versions/1?reveal=sgv_made_up", &cookie)
         .await;
-    let to = r
-        .location()
-        .unwrap()
-        .trim_end_matches("#content")
-        .to_string();
+    assert!(!made_up.contains("hunter2") && made_up.contains("reveal-used"));
+    // The address a reveal POST of version 1 sends the browser to (a fresh ticket).
+    let reveal_address = || async {
+        let r = env
+            .post(
+                "/ui/workspaces/prod/versions/1/reveal",
+                &cookie,
+                &[("csrf", &csrf)],
+            )
+            .await;
+        r.location()
+            .unwrap()
+            .trim_end_matches("#content")
+            .to_string()
+    };
+    let ticket = reveal_address().await;
+    let elsewhere = ticket.replace("/versions/1?", "/versions/2?");
+    let shown = env.page(&elsewhere, &cookie).await;
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(
+        !env.page(&ticket, &cookie).await.contains("hunter2"),
+        "used up"
+    );
+    assert!(env.reveals("tf/prod").is_empty(), "nothing revealed");
+    let to = reveal_address().await;
     let shown = env.page(&to, &cookie).await;
     assert!(shown.contains("hunter2-secret"), "revealed");
     assert!(shown.contains("Mask sensitive values") && shown.contains("state.revealed"));

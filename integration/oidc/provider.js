@@ -7,6 +7,13 @@
 //
 // A negative clock skew runs the provider's clock behind the real one, so the ID tokens
 // it issues are already expired when a client checks them (deterministic, no sleeps).
+//
+// Environment: OIDC_ACCESS_TTL (seconds an access token lives; default 3600) and
+// OIDC_GROUPS_IN_USERINFO_ONLY=1 (the ID token carries no scope claims; userinfo does).
+//
+// A test hook outside the provider's routes changes a user's groups at once, as an
+// administrator of the identity provider would:
+//   POST /test/users/<subject>/groups  with a JSON array body  → 204
 import { createServer } from 'node:http';
 import { generateKeyPairSync } from 'node:crypto';
 import { join } from 'node:path';
@@ -18,6 +25,8 @@ if (!modules || !redirectUri || !clientSecret) {
   process.exit(2);
 }
 const skew = Number(skewArg || 0) * 1000;
+const accessTtl = Number(process.env.OIDC_ACCESS_TTL || 3600);
+const userinfoOnly = process.env.OIDC_GROUPS_IN_USERINFO_ONLY === '1';
 if (skew !== 0) {
   const realNow = Date.now;
   Date.now = () => realNow() + skew;
@@ -42,6 +51,21 @@ jwk.kid = 'test-key';
 jwk.alg = 'RS256';
 jwk.use = 'sig';
 
+// The groups hook; everything else is the provider's.
+async function testHook(req, res) {
+  const m = /^\/test\/users\/([^/]+)\/groups$/.exec(req.url);
+  if (req.method !== 'POST' || !m) {
+    return false;
+  }
+  let body = '';
+  for await (const chunk of req) body += chunk;
+  const groups = JSON.parse(body);
+  const sub = decodeURIComponent(m[1]);
+  USERS[sub] = { ...(USERS[sub] || {}), groups };
+  res.writeHead(204).end();
+  return true;
+}
+
 const server = createServer();
 server.listen(0, '127.0.0.1', () => {
   const { port } = server.address();
@@ -53,7 +77,7 @@ server.listen(0, '127.0.0.1', () => {
         client_secret: clientSecret,
         redirect_uris: [redirectUri],
         response_types: ['code'],
-        grant_types: ['authorization_code'],
+        grant_types: ['authorization_code', 'refresh_token'],
         token_endpoint_auth_method: 'client_secret_basic',
       },
     ],
@@ -66,14 +90,20 @@ server.listen(0, '127.0.0.1', () => {
     },
     scopes: ['openid', 'email', 'groups'],
     // Claims of the asked scopes go into the ID token itself (stategate reads the
-    // groups from it).
-    conformIdTokenClaims: false,
-    ttl: { IdToken: 600, AuthorizationCode: 60, Interaction: 3600, Session: 3600, Grant: 3600 },
+    // groups from it), unless the test wants them in userinfo only.
+    conformIdTokenClaims: userinfoOnly,
+    // Every sign-in gets a refresh token (stategate renews an expired access token
+    // with it when it re-checks a session).
+    issueRefreshToken: async (_ctx, client) => client.grantTypeAllowed('refresh_token'),
+    ttl: {
+      IdToken: 600, AuthorizationCode: 60, Interaction: 3600, Session: 3600, Grant: 3600,
+      AccessToken: accessTtl, RefreshToken: 3600,
+    },
     cookies: { keys: ['test-cookie-key-0123456789abcdef'] },
     features: { devInteractions: { enabled: true } },
     async findAccount(_ctx, sub) {
-      const user = USERS[sub] || { groups: [] };
-      return { accountId: sub, claims: async () => ({ sub, ...user }) };
+      // Read at every use (userinfo, refresh), so a changed group shows at once.
+      return { accountId: sub, claims: async () => ({ sub, ...(USERS[sub] || { groups: [] }) }) };
     },
     // A first-party client: consent is implied (the test fills in the login form only).
     async loadExistingGrant(ctx) {
@@ -92,6 +122,11 @@ server.listen(0, '127.0.0.1', () => {
       return grant;
     },
   });
-  server.on('request', provider.callback());
+  const handler = provider.callback();
+  server.on('request', async (req, res) => {
+    if (!(await testHook(req, res))) {
+      handler(req, res);
+    }
+  });
   console.log(`PORT=${port}`);
 });

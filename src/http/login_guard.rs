@@ -136,7 +136,7 @@ impl LoginGuard {
     /// must name the request's own host (or the public URL's). A browser sends
     /// `Origin` on every form POST, so a cross-site one never lacks both; clients that
     /// send neither (curl) are not browsers a site could drive.
-    fn same_origin(&self, r: LoginRequest<'_>) -> bool {
+    pub fn same_origin(&self, r: LoginRequest<'_>) -> bool {
         if let Some(site) = r.sec_fetch_site {
             let site = site.trim();
             if !site.eq_ignore_ascii_case("same-origin") && !site.eq_ignore_ascii_case("none") {

@@ -232,6 +232,8 @@ pub enum UiRoute {
         state: Option<String>,
         code: Option<String>,
         error: Option<String>,
+        /// RFC 9207's issuer identification, when the provider sends it.
+        iss: Option<String>,
     },
     /// `POST logout` with `csrf`
     Logout,
@@ -723,6 +725,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
                 state: q("state"),
                 code: q("code"),
                 error: q("error"),
+                iss: q("iss"),
             },
             "GET",
         ),
@@ -1353,6 +1356,7 @@ mod tests {
                     state: Some("s+1".into()),
                     code: Some("c".into()),
                     error: None,
+                    iss: Some("x".into()),
                 },
             ),
             (

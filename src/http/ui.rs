@@ -283,6 +283,13 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
             }
         }
     };
+    let current = match current {
+        Some(me) if me.sso => match sso_checked(app, me).await {
+            Ok(me) => me,
+            Err(e) => return (error_page(None, e), 0, false),
+        },
+        other => other,
+    };
     match (&route, current) {
         (UiRoute::LoginForm, Some(_)) => (redirect("/ui/"), 0, false),
         (UiRoute::LoginForm, None) => (
@@ -293,14 +300,25 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
         (UiRoute::Login, _) => login(app, session, now).await,
         (UiRoute::SsoStart, _) => (sso_start(app, session).await, 0, false),
         (UiRoute::SsoCallback { .. }, _) => {
-            let UiRoute::SsoCallback { state, code, error } = route else {
+            let UiRoute::SsoCallback {
+                state,
+                code,
+                error,
+                iss,
+            } = route
+            else {
                 return (
                     error_page(None, Error::NotFound("no such page".into())),
                     0,
                     false,
                 );
             };
-            let callback = CallbackQuery { state, code, error };
+            let callback = CallbackQuery {
+                state,
+                code,
+                error,
+                iss,
+            };
             (sso_callback(app, session, callback, now).await, 0, false)
         }
         (_, None) => (to_login(app, session), 0, false),
@@ -323,6 +341,15 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                     .unwrap_or_else(|e| error_page(Some(&chrome), e));
                 return (answer, 0, false);
             }
+            // A form another site's page posted (its Origin or Sec-Fetch-Site says so)
+            // is refused before it is read, even with the right CSRF token: the
+            // token is the defence, this is the second one.
+            if !same_origin(app, session) {
+                let refused = Error::Refused(
+                    "this form was not sent by this UI (another site's page posted it); nothing was changed".into(),
+                );
+                return (error_page(Some(&chrome), refused), 0, false);
+            }
             let form = match read_form(app, session).await {
                 Ok(form) => form,
                 Err(e) => return (error_page(Some(&chrome), e), 0, false),
@@ -338,6 +365,37 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 .await
                 .unwrap_or_else(|e| error_page(Some(&chrome), e));
             (answer, read, true)
+        }
+    }
+}
+
+/// A single sign-on session, re-checked at the provider when its last check is older
+/// than `oidc.revalidate_seconds` (`ui::oidc`): with the grant the user's groups give
+/// today (a change is audited), or `None` when it has ended (revoked and audited
+/// before anything else happens; the browser is sent to the login page).
+async fn sso_checked(app: &App, me: UiSession) -> Result<Option<UiSession>, Error> {
+    use crate::ui::oidc::{Refused, Revalidated};
+    let checked = match &app.sso {
+        Some(sso) => sso.revalidate(&me.sha256).await,
+        None => Revalidated::Ended(Refused::NotConfigured),
+    };
+    match checked {
+        Revalidated::Fresh => Ok(Some(me)),
+        Revalidated::Current(grant) => {
+            app.operator
+                .admin_write(move |conn| {
+                    let operator = session::regrant(conn, &me, &grant)?;
+                    Ok(operator.map(|operator| UiSession { operator, ..me }))
+                })
+                .await
+        }
+        Revalidated::Ended(why) => {
+            tracing::info!(reason = %why, operator = %me.operator.email, "single sign-on session ended");
+            let reason = why.audit_reason();
+            app.operator
+                .admin_write(move |conn| session::end_sso(conn, &me, reason))
+                .await?;
+            Ok(None)
         }
     }
 }
@@ -366,6 +424,17 @@ async fn read_form(app: &App, session: &mut Session) -> Result<Form, EdgeError> 
     Ok(Form {
         fields: form_urlencoded::parse(&body).into_owned().collect(),
         len: body.len(),
+    })
+}
+
+/// Was this request sent from this server's own pages (`login_guard`'s rule)?
+fn same_origin(app: &App, session: &Session) -> bool {
+    let headers = &session.req_header().headers;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    app.login_guard.same_origin(LoginRequest {
+        origin: header("origin"),
+        sec_fetch_site: header("sec-fetch-site"),
+        host: header("host"),
     })
 }
 
@@ -503,6 +572,7 @@ struct CallbackQuery {
     state: Option<String>,
     code: Option<String>,
     error: Option<String>,
+    iss: Option<String>,
 }
 
 /// `GET /ui/login/oidc/callback`: it comes from the provider's site, so there is no
@@ -522,6 +592,7 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
             state: query.state.as_deref(),
             code: query.code.as_deref(),
             error: query.error.as_deref(),
+            iss: query.iss.as_deref(),
             binding: binding.as_deref(),
         })
         .await;
@@ -534,6 +605,7 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
     };
     let identity = signed.identity.clone();
     let grant = signed.grant.clone();
+    let lifetime = sso.session_max_age();
     let opened = app
         .operator
         .admin_write(move |conn| {
@@ -544,16 +616,24 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
                 name: &name,
                 grant: &grant,
             };
-            session::open_sso(conn, user, identity.email.as_deref(), now)
+            session::open_sso(conn, user, identity.email.as_deref(), lifetime, now)
         })
         .await;
     match opened {
         Ok(Some(opened)) => {
+            sso.track(
+                opened.session.sha256.clone(),
+                signed.identity.subject.clone(),
+                signed.tokens,
+            );
             let to = signed.return_to.unwrap_or_else(|| "/ui/".into());
             Answer::PageCookies(
                 200,
                 pages::signed_in(&to),
-                vec![session::set_cookie(&opened.cookie_value, app.tls), clear],
+                vec![
+                    session::set_cookie_for(&opened.cookie_value, lifetime, app.tls),
+                    clear,
+                ],
             )
         }
         Ok(None) => {
@@ -866,6 +946,9 @@ async fn action(
             if let Some(c) = cookie.map(str::to_string) {
                 ops.admin_write(move |conn| session::close(conn, &c))
                     .await?;
+            }
+            if let Some(sso) = &app.sso {
+                sso.forget(&me.sha256);
             }
             Ok(Answer::Redirect(
                 LOGIN.into(),

@@ -265,6 +265,16 @@ pub struct SsoUser<'a> {
     pub grant: &'a Grant,
 }
 
+/// Gives operator `id` `grant` (its role and workspace patterns), replacing the one it had.
+pub fn set_grant(conn: &Connection, id: i64, grant: &Grant) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
+         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
+        params![id, grant.role.as_str(), grant.workspaces()],
+    )?;
+    Ok(())
+}
+
 /// The operator a single sign-on user is: the one linked to its (issuer, subject),
 /// renamed and given `user.grant` now, or a new one. `None` (nothing changed) when
 /// the name is not a valid operator name or belongs to another operator, who is
@@ -325,11 +335,7 @@ pub fn sso_operator(conn: &Connection, user: SsoUser<'_>) -> Result<Option<Opera
             id
         }
     };
-    conn.execute(
-        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
-         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
-        params![id, role, workspaces],
-    )?;
+    set_grant(conn, id, user.grant)?;
     Ok(operator_by_id(conn, id)?)
 }
 

@@ -357,6 +357,29 @@ fn writer_loop(
     }
 }
 
+/// An in-memory database with every table (`crate::schema::ALL`), for tests of
+/// queries and their plans.
+#[cfg(test)]
+pub(crate) fn schema_db() -> Connection {
+    let conn = Connection::open_in_memory().unwrap();
+    for schema in crate::schema::ALL {
+        conn.execute_batch(schema).unwrap();
+    }
+    conn
+}
+
+/// The steps of SQLite's plan for `sql` (`EXPLAIN QUERY PLAN`, every parameter NULL):
+/// `SEARCH …` through an index, `SCAN …` of a whole table.
+#[cfg(test)]
+pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+    stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,10 +400,7 @@ mod tests {
     /// the number of workspaces and versions (issue 9, "scale with the index").
     #[test]
     fn per_request_queries_use_an_index() {
-        let conn = Connection::open_in_memory().unwrap();
-        for schema in crate::schema::ALL {
-            conn.execute_batch(schema).unwrap();
-        }
+        let conn = schema_db();
         let queries = [
             "SELECT * FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT 1",
             "SELECT * FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2",
@@ -391,13 +411,7 @@ mod tests {
             "SELECT * FROM audit WHERE scope = ?1 AND (?2 IS NULL OR event = ?2) ORDER BY id DESC LIMIT ?3",
         ];
         for sql in queries {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
-            let plan: Vec<String> = stmt
-                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect();
+            let plan = query_plan(&conn, sql);
             assert!(
                 plan.iter().all(|step| step.starts_with("SEARCH")),
                 "{sql}: {plan:?}"

@@ -385,23 +385,14 @@ mod tests {
     /// table), so they cost the same on a 1M-version index as on a small one.
     #[test]
     fn timeline_queries_use_an_index() {
-        let conn = Connection::open_in_memory().unwrap();
-        for schema in crate::schema::ALL {
-            conn.execute_batch(schema).unwrap();
-        }
+        let conn = crate::store::db::schema_db();
         let sqls = [
             BY_ADDRESS_SQL,
             ALL_SQL,
             "SELECT version, summary FROM resource_digests WHERE scope = ?1",
         ];
         for sql in sqls {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
-            let plan: Vec<String> = stmt
-                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect();
+            let plan = crate::store::db::query_plan(&conn, sql);
             // No table is scanned (`SCAN (subquery-N)` walks one range's rows, already
             // found through the index and limited).
             assert!(

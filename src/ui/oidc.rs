@@ -9,8 +9,8 @@
 //!   table-tested): **the highest mapped role wins**; the user gets the workspace
 //!   patterns of the mappings at that role (all workspaces if one of them is not
 //!   limited); mappings at lower roles add nothing. No mapped group: no grant, and the
-//!   login is refused. It runs at every sign-in, so a user taken out of a group loses
-//!   what it gave at the next one.
+//!   login is refused. It runs at every sign-in and every re-check of a session, so a
+//!   user taken out of a group loses what it gave within `oidc.revalidate_seconds`.
 //! - [`Sso`] runs the flow. The provider's metadata (and keys) are discovered lazily
 //!   on the first sign-in and again after [`REDISCOVER_AFTER`]; a provider that cannot
 //!   be reached makes sign-in unavailable (the log names `oidc.issuer_url`), never the
@@ -21,6 +21,16 @@
 //!   finds nothing; the ID token is then checked by the crate: signature (the
 //!   provider's JWKS), issuer, audience, expiry and nonce.
 //!
+//! - A signed-in session is followed ([`Sso::track`]) with the provider's access and
+//!   refresh tokens, in memory only: when its last check is older than
+//!   `oidc.revalidate_seconds`, the next request asks userinfo again (renewing the
+//!   access token with the refresh token once it is refused) and maps the groups it
+//!   names today ([`Sso::revalidate`]). No mapped group, a provider that refuses, or a
+//!   session not followed here (signed in before a restart) ends the session: fail
+//!   closed. Every session ends after `oidc.session_max_age_seconds` anyway.
+//! - RFC 9207: when the provider's metadata says it sends `iss` on authorization
+//!   responses, a callback without it or naming another issuer is refused (mix-up).
+//!
 //! What a refused sign-in looks like to the browser is the same whatever the reason;
 //! the reason ([`Refused`]) goes to the log, never a code or token.
 
@@ -30,16 +40,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openidconnect::core::{
-    CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreErrorResponseType,
-    CoreGenderClaim, CoreJsonWebKey, CoreJweContentEncryptionAlgorithm, CoreJwsSigningAlgorithm,
-    CoreProviderMetadata, CoreRevocableToken, CoreRevocationErrorResponse,
-    CoreTokenIntrospectionResponse, CoreTokenType,
+    CoreAuthDisplay, CoreAuthPrompt, CoreAuthenticationFlow, CoreClaimName, CoreClaimType,
+    CoreClientAuthMethod, CoreErrorResponseType, CoreGenderClaim, CoreGrantType, CoreJsonWebKey,
+    CoreJweContentEncryptionAlgorithm, CoreJweKeyManagementAlgorithm, CoreJwsSigningAlgorithm,
+    CoreResponseMode, CoreResponseType, CoreRevocableToken, CoreRevocationErrorResponse,
+    CoreSubjectIdentifierType, CoreTokenIntrospectionResponse, CoreTokenType,
 };
 use openidconnect::{
-    url, AdditionalClaims, AuthorizationCode, ClientId, ClientSecret, CsrfToken,
-    EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet, IdTokenFields, IssuerUrl,
-    Nonce, PkceCodeChallenge, PkceCodeVerifier, RedirectUrl, Scope, StandardErrorResponse,
-    StandardTokenResponse,
+    url, AccessToken, AdditionalClaims, AdditionalProviderMetadata, AuthorizationCode, ClientId,
+    ClientSecret, CsrfToken, EmptyExtraTokenFields, EndpointMaybeSet, EndpointNotSet, EndpointSet,
+    IdTokenFields, IssuerUrl, Nonce, OAuth2TokenResponse, PkceCodeChallenge, PkceCodeVerifier,
+    RedirectUrl, RefreshToken, Scope, StandardErrorResponse, StandardTokenResponse,
+    SubjectIdentifier, UserInfoClaims,
 };
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -56,6 +68,9 @@ pub const PENDING_SECONDS: u64 = 600;
 pub const MAX_PENDING: usize = 4096;
 /// The provider's metadata and keys are read again after this (rotated keys).
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
+/// Single sign-on sessions followed at once (their provider tokens, in memory); past
+/// that, the oldest is dropped, which ends it at its next request (fail closed).
+pub const MAX_TRACKED: usize = 65536;
 /// Longest wait for the provider (discovery, code exchange).
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest `state`, `code` or cookie value looked at.
@@ -71,6 +86,32 @@ pub struct OtherClaims {
 }
 
 impl AdditionalClaims for OtherClaims {}
+
+/// The discovery field of RFC 9207 (authorization server issuer identification): a
+/// provider that sets it names itself in `iss` on every authorization response, so a
+/// response without it, or naming another issuer, is a mix-up and is refused.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct IssParameter {
+    #[serde(default)]
+    authorization_response_iss_parameter_supported: Option<bool>,
+}
+
+impl AdditionalProviderMetadata for IssParameter {}
+
+type ProviderMetadata = openidconnect::ProviderMetadata<
+    IssParameter,
+    CoreAuthDisplay,
+    CoreClientAuthMethod,
+    CoreClaimName,
+    CoreClaimType,
+    CoreGrantType,
+    CoreJweContentEncryptionAlgorithm,
+    CoreJweKeyManagementAlgorithm,
+    CoreJsonWebKey,
+    CoreResponseMode,
+    CoreResponseType,
+    CoreSubjectIdentifierType,
+>;
 
 type TokenResponse = StandardTokenResponse<
     IdTokenFields<
@@ -151,6 +192,12 @@ pub struct Settings {
     pub scopes: Vec<String>,
     pub display_name: String,
     pub roles: RoleMap,
+    /// Seconds a single sign-on session lasts from sign-in.
+    pub session_max_age: i64,
+    /// How old a session's last check at the provider may be before it is checked again.
+    pub revalidate: Duration,
+    /// Read groups from userinfo when the ID token carries no groups claim.
+    pub groups_from_userinfo: bool,
 }
 
 fn invalid(message: String) -> ConfigError {
@@ -339,7 +386,22 @@ impl Settings {
                 )));
             }
         }
+        let lifetime = crate::ui::session::LIFETIME_SECONDS as u64;
+        if !(60..=lifetime).contains(&oidc.session_max_age_seconds) {
+            return Err(invalid(format!(
+                "oidc.session_max_age_seconds: between 60 and {lifetime} (the UI's session lifetime)"
+            )));
+        }
+        if oidc.revalidate_seconds == 0 || oidc.revalidate_seconds > oidc.session_max_age_seconds {
+            return Err(invalid(
+                "oidc.revalidate_seconds: at least 1 and at most oidc.session_max_age_seconds"
+                    .into(),
+            ));
+        }
         Ok(Settings {
+            session_max_age: oidc.session_max_age_seconds as i64,
+            revalidate: Duration::from_secs(oidc.revalidate_seconds),
+            groups_from_userinfo: oidc.groups_from_userinfo,
             // As written: the provider's metadata must name exactly this issuer, and
             // a parsed URL would gain a trailing slash.
             issuer: IssuerUrl::new(oidc.issuer_url.trim().to_string())
@@ -415,6 +477,31 @@ pub enum Refused {
     NoRole,
     #[error("the operator name is taken by another operator")]
     NameTaken,
+    #[error("the authorization response names issuer {0:?}, not ours (RFC 9207 mix-up defence)")]
+    Issuer(String),
+    #[error("the provider advertises RFC 9207 but its authorization response carries no iss")]
+    NoIssuer,
+    #[error("the userinfo request failed: {0}")]
+    UserInfo(String),
+    #[error(
+        "the session's provider tokens are not known here (signed in before a restart, or dropped)"
+    )]
+    Untracked,
+    #[error("single sign-on is no longer configured")]
+    NotConfigured,
+}
+
+impl Refused {
+    /// A fixed word for the audit log (the message can carry a provider's text).
+    pub fn audit_reason(&self) -> &'static str {
+        match self {
+            Refused::NoRole => "no_role",
+            Refused::UserInfo(_) | Refused::Exchange(_) | Refused::IdToken(_) => "provider_refused",
+            Refused::Untracked => "untracked",
+            Refused::NotConfigured => "not_configured",
+            _ => "refused",
+        }
+    }
 }
 
 /// Why a sign-in cannot start.
@@ -487,6 +574,8 @@ pub struct Callback<'a> {
     pub state: Option<&'a str>,
     pub code: Option<&'a str>,
     pub error: Option<&'a str>,
+    /// RFC 9207's `iss`, if the provider sent one.
+    pub iss: Option<&'a str>,
     /// The binding cookie's value.
     pub binding: Option<&'a str>,
 }
@@ -497,10 +586,41 @@ pub struct SignedIn {
     pub identity: Identity,
     pub grant: Grant,
     pub return_to: Option<String>,
+    /// What the session is re-checked with ([`Sso::track`]); never stored or logged.
+    pub tokens: ProviderTokens,
+}
+
+/// The provider's access and refresh tokens of one sign-in (their `Debug` is redacted).
+#[derive(Debug)]
+pub struct ProviderTokens {
+    access: AccessToken,
+    refresh: Option<RefreshToken>,
+}
+
+/// A single sign-on session followed in memory: whom it is for, its provider tokens,
+/// and when it was last checked at the provider.
+struct Tracked {
+    subject: String,
+    tokens: ProviderTokens,
+    checked: Instant,
+    ends: Instant,
+}
+
+/// What re-checking a session at the provider found.
+#[derive(Debug)]
+pub enum Revalidated {
+    /// Checked recently enough: nothing asked.
+    Fresh,
+    /// Asked now: the grant the user's groups give today (maybe another than before).
+    Current(Grant),
+    /// The session must end (the reason, for the log and the audit row).
+    Ended(Refused),
 }
 
 struct Discovered {
     client: Arc<Client>,
+    /// The provider advertised RFC 9207's `iss` parameter.
+    iss_parameter: bool,
     at: Instant,
 }
 
@@ -511,6 +631,9 @@ pub struct Sso {
     http: openidconnect::reqwest::Client,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
     pending: Pending,
+    /// Single sign-on sessions by their token's SHA-256; each entry is locked while it
+    /// is checked, so concurrent requests of one session ask the provider once.
+    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Tracked>>>>,
 }
 
 impl Sso {
@@ -526,6 +649,7 @@ impl Sso {
             http,
             discovered: tokio::sync::Mutex::new(None),
             pending: Pending::default(),
+            sessions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -534,17 +658,27 @@ impl Sso {
         &self.settings.display_name
     }
 
+    /// How long a single sign-on session lasts from sign-in, in seconds.
+    pub fn session_max_age(&self) -> i64 {
+        self.settings.session_max_age
+    }
+
     /// The client, discovered now if not yet or not recently (an older discovery is
-    /// kept when the provider cannot be reached again).
-    async fn client(&self) -> Result<Arc<Client>, Unavailable> {
+    /// kept when the provider cannot be reached again), and whether the provider
+    /// advertises RFC 9207's `iss` parameter.
+    async fn client(&self) -> Result<(Arc<Client>, bool), Unavailable> {
         let mut discovered = self.discovered.lock().await;
         if let Some(d) = discovered.as_ref() {
             if d.at.elapsed() < REDISCOVER_AFTER {
-                return Ok(d.client.clone());
+                return Ok((d.client.clone(), d.iss_parameter));
             }
         }
-        match CoreProviderMetadata::discover_async(self.settings.issuer.clone(), &self.http).await {
+        match ProviderMetadata::discover_async(self.settings.issuer.clone(), &self.http).await {
             Ok(metadata) => {
+                let iss_parameter = metadata
+                    .additional_metadata()
+                    .authorization_response_iss_parameter_supported
+                    == Some(true);
                 let client = Client::from_provider_metadata(
                     metadata,
                     self.settings.client_id.clone(),
@@ -554,16 +688,17 @@ impl Sso {
                 let client = Arc::new(client);
                 *discovered = Some(Discovered {
                     client: client.clone(),
+                    iss_parameter,
                     at: Instant::now(),
                 });
-                Ok(client)
+                Ok((client, iss_parameter))
             }
             Err(e) => {
                 let why = error_chain(&e);
                 match discovered.as_ref() {
                     Some(old) => {
                         tracing::warn!(error = %why, "oidc.issuer_url: rediscovery failed; keeping the provider metadata read before");
-                        Ok(old.client.clone())
+                        Ok((old.client.clone(), old.iss_parameter))
                     }
                     None => Err(Unavailable::Discovery(why)),
                 }
@@ -574,7 +709,7 @@ impl Sso {
     /// Starts a sign-in: the provider's authorization URL (code flow, PKCE S256,
     /// `state` and nonce) and the value of the cookie that binds it to this browser.
     pub async fn start(&self, return_to: Option<String>) -> Result<Started, Unavailable> {
-        let client = self.client().await?;
+        let (client, _) = self.client().await?;
         let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
         let mut request = client
             .authorize_url(
@@ -618,6 +753,20 @@ impl Sso {
         if !bool::from(sha256(binding).ct_eq(&login.binding)) {
             return Err(Refused::Binding);
         }
+        // Discovered before the sign-in started; refreshed only if that was long ago.
+        let (client, iss_parameter) = self
+            .client()
+            .await
+            .map_err(|e| Refused::Exchange(e.to_string()))?;
+        // RFC 9207: checked before the error and the code are looked at, so a response
+        // of another provider is refused whatever it says.
+        match callback.iss {
+            Some(iss) if iss != self.settings.issuer.as_str() => {
+                return Err(Refused::Issuer(iss.chars().take(256).collect()))
+            }
+            None if iss_parameter => return Err(Refused::NoIssuer),
+            _ => {}
+        }
         if let Some(error) = callback.error {
             let error: String = error
                 .chars()
@@ -627,11 +776,6 @@ impl Sso {
             return Err(Refused::Provider(error));
         }
         let code = bounded(callback.code).ok_or(Refused::NoCode)?;
-        // Discovered before the sign-in started; refreshed only if that was long ago.
-        let client = self
-            .client()
-            .await
-            .map_err(|e| Refused::Exchange(e.to_string()))?;
         let response = client
             .exchange_code(AuthorizationCode::new(code.to_string()))
             .map_err(|e| Refused::Exchange(error_chain(&e)))?
@@ -650,16 +794,31 @@ impl Sso {
             Some(false) => None,
             _ => claims.email().map(|e| e.as_str().to_string()),
         };
+        let tokens = ProviderTokens {
+            access: response.access_token().clone(),
+            refresh: response.refresh_token().cloned(),
+        };
+        let in_token = claims
+            .additional_claims()
+            .claims
+            .get(&self.settings.groups_claim);
+        let groups = match in_token {
+            None if self.settings.groups_from_userinfo => {
+                let subject = claims.subject().clone();
+                let info = self.user_info(&client, &tokens.access, subject).await?;
+                groups_of(
+                    info.additional_claims()
+                        .claims
+                        .get(&self.settings.groups_claim),
+                )
+            }
+            claim => groups_of(claim),
+        };
         let identity = Identity {
             issuer: claims.issuer().as_str().to_string(),
             subject: claims.subject().as_str().to_string(),
             email,
-            groups: groups_of(
-                claims
-                    .additional_claims()
-                    .claims
-                    .get(&self.settings.groups_claim),
-            ),
+            groups,
         };
         let grant = self
             .settings
@@ -670,7 +829,138 @@ impl Sso {
             identity,
             grant,
             return_to: login.return_to,
+            tokens,
         })
+    }
+
+    /// The userinfo claims of `subject` (the crate checks the answer names it).
+    async fn user_info(
+        &self,
+        client: &Client,
+        access: &AccessToken,
+        subject: SubjectIdentifier,
+    ) -> Result<UserInfoClaims<OtherClaims, CoreGenderClaim>, Refused> {
+        client
+            .user_info(access.clone(), Some(subject))
+            .map_err(|e| Refused::UserInfo(error_chain(&e)))?
+            .request_async(&self.http)
+            .await
+            .map_err(|e| Refused::UserInfo(error_chain(&e)))
+    }
+
+    /// Follows the single sign-on session whose token hash is `session` with the
+    /// provider tokens of its sign-in, until it ends ([`Sso::forget`]) or
+    /// `session_max_age` passes. At most [`MAX_TRACKED`]: the oldest is dropped.
+    pub fn track(&self, session: String, subject: String, tokens: ProviderTokens) {
+        let now = Instant::now();
+        let entry = Tracked {
+            subject,
+            tokens,
+            checked: now,
+            ends: now + Duration::from_secs(self.settings.session_max_age as u64),
+        };
+        let mut sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if sessions.len() >= MAX_TRACKED {
+            // Ended ones first; a busy entry (being checked) counts as live.
+            sessions.retain(|_, t| t.try_lock().map(|t| t.ends > now).unwrap_or(true));
+        }
+        if sessions.len() >= MAX_TRACKED {
+            let oldest = sessions
+                .iter()
+                .filter_map(|(k, t)| t.try_lock().ok().map(|t| (t.ends, k.clone())))
+                .min();
+            if let Some((_, key)) = oldest {
+                sessions.remove(&key);
+            }
+        }
+        sessions.insert(session, Arc::new(tokio::sync::Mutex::new(entry)));
+    }
+
+    /// Stops following a session (logout, or it ended).
+    pub fn forget(&self, session: &str) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session);
+    }
+
+    /// Is the single sign-on session whose token hash is `session` still what its
+    /// grant says? Checked recently: [`Revalidated::Fresh`]. Otherwise the provider is
+    /// asked now (userinfo with the access token, and once the access token is refused,
+    /// with one the refresh token gets) and the groups it names today are mapped again.
+    /// A session not followed here, refused by the provider, or whose user has no
+    /// mapped group any more ends (fail closed); it is forgotten then.
+    pub async fn revalidate(&self, session: &str) -> Revalidated {
+        let entry = self
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session)
+            .cloned();
+        let Some(entry) = entry else {
+            return Revalidated::Ended(Refused::Untracked);
+        };
+        let mut tracked = entry.lock().await;
+        if tracked.checked.elapsed() < self.settings.revalidate {
+            return Revalidated::Fresh;
+        }
+        let found = self.ask(&mut tracked).await;
+        match found {
+            Ok(grant) => {
+                tracked.checked = Instant::now();
+                Revalidated::Current(grant)
+            }
+            Err(why) => {
+                drop(tracked);
+                self.forget(session);
+                Revalidated::Ended(why)
+            }
+        }
+    }
+
+    /// The grant the provider's answer gives the tracked user today.
+    async fn ask(&self, tracked: &mut Tracked) -> Result<Grant, Refused> {
+        let (client, _) = self
+            .client()
+            .await
+            .map_err(|e| Refused::UserInfo(e.to_string()))?;
+        let subject = SubjectIdentifier::new(tracked.subject.clone());
+        let info = match self
+            .user_info(&client, &tracked.tokens.access, subject.clone())
+            .await
+        {
+            Ok(info) => info,
+            Err(first) => {
+                let Some(refresh) = tracked.tokens.refresh.clone() else {
+                    return Err(first);
+                };
+                let response = client
+                    .exchange_refresh_token(&refresh)
+                    .map_err(|e| Refused::Exchange(error_chain(&e)))?
+                    .request_async(&self.http)
+                    .await
+                    .map_err(|e| Refused::Exchange(error_chain(&e)))?;
+                tracked.tokens = ProviderTokens {
+                    access: response.access_token().clone(),
+                    // A provider that rotates refresh tokens sends a new one.
+                    refresh: response.refresh_token().cloned().or(Some(refresh)),
+                };
+                self.user_info(&client, &tracked.tokens.access, subject)
+                    .await?
+            }
+        };
+        let groups = groups_of(
+            info.additional_claims()
+                .claims
+                .get(&self.settings.groups_claim),
+        );
+        self.settings
+            .roles
+            .grant_for(&groups)
+            .ok_or(Refused::NoRole)
     }
 }
 
@@ -731,6 +1021,9 @@ mod tests {
         assert_eq!(good.scopes, ["email", "profile"]);
         assert_eq!(good.issuer.as_str(), "https://id.example.com/realms/ops");
         assert_eq!(good.groups_claim, "groups");
+        assert_eq!(good.session_max_age, 8 * 3600);
+        assert_eq!(good.revalidate, Duration::from_secs(300));
+        assert!(!good.groups_from_userinfo);
         // (what is changed, part of the refusal; None: accepted)
         type Edit = fn(&mut OidcConfig);
         let table: &[(&str, Edit, Option<&str>)] = &[
@@ -812,6 +1105,39 @@ mod tests {
                 "no roles",
                 |c| c.roles.clear(),
                 Some("oidc.roles maps no group"),
+            ),
+            (
+                "session too short",
+                |c| c.session_max_age_seconds = 59,
+                Some("oidc.session_max_age_seconds"),
+            ),
+            (
+                "session past the UI's lifetime",
+                |c| c.session_max_age_seconds = 12 * 3600 + 1,
+                Some("oidc.session_max_age_seconds"),
+            ),
+            (
+                "session of 12 hours",
+                |c| c.session_max_age_seconds = 12 * 3600,
+                None,
+            ),
+            (
+                "never revalidated",
+                |c| c.revalidate_seconds = 0,
+                Some("oidc.revalidate_seconds"),
+            ),
+            (
+                "revalidated after the session ends",
+                |c| {
+                    c.session_max_age_seconds = 600;
+                    c.revalidate_seconds = 601;
+                },
+                Some("oidc.revalidate_seconds"),
+            ),
+            (
+                "revalidated every second",
+                |c| c.revalidate_seconds = 1,
+                None,
             ),
         ];
         for (what, edit, want) in table {

@@ -5,6 +5,10 @@
 //! (revoked, like every token), or as soon as that operator token is revoked (a token
 //! issued under another is live only while that one is). Its CSRF token is derived
 //! from the session id, so nothing else is stored, and a page's forms carry it.
+//!
+//! A single sign-on session is issued under no token: it lasts `oidc.session_max_age`
+//! at most, and `ui::oidc` re-checks it at the provider every `oidc.revalidate_seconds`;
+//! [`regrant`] gives its operator the grant found then, [`end_sso`] ends it (audited).
 
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
@@ -41,6 +45,10 @@ fn csrf_of(cookie_value: &str) -> String {
 pub struct UiSession {
     pub operator: Operator,
     pub csrf: String,
+    /// The SHA-256 of the session id (what `tokens` and `ui::oidc` key it on).
+    pub sha256: String,
+    /// Opened by single sign-on (issued under no operator token).
+    pub sso: bool,
 }
 
 /// A session just opened: the cookie value (the only time it exists in clear).
@@ -62,6 +70,7 @@ pub fn open(conn: &Connection, token: &[u8], now: i64) -> Result<Option<Opened>,
         operator,
         Some(&token_sha256),
         serde_json::json!({}),
+        LIFETIME_SECONDS,
         now,
     )
     .map(Some)
@@ -76,6 +85,7 @@ pub fn open_sso(
     conn: &Connection,
     user: SsoUser<'_>,
     email: Option<&str>,
+    lifetime: i64,
     now: i64,
 ) -> Result<Option<Opened>, AdminError> {
     let Some(operator) = sso_operator(conn, user)? else {
@@ -89,7 +99,67 @@ pub fn open_sso(
         "role": operator.grant.role.as_str(),
         "workspaces": operator.grant.workspaces(),
     });
-    issue(conn, operator, None, payload, now).map(Some)
+    issue(
+        conn,
+        operator,
+        None,
+        payload,
+        lifetime.min(LIFETIME_SECONDS),
+        now,
+    )
+    .map(Some)
+}
+
+/// Gives the operator of a single sign-on session the grant its provider names today;
+/// a change is audited (`ui.sso_regrant`, old and new role). The operator as it is now.
+pub fn regrant(
+    conn: &Connection,
+    session: &UiSession,
+    grant: &crate::operator::roles::Grant,
+) -> Result<Option<Operator>, AdminError> {
+    if &session.operator.grant == grant {
+        return Ok(Some(session.operator.clone()));
+    }
+    crate::operator::identity::set_grant(conn, session.operator.id, grant)?;
+    let payload = serde_json::json!({
+        "method": "oidc",
+        "from": {
+            "role": session.operator.grant.role.as_str(),
+            "workspaces": session.operator.grant.workspaces(),
+        },
+        "role": grant.role.as_str(),
+        "workspaces": grant.workspaces(),
+    });
+    audit(conn, &session.operator, "ui.sso_regrant", payload)?;
+    Ok(operator_by_id(conn, session.operator.id)?)
+}
+
+/// Ends a single sign-on session the provider no longer vouches for (revoked like a
+/// logout) and audits it (`ui.session_ended`, with a fixed reason word).
+pub fn end_sso(conn: &Connection, session: &UiSession, reason: &str) -> Result<(), AdminError> {
+    tokens::revoke(conn, &session.sha256, &crate::store::now_rfc3339())?;
+    let payload = serde_json::json!({ "method": "oidc", "reason": reason });
+    audit(conn, &session.operator, "ui.session_ended", payload)
+}
+
+/// An audit row of `operator` in scope `operators` (`payload` never holds a secret).
+fn audit(
+    conn: &Connection,
+    operator: &Operator,
+    event: &'static str,
+    payload: serde_json::Value,
+) -> Result<(), AdminError> {
+    insert_audit(
+        conn,
+        &AuditEntry {
+            actor: operator.actor(),
+            org: None,
+            scope: "operators".into(),
+            event,
+            payload,
+        },
+    )?;
+    Ok(())
 }
 
 /// Issues the session of `operator` (live only while `parent` is, when given), sweeping
@@ -100,6 +170,7 @@ fn issue(
     operator: Operator,
     parent: Option<&str>,
     payload: serde_json::Value,
+    lifetime: i64,
     now: i64,
 ) -> Result<Opened, AdminError> {
     tokens::sweep_expired(conn, Kind::Session, now)?;
@@ -109,23 +180,20 @@ fn issue(
             kind: Kind::Session,
             owner_id: Some(operator.id),
             parent,
-            expires_at: Some(now + LIFETIME_SECONDS),
+            expires_at: Some(now + lifetime),
         },
     )?;
-    insert_audit(
-        conn,
-        &AuditEntry {
-            actor: operator.actor(),
-            org: None,
-            scope: "operators".into(),
-            event: "ui.login",
-            payload,
-        },
-    )?;
+    audit(conn, &operator, "ui.login", payload)?;
     let csrf = csrf_of(&issued.secret);
+    let session = UiSession {
+        operator,
+        csrf,
+        sha256: tokens::hash(issued.secret.as_bytes()),
+        sso: parent.is_none(),
+    };
     Ok(Opened {
         cookie_value: issued.secret,
-        session: UiSession { operator, csrf },
+        session,
     })
 }
 
@@ -136,14 +204,17 @@ pub fn find(
     cookie_value: &str,
     now: i64,
 ) -> Result<Option<UiSession>, rusqlite::Error> {
-    let Some(owner) = tokens::live(conn, Kind::Session, cookie_value.as_bytes(), now)?
-        .and_then(|live| live.owner_id)
-    else {
+    let Some(live) = tokens::live(conn, Kind::Session, cookie_value.as_bytes(), now)? else {
+        return Ok(None);
+    };
+    let Some(owner) = live.owner_id else {
         return Ok(None);
     };
     Ok(operator_by_id(conn, owner)?.map(|operator| UiSession {
         operator,
         csrf: csrf_of(cookie_value),
+        sso: live.parent.is_none(),
+        sha256: live.sha256,
     }))
 }
 
@@ -165,7 +236,12 @@ pub fn csrf_matches(session: &UiSession, submitted: Option<&str>) -> bool {
 
 /// The `Set-Cookie` value that hands `cookie_value` to the browser.
 pub fn set_cookie(cookie_value: &str, secure: bool) -> String {
-    cookie(cookie_value, LIFETIME_SECONDS, secure)
+    set_cookie_for(cookie_value, LIFETIME_SECONDS, secure)
+}
+
+/// As [`set_cookie`], for a session that lasts `max_age` seconds.
+pub fn set_cookie_for(cookie_value: &str, max_age: i64, secure: bool) -> String {
+    cookie(cookie_value, max_age, secure)
 }
 
 /// The `Set-Cookie` value that removes the session cookie.

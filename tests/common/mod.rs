@@ -227,3 +227,40 @@ pub async fn wait_until(what: &str, within: std::time::Duration, done: impl Fn()
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+/// A gateway and the admin API token of one operator (made with the default role):
+/// the setup the freeze and timeline tests share.
+pub struct AdminEnv {
+    pub server: TestServer,
+    pub token: String,
+}
+
+impl AdminEnv {
+    pub async fn start(email: &'static str) -> AdminEnv {
+        let server = TestServer::start().await;
+        let token = server
+            .app
+            .operator
+            .admin_write(move |c| stategate::operator::identity::create_operator(c, email, "test"))
+            .await
+            .unwrap();
+        AdminEnv { server, token }
+    }
+
+    /// One admin API call as this operator: (status, body).
+    pub async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, String) {
+        let url = format!("{}/api/v1/admin/{path}", self.server.base);
+        let mut req = reqwest::Client::new()
+            .request(method.parse().unwrap(), url)
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.body(b.to_string());
+        }
+        status(req).await
+    }
+}

@@ -87,6 +87,9 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     assert browser.current_url.endswith("/ui/login")
     assert ws_name not in page.text()
     page.check("00-login")
+    # The check sees what it is for: an image without a text alternative is critical.
+    browser.execute_script("document.querySelector('main').insertAdjacentHTML('beforeend', '<img src=\"/favicon.ico\">')")
+    assert [v["id"] for v in page.axe()] == ["image-alt"]
     page.login("sgo_not-a-real-token")
     page.wait_text("not a valid operator token")
     page.check("00b-login-refused")

@@ -736,7 +736,8 @@ async fn audit_filters_read_a_workspace_name_a_prefix_and_hide_logins() {
     let env = seeded().await;
     let cookie = env.login().await;
     // (query, in the rows, not in the rows, elsewhere on the page)
-    let table: &[(&str, &[&str], &[&str], &[&str])] = &[
+    type Row<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    let table: &[Row] = &[
         // A bare workspace name is its scope.
         (
             "scope=prod",

@@ -1124,6 +1124,7 @@ fn detail_value(key: &str, value: &Value, ws: Option<&str>) -> Markup {
             _ => html! { (n) },
         },
         Value::String(text) if text.is_empty() => html! { span.muted { "none" } },
+        Value::String(text) if leaf == "operation" => html! { (operation_name(text)) },
         Value::String(text) => workspace_link(text),
         Value::Bool(b) => html! { (if *b { "yes" } else { "no" }) },
         Value::Null => html! { span.muted { "none" } },

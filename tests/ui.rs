@@ -2275,6 +2275,16 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         assert!(!page.contains("prod-x"), "{path}: {page}");
         assert!(page.contains("dev-a"), "{path}: {page}");
     }
+    // Naming the other workspace bare, by prefix or with logins shown finds nothing of it.
+    for path in [
+        "/ui/audit?scope=prod-x",
+        "/ui/audit?scope=prod-x&logins=1",
+        "/ui/audit?scope=tf%2Fprod-x&event=tf",
+        "/ui/audit?event=tf.state",
+    ] {
+        let page = env.page(path, &limited).await;
+        assert!(!audit_rows(&page).contains("prod-x"), "{path}: {page}");
+    }
     let page = env.page("/ui/workspaces", &viewer).await;
     assert!(
         page.contains("prod-x") && page.contains("/ui/clusters"),

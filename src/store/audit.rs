@@ -151,6 +151,15 @@ fn listing_sql(with_scope: bool) -> String {
     )
 }
 
+/// Does the event filter `filter` find `event`? The rule [`list_audit_filtered`]'s SQL
+/// applies: it begins the name, or one of its parts after a dot.
+pub fn event_matches(event: &str, filter: &str) -> bool {
+    event.starts_with(filter)
+        || event
+            .match_indices('.')
+            .any(|(i, _)| event[i + 1..].starts_with(filter))
+}
+
 /// Every event kind in the log, in name order, at most `limit` of them (the audit
 /// page's list to choose from). A skip scan over `audit_by_event`: one index seek
 /// per kind, however long the log.
@@ -404,6 +413,17 @@ mod tests {
                 .map(|r| r.event)
                 .collect();
             assert_eq!(&got, want, "{event:?} {exclude:?}");
+        }
+        // The Rust rule and the SQL agree.
+        for (event, exclude, want) in table {
+            if exclude.is_none() {
+                let by_rule: Vec<&str> = events
+                    .iter()
+                    .copied()
+                    .filter(|e| event.is_none_or(|f| event_matches(e, f)))
+                    .collect();
+                assert_eq!(&by_rule, want, "{event:?}");
+            }
         }
         let kinds = event_kinds(&conn, 100).unwrap();
         let mut sorted: Vec<String> = events.iter().map(|e| e.to_string()).collect();

@@ -11,7 +11,7 @@ use crate::operator::paths::{self, DiffView, Outline};
 use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
-use crate::store::audit::AuditRow;
+use crate::store::audit::{event_matches, AuditRow};
 use crate::store::VersionRow;
 
 use super::layout::{ago, dash, exact_pattern, layout, size, when, ws_href, Chrome};
@@ -958,15 +958,6 @@ pub struct AuditView<'a> {
     pub rows: &'a [AuditRow],
     pub kinds: &'a [String],
     pub older: Option<&'a str>,
-}
-
-/// Does the event filter `filter` find `event`? The rule the store's query applies:
-/// it begins the name, or one of its parts after a dot.
-fn event_matches(event: &str, filter: &str) -> bool {
-    event.starts_with(filter)
-        || event
-            .match_indices('.')
-            .any(|(i, _)| event[i + 1..].starts_with(filter))
 }
 
 pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {

@@ -2,6 +2,12 @@
 (headless, a throwaway profile), and `Page`, which waits on visible text instead of
 sleeping. Shared by test_ui_browser.py and test_drift.py; a missing tool fails the
 test (scripts/setup-test-deps.sh installs them), it is never skipped.
+
+`Page.check(name)` is what every page gets: at desktop width and at 390 px (a phone)
+it asserts nothing scrolls sideways, runs axe-core (npm, pinned by
+integration/axe/package-lock.json, injected into the same session) and fails on any
+serious or critical violation, and saves a screenshot of each width into
+`$STATEGATE_ARTIFACTS` (default: a new temp dir) — never into the repo.
 """
 
 from __future__ import annotations
@@ -16,6 +22,29 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT = 30
+DESKTOP = (1280, 1000)
+PHONE = (390, 844)
+AXE_JS = Path(os.environ.get("STATEGATE_TEST_AXE_DIR", Path.home() / ".cache" / "stategate" / "axe")) \
+    / "node_modules" / "axe-core" / "axe.min.js"
+# Runs axe on the whole page and hands back its serious and critical violations, each
+# with the first few elements it names.
+AXE_RUN = """
+const done = arguments[arguments.length - 1];
+axe.run(document, {resultTypes: ['violations']}).then(r => done(r.violations
+    .filter(v => v.impact === 'serious' || v.impact === 'critical')
+    .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                nodes: v.nodes.slice(0, 5).map(n => n.target.join(' ') + ' :: ' + n.failureSummary)}))))
+  .catch(e => done('axe failed: ' + e));
+"""
+
+
+def artifacts_dir(test: str) -> Path:
+    """Where a test's screenshots go: `$STATEGATE_ARTIFACTS/<test>` (scripts/test-all.sh
+    sets it and prints it; CI keeps it), else a new temp dir. Never the repo."""
+    root = os.environ.get("STATEGATE_ARTIFACTS") or tempfile.mkdtemp(prefix="stategate-artifacts-")
+    path = Path(root) / test
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _selenium():
@@ -44,6 +73,7 @@ def browser(tmp_path):
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
     driver = webdriver.Chrome(options=opts, service=service)
     driver.set_page_load_timeout(WAIT)
+    driver.set_script_timeout(WAIT * 2)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -103,3 +133,60 @@ class Page:
         path = self.shots / f"{name}.png"
         self.d.save_screenshot(str(path))
         return path
+
+    def axe(self) -> list:
+        """axe-core's serious and critical violations on the current page."""
+        if not self.d.execute_script("return typeof window.axe === 'object'"):
+            if not AXE_JS.is_file():
+                pytest.fail(f"{AXE_JS} is missing; run scripts/setup-test-deps.sh (npm axe-core)")
+            self.d.execute_script(AXE_JS.read_text())
+        found = self.d.execute_async_script(AXE_RUN)
+        assert not isinstance(found, str), found
+        return found
+
+    def check(self, name: str) -> dict:
+        """The checks every page gets, at desktop and phone width: no sideways
+        scrolling, no serious or critical axe-core violation, a screenshot of each
+        (`<name>-desktop.png`, `<name>-phone.png`). Ends at desktop width."""
+        shots = {}
+        try:
+            for label, (width, height) in (("desktop", DESKTOP), ("phone", PHONE)):
+                self.d.set_window_size(width, height)
+                inner = self.d.execute_script("return window.innerWidth")
+                if label == "phone":
+                    assert inner <= PHONE[0] + 10, f"the window did not shrink to a phone ({inner}px)"
+                wide = self.d.execute_script("return document.documentElement.scrollWidth")
+                assert wide <= inner, f"{name} at {label}: {wide}px wide in a {inner}px window"
+                shots[label] = self.shot(f"{name}-{label}")
+                violations = self.axe()
+                assert not violations, f"{name} at {label}: axe-core found\n" + "\n".join(
+                    f"  {v['impact']} {v['id']}: {v['help']}\n    " + "\n    ".join(v["nodes"])
+                    for v in violations)
+        finally:
+            self.d.set_window_size(*DESKTOP)
+        return shots
+
+    # Keyboard only: TAB moves the focus, typing and ENTER go to the focused element.
+    def active(self):
+        return self.d.switch_to.active_element
+
+    def tab_to(self, selector: str, limit: int = 80):
+        """Presses TAB until the focused element matches `selector`; every element the
+        focus lands on on the way must show where it is (a visible outline)."""
+        from selenium.webdriver.common.keys import Keys
+        for _ in range(limit):
+            self.press(Keys.TAB)
+            focus = self.d.execute_script(
+                "const e = document.activeElement, s = getComputedStyle(e);"
+                "return [e.matches(arguments[0]), e === document.body || "
+                "(s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2), e.outerHTML.slice(0, 200)]",
+                selector)
+            assert focus[1], f"the focus is not visible on {focus[2]}"
+            if focus[0]:
+                return self.active()
+        raise AssertionError(f"TAB never reached {selector}")
+
+    def press(self, *keys: str):
+        """Types `keys` into whatever has the focus (as a keyboard does)."""
+        from selenium.webdriver.common.action_chains import ActionChains
+        ActionChains(self.d).send_keys(*keys).perform()

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from browser_support import Page, browser  # noqa: F401 (a fixture)
+from browser_support import Page, artifacts_dir, browser  # noqa: F401 (a fixture)
 from harness import BACKEND_HTTP, Server, http as http_call, lock_info, stategate_bin, venv_dir, cli
 
 
@@ -364,9 +364,9 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         assert drifted["outcome"] == "drifted", drifted
         token = cli(server, "admin", "operator", "create", "--email", operator).stdout.strip().split()[-1]
 
-        shots = tmp_path / "screenshots"
-        shots.mkdir()
-        page = Page(browser, server.url, shots)
+        # Every drift page gets the browser suite's checks (no sideways scrolling, no
+        # serious axe-core violation, screenshots at both widths into $STATEGATE_ARTIFACTS).
+        page = Page(browser, server.url, artifacts_dir("drift-ui"))
         page.open("/ui/login")
         page.login(token)
         page.wait_text("Workspaces", operator)
@@ -374,10 +374,10 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         # The drift page: the check is drifted, its plan awaiting approval.
         browser.find_element(page.By.LINK_TEXT, "Drift").click()
         page.wait_text("Recent runs", ws_name, "drifted", "awaiting approval", "0 to add, 1 to change, 0 to destroy")
-        page.shot("drift-01-checks")
+        page.check("drift-01-checks")
         browser.find_element(page.By.LINK_TEXT, f"#{drifted['id']}").click()
         page.wait_text(f"Drift check #{drifted['id']}", '"one" -> "two"', "Approve and apply")
-        page.shot("drift-02-drifted-run")
+        page.check("drift-02-drifted-run")
 
         # Approve with the typed name: the apply run's page, reloading until it is done.
         page.fill("#approve input[name=confirm]", ws_name)
@@ -385,7 +385,7 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         text = page.wait_text("Drift apply #", f"check #{drifted['id']}", "Apply complete!")
         assert f"operator:{operator}" in text, text
         assert "applied" in text, text
-        page.shot("drift-03-applied")
+        page.check("drift-03-applied")
         assert ws.get().json()["resources"][0]["instances"][0]["attributes"]["input"]["value"] == "two"
 
         # Run check now: in sync again.
@@ -394,7 +394,7 @@ def test_drift_in_the_web_ui(browser, check_binary, make_tf, tf_env, tmp_path):
         page.css(f"form[action='/ui/drift/{ws_name}/run'] button").click()
         text = page.wait_text("Drift check #", "in_sync", "0 to add, 0 to change, 0 to destroy")
         assert "still going" not in text, text
-        page.shot("drift-04-in-sync")
+        page.check("drift-04-in-sync")
 
         # On a phone-sized screen the drift pages still fit (wide tables scroll in their box).
         browser.set_window_size(390, 844)

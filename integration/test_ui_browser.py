@@ -6,9 +6,18 @@ through the form, opens the workspace, diffs two versions and sees the changed
 resource, sees a sensitive output masked and reveals it (a POST form, audited),
 previews a rollback (the diff it would make) and confirms it (typing the name) and
 sees the new version, finds the resource by searching, force-unlocks the lock a
-SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows; screenshots go to the test's
-temp dir (and the workspace page to docs/ui-workspace.png when
-STATEGATE_UI_SCREENSHOT_OUT is set, for docs/web-ui.md: `1` for that path, or a path).
+SIGKILLed `terraform apply` left behind, and reads the audit rows of all three. Every step checks the text the page shows.
+
+Every page (login, workspaces, workspace with its versions, timeline and tokens, a
+version masked and revealed, a diff, a rollback preview, search, the audit log and an
+audit filter that matches nothing, clusters, drift, error pages, a stale lock, an
+unlocked notice) gets `Page.check`: at desktop and at 390 px nothing scrolls sideways
+and axe-core finds nothing serious or critical; its screenshots go to
+`$STATEGATE_ARTIFACTS` (default a temp dir). With STATEGATE_UPDATE_SCREENSHOT=1 the
+workspace page's also replaces docs/ui-workspace.png (the README's).
+
+A keyboard-only operator logs in, opens a diff, rolls back and force-unlocks with TAB,
+typing and ENTER alone, the focus visible at every stop.
 A viewer limited to `dev-*` (made with `--role viewer --workspaces 'dev-*'`) sees its
 role in the header and masked values only, is offered no reveal, download or
 rollback, never sees the other workspace, and a reveal it posts anyway is refused.
@@ -29,8 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import Page, browser  # noqa: F401 (a fixture)
-from harness import BACKEND_HTTP, Server, data_resource, stategate_bin, cli
+from browser_support import Page, artifacts_dir, browser  # noqa: F401 (a fixture)
+from harness import BACKEND_HTTP, Server, data_resource, lock_info, stategate_bin, cli
 
 OPERATOR = "ui-e2e@example.com"
 ACTOR = f"operator:{OPERATOR}"
@@ -67,18 +76,23 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
         tf.apply()
     token = cli(server, "admin", "operator", "create", "--email", OPERATOR).stdout.strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
+    # An issued workspace token, so the workspace page lists one.
+    cli(server, "workspace", "token", "create", "--name", "ci-read", "--workspaces", ws_name, "--scope", "read")
 
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    page = Page(browser, server.url, shots)
+    page = Page(browser, server.url, artifacts_dir("operator-ui"))
 
     # No session: the UI sends the browser to the login form; a wrong token is refused.
     page.open(f"/ui/workspaces/{ws_name}")
     page.wait_text("Operator login")
     assert browser.current_url.endswith("/ui/login")
     assert ws_name not in page.text()
+    page.check("00-login")
+    # The check sees what it is for: an image without a text alternative is critical.
+    browser.execute_script("document.querySelector('main').insertAdjacentHTML('beforeend', '<img src=\"/favicon.ico\">')")
+    assert [v["id"] for v in page.axe()] == ["image-alt"]
     page.login("sgo_not-a-real-token")
     page.wait_text("not a valid operator token")
+    page.check("00b-login-refused")
     page.login(token)
     # The login returns to the page asked for before it.
     page.wait_text(OPERATOR, ws_name, "Versions")
@@ -86,14 +100,15 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.open("/ui/workspaces")
     text = page.wait_text("Workspaces", OPERATOR, ws_name)
     assert "unlocked" in text
-    page.shot("01-workspaces")
+    page.check("01-workspaces")
 
     # The workspace: three versions written by Terraform, newest first.
     browser.find_element(page.By.LINK_TEXT, ws_name).click()
     text = page.wait_text("Versions", "Compare two versions", "Roll back")
     rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#versions tbody tr")]
     assert [r.split()[0] for r in rows] == ["3", "2", "1"], rows
-    page.shot("02-workspace")
+    assert "ci-read" in text, "the issued token is listed"
+    page.check("02-workspace")
 
     # Diff version 1 against 3: the changed resource and its attribute, and the output.
     page.fill("#diff input[name=from]", "1")
@@ -103,15 +118,16 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     assert "changed" in text and '"v-one"' in text and '"v-three"' in text, text
     assert "greeting" in text and '"hello-v-three"' in text, text
     assert "pw-v-" not in text, "sensitive output masked in the diff"
-    page.shot("03-diff")
+    page.check("03-diff")
 
     # Version 3 masks the sensitive output; revealing it is a form, and it is audited.
     page.open(f"/ui/workspaces/{ws_name}/versions/3")
     text = page.wait_text("Sensitive values are shown as", "(sensitive)")
     assert "pw-v-three" not in text
+    page.check("03a-version")
     page.submit("form[action$='/versions/3/reveal']")
     text = page.wait_text("pw-v-three", "recorded in the audit log as state.revealed")
-    page.shot("03b-revealed")
+    page.shot("03b-revealed")  # once: a reload masks the values again
 
     # Roll back to version 1: the preview shows what changes, then the typed name confirms it;
     # version 4 appears, written by the operator.
@@ -122,13 +138,13 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     text = page.wait_text("roll back to version 1", "The workspace is at version 3", "terraform_data.web")
     assert '"v-three"' in text and '"v-one"' in text and '"hello-v-one"' in text, text
     assert "pw-v-" not in text, "masked in the preview"
-    page.shot("04a-rollback-preview")
+    page.check("04a-rollback-preview")
     page.fill("#confirm-rollback input[name=confirm]", ws_name)
     page.submit("#confirm-rollback")
     text = page.wait_text("Rolled back: the workspace is now at version 4.")
     rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#versions tbody tr")]
     assert rows[0].split()[0] == "4" and ACTOR in rows[0], rows
-    page.shot("04-rolled-back")
+    page.check("04-rolled-back")
     assert '"v-one"' in ws.get().text(), "Terraform's backend serves the rolled-back content"
 
     # Search across workspaces by type: the resource, linked to the newest version.
@@ -137,6 +153,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.fill("input[name=q]", "terraform_data")
     page.submit("form[action='/ui/search']")
     text = page.wait_text("terraform_data.web", "1 match in 1 workspace searched")
+    page.check("04b-search")
     browser.find_element(page.By.LINK_TEXT, "terraform_data.web").click()
     page.wait_text(f"{ws_name} · version 4", "(sensitive)")
 
@@ -163,7 +180,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     text = page.wait_text("Force unlock", "’s apply", "STALE")
     assert "OperationTypeApply" not in text
     assert "Rollback is refused while the workspace is locked" in text
-    page.shot("05-locked")
+    page.check("05-locked")
     # The preview still shows the diff, and why the confirmation is disabled.
     page.open(f"/ui/workspaces/{ws_name}/rollback?to=2")
     page.wait_text("Rollback is refused while the workspace is locked", "terraform_data.web")
@@ -173,7 +190,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     page.css("#lock input[name=confirm]").click()
     page.submit("#lock form")
     text = page.wait_text("The lock was released.", "Not locked.")
-    page.shot("06-unlocked")
+    page.check("06-unlocked")
     # Terraform can apply again.
     tf.write(config("v-four"))
     tf.apply()
@@ -181,38 +198,72 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     # The audit log names the operator for all three actions; the reveal row holds no value.
     browser.find_element(page.By.LINK_TEXT, "Audit").click()
     page.wait_text("Audit log")
-    page.fill("input[name=scope]", f"tf/{ws_name}")
+    # A bare workspace name is its scope; logins are hidden until asked for.
+    page.fill("input[name=scope]", ws_name)
     page.submit("form[action='/ui/audit']")
-    text = page.wait_text("tf.rollback", "tf.lock_forced", "state.revealed")
+    text = page.wait_text("tf.rollback", "tf.lock_forced", "state.revealed", "Logins (ui.login) are hidden.")
     audit_rows = [r.text for r in browser.find_elements(page.By.CSS_SELECTOR, "#audit tbody tr")]
     for event in ("tf.rollback", "tf.lock_forced", "state.revealed"):
         assert any(event in r and ACTOR in r for r in audit_rows), (event, audit_rows)
     assert "pw-v-" not in text, "no value in the audit log"
-    page.shot("07-audit")
+    assert "{" not in page.css("#audit tbody").text, "details in words, not JSON"
+    # The rollback row links the version it restored and the one it wrote.
+    rollback_row = next(r for r in browser.find_elements(page.By.CSS_SELECTOR, "#audit tbody tr")
+                        if "tf.rollback" in r.text)
+    links = {a.get_attribute("href").split(server.url)[1]
+             for a in rollback_row.find_elements(page.By.CSS_SELECTOR, "td a")}
+    assert f"/ui/workspaces/{ws_name}" in links, links
+    assert any(h.startswith(f"/ui/workspaces/{ws_name}/versions/") for h in links), links
+    page.check("07-audit")
+    # Prefix and part matches: `rollback` finds tf.rollback, `tf.lock` every tf.lock*.
+    for typed, want, not_want in (("rollback", {"tf.rollback"}, "tf.lock"),
+                                  ("tf.lock", {"tf.lock_forced", "tf.lock_acquired"}, "tf.rollback")):
+        page.open(f"/ui/audit?scope={ws_name}&event={typed}")
+        page.wait_text("Audit log")
+        events = {r.find_element(page.By.CSS_SELECTOR, "td:nth-child(2)").text
+                  for r in browser.find_elements(page.By.CSS_SELECTOR, "#audit tbody tr")}
+        assert want <= events and not any(e.startswith(not_want) for e in events), (typed, events)
+    # The event list offers the kinds in the log.
+    kinds = [o.get_attribute("value") for o in browser.find_elements(page.By.CSS_SELECTOR, "#event-kinds option")]
+    assert "tf.rollback" in kinds and "ui.login" in kinds, kinds
+    # Logins: hidden by default, shown when asked; a CLI-made operator's row names the CLI user.
+    page.open("/ui/audit?scope=operators")
+    text = page.wait_text("Audit log", "admin.operator_created")
+    assert "ui.login" not in page.css("#audit tbody").text, text
+    assert "operator:unknown" not in text and "cli:" in text, text
+    page.open("/ui/audit?scope=operators&logins=1")
+    text = page.wait_text("ui.login", OPERATOR)
+    # Nothing matches: say why.
+    page.open(f"/ui/audit?scope={ws_name}&event=no-such-event")
+    text = page.wait_text("No audit rows match.", "No event in the log begins with “no-such-event”")
+    page.check("07b-audit-no-match")
 
-    # docs/web-ui.md's screenshot: the workspace page as an operator sees it.
-    page.open(f"/ui/workspaces/{ws_name}")
-    page.wait_text("Versions")
-    shot = page.shot("08-workspace-final")
-    out = os.environ.get("STATEGATE_UI_SCREENSHOT_OUT")
-    if out:
-        target = REPO / "docs" / "ui-workspace.png" if out == "1" else Path(out)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, target)
-
-    # On a phone-sized screen the page still fits: wide tables scroll inside their box.
-    browser.set_window_size(390, 844)
-    for path in (f"/ui/workspaces/{ws_name}", "/ui/workspaces", "/ui/audit",
-                 f"/ui/workspaces/{ws_name}/diff?from=1&to=3", f"/ui/workspaces/{ws_name}/rollback?to=1",
-                 "/ui/search?q=terraform_data"):
+    # The other pages: clusters, drift (none configured), and errors in words.
+    for name, path, needle in (("08a-clusters", "/ui/clusters", "No clusters"),
+                               ("08b-drift", "/ui/drift", "Drift"),
+                               ("08c-error-no-version", f"/ui/workspaces/{ws_name}/versions/99", "Error 404"),
+                               ("08d-error-no-page", "/ui/no-such-page", "Error 404"),
+                               ("08e-error-post-only", f"/ui/workspaces/{ws_name}/versions/1/nope", "Error"),
+                               ("08f-empty-workspace", "/ui/workspaces/never-written", "never-written")):
         page.open(path)
-        page.wait_text(OPERATOR)
-        overflow = browser.execute_script(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert overflow <= 1, f"{path} is {overflow}px wider than a phone screen"
+        page.wait_text(OPERATOR, needle)
+        page.check(name)
+
+    # The workspace page as an operator sees it: the README's screenshot when asked.
     page.open(f"/ui/workspaces/{ws_name}")
     page.wait_text("Versions")
-    page.shot("09-phone-workspace")
+    shots = page.check("09-workspace-final")
+    if os.environ.get("STATEGATE_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shots["desktop"], REPO / "docs" / "ui-workspace.png")
+
+    # On a phone the versions are cards: every row's view/diff actions are on screen.
+    browser.set_window_size(390, 844)
+    try:
+        for link in browser.find_elements(page.By.CSS_SELECTOR, "#versions td.actions-cell a"):
+            box = browser.execute_script("const r = arguments[0].getBoundingClientRect(); return [r.left, r.right]", link)
+            assert 0 <= box[0] and box[1] <= 390, f"{link.text} is off-screen at {box}"
+    finally:
+        browser.set_window_size(1280, 1000)
 
     # Logging out ends the session: the pages are gone again.
     page.submit("header form[action='/ui/logout']")
@@ -235,15 +286,13 @@ def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_pat
     token = cli(server, "admin", "operator", "create", "--email", "viewer@example.com",
                 "--role", "viewer", "--workspaces", "dev-*").stdout.strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
-    shots = tmp_path / "screenshots"
-    shots.mkdir()
-    page = Page(browser, server.url, shots)
+    page = Page(browser, server.url, artifacts_dir("limited-viewer"))
     page.open("/ui/login")
     page.login(token)
     text = page.wait_text("viewer@example.com", "viewer (dev-*)", "dev-web")
     assert "prod-web" not in text, text
     assert not browser.find_elements(page.By.LINK_TEXT, "Clusters")
-    page.shot("10-viewer-workspaces")
+    page.check("10-viewer-workspaces")
 
     page.open("/ui/workspaces/dev-web")
     text = page.wait_text("Versions", "Compare two versions")
@@ -253,11 +302,12 @@ def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_pat
     assert "pw-v-one" not in text
     assert not browser.find_elements(page.By.CSS_SELECTOR, "form[action$='/reveal']")
     assert not browser.find_elements(page.By.CSS_SELECTOR, "form[action$='/download']")
-    page.shot("11-viewer-version")
+    page.check("11-viewer-version")
 
     # The other workspace is refused like a forbidden action, whether it exists or not.
     page.open("/ui/workspaces/prod-web")
     refused = page.wait_text("not permitted")
+    page.check("12-viewer-refused")
     page.open("/ui/workspaces/prod-nope")
     assert page.wait_text("not permitted") == refused
     assert "prod-web" not in refused, refused
@@ -278,3 +328,62 @@ def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_pat
     assert refused_post.value.code == 403 and "not permitted" in body and "pw-v-one" not in body, body
     audit = cli(server, "admin", "audit", "list", "--scope", "tf/dev-web", "--json").stdout
     assert "state.revealed" not in audit, audit
+
+
+def test_keyboard_only_operator(ui_server, browser, make_tf):
+    """Log in, open a diff, roll back and force-unlock with TAB, typing and ENTER
+    alone (SPACE ticks the confirmation box); the focus is visible at every stop."""
+    from selenium.webdriver.common.keys import Keys
+    server = ui_server
+    ws_name = "kb-prod"
+    ws = server.workspace(ws_name)
+    tf = make_tf("kb", ws.env)
+    tf.write(config("v-one"))
+    tf.init()
+    tf.apply()
+    tf.write(config("v-two"))
+    tf.apply()
+    token = cli(server, "admin", "operator", "create", "--email", "keys@example.com").stdout.strip().splitlines()[-1]
+    page = Page(browser, server.url, artifacts_dir("keyboard-only"))
+
+    page.open("/ui/login")
+    page.wait_text("Operator login")
+    page.tab_to("input[name=token]")
+    page.press(token, Keys.ENTER)
+    page.wait_text("keys@example.com", ws_name)
+
+    page.tab_to(f"a[href='/ui/workspaces/{ws_name}']")
+    page.press(Keys.ENTER)
+    page.wait_text("Versions", "Roll back")
+    # The newest row's "diff" link: version 1 → 2.
+    page.tab_to("#versions a[href*='/diff?']")
+    page.press(Keys.ENTER)
+    text = page.wait_text("version 1 → 2", "terraform_data.web")
+    assert '"v-one"' in text and '"v-two"' in text, text
+    page.shot("diff")
+
+    page.tab_to(f"main a[href='/ui/workspaces/{ws_name}']")
+    page.press(Keys.ENTER)
+    page.wait_text("Versions", "Roll back")
+    page.tab_to("#rollback input[name=to]")
+    page.press(Keys.CONTROL, "a")
+    page.press("1", Keys.ENTER)
+    page.wait_text("roll back to version 1")
+    page.tab_to("#confirm-rollback input[name=confirm]")
+    page.press(ws_name, Keys.ENTER)
+    page.wait_text("Rolled back: the workspace is now at version 3.")
+    assert '"v-one"' in ws.get().text()
+
+    # A lock left behind; the guarded force-unlock, by keyboard.
+    held = lock_info(who="ci@runner-7")
+    assert ws.lock(held).status == 200
+    browser.refresh()
+    page.wait_text("Force unlock", "ci@runner-7")
+    page.tab_to("#lock input[name=confirm]")
+    page.press(Keys.SPACE)
+    assert page.active().is_selected()
+    page.tab_to("#lock button[type=submit]")
+    page.press(Keys.ENTER)
+    page.wait_text("The lock was released.", "Not locked.")
+    page.shot("unlocked")
+    assert ws.lock(lock_info(who="next")).status == 200, "the workspace can be locked again"

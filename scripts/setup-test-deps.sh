@@ -20,6 +20,9 @@
 #                              ${STATEGATE_TEST_OIDC_DIR:-$HOME/.cache/stategate/oidc}) the real
 #                              OpenID provider integration/test_oidc.py starts; node and
 #                              npm from apt when missing
+#   axe-core                   (npm, pinned by integration/axe/package-lock.json, into
+#                              ${STATEGATE_TEST_AXE_DIR:-$HOME/.cache/stategate/axe}) the
+#                              accessibility checks integration/test_ui_browser.py runs
 #
 # Prints the venv path on the last line of output ("VENV=<path>").
 set -euo pipefail
@@ -181,6 +184,21 @@ else
     mkdir -p "$OIDC_DIR"
     cp "$OIDC_SRC/package.json" "$OIDC_SRC/package-lock.json" "$OIDC_DIR/"
     (cd "$OIDC_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# --- axe-core for integration/test_ui_browser.py (npm, pinned) ----------------------
+# The accessibility engine the browser test injects into its Chromium session; installed
+# from integration/axe/package-lock.json into a cache dir, skipped when that lock is there.
+AXE_DIR="${STATEGATE_TEST_AXE_DIR:-$HOME/.cache/stategate/axe}"
+AXE_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/integration/axe"
+if [ -f "$AXE_DIR/node_modules/axe-core/axe.min.js" ] \
+        && cmp -s "$AXE_SRC/package-lock.json" "$AXE_DIR/package-lock.json"; then
+    log "axe-core present in $AXE_DIR"
+else
+    log "npm ci axe-core into $AXE_DIR"
+    mkdir -p "$AXE_DIR"
+    cp "$AXE_SRC/package.json" "$AXE_SRC/package-lock.json" "$AXE_DIR/"
+    (cd "$AXE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 echo "VENV=$VENV"

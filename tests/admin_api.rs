@@ -497,6 +497,32 @@ async fn list_show_history_diff_and_rollback() {
         )
         .await;
     assert_eq!(after["audit"], json!([]));
+    // The web UI's reading of the filters: a bare workspace name is its scope, the
+    // event a prefix of the name or of a part after a dot, taken literally.
+    let env = &env;
+    let events = |query: &'static str| async move {
+        let listed = env.json("GET", query, None).await;
+        listed["audit"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["event"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        events("audit?scope=prod&event=rollback").await,
+        ["tf.rollback"]
+    );
+    let written = events("audit?scope=prod&event=tf.state").await;
+    assert!(
+        !written.is_empty() && written.iter().all(|e| e.starts_with("tf.state")),
+        "{written:?}"
+    );
+    assert_eq!(
+        events("audit?scope=prod").await,
+        events("audit?scope=tf%2Fprod").await
+    );
+    assert!(events("audit?scope=prod&event=tf.*").await.is_empty());
 }
 
 #[tokio::test]

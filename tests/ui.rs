@@ -808,7 +808,124 @@ async fn rollback_and_force_unlock_are_confirmed_and_audited_as_the_operator() {
     assert!(page.contains("tf.rollback") && page.contains("tf.lock_forced"));
     assert!(page.contains(ACTOR));
     let only = env.page("/ui/audit?event=tf.rollback", &cookie).await;
-    assert!(only.contains("tf.rollback") && !only.contains("tf.lock_forced"));
+    // The rows (the event list above them names every kind in the log).
+    let rows = audit_rows(&only);
+    assert!(rows.contains("tf.rollback") && !rows.contains("tf.lock_forced"));
+}
+
+/// The audit table's body of an audit page ("" when no row matched).
+fn audit_rows(page: &str) -> &str {
+    page.split_once("<tbody>")
+        .map_or("", |(_, rows)| rows.split("</tbody>").next().unwrap())
+}
+
+#[tokio::test]
+async fn audit_filters_read_a_workspace_name_a_prefix_and_hide_logins() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    // (query, in the rows, not in the rows, elsewhere on the page)
+    type Row<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    let table: &[Row] = &[
+        // A bare workspace name is its scope.
+        (
+            "scope=prod",
+            &["tf.state_written", "tf.lock_acquired"],
+            &["ui.login"],
+            &[],
+        ),
+        (
+            "scope=tf%2Fprod",
+            &["tf.state_written", "tf.lock_acquired"],
+            &[],
+            &[],
+        ),
+        // Logins are hidden until asked for (by the box or by their event).
+        (
+            "",
+            &["tf.state_written"],
+            &["ui.login"],
+            &["Logins (<code>ui.login</code>) are hidden."],
+        ),
+        ("logins=1", &["ui.login", "tf.state_written"], &[], &[]),
+        ("event=ui.login", &["ui.login"], &["tf.state_written"], &[]),
+        (
+            "scope=operators",
+            &["admin.operator_created"],
+            &["ui.login"],
+            &[],
+        ),
+        (
+            "scope=operators&event=ui.logout",
+            &[],
+            &[],
+            &["No audit rows match."],
+        ),
+        ("scope=operators&logins=1", &["ui.login", OPS], &[], &[]),
+        // Prefixes of a name or of its part after a dot; literal text.
+        (
+            "event=tf.lock",
+            &["tf.lock_acquired"],
+            &["tf.state_written"],
+            &[],
+        ),
+        (
+            "event=lock",
+            &["tf.lock_acquired"],
+            &["tf.state_written"],
+            &[],
+        ),
+        (
+            "event=state",
+            &["tf.state_written"],
+            &["tf.lock_acquired"],
+            &[],
+        ),
+        ("event=written", &[], &[], &["No audit rows match."]),
+        (
+            "event=tf.state_*",
+            &[],
+            &[],
+            &["No event in the log begins with “tf.state_*”"],
+        ),
+        ("event=tf.%25", &[], &[], &["No audit rows match."]),
+        (
+            "scope=staging&event=tf.lock",
+            &[],
+            &[],
+            &[
+                "was read as <code>tf/staging</code>",
+                "finds <code>tf.lock_acquired</code>",
+                "Clear the filters",
+            ],
+        ),
+    ];
+    for (query, has, lacks, page_has) in table {
+        let page = env.page(&format!("/ui/audit?{query}"), &cookie).await;
+        let rows = audit_rows(&page);
+        for want in *has {
+            assert!(rows.contains(want), "{query}: {want} not in {rows}");
+        }
+        for not in *lacks {
+            assert!(!rows.contains(not), "{query}: {not} in {rows}");
+        }
+        for want in *page_has {
+            assert!(page.contains(want), "{query}: {want} not on {page}");
+        }
+    }
+    // The event kinds to choose from, and the details in words with links.
+    let page = env.page("/ui/audit?scope=prod", &cookie).await;
+    for kind in ["tf.lock_acquired", "tf.state_written", "ui.login"] {
+        assert!(
+            page.contains(&format!(r#"<option value="{kind}">"#)),
+            "{kind}"
+        );
+    }
+    assert!(!audit_rows(&page).contains('{'), "no JSON: {page}");
+    assert!(page.contains(r#"<a href="/ui/workspaces/prod"><code>tf/prod</code></a>"#));
+    assert!(
+        page.contains(r#"<span class="key">serial</span> 2"#),
+        "{page}"
+    );
 }
 
 #[tokio::test]
@@ -2263,6 +2380,16 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
         let page = env.page(path, &limited).await;
         assert!(!page.contains("prod-x"), "{path}: {page}");
         assert!(page.contains("dev-a"), "{path}: {page}");
+    }
+    // Naming the other workspace bare, by prefix or with logins shown finds nothing of it.
+    for path in [
+        "/ui/audit?scope=prod-x",
+        "/ui/audit?scope=prod-x&logins=1",
+        "/ui/audit?scope=tf%2Fprod-x&event=tf",
+        "/ui/audit?event=tf.state",
+    ] {
+        let page = env.page(path, &limited).await;
+        assert!(!audit_rows(&page).contains("prod-x"), "{path}: {page}");
     }
     let page = env.page("/ui/workspaces", &viewer).await;
     assert!(

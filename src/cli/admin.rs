@@ -207,13 +207,14 @@ pub enum AuditCommand {
         #[arg(long)]
         json: bool,
 
-        /// Only this scope, e.g. `cluster/<uuid>` or `tf/<workspace>`.
+        /// Only this scope, e.g. `cluster/<uuid>`, `tf/<workspace>` or a bare workspace name.
         #[arg(long, conflicts_with = "cluster")]
         scope: Option<String>,
         /// Only this cluster (same as --scope cluster/<uuid>).
         #[arg(long)]
         cluster: Option<String>,
-        /// Only this event, e.g. `cluster.state_lock_stolen`.
+        /// Only events this begins (or one of their dot-separated parts), e.g.
+        /// `cluster.state_lock_stolen`, `tf.lock` (every `tf.lock*`) or `rollback`.
         #[arg(long)]
         event: Option<String>,
         /// Only rows at or after this time (RFC 3339, e.g. 2026-03-01T10:00:00Z, or a date).
@@ -294,6 +295,7 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
                 since,
                 until,
                 before_id: None,
+                exclude: None,
             };
             list_audit(config, filter, cluster, limit, json)
         }
@@ -432,6 +434,11 @@ pub fn list_audit(
     limit: u32,
     json: bool,
 ) -> anyhow::Result<()> {
+    // `--scope prod` is the workspace's scope, as in the admin API and the web UI.
+    filter.scope = filter
+        .scope
+        .as_deref()
+        .map(stategate::operator::audit_scope);
     filter.scope = filter.scope.or(cluster.map(|id| {
         let id = uuid::Uuid::parse_str(&id).map_or(id, |u| u.hyphenated().to_string());
         stategate::cluster::scope(&id)

@@ -15,10 +15,52 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// Who an operator command acts as, for version rows and the audit log.
+/// Who an operator command acts as, for version rows and the audit log:
+/// `cli:<login name>` (a web UI or admin API operator is `operator:<email>`). The name
+/// is `$USER`, else `$LOGNAME`, else the process's user in `/etc/passwd` (a service
+/// account or a container has neither variable), else `uid-<n>` — never `unknown`.
 pub fn operator() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    format!("operator:{user}")
+    use std::os::unix::fs::MetadataExt;
+    // The owner of /proc/self is the process's real user: no unsafe getuid call.
+    let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    cli_actor(
+        std::env::var("USER").ok().as_deref(),
+        std::env::var("LOGNAME").ok().as_deref(),
+        &passwd,
+        uid,
+    )
+}
+
+/// The longest login name kept in an actor (POSIX allows 32; some systems more).
+const MAX_LOGIN: usize = 64;
+
+fn cli_actor(user: Option<&str>, logname: Option<&str>, passwd: &str, uid: Option<u32>) -> String {
+    // A name from the environment is whatever the caller set: keep it printable and short.
+    let clean = |name: &str| -> Option<String> {
+        let name: String = name
+            .trim()
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_LOGIN)
+            .collect();
+        (!name.is_empty()).then_some(name)
+    };
+    let from_passwd = || {
+        let uid = uid?.to_string();
+        passwd.lines().find_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            (fields.nth(1)? == uid).then(|| clean(name)).flatten()
+        })
+    };
+    let name = user
+        .and_then(clean)
+        .or_else(|| logname.and_then(clean))
+        .or_else(from_passwd)
+        .or_else(|| uid.map(|u| format!("uid-{u}")))
+        .unwrap_or_else(|| "uid-unknown".into());
+    format!("cli:{name}")
 }
 
 /// Operator commands work on an existing installation: never create an empty index.
@@ -231,5 +273,34 @@ mod tests {
             ],
         );
         assert_eq!(text, "A          LONGER\nwide cell  x\nb\n");
+    }
+}
+
+#[cfg(test)]
+mod actor_tests {
+    use super::cli_actor;
+
+    #[test]
+    fn the_cli_actor_names_the_user_whatever_the_environment() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nops:x:1001:1001::/home/ops:/bin/sh\n";
+        // (USER, LOGNAME, uid, actor)
+        let table = [
+            (Some("alice"), Some("bob"), Some(1001), "cli:alice"),
+            (None, Some("bob"), Some(1001), "cli:bob"),
+            (Some(""), Some("  "), Some(1001), "cli:ops"),
+            (None, None, Some(0), "cli:root"),
+            (None, None, Some(4242), "cli:uid-4242"),
+            (None, None, None, "cli:uid-unknown"),
+            (Some("a\u{1b}[31mb\n"), None, None, "cli:a[31mb"),
+        ];
+        for (user, logname, uid, want) in table {
+            assert_eq!(
+                cli_actor(user, logname, passwd, uid),
+                want,
+                "{user:?} {logname:?}"
+            );
+        }
+        let long = "x".repeat(500);
+        assert_eq!(cli_actor(Some(&long), None, passwd, None).len(), 4 + 64);
     }
 }

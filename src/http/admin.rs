@@ -356,6 +356,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
                 since: instant("since", since)?,
                 until: instant("until", until)?,
                 before_id: None,
+                exclude: None,
             };
             let limit = number("limit", limit.as_deref())?.unwrap_or(100);
             let limit = u32::try_from(limit)

@@ -282,12 +282,14 @@ pub enum UiRoute {
     Freeze { workspace: String },
     /// `POST workspaces/{ws}/unfreeze` with `csrf`
     Unfreeze { workspace: String },
-    /// `GET audit[?scope=&event=&since=&until=&before=]`
+    /// `GET audit[?scope=&event=&since=&until=&logins=&before=]`
     Audit {
         scope: Option<String>,
         event: Option<String>,
         since: Option<String>,
         until: Option<String>,
+        /// `1`: show `ui.login*` rows too (hidden by default).
+        logins: Option<String>,
         before: Option<String>,
     },
     /// `GET clusters`
@@ -737,6 +739,7 @@ fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
                 event: q("event"),
                 since: q("since"),
                 until: q("until"),
+                logins: q("logins"),
                 before: q("before"),
             },
             "GET",
@@ -1511,6 +1514,7 @@ mod tests {
                     event: None,
                     since: None,
                     until: None,
+                    logins: None,
                     before: Some("9".into()),
                 },
             ),

@@ -34,6 +34,9 @@ const TIMELINE_ROWS: u32 = 20;
 
 /// Versions per page of the workspace page.
 const VERSIONS_PER_PAGE: u32 = 20;
+/// The events the audit page hides unless asked: every `ui.login*`.
+const LOGIN_EVENTS: &str = "ui.login";
+
 /// Audit rows per page.
 const AUDIT_PER_PAGE: u32 = 50;
 /// Drift runs listed when no `limit` is given.
@@ -807,6 +810,7 @@ async fn page(
             event,
             since,
             until,
+            logins,
             before,
         } => {
             let form = AuditForm {
@@ -814,6 +818,7 @@ async fn page(
                 event: text(event).unwrap_or_default(),
                 since: text(since).unwrap_or_default(),
                 until: text(until).unwrap_or_default(),
+                logins: text(logins).is_some(),
             };
             let instant = |name: &str, t: &str| {
                 (!t.is_empty())
@@ -828,13 +833,23 @@ async fn page(
                 since: instant("since", &form.since)?,
                 until: instant("until", &form.until)?,
                 before_id: number("before", before.as_deref())?,
+                // Logins flood the log: hidden unless asked for, by the box or by
+                // filtering on their event.
+                exclude: (!form.logins && form.event.is_empty()).then(|| LOGIN_EVENTS.into()),
             };
             let mut rows = ops.audit(filter, AUDIT_PER_PAGE, chrome.grant).await?;
             rows.reverse();
             let older = (rows.len() == AUDIT_PER_PAGE as usize)
                 .then(|| rows.last().map(|r| older_href(&form, r.id)))
                 .flatten();
-            ok(pages::audit(chrome, &form, &rows, older.as_deref()))
+            let kinds = ops.audit_event_kinds().await?;
+            let view = pages::AuditView {
+                form: &form,
+                rows: &rows,
+                kinds: &kinds,
+                older: older.as_deref(),
+            };
+            ok(pages::audit(chrome, &view))
         }
         UiRoute::Clusters => ok(pages::clusters(chrome, &ops.clusters().await?)),
         UiRoute::Drift {
@@ -926,6 +941,9 @@ fn older_href(form: &AuditForm, before: i64) -> String {
         if !v.is_empty() {
             q.append_pair(k, v);
         }
+    }
+    if form.logins {
+        q.append_pair("logins", "1");
     }
     q.append_pair("before", &before.to_string());
     format!("/ui/audit?{}", q.finish())

@@ -44,6 +44,22 @@ const MAX_LOCK_FIELD: usize = 256;
 pub const MAX_AUDIT_LIMIT: u32 = 1000;
 /// Most audit rows read to fill one page for an operator limited to workspace patterns.
 pub const MAX_AUDIT_SCANNED: u32 = 20 * MAX_AUDIT_LIMIT;
+/// The most event kinds the audit page offers (the code writes far fewer).
+pub const MAX_EVENT_KINDS: u32 = 200;
+
+/// Audit scopes that are site-wide words, not workspaces.
+const SITE_SCOPES: [&str; 2] = ["operators", crate::tofu::credentials::TOKEN_SCOPE];
+
+/// An audit scope as an operator types it: a bare workspace name (`prod`) is that
+/// workspace's scope (`tf/prod`); a scope with a `/` (`tf/prod`, a cluster's) or a
+/// site-wide word (`operators`, `workspace-tokens`) is taken as it is.
+pub fn audit_scope(text: &str) -> String {
+    if text.contains('/') || SITE_SCOPES.contains(&text) {
+        text.to_string()
+    } else {
+        crate::tofu::scope(text)
+    }
+}
 /// The audit event of every unmasked read of a workspace's state by an operator.
 pub const EVENT_REVEALED: &str = "state.revealed";
 
@@ -822,6 +838,21 @@ impl Operations {
         if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
             return Err(Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")));
         }
+        let mut filter = filter;
+        filter.scope = filter.scope.as_deref().map(audit_scope);
+        // An event filter no kind in the log answers to would walk the whole log for
+        // nothing (without a scope, the listing reads it by id): answer at once.
+        if let Some(wanted) = filter.event.clone() {
+            let kinds = self.audit_event_kinds().await?;
+            let complete = kinds.len() < MAX_EVENT_KINDS as usize;
+            if complete
+                && !kinds
+                    .iter()
+                    .any(|k| crate::store::audit::event_matches(k, &wanted))
+            {
+                return Ok(Vec::new());
+            }
+        }
         if !grant.is_limited() {
             return Ok(self
                 .db
@@ -858,6 +889,15 @@ impl Operations {
                 out.reverse();
                 Ok(out)
             })
+            .await?)
+    }
+
+    /// The event kinds in the audit log, by name (at most [`MAX_EVENT_KINDS`]): the
+    /// audit page's choices. Names only, the same for every operator.
+    pub async fn audit_event_kinds(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .db
+            .read(|c| crate::store::audit::event_kinds(c, MAX_EVENT_KINDS))
             .await?)
     }
 
@@ -931,6 +971,20 @@ impl Operations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_workspace_name_is_its_audit_scope() {
+        for (typed, want) in [
+            ("prod", "tf/prod"),
+            ("tf/prod", "tf/prod"),
+            ("cluster/3f2a", "cluster/3f2a"),
+            ("operators", "operators"),
+            ("workspace-tokens", "workspace-tokens"),
+            ("tf", "tf/tf"),
+        ] {
+            assert_eq!(audit_scope(typed), want, "{typed}");
+        }
+    }
 
     #[test]
     fn lock_states() {

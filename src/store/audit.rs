@@ -75,8 +75,15 @@ pub fn list_audit(
 /// Which audit rows to list; `None` matches everything.
 #[derive(Debug, Clone, Default)]
 pub struct AuditFilter {
+    /// Exactly this scope (`tf/prod`, `operators`); `operator::audit_scope` reads a
+    /// bare workspace name as its scope first.
     pub scope: Option<String>,
+    /// Events this text begins, or one of whose dot-separated parts it begins:
+    /// `tf.lock` finds `tf.lock_acquired` and `tf.lock_forced`, `rollback` finds
+    /// `tf.rollback`, `tf.rollback` only itself. Taken literally (no wildcards).
     pub event: Option<String>,
+    /// Rows whose event begins with this text are left out (the UI hides `ui.login`).
+    pub exclude: Option<String>,
     /// Rows at or after this instant.
     pub since: Option<time::OffsetDateTime>,
     /// Rows strictly before this instant.
@@ -105,38 +112,90 @@ pub fn parse_instant(text: &str) -> Result<time::OffsetDateTime, String> {
     .map_err(|_| "expected an RFC 3339 time (2026-03-01T10:00:00Z) or a date (2026-03-01)".into())
 }
 
+/// `text` as a GLOB pattern matching only itself: each wildcard character is put in
+/// brackets, where GLOB reads it literally (GLOB has no ESCAPE clause).
+fn glob_literal(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '*' | '?' | '[' => format!("[{c}]"),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+/// The event filter's conditions: `?2` begins the event or one of its parts after a
+/// dot; `?7` begins no event shown. GLOB, not LIKE: it is case-sensitive as event
+/// names are, and treats `_` literally.
+const EVENT_CONDITIONS: &str =
+    "(?2 IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*')
+            AND (?7 IS NULL OR event NOT GLOB ?7 || '*')";
+
+/// The listing's SQL: with a scope it walks the `audit_by_scope` index, without one
+/// the log by id, newest first; both stop after `limit` matching rows.
+fn listing_sql(with_scope: bool) -> String {
+    // Two texts, not `(?1 IS NULL OR scope = ?1)`: SQLite plans before it sees the
+    // value, and only a plain `scope = ?1` lets it walk the `audit_by_scope` index
+    // instead of the whole log.
+    let scope = if with_scope {
+        "scope = ?1"
+    } else {
+        "?1 IS NULL"
+    };
+    format!(
+        "SELECT id, at, actor, org, scope, event, payload FROM audit
+          WHERE {scope} AND {EVENT_CONDITIONS}
+            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
+            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
+            AND (?6 IS NULL OR id < ?6)
+          ORDER BY id DESC LIMIT ?3"
+    )
+}
+
+/// Does the event filter `filter` find `event`? The rule [`list_audit_filtered`]'s SQL
+/// applies: it begins the name, or one of its parts after a dot.
+pub fn event_matches(event: &str, filter: &str) -> bool {
+    event.starts_with(filter)
+        || event
+            .match_indices('.')
+            .any(|(i, _)| event[i + 1..].starts_with(filter))
+}
+
+/// Every event kind in the log, in name order, at most `limit` of them (the audit
+/// page's list to choose from). A skip scan over `audit_by_event`: one index seek
+/// per kind, however long the log.
+pub fn event_kinds(conn: &Connection, limit: u32) -> Result<Vec<String>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(EVENT_KINDS_SQL)?;
+    let kinds = stmt
+        .query_map(params![limit], |r| r.get(0))?
+        .collect::<Result<Vec<String>, _>>()?;
+    Ok(kinds)
+}
+
+const EVENT_KINDS_SQL: &str = "WITH RECURSIVE kinds(event) AS (
+        SELECT MIN(event) FROM audit
+        UNION ALL
+        SELECT (SELECT MIN(event) FROM audit WHERE event > kinds.event) FROM kinds
+         WHERE kinds.event IS NOT NULL
+    )
+    SELECT event FROM kinds WHERE event IS NOT NULL LIMIT ?1";
+
 /// [`list_audit`] with a time window too.
 pub fn list_audit_filtered(
     conn: &Connection,
     filter: &AuditFilter,
     limit: u32,
 ) -> Result<Vec<AuditRow>, rusqlite::Error> {
-    // Two texts, not `(?1 IS NULL OR scope = ?1)`: SQLite plans before it sees the
-    // value, and only a plain `scope = ?1` lets it walk the `audit_by_scope` index
-    // instead of the whole log.
-    let sql = if filter.scope.is_some() {
-        "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE scope = ?1 AND (?2 IS NULL OR event = ?2)
-            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
-            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
-            AND (?6 IS NULL OR id < ?6)
-          ORDER BY id DESC LIMIT ?3"
-    } else {
-        "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE ?1 IS NULL AND (?2 IS NULL OR event = ?2)
-            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
-            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
-            AND (?6 IS NULL OR id < ?6)
-          ORDER BY id DESC LIMIT ?3"
-    };
-    let mut stmt = conn.prepare_cached(sql)?;
+    let mut stmt = conn.prepare_cached(&listing_sql(filter.scope.is_some()))?;
+    let event = filter.event.as_deref().map(glob_literal);
+    let exclude = filter.exclude.as_deref().map(glob_literal);
     let params = params![
         filter.scope,
-        filter.event,
+        event,
         limit,
         epoch(filter.since),
         epoch(filter.until),
-        filter.before_id
+        filter.before_id,
+        exclude,
     ];
     let mut rows = stmt
         .query_map(params, |r| {
@@ -279,6 +338,132 @@ mod tests {
                 .map(|r| r.id)
                 .collect();
             assert_eq!(got, ids, "{before:?} {limit}");
+        }
+    }
+
+    #[test]
+    fn events_match_by_prefix_of_the_name_or_of_a_part() {
+        let conn = audit_db();
+        let events = [
+            "tf.lock_acquired",
+            "tf.lock_forced",
+            "tf.rollback",
+            "cluster.state_lock_broken",
+            "ui.login",
+            "ui.logout",
+            "state.revealed",
+            "tf.locking*",
+        ];
+        for event in events {
+            insert_audit(&conn, &entry("tf/a", event)).unwrap();
+        }
+        // (event filter, left out, events listed oldest first)
+        type Row<'a> = (Option<&'a str>, Option<&'a str>, &'a [&'a str]);
+        let table: &[Row] = &[
+            (
+                Some("tf.lock"),
+                None,
+                &["tf.lock_acquired", "tf.lock_forced", "tf.locking*"],
+            ),
+            (Some("rollback"), None, &["tf.rollback"]),
+            (Some("tf.rollback"), None, &["tf.rollback"]),
+            (
+                Some("lock"),
+                None,
+                &["tf.lock_acquired", "tf.lock_forced", "tf.locking*"],
+            ),
+            (
+                Some("state"),
+                None,
+                &["cluster.state_lock_broken", "state.revealed"],
+            ),
+            (Some("ollback"), None, &[]),
+            (Some("TF.LOCK"), None, &[]),
+            // Wildcards and LIKE's characters are taken literally.
+            (Some("*"), None, &[]),
+            (Some("tf.locking*"), None, &["tf.locking*"]),
+            (Some("tf.lock?acquired"), None, &[]),
+            (Some("tf.lock%"), None, &[]),
+            (Some("tf.lock[_]"), None, &[]),
+            (Some("ui"), Some("ui.login"), &["ui.logout"]),
+            (
+                None,
+                Some("ui.login"),
+                &[
+                    "tf.lock_acquired",
+                    "tf.lock_forced",
+                    "tf.rollback",
+                    "cluster.state_lock_broken",
+                    "ui.logout",
+                    "state.revealed",
+                    "tf.locking*",
+                ],
+            ),
+            (Some("ui.login"), None, &["ui.login"]),
+        ];
+        for (event, exclude, want) in table {
+            let filter = AuditFilter {
+                event: event.map(str::to_string),
+                exclude: exclude.map(str::to_string),
+                ..AuditFilter::default()
+            };
+            let got: Vec<String> = list_audit_filtered(&conn, &filter, 100)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.event)
+                .collect();
+            assert_eq!(&got, want, "{event:?} {exclude:?}");
+        }
+        // The Rust rule and the SQL agree.
+        for (event, exclude, want) in table {
+            if exclude.is_none() {
+                let by_rule: Vec<&str> = events
+                    .iter()
+                    .copied()
+                    .filter(|e| event.is_none_or(|f| event_matches(e, f)))
+                    .collect();
+                assert_eq!(&by_rule, want, "{event:?}");
+            }
+        }
+        let kinds = event_kinds(&conn, 100).unwrap();
+        let mut sorted: Vec<String> = events.iter().map(|e| e.to_string()).collect();
+        sorted.sort();
+        assert_eq!(kinds, sorted);
+        assert_eq!(event_kinds(&conn, 2).unwrap(), sorted[..2]);
+    }
+
+    /// Both listings and the kinds walk an index or the log by id, never sort it.
+    #[test]
+    fn the_listing_and_the_kinds_use_an_index_and_no_sort() {
+        let conn = audit_db();
+        for sql in [
+            listing_sql(true),
+            listing_sql(false),
+            EVENT_KINDS_SQL.to_string(),
+        ] {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            assert!(
+                !plan.iter().any(|s| s.contains("TEMP B-TREE")),
+                "{sql}: {plan:?}"
+            );
+            if sql.contains("scope = ?1") {
+                assert!(
+                    plan.iter().any(|s| s.contains("audit_by_scope")),
+                    "{plan:?}"
+                );
+            }
+            if sql.contains("MIN(event)") {
+                assert!(
+                    plan.iter().filter(|s| s.contains("audit_by_event")).count() >= 2,
+                    "{plan:?}"
+                );
+            }
         }
     }
 

@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS audit (
 
 -- `admin audit list --scope` walks one scope's rows newest first instead of the whole log.
 CREATE INDEX IF NOT EXISTS audit_by_scope ON audit (scope, id);
+-- The audit page lists the event kinds present with one seek per kind (a skip scan).
+CREATE INDEX IF NOT EXISTS audit_by_event ON audit (event);
 "#;
 
 /// The `versions` columns added after the first release, which an earlier release's

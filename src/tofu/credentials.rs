@@ -425,7 +425,8 @@ pub struct Revoked {
     pub recorded: bool,
 }
 
-const TOKEN_SCOPE: &str = "workspace-tokens";
+/// The audit scope of workspace-token events that name no one workspace.
+pub const TOKEN_SCOPE: &str = "workspace-tokens";
 
 fn token_audit(actor: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {
     AuditEntry {

@@ -155,24 +155,24 @@ fn checks_table(chrome: &Chrome, checks: &[CheckSummary]) -> Markup {
         div.table-wrap { table #checks {
             thead { tr {
                 th { "Workspace" } th { "Status" } th { "Last check" } th.hide-narrow { "Changes" }
-                th { "Next due" } th { "" }
+                th { "Next due" } th { span.sr-only { "Actions" } }
             } }
             tbody { @for c in checks { tr {
-                td {
+                td data-label="Workspace" {
                     a href=(ws_href(&c.workspace)) { (c.workspace) }
                     br;
                     span.muted.small title=(c.dir.display().to_string()) { (check_settings(c)) }
                 }
-                td { (check_status(c)) }
-                td.nowrap { @match &c.last_check {
+                td data-label="Status" { (check_status(c)) }
+                td.nowrap data-label="Last check" { @match &c.last_check {
                     Some(run) => {
                         a href=(run_href(run.id)) { "#" (run.id) } " "
                         @match &run.finished_at { Some(t) => (when(t, now)), None => "–" }
                     }
                     None => span.muted { "–" },
                 } }
-                td.hide-narrow { (changes_text(c.last_check.as_ref().and_then(|r| r.changes))) }
-                td.nowrap { @match &c.next_due_at {
+                td.hide-narrow data-label="Changes" { (changes_text(c.last_check.as_ref().and_then(|r| r.changes))) }
+                td.nowrap data-label="Next due" { @match &c.next_due_at {
                     Some(t) => (until(t, now)),
                     None => span.muted title="interval_seconds = 0" { "on demand" },
                 } }
@@ -199,16 +199,16 @@ fn runs_table(chrome: &Chrome, runs: &[Run]) -> Markup {
         div.table-wrap { table #runs {
             thead { tr {
                 th.num { "Run" } th { "Workspace" } th.hide-narrow { "Kind" } th { "Outcome" }
-                th.hide-narrow { "Trigger" } th { "Started" } th.hide-narrow { "Changes" } th { "" }
+                th.hide-narrow { "Trigger" } th { "Started" } th.hide-narrow { "Changes" } th { span.sr-only { "Notes" } }
             } }
             tbody { @for r in runs { tr {
-                td.num { a href=(run_href(r.id)) { "#" (r.id) } }
-                td { a href=(drift_href(&r.workspace)) { (r.workspace) } }
-                td.hide-narrow { (kind_text(r.kind)) }
-                td { (outcome_badge(r.outcome)) }
-                td.hide-narrow { (r.trigger) }
-                td.nowrap { (when(&r.started_at, chrome.now)) }
-                td.hide-narrow { (changes_text(r.changes)) }
+                td.num data-label="Run" { a href=(run_href(r.id)) { "#" (r.id) } }
+                td data-label="Workspace" { a href=(drift_href(&r.workspace)) { (r.workspace) } }
+                td.hide-narrow data-label="Kind" { (kind_text(r.kind)) }
+                td data-label="Outcome" { (outcome_badge(r.outcome)) }
+                td.hide-narrow data-label="Trigger" { (r.trigger) }
+                td.nowrap data-label="Started" { (when(&r.started_at, chrome.now)) }
+                td.hide-narrow data-label="Changes" { (changes_text(r.changes)) }
                 td { (run_note(r)) }
             } } }
         } }

@@ -11,7 +11,7 @@ use crate::operator::paths::{self, DiffView, Outline};
 use crate::operator::roles::Action;
 use crate::operator::search::{SearchResults, Truncated};
 use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSummary};
-use crate::store::audit::AuditRow;
+use crate::store::audit::{event_matches, AuditRow};
 use crate::store::VersionRow;
 
 use super::layout::{ago, dash, exact_pattern, layout, size, when, ws_href, Chrome};
@@ -52,6 +52,8 @@ pub struct AuditForm {
     pub event: String,
     pub since: String,
     pub until: String,
+    /// Show `ui.login*` rows (hidden by default: every page view would be one).
+    pub logins: bool,
 }
 
 /// How a version page shows its content.
@@ -203,19 +205,19 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                     th.num.hide-narrow { "Size" } th { "Updated" }
                 } }
                 tbody { @for w in rows { tr {
-                    td {
+                    td data-label="Workspace" {
                         a href=(ws_href(&w.name)) { (w.name) }
                         @if w.deleted { span.badge.deleted { "deleted" } }
                         @if let Some(p) = &w.encryption { (encryption_badge(p)) }
                     }
-                    td { @match &w.lock {
+                    td data-label="Lock" { @match &w.lock {
                         Some(lock) => (lock_summary(lock, chrome.now)),
                         None => span.muted { "unlocked" },
                     } }
-                    td.num { (dash(w.version)) }
-                    td.num.hide-narrow { (dash(w.serial)) }
-                    td.num.hide-narrow { (dash(w.size.map(size))) }
-                    td { @match &w.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
+                    td.num data-label="Version" { (dash(w.version)) }
+                    td.num.hide-narrow data-label="Serial" { (dash(w.serial)) }
+                    td.num.hide-narrow data-label="Size" { (dash(w.size.map(size))) }
+                    td data-label="Updated" { @match &w.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
                 } } }
             } }
         }
@@ -380,15 +382,15 @@ fn timeline_section(
                     th.num { "Version" } th { "Change" } th { "Address" } th { "Written by" } th { "When" }
                 } }
                 tbody { @for r in rows { tr {
-                    td.num { a href=(version_href(ws, r.version)) { (r.version) } }
-                    td { span.badge { (r.change.as_str()) } }
-                    td { code { (r.address) } }
-                    td { (crate::operator::written_by(&r.writer, &crate::store::WriteFacts {
+                    td.num data-label="Version" { a href=(version_href(ws, r.version)) { (r.version) } }
+                    td data-label="Change" { span.badge { (r.change.as_str()) } }
+                    td data-label="Address" { code { (r.address) } }
+                    td data-label="Written by" { (crate::operator::written_by(&r.writer, &crate::store::WriteFacts {
                         lock_who: r.lock_who.clone(),
                         lock_operation: r.lock_operation.clone(),
                         restored_from: r.restored_from,
                     })) }
-                    td { (when(&r.created_at, chrome.now)) }
+                    td data-label="When" { (when(&r.created_at, chrome.now)) }
                 } } }
             } }
             p.muted { "The newest " (rows.len()) " changes; " code { "stategate workspace timeline " (ws) " [ADDRESS]" } " lists them all." }
@@ -404,7 +406,7 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
             div.table-wrap { table #versions {
                 thead { tr {
                     th.num { "Version" } th.num { "Serial" } th.hide-narrow { "Lineage" }
-                    th.num.hide-narrow { "Size" } th { "Written by" } th { "When" } th { "" }
+                    th.num.hide-narrow { "Size" } th { "Written by" } th { "When" } th { span.sr-only { "Actions" } }
                 } }
                 tbody { @for (i, v) in page.rows.iter().enumerate() {
                     // The version below it (older), or the one before the page's last.
@@ -429,13 +431,13 @@ fn versions_table(chrome: &Chrome, ws: &str, page: &VersionsPage) -> Markup {
 fn version_row(chrome: &Chrome, ws: &str, v: &VersionRow, previous: i64) -> Markup {
     html! {
         tr {
-            td.num { (v.version) }
-            td.num { (dash(v.serial)) }
-            td.hide-narrow { code { (v.lineage.as_deref().unwrap_or("–")) } }
-            td.num.hide-narrow { (size(v.size)) }
-            td { (writer_cell(v)) }
-            td { (when(&v.created_at, chrome.now)) }
-            td.actions-cell {
+            td.num data-label="Version" { (v.version) }
+            td.num data-label="Serial" { (dash(v.serial)) }
+            td.hide-narrow data-label="Lineage" { code { (v.lineage.as_deref().unwrap_or("–")) } }
+            td.num.hide-narrow data-label="Size" { (size(v.size)) }
+            td data-label="Written by" { (writer_cell(v)) }
+            td data-label="When" { (when(&v.created_at, chrome.now)) }
+            td.actions-cell data-label="Actions" {
                 @if v.is_tombstone() {
                     span.badge.deleted { "deleted" }
                 } @else {
@@ -604,17 +606,17 @@ fn token_card(
             @if tokens.is_empty() {
                 p { "No live token covers this workspace." }
             } @else {
-                table {
-                    thead { tr { th { "Name" } th { "Scope" } th { "Workspaces" } th { "Expires" } th { "Last used" } th {} } }
+                div.table-wrap { table #tokens {
+                    thead { tr { th { "Name" } th { "Scope" } th { "Workspaces" } th { "Expires" } th { "Last used" } th { span.sr-only { "Actions" } } } }
                     tbody {
                         @for t in tokens {
                             tr {
-                                td { (t.name) br; span.muted { (t.id) } }
-                                td { (t.scope) @if t.include_sensitive { " + sensitive outputs" } }
-                                td { (t.workspaces.join(", ")) }
-                                td { (unix_when(t.expires_at, chrome.now)) }
-                                td { (unix_when(t.last_used, chrome.now)) }
-                                td {
+                                td data-label="Name" { (t.name) br; span.muted { (t.id) } }
+                                td data-label="Scope" { (t.scope) @if t.include_sensitive { " + sensitive outputs" } }
+                                td data-label="Workspaces" { (t.workspaces.join(", ")) }
+                                td data-label="Expires" { (unix_when(t.expires_at, chrome.now)) }
+                                td data-label="Last used" { (unix_when(t.last_used, chrome.now)) }
+                                td data-label="Revoke" {
                                     form.inline method="post" action=(format!("/ui/workspace-tokens/{}/revoke", t.id)) {
                                         input type="hidden" name="csrf" value=(chrome.csrf);
                                         input type="hidden" name="workspace" value=(ws);
@@ -628,7 +630,7 @@ fn token_card(
                             }
                         }
                     }
-                }
+                } }
             }
         }
     }
@@ -937,10 +939,10 @@ pub fn search(chrome: &Chrome, query: &str, results: Option<&SearchResults>) -> 
                 div.table-wrap { table #results {
                     thead { tr { th { "Workspace" } th { "Resource" } th.hide-narrow { "Type" } th.num { "Version" } } }
                     tbody { @for h in &r.hits { tr {
-                        td { a href=(ws_href(&h.workspace)) { (h.workspace) } }
-                        td { a href=(format!("{}#{}", version_href(&h.workspace, h.version), paths::anchor(&h.address))) { code { (h.address) } } }
-                        td.hide-narrow { code { (h.kind) } @if h.mode == "data" { " " span.muted { "(data)" } } }
-                        td.num { (h.version) }
+                        td data-label="Workspace" { a href=(ws_href(&h.workspace)) { (h.workspace) } }
+                        td data-label="Resource" { a href=(format!("{}#{}", version_href(&h.workspace, h.version), paths::anchor(&h.address))) { code { (h.address) } } }
+                        td.hide-narrow data-label="Type" { code { (h.kind) } @if h.mode == "data" { " " span.muted { "(data)" } } }
+                        td.num data-label="Version" { (h.version) }
                     } } }
                 } }
             }
@@ -949,40 +951,186 @@ pub fn search(chrome: &Chrome, query: &str, results: Option<&SearchResults>) -> 
     layout("Search", Some(chrome), body)
 }
 
-/// `rows` newest first; `older`: the link to the next page, if there is one.
-pub fn audit(chrome: &Chrome, form: &AuditForm, rows: &[AuditRow], older: Option<&str>) -> Markup {
+/// The audit page: its filters as typed, one page of rows (newest first), the event
+/// kinds in the log to choose from, and the link to older rows if there are any.
+pub struct AuditView<'a> {
+    pub form: &'a AuditForm,
+    pub rows: &'a [AuditRow],
+    pub kinds: &'a [String],
+    pub older: Option<&'a str>,
+}
+
+pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
+    let form = view.form;
+    let scope = (!form.scope.is_empty()).then(|| crate::operator::audit_scope(&form.scope));
+    let matched: Vec<&String> = view
+        .kinds
+        .iter()
+        .filter(|k| !form.event.is_empty() && event_matches(k, &form.event))
+        .collect();
+    let filtered = !(form.scope.is_empty()
+        && form.event.is_empty()
+        && form.since.is_empty()
+        && form.until.is_empty());
     let body = html! {
         h1 { "Audit log" }
-        form.inline method="get" action="/ui/audit" {
-            label { "Scope" input type="text" name="scope" value=(form.scope) placeholder="tf/prod"; }
-            label { "Event" input type="text" name="event" value=(form.event) placeholder="tf.rollback"; }
+        form.inline #audit-filter method="get" action="/ui/audit" role="search" aria-label="Filter the audit log" {
+            label { "Scope" input type="text" name="scope" value=(form.scope) placeholder="prod or tf/prod" aria-describedby="audit-help"; }
+            label { "Event" input type="text" name="event" value=(form.event) placeholder="rollback, tf.lock" list="event-kinds" aria-describedby="audit-help"; }
+            datalist #event-kinds { @for k in view.kinds { option value=(k) {} } }
             label { "Since" input type="text" name="since" value=(form.since) placeholder="2026-03-01"; }
             label { "Until" input type="text" name="until" value=(form.until) placeholder="2026-03-02T10:00:00Z"; }
+            label.check { input type="checkbox" name="logins" value="1" checked[form.logins]; " Show logins" }
             button type="submit" { "Filter" }
             a href="/ui/audit" { "Clear" }
         }
-        @if rows.is_empty() {
-            div.card.empty { "No audit rows match." }
+        p.muted.small #audit-help {
+            "Event finds the names it begins, or whose part after a dot it begins: "
+            code { "rollback" } " finds " code { "tf.rollback" } ", " code { "tf.lock" } " every " code { "tf.lock…" } ". "
+            "Scope is a workspace name (" code { "prod" } " is " code { "tf/prod" } ") or a scope such as " code { "operators" } ". "
+            @if !form.logins && form.event.is_empty() { "Logins (" code { "ui.login" } ") are hidden." }
+        }
+        @if view.rows.is_empty() {
+            div.card.empty #no-match role="status" {
+                p { "No audit rows match." }
+                @if filtered || !form.logins {
+                    ul.hints {
+                        @if let Some(scope) = &scope {
+                            @if *scope != form.scope { li { "Scope “" (form.scope) "” was read as " code { (scope) } "." } }
+                        }
+                        @if !form.event.is_empty() {
+                            @if matched.is_empty() {
+                                li { "No event in the log begins with “" (form.event) "” (nor any part of one after a dot). Pick one from the Event list." }
+                            } @else {
+                                li { "“" (form.event) "” finds " @for (i, k) in matched.iter().enumerate() { @if i > 0 { ", " } code { (k) } } "; none of those is in the rows the other filters leave." }
+                            }
+                        }
+                        @if !form.since.is_empty() || !form.until.is_empty() { li { "The time window may leave every row out: times are UTC." } }
+                        @if !form.logins && form.event.is_empty() { li { "Logins are hidden: tick “Show logins” to see them." } }
+                        @if filtered { li { a href="/ui/audit" { "Clear the filters" } } }
+                    }
+                }
+            }
         } @else {
-            div.table-wrap { table #audit {
+            div.table-wrap { table.cards #audit {
                 thead { tr {
-                    th { "When" } th { "Event" } th { "Actor" } th { "Scope" } th.hide-narrow { "Details" }
+                    th scope="col" { "When" } th scope="col" { "Event" } th scope="col" { "Actor" } th scope="col" { "Scope" } th scope="col" { "Details" }
                 } }
-                tbody { @for r in rows { tr {
-                    td.nowrap { (when(&r.at, chrome.now)) }
-                    td.nowrap { code { (r.event) } }
-                    td { (r.actor) }
-                    td.nowrap { code { (r.scope) } @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } } }
-                    td.hide-narrow { code { (r.payload.to_string()) } }
+                tbody { @for r in view.rows { tr {
+                    td.nowrap data-label="When" { (when(&r.at, chrome.now)) }
+                    td.nowrap data-label="Event" { code { (r.event) } }
+                    td data-label="Actor" { (r.actor) }
+                    td data-label="Scope" {
+                        @match audit_workspace(&r.scope) {
+                            Some(ws) => a href=(ws_href(ws)) { code { (r.scope) } },
+                            None => code { (r.scope) },
+                        }
+                        @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } }
+                    }
+                    td.details data-label="Details" { (audit_details(r)) }
                 } } }
             } }
         }
         div.pager {
             span {}
-            @if let Some(href) = older { a href=(href) { "Older →" } }
+            @if let Some(href) = view.older { a href=(href) { "Older →" } }
         }
     };
     layout("Audit", Some(chrome), body)
+}
+
+/// The workspace an audit scope is (`tf/<name>`), if it is a readable name.
+fn audit_workspace(scope: &str) -> Option<&str> {
+    scope
+        .strip_prefix(crate::tofu::SCOPE_PREFIX)
+        .filter(|w| crate::names::validate_workspace(w).is_ok())
+}
+
+/// Payload keys whose whole-number value is a version of the row's workspace.
+const VERSION_KEYS: [&str; 7] = [
+    "version",
+    "from",
+    "to",
+    "from_version",
+    "to_version",
+    "restored_from",
+    "new_version",
+];
+/// Payload keys whose text values name workspaces.
+const WORKSPACE_KEYS: [&str; 5] = ["workspace", "workspaces", "source", "destination", "target"];
+
+/// An audit payload in words: `key value · key value`, nested keys joined with `.`,
+/// versions of the row's workspace and named workspaces linked. Text only (maud
+/// escapes every value).
+fn audit_details(row: &AuditRow) -> Markup {
+    let ws = audit_workspace(&row.scope);
+    let mut pairs = Vec::new();
+    flatten_payload("", &row.payload, &mut pairs);
+    html! {
+        @if pairs.is_empty() {
+            span.muted { "–" }
+        }
+        @for (i, (key, value)) in pairs.iter().enumerate() {
+            @if i > 0 { span.sep aria-hidden="true" { " · " } }
+            span.detail {
+                @if !key.is_empty() { span.key { (key.replace('_', " ")) } " " }
+                (detail_value(key, value, ws))
+            }
+        }
+    }
+}
+
+/// The leaves of a payload as (dotted key, value); an array of plain values stays one
+/// leaf. Bounded by the payload, which the server wrote.
+fn flatten_payload<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'a Value)>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten_payload(&key, v, out);
+            }
+        }
+        other => out.push((prefix.to_string(), other)),
+    }
+}
+
+fn detail_value(key: &str, value: &Value, ws: Option<&str>) -> Markup {
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    let workspace_link = |name: &str| -> Markup {
+        if WORKSPACE_KEYS.contains(&leaf) && crate::names::validate_workspace(name).is_ok() {
+            html! { a href=(ws_href(name)) { (name) } }
+        } else {
+            html! { (name) }
+        }
+    };
+    match value {
+        Value::Number(n) => match (n.as_i64(), ws) {
+            (Some(v), Some(ws)) if v > 0 && VERSION_KEYS.contains(&leaf) => {
+                html! { a href=(version_href(ws, v)) { "v" (v) } }
+            }
+            _ => html! { (n) },
+        },
+        Value::String(text) if text.is_empty() => html! { span.muted { "none" } },
+        Value::String(text) if leaf == "operation" => html! { (operation_name(text)) },
+        Value::String(text) => workspace_link(text),
+        Value::Bool(b) => html! { (if *b { "yes" } else { "no" }) },
+        Value::Null => html! { span.muted { "none" } },
+        Value::Array(items) => html! {
+            @if items.is_empty() { span.muted { "none" } }
+            @for (i, item) in items.iter().enumerate() {
+                @if i > 0 { ", " }
+                @match item {
+                    Value::String(text) => (workspace_link(text)),
+                    other => (other.to_string()),
+                }
+            }
+        },
+        Value::Object(_) => html! { (value.to_string()) },
+    }
 }
 
 fn lease_cell(lease: &Value) -> Markup {
@@ -1007,11 +1155,11 @@ pub fn clusters(chrome: &Chrome, rows: &[ClusterSummary]) -> Markup {
                     th { "Org" } th { "Cluster" } th { "Lease" } th.num { "Version" } th.num { "Serial" }
                 } }
                 tbody { @for c in rows { tr {
-                    td { (c.org) }
-                    td { (c.name.as_deref().unwrap_or("–")) br; code.muted { (c.id) } }
-                    td { @match &c.lease { Some(l) => (lease_cell(l)), None => span.muted { "free" } } }
-                    td.num { (dash(c.version)) }
-                    td.num { (dash(c.serial)) }
+                    td data-label="Org" { (c.org) }
+                    td data-label="Cluster" { (c.name.as_deref().unwrap_or("–")) br; code.muted { (c.id) } }
+                    td data-label="Lease" { @match &c.lease { Some(l) => (lease_cell(l)), None => span.muted { "free" } } }
+                    td.num data-label="Version" { (dash(c.version)) }
+                    td.num data-label="Serial" { (dash(c.serial)) }
                 } } }
             } }
         }
@@ -1040,6 +1188,84 @@ pub fn error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audit_event_filters_match_a_name_or_a_part() {
+        for (event, filter, want) in [
+            ("tf.rollback", "rollback", true),
+            ("tf.rollback", "tf.roll", true),
+            ("tf.lock_forced", "tf.lock", true),
+            ("tf.lock_forced", "lock", true),
+            ("tf.lock_forced", "forced", false),
+            ("cluster.state_lock_broken", "lock", false),
+            ("ui.login", "ui.login", true),
+            ("ui.login", "UI", false),
+        ] {
+            assert_eq!(event_matches(event, filter), want, "{event} {filter}");
+        }
+    }
+
+    #[test]
+    fn audit_details_are_words_with_links() {
+        let row = |scope: &str, payload: Value| AuditRow {
+            id: 1,
+            at: "2026-12-01T21:03:07Z".into(),
+            actor: "cli:ops".into(),
+            org: None,
+            scope: scope.into(),
+            event: "tf.rollback".into(),
+            payload,
+        };
+        // (scope, payload, html the details must hold, html they must not)
+        let table = [
+            (
+                "tf/prod",
+                serde_json::json!({"to_version": 2, "new_version": 5, "serial": 9}),
+                vec![
+                    r#"<span class="key">to version</span> <a href="/ui/workspaces/prod/versions/2">v2</a>"#,
+                    r#"<a href="/ui/workspaces/prod/versions/5">v5</a>"#,
+                    r#"<span class="key">serial</span> 9"#,
+                ],
+                vec!["{", "versions/9"],
+            ),
+            (
+                "tf/prod",
+                serde_json::json!({"source": "prod", "destination": "dev", "addresses": ["a.b", "c.d"]}),
+                vec![
+                    r#"<a href="/ui/workspaces/prod">prod</a>"#,
+                    r#"<a href="/ui/workspaces/dev">dev</a>"#,
+                    "a.b, c.d",
+                ],
+                vec!["[", "&quot;"],
+            ),
+            (
+                "operators",
+                serde_json::json!({"email": "a@x.io", "grant": {"role": "viewer"}, "sso": false, "version": 3}),
+                vec![
+                    "grant.role</span> viewer",
+                    "sso</span> no",
+                    "version</span> 3",
+                ],
+                vec!["href"],
+            ),
+            ("tf/prod", serde_json::json!({}), vec!["–"], vec!["key"]),
+            (
+                "tf/prod",
+                serde_json::json!({"workspace": "../../x"}),
+                vec!["../../x"],
+                vec!["href"],
+            ),
+        ];
+        for (scope, payload, has, lacks) in table {
+            let html = audit_details(&row(scope, payload.clone())).into_string();
+            for want in has {
+                assert!(html.contains(want), "{payload}: {want} not in {html}");
+            }
+            for not in lacks {
+                assert!(!html.contains(not), "{payload}: {not} in {html}");
+            }
+        }
+    }
 
     #[test]
     fn values_are_escaped_everywhere() {
@@ -1185,7 +1411,15 @@ mod tests {
                 },
                 Shown::Revealed,
             ),
-            audit(&chrome, &form, &[audit_row], Some(evil)),
+            audit(
+                &chrome,
+                &AuditView {
+                    form: &form,
+                    rows: std::slice::from_ref(&audit_row),
+                    kinds: &[evil.to_string()],
+                    older: Some(evil),
+                },
+            ),
             error(Some(&chrome), 423, evil, Some((evil, evil))),
         ];
         for (i, page) in pages.iter().enumerate() {

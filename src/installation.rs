@@ -21,6 +21,7 @@ use crate::crypto::{wrapped, RootKey};
 use crate::store::blob::create_private_dir;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+use cryptoki::types::AuthPin;
 
 /// Loads the DEK from config/env, else from the key file (creating it on first start);
 /// with `key.service = "pkcs11"`, from the wrapped key file, opened by the token (on
@@ -67,15 +68,20 @@ pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
         .pkcs11
         .as_ref()
         .context("key.service is \"pkcs11\" but [key.pkcs11] is not set")?;
-    let pin = match (&p.pin, &p.pin_file) {
-        (Some(pin), _) => pin.expose().to_string(),
+    // Every copy of the PIN made here is zeroed when dropped: the file's bytes in a
+    // `Zeroizing` buffer, the PIN itself in cryptoki's `AuthPin` (a `SecretString`),
+    // built from a borrowed `&str` so its one allocation is exact (a `String` with
+    // spare capacity would be reallocated by `into_boxed_str`, leaving a copy behind).
+    let pin: AuthPin = match (&p.pin, &p.pin_file) {
+        (Some(pin), _) => AuthPin::from(pin.expose()),
         (None, Some(path)) => {
             use std::io::Read;
-            let mut text = String::new();
+            let mut text =
+                zeroize::Zeroizing::new(String::with_capacity(MAX_PIN_FILE_BYTES as usize));
             std::fs::File::open(path)
                 .and_then(|f| f.take(MAX_PIN_FILE_BYTES).read_to_string(&mut text))
                 .with_context(|| format!("cannot read key.pkcs11.pin_file {}", path.display()))?;
-            text.trim_end_matches(['\r', '\n']).to_string()
+            AuthPin::from(text.trim_end_matches(['\r', '\n']))
         }
         (None, None) => anyhow::bail!(
             "the PKCS#11 user PIN is not set: key.pkcs11.pin_file or STATEGATE_KEY_PKCS11_PIN"
@@ -85,23 +91,25 @@ pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
         module: p.module.clone(),
         token_label: p.token_label.clone(),
         key_label: p.key_label.clone(),
-        pin: pin.into(),
+        pin,
     };
     Ok(Pkcs11KeyService::open(&params)?)
 }
 
 /// Proves the key service can give the root key, before `serve` touches the data dir:
 /// the token opens and, when there is a wrapped key, unwraps it. Writes nothing.
-pub fn check_key_service(config: &Config) -> anyhow::Result<()> {
+/// Returns that key, so `serve` hands the one unwrap to everything that seals (the
+/// app, the backup service) instead of asking the token again for each; `None` with
+/// the plain key file (read later as before) or before the first start made a key.
+pub fn check_key_service(config: &Config) -> anyhow::Result<Option<RootKey>> {
     if config.key.service != KeyServiceKind::Pkcs11 {
-        return Ok(());
+        return Ok(None);
     }
-    let service = open_key_service(config)?;
-    let path = config.wrapped_key_path();
-    if path.exists() {
-        wrapped::unwrap_root(&service, &path)?;
+    if config.wrapped_key_path().exists() {
+        return load_wrapped_root_key(config, false).map(Some);
     }
-    Ok(())
+    open_key_service(config)?;
+    Ok(None)
 }
 
 fn load_wrapped_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {

@@ -204,6 +204,14 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let report = report?;
+    // What the headers do not say: each workspace version's encryption posture, from
+    // its content.
+    let postures = rt.block_on(stategate::tofu::posture::recompute(
+        into,
+        &*blobs,
+        &keys,
+        &report.rows,
+    ))?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
@@ -212,6 +220,9 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         into.display(),
         report.rows.len(),
         scopes.len()
+    );
+    println!(
+        "Recomputed the encryption posture of {postures} workspace version(s) from their content."
     );
     for s in &report.skipped {
         println!("skipped {}: {}", s.key, s.reason);
@@ -325,6 +336,13 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let report = report?;
+    // The versions added after the backup: their encryption posture, from their content.
+    let postures = rt.block_on(stategate::tofu::posture::recompute(
+        into,
+        &*blobs,
+        &keys,
+        &report.added,
+    ))?;
     println!(
         "Restored backup {} (taken {}) from {} into {}.",
         chosen.id,
@@ -343,6 +361,9 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
             row.scope, row.version, row.created_at
         );
     }
+    println!(
+        "Recomputed the encryption posture of {postures} added version(s) from their content."
+    );
     for s in &report.skipped {
         println!("skipped {}: {}", s.key, s.reason);
     }

@@ -15,15 +15,19 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::config::{Config, StoreKind};
+use crate::crypto::service::KeyService;
 use crate::crypto::RootKey;
 use crate::store::blob::create_private_dir;
+use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
 
 /// Loads the DEK from config/env, else from the key file (creating it on first start).
 pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     if let Some(text) = &config.dek {
-        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
+        let key = RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid")?;
+        attach_ring(config, &key, Vec::new())?;
+        return Ok(key);
     }
     let path = config.dek_path();
     if !create && !path.exists() {
@@ -36,6 +40,7 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let (key, created) = RootKey::load_or_create(&path)?;
+    attach_ring(config, &key, Vec::new())?;
     if created {
         tracing::warn!(
             path = %path.display(),
@@ -47,6 +52,69 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         );
     }
     Ok(key)
+}
+
+/// The key service of this installation: what wraps the keyring's generations. Today
+/// the key file itself (or `STATEGATE_DEK`).
+pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
+    let path = config.dek.is_none().then(|| config.dek_path());
+    Arc::new(root.file_service(path))
+}
+
+/// Gives `root` the keyring: the `key_generations` rows of the data dir's database
+/// (re-read on every [`RootKey::reload`] and on a miss), plus `copies`, the
+/// generations kept in the blob store (`store::keyring::copies`), for a data dir whose
+/// index is older than the ring or lost. A generation that does not unwrap stops here.
+pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
+    let service = key_service(config, root);
+    let db = config.db_path();
+    let describe = service.describe();
+    root.set_loader(Box::new(move || {
+        if !db.exists() {
+            return crate::store::keyring::load(
+                &rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?,
+                &copies,
+                service.as_ref(),
+            );
+        }
+        let conn = rusqlite::Connection::open_with_flags(
+            &db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| e.to_string())?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        crate::store::keyring::load(&conn, &copies, service.as_ref())
+    }))
+    .with_context(|| format!("cannot open the keyring with {describe}"))?;
+    root.watch(RING_RELOAD);
+    Ok(())
+}
+
+/// How often a process re-reads the keyring (a rotation reaches every writer within it).
+pub const RING_RELOAD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The keyring with its blob-store copies: reconciles the table and the copies when
+/// `repair` (the server, the `key` commands: see `store::keyring`), then attaches both.
+pub async fn open_keyring(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+    repair: bool,
+) -> anyhow::Result<()> {
+    let service = key_service(config, root);
+    if repair {
+        let (_, done) = crate::store::keyring::reconcile(store, &service)
+            .await
+            .with_context(|| format!("cannot open the keyring with {}", service.describe()))?;
+        if !done.adopted.is_empty() || !done.copied.is_empty() {
+            tracing::info!(adopted = ?done.adopted, copied = ?done.copied, "keyring reconciled with its copies in the store");
+        }
+    }
+    let copies = crate::store::keyring::copies(store.blobs().as_ref())
+        .await
+        .context("cannot list the keyring's copies in the store")?;
+    attach_ring(config, root, copies)
 }
 
 /// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a

@@ -116,13 +116,17 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     let bearer_before = server.bearer("prod");
 
     // A writer keeps going through the rotation and the reseal.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let base = server.base.clone();
         let bearer = bearer_before.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let client = reqwest::Client::new();
             let mut codes = Vec::new();
-            for serial in 6..=60u64 {
+            let mut serial = 5u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || serial < 30 {
+                serial += 1;
                 let resp = client
                     .post(format!("{base}/api/v1/tf/state/prod"))
                     .basic_auth("stategate", Some(&bearer))
@@ -139,7 +143,7 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
                     .unwrap();
                 codes.push(read.status().as_u16());
             }
-            codes
+            (serial, codes)
         })
     };
     assert_eq!(
@@ -175,18 +179,21 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     .unwrap();
     assert!(done.versions >= 5, "{done:?}");
     assert_eq!(done.generation, 1);
-    let codes = writer.await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (last, codes) = writer.await.unwrap();
     assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
+    // What the writer committed after the reseal passed it is generation 1 already.
+    let n = last as usize;
 
-    // Nothing lost: 60 versions, the last one is what GET gives, every one opens,
-    // and each is under generation 1 now (a second reseal has nothing to do).
+    // Nothing lost: one version per write, the last one is what GET gives, every one
+    // opens, and each is under generation 1 now (a second reseal has nothing to do).
     let all = rows(&server, "prod");
-    assert_eq!(all.len(), 60);
+    assert_eq!(all.len(), n);
     assert_eq!(
         current(&server, "prod").await,
-        (200, state(60, "lin-1", ""))
+        (200, state(last, "lin-1", ""))
     );
-    assert_eq!(all_readable(&server, &op.root, "prod").await, 60);
+    assert_eq!(all_readable(&server, &op.root, "prod").await, n);
     for (_, key, _) in &all {
         assert_eq!(generation_of(&server, key).await, 1);
     }
@@ -200,17 +207,17 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     )
     .await
     .unwrap();
-    assert_eq!((again.versions, again.current), (0, 60));
+    assert_eq!((again.versions, again.current), (0, n as u64));
     // No blob left behind: one file per version.
     let states = server
         .blob_files()
         .into_iter()
         .filter(|p| p.to_string_lossy().contains("/states/"))
         .count();
-    assert_eq!(states, 60);
+    assert_eq!(states, n);
     // Credentials did not change; the events are audited without key bytes.
     assert_eq!(server.bearer("prod"), bearer_before);
-    assert_eq!(post(&server, "prod", 61).await, 200);
+    assert_eq!(post(&server, "prod", last + 1).await, 200);
     assert_eq!(audit_events(&server, "key.rotated"), 1);
     assert_eq!(audit_events(&server, "key.resealed"), done.versions as i64);
     let payloads: Vec<String> = {
@@ -432,8 +439,16 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
     )
     .await
     .unwrap();
-    assert!(report.added.is_empty());
-    assert!(!report.skipped.is_empty());
+    // (what was written before the server noticed the rotation is generation 0)
+    assert!(report.added.iter().all(|r| r.version < serial as i64));
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.reason.contains("generation 1")),
+        "{:?}",
+        report.skipped
+    );
 
     // After a reseal the backup's rows name deleted blobs: the restore points them at
     // the resealed ones (same version, same content) instead of dropping them.

@@ -180,3 +180,37 @@ def test_restore_a_pre_rotation_backup_after_rotation_and_a_refused_retire(serve
     tf.plan_no_changes()
     # The restored ring still has generation 1 (from the store's copy): new writes use it.
     assert status(srv)["data_generation"] == 1
+
+
+def test_rotate_credentials_is_deliberate_and_changes_every_credential(server_factory, ws_name):
+    srv = server_factory.new()
+    ws = srv.workspace(ws_name)
+    body = json.dumps({"version": 4, "serial": 1, "lineage": "cred", "outputs": {}, "resources": []})
+    assert http("POST", ws.address, body, user=ws.user, password=ws.password).status == 200
+    hook = cli(srv, "drift", "webhook-secret").stdout
+
+    # Refused without the typed phrase, and for generations not in the ring: nothing changes.
+    for args, stdin in ((("key", "rotate-credentials"), "yes\n"), (("key", "retire", "7"), None),
+                        (("key", "retire", "0"), None)):
+        p = cli(srv, *args, ok=False, stdin=stdin)
+        assert p.returncode != 0, (args, p)
+        assert "nothing was changed" in p.stderr, p.stderr
+    st = status(srv)
+    assert st["credentials_generation"] == 0 and st["data_generation"] == 0
+    assert srv.workspace(ws_name).password == ws.password
+    assert ws.get().status == 200
+
+    # A data rotation changes no credential; the deliberate one changes all of them.
+    cli(srv, "key", "rotate")
+    assert srv.workspace(ws_name).password == ws.password
+    out = json_lines(cli(srv, "key", "rotate-credentials", "--yes").stdout)
+    assert out[0]["purpose"] == "credentials" and out[0]["generation"] == 1
+    new = srv.workspace(ws_name)
+    assert new.password != ws.password
+    assert cli(srv, "drift", "webhook-secret").stdout != hook
+    deadline = time.monotonic() + 10
+    while ws.get().status != 401:  # the server re-reads the ring within a second
+        assert time.monotonic() < deadline, "the old credential still works"
+        time.sleep(0.1)
+    assert new.get().status == 200
+    assert new.get().json()["serial"] == 1

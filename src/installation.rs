@@ -55,10 +55,95 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
 }
 
 /// The key service of this installation: what wraps the keyring's generations. Today
-/// the key file itself (or `STATEGATE_DEK`).
+/// the key file itself (or `STATEGATE_DEK`), read again on every call, so a process
+/// keeps opening the ring after `key rewrap` replaced the file under it; while a rewrap
+/// is under way (`<key file>.next` exists) what either file wraps opens.
 pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
-    let path = config.dek.is_none().then(|| config.dek_path());
-    Arc::new(root.file_service(path))
+    if config.dek.is_some() {
+        return Arc::new(root.file_service(None));
+    }
+    let path = config.dek_path();
+    Arc::new(
+        file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))),
+    )
+}
+
+/// The key file at `path` as the key service (with `<path>.next` during a rewrap);
+/// `None` when it cannot be read now.
+fn file_service(path: &Path) -> Option<crate::crypto::service::FileKeyService> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|t| RootKey::from_base64(&t).ok())
+            .map(|k| k.file_service(Some(path.to_path_buf())))
+    };
+    let service = read(path)?;
+    Some(match read(&next_key_path(path)) {
+        Some(next) => service.with_next(next),
+        None => service,
+    })
+}
+
+/// Where `key rewrap` writes the new key file before it replaces the old one.
+pub fn next_key_path(dek: &Path) -> std::path::PathBuf {
+    let mut name = dek.file_name().unwrap_or_default().to_os_string();
+    name.push(".next");
+    dek.with_file_name(name)
+}
+
+/// `stategate key rewrap`: a new random key file replaces the current one, and the
+/// ring is re-wrapped under it, the replaced DEK kept only as the ring's generation 0
+/// (so what it sealed and what it derived keep working until `key reseal`,
+/// `key retire 0` and `key rotate-credentials`). Safe under kill -9 at any point:
+///
+/// 1. the new key is written to `<key file>.next` (0600, fsynced; kept if already
+///    there, so a rerun carries on with the same key);
+/// 2. the table and the store's copies are re-wrapped under it in one transaction
+///    (every process opens what either file wraps while `.next` exists);
+/// 3. every generation is checked to open under the new file alone;
+/// 4. `.next` is renamed over the key file (atomic) and the directory fsynced.
+pub async fn rewrap(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+    actor: &str,
+) -> anyhow::Result<crate::store::keyring::Rewrapped> {
+    if config.dek.is_some() {
+        anyhow::bail!(
+            "the DEK comes from STATEGATE_DEK / dek: `key rewrap` replaces a key file. Put the DEK in a key file (dek_file) first; nothing was changed"
+        );
+    }
+    let path = config.dek_path();
+    let next_path = next_key_path(&path);
+    let next = match std::fs::read_to_string(&next_path) {
+        Ok(text) => RootKey::from_base64(&text)
+            .with_context(|| format!("{} (an interrupted rewrap) is invalid", next_path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = RootKey::generate()?;
+            crate::crypto::write_secret_file(&next_path, format!("{}\n", key.to_base64()).as_bytes())
+                .with_context(|| format!("cannot write {}", next_path.display()))?;
+            key
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", next_path.display())),
+    };
+    let old = key_service(config, root);
+    let new: Arc<dyn KeyService> = Arc::new(next.file_service(Some(path.clone())));
+    let zero = [crate::crypto::Purpose::Data, crate::crypto::Purpose::Credentials]
+        .into_iter()
+        .filter_map(|p| root.generation_zero(p))
+        .collect();
+    let done = crate::store::keyring::rewrap(store, &old, &new, zero, actor).await?;
+    crate::store::keyring::opens_under(store, &new)
+        .await
+        .context("a generation does not open under the new key file (a rotation raced the rewrap?); run `stategate key rewrap` again")?;
+    std::fs::rename(&next_path, &path)
+        .with_context(|| format!("cannot move {} over {}", next_path.display(), path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot fsync {}", dir.display()))?;
+    }
+    Ok(done)
 }
 
 /// Gives `root` the keyring: the `key_generations` rows of the data dir's database
@@ -66,10 +151,17 @@ pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
 /// generations kept in the blob store (`store::keyring::copies`), for a data dir whose
 /// index is older than the ring or lost. A generation that does not unwrap stops here.
 pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
-    let service = key_service(config, root);
+    let fixed = key_service(config, root);
     let db = config.db_path();
-    let describe = service.describe();
+    let describe = fixed.describe();
+    // The key file is read again on every load (see `key_service`); the root itself is
+    // not captured (it owns this loader), only what it wraps with when the file is gone.
+    let key_file = config.dek.is_none().then(|| config.dek_path());
     root.set_loader(Box::new(move || {
+        let service: Arc<dyn KeyService> = match key_file.as_deref().and_then(file_service) {
+            Some(s) => Arc::new(s),
+            None => fixed.clone(),
+        };
         if !db.exists() {
             return crate::store::keyring::load(
                 &rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?,

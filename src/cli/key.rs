@@ -2,7 +2,8 @@
 //! generation), `key rotate` (a new data generation, used by every new write within a
 //! second, no restart), `key reseal` (everything under older generations re-encrypted
 //! under the newest), `key retire N` (refused while anything still needs N) and
-//! `key rotate-credentials` (the deliberate change of every workspace credential).
+//! `key rotate-credentials` (the deliberate change of every workspace credential) and
+//! `key rewrap` (a new key file, the ring re-wrapped under it).
 //! Each opens the installation through `stategate::installation` and calls
 //! `stategate::store::keyring` / `store::reseal`.
 
@@ -36,6 +37,10 @@ pub enum KeyCommand {
     /// Drop data generation N from the ring (audited). Refused while anything is still
     /// sealed under it, and for the newest generation.
     Retire { generation: u32 },
+    /// Replace the key file with a new random one and re-wrap the whole ring under it
+    /// (the "key leaked" runbook). The replaced DEK stays only as the ring's generation
+    /// 0 until `reseal`, `retire 0` and `rotate-credentials`. Resumable; safe under kill.
+    Rewrap,
     /// Change EVERY workspace credential, OpenTofu passphrase and the webhook secret
     /// (a new credentials root). Breaks every pipeline until it gets its new values.
     RotateCredentials {
@@ -63,6 +68,22 @@ pub fn run(config: &Config, command: KeyCommand) -> anyhow::Result<()> {
             }
             KeyCommand::Reseal => reseal_all(config, &store, &root).await,
             KeyCommand::Retire { generation } => retire(config, &store, generation).await,
+            KeyCommand::Rewrap => {
+                let done = installation::rewrap(config, &root, &store, &operator()).await?;
+                json_line(&serde_json::json!({
+                    "action": "key.rewrapped",
+                    "rewrapped": done.rewrapped,
+                    "added": done.added,
+                    "key_file": config.dek_path().display().to_string(),
+                }))?;
+                eprintln!(
+                    "the key file {} was replaced and the ring re-wrapped under it. BACK UP THE NEW KEY FILE NOW. \
+                     Then `stategate key rotate`, `stategate key reseal`, `stategate key retire 0` and \
+                     `stategate key rotate-credentials` (docs/keys.md, \"the key leaked\").",
+                    config.dek_path().display()
+                );
+                Ok(())
+            }
         }
     })
 }

@@ -312,6 +312,17 @@ impl RootKey {
         service::FileKeyService::new(&self.0.original, path)
     }
 
+    /// Generation 0 of `purpose` as this process uses it: the key file's DEK, or, after a
+    /// `key rewrap`, the first DEK the ring holds wrapped. `None` once retired.
+    pub fn generation_zero(&self, purpose: Purpose) -> Option<Generation> {
+        let state = self.0.read();
+        let map = match purpose {
+            Purpose::Data => &state.data,
+            Purpose::Credentials => &state.credentials,
+        };
+        map.get(&0).map(|k| Generation::new(purpose, 0, *k))
+    }
+
     /// Loads the key file, or creates it (mode 0600, fsynced) when it does not exist.
     /// Returns the key and whether it was just created.
     pub fn load_or_create(path: &Path) -> Result<(Self, bool), KeyError> {
@@ -501,7 +512,16 @@ impl SealKey {
     /// summary kept for a scope is compared with the next version's, and a key that
     /// changed with each rotation would make every resource look changed.
     pub fn resource_digest_key(&self) -> [u8; 32] {
-        let scope_key = derive_from(&self.roots.original, self.label, &self.context);
+        // Generation 0 of the credentials root is the installation's first DEK, also
+        // after `key rewrap` replaced the key file (then it comes wrapped from the ring).
+        let first = self
+            .roots
+            .read()
+            .credentials
+            .get(&0)
+            .copied()
+            .unwrap_or(self.roots.original);
+        let scope_key = derive_from(&first, self.label, &self.context);
         derive_from(&scope_key, LABEL_RESOURCE_DIGEST, b"")
     }
 

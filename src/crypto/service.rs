@@ -29,6 +29,10 @@ const WRAP_AD: &[u8] = b"stategate-keyring:";
 /// AES-256-GCM under `HKDF(DEK, "stategate-keyring-wrap-v1")`, the label as AD.
 pub struct FileKeyService {
     wrap_key: [u8; 32],
+    /// While `key rewrap` replaces the key file (`<key file>.next` exists), what the
+    /// other key file wraps opens too: a kill between writing the new file, rewrapping
+    /// the ring and renaming the file over the old one leaves a ring every process opens.
+    also_unwraps: Option<[u8; 32]>,
     /// Where the DEK came from, for messages ("file /path" or "STATEGATE_DEK").
     source: String,
 }
@@ -44,10 +48,21 @@ impl FileKeyService {
     pub fn new(dek: &[u8; 32], path: Option<PathBuf>) -> Self {
         FileKeyService {
             wrap_key: derive_from(dek, LABEL_WRAP, b""),
+            also_unwraps: None,
             source: match path {
                 Some(p) => format!("file {}", p.display()),
                 None => "STATEGATE_DEK (dek)".to_string(),
             },
+        }
+    }
+
+    /// During a rewrap: wraps under `next` (the key file being written), and opens what
+    /// either key file wrapped.
+    pub fn with_next(self, next: FileKeyService) -> Self {
+        FileKeyService {
+            also_unwraps: Some(self.wrap_key),
+            wrap_key: next.wrap_key,
+            source: format!("{} (rewrap under way)", self.source),
         }
     }
 
@@ -93,16 +108,21 @@ impl KeyService for FileKeyService {
             return Err(fail());
         }
         let (nonce, body) = wrapped.split_at(NONCE_LEN);
-        let plain = self
-            .cipher()
-            .decrypt(
-                Nonce::from_slice(nonce),
-                Payload {
-                    msg: body,
-                    aad: &ad(label),
-                },
-            )
-            .map_err(|_| fail())?;
+        let open = |key: &[u8; 32]| {
+            Aes256Gcm::new_from_slice(key)
+                .expect("key is 32 bytes")
+                .decrypt(
+                    Nonce::from_slice(nonce),
+                    Payload {
+                        msg: body,
+                        aad: &ad(label),
+                    },
+                )
+                .ok()
+        };
+        let plain = open(&self.wrap_key)
+            .or_else(|| self.also_unwraps.as_ref().and_then(open))
+            .ok_or_else(fail)?;
         plain.as_slice().try_into().map_err(|_| fail())
     }
 
@@ -140,5 +160,12 @@ mod tests {
         assert_ne!(service.wrap(&material, "data/1").unwrap(), wrapped);
         assert!(!format!("{service:?}").contains("9, 9"));
         assert_eq!(service.describe(), "file /k");
+
+        // During a rewrap both key files open, only the next one wraps.
+        let during = FileKeyService::new(&[5; 32], None).with_next(FileKeyService::new(&[6; 32], None));
+        assert_eq!(during.unwrap(&wrapped, "data/1").unwrap(), material);
+        let new = during.wrap(&material, "data/1").unwrap();
+        assert_eq!(other.unwrap(&new, "data/1").unwrap(), material);
+        assert!(service.unwrap(&new, "data/1").is_err());
     }
 }

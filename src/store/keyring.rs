@@ -168,7 +168,9 @@ pub fn view(rows: &[KeyRow], service: &dyn KeyService) -> Result<RingView, KeyEr
     for row in rows {
         match (&row.retired_at, &row.wrapped) {
             (Some(_), _) => out.retired.push((row.purpose, row.generation)),
-            (None, Some(wrapped)) if row.generation > 0 => out.generations.push(
+            // Generation 0 has a row of its own only after `key rewrap` replaced the key
+            // file: then it is the first DEK, wrapped like every other generation.
+            (None, Some(wrapped)) => out.generations.push(
                 Generation::unwrap(service, row.purpose, row.generation, wrapped)?,
             ),
             _ => {}
@@ -178,17 +180,33 @@ pub fn view(rows: &[KeyRow], service: &dyn KeyService) -> Result<RingView, KeyEr
 }
 
 /// The table's rows plus the generations only `copies` (read from the blob store)
-/// hold: the table wins for every generation it has.
+/// hold: the table wins for every generation it has, except that a retirement (kept
+/// in the store as a copy without a key) wins over everything: a restore of an index
+/// older than a retire never makes the generation usable again.
 pub fn merged(rows: Vec<KeyRow>, copies: &[KeyRow]) -> Vec<KeyRow> {
     let mut out: BTreeMap<(Purpose, u32), KeyRow> = copies
         .iter()
-        .filter(|c| c.generation > 0 && c.retired_at.is_none())
         .map(|c| ((c.purpose, c.generation), c.clone()))
         .collect();
     for row in rows {
-        out.insert((row.purpose, row.generation), row);
+        let key = (row.purpose, row.generation);
+        if out.get(&key).is_some_and(|c| c.retired_at.is_some()) && row.retired_at.is_none() {
+            continue;
+        }
+        out.insert(key, row);
     }
     out.into_values().collect()
+}
+
+/// The store's record of a retirement: the row without its key.
+fn retirement(purpose: Purpose, generation: u32, at: &str) -> KeyRow {
+    KeyRow {
+        purpose,
+        generation,
+        wrapped: None,
+        created_at: at.to_string(),
+        retired_at: Some(at.to_string()),
+    }
 }
 
 /// Reads the ring from the table on `conn` (plus `copies`) and opens it (the
@@ -205,7 +223,8 @@ pub fn load(
     let usable: Vec<KeyRow> = copies
         .iter()
         .filter(|c| {
-            in_table.contains(&(c.purpose, c.generation))
+            c.retired_at.is_some()
+                || in_table.contains(&(c.purpose, c.generation))
                 || c.wrapped.as_ref().is_some_and(|w| {
                     Generation::unwrap(service, c.purpose, c.generation, w).is_ok()
                 })
@@ -274,11 +293,21 @@ pub async fn reconcile(
     for copy in &copies {
         let label = copy.purpose.label(copy.generation);
         match known.get(&(copy.purpose, copy.generation)) {
+            // A retirement the table does not know (a restore of an older index):
+            // re-applied, never undone.
+            _ if copy.retired_at.is_some() => {
+                if known
+                    .get(&(copy.purpose, copy.generation))
+                    .is_none_or(|row| row.retired_at.is_none())
+                {
+                    adopt.push(copy.clone());
+                    done.adopted.push(format!("{label} (retired)"));
+                }
+            }
             Some(row) if row.retired_at.is_some() => {
-                blobs
-                    .delete(&copy_key(copy.purpose, copy.generation))
-                    .await?;
-                done.ignored.push(label);
+                let record = retirement(row.purpose, row.generation, row.retired_at.as_deref().unwrap_or_default());
+                put_copy(blobs.as_ref(), &record).await?;
+                done.copied.push(label);
             }
             Some(row) if *row != copy => {
                 put_copy(blobs.as_ref(), row).await?;
@@ -287,7 +316,6 @@ pub async fn reconcile(
             Some(_) => {}
             None => {
                 let opens = copy.retired_at.is_none()
-                    && copy.generation > 0
                     && copy.wrapped.as_ref().is_some_and(|w| {
                         Generation::unwrap(service.as_ref(), copy.purpose, copy.generation, w)
                             .is_ok()
@@ -306,19 +334,31 @@ pub async fn reconcile(
     let have: std::collections::HashSet<(Purpose, u32)> =
         copies.iter().map(|c| (c.purpose, c.generation)).collect();
     for row in &rows {
-        if row.retired_at.is_none() && !have.contains(&(row.purpose, row.generation)) {
-            put_copy(blobs.as_ref(), row).await?;
+        if !have.contains(&(row.purpose, row.generation)) {
+            let copy = match &row.retired_at {
+                Some(at) => retirement(row.purpose, row.generation, at),
+                None => row.clone(),
+            };
+            put_copy(blobs.as_ref(), &copy).await?;
             done.copied.push(row.purpose.label(row.generation));
         }
     }
     if !adopt.is_empty() {
         db.write(move |conn| -> Result<(), RingError> {
             for row in &adopt {
-                conn.execute(
-                    "INSERT OR IGNORE INTO key_generations (purpose, generation, wrapped, created_at)
-                     VALUES (?1, ?2, ?3, ?4)",
-                    params![row.purpose.as_str(), row.generation, row.wrapped, row.created_at],
-                )?;
+                match &row.retired_at {
+                    Some(at) => conn.execute(
+                        "INSERT INTO key_generations (purpose, generation, wrapped, created_at, retired_at)
+                         VALUES (?1, ?2, NULL, ?3, ?3)
+                         ON CONFLICT (purpose, generation) DO UPDATE SET wrapped = NULL, retired_at = ?3",
+                        params![row.purpose.as_str(), row.generation, at],
+                    )?,
+                    None => conn.execute(
+                        "INSERT OR IGNORE INTO key_generations (purpose, generation, wrapped, created_at)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        params![row.purpose.as_str(), row.generation, row.wrapped, row.created_at],
+                    )?,
+                };
             }
             Ok(())
         })
@@ -410,6 +450,8 @@ pub async fn retire(
 ) -> Result<(), RingError> {
     let (db, blobs) = (&store.db, &store.blobs);
     let actor = actor.to_string();
+    let now = super::now_rfc3339();
+    let at = now.clone();
     db.write(move |conn| -> Result<(), RingError> {
         let rows = read_rows(conn)?;
         let data: Vec<&KeyRow> = rows.iter().filter(|r| r.purpose == Purpose::Data).collect();
@@ -447,7 +489,6 @@ pub async fn retire(
                 "data generation {generation} still seals {what}; run `stategate key reseal` (backups and drift artifacts age out), then retry. Nothing was changed"
             )));
         }
-        let now = super::now_rfc3339();
         conn.execute(
             "INSERT INTO key_generations (purpose, generation, wrapped, created_at, retired_at)
              VALUES ('data', ?1, NULL, ?2, ?2)
@@ -467,11 +508,121 @@ pub async fn retire(
         Ok(())
     })
     .await?;
-    // After the commit: the copy of a retired generation is no longer kept (a leftover
-    // is deleted by the next reconcile; the row keeps it out meanwhile).
-    if generation > 0 {
-        blobs.delete(&copy_key(Purpose::Data, generation)).await?;
+    // After the commit: the copy of the retired generation is replaced by the record of
+    // its retirement (no key), which a restore of an older index re-applies. A crash
+    // before this leaves the old copy; the next reconcile replaces it from the row.
+    blobs
+        .put(
+            &copy_key(Purpose::Data, generation),
+            Bytes::from(
+                serde_json::to_vec(&retirement(Purpose::Data, generation, &at))
+                    .expect("a key row serializes"),
+            ),
+        )
+        .await?;
+    Ok(())
+}
+
+/// What [`rewrap`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct Rewrapped {
+    /// Generations whose wrapped key (row and copy) is now under the new key service.
+    pub rewrapped: Vec<String>,
+    /// Generations 0 (the DEK being replaced) now kept wrapped as ring entries.
+    pub added: Vec<String>,
+}
+
+/// Re-wraps every live generation of the ring, in the table and in the store, from
+/// `old` to `new` (the key service of the key file about to replace the current one),
+/// and adds generation 0 of each root (`zero`: the DEK being replaced, unless retired)
+/// as a wrapped entry, so what it seals keeps opening once the key file no longer
+/// holds it. One transaction for the table (audited `key.rewrapped`), then the copies.
+/// Idempotent: a row already under `new` is re-wrapped again, a generation 0 already
+/// in the table is left as it is. Fails, changing nothing in the table, when some row
+/// opens under neither service.
+pub async fn rewrap(
+    store: &StateStore,
+    old: &Arc<dyn KeyService>,
+    new: &Arc<dyn KeyService>,
+    zero: Vec<Generation>,
+    actor: &str,
+) -> Result<Rewrapped, RingError> {
+    let (db, blobs) = (&store.db, &store.blobs);
+    let (old2, new2, actor) = (old.clone(), new.clone(), actor.to_string());
+    let done = db
+        .write(move |conn| -> Result<Rewrapped, RingError> {
+            let rows = read_rows(conn)?;
+            let mut done = Rewrapped::default();
+            for row in &rows {
+                let (None, Some(wrapped)) = (&row.retired_at, &row.wrapped) else {
+                    continue;
+                };
+                let generation =
+                    Generation::unwrap(old2.as_ref(), row.purpose, row.generation, wrapped)
+                        .or_else(|_| {
+                            Generation::unwrap(new2.as_ref(), row.purpose, row.generation, wrapped)
+                        })?;
+                conn.execute(
+                    "UPDATE key_generations SET wrapped = ?3 WHERE purpose = ?1 AND generation = ?2",
+                    params![
+                        row.purpose.as_str(),
+                        row.generation,
+                        generation.wrap(new2.as_ref())?
+                    ],
+                )?;
+                done.rewrapped.push(row.purpose.label(row.generation));
+            }
+            for generation in zero.iter().filter(|g| g.number == 0) {
+                if rows
+                    .iter()
+                    .any(|r| r.purpose == generation.purpose && r.generation == 0)
+                {
+                    continue;
+                }
+                conn.execute(
+                    "INSERT INTO key_generations (purpose, generation, wrapped, created_at)
+                     VALUES (?1, 0, ?2, ?3)",
+                    params![
+                        generation.purpose.as_str(),
+                        generation.wrap(new2.as_ref())?,
+                        super::now_rfc3339()
+                    ],
+                )?;
+                done.added.push(generation.purpose.label(0));
+            }
+            insert_audit(
+                conn,
+                &AuditEntry {
+                    actor,
+                    org: None,
+                    scope: "keyring".into(),
+                    event: "key.rewrapped",
+                    payload: serde_json::json!({
+                        "rewrapped": done.rewrapped,
+                        "added": done.added,
+                        "key_service": new2.describe(),
+                    }),
+                },
+            )?;
+            Ok(done)
+        })
+        .await?;
+    // The copies follow the table (a crash here: the next reconcile rewrites them).
+    for row in db.read(read_rows).await? {
+        let copy = match &row.retired_at {
+            Some(at) => retirement(row.purpose, row.generation, at),
+            None => row,
+        };
+        put_copy(blobs.as_ref(), &copy).await?;
     }
+    Ok(done)
+}
+
+/// Every live generation of the table opens under `service` alone (what `key rewrap`
+/// checks before the new key file replaces the old one).
+pub async fn opens_under(store: &StateStore, service: &Arc<dyn KeyService>) -> Result<(), RingError> {
+    let rows = store.db.read(read_rows).await?;
+    view(&rows, service.as_ref())?;
     Ok(())
 }
 
@@ -622,8 +773,19 @@ mod tests {
         assert_eq!(view.retired, [(Purpose::Data, 0), (Purpose::Data, 1)]);
         let err = retire(&db, 1, "t", nothing).await.unwrap_err().to_string();
         assert!(err.contains("not in the ring"), "{err}");
-        // The retired copy is gone from the store; a rotation never reuses the number.
-        assert_eq!(read_copies(blobs.as_ref()).await.unwrap().len(), 1);
+        // The retired copies hold no key any more, only the record of the retirement;
+        // a rotation never reuses the number.
+        let copies = read_copies(blobs.as_ref()).await.unwrap();
+        let live: Vec<u32> = copies
+            .iter()
+            .filter(|c| c.wrapped.is_some())
+            .map(|c| c.generation)
+            .collect();
+        assert_eq!(live, [2]);
+        assert!(copies
+            .iter()
+            .filter(|c| c.generation < 2)
+            .all(|c| c.wrapped.is_none() && c.retired_at.is_some()));
         assert_eq!(rotate(&db, &service, Purpose::Data, "t").await.unwrap(), 3);
         let events: Vec<String> = db
             .db
@@ -644,5 +806,86 @@ mod tests {
                 "key.rotated"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_retirement_survives_a_restore_of_an_older_index() {
+        let (_dir, db, blobs, service) = setup();
+        rotate(&db, &service, Purpose::Data, "t").await.unwrap();
+        rotate(&db, &service, Purpose::Data, "t").await.unwrap();
+        age(&db).await;
+        let before_retire = db.db.read(read_rows).await.unwrap();
+        retire(&db, 1, "t", |_: &Connection| Ok(None)).await.unwrap();
+        // A restore puts back the index from before the retire: data/1 live again in
+        // the table. The store's record wins, in the loader and in the reconcile.
+        let restored = before_retire.clone();
+        db.db
+            .write(move |c| -> Result<(), RingError> {
+                c.execute("DELETE FROM key_generations", [])?;
+                for r in &restored {
+                    c.execute(
+                        "INSERT INTO key_generations (purpose, generation, wrapped, created_at)
+                         VALUES (?1, ?2, ?3, ?4)",
+                        params![r.purpose.as_str(), r.generation, r.wrapped, r.created_at],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let copies = read_copies(blobs.as_ref()).await.unwrap();
+        let conn = rusqlite::Connection::open(_dir.path().join("db")).unwrap();
+        let loaded = load(&conn, &copies, service.as_ref()).unwrap();
+        assert_eq!(numbers(&loaded), ["data/2"]);
+        let (view, done) = reconcile(&db, &service).await.unwrap();
+        assert_eq!(numbers(&view), ["data/2"]);
+        assert_eq!(done.adopted, ["data/1 (retired)"]);
+        let rows = db.db.read(read_rows).await.unwrap();
+        let one = rows.iter().find(|r| r.generation == 1).unwrap();
+        assert!(one.wrapped.is_none() && one.retired_at.is_some());
+        // A lost index altogether: the record alone keeps it retired.
+        let loaded = load(
+            &rusqlite::Connection::open_in_memory().unwrap(),
+            &copies,
+            service.as_ref(),
+        )
+        .unwrap();
+        assert_eq!(numbers(&loaded), ["data/2"]);
+        assert!(loaded.retired.contains(&(Purpose::Data, 1)));
+    }
+
+    #[tokio::test]
+    async fn rewrap_moves_every_generation_to_the_new_service_and_keeps_generation_zero() {
+        let (_dir, db, blobs, old) = setup();
+        rotate(&db, &old, Purpose::Data, "t").await.unwrap();
+        rotate(&db, &old, Purpose::Credentials, "t").await.unwrap();
+        let new: Arc<dyn KeyService> = Arc::new(RootKey::from_bytes([8; 32]).file_service(None));
+        let zero = || {
+            vec![
+                Generation::new(Purpose::Data, 0, [4; 32]),
+                Generation::new(Purpose::Credentials, 0, [4; 32]),
+            ]
+        };
+        let done = rewrap(&db, &old, &new, zero(), "t").await.unwrap();
+        assert_eq!(done.rewrapped, ["credentials/1", "data/1"]);
+        assert_eq!(done.added, ["data/0", "credentials/0"]);
+        // Idempotent: a rerun (after a kill) re-wraps from either, adds nothing twice.
+        let again = rewrap(&db, &old, &new, zero(), "t").await.unwrap();
+        assert_eq!(again.rewrapped.len(), 4);
+        assert!(again.added.is_empty());
+        opens_under(&db, &new).await.unwrap();
+        assert!(opens_under(&db, &old).await.is_err());
+        let rows = db.db.read(read_rows).await.unwrap();
+        let (view, _) = reconcile(&db, &new).await.unwrap();
+        assert_eq!(
+            numbers(&view),
+            ["credentials/0", "credentials/1", "data/0", "data/1"]
+        );
+        // Not a table row nor a store copy opens under the old service any more.
+        for copy in read_copies(blobs.as_ref()).await.unwrap().iter().chain(&rows) {
+            let w = copy.wrapped.as_ref().unwrap();
+            assert!(Generation::unwrap(old.as_ref(), copy.purpose, copy.generation, w).is_err());
+            assert!(Generation::unwrap(new.as_ref(), copy.purpose, copy.generation, w).is_ok());
+        }
     }
 }

@@ -63,9 +63,7 @@ pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
         return Arc::new(root.file_service(None));
     }
     let path = config.dek_path();
-    Arc::new(
-        file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))),
-    )
+    Arc::new(file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))))
 }
 
 /// The key file at `path` as the key service (with `<path>.next` during a rewrap);
@@ -116,28 +114,40 @@ pub async fn rewrap(
     let path = config.dek_path();
     let next_path = next_key_path(&path);
     let next = match std::fs::read_to_string(&next_path) {
-        Ok(text) => RootKey::from_base64(&text)
-            .with_context(|| format!("{} (an interrupted rewrap) is invalid", next_path.display()))?,
+        Ok(text) => RootKey::from_base64(&text).with_context(|| {
+            format!("{} (an interrupted rewrap) is invalid", next_path.display())
+        })?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = RootKey::generate()?;
-            crate::crypto::write_secret_file(&next_path, format!("{}\n", key.to_base64()).as_bytes())
-                .with_context(|| format!("cannot write {}", next_path.display()))?;
+            crate::crypto::write_secret_file(
+                &next_path,
+                format!("{}\n", key.to_base64()).as_bytes(),
+            )
+            .with_context(|| format!("cannot write {}", next_path.display()))?;
             key
         }
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", next_path.display())),
     };
     let old = key_service(config, root);
     let new: Arc<dyn KeyService> = Arc::new(next.file_service(Some(path.clone())));
-    let zero = [crate::crypto::Purpose::Data, crate::crypto::Purpose::Credentials]
-        .into_iter()
-        .filter_map(|p| root.generation_zero(p))
-        .collect();
+    let zero = [
+        crate::crypto::Purpose::Data,
+        crate::crypto::Purpose::Credentials,
+    ]
+    .into_iter()
+    .filter_map(|p| root.generation_zero(p))
+    .collect();
     let done = crate::store::keyring::rewrap(store, &old, &new, zero, actor).await?;
     crate::store::keyring::opens_under(store, &new)
         .await
         .context("a generation does not open under the new key file (a rotation raced the rewrap?); run `stategate key rewrap` again")?;
-    std::fs::rename(&next_path, &path)
-        .with_context(|| format!("cannot move {} over {}", next_path.display(), path.display()))?;
+    std::fs::rename(&next_path, &path).with_context(|| {
+        format!(
+            "cannot move {} over {}",
+            next_path.display(),
+            path.display()
+        )
+    })?;
     if let Some(dir) = path.parent() {
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())

@@ -519,3 +519,186 @@ fn base64_of(bytes: [u8; 32]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// A server whose DEK is a key file (what `key rewrap` replaces), not `dek`.
+async fn start_with_key_file() -> TestServer {
+    TestServer::start_with(|c| {
+        std::fs::create_dir_all(&c.data_dir).unwrap();
+        stategate::crypto::write_secret_file(
+            &c.data_dir.join("dek"),
+            format!("{}\n", common::DEK).as_bytes(),
+        )
+        .unwrap();
+        c.dek = None;
+    })
+    .await
+}
+
+/// What whoever holds the leaked key file can open: every wrapped ring entry (table
+/// and store copies) that unwraps under it, and every version blob that decodes with
+/// the leaked key plus whatever generations they unwrapped.
+async fn opens_with_leaked_key(server: &TestServer, workspace: &str) -> Vec<String> {
+    let leaked = RootKey::from_base64(common::DEK).unwrap();
+    let service = leaked.file_service(None);
+    let mut out = Vec::new();
+    let mut entries = keyring::copies(&blobs(server)).await.unwrap();
+    entries.extend(keyring::read_rows(&server.db()).unwrap());
+    let mut opened = Vec::new();
+    for e in &entries {
+        if let Some(w) = &e.wrapped {
+            if let Ok(g) =
+                stategate::crypto::Generation::unwrap(&service, e.purpose, e.generation, w)
+            {
+                out.push(format!("ring entry {}", e.purpose.label(e.generation)));
+                opened.push(g);
+            }
+        }
+    }
+    leaked.install(stategate::crypto::RingView {
+        generations: opened,
+        retired: Vec::new(),
+    });
+    let scope = format!("tf/{workspace}");
+    for (version, key, sha) in rows(server, workspace) {
+        let bytes = blobs(server).get(&key).await.unwrap().unwrap();
+        if format::decode(
+            &leaked.blob_key(&scope),
+            &bytes,
+            &scope,
+            version,
+            Some(&sha),
+        )
+        .is_ok()
+        {
+            out.push(format!("{scope} v{version}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_the_leaked_key() {
+    let server = start_with_key_file().await;
+    for serial in 1..=3 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let key_file = server.config.dek_path();
+    let next = installation::next_key_path(&key_file);
+    let op = cli(&server).await;
+    // Rotated before the leak was known: data/1 is wrapped under the leaked key.
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    assert_eq!(opens_with_leaked_key(&server, "prod").await.len(), 2 + 3);
+
+    // A kill after the ring was re-wrapped but before the new file replaced the old
+    // one: `.next` exists, the table and the copies are under it, the key file is the
+    // leaked one. Every process still opens everything.
+    let pending = RootKey::generate().unwrap();
+    stategate::crypto::write_secret_file(&next, format!("{}\n", pending.to_base64()).as_bytes())
+        .unwrap();
+    let pending_service: Arc<dyn KeyService> = Arc::new(pending.file_service(None));
+    let zero = vec![
+        op.root.generation_zero(Purpose::Data).unwrap(),
+        op.root.generation_zero(Purpose::Credentials).unwrap(),
+    ];
+    keyring::rewrap(&op.store, &op.service, &pending_service, zero, "test")
+        .await
+        .unwrap();
+    let mid = cli(&server).await;
+    mid.root.reload().unwrap();
+    assert_eq!(mid.root.data_generations(), vec![0, 1]);
+    assert_eq!(all_readable(&server, &mid.root, "prod").await, 3);
+    assert_eq!(current(&server, "prod").await, (200, state(3, "lin-1", "")));
+
+    // The rerun finishes with the same pending key and moves it over the key file.
+    let done = installation::rewrap(&server.config, &mid.root, &mid.store, "test")
+        .await
+        .unwrap();
+    assert!(done.added.is_empty(), "{done:?}");
+    assert!(!next.exists());
+    let on_disk = std::fs::read_to_string(&key_file).unwrap();
+    assert_eq!(on_disk.trim(), pending.to_base64());
+    assert_eq!(audit_events(&server, "key.rewrapped"), 2);
+    // The serving process keeps serving and writing (it re-reads the key file).
+    assert_eq!(post(&server, "prod", 4).await, 200);
+    assert_eq!(current(&server, "prod").await, (200, state(4, "lin-1", "")));
+
+    // The rest of the runbook, each step from a freshly opened installation.
+    let op = cli(&server).await;
+    assert_eq!(all_readable(&server, &op.root, "prod").await, 4);
+    let leaked_bearer = server.bearer("prod");
+    assert_eq!(op.root.workspace_bearer("prod"), leaked_bearer);
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    // The retire grace is skipped below (`age_ring`), so first wait until the server
+    // writes under the new generation, as the grace would have made sure.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = 5;
+    loop {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        serial += 1;
+        if generation_of(&server, &newest).await == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < patience);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let versions = rows(&server, "prod").len();
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    age_ring(&server);
+    for g in [0, 1] {
+        keyring::retire(&op.store, g, "test", |_| Ok(None))
+            .await
+            .unwrap();
+    }
+    keyring::rotate(&op.store, &op.service, Purpose::Credentials, "test")
+        .await
+        .unwrap();
+
+    let after = cli(&server).await;
+    after.root.reload().unwrap();
+    assert_eq!(after.root.data_generations(), vec![2]);
+    assert_eq!(all_readable(&server, &after.root, "prod").await, versions);
+    assert_ne!(after.root.workspace_bearer("prod"), leaked_bearer);
+    assert_eq!(
+        opens_with_leaked_key(&server, "prod").await,
+        Vec::<String>::new()
+    );
+    // And the server, which started on the leaked file, follows it all: within its
+    // ring re-read the leaked bearer is refused and the new one writes.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while post(&server, "prod", serial).await != 401 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "the leaked bearer still works"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let status = reqwest::Client::new()
+        .post(server.url("prod"))
+        .basic_auth("stategate", Some(after.root.workspace_bearer("prod")))
+        .body(state(serial + 1, "lin-1", ""))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    assert!(all_readable(&server, &after.root, "prod").await > versions);
+    assert_eq!(
+        opens_with_leaked_key(&server, "prod").await,
+        Vec::<String>::new()
+    );
+}

@@ -162,7 +162,8 @@ mod tests {
         assert_eq!(service.describe(), "file /k");
 
         // During a rewrap both key files open, only the next one wraps.
-        let during = FileKeyService::new(&[5; 32], None).with_next(FileKeyService::new(&[6; 32], None));
+        let during =
+            FileKeyService::new(&[5; 32], None).with_next(FileKeyService::new(&[6; 32], None));
         assert_eq!(during.unwrap(&wrapped, "data/1").unwrap(), material);
         let new = during.wrap(&material, "data/1").unwrap();
         assert_eq!(other.unwrap(&new, "data/1").unwrap(), material);

@@ -170,9 +170,12 @@ pub fn view(rows: &[KeyRow], service: &dyn KeyService) -> Result<RingView, KeyEr
             (Some(_), _) => out.retired.push((row.purpose, row.generation)),
             // Generation 0 has a row of its own only after `key rewrap` replaced the key
             // file: then it is the first DEK, wrapped like every other generation.
-            (None, Some(wrapped)) => out.generations.push(
-                Generation::unwrap(service, row.purpose, row.generation, wrapped)?,
-            ),
+            (None, Some(wrapped)) => out.generations.push(Generation::unwrap(
+                service,
+                row.purpose,
+                row.generation,
+                wrapped,
+            )?),
             _ => {}
         }
     }
@@ -305,7 +308,11 @@ pub async fn reconcile(
                 }
             }
             Some(row) if row.retired_at.is_some() => {
-                let record = retirement(row.purpose, row.generation, row.retired_at.as_deref().unwrap_or_default());
+                let record = retirement(
+                    row.purpose,
+                    row.generation,
+                    row.retired_at.as_deref().unwrap_or_default(),
+                );
                 put_copy(blobs.as_ref(), &record).await?;
                 done.copied.push(label);
             }
@@ -620,7 +627,10 @@ pub async fn rewrap(
 
 /// Every live generation of the table opens under `service` alone (what `key rewrap`
 /// checks before the new key file replaces the old one).
-pub async fn opens_under(store: &StateStore, service: &Arc<dyn KeyService>) -> Result<(), RingError> {
+pub async fn opens_under(
+    store: &StateStore,
+    service: &Arc<dyn KeyService>,
+) -> Result<(), RingError> {
     let rows = store.db.read(read_rows).await?;
     view(&rows, service.as_ref())?;
     Ok(())
@@ -815,7 +825,9 @@ mod tests {
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
         age(&db).await;
         let before_retire = db.db.read(read_rows).await.unwrap();
-        retire(&db, 1, "t", |_: &Connection| Ok(None)).await.unwrap();
+        retire(&db, 1, "t", |_: &Connection| Ok(None))
+            .await
+            .unwrap();
         // A restore puts back the index from before the retire: data/1 live again in
         // the table. The store's record wins, in the loader and in the reconcile.
         let restored = before_retire.clone();
@@ -882,7 +894,12 @@ mod tests {
             ["credentials/0", "credentials/1", "data/0", "data/1"]
         );
         // Not a table row nor a store copy opens under the old service any more.
-        for copy in read_copies(blobs.as_ref()).await.unwrap().iter().chain(&rows) {
+        for copy in read_copies(blobs.as_ref())
+            .await
+            .unwrap()
+            .iter()
+            .chain(&rows)
+        {
             let w = copy.wrapped.as_ref().unwrap();
             assert!(Generation::unwrap(old.as_ref(), copy.purpose, copy.generation, w).is_err());
             assert!(Generation::unwrap(new.as_ref(), copy.purpose, copy.generation, w).is_ok());

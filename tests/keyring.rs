@@ -702,3 +702,54 @@ async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_th
         Vec::<String>::new()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_looked_up_the_row_before_reseal_deleted_the_blob_still_reads() {
+    let server = TestServer::start().await;
+    for serial in 1..=2 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    // The reader's lookup, before the reseal.
+    let row = op.store.latest("tf/prod").await.unwrap().unwrap();
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let old_blob = row.blob_key.clone().unwrap();
+    assert!(blobs(&server).get(&old_blob).await.unwrap().is_none());
+    // ... then its read: the row is re-read once and the resealed blob streams.
+    let mut stream = op
+        .store
+        .stream_row(row.clone(), &op.root.blob_key("tf/prod"))
+        .await
+        .unwrap();
+    let mut body = Vec::new();
+    while let Some(piece) = stream.chunks.recv().await {
+        body.extend_from_slice(&piece.unwrap());
+    }
+    assert_eq!(String::from_utf8(body).unwrap(), state(2, "lin-1", ""));
+    // A row whose blob is really gone (not repointed) is still an error, never "no state".
+    let current = op.store.latest("tf/prod").await.unwrap().unwrap();
+    blobs(&server)
+        .delete(current.blob_key.as_deref().unwrap())
+        .await
+        .unwrap();
+    let err = op
+        .store
+        .stream_row(current, &op.root.blob_key("tf/prod"))
+        .await
+        .err()
+        .expect("a missing blob is an error");
+    assert!(err.to_string().contains("blob is missing"), "{err}");
+}

@@ -67,6 +67,9 @@ async fn build(
         Some(root) => root,
         None => load_root_key(config, true)?,
     };
+    // The keyring's generations (and its copies in the store): a generation that does
+    // not unwrap stops startup here, before anything is written.
+    crate::installation::open_keyring(config, &root, &store, true).await?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);

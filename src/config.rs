@@ -44,6 +44,14 @@ impl Secret {
     }
 }
 
+/// Zeroed when dropped, so a configured secret (a PIN, a DEK from the environment) does
+/// not outlive its last use in freed memory.
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<redacted>")

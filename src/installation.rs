@@ -19,18 +19,26 @@ use crate::crypto::pkcs11::{Pkcs11KeyService, Pkcs11Params};
 use crate::crypto::service::KeyService;
 use crate::crypto::{wrapped, RootKey};
 use crate::store::blob::create_private_dir;
+use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+use cryptoki::types::AuthPin;
 
 /// Loads the DEK from config/env, else from the key file (creating it on first start);
 /// with `key.service = "pkcs11"`, from the wrapped key file, opened by the token (on
 /// first start a new key is made and only its wrapped form is written).
 pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     if config.key.service == KeyServiceKind::Pkcs11 {
-        return load_wrapped_root_key(config, create);
+        // The token gives the DEK; the ring's generations are then wrapped under it as
+        // with a key file (`key_service`).
+        let key = load_wrapped_root_key(config, create)?;
+        attach_ring(config, &key, Vec::new())?;
+        return Ok(key);
     }
     if let Some(text) = &config.dek {
-        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
+        let key = RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid")?;
+        attach_ring(config, &key, Vec::new())?;
+        return Ok(key);
     }
     let path = config.dek_path();
     if !create && !path.exists() {
@@ -43,6 +51,7 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let (key, created) = RootKey::load_or_create(&path)?;
+    attach_ring(config, &key, Vec::new())?;
     if created {
         tracing::warn!(
             path = %path.display(),
@@ -67,15 +76,20 @@ pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
         .pkcs11
         .as_ref()
         .context("key.service is \"pkcs11\" but [key.pkcs11] is not set")?;
-    let pin = match (&p.pin, &p.pin_file) {
-        (Some(pin), _) => pin.expose().to_string(),
+    // Every copy of the PIN made here is zeroed when dropped: the file's bytes in a
+    // `Zeroizing` buffer, the PIN itself in cryptoki's `AuthPin` (a `SecretString`),
+    // built from a borrowed `&str` so its one allocation is exact (a `String` with
+    // spare capacity would be reallocated by `into_boxed_str`, leaving a copy behind).
+    let pin: AuthPin = match (&p.pin, &p.pin_file) {
+        (Some(pin), _) => AuthPin::from(pin.expose()),
         (None, Some(path)) => {
             use std::io::Read;
-            let mut text = String::new();
+            let mut text =
+                zeroize::Zeroizing::new(String::with_capacity(MAX_PIN_FILE_BYTES as usize));
             std::fs::File::open(path)
                 .and_then(|f| f.take(MAX_PIN_FILE_BYTES).read_to_string(&mut text))
                 .with_context(|| format!("cannot read key.pkcs11.pin_file {}", path.display()))?;
-            text.trim_end_matches(['\r', '\n']).to_string()
+            AuthPin::from(text.trim_end_matches(['\r', '\n']))
         }
         (None, None) => anyhow::bail!(
             "the PKCS#11 user PIN is not set: key.pkcs11.pin_file or STATEGATE_KEY_PKCS11_PIN"
@@ -85,23 +99,27 @@ pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
         module: p.module.clone(),
         token_label: p.token_label.clone(),
         key_label: p.key_label.clone(),
-        pin: pin.into(),
+        pin,
     };
     Ok(Pkcs11KeyService::open(&params)?)
 }
 
 /// Proves the key service can give the root key, before `serve` touches the data dir:
 /// the token opens and, when there is a wrapped key, unwraps it. Writes nothing.
-pub fn check_key_service(config: &Config) -> anyhow::Result<()> {
+/// Returns that key, so `serve` hands the one unwrap to everything that seals (the
+/// app, the backup service) instead of asking the token again for each; `None` with
+/// the plain key file (read later as before) or before the first start made a key.
+pub fn check_key_service(config: &Config) -> anyhow::Result<Option<RootKey>> {
     if config.key.service != KeyServiceKind::Pkcs11 {
-        return Ok(());
+        return Ok(None);
     }
-    let service = open_key_service(config)?;
-    let path = config.wrapped_key_path();
-    if path.exists() {
-        wrapped::unwrap_root(&service, &path)?;
+    if config.wrapped_key_path().exists() {
+        let key = load_wrapped_root_key(config, false)?;
+        attach_ring(config, &key, Vec::new())?;
+        return Ok(Some(key));
     }
-    Ok(())
+    open_key_service(config)?;
+    Ok(None)
 }
 
 fn load_wrapped_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
@@ -207,6 +225,176 @@ pub fn wrap_key_file(config: &Config) -> anyhow::Result<Wrapped> {
         );
     }
     Ok(Wrapped::Written)
+}
+
+/// The key service of this installation: what wraps the keyring's generations. Today
+/// the key file itself (or `STATEGATE_DEK`), read again on every call, so a process
+/// keeps opening the ring after `key rewrap` replaced the file under it; while a rewrap
+/// is under way (`<key file>.next` exists) what either file wraps opens.
+pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
+    if config.dek.is_some() {
+        return Arc::new(root.file_service(None));
+    }
+    let path = config.dek_path();
+    Arc::new(file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))))
+}
+
+/// The key file at `path` as the key service (with `<path>.next` during a rewrap);
+/// `None` when it cannot be read now.
+fn file_service(path: &Path) -> Option<crate::crypto::service::FileKeyService> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|t| RootKey::from_base64(&t).ok())
+            .map(|k| k.file_service(Some(path.to_path_buf())))
+    };
+    let service = read(path)?;
+    Some(match read(&next_key_path(path)) {
+        Some(next) => service.with_next(next),
+        None => service,
+    })
+}
+
+/// Where `key rewrap` writes the new key file before it replaces the old one.
+pub fn next_key_path(dek: &Path) -> std::path::PathBuf {
+    let mut name = dek.file_name().unwrap_or_default().to_os_string();
+    name.push(".next");
+    dek.with_file_name(name)
+}
+
+/// `stategate key rewrap`: a new random key file replaces the current one, and the
+/// ring is re-wrapped under it, the replaced DEK kept only as the ring's generation 0
+/// (so what it sealed and what it derived keep working until `key reseal`,
+/// `key retire 0` and `key rotate-credentials`). Safe under kill -9 at any point:
+///
+/// 1. the new key is written to `<key file>.next` (0600, fsynced; kept if already
+///    there, so a rerun carries on with the same key);
+/// 2. the table and the store's copies are re-wrapped under it in one transaction
+///    (every process opens what either file wraps while `.next` exists);
+/// 3. every generation is checked to open under the new file alone;
+/// 4. `.next` is renamed over the key file (atomic) and the directory fsynced.
+pub async fn rewrap(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+    actor: &str,
+) -> anyhow::Result<crate::store::keyring::Rewrapped> {
+    if config.key.service == KeyServiceKind::Pkcs11 {
+        anyhow::bail!(
+            "key.service is \"pkcs11\": `key rewrap` replaces a plain key file, and the token's wrapped key is not one; nothing was changed (docs/keys.md, \"the key leaked\")"
+        );
+    }
+    if config.dek.is_some() {
+        anyhow::bail!(
+            "the DEK comes from STATEGATE_DEK / dek: `key rewrap` replaces a key file. Put the DEK in a key file (dek_file) first; nothing was changed"
+        );
+    }
+    let path = config.dek_path();
+    let next_path = next_key_path(&path);
+    let next = match std::fs::read_to_string(&next_path) {
+        Ok(text) => RootKey::from_base64(&text).with_context(|| {
+            format!("{} (an interrupted rewrap) is invalid", next_path.display())
+        })?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = RootKey::generate()?;
+            crate::crypto::write_secret_file(
+                &next_path,
+                format!("{}\n", key.to_base64()).as_bytes(),
+            )
+            .with_context(|| format!("cannot write {}", next_path.display()))?;
+            key
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", next_path.display())),
+    };
+    let old = key_service(config, root);
+    let new: Arc<dyn KeyService> = Arc::new(next.file_service(Some(path.clone())));
+    let zero = [
+        crate::crypto::Purpose::Data,
+        crate::crypto::Purpose::Credentials,
+    ]
+    .into_iter()
+    .filter_map(|p| root.generation_zero(p))
+    .collect();
+    let done = crate::store::keyring::rewrap(store, &old, &new, zero, actor).await?;
+    crate::store::keyring::opens_under(store, &new)
+        .await
+        .context("a generation does not open under the new key file (a rotation raced the rewrap?); run `stategate key rewrap` again")?;
+    std::fs::rename(&next_path, &path).with_context(|| {
+        format!(
+            "cannot move {} over {}",
+            next_path.display(),
+            path.display()
+        )
+    })?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot fsync {}", dir.display()))?;
+    }
+    Ok(done)
+}
+
+/// Gives `root` the keyring: the `key_generations` rows of the data dir's database
+/// (re-read on every [`RootKey::reload`] and on a miss), plus `copies`, the
+/// generations kept in the blob store (`store::keyring::copies`), for a data dir whose
+/// index is older than the ring or lost. A generation that does not unwrap stops here.
+pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
+    let fixed = key_service(config, root);
+    let db = config.db_path();
+    let describe = fixed.describe();
+    // The key file is read again on every load (see `key_service`); the root itself is
+    // not captured (it owns this loader), only what it wraps with when the file is gone.
+    let key_file = config.dek.is_none().then(|| config.dek_path());
+    root.set_loader(Box::new(move || {
+        let service: Arc<dyn KeyService> = match key_file.as_deref().and_then(file_service) {
+            Some(s) => Arc::new(s),
+            None => fixed.clone(),
+        };
+        if !db.exists() {
+            return crate::store::keyring::load(
+                &rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?,
+                &copies,
+                service.as_ref(),
+            );
+        }
+        let conn = rusqlite::Connection::open_with_flags(
+            &db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| e.to_string())?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        crate::store::keyring::load(&conn, &copies, service.as_ref())
+    }))
+    .with_context(|| format!("cannot open the keyring with {describe}"))?;
+    root.watch(RING_RELOAD);
+    Ok(())
+}
+
+/// How often a process re-reads the keyring (a rotation reaches every writer within it).
+pub const RING_RELOAD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The keyring with its blob-store copies: reconciles the table and the copies when
+/// `repair` (the server, the `key` commands: see `store::keyring`), then attaches both.
+pub async fn open_keyring(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+    repair: bool,
+) -> anyhow::Result<()> {
+    let service = key_service(config, root);
+    if repair {
+        let (_, done) = crate::store::keyring::reconcile(store, &service)
+            .await
+            .with_context(|| format!("cannot open the keyring with {}", service.describe()))?;
+        if !done.adopted.is_empty() || !done.copied.is_empty() {
+            tracing::info!(adopted = ?done.adopted, copied = ?done.copied, "keyring reconciled with its copies in the store");
+        }
+    }
+    let copies = crate::store::keyring::copies(store.blobs().as_ref())
+        .await
+        .context("cannot list the keyring's copies in the store")?;
+    attach_ring(config, root, copies)
 }
 
 /// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a

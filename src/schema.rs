@@ -21,6 +21,7 @@ pub const ALL: &[&str] = &[
     crate::store::db::SCHEMA,
     crate::store::audit::SCHEMA,
     crate::store::timeline::SCHEMA,
+    crate::store::keyring::SCHEMA,
     crate::tofu::SCHEMA,
     crate::tofu::run_credential::SCHEMA,
     crate::tofu::guard::SCHEMA,

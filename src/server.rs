@@ -31,6 +31,16 @@ pub async fn build_app_with_clock(
     config: &Config,
     clock: Arc<dyn crate::cluster::Clock>,
 ) -> anyhow::Result<Arc<App>> {
+    Ok(build(config, clock, None).await?.0)
+}
+
+/// The app, and the root key it was built with: `root` when the caller already has it
+/// (`serve` unwrapped it once, checking the key service), else loaded (made on first start).
+async fn build(
+    config: &Config,
+    clock: Arc<dyn crate::cluster::Clock>,
+    root: Option<crate::crypto::RootKey>,
+) -> anyhow::Result<(Arc<App>, crate::crypto::RootKey)> {
     // Read before anything is opened: a grant that cannot be meant refuses startup.
     let client_grants = crate::tofu::certificate::Grants::from_config(&config.tls)?;
     // `[oidc]` is checked whole before anything is opened.
@@ -53,7 +63,13 @@ pub async fn build_app_with_clock(
         store.blobs().clone(),
         metrics.clone(),
     ));
-    let root = load_root_key(config, true)?;
+    let root = match root {
+        Some(root) => root,
+        None => load_root_key(config, true)?,
+    };
+    // The keyring's generations (and its copies in the store): a generation that does
+    // not unwrap stops startup here, before anything is written.
+    crate::installation::open_keyring(config, &root, &store, true).await?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
@@ -62,14 +78,14 @@ pub async fn build_app_with_clock(
         crate::tofu::posture::DowngradePolicy::parse(&config.tofu.refuse_plaintext_after_encrypted)
             .map_err(anyhow::Error::msg)?;
     let tofu = TofuBackend::new(store, root.clone()).with_downgrade_policy(downgrade);
-    let drift = crate::drift::DriftService::new(config, tofu.clone(), root);
+    let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
     let operator = crate::operator::Operations::new(
         tofu.clone(),
         cluster.clone(),
         config.locks.stale_after_seconds,
     )
     .with_max_view_bytes(config.max_view_bytes);
-    Ok(Arc::new(App {
+    let app = Arc::new(App {
         operator,
         drift,
         cluster,
@@ -94,7 +110,8 @@ pub async fn build_app_with_clock(
         sso,
         reveals: Default::default(),
         client_url: crate::address::for_clients(config),
-    }))
+    });
+    Ok((app, root))
 }
 
 /// Is the pass-through upstream provably the S3 store stategate writes to, so the
@@ -223,15 +240,21 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let tls = listener_tls(&config.tls)?;
     // A key service that cannot give the key stops startup before the data dir is
     // created or touched.
-    crate::installation::check_key_service(&config)?;
+    // The key it unwrapped (if any) is the one every part of this process uses: the
+    // token is asked once per start.
+    let unwrapped = crate::installation::check_key_service(&config)?;
     let _serving = crate::installation::hold_for_serving(&config)?;
     // The startup runtime only probes the store; pingora brings its own runtimes.
-    let app = {
+    let (app, root) = {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
-        rt.block_on(build_app(&config))?
+        rt.block_on(build(
+            &config,
+            Arc::new(crate::cluster::SystemClock),
+            unwrapped,
+        ))?
     };
     crate::address::record_and_log(&config);
     if config.tls.client_ca.is_some() {
@@ -275,7 +298,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 db_path: config.db_path(),
                 scratch_dir: config.data_dir.clone(),
                 store: app.tofu.store().clone(),
-                root: load_root_key(&config, false)?,
+                root: root.clone(),
                 keep: config.backup.keep as usize,
                 every: std::time::Duration::from_secs(config.backup.interval_seconds),
                 metrics: app.metrics.clone(),

@@ -69,6 +69,7 @@ impl Env {
             "SELECT coalesce(max(id), 0) FROM audit",
             "SELECT count(*) FROM tf_locks",
             "SELECT count(*) FROM tf_locks WHERE lock_id LIKE 'stategate-move-%'",
+            "SELECT count(*) FROM tf_state_encryption",
         ]
         .iter()
         .map(|sql| self.server.count(sql))
@@ -151,6 +152,16 @@ async fn a_move_writes_one_version_of_each_and_one_audit_event() {
         json!(["terraform_data.a", "terraform_data.b"])
     );
     assert_eq!(env.server.count("SELECT count(*) FROM tf_locks"), 0);
+    // Both new versions have a known posture (plaintext), in the move's own commit.
+    for ws in ["net", "app"] {
+        assert_eq!(
+            env.server.count(&format!(
+                "SELECT count(*) FROM tf_state_encryption WHERE workspace = '{ws}' AND version = 2 AND encrypted = 0"
+            )),
+            1,
+            "{ws}"
+        );
+    }
     // Terraform's next plan reads and writes both as usual (successor of the new serial).
     let (code, _) = status(env.server.tf("POST", "app").body(state(4, "lin-app", ""))).await;
     assert_eq!(code, 200);

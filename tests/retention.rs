@@ -64,6 +64,29 @@ async fn pruning_keeps_exactly_what_the_policy_says() {
         e.set_created("tf/gone", v, now - Duration::days(100));
     }
 
+    // Each workspace version's encryption posture (`tofu::posture`, its own table).
+    for v in 1..=6 {
+        stategate::tofu::posture::record(
+            &e.conn(),
+            "a",
+            v,
+            &stategate::tfstate::BodyEncryption::Plaintext,
+        )
+        .unwrap();
+    }
+    let postures = || -> Vec<i64> {
+        let conn = e.conn();
+        let mut stmt = conn
+            .prepare("SELECT version FROM tf_state_encryption WHERE workspace = 'a' ORDER BY 1")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        rows
+    };
+
     let policy = Retention {
         keep_versions: 2,
         keep_days: 10,
@@ -77,12 +100,15 @@ async fn pruning_keeps_exactly_what_the_policy_says() {
         .collect();
     assert_eq!(listed, expected);
     assert_eq!(e.versions("tf/a"), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(postures(), vec![1, 2, 3, 4, 5, 6]);
     assert!(e.blobs.deletes.lock().unwrap().is_empty());
 
     let report = e.store.prune(policy, now, false).await.unwrap();
     assert_eq!(pruned(&report), expected);
     assert!(report.blob_errors.is_empty());
     assert_eq!(e.versions("tf/a"), vec![4, 5, 6]);
+    // The pruned versions' postures went in the same transaction; the kept ones stay.
+    assert_eq!(postures(), vec![4, 5, 6]);
     assert_eq!(e.versions("tf/lonely"), vec![1]);
     assert_eq!(e.versions("tf/gone"), vec![2, 3]);
     for row in &rows[..3] {

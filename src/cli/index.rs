@@ -188,12 +188,26 @@ fn print_swap(config: &Config, into: &Path, in_place: bool) {
     );
 }
 
+/// The workspace root with every keyring generation, including those only the
+/// store's copies hold (a lost or older index), and the scope keys over it.
+fn roots_with_ring(
+    config: &Config,
+    blobs: &dyn stategate::store::BlobStore,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(stategate::crypto::RootKey, rebuild::ScopeKeys)> {
+    let dek = installation::load_root_key(config, false)?;
+    let copies = rt.block_on(stategate::store::keyring::copies(blobs))?;
+    installation::attach_ring(config, &dek, copies)?;
+    let keys = stategate::schema::scope_keys(dek.clone(), installation::load_cluster_key(config)?);
+    Ok((dek, keys))
+}
+
 pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     check_into(config, into, "rebuild")?;
-    let keys = installation::scope_keys(config)?;
     let blobs = installation::open_blob_store(config)?;
-    let claimed = claim_into(config, into, "rebuild")?;
     let rt = runtime()?;
+    let (_, keys) = roots_with_ring(config, &*blobs, &rt)?;
+    let claimed = claim_into(config, into, "rebuild")?;
     let bar = progress_bar("verifying blobs");
     let report = rt.block_on(rebuild::rebuild_index_with_progress(
         &*blobs,
@@ -204,6 +218,14 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let report = report?;
+    // What the headers do not say: each workspace version's encryption posture, from
+    // its content.
+    let postures = rt.block_on(stategate::tofu::posture::recompute(
+        into,
+        &*blobs,
+        &keys,
+        &report.rows,
+    ))?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
@@ -212,6 +234,9 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         into.display(),
         report.rows.len(),
         scopes.len()
+    );
+    println!(
+        "Recomputed the encryption posture of {postures} workspace version(s) from their content."
     );
     for s in &report.skipped {
         println!("skipped {}: {}", s.key, s.reason);
@@ -298,11 +323,16 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
             into.display()
         );
     }
-    let dek = installation::load_root_key(config, false)?;
-    let keys = installation::scope_keys(config)?;
     let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
+    let (dek, keys) = roots_with_ring(config, &*blobs, &rt)?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
+    let generation = rt
+        .block_on(stategate::store::reseal::blob_generation(
+            &*blobs,
+            &chosen.key,
+        ))
+        .map_err(anyhow::Error::msg)?;
     let claimed = claim_into(config, into, "restore")?;
     // Every revocation ever recorded, so none made after the snapshot is undone.
     let revocations = rt.block_on(tokens::RevocationLog::new(blobs.clone(), dek.clone()).load())?;
@@ -325,10 +355,18 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     ));
     bar.finish_and_clear();
     let report = report?;
+    // The versions added after the backup: their encryption posture, from their content.
+    let postures = rt.block_on(stategate::tofu::posture::recompute(
+        into,
+        &*blobs,
+        &keys,
+        &report.added,
+    ))?;
     println!(
-        "Restored backup {} (taken {}) from {} into {}.",
+        "Restored backup {} (taken {}, sealed under data key generation {}) from {} into {}.",
         chosen.id,
         chosen.taken_at,
+        generation.map_or("?".to_string(), |g| g.to_string()),
         blobs.describe(),
         into.display()
     );
@@ -337,12 +375,21 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         report.added.len(),
         report.dropped.len()
     );
+    if !report.resealed.is_empty() {
+        println!(
+            "Pointed {} row(s) at the blob `key reseal` re-encrypted them into after the backup.",
+            report.resealed.len()
+        );
+    }
     for row in &report.added {
         println!(
             "added {} v{} (created {})",
             row.scope, row.version, row.created_at
         );
     }
+    println!(
+        "Recomputed the encryption posture of {postures} added version(s) from their content."
+    );
     for s in &report.skipped {
         println!("skipped {}: {}", s.key, s.reason);
     }

@@ -1,6 +1,6 @@
 //! The `stategate` command line: the clap types of the top level and the dispatch
 //! into one module per command group — `workspace`, `drift`, `admin`, `index`
-//! (prune, index rebuild, backup, restore) — with what they share in `output`. The
+//! (prune, index rebuild, backup, restore), `key` (the keyring) — with what they share in `output`. The
 //! commands open the installation through `stategate::installation`, as `serve` does,
 //! and call the engine; nothing here decides policy or writes SQL.
 
@@ -14,8 +14,8 @@ use stategate::server;
 
 mod admin;
 mod drift;
-mod hsm;
 mod index;
+mod key;
 mod output;
 mod workspace;
 
@@ -88,11 +88,12 @@ enum Command {
         #[command(subcommand)]
         command: drift::DriftCommand,
     },
-    /// The root key: `key wrap` moves it from the plain key file into a file only the
-    /// PKCS#11 token of [key.pkcs11] can open.
+    /// The keyring: rotate the data key, reseal, status, retire a generation, the
+    /// deliberate rotation of every workspace credential, and wrapping the root key
+    /// with a PKCS#11 token (docs/keys.md).
     Key {
         #[command(subcommand)]
-        command: hsm::HsmKeyCommand,
+        command: key::KeyCommand,
     },
     /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
     /// database in the data dir directly; the server may keep running.
@@ -144,6 +145,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Restore { from, into } => index::restore(&config, &from, &into),
         Command::Admin { command } => admin::run(&config, command),
         Command::Drift { command } => drift::run(&config, command),
-        Command::Key { command } => hsm::run(&config, command),
+        Command::Key { command } => key::run(&config, command),
     }
 }

@@ -73,7 +73,7 @@ pub const EVENT_OUTCOME_CHANGED: &str = "drift.outcome_changed";
 /// Most bytes of human plan text kept per run.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// Where runs' sealed output lives in the blob store: `drift/<run id>-<uuid>.out`.
-const OUTPUT_PREFIX: &str = "drift/";
+pub const OUTPUT_PREFIX: &str = "drift/";
 /// Most output blobs one tidy pass deletes (the next pass goes on).
 const MAX_TIDY_DELETIONS: usize = 1000;
 /// Output keys whose runs one index read looks up.

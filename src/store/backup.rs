@@ -244,6 +244,9 @@ pub struct RestoreReport {
     pub added: Vec<VersionRow>,
     /// Rows of the snapshot whose blob is gone (pruned after the snapshot): dropped.
     pub dropped: Vec<ScopeVersion>,
+    /// Rows of the snapshot whose blob was resealed after it (`stategate key reseal`:
+    /// same scope, version and content under a new blob key): pointed at the new blob.
+    pub resealed: Vec<ScopeVersion>,
     /// Blobs that could not be verified (as in `index rebuild`).
     pub skipped: Vec<Skipped>,
     /// Valid blobs that lost a (scope, version) conflict.
@@ -323,7 +326,7 @@ pub async fn restore(
     let scratch = Scratch(scratch_path(&dir, "restore"));
     std::fs::write(&scratch.0, &db)
         .map_err(|e| BackupError::Io(format!("cannot write {}: {e}", scratch.0.display())))?;
-    let (added, dropped) = complete(
+    let (added, dropped, resealed) = complete(
         &scratch.0,
         migrations,
         schemas,
@@ -351,6 +354,7 @@ pub async fn restore(
         backup: Some(backup),
         added,
         dropped,
+        resealed,
         skipped,
         superseded: resolved.superseded,
     })
@@ -363,8 +367,11 @@ enum Completion {
 
 /// Brings the snapshot at `path` up to date: checks it, applies `schemas` (an older
 /// snapshot gains newer tables and the audit triggers), makes it a self-contained
-/// rollback-journal file, drops rows whose blob is gone and adds the versions newer
-/// than the snapshot's newest of each scope, then runs `finish`. Returns (added, dropped).
+/// rollback-journal file, points rows whose blob was resealed since at the verified
+/// blob holding the same version and content, drops rows whose blob is gone and adds
+/// the versions newer than the snapshot's newest of each scope, then runs `finish`.
+/// Returns (added, dropped, resealed).
+#[allow(clippy::type_complexity)]
 fn complete(
     path: &Path,
     migrations: &[Migration],
@@ -372,7 +379,7 @@ fn complete(
     candidates: &[VersionRow],
     present: &HashSet<String>,
     finish: Finish<'_>,
-) -> Result<(Vec<VersionRow>, Vec<ScopeVersion>), Completion> {
+) -> Result<(Vec<VersionRow>, Vec<ScopeVersion>, Vec<ScopeVersion>), Completion> {
     let unusable = |e: rusqlite::Error| Completion::Unusable(e.to_string());
     let mut conn = Connection::open(path).map_err(unusable)?;
     let check: String = conn
@@ -396,10 +403,28 @@ fn complete(
     }
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
     let mut dropped = Vec::new();
-    for (scope, version, blob_key) in &existing {
+    let mut resealed = Vec::new();
+    let verified: BTreeMap<(&str, i64), &VersionRow> = candidates
+        .iter()
+        .map(|r| ((r.scope.as_str(), r.version), r))
+        .collect();
+    for (scope, version, blob_key, sha256) in &existing {
         let v = newest.entry(scope.as_str()).or_insert(*version);
         *v = (*v).max(*version);
-        if blob_key.as_ref().is_some_and(|k| !present.contains(k)) {
+        if blob_key.as_ref().is_none_or(|k| present.contains(k)) {
+            continue;
+        }
+        let same = verified
+            .get(&(scope.as_str(), *version))
+            .filter(|r| r.sha256.is_some() && r.sha256 == *sha256);
+        if let Some(row) = same {
+            tx.execute(
+                "UPDATE versions SET blob_key = ?3 WHERE scope = ?1 AND version = ?2",
+                rusqlite::params![scope, version, row.blob_key],
+            )
+            .map_err(write)?;
+            resealed.push((scope.clone(), *version));
+        } else {
             tx.execute(
                 "DELETE FROM versions WHERE scope = ?1 AND version = ?2",
                 rusqlite::params![scope, version],
@@ -422,7 +447,7 @@ fn complete(
     finish(&tx).map_err(write)?;
     tx.commit().map_err(write)?;
     conn.close().map_err(|(_, e)| write(e))?;
-    Ok((added, dropped))
+    Ok((added, dropped, resealed))
 }
 
 /// Gives every version of the restored database at `path` that has no resource
@@ -489,11 +514,14 @@ async fn complete_timeline(
     conn.close().map_err(|(_, e)| BackupError::Write(e))
 }
 
-/// (scope, version, blob_key) of every row of the snapshot.
-fn snapshot_rows(conn: &Connection) -> Result<Vec<(String, i64, Option<String>)>, rusqlite::Error> {
-    let mut stmt = conn.prepare("SELECT scope, version, blob_key FROM versions")?;
+/// (scope, version, blob_key, sha256) of every row of the snapshot.
+#[allow(clippy::type_complexity)]
+fn snapshot_rows(
+    conn: &Connection,
+) -> Result<Vec<(String, i64, Option<String>, Option<String>)>, rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT scope, version, blob_key, sha256 FROM versions")?;
     let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
         .collect();
     rows
 }

@@ -20,6 +20,13 @@
 //! final chunk's associated data. Every chunk but the last holds exactly the chunk
 //! size; the last holds 0..=chunk size bytes, so the size fixes the layout.
 //!
+//! The header names the data key generation that sealed the chunks (`key_gen`,
+//! absent for generation 0, which is what every blob of earlier releases is): an
+//! optional field of SGB2 rather than a new version, because the header is already the
+//! AD of every chunk (so the field is authenticated), a generation-0 blob stays byte
+//! for byte today's format, and an earlier release meeting a newer blob fails closed
+//! (its chunks do not open under generation 0).
+//!
 //! `SGB1` blobs (earlier releases) still read: one AEAD message, header as AD.
 //! ```text
 //! "SGB1" | u32 BE header length | header JSON | nonce | ciphertext | tag
@@ -126,6 +133,16 @@ struct StreamHeader {
     id: BlobIdentity,
     chunk_size: u32,
     nonce_prefix: String,
+    /// The data key generation that sealed the chunks (`crypto` keyring). Absent means
+    /// 0, so blobs of earlier releases read as generation 0 and a generation-0 blob is
+    /// byte for byte what they wrote. Part of the header, so authenticated with every
+    /// chunk: changed, the chunks are opened under another key and with another AD.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    key_gen: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What is known only once the whole body went through.
@@ -165,12 +182,14 @@ impl Sealer {
     pub fn new(key: &SealKey, id: &BlobIdentity) -> Result<(Sealer, Bytes), SealError> {
         let mut prefix = [0u8; PREFIX_LEN];
         getrandom::getrandom(&mut prefix).map_err(|_| SealError::Random)?;
+        let (key_gen, cipher) = key.write_cipher()?;
         let header = encode_header(&StreamHeader {
             id: id.clone(),
             chunk_size: CHUNK_SIZE as u32,
             nonce_prefix: hex::encode(prefix),
+            key_gen,
         });
-        let enc = EncryptorBE32::from_aead(key.cipher(), prefix.as_slice().into());
+        let enc = EncryptorBE32::from_aead(cipher, prefix.as_slice().into());
         let sealer = Sealer {
             enc,
             header: header.clone(),
@@ -256,7 +275,7 @@ fn sealed_len(size: u64, chunk: u64) -> u64 {
 /// chunk as each is verified, except the last, which [`Opener::finish`] returns only
 /// once the whole-body hash matched. SGB1 blobs are collected and opened whole.
 pub struct Opener {
-    cipher: Aes256Gcm,
+    key: SealKey,
     scope: String,
     version: i64,
     size: u64,
@@ -291,7 +310,7 @@ impl Opener {
         sha256: Option<String>,
     ) -> Opener {
         Opener {
-            cipher: key.cipher(),
+            key: key.clone(),
             scope: scope.to_string(),
             version,
             size,
@@ -369,14 +388,12 @@ impl Opener {
         if chunk == 0 || chunk > 16 << 20 || prefix.len() != PREFIX_LEN {
             return Err(FormatError::NotABlob);
         }
+        let cipher = self.key.cipher_at(parsed.key_gen)?;
         let sealed = sealed_len(self.size, chunk as u64);
         let last_plain = self.size - (self.size.div_ceil(chunk as u64).max(1) - 1) * chunk as u64;
         let last_len = last_plain as usize + TAG_LEN;
         self.state = OpenState::Chunks {
-            dec: Box::new(DecryptorBE32::from_aead(
-                self.cipher.clone(),
-                prefix.as_slice().into(),
-            )),
+            dec: Box::new(DecryptorBE32::from_aead(cipher, prefix.as_slice().into())),
             header: self.buf[..8 + len].to_vec(),
             chunk,
             body_left: sealed - last_len as u64,
@@ -470,7 +487,7 @@ fn check_identity(
 fn decode_v1(opener: &Opener, blob: &[u8]) -> Result<Vec<u8>, FormatError> {
     let (header, body_at) = read_header_v1(blob)?;
     check_identity(&header.scope, header.version, &opener.scope, opener.version)?;
-    let key_cipher = &opener.cipher;
+    let key_cipher = &opener.key.cipher_at(0)?;
     let sealed = &blob[body_at..];
     if sealed.len() < 12 + TAG_LEN {
         return Err(SealError::Truncated.into());
@@ -535,6 +552,60 @@ pub fn read_header(blob: &[u8]) -> Result<BlobHeader, FormatError> {
         parent: header.id.parent,
         facts: header.id.facts,
     })
+}
+
+/// The data key generation a blob's header names, from its first bytes (`None`: not
+/// all of the header is there yet). SGB1 blobs are generation 0. Unauthenticated: for
+/// counting (`stategate key status`); opening the blob is what checks it.
+pub fn key_generation(prefix: &[u8]) -> Result<Option<u32>, FormatError> {
+    if prefix.len() < 8 {
+        return Ok(None);
+    }
+    if &prefix[..4] == MAGIC_V1 {
+        return Ok(Some(0));
+    }
+    if &prefix[..4] != MAGIC_V2 {
+        return Err(FormatError::NotABlob);
+    }
+    let len = header_len(prefix)?;
+    if prefix.len() < 8 + len {
+        return Ok(None);
+    }
+    let header: StreamHeader =
+        serde_json::from_slice(&prefix[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
+    Ok(Some(header.key_gen))
+}
+
+/// The identity in an SGB2 blob's header, from its first bytes (`None`: not all of
+/// the header is there yet). Unauthenticated until the blob is opened; the reseal
+/// copies it into the blob it writes, so nothing but the key generation changes.
+pub fn stream_identity(prefix: &[u8]) -> Result<Option<BlobIdentity>, FormatError> {
+    if prefix.len() < 8 {
+        return Ok(None);
+    }
+    if &prefix[..4] == MAGIC_V1 {
+        let Ok((header, _)) = read_header_v1(prefix) else {
+            return Ok(None);
+        };
+        return Ok(Some(BlobIdentity {
+            scope: header.scope,
+            version: header.version,
+            created_at: header.created_at,
+            actor: header.actor,
+            parent: header.parent,
+            facts: header.facts,
+        }));
+    }
+    if &prefix[..4] != MAGIC_V2 {
+        return Err(FormatError::NotABlob);
+    }
+    let len = header_len(prefix)?;
+    if prefix.len() < 8 + len {
+        return Ok(None);
+    }
+    let header: StreamHeader =
+        serde_json::from_slice(&prefix[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
+    Ok(Some(header.id))
 }
 
 /// Opens a whole blob, checking it is exactly the version the index says it is.
@@ -863,5 +934,63 @@ mod tests {
         ] {
             assert!(decode(&key(), bad, "s", 1, None).is_err());
         }
+    }
+    /// Replaces the header JSON of an SGB2 blob (fixing its length prefix).
+    fn with_header(blob: &[u8], edit: impl Fn(&str) -> String) -> Vec<u8> {
+        let len = header_len(blob).unwrap();
+        let json = std::str::from_utf8(&blob[8..8 + len]).unwrap();
+        let edited = edit(json);
+        let mut out = MAGIC_V2.to_vec();
+        out.extend_from_slice(&(edited.len() as u32).to_be_bytes());
+        out.extend_from_slice(edited.as_bytes());
+        out.extend_from_slice(&blob[8 + len..]);
+        out
+    }
+
+    #[test]
+    fn the_key_generation_is_named_in_the_authenticated_header() {
+        use crate::crypto::{Generation, Purpose, RingView};
+        let plain = body(C + 10);
+        let (old, _) = seal(&plain, 4096);
+        // Generation 0 writes exactly what earlier releases wrote: no field.
+        assert!(!String::from_utf8_lossy(&old[..200]).contains("key_gen"));
+        assert_eq!(key_generation(&old).unwrap(), Some(0));
+        assert_eq!(key_generation(&old[..10]).unwrap(), None);
+
+        let root = RootKey::from_bytes([1; 32]);
+        root.install(RingView {
+            generations: vec![
+                Generation::new(Purpose::Data, 1, [2; 32]),
+                Generation::new(Purpose::Data, 2, [3; 32]),
+            ],
+            retired: vec![],
+        });
+        let k = root.blob_key("tf/a");
+        let (mut sealer, head) = Sealer::new(&k, &id("tf/a", 2)).unwrap();
+        let mut new = head.to_vec();
+        new.extend_from_slice(&sealer.push(&plain).unwrap());
+        new.extend_from_slice(&sealer.finish(Some(3), Some("l".into())).unwrap().0);
+        assert_eq!(key_generation(&new).unwrap(), Some(2));
+        let sha = hex::encode(sha2_digest(&plain));
+        let open_with = |k: &SealKey, blob: &[u8]| decode(k, blob, "tf/a", 2, Some(&sha));
+        assert_eq!(open_with(&k, &new).unwrap(), plain);
+        // The old blob opens under the rotated ring, by the generation it names.
+        assert_eq!(open_with(&k, &old).unwrap(), plain);
+        // A ring without generation 2 names it; a tampered generation does not open.
+        assert_eq!(
+            open_with(&key(), &new),
+            Err(FormatError::Seal(SealError::UnknownGeneration(2)))
+        );
+        for edit in [
+            |j: &str| j.replace("\"key_gen\":2", "\"key_gen\":1"),
+            |j: &str| j.replace(",\"key_gen\":2", ""),
+            |j: &str| j.replace("\"key_gen\":2", "\"key_gen\":02"),
+        ] {
+            let tampered = with_header(&new, edit);
+            assert_ne!(tampered, new);
+            assert!(open_with(&k, &tampered).is_err());
+        }
+        let upgraded = with_header(&old, |j| j.replace('}', ",\"key_gen\":2}"));
+        assert!(open_with(&k, &upgraded).is_err());
     }
 }

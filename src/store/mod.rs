@@ -12,8 +12,10 @@ pub mod blob;
 pub mod db;
 pub mod format;
 pub mod history;
+pub mod keyring;
 pub mod metered;
 pub mod rebuild;
+pub mod reseal;
 pub mod retention;
 pub mod s3;
 pub mod timeline;
@@ -385,6 +387,16 @@ impl StateStore {
         }
     }
 
+    /// Streams the version `row` names, `row` having been looked up earlier (a reader
+    /// that raced `key reseal` gets the resealed blob, see `stream_version_blob`).
+    pub async fn stream_row(
+        &self,
+        row: VersionRow,
+        key: &SealKey,
+    ) -> Result<StateStream, StoreError> {
+        self.stream_version_blob(row, key).await
+    }
+
     async fn read_version_blob(
         &self,
         row: &VersionRow,
@@ -408,7 +420,28 @@ impl StateStore {
             scope: row.scope.clone(),
             version: row.version,
         };
-        let mut reader = self.blobs.read(blob_key).await?.ok_or_else(missing)?;
+        let (row, mut reader) = match self.blobs.read(blob_key).await? {
+            Some(reader) => (row, reader),
+            None => {
+                // `key reseal` repoints a row at a new blob and then deletes the old
+                // one: a reader that looked the row up before the repoint finds the old
+                // blob gone. Re-read the row once; only a row that still names a
+                // missing blob is an error.
+                let (scope, version) = (row.scope.clone(), row.version);
+                let again = self
+                    .db
+                    .read_quick(move |c| history::version_row(c, &scope, version))
+                    .await?;
+                match again {
+                    Some(fresh) if fresh.blob_key.is_some() && fresh.blob_key != row.blob_key => {
+                        let key_now = fresh.blob_key.clone().expect("checked");
+                        let reader = self.blobs.read(&key_now).await?.ok_or_else(missing)?;
+                        (fresh, reader)
+                    }
+                    _ => return Err(missing()),
+                }
+            }
+        };
         let unreadable = {
             let (scope, version) = (row.scope.clone(), row.version);
             move |reason| StoreError::BlobUnreadable {

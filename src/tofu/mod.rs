@@ -1251,6 +1251,12 @@ impl TofuBackend {
                     }),
                 );
                 insert_audit(conn, &entry).map_err(DbError::from)?;
+                // Both new states are plain Terraform states (a move refuses an
+                // encrypted one), so their posture is known without scanning them.
+                for (ws, row) in names.iter().zip(rows) {
+                    posture::record(conn, ws, row.version, &crate::tfstate::BodyEncryption::Plaintext)
+                        .map_err(DbError::from)?;
+                }
                 Ok(())
             })
             .await?;

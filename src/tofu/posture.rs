@@ -26,6 +26,21 @@ CREATE TABLE IF NOT EXISTS tf_state_encryption (
     key_providers TEXT    NOT NULL,  -- JSON array of the envelope's meta keys
     PRIMARY KEY (workspace, version)
 ) WITHOUT ROWID;
+-- A fact goes with its version: whatever deletes a workspace's version row (retention,
+-- a restore dropping a row whose blob is gone) deletes its posture in the same
+-- statement, so it cannot outlive the version nor describe a later one. 'tf/' is
+-- `tofu::SCOPE_PREFIX` (a test holds them together).
+CREATE TRIGGER IF NOT EXISTS tf_state_encryption_follows_versions AFTER DELETE ON versions
+WHEN substr(old.scope, 1, 3) = 'tf/'
+BEGIN
+    DELETE FROM tf_state_encryption
+     WHERE workspace = substr(old.scope, 4) AND version = old.version;
+END;
+-- Rows of versions pruned before the trigger existed (one primary-key probe each).
+DELETE FROM tf_state_encryption
+ WHERE NOT EXISTS (SELECT 1 FROM versions
+                    WHERE scope = 'tf/' || tf_state_encryption.workspace
+                      AND version = tf_state_encryption.version);
 "#;
 
 /// How many of the newest versions the posture looks at.
@@ -68,6 +83,64 @@ pub fn copy(conn: &Connection, workspace: &str, from: i64, to: i64) -> rusqlite:
     )?
     .execute(params![workspace, from, to])?;
     Ok(())
+}
+
+/// Recomputes the posture of `rows` (the versions a rebuild or restore wrote into the
+/// new index at `into`) from their content, which the blobs hold: nothing else
+/// remembers it. Workspace versions only, tombstones and rows already recorded (a
+/// restored snapshot's) skipped, one blob held at a time; a blob that does not open
+/// or is not a state stays "unknown" (the rebuild reported it). Returns how many were
+/// recorded. One transaction.
+pub async fn recompute(
+    into: &std::path::Path,
+    blobs: &dyn crate::store::BlobStore,
+    keys: &crate::store::rebuild::ScopeKeys,
+    rows: &[crate::store::VersionRow],
+) -> anyhow::Result<usize> {
+    let mut facts = Vec::new();
+    {
+        let conn = Connection::open(into)?;
+        for row in rows {
+            let (Some(workspace), Some(blob_key)) = (
+                row.scope.strip_prefix(crate::tofu::SCOPE_PREFIX),
+                row.blob_key.as_deref(),
+            ) else {
+                continue;
+            };
+            if of_version(&conn, workspace, row.version)?.is_some() {
+                continue;
+            }
+            let (Ok(key), Some(blob)) = (keys.key_for(&row.scope), blobs.get(blob_key).await?)
+            else {
+                continue;
+            };
+            let Ok(plain) = crate::store::format::decode(
+                &key,
+                &blob,
+                &row.scope,
+                row.version,
+                row.sha256.as_deref(),
+            ) else {
+                continue;
+            };
+            let mut scan = crate::tfstate::StateScanner::new();
+            if scan.push(&plain).is_err() {
+                continue;
+            }
+            let body = scan.encryption();
+            if scan.finish().is_ok() {
+                facts.push((workspace.to_string(), row.version, body));
+            }
+        }
+    }
+    let mut conn = Connection::open(into)?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let tx = conn.transaction()?;
+    for (workspace, version, body) in &facts {
+        record(&tx, workspace, *version, body)?;
+    }
+    tx.commit()?;
+    Ok(facts.len())
 }
 
 /// Provider names for display: `key_provider.pbkdf2.main` → `pbkdf2.main`, control
@@ -257,10 +330,80 @@ pub fn is_refused_downgrade(
 mod tests {
     use super::*;
 
+    /// Every schema (the posture's trigger is on `versions`).
     fn db() -> Connection {
         let c = Connection::open_in_memory().unwrap();
-        c.execute_batch(SCHEMA).unwrap();
+        for schema in crate::schema::ALL {
+            c.execute_batch(schema).unwrap();
+        }
         c
+    }
+
+    fn version_row(c: &Connection, scope: &str, version: i64) {
+        c.execute(
+            "INSERT INTO versions (scope, version, size, blob_key, created_at, actor)
+             VALUES (?1, ?2, 1, 'k', '2026-01-01T00:00:00Z', 't')",
+            params![scope, version],
+        )
+        .unwrap();
+    }
+
+    fn recorded(c: &Connection) -> Vec<(String, i64)> {
+        let mut stmt = c
+            .prepare("SELECT workspace, version FROM tf_state_encryption ORDER BY 1, 2")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        rows
+    }
+
+    #[test]
+    fn a_deleted_version_takes_its_posture_with_it() {
+        let c = db();
+        for (ws, v) in [("a", 1), ("a", 2), ("a", 3), ("b", 1)] {
+            version_row(&c, &crate::tofu::scope(ws), v);
+            record(&c, ws, v, &BodyEncryption::Plaintext).unwrap();
+        }
+        // A non-workspace scope whose tail looks like a workspace is not one.
+        version_row(&c, "cluster/a", 1);
+        // (deleted (scope, version), posture rows left)
+        type Row = (Vec<(String, i64)>, Vec<(&'static str, i64)>);
+        let rows: Vec<Row> = vec![
+            (
+                vec![("cluster/a".into(), 1)],
+                vec![("a", 1), ("a", 2), ("a", 3), ("b", 1)],
+            ),
+            (
+                vec![(crate::tofu::scope("a"), 1)],
+                vec![("a", 2), ("a", 3), ("b", 1)],
+            ),
+            (
+                vec![(crate::tofu::scope("a"), 2), (crate::tofu::scope("b"), 1)],
+                vec![("a", 3)],
+            ),
+        ];
+        for (deleted, left) in rows {
+            for (scope, v) in &deleted {
+                c.execute(
+                    "DELETE FROM versions WHERE scope = ?1 AND version = ?2",
+                    params![scope, v],
+                )
+                .unwrap();
+            }
+            let want: Vec<(String, i64)> = left.iter().map(|(w, v)| (w.to_string(), *v)).collect();
+            assert_eq!(recorded(&c), want, "after deleting {deleted:?}");
+        }
+        // Rows of versions deleted before the trigger existed go when the schema is applied.
+        c.execute_batch("DROP TRIGGER tf_state_encryption_follows_versions")
+            .unwrap();
+        c.execute("DELETE FROM versions WHERE scope = 'tf/a'", [])
+            .unwrap();
+        assert_eq!(recorded(&c), [("a".to_string(), 3)]);
+        c.execute_batch(SCHEMA).unwrap();
+        assert_eq!(recorded(&c), Vec::<(String, i64)>::new());
     }
 
     fn enc(names: &[&str]) -> BodyEncryption {

@@ -1,0 +1,349 @@
+//! The keyring commands (docs/keys.md): `key status` (objects per data key
+//! generation), `key rotate` (a new data generation, used by every new write within a
+//! second, no restart), `key reseal` (everything under older generations re-encrypted
+//! under the newest), `key retire N` (refused while anything still needs N) and
+//! `key rotate-credentials` (the deliberate change of every workspace credential) and
+//! `key rewrap` (a new key file, the ring re-wrapped under it), and `key wrap` (the
+//! root key moved from the plain key file into the wrapped file a PKCS#11 token opens,
+//! `key.service = "pkcs11"`).
+//! Each opens the installation through `stategate::installation` and calls
+//! `stategate::store::keyring` / `store::reseal`.
+
+use anyhow::bail;
+use clap::Subcommand;
+
+use stategate::config::Config;
+use stategate::crypto::wrapped::remove_plain_key_file;
+use stategate::crypto::{Purpose, RootKey};
+use stategate::installation::{self, Wrapped};
+use stategate::store::reseal::{self, Census};
+use stategate::store::{keyring, StateStore};
+
+use super::output::{advance, json_line, operator, progress_bar, require_db, runtime, table};
+
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Objects (state versions, backups, revocation records, drift outputs) per data
+    /// key generation, and the generations in use.
+    Status {
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a new data key generation. Every new write uses it as soon as each process
+    /// re-reads the ring (within a second; no restart); older objects keep opening.
+    Rotate,
+    /// Re-encrypt every state version, backup and revocation record under an older
+    /// data generation with the newest. Resumable and safe to interrupt; the server
+    /// may keep running.
+    Reseal,
+    /// Drop data generation N from the ring (audited). Refused while anything is still
+    /// sealed under it, and for the newest generation.
+    Retire { generation: u32 },
+    /// Replace the key file with a new random one and re-wrap the whole ring under it
+    /// (the "key leaked" runbook). The replaced DEK stays only as the ring's generation
+    /// 0 until `reseal`, `retire 0` and `rotate-credentials`. Resumable; safe under kill.
+    Rewrap,
+    /// Change EVERY workspace credential, OpenTofu passphrase and the webhook secret
+    /// (a new credentials root). Breaks every pipeline until it gets its new values.
+    RotateCredentials {
+        /// Do not ask for the typed confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Wrap the plain key file (dek_file) with the PKCS#11 token of [key.pkcs11] into
+    /// key.wrapped_file: written atomically, fsynced, then unwrapped again to prove it.
+    /// The server may keep running; restart it with key.service = "pkcs11".
+    Wrap {
+        /// Then overwrite the plain key file with zeros and remove it.
+        #[arg(long)]
+        remove: bool,
+    },
+}
+
+pub fn run(config: &Config, command: KeyCommand) -> anyhow::Result<()> {
+    // Wrapping works on the key files alone: no index, no store, no ring (with
+    // key.service = "pkcs11" there is no root key to open the ring with before it).
+    if let KeyCommand::Wrap { remove } = command {
+        return wrap(config, remove);
+    }
+    require_db(config)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = installation::open_state_store(config).await?;
+        let root = installation::load_root_key(config, false)?;
+        installation::open_keyring(config, &root, &store, true).await?;
+        match command {
+            KeyCommand::Status { json } => status(config, &store, &root, json).await,
+            KeyCommand::Rotate => rotate(config, &store, &root, Purpose::Data).await,
+            KeyCommand::RotateCredentials { yes } => {
+                if !yes && !confirmed_phrase()? {
+                    bail!("not confirmed; nothing was changed");
+                }
+                rotate(config, &store, &root, Purpose::Credentials).await
+            }
+            KeyCommand::Reseal => reseal_all(config, &store, &root).await,
+            KeyCommand::Wrap { remove } => wrap(config, remove),
+            KeyCommand::Retire { generation } => retire(config, &store, generation).await,
+            KeyCommand::Rewrap => {
+                let done = installation::rewrap(config, &root, &store, &operator()).await?;
+                json_line(&serde_json::json!({
+                    "action": "key.rewrapped",
+                    "rewrapped": done.rewrapped,
+                    "added": done.added,
+                    "key_file": config.dek_path().display().to_string(),
+                }))?;
+                eprintln!(
+                    "the key file {} was replaced and the ring re-wrapped under it. BACK UP THE NEW KEY FILE NOW. \
+                     Then `stategate key rotate`, `stategate key reseal`, `stategate key retire 0` and \
+                     `stategate key rotate-credentials` (docs/keys.md, \"the key leaked\").",
+                    config.dek_path().display()
+                );
+                Ok(())
+            }
+        }
+    })
+}
+
+fn confirmed_phrase() -> anyhow::Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    const PHRASE: &str = "rotate every credential";
+    if std::io::stdin().is_terminal() {
+        eprint!("Every workspace bearer, OpenTofu passphrase and the webhook secret will change.\nType \"{PHRASE}\" to go on: ");
+        std::io::stderr().flush()?;
+    }
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(answer.trim() == PHRASE)
+}
+
+/// Everything sealed under data generations, counted.
+async fn census(config: &Config, store: &StateStore, progress: bool) -> anyhow::Result<Census> {
+    let bar = if progress {
+        progress_bar("reading blob headers")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut census = reseal::census(
+        store,
+        stategate::tofu::SCOPE_PREFIX,
+        stategate::tokens::REVOCATIONS_PREFIX,
+        &advance(&bar),
+    )
+    .await;
+    bar.finish_and_clear();
+    if let Ok(c) = census.as_mut() {
+        reseal::count_messages(store.blobs().as_ref(), stategate::drift::OUTPUT_PREFIX, c).await?;
+        count_plans(&config.data_dir.join("drift").join("plans"), c);
+    }
+    Ok(census?)
+}
+
+/// Kept drift plans (sealed files `<data_dir>/drift/plans/<run>.plan`), by generation.
+fn count_plans(dir: &std::path::Path, census: &mut Census) {
+    use std::io::Read;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return; // no plans kept
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "plan") {
+            continue;
+        }
+        let mut head = [0u8; 8];
+        let read = std::fs::File::open(&path).and_then(|mut f| f.read(&mut head));
+        match read {
+            Ok(n) => {
+                let g = stategate::crypto::SealKey::sealed_generation(&head[..n]);
+                census.generations.entry(g).or_default().drift_plans += 1;
+            }
+            Err(e) => census.unreadable.push(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+async fn status(
+    config: &Config,
+    store: &StateStore,
+    root: &RootKey,
+    json: bool,
+) -> anyhow::Result<()> {
+    let census = census(config, store, !json).await?;
+    let live = root.data_generations();
+    let service = installation::key_service(config, root).describe();
+    let mut generations: std::collections::BTreeSet<u32> = live.iter().copied().collect();
+    generations.extend(census.generations.keys());
+    let rows: Vec<serde_json::Value> = generations
+        .iter()
+        .map(|g| {
+            let counts = census.generations.get(g).cloned().unwrap_or_default();
+            serde_json::json!({
+                "generation": g,
+                "in_ring": live.contains(g),
+                "writes": *g == root.data_generation(),
+                "versions": counts.versions,
+                "backups": counts.backups,
+                "revocation_records": counts.revocation_records,
+                "drift_outputs": counts.drift_outputs,
+                "drift_plans": counts.drift_plans,
+            })
+        })
+        .collect();
+    if json {
+        return json_line(&serde_json::json!({
+            "key_service": service,
+            "data_generation": root.data_generation(),
+            "credentials_generation": root.credentials_generation(),
+            "generations": rows,
+            "other_root_versions": census.other_root_versions,
+            "unreadable": census.unreadable,
+        }));
+    }
+    println!(
+        "Key service: {service}. New writes use data generation {}; credentials generation {}.",
+        root.data_generation(),
+        root.credentials_generation()
+    );
+    let cell = |v: &serde_json::Value, k: &str| v[k].to_string();
+    let table_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                cell(r, "generation"),
+                match (r["in_ring"].as_bool(), r["writes"].as_bool()) {
+                    (_, Some(true)) => "writes".into(),
+                    (Some(true), _) => "in ring".into(),
+                    _ => "NOT IN RING".into(),
+                },
+                cell(r, "versions"),
+                cell(r, "backups"),
+                cell(r, "revocation_records"),
+                cell(r, "drift_outputs"),
+                cell(r, "drift_plans"),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[
+                "GEN",
+                "STATE",
+                "VERSIONS",
+                "BACKUPS",
+                "REVOCATIONS",
+                "DRIFT OUTPUTS",
+                "PLANS"
+            ],
+            &table_rows
+        )
+    );
+    if census.other_root_versions > 0 {
+        println!(
+            "{} cluster state version(s) are sealed under ADJ_STATE_ENC_KEY, outside the keyring.",
+            census.other_root_versions
+        );
+    }
+    for u in &census.unreadable {
+        println!("unreadable: {u}");
+    }
+    Ok(())
+}
+
+async fn rotate(
+    config: &Config,
+    store: &StateStore,
+    root: &RootKey,
+    purpose: Purpose,
+) -> anyhow::Result<()> {
+    let service = installation::key_service(config, root);
+    let generation = keyring::rotate(store, &service, purpose, &operator()).await?;
+    json_line(&serde_json::json!({
+        "action": "key.rotated",
+        "purpose": purpose.as_str(),
+        "generation": generation,
+        "key_service": service.describe(),
+    }))?;
+    match purpose {
+        Purpose::Data => eprintln!(
+            "data generation {generation} added; every process uses it for new writes within a second. \
+             Run `stategate key reseal` to re-encrypt what older generations seal."
+        ),
+        Purpose::Credentials => eprintln!(
+            "credentials generation {generation} added: EVERY workspace credential, OpenTofu passphrase \
+             and the webhook secret changed. Hand pipelines their new values (`stategate workspace env`), \
+             and migrate OpenTofu-encrypted states (docs/keys.md)."
+        ),
+    }
+    Ok(())
+}
+
+async fn reseal_all(config: &Config, store: &StateStore, root: &RootKey) -> anyhow::Result<()> {
+    let keys = stategate::schema::scope_keys(root.clone(), installation::load_cluster_key(config)?);
+    let bar = progress_bar("resealing");
+    let done = reseal::reseal(
+        store,
+        &keys,
+        root,
+        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
+        &operator(),
+        &advance(&bar),
+    )
+    .await;
+    bar.finish_and_clear();
+    let done = done?;
+    json_line(&done)?;
+    eprintln!(
+        "resealed {} version(s), {} backup(s), {} revocation record(s) under data generation {}; {} already current, {} changed meanwhile (left alone).",
+        done.versions, done.backups, done.revocation_records, done.generation, done.current, done.raced
+    );
+    Ok(())
+}
+
+async fn retire(config: &Config, store: &StateStore, generation: u32) -> anyhow::Result<()> {
+    let census = census(config, store, true).await?;
+    let needed = census
+        .generations
+        .get(&generation)
+        .filter(|c| c.total() > 0)
+        .map(|c| c.describe());
+    if !census.unreadable.is_empty() {
+        bail!(
+            "{} object(s) could not be read ({}); nothing was changed",
+            census.unreadable.len(),
+            census.unreadable.join("; ")
+        );
+    }
+    keyring::retire(store, generation, &operator(), move |_| Ok(needed)).await?;
+    json_line(&serde_json::json!({"action": "key.retired", "generation": generation}))?;
+    Ok(())
+}
+
+fn wrap(config: &Config, remove: bool) -> anyhow::Result<()> {
+    let outcome = installation::wrap_key_file(config)?;
+    let wrapped = config.wrapped_key_path();
+    let plain = config.dek_path();
+    match outcome {
+        Wrapped::Written => println!(
+            "wrapped the key of {} into {} and unwrapped it again to check",
+            plain.display(),
+            wrapped.display()
+        ),
+        Wrapped::AlreadyThere => println!(
+            "{} already holds this key (checked by unwrapping it)",
+            wrapped.display()
+        ),
+    }
+    if remove {
+        remove_plain_key_file(&plain).map_err(|e| {
+            anyhow::anyhow!("cannot remove the plain key file {}: {e}", plain.display())
+        })?;
+        println!("removed the plain key file {}", plain.display());
+    } else {
+        println!(
+            "now remove the plain key file {} (`stategate key wrap --remove` overwrites and removes it) and any copy of it: while it exists, the token protects nothing",
+            plain.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,758 @@
+//! The keyring on the real gateway (SQLite, the local store): a rotation made by
+//! another process while the server writes refuses nothing and is used by new writes
+//! without a restart; a reseal racing writes loses nothing and leaves every version
+//! readable; retire is refused while anything needs the generation; a backup made
+//! before the rotation restores with the generations only the store's copies hold;
+//! a tampered generation field is a 5xx, never "no state".
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{state, TestServer};
+use stategate::crypto::service::KeyService;
+use stategate::crypto::{Purpose, RootKey};
+use stategate::installation;
+use stategate::store::{backup, format, keyring, reseal, BlobStore, LocalStore, StateStore};
+
+/// What an operator command opens: its own index handle and root over the same data dir.
+struct Cli {
+    store: StateStore,
+    root: RootKey,
+    service: Arc<dyn KeyService>,
+}
+
+async fn cli(server: &TestServer) -> Cli {
+    let store = installation::open_state_store(&server.config)
+        .await
+        .unwrap();
+    let root = installation::load_root_key(&server.config, false).unwrap();
+    installation::open_keyring(&server.config, &root, &store, true)
+        .await
+        .unwrap();
+    let service = installation::key_service(&server.config, &root);
+    Cli {
+        store,
+        root,
+        service,
+    }
+}
+
+fn blobs(server: &TestServer) -> LocalStore {
+    LocalStore::open(&server.config.local_store_path()).unwrap()
+}
+
+/// (version, blob key, sha256) of every version of `workspace`.
+fn rows(server: &TestServer, workspace: &str) -> Vec<(i64, String, String)> {
+    let conn = server.db();
+    let mut stmt = conn
+        .prepare("SELECT version, blob_key, sha256 FROM versions WHERE scope = ?1 ORDER BY version")
+        .unwrap();
+    stmt.query_map([format!("tf/{workspace}")], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+async fn generation_of(server: &TestServer, key: &str) -> u32 {
+    let bytes = blobs(server).get(key).await.unwrap().expect("blob exists");
+    format::key_generation(&bytes).unwrap().unwrap()
+}
+
+/// Every version of `workspace` opens under `root` and hashes as its row says.
+async fn all_readable(server: &TestServer, root: &RootKey, workspace: &str) -> usize {
+    let scope = format!("tf/{workspace}");
+    let all = rows(server, workspace);
+    for (version, key, sha) in &all {
+        let bytes = blobs(server).get(key).await.unwrap().expect("blob exists");
+        format::decode(&root.blob_key(&scope), &bytes, &scope, *version, Some(sha))
+            .unwrap_or_else(|e| panic!("{scope} v{version}: {e}"));
+    }
+    all.len()
+}
+
+async fn post(server: &TestServer, workspace: &str, serial: u64) -> u16 {
+    server
+        .tf("POST", workspace)
+        .body(state(serial, "lin-1", ""))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn current(server: &TestServer, workspace: &str) -> (u16, String) {
+    let resp = server.tf("GET", workspace).send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// Lets a retire go on at once (it waits a few seconds after a rotation otherwise).
+fn age_ring(server: &TestServer) {
+    server
+        .db()
+        .execute(
+            "UPDATE key_generations SET created_at = '2020-01-01T00:00:00Z'",
+            [],
+        )
+        .unwrap();
+}
+
+fn audit_events(server: &TestServer, event: &str) -> i64 {
+    server.count(&format!(
+        "SELECT COUNT(*) FROM audit WHERE event = '{event}'"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
+    let server = TestServer::start().await;
+    for serial in 1..=5 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    let bearer_before = server.bearer("prod");
+
+    // A writer keeps going through the rotation and the reseal.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let base = server.base.clone();
+        let bearer = bearer_before.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut codes = Vec::new();
+            let mut serial = 5u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || serial < 30 {
+                serial += 1;
+                let resp = client
+                    .post(format!("{base}/api/v1/tf/state/prod"))
+                    .basic_auth("stategate", Some(&bearer))
+                    .body(state(serial, "lin-1", ""))
+                    .send()
+                    .await
+                    .unwrap();
+                codes.push(resp.status().as_u16());
+                let read = client
+                    .get(format!("{base}/api/v1/tf/state/prod"))
+                    .basic_auth("stategate", Some(&bearer))
+                    .send()
+                    .await
+                    .unwrap();
+                codes.push(read.status().as_u16());
+            }
+            (serial, codes)
+        })
+    };
+    assert_eq!(
+        keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    op.root.reload().unwrap();
+    assert_eq!(op.root.data_generation(), 1);
+    // The server notices by itself: a write after the rotation is sealed under 1.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        if generation_of(&server, &newest).await == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < patience,
+            "the server never used generation 1"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let done = reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    assert!(done.versions >= 5, "{done:?}");
+    assert_eq!(done.generation, 1);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (last, codes) = writer.await.unwrap();
+    assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
+    // What the writer committed after the reseal passed it is generation 1 already.
+    let n = last as usize;
+
+    // Nothing lost: one version per write, the last one is what GET gives, every one
+    // opens, and each is under generation 1 now (a second reseal has nothing to do).
+    let all = rows(&server, "prod");
+    assert_eq!(all.len(), n);
+    assert_eq!(
+        current(&server, "prod").await,
+        (200, state(last, "lin-1", ""))
+    );
+    assert_eq!(all_readable(&server, &op.root, "prod").await, n);
+    for (_, key, _) in &all {
+        assert_eq!(generation_of(&server, key).await, 1);
+    }
+    let again = reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((again.versions, again.current), (0, n as u64));
+    // No blob left behind: one file per version.
+    let states = server
+        .blob_files()
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("/states/"))
+        .count();
+    assert_eq!(states, n);
+    // Credentials did not change; the events are audited without key bytes.
+    assert_eq!(server.bearer("prod"), bearer_before);
+    assert_eq!(post(&server, "prod", last + 1).await, 200);
+    assert_eq!(audit_events(&server, "key.rotated"), 1);
+    assert_eq!(audit_events(&server, "key.resealed"), done.versions as i64);
+    let payloads: Vec<String> = {
+        let conn = server.db();
+        let mut stmt = conn
+            .prepare("SELECT payload FROM audit WHERE event LIKE 'key.%'")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let wrapped: Vec<Vec<u8>> = {
+        let conn = server.db();
+        let mut stmt = conn.prepare("SELECT wrapped FROM key_generations").unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    use base64::Engine;
+    for p in &payloads {
+        for w in &wrapped {
+            assert!(!p.contains(&base64::engine::general_purpose::STANDARD.encode(w)));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retire_is_refused_while_anything_needs_the_generation() {
+    let server = TestServer::start().await;
+    for serial in 1..=3 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    age_ring(&server);
+    let needed = |c: &reseal::Census, g: u32| {
+        c.generations
+            .get(&g)
+            .filter(|c| c.total() > 0)
+            .map(|c| c.describe())
+    };
+    let census = reseal::census(&op.store, "tf/", "revocations/", &|_, _| {})
+        .await
+        .unwrap();
+    let what = needed(&census, 0);
+    assert_eq!(what.as_deref(), Some("3 state versions"));
+    let ring_before = server.count("SELECT COUNT(*) FROM key_generations");
+    let err = keyring::retire(&op.store, 0, "test", move |_| Ok(what))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("still seals 3 state versions"), "{err}");
+    assert_eq!(
+        server.count("SELECT COUNT(*) FROM key_generations"),
+        ring_before
+    );
+    assert_eq!(audit_events(&server, "key.retired"), 0);
+    // The newest is never retired.
+    let err = keyring::retire(&op.store, 1, "test", |_| Ok(None))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("newest"), "{err}");
+
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let census = reseal::census(&op.store, "tf/", "revocations/", &|_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(needed(&census, 0), None);
+    assert_eq!(census.generations[&1].versions, 3);
+    keyring::retire(&op.store, 0, "test", |_| Ok(None))
+        .await
+        .unwrap();
+    assert_eq!(audit_events(&server, "key.retired"), 1);
+    // The server keeps serving (it re-reads the ring on its own).
+    assert_eq!(current(&server, "prod").await, (200, state(3, "lin-1", "")));
+    assert_eq!(post(&server, "prod", 4).await, 200);
+    op.root.reload().unwrap();
+    assert_eq!(op.root.data_generations(), vec![1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_generation_field_is_a_server_error_never_no_state() {
+    let server = TestServer::start().await;
+    assert_eq!(post(&server, "prod", 1).await, 200);
+    let op = cli(&server).await;
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = 2;
+    loop {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+        serial += 1;
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        if generation_of(&server, &newest).await == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < patience);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (_, key, _) = rows(&server, "prod").pop().unwrap();
+    let path = server.config.local_store_path().join(&key);
+    let original = std::fs::read(&path).unwrap();
+    let text = String::from_utf8_lossy(&original).to_string();
+    let at = text
+        .find("\"key_gen\":1")
+        .expect("the header names generation 1");
+    for replacement in [b'0', b'2'] {
+        let mut tampered = original.clone();
+        tampered[at + "\"key_gen\":".len()] = replacement;
+        std::fs::write(&path, &tampered).unwrap();
+        let (code, _) = current(&server, "prod").await;
+        assert!(code >= 500, "{code}");
+    }
+    std::fs::write(&path, &original).unwrap();
+    assert_eq!(current(&server, "prod").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
+    let server = TestServer::start().await;
+    for serial in 1..=2 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    let before = backup::take_backup(
+        &server.config.db_path(),
+        &server.config.data_dir,
+        op.store.blobs().as_ref(),
+        &op.root,
+    )
+    .await
+    .unwrap();
+    let before_id = before.id.clone();
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    // Written after the rotation, under generation 1 (the server picks it up).
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = 3;
+    loop {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        if generation_of(&server, &newest).await == 1 {
+            break;
+        }
+        serial += 1;
+        assert!(std::time::Instant::now() < patience);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // A retire attempt of the backup's generation is refused: the backup needs it.
+    age_ring(&server);
+    let census = reseal::census(&op.store, "tf/", "revocations/", &|_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(census.generations[&0].backups, 1);
+    let what = census.generations.get(&0).map(|c| c.describe());
+    assert!(keyring::retire(&op.store, 0, "test", move |_| Ok(what))
+        .await
+        .is_err());
+
+    // The data dir is lost: a fresh root has only the DEK and the store's copies.
+    let fresh = RootKey::from_base64(common::DEK).unwrap();
+    let copies = keyring::copies(op.store.blobs().as_ref()).await.unwrap();
+    assert_eq!(copies.len(), 1);
+    let empty = rusqlite::Connection::open_in_memory().unwrap();
+    fresh.install(keyring::load(&empty, &copies, op.service.as_ref()).unwrap());
+    assert_eq!(fresh.data_generation(), 1);
+    assert_eq!(
+        reseal::blob_generation(op.store.blobs().as_ref(), &before.key)
+            .await
+            .unwrap(),
+        Some(0)
+    );
+    let into = server.dir.path().join("restored.db");
+    let report = backup::restore(
+        op.store.blobs().as_ref(),
+        &fresh,
+        &stategate::schema::scope_keys(fresh.clone(), None),
+        before.clone(),
+        &into,
+        stategate::schema::MIGRATIONS,
+        stategate::schema::ALL,
+        &|_, _| {},
+        &mut |_| Ok(()),
+    )
+    .await
+    .unwrap();
+    let added: Vec<i64> = report.added.iter().map(|r| r.version).collect();
+    assert_eq!(added, (3..=serial as i64).collect::<Vec<_>>());
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    // Without the copies, the versions under generation 1 do not open: they are skipped.
+    let bare = RootKey::from_base64(common::DEK).unwrap();
+    let into2 = server.dir.path().join("restored2.db");
+    let report = backup::restore(
+        op.store.blobs().as_ref(),
+        &bare,
+        &stategate::schema::scope_keys(bare.clone(), None),
+        before,
+        &into2,
+        stategate::schema::MIGRATIONS,
+        stategate::schema::ALL,
+        &|_, _| {},
+        &mut |_| Ok(()),
+    )
+    .await
+    .unwrap();
+    // (what was written before the server noticed the rotation is generation 0)
+    assert!(report.added.iter().all(|r| r.version < serial as i64));
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.reason.contains("generation 1")),
+        "{:?}",
+        report.skipped
+    );
+
+    // After a reseal the backup's rows name deleted blobs: the restore points them at
+    // the resealed ones (same version, same content) instead of dropping them.
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let into3 = server.dir.path().join("restored3.db");
+    let chosen = backup::pick(op.store.blobs().as_ref(), Some(&before_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        reseal::blob_generation(op.store.blobs().as_ref(), &chosen.key)
+            .await
+            .unwrap(),
+        Some(1),
+        "the backup itself was resealed"
+    );
+    let report = backup::restore(
+        op.store.blobs().as_ref(),
+        &fresh,
+        &stategate::schema::scope_keys(fresh.clone(), None),
+        chosen,
+        &into3,
+        stategate::schema::MIGRATIONS,
+        stategate::schema::ALL,
+        &|_, _| {},
+        &mut |_| Ok(()),
+    )
+    .await
+    .unwrap();
+    let names = |v: &[(String, i64)]| v.iter().map(|(_, n)| *n).collect::<Vec<_>>();
+    assert_eq!(names(&report.resealed), [1, 2]);
+    assert!(report.dropped.is_empty());
+    let restored = rusqlite::Connection::open(&into3).unwrap();
+    let n: i64 = restored
+        .query_row("SELECT COUNT(*) FROM versions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, serial as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_key_service_stops_the_keyring_with_a_clear_message() {
+    let server = TestServer::start().await;
+    let op = cli(&server).await;
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    let mut other = server.config.clone();
+    other.dek = Some(base64_of([9; 32]).into());
+    let root = RootKey::from_bytes([9; 32]);
+    let err = installation::open_keyring(&other, &root, &op.store, true)
+        .await
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("data/1") && text.contains("STATEGATE_DEK"),
+        "{text}"
+    );
+}
+
+fn base64_of(bytes: [u8; 32]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A server whose DEK is a key file (what `key rewrap` replaces), not `dek`.
+async fn start_with_key_file() -> TestServer {
+    TestServer::start_with(|c| {
+        std::fs::create_dir_all(&c.data_dir).unwrap();
+        stategate::crypto::write_secret_file(
+            &c.data_dir.join("dek"),
+            format!("{}\n", common::DEK).as_bytes(),
+        )
+        .unwrap();
+        c.dek = None;
+    })
+    .await
+}
+
+/// What whoever holds the leaked key file can open: every wrapped ring entry (table
+/// and store copies) that unwraps under it, and every version blob that decodes with
+/// the leaked key plus whatever generations they unwrapped.
+async fn opens_with_leaked_key(server: &TestServer, workspace: &str) -> Vec<String> {
+    let leaked = RootKey::from_base64(common::DEK).unwrap();
+    let service = leaked.file_service(None);
+    let mut out = Vec::new();
+    let mut entries = keyring::copies(&blobs(server)).await.unwrap();
+    entries.extend(keyring::read_rows(&server.db()).unwrap());
+    let mut opened = Vec::new();
+    for e in &entries {
+        if let Some(w) = &e.wrapped {
+            if let Ok(g) =
+                stategate::crypto::Generation::unwrap(&service, e.purpose, e.generation, w)
+            {
+                out.push(format!("ring entry {}", e.purpose.label(e.generation)));
+                opened.push(g);
+            }
+        }
+    }
+    leaked.install(stategate::crypto::RingView {
+        generations: opened,
+        retired: Vec::new(),
+    });
+    let scope = format!("tf/{workspace}");
+    for (version, key, sha) in rows(server, workspace) {
+        let bytes = blobs(server).get(&key).await.unwrap().unwrap();
+        if format::decode(
+            &leaked.blob_key(&scope),
+            &bytes,
+            &scope,
+            version,
+            Some(&sha),
+        )
+        .is_ok()
+        {
+            out.push(format!("{scope} v{version}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_the_leaked_key() {
+    let server = start_with_key_file().await;
+    for serial in 1..=3 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let key_file = server.config.dek_path();
+    let next = installation::next_key_path(&key_file);
+    let op = cli(&server).await;
+    // Rotated before the leak was known: data/1 is wrapped under the leaked key.
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    assert_eq!(opens_with_leaked_key(&server, "prod").await.len(), 2 + 3);
+
+    // A kill after the ring was re-wrapped but before the new file replaced the old
+    // one: `.next` exists, the table and the copies are under it, the key file is the
+    // leaked one. Every process still opens everything.
+    let pending = RootKey::generate().unwrap();
+    stategate::crypto::write_secret_file(&next, format!("{}\n", pending.to_base64()).as_bytes())
+        .unwrap();
+    let pending_service: Arc<dyn KeyService> = Arc::new(pending.file_service(None));
+    let zero = vec![
+        op.root.generation_zero(Purpose::Data).unwrap(),
+        op.root.generation_zero(Purpose::Credentials).unwrap(),
+    ];
+    keyring::rewrap(&op.store, &op.service, &pending_service, zero, "test")
+        .await
+        .unwrap();
+    let mid = cli(&server).await;
+    mid.root.reload().unwrap();
+    assert_eq!(mid.root.data_generations(), vec![0, 1]);
+    assert_eq!(all_readable(&server, &mid.root, "prod").await, 3);
+    assert_eq!(current(&server, "prod").await, (200, state(3, "lin-1", "")));
+
+    // The rerun finishes with the same pending key and moves it over the key file.
+    let done = installation::rewrap(&server.config, &mid.root, &mid.store, "test")
+        .await
+        .unwrap();
+    assert!(done.added.is_empty(), "{done:?}");
+    assert!(!next.exists());
+    let on_disk = std::fs::read_to_string(&key_file).unwrap();
+    assert_eq!(on_disk.trim(), pending.to_base64());
+    assert_eq!(audit_events(&server, "key.rewrapped"), 2);
+    // The serving process keeps serving and writing (it re-reads the key file).
+    assert_eq!(post(&server, "prod", 4).await, 200);
+    assert_eq!(current(&server, "prod").await, (200, state(4, "lin-1", "")));
+
+    // The rest of the runbook, each step from a freshly opened installation.
+    let op = cli(&server).await;
+    assert_eq!(all_readable(&server, &op.root, "prod").await, 4);
+    let leaked_bearer = server.bearer("prod");
+    assert_eq!(op.root.workspace_bearer("prod"), leaked_bearer);
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    // The retire grace is skipped below (`age_ring`), so first wait until the server
+    // writes under the new generation, as the grace would have made sure.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = 5;
+    loop {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        serial += 1;
+        if generation_of(&server, &newest).await == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < patience);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let versions = rows(&server, "prod").len();
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    age_ring(&server);
+    for g in [0, 1] {
+        keyring::retire(&op.store, g, "test", |_| Ok(None))
+            .await
+            .unwrap();
+    }
+    keyring::rotate(&op.store, &op.service, Purpose::Credentials, "test")
+        .await
+        .unwrap();
+
+    let after = cli(&server).await;
+    after.root.reload().unwrap();
+    assert_eq!(after.root.data_generations(), vec![2]);
+    assert_eq!(all_readable(&server, &after.root, "prod").await, versions);
+    assert_ne!(after.root.workspace_bearer("prod"), leaked_bearer);
+    assert_eq!(
+        opens_with_leaked_key(&server, "prod").await,
+        Vec::<String>::new()
+    );
+    // And the server, which started on the leaked file, follows it all: within its
+    // ring re-read the leaked bearer is refused and the new one writes.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while post(&server, "prod", serial).await != 401 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "the leaked bearer still works"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let status = reqwest::Client::new()
+        .post(server.url("prod"))
+        .basic_auth("stategate", Some(after.root.workspace_bearer("prod")))
+        .body(state(serial + 1, "lin-1", ""))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    assert!(all_readable(&server, &after.root, "prod").await > versions);
+    assert_eq!(
+        opens_with_leaked_key(&server, "prod").await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_looked_up_the_row_before_reseal_deleted_the_blob_still_reads() {
+    let server = TestServer::start().await;
+    for serial in 1..=2 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    // The reader's lookup, before the reseal.
+    let row = op.store.latest("tf/prod").await.unwrap().unwrap();
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    reseal::reseal(
+        &op.store,
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &op.root,
+        ("revocations/", "revocation/"),
+        "test",
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
+    let old_blob = row.blob_key.clone().unwrap();
+    assert!(blobs(&server).get(&old_blob).await.unwrap().is_none());
+    // ... then its read: the row is re-read once and the resealed blob streams.
+    let mut stream = op
+        .store
+        .stream_row(row.clone(), &op.root.blob_key("tf/prod"))
+        .await
+        .unwrap();
+    let mut body = Vec::new();
+    while let Some(piece) = stream.chunks.recv().await {
+        body.extend_from_slice(&piece.unwrap());
+    }
+    assert_eq!(String::from_utf8(body).unwrap(), state(2, "lin-1", ""));
+    // A row whose blob is really gone (not repointed) is still an error, never "no state".
+    let current = op.store.latest("tf/prod").await.unwrap().unwrap();
+    blobs(&server)
+        .delete(current.blob_key.as_deref().unwrap())
+        .await
+        .unwrap();
+    let err = op
+        .store
+        .stream_row(current, &op.root.blob_key("tf/prod"))
+        .await
+        .err()
+        .expect("a missing blob is an error");
+    assert!(err.to_string().contains("blob is missing"), "{err}");
+}

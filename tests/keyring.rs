@@ -409,38 +409,14 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         Some(0)
     );
     let into = server.dir.path().join("restored.db");
-    let report = backup::restore(
-        op.store.blobs().as_ref(),
-        &fresh,
-        &stategate::schema::scope_keys(fresh.clone(), None),
-        before.clone(),
-        &into,
-        stategate::schema::MIGRATIONS,
-        stategate::schema::ALL,
-        &|_, _| {},
-        &mut |_| Ok(()),
-    )
-    .await
-    .unwrap();
+    let report = restore(op.store.blobs().as_ref(), &fresh, before.clone(), &into).await;
     let added: Vec<i64> = report.added.iter().map(|r| r.version).collect();
     assert_eq!(added, (3..=serial as i64).collect::<Vec<_>>());
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     // Without the copies, the versions under generation 1 do not open: they are skipped.
     let bare = RootKey::from_base64(common::DEK).unwrap();
     let into2 = server.dir.path().join("restored2.db");
-    let report = backup::restore(
-        op.store.blobs().as_ref(),
-        &bare,
-        &stategate::schema::scope_keys(bare.clone(), None),
-        before,
-        &into2,
-        stategate::schema::MIGRATIONS,
-        stategate::schema::ALL,
-        &|_, _| {},
-        &mut |_| Ok(()),
-    )
-    .await
-    .unwrap();
+    let report = restore(op.store.blobs().as_ref(), &bare, before, &into2).await;
     // (what was written before the server noticed the rotation is generation 0)
     assert!(report.added.iter().all(|r| r.version < serial as i64));
     assert!(
@@ -475,19 +451,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         Some(1),
         "the backup itself was resealed"
     );
-    let report = backup::restore(
-        op.store.blobs().as_ref(),
-        &fresh,
-        &stategate::schema::scope_keys(fresh.clone(), None),
-        chosen,
-        &into3,
-        stategate::schema::MIGRATIONS,
-        stategate::schema::ALL,
-        &|_, _| {},
-        &mut |_| Ok(()),
-    )
-    .await
-    .unwrap();
+    let report = restore(op.store.blobs().as_ref(), &fresh, chosen, &into3).await;
     let names = |v: &[(String, i64)]| v.iter().map(|(_, n)| *n).collect::<Vec<_>>();
     assert_eq!(names(&report.resealed), [1, 2]);
     assert!(report.dropped.is_empty());
@@ -755,4 +719,27 @@ async fn a_reader_that_looked_up_the_row_before_reseal_deleted_the_blob_still_re
         .err()
         .expect("a missing blob is an error");
     assert!(err.to_string().contains("blob is missing"), "{err}");
+}
+
+/// A plain restore of `backup` into `into` with `key`: today's schema, no progress, no
+/// extra step.
+async fn restore(
+    blobs: &dyn stategate::store::BlobStore,
+    key: &RootKey,
+    backup: backup::BackupInfo,
+    into: &std::path::Path,
+) -> backup::RestoreReport {
+    backup::restore(
+        blobs,
+        key,
+        &stategate::schema::scope_keys(key.clone(), None),
+        backup,
+        into,
+        stategate::schema::MIGRATIONS,
+        stategate::schema::ALL,
+        &|_, _| {},
+        &mut |_| Ok(()),
+    )
+    .await
+    .unwrap()
 }

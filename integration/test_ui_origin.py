@@ -73,7 +73,9 @@ def tfstate(serial: int, lineage: str, marker: str) -> bytes:
 
 class StripPolicyProxy:
     """The control: forwards every request to stategate unchanged (Host rewritten to
-    stategate's, so presigned signatures still hold) and removes
+    stategate's, so presigned signatures still hold, and Origin with it: to the browser
+    the page and the UI are one origin, which is what the control stands for, so the
+    UI's same-origin check must see one origin too) and removes
     Content-Security-Policy from pass-through answers only (not from /ui/)."""
 
     def __init__(self, target_host: str, target_port: int):
@@ -89,6 +91,8 @@ class StripPolicyProxy:
                 conn = http.client.HTTPConnection(*target, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 headers["Host"] = f"{target[0]}:{target[1]}"
+                if "Origin" in headers:
+                    headers["Origin"] = f"http://{target[0]}:{target[1]}"
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()

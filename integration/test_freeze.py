@@ -60,7 +60,7 @@ def test_apply_while_frozen_fails_with_the_reason_and_works_after_unfreeze(serve
     r = tf.apply(check=False)
     assert r.returncode != 0, r
     assert "Error acquiring the state lock" in r.output, r
-    assert REASON in r.output and "frozen by operator:" in r.output, r
+    assert REASON in r.output and "frozen by cli:" in r.output, r
     assert _serial(ws) == serial
 
     # -lock=false never asks for the lock: its first state write is refused.

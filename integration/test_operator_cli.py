@@ -62,7 +62,7 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
         revealed = db.execute("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'state.revealed'"
                               " ORDER BY id", (f"tf/{ws_name}",)).fetchall()
     assert [json.loads(p) for _, p in revealed] == [{"version": 2, "via": "cli"}, {"version": 1, "via": "cli"}], revealed
-    assert all(a.startswith("operator:") and "s3cr3t" not in p for a, p in revealed), revealed
+    assert all(a.startswith("cli:") and "s3cr3t" not in p for a, p in revealed), revealed
 
     # diff: by address, the changed attribute, outputs (the sensitive one masked)
     d = cli(server, "workspace", "diff", ws_name, "1", "2").stdout
@@ -107,7 +107,7 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
     with sqlite3.connect(server.data_dir / "stategate.db") as db:
         forced = db.execute("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'tf.lock_forced'",
                             (f"tf/{ws_name}",)).fetchall()
-    assert len(forced) == 1 and forced[0][0].startswith("operator:"), forced
+    assert len(forced) == 1 and forced[0][0].startswith("cli:"), forced
     assert json.loads(forced[0][1])["lock_id"] == lock["id"]
 
     # the next apply works (a short provisioner this time)

@@ -95,7 +95,7 @@ def test_timeline_and_writers_with_real_terraform(server, ws_name, make_tf):
     # An operator's rollback to v2 says so, and brings each["b"] back in the timeline.
     done = json.loads(cli(server, "workspace", "rollback", ws_name, "--to", "2").stdout)
     assert done["version"] == 4 and done["restored_from"] == 2, done
-    assert done["writer"].startswith("operator:") and "rollback of v2" in done["written_by"], done
+    assert done["writer"].startswith("cli:") and "rollback of v2" in done["written_by"], done
     assert timeline(server, ws_name, "--limit", "1") == [(4, "added", 'terraform_data.each["b"]')]
     table = cli(server, "workspace", "history", ws_name).stdout
     header, *body = table.splitlines()

@@ -25,7 +25,7 @@
 //! 5. scale: the same write/GET figures with an empty index and with 10,000 workspaces ×
 //!    100 versions (1M version rows + 1M audit rows inserted into the server's SQLite
 //!    before it starts), and the time of `workspace history` / `admin audit list --scope`;
-//! 6. big: LOCK → POST → UNLOCK of a 10,000-instance state (~4.5 MiB, modules, `count`,
+//! 6. big: LOCK → POST → UNLOCK of a 10,000-instance state (~5.6 MiB, modules, `count`,
 //!    `for_each`, data sources) changing 3 instances per write, 1 client and 8 clients on
 //!    8 workspaces, beside the POST CPU floor of that state with and without the resource
 //!    timeline's summary (what the timeline costs a large state; the old server takes
@@ -1501,7 +1501,7 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
     );
 }
 
-/// LOCK → POST → UNLOCK cycles of a 10,000-instance state (~4.5 MiB) where each write
+/// LOCK → POST → UNLOCK cycles of a 10,000-instance state (~5.6 MiB) where each write
 /// changes [`BIG_EDITS`] instances, with 1 client and with 8 clients on 8 workspaces:
 /// what the resource timeline (a keyed digest per instance, the comparison with the
 /// previous version's summary, its rows) costs on a large state. The old server takes

@@ -22,6 +22,22 @@ struct Cli {
     service: Arc<dyn KeyService>,
 }
 
+impl Cli {
+    /// One whole `key reseal` pass (state versions, backups, revocation records).
+    async fn reseal(&self) -> reseal::Resealed {
+        reseal::reseal(
+            &self.store,
+            &stategate::schema::scope_keys(self.root.clone(), None),
+            &self.root,
+            (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
+            "test",
+            &|_, _| {},
+        )
+        .await
+        .unwrap()
+    }
+}
+
 async fn cli(server: &TestServer) -> Cli {
     let store = installation::open_state_store(&server.config)
         .await
@@ -167,16 +183,7 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let done = reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    let done = op.reseal().await;
     assert!(done.versions >= 5, "{done:?}");
     assert_eq!(done.generation, 1);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -197,16 +204,7 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     for (_, key, _) in &all {
         assert_eq!(generation_of(&server, key).await, 1);
     }
-    let again = reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    let again = op.reseal().await;
     assert_eq!((again.versions, again.current), (0, n as u64));
     // No blob left behind: one file per version.
     let states = server
@@ -287,16 +285,7 @@ async fn retire_is_refused_while_anything_needs_the_generation() {
         .to_string();
     assert!(err.contains("newest"), "{err}");
 
-    reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        ("revocations/", "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    op.reseal().await;
     let census = reseal::census(&op.store, "tf/", "revocations/", &|_, _| {})
         .await
         .unwrap();
@@ -430,16 +419,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
 
     // After a reseal the backup's rows name deleted blobs: the restore points them at
     // the resealed ones (same version, same content) instead of dropping them.
-    reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        ("revocations/", "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    op.reseal().await;
     let into3 = server.dir.path().join("restored3.db");
     let chosen = backup::pick(op.store.blobs().as_ref(), Some(&before_id))
         .await
@@ -615,16 +595,7 @@ async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_th
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let versions = rows(&server, "prod").len();
-    reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        ("revocations/", "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    op.reseal().await;
     age_ring(&server);
     for g in [0, 1] {
         keyring::retire(&op.store, g, "test", |_| Ok(None))
@@ -683,16 +654,7 @@ async fn a_reader_that_looked_up_the_row_before_reseal_deleted_the_blob_still_re
         .await
         .unwrap();
     op.root.reload().unwrap();
-    reseal::reseal(
-        &op.store,
-        &stategate::schema::scope_keys(op.root.clone(), None),
-        &op.root,
-        ("revocations/", "revocation/"),
-        "test",
-        &|_, _| {},
-    )
-    .await
-    .unwrap();
+    op.reseal().await;
     let old_blob = row.blob_key.clone().unwrap();
     assert!(blobs(&server).get(&old_blob).await.unwrap().is_none());
     // ... then its read: the row is re-read once and the resealed blob streams.

@@ -567,13 +567,7 @@ pub fn key_generation(prefix: &[u8]) -> Result<Option<u32>, FormatError> {
     if &prefix[..4] != MAGIC_V2 {
         return Err(FormatError::NotABlob);
     }
-    let len = header_len(prefix)?;
-    if prefix.len() < 8 + len {
-        return Ok(None);
-    }
-    let header: StreamHeader =
-        serde_json::from_slice(&prefix[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
-    Ok(Some(header.key_gen))
+    Ok(v2_header(prefix)?.map(|h| h.key_gen))
 }
 
 /// The identity in an SGB2 blob's header, from its first bytes (`None`: not all of
@@ -599,13 +593,19 @@ pub fn stream_identity(prefix: &[u8]) -> Result<Option<BlobIdentity>, FormatErro
     if &prefix[..4] != MAGIC_V2 {
         return Err(FormatError::NotABlob);
     }
+    Ok(v2_header(prefix)?.map(|h| h.id))
+}
+
+/// The SGB2 header at the start of `prefix`, whose magic the caller checked (`None`:
+/// not all of the header is there yet).
+fn v2_header(prefix: &[u8]) -> Result<Option<StreamHeader>, FormatError> {
     let len = header_len(prefix)?;
     if prefix.len() < 8 + len {
         return Ok(None);
     }
-    let header: StreamHeader =
-        serde_json::from_slice(&prefix[8..8 + len]).map_err(|_| FormatError::NotABlob)?;
-    Ok(Some(header.id))
+    serde_json::from_slice(&prefix[8..8 + len])
+        .map(Some)
+        .map_err(|_| FormatError::NotABlob)
 }
 
 /// Opens a whole blob, checking it is exactly the version the index says it is.

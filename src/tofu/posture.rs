@@ -96,7 +96,7 @@ pub async fn recompute(
     blobs: &dyn crate::store::BlobStore,
     keys: &crate::store::rebuild::ScopeKeys,
     rows: &[crate::store::VersionRow],
-) -> anyhow::Result<usize> {
+) -> Result<usize, crate::store::rebuild::RebuildError> {
     let mut facts = Vec::new();
     {
         let conn = Connection::open(into)?;

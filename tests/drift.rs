@@ -8,7 +8,8 @@
 //! `keep_outputs` runs only, older runs saying "pruned" (still after `keep_outputs` is
 //! raised; a missing output retention did not delete stays an error), orphan outputs
 //! swept and nothing else in the store touched, the scheduler's sweep listing the store
-//! only when it can find something. The real Terraform CLI runs in
+//! only when it can find something; a reseal moving outputs and kept plans to a
+//! rotated key (the plan still applies). The real Terraform CLI runs in
 //! `integration/test_drift.py`.
 
 mod common;
@@ -423,6 +424,90 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
         .data_dir
         .join(format!("drift/plans/{}.plan", expired.id))
         .exists());
+}
+
+#[tokio::test]
+async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan_still_applies() {
+    use stategate::crypto::{Purpose, SealKey};
+    use stategate::store::{keyring, reseal::Census};
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(dir);
+    let drift = service(
+        &server,
+        vec![check("prod", dir, &tofu.display().to_string())],
+        vec![],
+    );
+    let drifted = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(drifted.outcome, Some(Outcome::Drifted));
+    let kept = server
+        .config
+        .data_dir
+        .join(format!("drift/plans/{}.plan", drifted.id));
+    let census = |drift: DriftService| async move {
+        let mut c = Census::default();
+        drift.count_sealed(&mut c).await.unwrap();
+        c
+    };
+    let before = census(drift.clone()).await;
+    assert_eq!(before.generations[&0].drift_outputs, 1);
+    assert_eq!(before.generations[&0].drift_plans, 1);
+
+    // What `stategate key rotate` and `key reseal` do: their own handles on the data dir.
+    let config = &server.config;
+    let store = stategate::installation::open_state_store(config)
+        .await
+        .unwrap();
+    let root = stategate::installation::load_root_key(config, false).unwrap();
+    stategate::installation::open_keyring(config, &root, &store, true)
+        .await
+        .unwrap();
+    let service_key = stategate::installation::key_service(config, &root);
+    keyring::rotate(&store, &service_key, Purpose::Data, "test")
+        .await
+        .unwrap();
+    root.reload().unwrap();
+    assert_eq!(root.data_generation(), 1);
+    let tofu_cli = stategate::tofu::TofuBackend::new(store, root.clone());
+    let with_check = Config {
+        drift: vec![check("prod", dir, &tofu.display().to_string())],
+        ..config.clone()
+    };
+    let drift_cli = DriftService::new(&with_check, tofu_cli, root);
+    let done = drift_cli.reseal().await.unwrap();
+    assert_eq!((done.outputs, done.plans, done.current), (1, 1, 0));
+    let after = census(drift_cli.clone()).await;
+    assert_eq!(after.generations.get(&0), None, "{after:?}");
+    assert_eq!(after.generations[&1].drift_outputs, 1);
+    assert_eq!(after.generations[&1].drift_plans, 1);
+    assert_eq!(
+        SealKey::sealed_generation(&std::fs::read(&kept).unwrap()),
+        1
+    );
+    let again = drift_cli.reseal().await.unwrap();
+    assert_eq!((again.outputs, again.plans, again.current), (0, 0, 2));
+    assert_eq!(
+        std::fs::read_dir(kept.parent().unwrap()).unwrap().count(),
+        1,
+        "no temporary file is left beside the plan"
+    );
+
+    // The resealed text still reads and the resealed plan still applies, exactly once.
+    let (_, output) = drift_cli.show(drifted.id).await.unwrap();
+    assert!(output
+        .text()
+        .unwrap()
+        .contains("human text of the saved plan"));
+    let started = drift_cli.approve(drifted.id, "operator:t").await.unwrap();
+    let applied = drift_cli.execute(started).await.unwrap();
+    assert_eq!(applied.outcome, Some(Outcome::Applied));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("applied")).unwrap(),
+        "PLAN-changed"
+    );
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use clap::Subcommand;
 use stategate::config::Config;
 use stategate::crypto::wrapped::remove_plain_key_file;
 use stategate::crypto::{Purpose, RootKey};
+use stategate::drift::DriftService;
 use stategate::installation::{self, Wrapped};
 use stategate::store::reseal::{self, Census};
 use stategate::store::{keyring, StateStore};
@@ -33,8 +34,8 @@ pub enum KeyCommand {
     /// Add a new data key generation. Every new write uses it as soon as each process
     /// re-reads the ring (within a second; no restart); older objects keep opening.
     Rotate,
-    /// Re-encrypt every state version, backup and revocation record under an older
-    /// data generation with the newest. Resumable and safe to interrupt; the server
+    /// Re-encrypt every state version, backup, revocation record, drift output and
+    /// kept drift plan under an older data generation with the newest. Resumable and safe to interrupt; the server
     /// may keep running.
     Reseal,
     /// Drop data generation N from the ring (audited). Refused while anything is still
@@ -84,7 +85,7 @@ pub fn run(config: &Config, command: KeyCommand) -> anyhow::Result<()> {
             }
             KeyCommand::Reseal => reseal_all(config, &store, &root).await,
             KeyCommand::Wrap { remove } => wrap(config, remove),
-            KeyCommand::Retire { generation } => retire(config, &store, generation).await,
+            KeyCommand::Retire { generation } => retire(config, &store, &root, generation).await,
             KeyCommand::Rewrap => {
                 let done = installation::rewrap(config, &root, &store, &operator()).await?;
                 json_line(&serde_json::json!({
@@ -118,7 +119,12 @@ fn confirmed_phrase() -> anyhow::Result<bool> {
 }
 
 /// Everything sealed under data generations, counted.
-async fn census(config: &Config, store: &StateStore, progress: bool) -> anyhow::Result<Census> {
+async fn census(
+    config: &Config,
+    store: &StateStore,
+    root: &RootKey,
+    progress: bool,
+) -> anyhow::Result<Census> {
     let bar = if progress {
         progress_bar("reading blob headers")
     } else {
@@ -133,33 +139,15 @@ async fn census(config: &Config, store: &StateStore, progress: bool) -> anyhow::
     .await;
     bar.finish_and_clear();
     if let Ok(c) = census.as_mut() {
-        reseal::count_messages(store.blobs().as_ref(), stategate::drift::OUTPUT_PREFIX, c).await?;
-        count_plans(&config.data_dir.join("drift").join("plans"), c);
+        drift(config, store, root).count_sealed(c).await?;
     }
     Ok(census?)
 }
 
-/// Kept drift plans (sealed files `<data_dir>/drift/plans/<run>.plan`), by generation.
-fn count_plans(dir: &std::path::Path, census: &mut Census) {
-    use std::io::Read;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return; // no plans kept
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "plan") {
-            continue;
-        }
-        let mut head = [0u8; 8];
-        let read = std::fs::File::open(&path).and_then(|mut f| f.read(&mut head));
-        match read {
-            Ok(n) => {
-                let g = stategate::crypto::SealKey::sealed_generation(&head[..n]);
-                census.generations.entry(g).or_default().drift_plans += 1;
-            }
-            Err(e) => census.unreadable.push(format!("{}: {e}", path.display())),
-        }
-    }
+/// The drift service over this installation: drift outputs and kept plans are its.
+fn drift(config: &Config, store: &StateStore, root: &RootKey) -> DriftService {
+    let tofu = stategate::tofu::TofuBackend::new(store.clone(), root.clone());
+    DriftService::new(config, tofu, root.clone())
 }
 
 async fn status(
@@ -168,7 +156,7 @@ async fn status(
     root: &RootKey,
     json: bool,
 ) -> anyhow::Result<()> {
-    let census = census(config, store, !json).await?;
+    let census = census(config, store, root, !json).await?;
     let live = root.data_generations();
     let service = installation::key_service(config, root).describe();
     let mut generations: std::collections::BTreeSet<u32> = live.iter().copied().collect();
@@ -292,16 +280,27 @@ async fn reseal_all(config: &Config, store: &StateStore, root: &RootKey) -> anyh
     .await;
     bar.finish_and_clear();
     let done = done?;
-    json_line(&done)?;
+    let drift = drift(config, store, root).reseal().await?;
+    let mut line = serde_json::to_value(&done)?;
+    line["drift_outputs"] = drift.outputs.into();
+    line["drift_plans"] = drift.plans.into();
+    line["drift_orphans"] = drift.orphans.into();
+    json_line(&line)?;
     eprintln!(
-        "resealed {} version(s), {} backup(s), {} revocation record(s) under data generation {}; {} already current, {} changed meanwhile (left alone).",
-        done.versions, done.backups, done.revocation_records, done.generation, done.current, done.raced
+        "resealed {} version(s), {} backup(s), {} revocation record(s), {} drift output(s) and {} kept plan(s) under data generation {}; {} already current, {} changed meanwhile (left alone).",
+        done.versions, done.backups, done.revocation_records, drift.outputs, drift.plans, done.generation,
+        done.current + drift.current, done.raced
     );
     Ok(())
 }
 
-async fn retire(config: &Config, store: &StateStore, generation: u32) -> anyhow::Result<()> {
-    let census = census(config, store, true).await?;
+async fn retire(
+    config: &Config,
+    store: &StateStore,
+    root: &RootKey,
+    generation: u32,
+) -> anyhow::Result<()> {
+    let census = census(config, store, root, true).await?;
     let needed = census
         .generations
         .get(&generation)

@@ -19,8 +19,8 @@
 //! This file holds the service, its types and shared helpers; each job has its own
 //! file: `queries` (checks, runs, output, metrics), `execute` (running an admitted
 //! run's child and recording how it ended), `approve` (approval and the apply of a kept
-//! plan), `tidy` (what stopped processes and retention leave), `schedule` (due
-//! checks). Below them: `plan` (pure: the `-json` stream, outcomes, the notify rule),
+//! plan), `tidy` (what stopped processes and retention leave), `reseal` (its sealed
+//! objects under the keyring), `schedule` (due checks). Below them: `plan` (pure: the `-json` stream, outcomes, the notify rule),
 //! `outcomes` (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child
 //! process), `sandbox` (what the child can see), `work` (plaintext work files),
 //! `webhook` (signed events).
@@ -30,6 +30,7 @@ mod execute;
 pub mod outcomes;
 pub mod plan;
 mod queries;
+mod reseal;
 pub mod runner;
 pub mod sandbox;
 mod schedule;
@@ -37,6 +38,7 @@ mod tidy;
 pub mod webhook;
 pub mod work;
 
+pub use reseal::DriftResealed;
 pub use schedule::due_in;
 
 use std::collections::BTreeMap;

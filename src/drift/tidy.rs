@@ -252,7 +252,7 @@ fn outputs_sweep_due(last: Option<SweepMark>, finished_runs: u64, now: Instant) 
 
 /// The run an output key names (`drift/<run id>-<uuid hex>.out`); `None` for any other
 /// key, which the tidy pass leaves alone.
-fn output_run(key: &str) -> Option<i64> {
+pub(super) fn output_run(key: &str) -> Option<i64> {
     let rest = key.strip_prefix(OUTPUT_PREFIX)?.strip_suffix(".out")?;
     let (id, tag) = rest.split_once('-')?;
     let all = |s: &str, ok: fn(&u8) -> bool| !s.is_empty() && s.bytes().all(|b| ok(&b));

@@ -168,21 +168,6 @@ pub async fn census(
     Ok(census)
 }
 
-/// Counts sealed messages (`SealKey::seal`: drift outputs in the store) under `prefix`.
-pub async fn count_messages(
-    blobs: &dyn BlobStore,
-    prefix: &str,
-    census: &mut Census,
-) -> Result<(), StoreError> {
-    for key in blobs.list(prefix).await? {
-        if let Some(sealed) = blobs.get(&key).await? {
-            let g = SealKey::sealed_generation(&sealed);
-            census.generations.entry(g).or_default().drift_outputs += 1;
-        }
-    }
-    Ok(())
-}
-
 #[derive(Clone, Copy)]
 enum Kind {
     Backup,

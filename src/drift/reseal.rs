@@ -1,0 +1,184 @@
+//! Drift's sealed objects under the keyring (`stategate key status`, `key reseal`):
+//! runs' plan text in the blob store (`drift/<run>-<tag>.out`) and kept plans in
+//! `<data_dir>/drift/plans/<run>.plan`, each a `SealKey` message whose associated data
+//! names its workspace and run.
+//!
+//! Both are read by name, not through the index, so they are resealed in place: the
+//! new bytes are opened again under the newest generation before they replace the old
+//! (`put` replaces an object atomically; a plan is written to a temporary file,
+//! fsynced and renamed over the old one, then the directory is fsynced). A `kill -9`
+//! anywhere leaves the old object or the new one, both of which open while the old
+//! generation is in the ring; running it again carries on. An object tidy deletes
+//! while it is resealed may come back under the newest generation: tidy's next pass
+//! deletes it again (its run is still past retention, used or expired).
+
+use super::*;
+use crate::store::reseal::Census;
+
+/// What a drift reseal did.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct DriftResealed {
+    pub outputs: u64,
+    pub plans: u64,
+    /// Already under the newest generation.
+    pub current: u64,
+    /// Objects of no recorded run (tidy's to delete): left alone.
+    pub orphans: u64,
+}
+
+impl DriftService {
+    /// Adds every drift output and kept plan to `census`, by the generation it names.
+    pub async fn count_sealed(&self, census: &mut Census) -> Result<(), Error> {
+        for (key, sealed) in self.sealed_outputs().await? {
+            match sealed {
+                Some(sealed) => {
+                    let g = crate::crypto::SealKey::sealed_generation(&sealed);
+                    census.generations.entry(g).or_default().drift_outputs += 1;
+                }
+                None => census.unreadable.push(format!("{key}: gone while counted")),
+            }
+        }
+        for (_, path) in self.kept_plan_files() {
+            match read_prefix(&path, 8) {
+                Ok(head) => {
+                    let g = crate::crypto::SealKey::sealed_generation(&head);
+                    census.generations.entry(g).or_default().drift_plans += 1;
+                }
+                Err(e) => census.unreadable.push(format!("{}: {e}", path.display())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reseals every drift output and kept plan under an older data generation with
+    /// the newest (see the module docs). Idempotent; stops at the first error, with
+    /// everything before it done.
+    pub async fn reseal(&self) -> Result<DriftResealed, Error> {
+        let mut out = DriftResealed::default();
+        let target = self.inner.root.data_generation();
+        let blobs = self.inner.tofu.store().blobs().clone();
+        for (key, sealed) in self.sealed_outputs().await? {
+            let (Some(sealed), Some(run)) = (sealed, tidy::output_run(&key)) else {
+                continue;
+            };
+            if crate::crypto::SealKey::sealed_generation(&sealed) >= target {
+                out.current += 1;
+                continue;
+            }
+            let Some(workspace) = self.run_workspace(run).await? else {
+                out.orphans += 1;
+                continue;
+            };
+            let seal_key = self.inner.root.drift_output_key(&workspace);
+            let fresh = reseal_message(&seal_key, &sealed_ad("output", &workspace, run), &sealed)
+                .map_err(|e| internal(&format!("cannot reseal drift output {key}"), e))?;
+            blobs
+                .put(&key, Bytes::from(fresh))
+                .await
+                .map_err(|e| internal(&format!("cannot store resealed drift output {key}"), e))?;
+            out.outputs += 1;
+        }
+        for (run, path) in self.kept_plan_files() {
+            let sealed = std::fs::read(&path)
+                .map_err(|e| internal(&format!("cannot read {}", path.display()), e))?;
+            if crate::crypto::SealKey::sealed_generation(&sealed) >= target {
+                out.current += 1;
+                continue;
+            }
+            let Some(workspace) = self.run_workspace(run).await? else {
+                out.orphans += 1;
+                continue;
+            };
+            let seal_key = self.inner.root.drift_plan_key(&workspace);
+            let fresh = reseal_message(&seal_key, &sealed_ad("plan", &workspace, run), &sealed)
+                .map_err(|e| internal(&format!("cannot reseal {}", path.display()), e))?;
+            replace_secret_file(&path, &fresh)
+                .map_err(|e| internal(&format!("cannot replace {}", path.display()), e))?;
+            out.plans += 1;
+        }
+        Ok(out)
+    }
+
+    /// Every output object in the store with its bytes (`None`: deleted since the LIST).
+    async fn sealed_outputs(&self) -> Result<Vec<(String, Option<Bytes>)>, Error> {
+        let blobs = self.inner.tofu.store().blobs().clone();
+        let keys = blobs
+            .list(OUTPUT_PREFIX)
+            .await
+            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let sealed = blobs
+                .get(&key)
+                .await
+                .map_err(|e| internal(&format!("cannot read drift output {key}"), e))?;
+            out.push((key, sealed));
+        }
+        Ok(out)
+    }
+
+    /// The kept plan files (`<run>.plan`) with their runs; none when there is no
+    /// plans directory.
+    fn kept_plan_files(&self) -> Vec<(i64, PathBuf)> {
+        let Ok(entries) = std::fs::read_dir(self.plans_dir()) else {
+            return Vec::new();
+        };
+        let mut plans: Vec<(i64, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let run = name.strip_suffix(".plan")?.parse::<i64>().ok()?;
+                Some((run, entry.path()))
+            })
+            .collect();
+        plans.sort();
+        plans
+    }
+
+    async fn run_workspace(&self, run: i64) -> Result<Option<String>, Error> {
+        Ok(self
+            .read(move |c| outcomes::get_run(c, run))
+            .await?
+            .map(|r| r.workspace))
+    }
+}
+
+/// Opens `sealed` and seals its plaintext again under the newest generation, proving
+/// the new message opens before it is returned.
+fn reseal_message(
+    key: &crate::crypto::SealKey,
+    associated: &[u8],
+    sealed: &[u8],
+) -> Result<Vec<u8>, crate::crypto::SealError> {
+    let plain = zeroize::Zeroizing::new(key.open(associated, sealed)?);
+    let fresh = key.seal(associated, &plain)?;
+    key.open(associated, &fresh)?;
+    Ok(fresh)
+}
+
+/// The first `n` bytes of a file (fewer when it is shorter).
+fn read_prefix(path: &Path, n: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(n);
+    std::fs::File::open(path)?
+        .take(n as u64)
+        .read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// Replaces `path` with `contents` so a crash leaves the old file or the new one: a
+/// private temporary file beside it, fsynced, renamed over it, the directory fsynced.
+fn replace_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("plan.resealing");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    write_secret_file(&tmp, contents)?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

@@ -20,7 +20,8 @@
 //! file: `queries` (checks, runs, output, metrics), `execute` (running an admitted
 //! run's child and recording how it ended), `approve` (approval and the apply of a kept
 //! plan), `tidy` (what stopped processes and retention leave), `reseal` (its sealed
-//! objects under the keyring), `schedule` (due checks). Below them: `plan` (pure: the `-json` stream, outcomes, the notify rule),
+//! objects under the keyring), `schedule` (due checks). Below them: `plan` (pure: the
+//! `-json` stream, outcomes, the notify rule),
 //! `outcomes` (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child
 //! process), `sandbox` (what the child can see), `work` (plaintext work files),
 //! `webhook` (signed events).

@@ -61,17 +61,12 @@ impl DriftService {
             let (Some(sealed), Some(run)) = (sealed, tidy::output_run(&key)) else {
                 continue;
             };
-            if crate::crypto::SealKey::sealed_generation(&sealed) >= target {
-                out.current += 1;
-                continue;
-            }
-            let Some(workspace) = self.run_workspace(run).await? else {
-                out.orphans += 1;
+            let Some(fresh) = self
+                .resealed("output", run, &sealed, target, &mut out)
+                .await?
+            else {
                 continue;
             };
-            let seal_key = self.inner.root.drift_output_key(&workspace);
-            let fresh = reseal_message(&seal_key, &sealed_ad("output", &workspace, run), &sealed)
-                .map_err(|e| internal(&format!("cannot reseal drift output {key}"), e))?;
             blobs
                 .put(&key, Bytes::from(fresh))
                 .await
@@ -81,22 +76,46 @@ impl DriftService {
         for (run, path) in self.kept_plan_files() {
             let sealed = std::fs::read(&path)
                 .map_err(|e| internal(&format!("cannot read {}", path.display()), e))?;
-            if crate::crypto::SealKey::sealed_generation(&sealed) >= target {
-                out.current += 1;
-                continue;
-            }
-            let Some(workspace) = self.run_workspace(run).await? else {
-                out.orphans += 1;
+            let Some(fresh) = self
+                .resealed("plan", run, &sealed, target, &mut out)
+                .await?
+            else {
                 continue;
             };
-            let seal_key = self.inner.root.drift_plan_key(&workspace);
-            let fresh = reseal_message(&seal_key, &sealed_ad("plan", &workspace, run), &sealed)
-                .map_err(|e| internal(&format!("cannot reseal {}", path.display()), e))?;
             replace_secret_file(&path, &fresh)
                 .map_err(|e| internal(&format!("cannot replace {}", path.display()), e))?;
             out.plans += 1;
         }
         Ok(out)
+    }
+
+    /// `sealed` (a drift `what`, "output" or "plan", of `run`) sealed again under
+    /// generation `target`; `None` when it already is, or its run is not recorded
+    /// (counted in `out`).
+    async fn resealed(
+        &self,
+        what: &str,
+        run: i64,
+        sealed: &[u8],
+        target: u32,
+        out: &mut DriftResealed,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if crate::crypto::SealKey::sealed_generation(sealed) >= target {
+            out.current += 1;
+            return Ok(None);
+        }
+        let Some(workspace) = self.run_workspace(run).await? else {
+            out.orphans += 1;
+            return Ok(None);
+        };
+        let root = &self.inner.root;
+        let key = match what {
+            "plan" => root.drift_plan_key(&workspace),
+            _ => root.drift_output_key(&workspace),
+        };
+        reseal_message(&key, &sealed_ad(what, &workspace, run), sealed)
+            .map(Some)
+            .map_err(|e| internal(&format!("cannot reseal drift {what} of run {run}"), e))
     }
 
     /// Every output object in the store with its bytes (`None`: deleted since the LIST).

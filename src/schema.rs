@@ -54,6 +54,7 @@ pub const MIGRATIONS: &[Migration] = &[
     crate::tofu::lock::migrate,
     crate::tokens::migrate,
     crate::store::db::migrate,
+    crate::store::timeline::migrate,
 ];
 
 /// One migration: changes a table of an earlier release in place.

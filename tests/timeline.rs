@@ -509,7 +509,7 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
             .map(Result::unwrap)
             .collect();
         let digests: Vec<(String, i64)> = conn
-            .prepare("SELECT scope, version FROM resource_digests")
+            .prepare("SELECT scope, version FROM resource_summary_heads")
             .unwrap()
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -540,7 +540,7 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
 
 /// A restore recomputes the resource timeline a snapshot does not have: from a
 /// snapshot shaped like the release before the timeline (no `resource_changes` or
-/// `resource_digests`, no writer or count columns in `versions`), the restored index
+/// kept summaries, no writer or count columns in `versions`), the restored index
 /// has the live index's counts, changes and newest summaries, for the versions of the
 /// snapshot and for the one written after it; a snapshot that has the timeline keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,7 +587,7 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
     rusqlite::Connection::open(&old)
         .unwrap()
         .execute_batch(
-            "DROP TABLE resource_changes; DROP TABLE resource_digests;
+            "DROP TABLE resource_changes; DROP TABLE resource_summary_heads; DROP TABLE resource_instance_digests;
              ALTER TABLE versions DROP COLUMN lock_who; ALTER TABLE versions DROP COLUMN lock_operation;
              ALTER TABLE versions DROP COLUMN restored_from; ALTER TABLE versions DROP COLUMN res_added;
              ALTER TABLE versions DROP COLUMN res_changed; ALTER TABLE versions DROP COLUMN res_removed;",
@@ -637,7 +637,7 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
         (
             rows("SELECT scope || ' ' || version || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) FROM versions ORDER BY scope, version"),
             rows("SELECT scope || ' ' || version || ' ' || change || ' ' || address FROM resource_changes ORDER BY scope, version, address"),
-            rows("SELECT scope || ' ' || version || ' ' || hex(summary) FROM resource_digests ORDER BY scope"),
+            rows("SELECT h.scope || ' ' || h.version || ' ' || (SELECT group_concat(address || '=' || hex(digest), ',') FROM (SELECT address, digest FROM resource_instance_digests d WHERE d.scope = h.scope ORDER BY address)) FROM resource_summary_heads h ORDER BY h.scope"),
         )
     };
     let live = read(&s.db());

@@ -491,12 +491,11 @@ async fn complete_timeline(
     let write = |conn: &mut Connection| -> Result<(), rusqlite::Error> {
         conn.pragma_update(None, "synchronous", "FULL")?;
         let tx = conn.transaction()?;
-        let empty = super::timeline::ResourceSummary::default();
         for (scope, version, changes) in &timeline.changes {
             if recorded.contains(&(scope.clone(), *version)) {
                 continue;
             }
-            super::timeline::record(&tx, scope, *version, changes, &empty)?;
+            super::timeline::record_changes(&tx, scope, *version, changes)?;
             let counts = super::timeline::counts(changes);
             tx.execute(
                 "UPDATE versions SET res_added = ?3, res_changed = ?4, res_removed = ?5
@@ -504,9 +503,9 @@ async fn complete_timeline(
                 rusqlite::params![scope, version, counts.added, counts.changed, counts.removed],
             )?;
         }
-        tx.execute("DELETE FROM resource_digests", [])?;
+        super::timeline::forget_all(&tx)?;
         for (scope, version, summary) in &timeline.newest {
-            super::timeline::record(&tx, scope, *version, &[], summary)?;
+            super::timeline::keep_summary(&tx, scope, *version, summary)?;
         }
         tx.commit()
     };

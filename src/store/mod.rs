@@ -307,6 +307,8 @@ pub struct StateStore {
     /// Writers of one scope take turns in this process, so they never race for a
     /// version number (the commit still re-checks); writers of other scopes never wait.
     write_turns: Arc<crate::turns::KeyedTurns<String>>,
+    /// The summary each scope's newest version was stored with (`store::timeline`).
+    summaries: Arc<timeline::SummaryCache>,
 }
 
 /// How often a version-number race is retried before giving up (only unlocked writers race).
@@ -318,6 +320,7 @@ impl StateStore {
             db,
             blobs,
             write_turns: Arc::new(crate::turns::KeyedTurns::new()),
+            summaries: Arc::default(),
         }
     }
 
@@ -610,12 +613,13 @@ impl StateStore {
         let (latest, verdict, prior) = {
             let guard = guard.clone();
             let scope = new.scope.clone();
+            let summaries = self.summaries.clone();
             self.db
                 .read_quick(move |c| {
                     let latest = latest_row(c, &scope)?;
                     let verdict = guard(c, latest.as_ref());
                     let prior = match &verdict {
-                        Ok(()) => timeline::prior_summary(c, &scope)?,
+                        Ok(()) => prior_summary(c, &summaries, &scope, latest.as_ref())?,
                         Err(_) => None,
                     };
                     Ok((latest, verdict, prior))
@@ -644,8 +648,10 @@ impl StateStore {
             .store_blob(&blob_key, &id, key, new.check, &mut body)
             .await?;
         // Compared outside the writer thread; the commit checks the base still holds.
+        let prior = prior.as_ref().map(|(v, s)| (*v, s.as_deref()));
         let changes = timeline_changes(latest.as_ref(), prior, meta.resources.as_ref());
-        let resources = meta.resources.take();
+        let resources = meta.resources.take().map(Arc::new);
+        let kept = resources.clone();
         let row = VersionRow {
             scope: id.scope,
             version,
@@ -679,7 +685,8 @@ impl StateStore {
                 }
                 let mut row = row;
                 let db = |e| E::from(DbError::from(e));
-                row.changes = record_timeline(c, &row, changes, resources.as_ref()).map_err(db)?;
+                row.changes =
+                    record_timeline(c, &row, changes, resources.as_deref()).map_err(db)?;
                 insert_version(c, &row).map_err(db)?;
                 if let Some(entry) = &audit {
                     insert_audit(c, entry).map_err(db)?;
@@ -687,8 +694,14 @@ impl StateStore {
                 Ok(Attempt::Done(WriteOutcome::Stored(row)))
             })
             .await;
-        if !matches!(committed, Ok(Attempt::Done(WriteOutcome::Stored(_)))) {
-            self.discard_blob(&blob_key).await;
+        match &committed {
+            Ok(Attempt::Done(WriteOutcome::Stored(row))) => match (kept, &row.sha256) {
+                (Some(summary), Some(sha)) => {
+                    self.summaries.put(&row.scope, row.version, sha, summary)
+                }
+                _ => self.summaries.remove(&row.scope),
+            },
+            _ => self.discard_blob(&blob_key).await,
         }
         committed
     }
@@ -777,6 +790,7 @@ impl StateStore {
                 let db = |e| E::from(DbError::from(e));
                 // A deletion removes every resource the state is known to have had.
                 let prior = timeline::prior_summary(c, &scope).map_err(db)?;
+                let prior = prior.as_ref().map(|(v, s)| (*v, s.as_ref()));
                 let changes = timeline_changes(Some(&current), prior, Some(&Default::default()));
                 row.changes = record_timeline(c, &row, changes, None).map_err(db)?;
                 insert_version(c, &row).map_err(db)?;
@@ -861,6 +875,7 @@ impl StateStore {
             {
                 Ok((mut meta, trailer)) => {
                     written.push(blob_key.clone());
+                    let prior = prior.as_ref().map(|(v, s)| (*v, s.as_ref()));
                     let changes = timeline_changes(before.as_ref(), prior, meta.resources.as_ref());
                     timelines.push((changes, meta.resources.take()));
                     rows.push(VersionRow {
@@ -941,7 +956,7 @@ type TimelineChanges = Option<(i64, Vec<(String, timeline::Change)>)>;
 
 fn timeline_changes(
     latest: Option<&VersionRow>,
-    prior: Option<(i64, Option<ResourceSummary>)>,
+    prior: Option<(i64, Option<&ResourceSummary>)>,
     next: Option<&ResourceSummary>,
 ) -> TimelineChanges {
     let next = next?;
@@ -950,7 +965,7 @@ fn timeline_changes(
         None => Some((0, timeline::diff(&ResourceSummary::default(), next))),
         Some(live) => match prior {
             Some((version, Some(base))) if version == live.version => {
-                Some((version, timeline::diff(&base, next)))
+                Some((version, timeline::diff(base, next)))
             }
             _ => None,
         },
@@ -969,18 +984,50 @@ fn record_timeline(
     let kept = timeline::prior_version(conn, &row.scope)?;
     let changes = changes.filter(|(base, _)| *base == 0 || kept == Some(*base));
     let counts = changes.as_ref().map(|(_, c)| timeline::counts(c));
+    let (scope, version) = (row.scope.as_str(), row.version);
     match (changes, resources) {
+        // Compared with the summary kept: only the changed addresses' rows move.
+        (Some((base, changes)), Some(next)) if base != 0 => {
+            timeline::record_changes(conn, scope, version, &changes)?;
+            timeline::advance_summary(conn, scope, version, &changes, next)?;
+        }
         (Some((_, changes)), Some(next)) => {
-            timeline::record(conn, &row.scope, row.version, &changes, next)?
+            timeline::record_changes(conn, scope, version, &changes)?;
+            timeline::keep_summary(conn, scope, version, next)?;
         }
         (Some((_, changes)), None) => {
-            timeline::record(conn, &row.scope, row.version, &changes, &Default::default())?;
-            timeline::forget(conn, &row.scope)?;
+            timeline::record_changes(conn, scope, version, &changes)?;
+            timeline::forget(conn, scope)?;
         }
-        (None, Some(next)) => timeline::record(conn, &row.scope, row.version, &[], next)?,
-        (None, None) => timeline::forget(conn, &row.scope)?,
+        (None, Some(next)) => timeline::keep_summary(conn, scope, version, next)?,
+        (None, None) => timeline::forget(conn, scope)?,
     }
     Ok(counts)
+}
+
+/// The summary kept for `scope`'s newest version, from `cache` when it holds the one
+/// `latest` was stored with, else from the index (and then cached).
+fn prior_summary(
+    conn: &Connection,
+    cache: &timeline::SummaryCache,
+    scope: &str,
+    latest: Option<&VersionRow>,
+) -> Result<Option<(i64, Option<Arc<ResourceSummary>>)>, rusqlite::Error> {
+    let live = latest.filter(|r| !r.is_tombstone());
+    let Some((version, sha)) = live.and_then(|r| Some((r.version, r.sha256.as_deref()?))) else {
+        return Ok(None); // nothing live: the next version is compared with nothing
+    };
+    if let Some(summary) = cache.get(scope, version, sha) {
+        return Ok(Some((version, Some(summary))));
+    }
+    let prior =
+        timeline::prior_summary(conn, scope)?.map(|(kept, summary)| (kept, summary.map(Arc::new)));
+    if let Some((kept, Some(summary))) = &prior {
+        if *kept == version {
+            cache.put(scope, version, sha, summary.clone());
+        }
+    }
+    Ok(prior)
 }
 
 fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::Error> {

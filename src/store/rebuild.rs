@@ -380,13 +380,12 @@ fn write_timeline(into: &Path, timeline: &Recomputed) -> Result<(), RebuildError
     conn.pragma_update(None, "journal_mode", "DELETE")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
-    let empty = super::timeline::ResourceSummary::default();
     for (scope, version, changes) in &timeline.changes {
-        super::timeline::record(&tx, scope, *version, changes, &empty)?;
+        super::timeline::record_changes(&tx, scope, *version, changes)?;
     }
-    tx.execute("DELETE FROM resource_digests", [])?;
+    super::timeline::forget_all(&tx)?;
     for (scope, version, summary) in &timeline.newest {
-        super::timeline::record(&tx, scope, *version, &[], summary)?;
+        super::timeline::keep_summary(&tx, scope, *version, summary)?;
     }
     tx.commit()?;
     conn.close().map_err(|(_, e)| e)?;

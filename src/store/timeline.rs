@@ -5,14 +5,20 @@
 //! The store never reads states: the caller's body check (`tfstate::StateScanner`)
 //! hands over a [`ResourceSummary`] of the body it streamed — every resource instance's
 //! address with a keyed digest of its bytes — and the store compares it with the
-//! summary kept for the scope's newest version (`resource_digests`, one row per scope,
-//! replaced by each write), then records the differences (`resource_changes`) and the
-//! counts on the version row, in the version's commit.
+//! summary kept for the scope's newest version (`resource_summary_heads` names the
+//! version, `resource_instance_digests` holds one row per address), then records the
+//! differences (`resource_changes`) and the counts on the version row, in the version's
+//! commit. The commit rewrites only the digest rows of the addresses that changed, and
+//! the next write finds the summary in the [`SummaryCache`] instead of reading it back:
+//! for a 10,000-instance state both are ~0.6 MB of index rows per write otherwise.
 //!
 //! Bounds: at most [`MAX_ADDRESSES`] instances of at most [`MAX_ADDRESS_LEN`] bytes
 //! each per state; a state past them (or one the server cannot read, such as an
 //! OpenTofu-encrypted one) records no timeline for its version (counts NULL: unknown),
 //! and the next version is compared with nothing known, so it too records none.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
@@ -41,12 +47,20 @@ CREATE TABLE IF NOT EXISTS resource_changes (
 CREATE INDEX IF NOT EXISTS resource_changes_by_address
     ON resource_changes (scope, address, version);
 
--- The summary (address -> keyed digest) of each scope's newest version, which the next
--- write is compared with. Absent when that version has none (unknown).
-CREATE TABLE IF NOT EXISTS resource_digests (
+-- The version whose summary (address -> keyed digest) the next write of each scope is
+-- compared with: its newest. Absent when that version has none (unknown).
+CREATE TABLE IF NOT EXISTS resource_summary_heads (
     scope    TEXT    PRIMARY KEY,
-    version  INTEGER NOT NULL,
-    summary  BLOB    NOT NULL
+    version  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- That summary, one row per instance address: a write changes the rows of the
+-- addresses it changed, not the whole summary.
+CREATE TABLE IF NOT EXISTS resource_instance_digests (
+    scope    TEXT    NOT NULL,
+    address  TEXT    NOT NULL,
+    digest   BLOB    NOT NULL,
+    PRIMARY KEY (scope, address)
 ) WITHOUT ROWID;
 "#;
 
@@ -77,7 +91,9 @@ impl ResourceSummary {
         self.0.is_empty()
     }
 
-    /// `u16 length ‖ address ‖ digest`, repeated (the `resource_digests.summary` blob).
+    /// `u16 length ‖ address ‖ digest`, repeated: the earlier release's
+    /// `resource_digests.summary` blob, which [`migrate`] reads.
+    #[cfg(test)]
     fn encode(&self) -> Vec<u8> {
         let size = self.0.iter().map(|(a, _)| 2 + a.len() + DIGEST_LEN).sum();
         let mut out = Vec::with_capacity(size);
@@ -90,7 +106,7 @@ impl ResourceSummary {
         out
     }
 
-    /// `None` for bytes [`Self::encode`] did not write (then nothing is known).
+    /// `None` for bytes the earlier release did not write (then nothing is known).
     fn decode(mut bytes: &[u8]) -> Option<Self> {
         let mut entries = Vec::new();
         while !bytes.is_empty() {
@@ -209,29 +225,39 @@ pub fn prior_summary(
     conn: &Connection,
     scope: &str,
 ) -> Result<Option<(i64, Option<ResourceSummary>)>, rusqlite::Error> {
-    conn.prepare_cached("SELECT version, summary FROM resource_digests WHERE scope = ?1")?
-        .query_row([scope], |r| {
-            let bytes: Vec<u8> = r.get(1)?;
-            Ok((r.get::<_, i64>(0)?, ResourceSummary::decode(&bytes)))
-        })
-        .optional()
+    let Some(version) = prior_version(conn, scope)? else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT address, digest FROM resource_instance_digests WHERE scope = ?1 ORDER BY address",
+    )?;
+    let mut rows = stmt.query([scope])?;
+    let mut entries = Vec::new();
+    while let Some(row) = rows.next()? {
+        let digest: Vec<u8> = row.get(1)?;
+        // A digest of another length was not written here: nothing is known.
+        let Ok(digest) = <[u8; DIGEST_LEN]>::try_from(digest.as_slice()) else {
+            return Ok(Some((version, None)));
+        };
+        entries.push((row.get(0)?, digest));
+    }
+    Ok(Some((version, ResourceSummary::from_entries(entries))))
 }
 
 /// The version `prior_summary` was kept for, without reading it (the commit's check
 /// that nothing replaced it since it was compared).
 pub fn prior_version(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
-    conn.prepare_cached("SELECT version FROM resource_digests WHERE scope = ?1")?
+    conn.prepare_cached("SELECT version FROM resource_summary_heads WHERE scope = ?1")?
         .query_row([scope], |r| r.get(0))
         .optional()
 }
 
-/// Records `version`'s changes and makes `summary` the one the next write compares with.
-pub fn record(
+/// Records `version`'s changes (the `resource_changes` rows only).
+pub fn record_changes(
     conn: &Connection,
     scope: &str,
     version: i64,
     changes: &[(String, Change)],
-    summary: &ResourceSummary,
 ) -> Result<(), rusqlite::Error> {
     let mut insert = conn.prepare_cached(
         "INSERT INTO resource_changes (scope, version, address, change) VALUES (?1, ?2, ?3, ?4)",
@@ -239,19 +265,214 @@ pub fn record(
     for (address, change) in changes {
         insert.execute(params![scope, version, address, change.as_str()])?;
     }
+    Ok(())
+}
+
+/// Makes `summary` the one the next write of `scope` compares with, replacing whatever
+/// was kept (a first version, one compared with nothing known, a rebuild).
+pub fn keep_summary(
+    conn: &Connection,
+    scope: &str,
+    version: i64,
+    summary: &ResourceSummary,
+) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached("DELETE FROM resource_instance_digests WHERE scope = ?1")?
+        .execute([scope])?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO resource_instance_digests (scope, address, digest) VALUES (?1, ?2, ?3)",
+    )?;
+    for (address, digest) in &summary.0 {
+        insert.execute(params![scope, address, &digest[..]])?;
+    }
+    set_head(conn, scope, version)
+}
+
+/// Moves the summary kept for `scope` from the version `changes` were computed
+/// against to `version`, whose summary is `next`: only the changed addresses' rows are
+/// written. The caller has checked that the kept version is the one compared with.
+pub fn advance_summary(
+    conn: &Connection,
+    scope: &str,
+    version: i64,
+    changes: &[(String, Change)],
+    next: &ResourceSummary,
+) -> Result<(), rusqlite::Error> {
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO resource_instance_digests (scope, address, digest) VALUES (?1, ?2, ?3)
+         ON CONFLICT (scope, address) DO UPDATE SET digest = excluded.digest",
+    )?;
+    let mut delete = conn.prepare_cached(
+        "DELETE FROM resource_instance_digests WHERE scope = ?1 AND address = ?2",
+    )?;
+    for (address, change) in changes {
+        let digest = next
+            .0
+            .binary_search_by(|(a, _)| a.as_str().cmp(address))
+            .ok()
+            .map(|i| &next.0[i].1);
+        match (change, digest) {
+            (Change::Added | Change::Changed, Some(digest)) => {
+                upsert.execute(params![scope, address, &digest[..]])?;
+            }
+            (Change::Removed, None) => {
+                delete.execute(params![scope, address])?;
+            }
+            // Changes not computed against `next`: keep it whole instead.
+            _ => return keep_summary(conn, scope, version, next),
+        }
+    }
+    set_head(conn, scope, version)
+}
+
+fn set_head(conn: &Connection, scope: &str, version: i64) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(
-        "INSERT INTO resource_digests (scope, version, summary) VALUES (?1, ?2, ?3)
-         ON CONFLICT (scope) DO UPDATE SET version = excluded.version, summary = excluded.summary",
+        "INSERT INTO resource_summary_heads (scope, version) VALUES (?1, ?2)
+         ON CONFLICT (scope) DO UPDATE SET version = excluded.version",
     )?
-    .execute(params![scope, version, summary.encode()])?;
+    .execute(params![scope, version])?;
     Ok(())
 }
 
 /// The scope's newest version has no summary: the next write is compared with nothing.
 pub fn forget(conn: &Connection, scope: &str) -> Result<(), rusqlite::Error> {
-    conn.prepare_cached("DELETE FROM resource_digests WHERE scope = ?1")?
+    conn.prepare_cached("DELETE FROM resource_summary_heads WHERE scope = ?1")?
+        .execute([scope])?;
+    conn.prepare_cached("DELETE FROM resource_instance_digests WHERE scope = ?1")?
         .execute([scope])?;
     Ok(())
+}
+
+/// No scope has a summary kept (a rebuild or restore then keeps the ones it computed).
+pub fn forget_all(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("DELETE FROM resource_summary_heads; DELETE FROM resource_instance_digests;")
+}
+
+/// The earlier release kept each scope's summary as one blob (`resource_digests`),
+/// rewritten whole by every write: its rows become [`keep_summary`]'s, one scope at a
+/// time, and the table is dropped. A blob it cannot read keeps nothing for its scope
+/// (the next version is compared with nothing known, as for any unknown summary).
+pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let old: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'resource_digests'",
+        [],
+        |r| r.get(0),
+    )?;
+    if old == 0 {
+        return Ok(());
+    }
+    conn.execute_batch(SCHEMA)?;
+    let mut stmt = conn.prepare("SELECT scope, version, summary FROM resource_digests")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let (scope, version): (String, i64) = (row.get(0)?, row.get(1)?);
+        let bytes: Vec<u8> = row.get(2)?;
+        if let Some(summary) = ResourceSummary::decode(&bytes) {
+            keep_summary(conn, &scope, version, &summary)?;
+        }
+    }
+    drop(rows);
+    drop(stmt);
+    conn.execute_batch("DROP TABLE resource_digests")
+}
+
+/// Most bytes of summaries [`SummaryCache`] holds (a 10,000-instance summary is ~1 MB
+/// in memory).
+pub const SUMMARY_CACHE_BYTES: usize = 64 << 20;
+
+/// The summaries the newest versions were stored with, by scope, so the next write
+/// compares with them without reading them back from the index. An entry is used only
+/// for the (version, sha256) it was stored for: a version row names its content, and a
+/// scope's digest key never changes (`SealKey::resource_digest_key`), so an entry is
+/// exactly what the index holds for that version, whichever process wrote since. The
+/// least recently used entries go first past [`SUMMARY_CACHE_BYTES`].
+#[derive(Default)]
+pub struct SummaryCache {
+    inner: Mutex<CacheInner>,
+}
+
+#[derive(Default)]
+struct CacheInner {
+    entries: HashMap<String, Cached>,
+    /// Last use -> scope, oldest first.
+    by_use: BTreeMap<u64, String>,
+    bytes: usize,
+    clock: u64,
+}
+
+struct Cached {
+    version: i64,
+    sha256: String,
+    summary: Arc<ResourceSummary>,
+    bytes: usize,
+    used: u64,
+}
+
+impl SummaryCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheInner> {
+        // The map is consistent after every statement: a panic elsewhere leaves it usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The summary stored for `scope`'s version `version` with content `sha256`.
+    pub fn get(&self, scope: &str, version: i64, sha256: &str) -> Option<Arc<ResourceSummary>> {
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let now = inner.clock;
+        let entry = inner.entries.get_mut(scope)?;
+        if entry.version != version || entry.sha256 != sha256 {
+            return None;
+        }
+        let (before, summary) = (
+            std::mem::replace(&mut entry.used, now),
+            entry.summary.clone(),
+        );
+        inner.by_use.remove(&before);
+        inner.by_use.insert(now, scope.to_string());
+        Some(summary)
+    }
+
+    pub fn put(&self, scope: &str, version: i64, sha256: &str, summary: Arc<ResourceSummary>) {
+        let bytes = summary.0.iter().map(|(a, _)| a.len() + 64).sum::<usize>() + 128;
+        let mut inner = self.lock();
+        inner.remove(scope);
+        if bytes > SUMMARY_CACHE_BYTES {
+            return;
+        }
+        while inner.bytes + bytes > SUMMARY_CACHE_BYTES {
+            let Some((_, oldest)) = inner.by_use.pop_first() else {
+                break;
+            };
+            inner.remove(&oldest);
+        }
+        inner.clock += 1;
+        let used = inner.clock;
+        inner.by_use.insert(used, scope.to_string());
+        inner.bytes += bytes;
+        let sha256 = sha256.to_string();
+        inner.entries.insert(
+            scope.to_string(),
+            Cached {
+                version,
+                sha256,
+                summary,
+                bytes,
+                used,
+            },
+        );
+    }
+
+    pub fn remove(&self, scope: &str) {
+        self.lock().remove(scope);
+    }
+}
+
+impl CacheInner {
+    fn remove(&mut self, scope: &str) {
+        if let Some(gone) = self.entries.remove(scope) {
+            self.by_use.remove(&gone.used);
+            self.bytes -= gone.bytes;
+        }
+    }
 }
 
 /// One timeline entry: a change of one address in one version, with who wrote it.
@@ -389,7 +610,8 @@ mod tests {
         let sqls = [
             BY_ADDRESS_SQL,
             ALL_SQL,
-            "SELECT version, summary FROM resource_digests WHERE scope = ?1",
+            "SELECT address, digest FROM resource_instance_digests WHERE scope = ?1 ORDER BY address",
+            "SELECT version FROM resource_summary_heads WHERE scope = ?1",
         ];
         for sql in sqls {
             let plan = crate::store::db::query_plan(&conn, sql);
@@ -403,7 +625,8 @@ mod tests {
             assert!(
                 plan.iter().any(|s| s.starts_with("SEARCH c")
                     || s.starts_with("SEARCH resource_changes USING INDEX")
-                    || s.starts_with("SEARCH resource_digests")),
+                    || s.starts_with("SEARCH resource_instance_digests")
+                    || s.starts_with("SEARCH resource_summary_heads")),
                 "{sql}: {plan:?}"
             );
         }
@@ -448,5 +671,100 @@ mod tests {
         for bad in [&[0u8][..], &[0, 5, b'a'], &[0, 1, b'a', 1, 2]] {
             assert_eq!(ResourceSummary::decode(bad), None, "{bad:?}");
         }
+    }
+
+    /// The summary a write keeps is the same whether the commit rewrites the changed
+    /// addresses' rows or all of them, for every kind of change.
+    #[test]
+    fn advancing_the_kept_summary_matches_keeping_it_whole() {
+        let conn = crate::store::db::schema_db();
+        let steps: &[&[(&str, u8)]] = &[
+            &[("a", 1), ("b[0]", 1), ("b[1]", 1)],
+            &[("a", 2), ("b[0]", 1), ("c", 3)],
+            &[],
+            &[("z", 9)],
+        ];
+        keep_summary(&conn, "tf/a", 1, &summary(steps[0])).unwrap();
+        for (i, pair) in steps.windows(2).enumerate() {
+            let (prev, next) = (summary(pair[0]), summary(pair[1]));
+            let changes = diff(&prev, &next);
+            let version = i as i64 + 2;
+            advance_summary(&conn, "tf/a", version, &changes, &next).unwrap();
+            assert_eq!(
+                prior_summary(&conn, "tf/a").unwrap(),
+                Some((version, Some(next)))
+            );
+        }
+        // A change `next` contradicts (a caller's mistake) keeps `next` whole.
+        let next = summary(&[("q", 1)]);
+        advance_summary(&conn, "tf/a", 9, &[("q".into(), Change::Removed)], &next).unwrap();
+        assert_eq!(prior_summary(&conn, "tf/a").unwrap(), Some((9, Some(next))));
+        forget(&conn, "tf/a").unwrap();
+        assert_eq!(prior_summary(&conn, "tf/a").unwrap(), None);
+    }
+
+    /// The earlier release's one-blob-per-scope summaries become rows: a readable blob
+    /// is the same summary after, an unreadable one keeps nothing, and the old table is
+    /// gone (so migrating again is a no-op).
+    #[test]
+    fn the_earlier_releases_summary_blobs_become_rows() {
+        let conn = Connection::open_in_memory().unwrap();
+        let kept = summary(&[("module.m.x[\"k\"]", 4), ("a", 1)]);
+        conn.execute_batch(
+            "CREATE TABLE resource_digests (scope TEXT PRIMARY KEY, version INTEGER NOT NULL, summary BLOB NOT NULL) WITHOUT ROWID;",
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO resource_digests VALUES ('tf/a', 7, ?1), ('tf/b', 2, x'0005')",
+            [kept.encode()],
+        )
+        .unwrap();
+        for _ in 0..2 {
+            migrate(&conn).unwrap();
+            assert_eq!(
+                prior_summary(&conn, "tf/a").unwrap(),
+                Some((7, Some(kept.clone())))
+            );
+            assert_eq!(prior_summary(&conn, "tf/b").unwrap(), None);
+        }
+        let old: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'resource_digests'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(old, 0);
+    }
+
+    #[test]
+    fn the_summary_cache_answers_only_for_the_version_it_was_stored_for() {
+        let cache = SummaryCache::default();
+        let s = Arc::new(summary(&[("a", 1)]));
+        cache.put("tf/a", 3, "sha-3", s.clone());
+        assert_eq!(cache.get("tf/a", 3, "sha-3"), Some(s.clone()));
+        // Another version, the same number with other content (a restored index), another scope.
+        assert_eq!(cache.get("tf/a", 4, "sha-3"), None);
+        assert_eq!(cache.get("tf/a", 3, "sha-x"), None);
+        assert_eq!(cache.get("tf/b", 3, "sha-3"), None);
+        cache.remove("tf/a");
+        assert_eq!(cache.get("tf/a", 3, "sha-3"), None);
+        // Bounded: filling it past its bytes drops the least recently used first.
+        let big = Arc::new(ResourceSummary(
+            (0..50_000)
+                .map(|i| (format!("{i:0>450}"), [0; DIGEST_LEN]))
+                .collect(),
+        ));
+        cache.put("tf/old", 1, "s", big.clone());
+        cache.put("tf/hot", 1, "s", big.clone());
+        assert!(cache.get("tf/old", 1, "s").is_some());
+        cache.put("tf/new", 1, "s", big.clone());
+        assert!(
+            cache.get("tf/hot", 1, "s").is_none(),
+            "least recently used is dropped"
+        );
+        assert!(cache.get("tf/old", 1, "s").is_some());
+        assert!(cache.get("tf/new", 1, "s").is_some());
+        assert!(cache.lock().bytes <= SUMMARY_CACHE_BYTES);
     }
 }

@@ -47,7 +47,8 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT count(*) FROM tf_consumers",
         "SELECT count(*) FROM tf_token_grants",
         "SELECT count(*) FROM resource_changes",
-        "SELECT count(*) FROM resource_digests",
+        "SELECT count(*) FROM resource_summary_heads",
+        "SELECT count(*) FROM resource_instance_digests",
     ]
     .iter()
     .map(|sql| server.count(sql))

@@ -6,6 +6,48 @@ use base64::Engine;
 use common::{lock_info, state, status, wait_until, TestServer};
 use md5::Digest;
 
+/// Contended LOCKs are refused from a reader: however many clients retry a held lock,
+/// none of their refusals (held by another, or frozen) queues on the index writer in
+/// front of the holder's POST and UNLOCK, and each still carries the holder's (or the
+/// freeze's) LockInfo. The holder's retry and a free lock still go to the writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_locks_never_reach_the_index_writer() {
+    let s = TestServer::start().await;
+    let store = s.app.tofu.store();
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
+    let before = store.writer_jobs();
+    for i in 0..20 {
+        let (code, body) = status(s.tf("LOCK", "w").body(lock_info(&format!("X{i}")))).await;
+        assert_eq!(code, 423);
+        assert!(body.contains("\"L1\""), "{body}");
+    }
+    assert_eq!(
+        store.writer_jobs(),
+        before,
+        "a refused LOCK ran on the writer"
+    );
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
+    assert_eq!(
+        status(s.tf("UNLOCK", "w").body(lock_info("L1"))).await.0,
+        200
+    );
+    assert!(store.writer_jobs() >= before + 2);
+    // A freeze refuses from the reader too, with the freeze's LockInfo.
+    s.app
+        .tofu
+        .freeze("w", "incident 7", None, "operator:ops@example.com")
+        .await
+        .unwrap();
+    let before = store.writer_jobs();
+    for i in 0..5 {
+        let (code, body) = status(s.tf("LOCK", "w").body(lock_info(&format!("F{i}")))).await;
+        assert_eq!(code, 423);
+        assert!(body.contains("incident 7"), "{body}");
+    }
+    assert_eq!(store.writer_jobs(), before);
+    assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_get_lock_write_unlock() {
     let s = TestServer::start().await;

@@ -340,6 +340,15 @@ impl StateStore {
         self.db.clone()
     }
 
+    /// Jobs the index's one writer thread has run since it started: what a request
+    /// that must not queue there (a refused LOCK) can be checked against.
+    pub fn writer_jobs(&self) -> u64 {
+        self.db
+            .writer_stats()
+            .jobs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many versions the index holds and their total size in bytes (for `/metrics`).
     pub async fn totals(&self) -> Result<(i64, i64), StoreError> {
         Ok(self

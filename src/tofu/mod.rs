@@ -140,6 +140,24 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
     serde_json::json!({ "lock_id": lock.id, "who": field("Who"), "operation": field("Operation") })
 }
 
+/// What a LOCK with `lock_id` meets on `conn`: the 423 of a freeze (for anyone but
+/// the holder retrying: the holder's retry stays theirs, nobody else takes a frozen
+/// lock) or of another holder, else whether it takes the lock or already holds it. On
+/// a reader an expired freeze is left for the writer to end.
+fn judge_lock(conn: &Connection, workspace: &str, lock_id: &str) -> Result<Lock, Error> {
+    let held = held_lock(conn, workspace).map_err(DbError::from)?;
+    let decision = decide_lock(held.as_ref(), lock_id);
+    if decision != Lock::AlreadyHeld {
+        if let Some(f) = freeze_in_force(conn, workspace)? {
+            return Err(frozen(&f));
+        }
+    }
+    match (decision, held) {
+        (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
+        (decision, _) => Ok(decision),
+    }
+}
+
 fn locked_by(holder: HeldLock) -> Error {
     Error::Locked {
         holder_info: Bytes::from(holder.info),
@@ -1283,26 +1301,26 @@ impl TofuBackend {
         };
         let ws = workspace.to_string();
         let credential = who.name(workspace);
+        // When clients contend, most LOCKs are refused (each retries until it gets the
+        // lock): one a reader sees refused is answered from there, so the one writer
+        // meets only the LOCKs that may take it, not dozens of refusals queued before
+        // the holder's POST and UNLOCK. A refusal read from a committed snapshot is
+        // what the same LOCK sent a moment earlier gets.
+        let (seen_ws, seen_id) = (ws.clone(), wanted.id.clone());
+        self.db
+            .read_quick(move |conn| Ok(judge_lock(conn, &seen_ws, &seen_id).map(drop)))
+            .await??;
         self.db
             .write(move |conn| -> Result<(), Error> {
-                let held = held_lock(conn, &ws).map_err(DbError::from)?;
-                let decision = decide_lock(held.as_ref(), &wanted.id);
-                // The holder's retry stays theirs; nobody else takes a frozen lock.
-                if decision != Lock::AlreadyHeld {
-                    if let Some(f) = freeze_in_force(conn, &ws)? {
-                        return Err(frozen(&f));
-                    }
-                }
-                match (decision, held) {
-                    (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
-                    (Lock::Take, _) => {
+                match judge_lock(conn, &ws, &wanted.id)? {
+                    Lock::Take => {
                         lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
                         let entry = audit(&credential, &ws, EVENT_LOCKED, lock_summary(&wanted));
                         insert_audit(conn, &entry).map_err(DbError::from)?;
                         Ok(())
                     }
                     // The holder retrying after a lost response: already theirs.
-                    (Lock::AlreadyHeld, _) | (Lock::Refuse, None) => Ok(()),
+                    Lock::AlreadyHeld | Lock::Refuse => Ok(()),
                 }
             })
             .await

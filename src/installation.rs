@@ -26,19 +26,28 @@ use cryptoki::types::AuthPin;
 
 /// Loads the DEK from config/env, else from the key file (creating it on first start);
 /// with `key.service = "pkcs11"`, from the wrapped key file, opened by the token (on
-/// first start a new key is made and only its wrapped form is written).
+/// first start a new key is made and only its wrapped form is written). The keyring
+/// is attached from the index's table alone; `serve` and the `key` commands use
+/// [`read_root_key`] and [`open_keyring`] instead, which reconcile it with the store's
+/// copies first.
 pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
+    let key = read_root_key(config, create)?;
+    attach_ring(config, &key, Vec::new())?;
+    Ok(key)
+}
+
+/// The root key as [`load_root_key`] finds it, without its keyring: [`open_keyring`]
+/// attaches it after reconciling the table with the store's copies, so an index
+/// restored from a backup made before `key rewrap` (its ring wrapped under the replaced
+/// key file) opens with the store's re-wrapped copies instead of stopping.
+pub fn read_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     if config.key.service == KeyServiceKind::Pkcs11 {
         // The token gives the DEK; the ring's generations are then wrapped under it as
         // with a key file (`key_service`).
-        let key = load_wrapped_root_key(config, create)?;
-        attach_ring(config, &key, Vec::new())?;
-        return Ok(key);
+        return load_wrapped_root_key(config, create);
     }
     if let Some(text) = &config.dek {
-        let key = RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid")?;
-        attach_ring(config, &key, Vec::new())?;
-        return Ok(key);
+        return RootKey::from_base64(text.expose()).context("STATEGATE_DEK / dek is invalid");
     }
     let path = config.dek_path();
     if !create && !path.exists() {
@@ -51,7 +60,6 @@ pub fn load_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let (key, created) = RootKey::load_or_create(&path)?;
-    attach_ring(config, &key, Vec::new())?;
     if created {
         tracing::warn!(
             path = %path.display(),

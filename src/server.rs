@@ -15,7 +15,7 @@ use crate::http::conditional::ConditionalGuard;
 use crate::http::s3_target::{host_of_url, Addressing};
 use crate::http::upstream::{same_server, Endpoint, Protection, Upstream};
 use crate::http::{App, Gateway};
-use crate::installation::{load_cluster_key, load_root_key, open_state_store};
+use crate::installation::{load_cluster_key, open_state_store, read_root_key};
 use crate::metrics::Metrics;
 use crate::store::retention::Retention;
 use crate::store::StateStore;
@@ -65,7 +65,7 @@ async fn build(
     ));
     let root = match root {
         Some(root) => root,
-        None => load_root_key(config, true)?,
+        None => read_root_key(config, true)?,
     };
     // The keyring's generations (and its copies in the store): a generation that does
     // not unwrap stops startup here, before anything is written.

@@ -683,6 +683,127 @@ async fn a_reader_that_looked_up_the_row_before_reseal_deleted_the_blob_still_re
     assert!(err.to_string().contains("blob is missing"), "{err}");
 }
 
+/// A backup made before `key rewrap` holds the ring wrapped under the replaced key
+/// file. Restored and opened as `serve` opens it, the ring comes from the store's
+/// re-wrapped copies: startup succeeds, every version (old and new generation) opens,
+/// the restored table is repaired, and the store's copies are not overwritten with the
+/// old wrapping (which only the replaced, maybe leaked, file would open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file() {
+    let server = start_with_key_file().await;
+    assert_eq!(post(&server, "prod", 1).await, 200);
+    let op = cli(&server).await;
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = 2;
+    loop {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+        let newest = rows(&server, "prod").last().unwrap().1.clone();
+        if generation_of(&server, &newest).await == 1 {
+            break;
+        }
+        serial += 1;
+        assert!(std::time::Instant::now() < patience);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let before = backup::take_backup(
+        &server.config.db_path(),
+        &server.config.data_dir,
+        op.store.blobs().as_ref(),
+        &op.root,
+    )
+    .await
+    .unwrap();
+    installation::rewrap(&server.config, &op.root, &op.store, "test")
+        .await
+        .unwrap();
+    let after = cli(&server).await;
+    let new_service = after.service.clone();
+
+    // The data dir is restored from the backup: its own dir, the same key file and store.
+    let scratch = tempfile::tempdir().unwrap();
+    let mut restored = server.config.clone();
+    restored.data_dir = scratch.path().to_path_buf();
+    restored.dek_file = Some(server.config.dek_path());
+    restored.store.path = Some(server.config.local_store_path());
+    let report = restore(
+        after.store.blobs().as_ref(),
+        &after.root,
+        before,
+        &restored.db_path(),
+    )
+    .await;
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let stale = keyring::read_rows(&rusqlite::Connection::open(restored.db_path()).unwrap())
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.wrapped.is_some())
+        .filter(|r| {
+            stategate::crypto::Generation::unwrap(
+                new_service.as_ref(),
+                r.purpose,
+                r.generation,
+                r.wrapped.as_ref().unwrap(),
+            )
+            .is_err()
+        })
+        .count();
+    assert_eq!(
+        stale, 1,
+        "the backup's data/1 is wrapped under the old key file"
+    );
+
+    // What reads the ring without repairing it (a server's reload) takes the copies too.
+    let copies = keyring::copies(&blobs(&server)).await.unwrap();
+    let unrepaired = rusqlite::Connection::open(restored.db_path()).unwrap();
+    let view = keyring::load(&unrepaired, &copies, new_service.as_ref()).unwrap();
+    assert_eq!(view.generations.len(), 3, "data/0, data/1, credentials/0");
+    drop(unrepaired);
+    // Opened as `serve` opens it.
+    let store = installation::open_state_store(&restored).await.unwrap();
+    let root = installation::read_root_key(&restored, false).unwrap();
+    installation::open_keyring(&restored, &root, &store, true)
+        .await
+        .unwrap();
+    assert_eq!(root.data_generations(), vec![0, 1]);
+    let conn = rusqlite::Connection::open(restored.db_path()).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT version, blob_key, sha256 FROM versions WHERE scope = 'tf/prod' ORDER BY version")
+        .unwrap();
+    let versions: Vec<(i64, String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(versions.len(), serial as usize);
+    for (version, key, sha) in &versions {
+        let bytes = blobs(&server).get(key).await.unwrap().unwrap();
+        format::decode(
+            &root.blob_key("tf/prod"),
+            &bytes,
+            "tf/prod",
+            *version,
+            Some(sha),
+        )
+        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+    }
+    // Both copies of the ring now open under the new key file alone.
+    let mut entries = keyring::copies(&blobs(&server)).await.unwrap();
+    entries.extend(keyring::read_rows(&conn).unwrap());
+    for e in entries.iter().filter(|e| e.wrapped.is_some()) {
+        stategate::crypto::Generation::unwrap(
+            new_service.as_ref(),
+            e.purpose,
+            e.generation,
+            e.wrapped.as_ref().unwrap(),
+        )
+        .unwrap_or_else(|_| panic!("{} does not open", e.purpose.label(e.generation)));
+    }
+}
+
 /// A plain restore of `backup` into `into` with `key`: today's schema, no progress, no
 /// extra step.
 async fn restore(

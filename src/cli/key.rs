@@ -72,7 +72,7 @@ pub fn run(config: &Config, command: KeyCommand) -> anyhow::Result<()> {
     let rt = runtime()?;
     rt.block_on(async {
         let store = installation::open_state_store(config).await?;
-        let root = installation::load_root_key(config, false)?;
+        let root = installation::read_root_key(config, false)?;
         installation::open_keyring(config, &root, &store, true).await?;
         match command {
             KeyCommand::Status { json } => status(config, &store, &root, json).await,

@@ -220,7 +220,8 @@ pub fn load(
     copies: &[KeyRow],
     service: &dyn KeyService,
 ) -> Result<RingView, String> {
-    let rows = read_rows(conn).map_err(|e| e.to_string())?;
+    let mut rows = read_rows(conn).map_err(|e| e.to_string())?;
+    prefer_copies_that_open(&mut rows, copies, service);
     let in_table: std::collections::HashSet<(Purpose, u32)> =
         rows.iter().map(|r| (r.purpose, r.generation)).collect();
     let usable: Vec<KeyRow> = copies
@@ -228,13 +229,45 @@ pub fn load(
         .filter(|c| {
             c.retired_at.is_some()
                 || in_table.contains(&(c.purpose, c.generation))
-                || c.wrapped.as_ref().is_some_and(|w| {
-                    Generation::unwrap(service, c.purpose, c.generation, w).is_ok()
-                })
+                || opens(service, c)
         })
         .cloned()
         .collect();
     view(&merged(rows, &usable), service).map_err(|e| e.to_string())
+}
+
+/// Whether `row` holds a key `service` unwraps under the row's own label.
+fn opens(service: &dyn KeyService, row: &KeyRow) -> bool {
+    row.retired_at.is_none()
+        && row
+            .wrapped
+            .as_ref()
+            .is_some_and(|w| Generation::unwrap(service, row.purpose, row.generation, w).is_ok())
+}
+
+/// A live table row `service` cannot unwrap gives way to the store's copy of the same
+/// generation when that one opens: an index restored from a backup made before
+/// `key rewrap` holds the ring wrapped under the key file the rewrap replaced, while
+/// the store's copies were re-wrapped under the new one (the same keys: a generation's
+/// number is never reused). Returns the rows replaced. A row neither opens stays, and
+/// opening the ring then fails naming it.
+fn prefer_copies_that_open(
+    rows: &mut [KeyRow],
+    copies: &[KeyRow],
+    service: &dyn KeyService,
+) -> Vec<KeyRow> {
+    let mut replaced = Vec::new();
+    for row in rows.iter_mut() {
+        if row.retired_at.is_some() || opens(service, row) {
+            continue;
+        }
+        let same = |c: &&KeyRow| c.purpose == row.purpose && c.generation == row.generation;
+        if let Some(copy) = copies.iter().filter(same).find(|c| opens(service, c)) {
+            *row = copy.clone();
+            replaced.push(copy.clone());
+        }
+    }
+    replaced
 }
 
 /// The generations kept in the blob store (see [`load`]).
@@ -285,9 +318,30 @@ pub async fn reconcile(
     service: &Arc<dyn KeyService>,
 ) -> Result<(RingView, Reconciled), RingError> {
     let (db, blobs) = (&store.db, &store.blobs);
-    let rows = db.read(read_rows).await?;
+    let mut rows = db.read(read_rows).await?;
     let copies = read_copies(blobs.as_ref()).await?;
     let mut done = Reconciled::default();
+    // Before the table wins below: a row wrapped under a replaced key file must not
+    // overwrite the store's re-wrapped copy (then only the old file would open it).
+    let rewrapped = prefer_copies_that_open(&mut rows, &copies, service.as_ref());
+    if !rewrapped.is_empty() {
+        done.adopted.extend(
+            rewrapped
+                .iter()
+                .map(|r| format!("{} (re-wrapped copy)", r.purpose.label(r.generation))),
+        );
+        db.write(move |conn| -> Result<(), RingError> {
+            for row in &rewrapped {
+                conn.execute(
+                    "UPDATE key_generations SET wrapped = ?3
+                      WHERE purpose = ?1 AND generation = ?2 AND retired_at IS NULL",
+                    params![row.purpose.as_str(), row.generation, row.wrapped],
+                )?;
+            }
+            Ok(())
+        })
+        .await?;
+    }
     let known: BTreeMap<(Purpose, u32), &KeyRow> = rows
         .iter()
         .map(|r| ((r.purpose, r.generation), r))
@@ -322,12 +376,7 @@ pub async fn reconcile(
             }
             Some(_) => {}
             None => {
-                let opens = copy.retired_at.is_none()
-                    && copy.wrapped.as_ref().is_some_and(|w| {
-                        Generation::unwrap(service.as_ref(), copy.purpose, copy.generation, w)
-                            .is_ok()
-                    });
-                if opens {
+                if opens(service.as_ref(), copy) {
                     adopt.push(copy.clone());
                     done.adopted.push(label);
                 } else {

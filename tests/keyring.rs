@@ -804,6 +804,69 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
     }
 }
 
+/// A `kill -9` of `key reseal` after its commit and before it deleted the old blob
+/// leaves both blobs of a version in the store. An index rebuild then meets two claims
+/// per version: it keeps exactly one per version, each opens and hashes as the version
+/// did, and the others are reported as superseded (swept like any orphan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_rebuild_after_a_reseal_killed_before_its_deletes_keeps_every_version() {
+    let server = TestServer::start().await;
+    for serial in 1..=3 {
+        assert_eq!(post(&server, "prod", serial).await, 200);
+    }
+    let op = cli(&server).await;
+    let before = rows(&server, "prod");
+    let mut old_blobs = Vec::new();
+    for (_, key, _) in &before {
+        old_blobs.push((key.clone(), blobs(&server).get(key).await.unwrap().unwrap()));
+    }
+    keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+        .await
+        .unwrap();
+    op.root.reload().unwrap();
+    op.reseal().await;
+    let after = rows(&server, "prod");
+    for ((_, old, _), (_, new, _)) in before.iter().zip(&after) {
+        assert_ne!(old, new, "resealed into a new blob");
+    }
+    // The deletes the kill prevented: the old blobs are still there.
+    for (key, bytes) in old_blobs {
+        blobs(&server).put(&key, bytes).await.unwrap();
+    }
+    let into = server.dir.path().join("rebuilt.db");
+    let report = stategate::store::rebuild::rebuild_index(
+        &blobs(&server),
+        &stategate::schema::scope_keys(op.root.clone(), None),
+        &into,
+        stategate::schema::ALL,
+    )
+    .await
+    .unwrap();
+    let prod: Vec<_> = report
+        .rows
+        .iter()
+        .filter(|r| r.scope == "tf/prod")
+        .collect();
+    assert_eq!(prod.len(), 3, "{:?}", report.rows);
+    assert_eq!(report.superseded.len(), 3);
+    for (row, (version, _, sha)) in prod.iter().zip(&before) {
+        assert_eq!(
+            (row.version, row.sha256.as_deref()),
+            (*version, Some(sha.as_str()))
+        );
+        let key = row.blob_key.as_deref().unwrap();
+        let bytes = blobs(&server).get(key).await.unwrap().unwrap();
+        format::decode(
+            &op.root.blob_key("tf/prod"),
+            &bytes,
+            "tf/prod",
+            *version,
+            Some(sha),
+        )
+        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+    }
+}
+
 /// A plain restore of `backup` into `into` with `key`: today's schema, no progress, no
 /// extra step.
 async fn restore(

@@ -1014,6 +1014,10 @@ fn record_timeline(
     Ok(counts)
 }
 
+/// The summary kept for a scope: (the version it was kept for, the summary or `None`
+/// when unknown); `None` when nothing is kept.
+type KeptSummary = Option<(i64, Option<Arc<ResourceSummary>>)>;
+
 /// The summary kept for `scope`'s newest version, from `cache` when it holds the one
 /// `latest` was stored with, else from the index (and then cached).
 fn prior_summary(
@@ -1021,7 +1025,7 @@ fn prior_summary(
     cache: &timeline::SummaryCache,
     scope: &str,
     latest: Option<&VersionRow>,
-) -> Result<Option<(i64, Option<Arc<ResourceSummary>>)>, rusqlite::Error> {
+) -> Result<KeptSummary, rusqlite::Error> {
     let live = latest.filter(|r| !r.is_tombstone());
     let Some((version, sha)) = live.and_then(|r| Some((r.version, r.sha256.as_deref()?))) else {
         return Ok(None); // nothing live: the next version is compared with nothing

@@ -32,7 +32,7 @@ pub use db::{Db, DbError};
 use crate::crypto::SealKey;
 pub use format::WriteFacts;
 use format::{BlobIdentity, FormatError, Opener, Sealer};
-use timeline::{ChangeCounts, ResourceSummary};
+use timeline::{ChangeCounts, KeptSummary, ResourceSummary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -628,7 +628,7 @@ impl StateStore {
                     let latest = latest_row(c, &scope)?;
                     let verdict = guard(c, latest.as_ref());
                     let prior = match &verdict {
-                        Ok(()) => prior_summary(c, &summaries, &scope, latest.as_ref())?,
+                        Ok(()) => kept_summary(c, &summaries, &scope, latest.as_ref())?,
                         Err(_) => None,
                     };
                     Ok((latest, verdict, prior))
@@ -657,8 +657,7 @@ impl StateStore {
             .store_blob(&blob_key, &id, key, new.check, &mut body)
             .await?;
         // Compared outside the writer thread; the commit checks the base still holds.
-        let prior = prior.as_ref().map(|(v, s)| (*v, s.as_deref()));
-        let changes = timeline_changes(latest.as_ref(), prior, meta.resources.as_ref());
+        let changes = timeline_changes(latest.as_ref(), &prior, meta.resources.as_ref());
         let resources = meta.resources.take().map(Arc::new);
         let kept = resources.clone();
         let row = VersionRow {
@@ -799,8 +798,7 @@ impl StateStore {
                 let db = |e| E::from(DbError::from(e));
                 // A deletion removes every resource the state is known to have had.
                 let prior = timeline::prior_summary(c, &scope).map_err(db)?;
-                let prior = prior.as_ref().map(|(v, s)| (*v, s.as_ref()));
-                let changes = timeline_changes(Some(&current), prior, Some(&Default::default()));
+                let changes = timeline_changes(Some(&current), &prior, Some(&Default::default()));
                 row.changes = record_timeline(c, &row, changes, None).map_err(db)?;
                 insert_version(c, &row).map_err(db)?;
                 if let Some(entry) = &audit {
@@ -884,8 +882,8 @@ impl StateStore {
             {
                 Ok((mut meta, trailer)) => {
                     written.push(blob_key.clone());
-                    let prior = prior.as_ref().map(|(v, s)| (*v, s.as_ref()));
-                    let changes = timeline_changes(before.as_ref(), prior, meta.resources.as_ref());
+                    let changes =
+                        timeline_changes(before.as_ref(), &prior, meta.resources.as_ref());
                     timelines.push((changes, meta.resources.take()));
                     rows.push(VersionRow {
                         scope: id.scope,
@@ -965,7 +963,7 @@ type TimelineChanges = Option<(i64, Vec<(String, timeline::Change)>)>;
 
 fn timeline_changes(
     latest: Option<&VersionRow>,
-    prior: Option<(i64, Option<&ResourceSummary>)>,
+    prior: &KeptSummary,
     next: Option<&ResourceSummary>,
 ) -> TimelineChanges {
     let next = next?;
@@ -973,8 +971,8 @@ fn timeline_changes(
         // Nothing live before it (a first version, after a deletion): all added.
         None => Some((0, timeline::diff(&ResourceSummary::default(), next))),
         Some(live) => match prior {
-            Some((version, Some(base))) if version == live.version => {
-                Some((version, timeline::diff(base, next)))
+            Some((version, Some(base))) if *version == live.version => {
+                Some((*version, timeline::diff(base, next)))
             }
             _ => None,
         },
@@ -1014,13 +1012,9 @@ fn record_timeline(
     Ok(counts)
 }
 
-/// The summary kept for a scope: (the version it was kept for, the summary or `None`
-/// when unknown); `None` when nothing is kept.
-type KeptSummary = Option<(i64, Option<Arc<ResourceSummary>>)>;
-
 /// The summary kept for `scope`'s newest version, from `cache` when it holds the one
 /// `latest` was stored with, else from the index (and then cached).
-fn prior_summary(
+fn kept_summary(
     conn: &Connection,
     cache: &timeline::SummaryCache,
     scope: &str,
@@ -1033,8 +1027,7 @@ fn prior_summary(
     if let Some(summary) = cache.get(scope, version, sha) {
         return Ok(Some((version, Some(summary))));
     }
-    let prior =
-        timeline::prior_summary(conn, scope)?.map(|(kept, summary)| (kept, summary.map(Arc::new)));
+    let prior = timeline::prior_summary(conn, scope)?;
     if let Some((kept, Some(summary))) = &prior {
         if *kept == version {
             cache.put(scope, version, sha, summary.clone());

@@ -220,11 +220,12 @@ pub fn summarize_whole(
     summarize.finish()
 }
 
-/// The summary kept for `scope`'s newest version: (that version, summary).
-pub fn prior_summary(
-    conn: &Connection,
-    scope: &str,
-) -> Result<Option<(i64, Option<ResourceSummary>)>, rusqlite::Error> {
+/// The summary kept for a scope: (the version it was kept for, the summary or `None`
+/// when unknown); `None` when nothing is kept.
+pub type KeptSummary = Option<(i64, Option<Arc<ResourceSummary>>)>;
+
+/// The summary kept for `scope`'s newest version, read from the index.
+pub fn prior_summary(conn: &Connection, scope: &str) -> Result<KeptSummary, rusqlite::Error> {
     let Some(version) = prior_version(conn, scope)? else {
         return Ok(None);
     };
@@ -241,7 +242,10 @@ pub fn prior_summary(
         };
         entries.push((row.get(0)?, digest));
     }
-    Ok(Some((version, ResourceSummary::from_entries(entries))))
+    Ok(Some((
+        version,
+        ResourceSummary::from_entries(entries).map(Arc::new),
+    )))
 }
 
 /// The version `prior_summary` was kept for, without reading it (the commit's check
@@ -692,13 +696,16 @@ mod tests {
             advance_summary(&conn, "tf/a", version, &changes, &next).unwrap();
             assert_eq!(
                 prior_summary(&conn, "tf/a").unwrap(),
-                Some((version, Some(next)))
+                Some((version, Some(Arc::new(next))))
             );
         }
         // A change `next` contradicts (a caller's mistake) keeps `next` whole.
         let next = summary(&[("q", 1)]);
         advance_summary(&conn, "tf/a", 9, &[("q".into(), Change::Removed)], &next).unwrap();
-        assert_eq!(prior_summary(&conn, "tf/a").unwrap(), Some((9, Some(next))));
+        assert_eq!(
+            prior_summary(&conn, "tf/a").unwrap(),
+            Some((9, Some(Arc::new(next))))
+        );
         forget(&conn, "tf/a").unwrap();
         assert_eq!(prior_summary(&conn, "tf/a").unwrap(), None);
     }
@@ -723,7 +730,7 @@ mod tests {
             migrate(&conn).unwrap();
             assert_eq!(
                 prior_summary(&conn, "tf/a").unwrap(),
-                Some((7, Some(kept.clone())))
+                Some((7, Some(Arc::new(kept.clone()))))
             );
             assert_eq!(prior_summary(&conn, "tf/b").unwrap(), None);
         }

@@ -324,24 +324,11 @@ pub async fn reconcile(
     // Before the table wins below: a row wrapped under a replaced key file must not
     // overwrite the store's re-wrapped copy (then only the old file would open it).
     let rewrapped = prefer_copies_that_open(&mut rows, &copies, service.as_ref());
-    if !rewrapped.is_empty() {
-        done.adopted.extend(
-            rewrapped
-                .iter()
-                .map(|r| format!("{} (re-wrapped copy)", r.purpose.label(r.generation))),
-        );
-        db.write(move |conn| -> Result<(), RingError> {
-            for row in &rewrapped {
-                conn.execute(
-                    "UPDATE key_generations SET wrapped = ?3
-                      WHERE purpose = ?1 AND generation = ?2 AND retired_at IS NULL",
-                    params![row.purpose.as_str(), row.generation, row.wrapped],
-                )?;
-            }
-            Ok(())
-        })
-        .await?;
-    }
+    done.adopted.extend(
+        rewrapped
+            .iter()
+            .map(|r| format!("{} (re-wrapped copy)", r.purpose.label(r.generation))),
+    );
     let known: BTreeMap<(Purpose, u32), &KeyRow> = rows
         .iter()
         .map(|r| ((r.purpose, r.generation), r))
@@ -399,8 +386,15 @@ pub async fn reconcile(
             done.copied.push(row.purpose.label(row.generation));
         }
     }
-    if !adopt.is_empty() {
+    if !adopt.is_empty() || !rewrapped.is_empty() {
         db.write(move |conn| -> Result<(), RingError> {
+            for row in &rewrapped {
+                conn.execute(
+                    "UPDATE key_generations SET wrapped = ?3
+                      WHERE purpose = ?1 AND generation = ?2 AND retired_at IS NULL",
+                    params![row.purpose.as_str(), row.generation, row.wrapped],
+                )?;
+            }
             for row in &adopt {
                 match &row.retired_at {
                     Some(at) => conn.execute(

@@ -60,7 +60,11 @@ fn blobs(server: &TestServer) -> LocalStore {
 
 /// (version, blob key, sha256) of every version of `workspace`.
 fn rows(server: &TestServer, workspace: &str) -> Vec<(i64, String, String)> {
-    let conn = server.db();
+    rows_in(&server.db(), workspace)
+}
+
+/// [`rows`] of the index `conn` (a restored or rebuilt one).
+fn rows_in(conn: &rusqlite::Connection, workspace: &str) -> Vec<(i64, String, String)> {
     let mut stmt = conn
         .prepare("SELECT version, blob_key, sha256 FROM versions WHERE scope = ?1 ORDER BY version")
         .unwrap();
@@ -98,6 +102,32 @@ async fn post(server: &TestServer, workspace: &str, serial: u64) -> u16 {
         .unwrap()
         .status()
         .as_u16()
+}
+
+/// Posts serials from `first` on until the newest version of `workspace` is sealed
+/// under data generation `generation` (the server picks a rotation up within its ring
+/// re-read); returns the last serial posted.
+async fn post_until_generation(
+    server: &TestServer,
+    workspace: &str,
+    first: u64,
+    generation: u32,
+) -> u64 {
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut serial = first;
+    loop {
+        assert_eq!(post(server, workspace, serial).await, 200);
+        let newest = rows(server, workspace).last().unwrap().1.clone();
+        if generation_of(server, &newest).await == generation {
+            return serial;
+        }
+        serial += 1;
+        assert!(
+            std::time::Instant::now() < patience,
+            "the server never wrote under generation {generation}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 async fn current(server: &TestServer, workspace: &str) -> (u16, String) {
@@ -310,18 +340,7 @@ async fn a_tampered_generation_field_is_a_server_error_never_no_state() {
     keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
         .await
         .unwrap();
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut serial = 2;
-    loop {
-        assert_eq!(post(&server, "prod", serial).await, 200);
-        serial += 1;
-        let newest = rows(&server, "prod").last().unwrap().1.clone();
-        if generation_of(&server, &newest).await == 1 {
-            break;
-        }
-        assert!(std::time::Instant::now() < patience);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    post_until_generation(&server, "prod", 2, 1).await;
     let (_, key, _) = rows(&server, "prod").pop().unwrap();
     let path = server.config.local_store_path().join(&key);
     let original = std::fs::read(&path).unwrap();
@@ -361,18 +380,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         .unwrap();
     op.root.reload().unwrap();
     // Written after the rotation, under generation 1 (the server picks it up).
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut serial = 3;
-    loop {
-        assert_eq!(post(&server, "prod", serial).await, 200);
-        let newest = rows(&server, "prod").last().unwrap().1.clone();
-        if generation_of(&server, &newest).await == 1 {
-            break;
-        }
-        serial += 1;
-        assert!(std::time::Instant::now() < patience);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let serial = post_until_generation(&server, "prod", 3, 1).await;
     // A retire attempt of the backup's generation is refused: the backup needs it.
     age_ring(&server);
     let census = reseal::census(&op.store, "tf/", "revocations/", &|_, _| {})
@@ -582,18 +590,7 @@ async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_th
     op.root.reload().unwrap();
     // The retire grace is skipped below (`age_ring`), so first wait until the server
     // writes under the new generation, as the grace would have made sure.
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut serial = 5;
-    loop {
-        assert_eq!(post(&server, "prod", serial).await, 200);
-        let newest = rows(&server, "prod").last().unwrap().1.clone();
-        serial += 1;
-        if generation_of(&server, &newest).await == 2 {
-            break;
-        }
-        assert!(std::time::Instant::now() < patience);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let serial = post_until_generation(&server, "prod", 5, 2).await + 1;
     let versions = rows(&server, "prod").len();
     op.reseal().await;
     age_ring(&server);
@@ -697,18 +694,7 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
         .await
         .unwrap();
     op.root.reload().unwrap();
-    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut serial = 2;
-    loop {
-        assert_eq!(post(&server, "prod", serial).await, 200);
-        let newest = rows(&server, "prod").last().unwrap().1.clone();
-        if generation_of(&server, &newest).await == 1 {
-            break;
-        }
-        serial += 1;
-        assert!(std::time::Instant::now() < patience);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let serial = post_until_generation(&server, "prod", 2, 1).await;
     let before = backup::take_backup(
         &server.config.db_path(),
         &server.config.data_dir,
@@ -770,14 +756,7 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
         .unwrap();
     assert_eq!(root.data_generations(), vec![0, 1]);
     let conn = rusqlite::Connection::open(restored.db_path()).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT version, blob_key, sha256 FROM versions WHERE scope = 'tf/prod' ORDER BY version")
-        .unwrap();
-    let versions: Vec<(i64, String, String)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let versions = rows_in(&conn, "prod");
     assert_eq!(versions.len(), serial as usize);
     for (version, key, sha) in &versions {
         let bytes = blobs(&server).get(key).await.unwrap().unwrap();

@@ -298,7 +298,7 @@ async fn retire_is_refused_while_anything_needs_the_generation() {
     let what = needed(&census, 0);
     assert_eq!(what.as_deref(), Some("3 state versions"));
     let ring_before = server.count("SELECT COUNT(*) FROM key_generations");
-    let err = keyring::retire(&op.store, 0, "test", move |_| Ok(what))
+    let err = keyring::retire(&op.store, &op.service, 0, "test", move |_| Ok(what))
         .await
         .unwrap_err()
         .to_string();
@@ -309,7 +309,7 @@ async fn retire_is_refused_while_anything_needs_the_generation() {
     );
     assert_eq!(audit_events(&server, "key.retired"), 0);
     // The newest is never retired.
-    let err = keyring::retire(&op.store, 1, "test", |_| Ok(None))
+    let err = keyring::retire(&op.store, &op.service, 1, "test", |_| Ok(None))
         .await
         .unwrap_err()
         .to_string();
@@ -321,7 +321,7 @@ async fn retire_is_refused_while_anything_needs_the_generation() {
         .unwrap();
     assert_eq!(needed(&census, 0), None);
     assert_eq!(census.generations[&1].versions, 3);
-    keyring::retire(&op.store, 0, "test", |_| Ok(None))
+    keyring::retire(&op.store, &op.service, 0, "test", |_| Ok(None))
         .await
         .unwrap();
     assert_eq!(audit_events(&server, "key.retired"), 1);
@@ -388,7 +388,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         .unwrap();
     assert_eq!(census.generations[&0].backups, 1);
     let what = census.generations.get(&0).map(|c| c.describe());
-    assert!(keyring::retire(&op.store, 0, "test", move |_| Ok(what))
+    assert!(keyring::retire(&op.store, &op.service, 0, "test", move |_| Ok(what))
         .await
         .is_err());
 
@@ -595,7 +595,7 @@ async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_th
     op.reseal().await;
     age_ring(&server);
     for g in [0, 1] {
-        keyring::retire(&op.store, g, "test", |_| Ok(None))
+        keyring::retire(&op.store, &op.service, g, "test", |_| Ok(None))
             .await
             .unwrap();
     }

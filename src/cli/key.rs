@@ -313,7 +313,8 @@ async fn retire(
             census.unreadable.join("; ")
         );
     }
-    keyring::retire(store, generation, &operator(), move |_| Ok(needed)).await?;
+    let service = installation::key_service(config, root);
+    keyring::retire(store, &service, generation, &operator(), move |_| Ok(needed)).await?;
     json_line(&serde_json::json!({"action": "key.retired", "generation": generation}))?;
     Ok(())
 }

@@ -74,6 +74,10 @@ pub struct KeyRow {
     pub created_at: String,
     #[serde(default)]
     pub retired_at: Option<String>,
+    /// In the store's record of a retirement only: proof that this installation's key
+    /// service wrote it ([`retirement`]); a record without a valid one is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "wrapped_text")]
+    pub proof: Option<Vec<u8>>,
 }
 
 mod purpose_text {
@@ -155,6 +159,7 @@ pub fn read_rows(conn: &Connection) -> Result<Vec<KeyRow>, rusqlite::Error> {
             wrapped,
             created_at,
             retired_at,
+            proof: None,
         });
     }
     Ok(out)
@@ -201,15 +206,38 @@ pub fn merged(rows: Vec<KeyRow>, copies: &[KeyRow]) -> Vec<KeyRow> {
     out.into_values().collect()
 }
 
-/// The store's record of a retirement: the row without its key.
-fn retirement(purpose: Purpose, generation: u32, at: &str) -> KeyRow {
-    KeyRow {
+/// The store's record of a retirement: the row without its key, with a proof that
+/// the key service wrote it (32 zero bytes wrapped under a label naming the
+/// generation and the instant). Whoever can write the store but holds no key can
+/// therefore not retire a generation (a denial of service) by forging a record.
+fn retirement(
+    service: &dyn KeyService,
+    purpose: Purpose,
+    generation: u32,
+    at: &str,
+) -> Result<KeyRow, KeyError> {
+    Ok(KeyRow {
         purpose,
         generation,
         wrapped: None,
         created_at: at.to_string(),
         retired_at: Some(at.to_string()),
-    }
+        proof: Some(service.wrap(&[0; 32], &retirement_label(purpose, generation, at))?),
+    })
+}
+
+fn retirement_label(purpose: Purpose, generation: u32, at: &str) -> String {
+    format!("retired {} at {at}", purpose.label(generation))
+}
+
+/// Whether `copy` is a record of a retirement that `service` wrote (see [`retirement`]).
+fn genuine_retirement(service: &dyn KeyService, copy: &KeyRow) -> bool {
+    let (Some(at), Some(proof)) = (&copy.retired_at, &copy.proof) else {
+        return false;
+    };
+    service
+        .unwrap(proof, &retirement_label(copy.purpose, copy.generation, at))
+        .is_ok_and(|zero| zero == [0; 32])
 }
 
 /// Reads the ring from the table on `conn` (plus `copies`) and opens it (the
@@ -226,10 +254,9 @@ pub fn load(
         rows.iter().map(|r| (r.purpose, r.generation)).collect();
     let usable: Vec<KeyRow> = copies
         .iter()
-        .filter(|c| {
-            c.retired_at.is_some()
-                || in_table.contains(&(c.purpose, c.generation))
-                || opens(service, c)
+        .filter(|c| match c.retired_at {
+            Some(_) => genuine_retirement(service, c),
+            None => in_table.contains(&(c.purpose, c.generation)) || opens(service, c),
         })
         .cloned()
         .collect();
@@ -336,32 +363,39 @@ pub async fn reconcile(
     let mut adopt = Vec::new();
     for copy in &copies {
         let label = copy.purpose.label(copy.generation);
-        match known.get(&(copy.purpose, copy.generation)) {
+        let row = known.get(&(copy.purpose, copy.generation));
+        let forged = copy.retired_at.is_some() && !genuine_retirement(service.as_ref(), copy);
+        if forged {
+            tracing::warn!(generation = %label, service = %service.describe(),
+                "a keyring retirement record in the store was not written with this key service; ignored");
+        }
+        match row {
             // A retirement the table does not know (a restore of an older index):
             // re-applied, never undone.
-            _ if copy.retired_at.is_some() => {
-                if known
-                    .get(&(copy.purpose, copy.generation))
-                    .is_none_or(|row| row.retired_at.is_none())
-                {
-                    adopt.push(copy.clone());
-                    done.adopted.push(format!("{label} (retired)"));
-                }
+            _ if copy.retired_at.is_some()
+                && !forged
+                && row.is_none_or(|row| row.retired_at.is_none()) =>
+            {
+                adopt.push(copy.clone());
+                done.adopted.push(format!("{label} (retired)"));
             }
             Some(row) if row.retired_at.is_some() => {
-                let record = retirement(
-                    row.purpose,
-                    row.generation,
-                    row.retired_at.as_deref().unwrap_or_default(),
-                );
-                put_copy(blobs.as_ref(), &record).await?;
-                done.copied.push(label);
+                if forged || copy.retired_at != row.retired_at {
+                    let at = row.retired_at.as_deref().unwrap_or_default();
+                    put_copy(
+                        blobs.as_ref(),
+                        &retirement(service.as_ref(), row.purpose, row.generation, at)?,
+                    )
+                    .await?;
+                    done.copied.push(label);
+                }
             }
             Some(row) if *row != copy => {
                 put_copy(blobs.as_ref(), row).await?;
                 done.copied.push(label);
             }
             Some(_) => {}
+            None if forged => done.ignored.push(label),
             None => {
                 if opens(service.as_ref(), copy) {
                     adopt.push(copy.clone());
@@ -379,7 +413,7 @@ pub async fn reconcile(
     for row in &rows {
         if !have.contains(&(row.purpose, row.generation)) {
             let copy = match &row.retired_at {
-                Some(at) => retirement(row.purpose, row.generation, at),
+                Some(at) => retirement(service.as_ref(), row.purpose, row.generation, at)?,
                 None => row.clone(),
             };
             put_copy(blobs.as_ref(), &copy).await?;
@@ -445,6 +479,7 @@ pub async fn rotate(
         wrapped: Some(generation.wrap(service.as_ref())?),
         created_at: super::now_rfc3339(),
         retired_at: None,
+        proof: None,
     };
     // The copy first: a crash after it leaves a generation the next reconcile adopts
     // (unused, harmless); a row without its copy is never there.
@@ -494,6 +529,7 @@ pub async fn rotate(
 /// for the newest generation (what writes use) and for one not in the ring.
 pub async fn retire(
     store: &StateStore,
+    service: &Arc<dyn KeyService>,
     generation: u32,
     actor: &str,
     still_needed: impl FnOnce(&Connection) -> Result<Option<String>, rusqlite::Error> + Send + 'static,
@@ -501,7 +537,8 @@ pub async fn retire(
     let (db, blobs) = (&store.db, &store.blobs);
     let actor = actor.to_string();
     let now = super::now_rfc3339();
-    let at = now.clone();
+    // Made before the commit: a key service that fails here leaves nothing changed.
+    let record = retirement(service.as_ref(), Purpose::Data, generation, &now)?;
     db.write(move |conn| -> Result<(), RingError> {
         let rows = read_rows(conn)?;
         let data: Vec<&KeyRow> = rows.iter().filter(|r| r.purpose == Purpose::Data).collect();
@@ -561,15 +598,7 @@ pub async fn retire(
     // After the commit: the copy of the retired generation is replaced by the record of
     // its retirement (no key), which a restore of an older index re-applies. A crash
     // before this leaves the old copy; the next reconcile replaces it from the row.
-    blobs
-        .put(
-            &copy_key(Purpose::Data, generation),
-            Bytes::from(
-                serde_json::to_vec(&retirement(Purpose::Data, generation, &at))
-                    .expect("a key row serializes"),
-            ),
-        )
-        .await?;
+    put_copy(blobs.as_ref(), &record).await?;
     Ok(())
 }
 
@@ -660,7 +689,7 @@ pub async fn rewrap(
     // The copies follow the table (a crash here: the next reconcile rewrites them).
     for row in db.read(read_rows).await? {
         let copy = match &row.retired_at {
-            Some(at) => retirement(row.purpose, row.generation, at),
+            Some(at) => retirement(new.as_ref(), row.purpose, row.generation, at)?,
             None => row,
         };
         put_copy(blobs.as_ref(), &copy).await?;
@@ -781,6 +810,7 @@ mod tests {
             ),
             created_at: "x".into(),
             retired_at: None,
+            proof: None,
         };
         put_copy(blobs.as_ref(), &foreign).await.unwrap();
         // ... nor one relabelled: data/1's wrapped key under the name data/8.
@@ -800,16 +830,16 @@ mod tests {
     async fn retire_refuses_the_newest_the_unknown_and_the_needed() {
         let (_dir, db, blobs, service) = setup();
         let nothing = |_: &Connection| Ok(None);
-        let err = retire(&db, 0, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 0, "t", nothing).await.unwrap_err().to_string();
         assert!(err.contains("is the newest"), "{err}");
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
-        let err = retire(&db, 1, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 1, "t", nothing).await.unwrap_err().to_string();
         assert!(err.contains("less than"), "{err}");
         age(&db).await;
-        let err = retire(&db, 7, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 7, "t", nothing).await.unwrap_err().to_string();
         assert!(err.contains("not in the ring"), "{err}");
-        let err = retire(&db, 1, "t", |_: &Connection| {
+        let err = retire(&db, &service, 1, "t", |_: &Connection| {
             Ok(Some("3 state versions".into()))
         })
         .await
@@ -819,12 +849,12 @@ mod tests {
         let before = db.db.read(read_rows).await.unwrap();
         assert!(before.iter().all(|r| r.retired_at.is_none()));
 
-        retire(&db, 1, "t", nothing).await.unwrap();
-        retire(&db, 0, "t", nothing).await.unwrap();
+        retire(&db, &service, 1, "t", nothing).await.unwrap();
+        retire(&db, &service, 0, "t", nothing).await.unwrap();
         let (view, _) = reconcile(&db, &service).await.unwrap();
         assert_eq!(numbers(&view), ["data/2"]);
         assert_eq!(view.retired, [(Purpose::Data, 0), (Purpose::Data, 1)]);
-        let err = retire(&db, 1, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 1, "t", nothing).await.unwrap_err().to_string();
         assert!(err.contains("not in the ring"), "{err}");
         // The retired copies hold no key any more, only the record of the retirement;
         // a rotation never reuses the number.
@@ -868,7 +898,7 @@ mod tests {
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
         age(&db).await;
         let before_retire = db.db.read(read_rows).await.unwrap();
-        retire(&db, 1, "t", |_: &Connection| Ok(None))
+        retire(&db, &service, 1, "t", |_: &Connection| Ok(None))
             .await
             .unwrap();
         // A restore puts back the index from before the retire: data/1 live again in
@@ -907,6 +937,84 @@ mod tests {
         .unwrap();
         assert_eq!(numbers(&loaded), ["data/2"]);
         assert!(loaded.retired.contains(&(Purpose::Data, 1)));
+    }
+
+    #[tokio::test]
+    async fn a_retirement_record_the_key_service_did_not_write_is_ignored() {
+        let (dir, db, blobs, service) = setup();
+        for _ in 0..3 {
+            rotate(&db, &service, Purpose::Data, "t").await.unwrap();
+        }
+        age(&db).await;
+        retire(&db, &service, 1, "t", |_: &Connection| Ok(None))
+            .await
+            .unwrap();
+        let genuine = read_copies(blobs.as_ref())
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|c| c.generation == 1)
+            .unwrap();
+        assert!(genuine_retirement(service.as_ref(), &genuine));
+        reconcile(&db, &service).await.unwrap(); // the copies follow `age`'s rows
+        let other: Arc<dyn KeyService> = Arc::new(RootKey::from_bytes([5; 32]).file_service(None));
+        let unproved = KeyRow {
+            proof: None,
+            ..genuine.clone()
+        };
+        let moved = KeyRow {
+            generation: 2,
+            ..genuine.clone()
+        };
+        let later = KeyRow {
+            retired_at: Some("2030-01-01T00:00:00Z".into()),
+            ..genuine.clone()
+        };
+        let foreign = retirement(other.as_ref(), Purpose::Data, 2, "2030-01-01T00:00:00Z").unwrap();
+        // Each forgery, written by whoever can write the store but holds no key, over
+        // the copy of live data/2: the ring keeps it, the table is unchanged, and the
+        // copy is put back from the table.
+        for (what, mut forged) in [
+            ("no proof", unproved),
+            ("data/1's proof", moved),
+            ("another service", foreign),
+            ("another instant", later),
+        ] {
+            forged.generation = 2;
+            put_copy(blobs.as_ref(), &forged).await.unwrap();
+            let rows_before = db.db.read(read_rows).await.unwrap();
+            let copies = read_copies(blobs.as_ref()).await.unwrap();
+            let conn = rusqlite::Connection::open(dir.path().join("db")).unwrap();
+            let loaded = load(&conn, &copies, service.as_ref()).unwrap();
+            assert_eq!(numbers(&loaded), ["data/2", "data/3"], "{what}");
+            let (view, done) = reconcile(&db, &service).await.unwrap();
+            assert_eq!(numbers(&view), ["data/2", "data/3"], "{what}");
+            assert_eq!(done.copied, ["data/2"], "{what}");
+            assert_eq!(db.db.read(read_rows).await.unwrap(), rows_before, "{what}");
+            let copy = read_copies(blobs.as_ref()).await.unwrap();
+            let two = copy.iter().find(|c| c.generation == 2).unwrap();
+            assert!(two.retired_at.is_none() && two.wrapped.is_some(), "{what}");
+        }
+        // With the index lost, a forged record alone retires nothing either.
+        let mut forged = genuine.clone();
+        forged.generation = 2;
+        put_copy(blobs.as_ref(), &forged).await.unwrap();
+        let copies = read_copies(blobs.as_ref()).await.unwrap();
+        let loaded = load(
+            &rusqlite::Connection::open_in_memory().unwrap(),
+            &copies,
+            service.as_ref(),
+        )
+        .unwrap();
+        assert!(!loaded.retired.contains(&(Purpose::Data, 2)));
+        assert!(loaded.retired.contains(&(Purpose::Data, 1)));
+        // A record from before proofs existed is re-written with one from the table.
+        put_copy(blobs.as_ref(), &KeyRow { proof: None, ..genuine }).await.unwrap();
+        let (_, done) = reconcile(&db, &service).await.unwrap();
+        assert!(done.copied.contains(&"data/1".to_string()), "{done:?}");
+        let copies = read_copies(blobs.as_ref()).await.unwrap();
+        let one = copies.iter().find(|c| c.generation == 1).unwrap();
+        assert!(genuine_retirement(service.as_ref(), one));
     }
 
     #[tokio::test]

@@ -510,6 +510,102 @@ async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan
     );
 }
 
+/// A tidy pass that deletes an output past retention and expired plans while a reseal
+/// has read them and not yet written them back: the reseal deletes them again, so
+/// nothing tidy deleted comes back under the new key.
+#[tokio::test]
+async fn what_tidy_deletes_while_a_reseal_runs_stays_deleted() {
+    // Before the first output is written back (the outputs race), and before the
+    // first plan is (both outputs resealed, then the plans race).
+    tidy_racing_a_reseal(0, (1, 0)).await;
+    tidy_racing_a_reseal(2, (2, 0)).await;
+}
+
+/// A server with two drifted runs (keep 1 output, plans expire at once), whose tidy
+/// runs once, at the `at`-th object a CLI reseal has read and not yet written back;
+/// `resealed` is (outputs, plans) the reseal reports.
+async fn tidy_racing_a_reseal(at: usize, resealed: (u64, u64)) {
+    use stategate::crypto::{Purpose, SealKey};
+    use stategate::drift::RunOutput;
+    use stategate::store::keyring;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(&dir).display().to_string();
+    let server = TestServer::start_with(|c| {
+        c.drift = vec![check("prod", &dir, &tofu)];
+        c.drift_settings.keep_outputs = 1;
+        c.drift_settings.plan_expiry_seconds = 0;
+    })
+    .await;
+    let drift = &server.app.drift;
+    let first = drift.check_now("prod", "test").await.unwrap();
+    let second = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(second.outcome, Some(Outcome::Drifted));
+    let blobs = server.app.tofu.store().blobs().clone();
+    let (old_text, new_text) = (
+        first.output_blob.clone().unwrap(),
+        second.output_blob.clone().unwrap(),
+    );
+    let plans = server.config.data_dir.join("drift/plans");
+    let plan_files = || std::fs::read_dir(&plans).unwrap().count();
+    assert!(blobs.get(&old_text).await.unwrap().is_some());
+    assert_eq!(
+        plan_files(),
+        2,
+        "both expired plans still there before the race"
+    );
+
+    // `stategate key rotate` and `key reseal` on their own handles, the server's tidy
+    // racing the reseal.
+    let config = &server.config;
+    let store = stategate::installation::open_state_store(config)
+        .await
+        .unwrap();
+    let root = stategate::installation::load_root_key(config, false).unwrap();
+    stategate::installation::open_keyring(config, &root, &store, true)
+        .await
+        .unwrap();
+    let service_key = stategate::installation::key_service(config, &root);
+    keyring::rotate(&store, &service_key, Purpose::Data, "test")
+        .await
+        .unwrap();
+    root.reload().unwrap();
+    let drift_cli = DriftService::new(
+        config,
+        stategate::tofu::TofuBackend::new(store, root.clone()),
+        root,
+    );
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let done = drift_cli
+        .reseal_racing(|| {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                if n == at {
+                    drift.tidy().await.unwrap()
+                }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!((done.outputs, done.plans), resealed, "at {at}: {done:?}");
+    assert!(
+        blobs.get(&old_text).await.unwrap().is_none(),
+        "at {at}: the pruned output stays deleted"
+    );
+    assert_eq!(plan_files(), 0, "at {at}: the expired plans stay deleted");
+    let kept = blobs.get(&new_text).await.unwrap().unwrap();
+    assert_eq!(SealKey::sealed_generation(&kept), 1);
+    let (_, output) = drift.show(first.id).await.unwrap();
+    assert!(matches!(output, RunOutput::Pruned { .. }), "{output:?}");
+    let (_, output) = drift.show(second.id).await.unwrap();
+    assert!(output
+        .text()
+        .unwrap()
+        .contains("human text of the saved plan"));
+}
+
 #[tokio::test]
 async fn the_admin_api_lists_runs_starts_checks_and_refuses_bad_approvals() {
     let scratch = tempfile::tempdir().unwrap();

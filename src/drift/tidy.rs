@@ -135,10 +135,7 @@ impl DriftService {
                 continue;
             };
             let run = self.read(move |c| outcomes::get_run(c, id)).await?;
-            let keep = run.is_some_and(|r| {
-                r.applied_by.is_none() && r.plan_expires_at.is_some_and(|t| t > now)
-            });
-            if !keep {
+            if !plan_kept(run.as_ref(), now) {
                 match std::fs::remove_file(entry.path()) {
                     Ok(()) => tracing::info!(run = id, "deleted an expired or used drift plan"),
                     Err(e) => tracing::warn!(run = id, error = %e, "cannot delete a drift plan"),
@@ -260,6 +257,12 @@ pub(super) fn output_run(key: &str) -> Option<i64> {
         return None;
     }
     id.parse().ok()
+}
+
+/// Whether a kept plan of `run` (`None`: no such run) is still wanted at `now`: its run
+/// is recorded, not applied and not expired. Once `false`, never `true` again.
+pub(super) fn plan_kept(run: Option<&Run>, now: i64) -> bool {
+    run.is_some_and(|r| r.applied_by.is_none() && r.plan_expires_at.is_some_and(|t| t > now))
 }
 
 /// Whether a run's stored output is past retention: at least `keep` newer runs of its

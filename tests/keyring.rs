@@ -388,9 +388,11 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         .unwrap();
     assert_eq!(census.generations[&0].backups, 1);
     let what = census.generations.get(&0).map(|c| c.describe());
-    assert!(keyring::retire(&op.store, &op.service, 0, "test", move |_| Ok(what))
-        .await
-        .is_err());
+    assert!(
+        keyring::retire(&op.store, &op.service, 0, "test", move |_| Ok(what))
+            .await
+            .is_err()
+    );
 
     // The data dir is lost: a fresh root has only the DEK and the store's copies.
     let fresh = RootKey::from_base64(common::DEK).unwrap();

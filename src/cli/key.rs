@@ -314,7 +314,10 @@ async fn retire(
         );
     }
     let service = installation::key_service(config, root);
-    keyring::retire(store, &service, generation, &operator(), move |_| Ok(needed)).await?;
+    keyring::retire(store, &service, generation, &operator(), move |_| {
+        Ok(needed)
+    })
+    .await?;
     json_line(&serde_json::json!({"action": "key.retired", "generation": generation}))?;
     Ok(())
 }

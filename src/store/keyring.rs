@@ -76,7 +76,11 @@ pub struct KeyRow {
     pub retired_at: Option<String>,
     /// In the store's record of a retirement only: proof that this installation's key
     /// service wrote it ([`retirement`]); a record without a valid one is ignored.
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "wrapped_text")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "wrapped_text"
+    )]
     pub proof: Option<Vec<u8>>,
 }
 
@@ -830,14 +834,23 @@ mod tests {
     async fn retire_refuses_the_newest_the_unknown_and_the_needed() {
         let (_dir, db, blobs, service) = setup();
         let nothing = |_: &Connection| Ok(None);
-        let err = retire(&db, &service, 0, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 0, "t", nothing)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("is the newest"), "{err}");
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
         rotate(&db, &service, Purpose::Data, "t").await.unwrap();
-        let err = retire(&db, &service, 1, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 1, "t", nothing)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("less than"), "{err}");
         age(&db).await;
-        let err = retire(&db, &service, 7, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 7, "t", nothing)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not in the ring"), "{err}");
         let err = retire(&db, &service, 1, "t", |_: &Connection| {
             Ok(Some("3 state versions".into()))
@@ -854,7 +867,10 @@ mod tests {
         let (view, _) = reconcile(&db, &service).await.unwrap();
         assert_eq!(numbers(&view), ["data/2"]);
         assert_eq!(view.retired, [(Purpose::Data, 0), (Purpose::Data, 1)]);
-        let err = retire(&db, &service, 1, "t", nothing).await.unwrap_err().to_string();
+        let err = retire(&db, &service, 1, "t", nothing)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not in the ring"), "{err}");
         // The retired copies hold no key any more, only the record of the retirement;
         // a rotation never reuses the number.
@@ -1009,7 +1025,15 @@ mod tests {
         assert!(!loaded.retired.contains(&(Purpose::Data, 2)));
         assert!(loaded.retired.contains(&(Purpose::Data, 1)));
         // A record from before proofs existed is re-written with one from the table.
-        put_copy(blobs.as_ref(), &KeyRow { proof: None, ..genuine }).await.unwrap();
+        put_copy(
+            blobs.as_ref(),
+            &KeyRow {
+                proof: None,
+                ..genuine
+            },
+        )
+        .await
+        .unwrap();
         let (_, done) = reconcile(&db, &service).await.unwrap();
         assert!(done.copied.contains(&"data/1".to_string()), "{done:?}");
         let copies = read_copies(blobs.as_ref()).await.unwrap();

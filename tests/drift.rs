@@ -428,8 +428,8 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
 
 #[tokio::test]
 async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan_still_applies() {
-    use stategate::crypto::{Purpose, SealKey};
-    use stategate::store::{keyring, reseal::Census};
+    use stategate::crypto::SealKey;
+    use stategate::store::reseal::Census;
     let server = TestServer::start().await;
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path();
@@ -456,27 +456,11 @@ async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan
     assert_eq!(before.generations[&0].drift_outputs, 1);
     assert_eq!(before.generations[&0].drift_plans, 1);
 
-    // What `stategate key rotate` and `key reseal` do: their own handles on the data dir.
-    let config = &server.config;
-    let store = stategate::installation::open_state_store(config)
-        .await
-        .unwrap();
-    let root = stategate::installation::load_root_key(config, false).unwrap();
-    stategate::installation::open_keyring(config, &root, &store, true)
-        .await
-        .unwrap();
-    let service_key = stategate::installation::key_service(config, &root);
-    keyring::rotate(&store, &service_key, Purpose::Data, "test")
-        .await
-        .unwrap();
-    root.reload().unwrap();
-    assert_eq!(root.data_generation(), 1);
-    let tofu_cli = stategate::tofu::TofuBackend::new(store, root.clone());
     let with_check = Config {
         drift: vec![check("prod", dir, &tofu.display().to_string())],
-        ..config.clone()
+        ..server.config.clone()
     };
-    let drift_cli = DriftService::new(&with_check, tofu_cli, root);
+    let drift_cli = rotate_as_the_cli(&with_check).await;
     let done = drift_cli.reseal().await.unwrap();
     assert_eq!((done.outputs, done.plans, done.current), (1, 1, 0));
     let after = census(drift_cli.clone()).await;
@@ -510,6 +494,28 @@ async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan
     );
 }
 
+/// What `stategate key rotate` does, on its own handles on `config`'s data dir (data
+/// generation 1 added and in use), and the drift service `key reseal` then runs with.
+async fn rotate_as_the_cli(config: &Config) -> DriftService {
+    use stategate::crypto::Purpose;
+    use stategate::store::keyring;
+    let store = stategate::installation::open_state_store(config)
+        .await
+        .unwrap();
+    let root = stategate::installation::load_root_key(config, false).unwrap();
+    stategate::installation::open_keyring(config, &root, &store, true)
+        .await
+        .unwrap();
+    let service_key = stategate::installation::key_service(config, &root);
+    keyring::rotate(&store, &service_key, Purpose::Data, "test")
+        .await
+        .unwrap();
+    root.reload().unwrap();
+    assert_eq!(root.data_generation(), 1);
+    let tofu = stategate::tofu::TofuBackend::new(store, root.clone());
+    DriftService::new(config, tofu, root)
+}
+
 /// A tidy pass that deletes an output past retention and expired plans while a reseal
 /// has read them and not yet written them back: the reseal deletes them again, so
 /// nothing tidy deleted comes back under the new key.
@@ -525,9 +531,8 @@ async fn what_tidy_deletes_while_a_reseal_runs_stays_deleted() {
 /// runs once, at the `at`-th object a CLI reseal has read and not yet written back;
 /// `resealed` is (outputs, plans) the reseal reports.
 async fn tidy_racing_a_reseal(at: usize, resealed: (u64, u64)) {
-    use stategate::crypto::{Purpose, SealKey};
+    use stategate::crypto::SealKey;
     use stategate::drift::RunOutput;
-    use stategate::store::keyring;
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path().to_path_buf();
     std::fs::write(dir.join("main.tf"), "").unwrap();
@@ -557,26 +562,8 @@ async fn tidy_racing_a_reseal(at: usize, resealed: (u64, u64)) {
         "both expired plans still there before the race"
     );
 
-    // `stategate key rotate` and `key reseal` on their own handles, the server's tidy
-    // racing the reseal.
-    let config = &server.config;
-    let store = stategate::installation::open_state_store(config)
-        .await
-        .unwrap();
-    let root = stategate::installation::load_root_key(config, false).unwrap();
-    stategate::installation::open_keyring(config, &root, &store, true)
-        .await
-        .unwrap();
-    let service_key = stategate::installation::key_service(config, &root);
-    keyring::rotate(&store, &service_key, Purpose::Data, "test")
-        .await
-        .unwrap();
-    root.reload().unwrap();
-    let drift_cli = DriftService::new(
-        config,
-        stategate::tofu::TofuBackend::new(store, root.clone()),
-        root,
-    );
+    // The server's tidy racing the reseal.
+    let drift_cli = rotate_as_the_cli(&server.config).await;
     let calls = std::sync::atomic::AtomicUsize::new(0);
     let done = drift_cli
         .reseal_racing(|| {

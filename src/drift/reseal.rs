@@ -143,9 +143,7 @@ impl DriftService {
             if outcomes::pruned(c, run)?.is_some() {
                 return Ok(true);
             }
-            Ok(outcomes::get_run(c, run)?.is_some_and(|r| {
-                r.finished_at.is_some() && r.output_blob.as_deref() != Some(key.as_str())
-            }))
+            Ok(outcomes::get_run(c, run)?.is_some_and(|r| tidy::never_names(&r, &key)))
         })
         .await
     }

@@ -259,6 +259,12 @@ pub(super) fn output_run(key: &str) -> Option<i64> {
     id.parse().ok()
 }
 
+/// Whether `run` is finished without naming output `key`: a finished row never
+/// changes, so it never will (the key is an orphan).
+pub(super) fn never_names(run: &Run, key: &str) -> bool {
+    run.finished_at.is_some() && run.output_blob.as_deref() != Some(key)
+}
+
 /// Whether a kept plan of `run` (`None`: no such run) is still wanted at `now`: its run
 /// is recorded, not applied and not expired. Once `false`, never `true` again.
 pub(super) fn plan_kept(run: Option<&Run>, now: i64) -> bool {
@@ -296,8 +302,7 @@ fn sweep(key: &str, run: Option<(&Run, u64)>, keep: u64) -> Sweep {
                 Sweep::Keep
             }
         }
-        // A finished row never changes, so it will never name this key.
-        Some((run, _)) if run.finished_at.is_some() => Sweep::Orphan,
+        Some((run, _)) if never_names(run, key) => Sweep::Orphan,
         // Its run is still going: the key is recorded when it finishes.
         Some(_) => Sweep::Keep,
     }

@@ -986,6 +986,8 @@ mod tests {
             retired_at: Some("2030-01-01T00:00:00Z".into()),
             ..genuine.clone()
         };
+        // The instant is bound too: data/1's own proof under a changed instant fails.
+        assert!(!genuine_retirement(service.as_ref(), &later));
         let foreign = retirement(other.as_ref(), Purpose::Data, 2, "2030-01-01T00:00:00Z").unwrap();
         // Each forgery, written by whoever can write the store but holds no key, over
         // the copy of live data/2: the ring keeps it, the table is unchanged, and the
@@ -994,7 +996,7 @@ mod tests {
             ("no proof", unproved),
             ("data/1's proof", moved),
             ("another service", foreign),
-            ("another instant", later),
+            ("data/1's proof, another instant", later),
         ] {
             forged.generation = 2;
             put_copy(blobs.as_ref(), &forged).await.unwrap();

@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 
+use crate::store::keyring::RingError;
 use crate::store::{BlobError, DbError, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -126,5 +127,21 @@ impl From<crate::names::InvalidName> for Error {
 impl From<DbError> for Error {
     fn from(e: DbError) -> Self {
         Error::from(StoreError::Db(e))
+    }
+}
+
+impl From<RingError> for Error {
+    fn from(e: RingError) -> Self {
+        match e {
+            // A keyring rule said no (the newest, too soon after a rotation, still
+            // needed, not in the ring): the message names why; nothing was changed.
+            RingError::Refused(why) => Error::Conflict(why),
+            RingError::Db(e) => Error::from(e),
+            RingError::Blob(e) => Error::from(StoreError::Blob(e)),
+            RingError::Key(e) => Error::Internal {
+                public: "the key service failed; see the server log".into(),
+                detail: e.to_string(),
+            },
+        }
     }
 }

@@ -18,6 +18,8 @@ use crate::config::{Config, KeyServiceKind, StoreKind};
 use crate::crypto::pkcs11::{Pkcs11KeyService, Pkcs11Params};
 use crate::crypto::service::KeyService;
 use crate::crypto::{wrapped, RootKey};
+use crate::drift::DriftService;
+use crate::keys::{KeySource, Keyring};
 use crate::store::blob::create_private_dir;
 use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
@@ -240,11 +242,31 @@ pub fn wrap_key_file(config: &Config) -> anyhow::Result<Wrapped> {
 /// keeps opening the ring after `key rewrap` replaced the file under it; while a rewrap
 /// is under way (`<key file>.next` exists) what either file wraps opens.
 pub fn key_service(config: &Config, root: &RootKey) -> Arc<dyn KeyService> {
+    key_source(config, root)()
+}
+
+/// [`key_service`] as the keyring's operations ask for it (`keys::Keyring`): each call
+/// finds the key service as it is then.
+pub fn key_source(config: &Config, root: &RootKey) -> KeySource {
+    let root = root.clone();
     if config.dek.is_some() {
-        return Arc::new(root.file_service(None));
+        return Arc::new(move || Arc::new(root.file_service(None)));
     }
     let path = config.dek_path();
-    Arc::new(file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))))
+    Arc::new(move || {
+        Arc::new(file_service(&path).unwrap_or_else(|| root.file_service(Some(path.clone()))))
+    })
+}
+
+/// The keyring's operations over this installation (`stategate key …`, the admin
+/// API's `keys` routes): its index and blob store, its drift artifacts, its key service.
+pub fn keyring(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+    drift: DriftService,
+) -> Keyring {
+    Keyring::new(store.clone(), root.clone(), drift, key_source(config, root))
 }
 
 /// The key file at `path` as the key service (with `<path>.next` during a rewrap);

@@ -10,6 +10,7 @@ pub mod drift;
 pub mod error;
 pub mod http;
 pub mod installation;
+pub mod keys;
 pub mod metrics;
 pub mod names;
 pub mod operator;

@@ -79,6 +79,7 @@ async fn build(
             .map_err(anyhow::Error::msg)?;
     let tofu = TofuBackend::new(store, root.clone()).with_downgrade_policy(downgrade);
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
+    let keys = crate::installation::keyring(config, &root, tofu.store(), drift.clone());
     let operator = crate::operator::Operations::new(
         tofu.clone(),
         cluster.clone(),
@@ -88,6 +89,7 @@ async fn build(
     let app = Arc::new(App {
         operator,
         drift,
+        keys,
         cluster,
         tofu,
         max_state_bytes: config.max_state_bytes,

@@ -201,6 +201,9 @@ async fn every_route_wants_an_operator_token_and_says_so_identically() {
         ("GET", "drift/1"),
         ("POST", "drift/prod/run"),
         ("POST", "drift/1/apply"),
+        ("GET", "keys"),
+        ("POST", "keys/rotate"),
+        ("POST", "keys/retire"),
         // Bad input is judged only after the token: still 401.
         ("GET", "workspaces/..%2Fx/versions/zz"),
     ];
@@ -335,6 +338,11 @@ async fn check_order_is_auth_then_input_then_state() {
         ("GET", "audit?limit=5000", None, 400),
         ("GET", "audit?since=yesterday", None, 400),
         ("GET", "audit?until=2026-02-30", None, 400),
+        ("POST", "keys/retire", None, 400),
+        ("POST", "keys/retire", Some(json!({"generation": "x"})), 400),
+        ("POST", "keys/rotate", Some(json!({"generation": 1})), 400),
+        ("GET", "keys/retire", None, 405),
+        ("POST", "keys/rewrap", None, 404),
         ("DELETE", "workspaces/prod", None, 405),
         ("GET", "nope", None, 404),
     ];
@@ -350,6 +358,106 @@ async fn check_order_is_auth_then_input_then_state() {
         [("tf.state_written".to_string(), "tf:prod".to_string())]
     );
     assert_eq!(env.server.count("SELECT count(*) FROM versions"), 1);
+    assert_eq!(env.server.count("SELECT count(*) FROM key_generations"), 0);
+}
+
+/// Sends `body` as is to a key route with the operator token: (status, body).
+async fn raw_key_call(env: &Env, path: &str, body: Vec<u8>) -> (u16, String) {
+    status(
+        env.http
+            .post(env.url(path))
+            .bearer_auth(&env.token)
+            .body(body),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn key_routes_refuse_malformed_bodies_and_change_nothing() {
+    let env = Env::start().await;
+    // A ring where retiring 0 would go through: a newer generation, old enough, and
+    // nothing sealed under 0. So only the body stops each row below.
+    let (code, text) = env.call("POST", "keys/rotate", None).await;
+    assert_eq!(code, 200, "{text}");
+    env.server
+        .db()
+        .execute(
+            "UPDATE key_generations SET created_at = '2020-01-01T00:00:00Z'",
+            [],
+        )
+        .unwrap();
+    let nested = format!(
+        r#"{{"generation": {}0{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let table: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("keys/retire", b"".to_vec(), 400),
+        ("keys/retire", b"{}".to_vec(), 400),
+        ("keys/retire", br#"{"generation": "x"}"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": "0"}"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": -1}"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": 0.5}"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": null}"#.to_vec(), 400),
+        (
+            "keys/retire",
+            br#"{"generation": 4294967296}"#.to_vec(),
+            400,
+        ),
+        (
+            "keys/retire",
+            br#"{"generation": 99999999999999999999999999999}"#.to_vec(),
+            400,
+        ),
+        ("keys/retire", br#"{"generation": 1e400}"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": 0, "x": 1}"#.to_vec(), 400),
+        (
+            "keys/retire",
+            br#"{"generation": 0, "generation": 0}"#.to_vec(),
+            400,
+        ),
+        ("keys/retire", br#"[0]"#.to_vec(), 400),
+        ("keys/retire", br#"0"#.to_vec(), 400),
+        ("keys/retire", br#"{"generation": 0"#.to_vec(), 400),
+        ("keys/retire", b"{\"generation\": 0}\xff".to_vec(), 400),
+        ("keys/retire", nested.into_bytes(), 400),
+        // Larger than any admin body: refused before it is read.
+        (
+            "keys/retire",
+            format!(r#"{{"generation": 0{}}}"#, " ".repeat(5000)).into_bytes(),
+            413,
+        ),
+        ("keys/rotate", br#"{"x": 1}"#.to_vec(), 400),
+        ("keys/rotate", b"[".to_vec(), 400),
+        ("keys/rotate", vec![b' '; 5000], 413),
+    ];
+    // The snapshot counts the ring's rows and its retired ones.
+    let before = snapshot(&env.server);
+    for (path, body, expected) in table {
+        let shown = String::from_utf8_lossy(&body)
+            .chars()
+            .take(60)
+            .collect::<String>();
+        let (code, text) = raw_key_call(&env, path, body).await;
+        assert_eq!(code, expected, "{path} {shown}: {text}");
+        let parsed: Value = serde_json::from_str(&text).unwrap();
+        assert!(parsed["error"].is_string(), "{text}");
+        assert_eq!(
+            snapshot(&env.server),
+            before,
+            "{path} {shown}: changed something"
+        );
+    }
+    // The ring was ready: the same retire with a good body goes through.
+    let (code, text) = raw_key_call(&env, "keys/retire", br#"{"generation": 0}"#.to_vec()).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        env.audit("keyring"),
+        [
+            ("key.rotated".to_string(), ACTOR.to_string()),
+            ("key.retired".to_string(), ACTOR.to_string())
+        ]
+    );
 }
 
 #[tokio::test]
@@ -988,6 +1096,16 @@ async fn every_admin_route_by_role_refuses_identically_and_changes_nothing() {
             Aim::Both("dev-a", "dev-b"),
         ),
         ("GET", "workspace-tokens".into(), None, "admin", Aim::Site),
+        // The keyring seals every workspace: an admin not limited to patterns.
+        ("GET", "keys".into(), None, "admin", Aim::Site),
+        ("POST", "keys/rotate".into(), None, "admin", Aim::Site),
+        (
+            "POST",
+            "keys/retire".into(),
+            Some(json!({"generation": 0})),
+            "admin",
+            Aim::Site,
+        ),
         (
             "POST",
             "workspace-tokens".into(),

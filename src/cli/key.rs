@@ -7,7 +7,8 @@
 //! root key moved from the plain key file into the wrapped file a PKCS#11 token opens,
 //! `key.service = "pkcs11"`).
 //! Each opens the installation through `stategate::installation` and calls
-//! `stategate::store::keyring` / `store::reseal`.
+//! `stategate::keys` (status, rotate, retire: the admin API's code path too),
+//! `store::reseal` and drift's reseal, or `installation` (rewrap, wrap).
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -17,10 +18,13 @@ use stategate::crypto::wrapped::remove_plain_key_file;
 use stategate::crypto::{Purpose, RootKey};
 use stategate::drift::DriftService;
 use stategate::installation::{self, Wrapped};
-use stategate::store::reseal::{self, Census};
-use stategate::store::{keyring, StateStore};
+use stategate::keys::Keyring;
+use stategate::store::reseal;
+use stategate::store::StateStore;
 
-use super::output::{advance, json_line, operator, progress_bar, require_db, runtime, table};
+use super::output::{
+    advance, cli_error, json_line, operator, progress_bar, require_db, runtime, table,
+};
 
 #[derive(Subcommand)]
 pub enum KeyCommand {
@@ -118,36 +122,24 @@ fn confirmed_phrase() -> anyhow::Result<bool> {
     Ok(answer.trim() == PHRASE)
 }
 
-/// Everything sealed under data generations, counted.
-async fn census(
-    config: &Config,
-    store: &StateStore,
-    root: &RootKey,
-    progress: bool,
-) -> anyhow::Result<Census> {
-    let bar = if progress {
-        progress_bar("reading blob headers")
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let mut census = reseal::census(
-        store,
-        stategate::tofu::SCOPE_PREFIX,
-        stategate::tokens::REVOCATIONS_PREFIX,
-        &advance(&bar),
-    )
-    .await;
-    bar.finish_and_clear();
-    if let Ok(c) = census.as_mut() {
-        drift(config, store, root).count_sealed(c).await?;
-    }
-    Ok(census?)
-}
-
 /// The drift service over this installation: drift outputs and kept plans are its.
 fn drift(config: &Config, store: &StateStore, root: &RootKey) -> DriftService {
     let tofu = stategate::tofu::TofuBackend::new(store.clone(), root.clone());
     DriftService::new(config, tofu, root.clone())
+}
+
+/// The keyring's operations, as the admin API has them (`stategate::keys`).
+fn keys(config: &Config, store: &StateStore, root: &RootKey) -> Keyring {
+    installation::keyring(config, root, store, drift(config, store, root))
+}
+
+/// A census's progress on the terminal (hidden for `--json`).
+fn census_bar(show: bool) -> indicatif::ProgressBar {
+    if show {
+        progress_bar("reading blob headers")
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
 }
 
 async fn status(
@@ -156,58 +148,34 @@ async fn status(
     root: &RootKey,
     json: bool,
 ) -> anyhow::Result<()> {
-    let census = census(config, store, root, !json).await?;
-    let live = root.data_generations();
-    let service = installation::key_service(config, root).describe();
-    let mut generations: std::collections::BTreeSet<u32> = live.iter().copied().collect();
-    generations.extend(census.generations.keys());
-    let rows: Vec<serde_json::Value> = generations
-        .iter()
-        .map(|g| {
-            let counts = census.generations.get(g).cloned().unwrap_or_default();
-            serde_json::json!({
-                "generation": g,
-                "in_ring": live.contains(g),
-                "writes": *g == root.data_generation(),
-                "versions": counts.versions,
-                "backups": counts.backups,
-                "revocation_records": counts.revocation_records,
-                "drift_outputs": counts.drift_outputs,
-                "drift_plans": counts.drift_plans,
-            })
-        })
-        .collect();
+    let bar = census_bar(!json);
+    let status = keys(config, store, root).status(&advance(&bar)).await;
+    bar.finish_and_clear();
+    let status = status.map_err(cli_error)?;
     if json {
-        return json_line(&serde_json::json!({
-            "key_service": service,
-            "data_generation": root.data_generation(),
-            "credentials_generation": root.credentials_generation(),
-            "generations": rows,
-            "other_root_versions": census.other_root_versions,
-            "unreadable": census.unreadable,
-        }));
+        return json_line(&status);
     }
     println!(
-        "Key service: {service}. New writes use data generation {}; credentials generation {}.",
-        root.data_generation(),
-        root.credentials_generation()
+        "Key service: {}. New writes use data generation {}; credentials generation {}.",
+        status.key_service, status.data_generation, status.credentials_generation
     );
-    let cell = |v: &serde_json::Value, k: &str| v[k].to_string();
-    let table_rows: Vec<Vec<String>> = rows
+    let table_rows: Vec<Vec<String>> = status
+        .generations
         .iter()
-        .map(|r| {
+        .map(|g| {
+            let c = &g.counts;
             vec![
-                cell(r, "generation"),
-                match (r["in_ring"].as_bool(), r["writes"].as_bool()) {
-                    (_, Some(true)) => "writes".into(),
-                    (Some(true), _) => "in ring".into(),
+                g.generation.to_string(),
+                match (g.in_ring, g.writes) {
+                    (_, true) => "writes".into(),
+                    (true, _) => "in ring".into(),
                     _ => "NOT IN RING".into(),
                 },
-                cell(r, "versions"),
-                cell(r, "backups"),
-                cell(r, "revocation_records"),
-                cell(r, "drift_outputs"),
-                cell(r, "drift_plans"),
+                c.versions.to_string(),
+                c.backups.to_string(),
+                c.revocation_records.to_string(),
+                c.drift_outputs.to_string(),
+                c.drift_plans.to_string(),
             ]
         })
         .collect();
@@ -226,13 +194,13 @@ async fn status(
             &table_rows
         )
     );
-    if census.other_root_versions > 0 {
+    if status.other_root_versions > 0 {
         println!(
             "{} cluster state version(s) are sealed under ADJ_STATE_ENC_KEY, outside the keyring.",
-            census.other_root_versions
+            status.other_root_versions
         );
     }
-    for u in &census.unreadable {
+    for u in &status.unreadable {
         println!("unreadable: {u}");
     }
     Ok(())
@@ -244,14 +212,12 @@ async fn rotate(
     root: &RootKey,
     purpose: Purpose,
 ) -> anyhow::Result<()> {
-    let service = installation::key_service(config, root);
-    let generation = keyring::rotate(store, &service, purpose, &operator()).await?;
-    json_line(&serde_json::json!({
-        "action": "key.rotated",
-        "purpose": purpose.as_str(),
-        "generation": generation,
-        "key_service": service.describe(),
-    }))?;
+    let rotated = keys(config, store, root)
+        .rotate(purpose, &operator())
+        .await
+        .map_err(cli_error)?;
+    json_line(&rotated)?;
+    let generation = rotated.generation;
     match purpose {
         Purpose::Data => eprintln!(
             "data generation {generation} added; every process uses it for new writes within a second. \
@@ -300,26 +266,12 @@ async fn retire(
     root: &RootKey,
     generation: u32,
 ) -> anyhow::Result<()> {
-    let census = census(config, store, root, true).await?;
-    let needed = census
-        .generations
-        .get(&generation)
-        .filter(|c| c.total() > 0)
-        .map(|c| c.describe());
-    if !census.unreadable.is_empty() {
-        bail!(
-            "{} object(s) could not be read ({}); nothing was changed",
-            census.unreadable.len(),
-            census.unreadable.join("; ")
-        );
-    }
-    let service = installation::key_service(config, root);
-    keyring::retire(store, &service, generation, &operator(), move |_| {
-        Ok(needed)
-    })
-    .await?;
-    json_line(&serde_json::json!({"action": "key.retired", "generation": generation}))?;
-    Ok(())
+    let bar = census_bar(true);
+    let retired = keys(config, store, root)
+        .retire(generation, &operator(), &advance(&bar))
+        .await;
+    bar.finish_and_clear();
+    json_line(&retired.map_err(cli_error)?)
 }
 
 fn wrap(config: &Config, remove: bool) -> anyhow::Result<()> {

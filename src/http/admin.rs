@@ -11,8 +11,10 @@ use super::body::{read_body, Failure, Handled, Reply};
 use super::params::{number, required, workspace};
 use super::router::AdminAction;
 use super::{auth, App};
+use crate::crypto::Purpose;
 use crate::drift::{DriftService, Started, MAX_LIST};
 use crate::error::Error;
+use crate::keys;
 use crate::operator::{
     diff, rolled_back_json, timeline_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT,
 };
@@ -121,6 +123,12 @@ struct FreezeBody {
 #[serde(deny_unknown_fields)]
 struct ConsumersBody {
     consumers: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetireKeyBody {
+    generation: u32,
 }
 
 #[derive(Deserialize)]
@@ -429,6 +437,22 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
                 serde_json::to_value(app.tofu.revoke_token(&token, &actor).await?)
                     .unwrap_or_default(),
             )
+        }
+        AdminAction::Keys => {
+            ok(serde_json::to_value(app.keys.status(&keys::quietly).await?).unwrap_or_default())
+        }
+        AdminAction::RotateKey => {
+            let _: EmptyBody = json_body(body, "{} or nothing")?;
+            let rotated = app.keys.rotate(Purpose::Data, &actor).await?;
+            ok(serde_json::to_value(rotated).unwrap_or_default())
+        }
+        AdminAction::RetireKey => {
+            let parsed: RetireKeyBody = json_body(body, r#"{"generation": <data generation>}"#)?;
+            let retired = app
+                .keys
+                .retire(parsed.generation, &actor, &keys::quietly)
+                .await?;
+            ok(serde_json::to_value(retired).unwrap_or_default())
         }
     })
 }

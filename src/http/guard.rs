@@ -108,6 +108,10 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         AdminAction::WorkspaceTokens
         | AdminAction::CreateWorkspaceToken
         | AdminAction::RevokeWorkspaceToken { .. } => (Action::Administer, Site),
+        // The keyring seals every workspace: site-wide, an admin not limited to patterns.
+        AdminAction::Keys | AdminAction::RotateKey | AdminAction::RetireKey => {
+            (Action::Administer, Site)
+        }
     })
 }
 
@@ -232,6 +236,21 @@ mod tests {
                 admin_need(&version(flag)),
                 Some((action, On::Workspace("w"))),
                 "{flag:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_keyring_is_site_wide_and_for_admins() {
+        for route in [
+            AdminAction::Keys,
+            AdminAction::RotateKey,
+            AdminAction::RetireKey,
+        ] {
+            assert_eq!(
+                admin_need(&route),
+                Some((Action::Administer, On::Site)),
+                "{route:?}"
             );
         }
     }

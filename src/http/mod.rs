@@ -70,6 +70,8 @@ pub struct App {
     pub tls: bool,
     /// Drift checks: history, on-demand runs and approvals (admin API), metrics.
     pub drift: crate::drift::DriftService,
+    /// The keyring: its census, rotation and retirement (admin API).
+    pub keys: crate::keys::Keyring,
     /// The bearer `/metrics` requires; `None` serves it to anyone who can connect.
     pub metrics_token: Option<crate::config::Secret>,
     /// Cross-site refusal and throttling of UI logins.

@@ -131,6 +131,12 @@ pub enum AdminAction {
     CreateWorkspaceToken,
     /// `POST workspace-tokens/{name or id}/revoke`
     RevokeWorkspaceToken { token: String },
+    /// `GET keys`: what each data key generation seals, and the ring
+    Keys,
+    /// `POST keys/rotate`: a new data key generation
+    RotateKey,
+    /// `POST keys/retire` with `{"generation": N}`
+    RetireKey,
 }
 
 impl AdminAction {
@@ -161,6 +167,9 @@ impl AdminAction {
             AdminAction::WorkspaceTokens => "admin.workspace_tokens",
             AdminAction::CreateWorkspaceToken => "admin.create_workspace_token",
             AdminAction::RevokeWorkspaceToken { .. } => "admin.revoke_workspace_token",
+            AdminAction::Keys => "admin.keys",
+            AdminAction::RotateKey => "admin.rotate_key",
+            AdminAction::RetireKey => "admin.retire_key",
             AdminAction::Drift { .. } => "admin.drift",
             AdminAction::DriftRun { .. } => "admin.drift_run",
             AdminAction::DriftCheck { .. } => "admin.drift_check",
@@ -185,6 +194,8 @@ impl AdminAction {
                 | AdminAction::SetConsumers { .. }
                 | AdminAction::CreateWorkspaceToken
                 | AdminAction::RevokeWorkspaceToken { .. }
+                | AdminAction::RotateKey
+                | AdminAction::RetireKey
         )
     }
 
@@ -702,6 +713,9 @@ fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAct
             },
             "POST",
         ),
+        ["keys"] => (AdminAction::Keys, "GET"),
+        ["keys", "rotate"] => (AdminAction::RotateKey, "POST"),
+        ["keys", "retire"] => (AdminAction::RetireKey, "POST"),
         _ => {
             return Err(Error::NotFound("no such admin route; see docs/admin-api.md".into()).into())
         }
@@ -1282,6 +1296,19 @@ mod tests {
                 None,
                 admin(AdminAction::DriftApply { run: "12".into() }),
             ),
+            ("GET", "/api/v1/admin/keys", None, admin(AdminAction::Keys)),
+            (
+                "POST",
+                "/api/v1/admin/keys/rotate",
+                None,
+                admin(AdminAction::RotateKey),
+            ),
+            (
+                "POST",
+                "/api/v1/admin/keys/retire",
+                None,
+                admin(AdminAction::RetireKey),
+            ),
             // Names are judged after the operator token, not here.
             (
                 "GET",
@@ -1315,6 +1342,13 @@ mod tests {
             ("GET", "/api/v1/admin/drift/prod/run", 405),
             ("POST", "/api/v1/admin/drift/12", 405),
             ("GET", "/api/v1/admin/drift/12/apply", 405),
+            ("POST", "/api/v1/admin/keys", 405),
+            ("GET", "/api/v1/admin/keys/rotate", 405),
+            ("GET", "/api/v1/admin/keys/retire", 405),
+            ("DELETE", "/api/v1/admin/keys/retire", 405),
+            ("POST", "/api/v1/admin/keys/rewrap", 404),
+            ("POST", "/api/v1/admin/keys/reseal", 404),
+            ("POST", "/api/v1/admin/keys/retire/1", 404),
         ];
         for (method, path, status) in rejected {
             let err = route(method, path, None).unwrap_err();

@@ -30,7 +30,7 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 }
 
 /// Everything a request could change: versions, the fixture's locks, audit rows,
-/// tokens, runs, operators, write overrides, freezes, the resource timeline.
+/// tokens, runs, operators, write overrides, freezes, the resource timeline, the keyring.
 pub fn snapshot(server: &TestServer) -> Vec<i64> {
     [
         "SELECT count(*) FROM versions",
@@ -49,6 +49,8 @@ pub fn snapshot(server: &TestServer) -> Vec<i64> {
         "SELECT count(*) FROM resource_changes",
         "SELECT count(*) FROM resource_summary_heads",
         "SELECT count(*) FROM resource_instance_digests",
+        "SELECT count(*) FROM key_generations",
+        "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
     ]
     .iter()
     .map(|sql| server.count(sql))

@@ -295,6 +295,8 @@ async fn check_order_is_auth_then_input_then_state() {
             Some(json!({"to": 1, "x": 1})),
             400,
         ),
+        // An array of the fields in order is not the object.
+        ("POST", "workspaces/prod/rollback", Some(json!([1])), 400),
         (
             "POST",
             "workspaces/prod/rollback",

@@ -74,15 +74,16 @@ fn flag(name: &str, value: Option<&str>) -> Result<bool, Error> {
     }
 }
 
-/// A small JSON body; an empty body is `{}`.
+/// A small JSON object; an empty body is `{}`. Only an object: serde would also fill a
+/// struct from an array of its fields in order (`[0]` for `{"generation": 0}`).
 fn json_body<T: for<'de> Deserialize<'de>>(body: &[u8], expected: &str) -> Result<T, Error> {
-    let body = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}" as &[u8]
-    } else {
-        body
+    let invalid = || Error::Invalid(format!("expected a JSON body {expected}"));
+    let body = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => b"{}" as &[u8],
+        Some(b'{') => body,
+        Some(_) => return Err(invalid()),
     };
-    serde_json::from_slice(body)
-        .map_err(|_| Error::Invalid(format!("expected a JSON body {expected}")))
+    serde_json::from_slice(body).map_err(|_| invalid())
 }
 
 #[derive(Deserialize)]

@@ -7,7 +7,7 @@
 //! The roles nest: a viewer has masked reads, diffs, history, the audit log, search
 //! and the drift list; an operator adds force-unlock, rollback, restore, drift runs and
 //! approvals; an admin adds unmasked reads (reveal, download) and the management of
-//! operators, tokens and backups.
+//! operators, tokens, backups and the keyring.
 
 use std::fmt;
 
@@ -69,7 +69,8 @@ pub enum Action {
     Operate,
     /// Unmasked state leaving the server: reveal, download, `versions/{n}` unmasked.
     Reveal,
-    /// Operators, tokens, backups (the CLI today; no HTTP route yet).
+    /// Credentials, issued workspace tokens and the keyring over HTTP; operators and
+    /// backups (the CLI today).
     Administer,
 }
 

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{state, TestServer};
+use common::{state, AdminEnv, TestServer};
 use stategate::crypto::service::KeyService;
 use stategate::crypto::{Purpose, RootKey};
 use stategate::installation;
@@ -274,24 +274,14 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     }
 }
 
-/// One admin API call with `token` as bearer: (status, body).
-async fn admin(
-    server: &TestServer,
-    token: &str,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> (u16, String) {
-    let mut req = reqwest::Client::new()
-        .request(
-            method.parse().unwrap(),
-            format!("{}/api/v1/admin/{path}", server.base),
-        )
-        .bearer_auth(token);
-    if let Some(b) = body {
-        req = req.body(b.to_string());
-    }
-    common::status(req).await
+/// `POST keys/retire` of `generation` through the admin API: (status, body).
+async fn retire(env: &AdminEnv, generation: u32) -> (u16, String) {
+    env.admin(
+        "POST",
+        "keys/retire",
+        Some(serde_json::json!({ "generation": generation })),
+    )
+    .await
 }
 
 /// `stategate key <args>` run as the real binary on the server's data dir, while it
@@ -326,23 +316,18 @@ fn actors_of(server: &TestServer, event: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_drives_status_rotate_and_retire_as_the_commands_do() {
-    let server = TestServer::start().await;
-    let token = server
-        .app
-        .operator
-        .admin_write(|c| stategate::operator::identity::create_operator(c, "keys@x.io", "test"))
-        .await
-        .unwrap();
+    let env = AdminEnv::start("keys@x.io").await;
+    let server = &env.server;
     let actor = "operator:keys@x.io";
     for serial in 1..=2 {
-        assert_eq!(post(&server, "prod", serial).await, 200);
+        assert_eq!(post(server, "prod", serial).await, 200);
     }
     let json = |text: &str| -> serde_json::Value {
         serde_json::from_str(text).unwrap_or_else(|_| panic!("{text}"))
     };
 
     // The census: the same document `key status --json` prints, never key bytes.
-    let (code, text) = admin(&server, &token, "GET", "keys", None).await;
+    let (code, text) = env.admin("GET", "keys", None).await;
     assert_eq!(code, 200, "{text}");
     assert!(!text.contains(common::DEK), "{text}");
     let status = json(&text);
@@ -353,12 +338,12 @@ async fn the_admin_api_drives_status_rotate_and_retire_as_the_commands_do() {
             "backups": 0, "revocation_records": 0, "drift_outputs": 0, "drift_plans": 0}])
     );
     assert!(status["key_service"].is_string(), "{text}");
-    let (code, out, err) = key_command(&server, &["status", "--json"]);
+    let (code, out, err) = key_command(server, &["status", "--json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out), status);
 
     // A rotation: audited with the operator, used by the very next write.
-    let (code, text) = admin(&server, &token, "POST", "keys/rotate", None).await;
+    let (code, text) = env.admin("POST", "keys/rotate", None).await;
     assert_eq!(code, 200, "{text}");
     let rotated = json(&text);
     assert_eq!(
@@ -373,46 +358,34 @@ async fn the_admin_api_drives_status_rotate_and_retire_as_the_commands_do() {
             &serde_json::json!(1)
         )
     );
-    assert_eq!(actors_of(&server, "key.rotated"), [actor]);
-    assert_eq!(post(&server, "prod", 3).await, 200);
-    let newest = rows(&server, "prod").last().unwrap().1.clone();
-    assert_eq!(generation_of(&server, &newest).await, 1);
+    assert_eq!(actors_of(server, "key.rotated"), [actor]);
+    assert_eq!(post(server, "prod", 3).await, 200);
+    let newest = rows(server, "prod").last().unwrap().1.clone();
+    assert_eq!(generation_of(server, &newest).await, 1);
 
     // Refusals: 409 naming why, nothing changed.
     let generations = || server.count("SELECT count(*) FROM key_generations");
     let before = generations();
-    let refusals: &[(&str, &str)] = &[
-        (r#"{"generation": 0}"#, "less than 5 s"),
-        (r#"{"generation": 1}"#, "newest"),
-        (r#"{"generation": 7}"#, "not in the ring"),
-    ];
-    for (body, why) in refusals {
-        let (code, text) = admin(&server, &token, "POST", "keys/retire", Some(body)).await;
-        assert_eq!(code, 409, "{body}: {text}");
+    for (generation, why) in [(0, "less than 5 s"), (1, "newest"), (7, "not in the ring")] {
+        let (code, text) = retire(&env, generation).await;
+        assert_eq!(code, 409, "{generation}: {text}");
         assert!(
             json(&text)["error"].as_str().unwrap().contains(why),
-            "{body}: {text}"
+            "{generation}: {text}"
         );
     }
-    age_ring(&server);
-    let (code, text) = admin(
-        &server,
-        &token,
-        "POST",
-        "keys/retire",
-        Some(r#"{"generation": 0}"#),
-    )
-    .await;
+    age_ring(server);
+    let (code, text) = retire(&env, 0).await;
     assert_eq!(code, 409, "{text}");
     let refusal = json(&text)["error"].as_str().unwrap().to_string();
     assert!(refusal.contains("2 state versions"), "{refusal}");
     // The command refuses with the same words: one code path.
-    let (code, _, err) = key_command(&server, &["retire", "0"]);
+    let (code, _, err) = key_command(server, &["retire", "0"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains(&refusal), "{err}");
     assert_eq!(generations(), before);
-    assert_eq!(audit_events(&server, "key.retired"), 0);
-    let status = json(&admin(&server, &token, "GET", "keys", None).await.1);
+    assert_eq!(audit_events(server, "key.retired"), 0);
+    let status = json(&env.admin("GET", "keys", None).await.1);
     assert_eq!(status["data_generation"], 1);
     let counts: Vec<(u64, u64, bool)> = status["generations"]
         .as_array()
@@ -430,39 +403,25 @@ async fn the_admin_api_drives_status_rotate_and_retire_as_the_commands_do() {
 
     // After a reseal nothing needs 0: the retire goes through, audited, and the server
     // no longer holds it.
-    cli(&server).await.reseal().await;
-    let (code, text) = admin(
-        &server,
-        &token,
-        "POST",
-        "keys/retire",
-        Some(r#"{"generation": 0}"#),
-    )
-    .await;
+    cli(server).await.reseal().await;
+    let (code, text) = retire(&env, 0).await;
     assert_eq!(code, 200, "{text}");
     assert_eq!(
         json(&text),
         serde_json::json!({"action": "key.retired", "generation": 0})
     );
-    assert_eq!(actors_of(&server, "key.retired"), [actor]);
-    let status = json(&admin(&server, &token, "GET", "keys", None).await.1);
+    assert_eq!(actors_of(server, "key.retired"), [actor]);
+    let status = json(&env.admin("GET", "keys", None).await.1);
     assert_eq!(status["generations"][0]["generation"], 1, "{status}");
     assert_eq!(
         status["generations"].as_array().unwrap().len(),
         1,
         "{status}"
     );
-    assert_eq!(current(&server, "prod").await.0, 200);
-    let (code, text) = admin(
-        &server,
-        &token,
-        "POST",
-        "keys/retire",
-        Some(r#"{"generation": 0}"#),
-    )
-    .await;
+    assert_eq!(current(server, "prod").await.0, 200);
+    let (code, text) = retire(&env, 0).await;
     assert_eq!(code, 409, "{text}");
-    assert_eq!(audit_events(&server, "key.retired"), 1);
+    assert_eq!(audit_events(server, "key.retired"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

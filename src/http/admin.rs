@@ -1,8 +1,9 @@
 //! HTTP framing for the operator API (`crate::operator`, docs/admin-api.md): the
 //! operator bearer first, then whether its role allows the route (`super::guard`,
 //! before the body is read), then the request's own values (names, numbers, the small
-//! JSON body), then the operation; every answer is JSON and every refusal the shared
-//! `{"error": …}`. No SQL or blobs here: each route is one `Operations` call.
+//! JSON body, always an object), then the operation; every answer is JSON and every
+//! refusal the shared `{"error": …}`. No SQL or blobs here: each route is one domain
+//! call (`Operations`, the drift service, the Terraform backend, the `Keyring`).
 
 use pingora::proxy::Session;
 use serde::Deserialize;

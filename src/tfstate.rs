@@ -160,6 +160,47 @@ struct StateProbe {
     encryption_version: Option<String>,
 }
 
+const LOW_BITS: u64 = u64::from_ne_bytes([0x01; 8]);
+const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+
+/// How many leading bytes of `data` come before the first one `ends` (eight bytes at
+/// a time: `ends_in` marks such bytes of a little-endian word by their high bit, exactly,
+/// as [`equal_bytes`] and [`control_bytes`] do; the tail byte by byte). Most of a state
+/// is runs of string content and indentation, which this takes without branching per
+/// byte.
+fn run_length(data: &[u8], ends_in: impl Fn(u64) -> u64, ends: impl Fn(u8) -> bool) -> usize {
+    let mut at = 0;
+    while let Some(word) = data[at..].first_chunk::<8>() {
+        let found = ends_in(u64::from_le_bytes(*word));
+        if found != 0 {
+            return at + (found.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    at + data[at..]
+        .iter()
+        .position(|&b| ends(b))
+        .unwrap_or(data.len() - at)
+}
+
+/// The high bit of each byte of `word` equal to `byte` (exact: no carry crosses bytes).
+fn equal_bytes(word: u64, byte: u8) -> u64 {
+    let x = word ^ (LOW_BITS * u64::from(byte));
+    !(((x & !HIGH_BITS) + !HIGH_BITS) | x) & HIGH_BITS
+}
+
+/// The high bit of each byte of `word` below 0x20, a JSON control character (exact).
+fn control_bytes(word: u64) -> u64 {
+    !(((word & !HIGH_BITS) + LOW_BITS * 0x60) | word) & HIGH_BITS
+}
+
+/// `buffer` emptied and holding `first`: a capture buffer reused (its allocation kept).
+fn refill(mut buffer: Vec<u8>, first: &[u8]) -> Vec<u8> {
+    buffer.clear();
+    buffer.extend_from_slice(first);
+    buffer
+}
+
 fn not_a_state(why: &str) -> Error {
     Error::Invalid(format!("body is not a Terraform/OpenTofu state: {why}"))
 }
@@ -360,7 +401,14 @@ impl ResourceScan {
         base.push_str(&name);
         for (index, digest) in self.instances.drain(..) {
             let address = match index {
-                Some(index) => format!("{base}[{index}]"),
+                Some(index) => {
+                    let mut address = String::with_capacity(base.len() + index.len() + 2);
+                    address.push_str(&base);
+                    address.push('[');
+                    address.push_str(&index);
+                    address.push(']');
+                    address
+                }
                 None => base.clone(),
             };
             self.entries.push((address, digest));
@@ -528,6 +576,9 @@ pub struct StateScanner {
     literal: &'static [u8],
     literal_at: usize,
     capture: Option<Vec<u8>>,
+    /// The buffer of the last capture, kept for the next one: a 10,000-instance state
+    /// captures ~60,000 field names, which would otherwise each allocate.
+    spare: Vec<u8>,
     overflow: bool,
     failed: bool,
     /// Where the top-level value being read began.
@@ -565,6 +616,7 @@ impl StateScanner {
             literal: b"",
             literal_at: 0,
             capture: None,
+            spare: Vec::new(),
             overflow: false,
             failed: false,
             value_at: 0,
@@ -757,7 +809,8 @@ impl StateScanner {
                 let top = self.stack.len() == 1;
                 self.start_string(true, top);
                 if !top && (self.resource_level().is_some() || self.meta_key_here()) {
-                    self.capture = Some(Vec::new()); // a field's name, not strict
+                    // A field's name, not strict.
+                    self.capture = Some(refill(std::mem::take(&mut self.spare), &[]));
                 }
                 Ok(())
             }
@@ -857,7 +910,8 @@ impl StateScanner {
                     field,
                     Some(Field::Module | Field::Mode | Field::Type | Field::Name)
                 ) {
-                    self.capture = Some(Vec::new());
+                    let buffer = std::mem::take(&mut self.spare);
+                    self.capture = Some(refill(buffer, &[]));
                     self.overflow = false;
                 }
             }
@@ -871,7 +925,8 @@ impl StateScanner {
                 if res.in_instances && field == Some(Field::IndexKey) =>
             {
                 res.index_is_text = b == b'"';
-                self.capture = Some(if b == b'"' { Vec::new() } else { vec![b] });
+                let first: &[u8] = if b == b'"' { &[] } else { &[b] };
+                self.capture = Some(refill(std::mem::take(&mut self.spare), first));
                 self.overflow = false;
             }
             _ => {}
@@ -880,25 +935,26 @@ impl StateScanner {
 
     /// A value (or key) ended inside the resource structure, at `depth`.
     fn resource_value_done(&mut self, depth: usize, is_key: bool) {
-        let captured = self.capture.take().filter(|_| !self.overflow);
+        let captured = self.capture.take();
+        let kept = captured.as_deref().filter(|_| !self.overflow);
         let Some(res) = self.res.as_deref_mut() else {
+            self.recycle(captured);
             return;
         };
         if res.broken {
+            self.recycle(captured);
             return;
         }
         if is_key {
             if (depth == RESOURCE_DEPTH && res.in_resources)
                 || (depth == INSTANCE_DEPTH && res.in_instances)
             {
-                res.field = Some(match captured {
-                    Some(name) => Field::of(&name, depth),
-                    None => Field::Other,
-                });
+                res.field = Some(kept.map_or(Field::Other, |name| Field::of(name, depth)));
             }
+            self.recycle(captured);
             return;
         }
-        let text = || captured.clone().and_then(|t| String::from_utf8(t).ok());
+        let text = || std::str::from_utf8(kept?).ok().map(str::to_string);
         match depth {
             RESOURCE_DEPTH if res.in_resources => match res.field.take() {
                 Some(Field::Module) => res.module = text(),
@@ -924,6 +980,20 @@ impl StateScanner {
             }
             _ => {}
         }
+        self.recycle(captured);
+    }
+
+    /// A capture that is done with: its buffer is kept for the next one.
+    fn recycle(&mut self, done: Option<Vec<u8>>) {
+        if let Some(buffer) = done {
+            self.spare = buffer;
+        }
+    }
+
+    /// The capture in progress is dropped (its buffer kept for the next one).
+    fn drop_capture(&mut self) {
+        let done = self.capture.take();
+        self.recycle(done);
     }
 
     /// A value begins; at the top level of the object, notes what it is.
@@ -948,7 +1018,7 @@ impl StateScanner {
                 let capture = matches!(key, Some(Key::Lineage | Key::EncryptionVersion));
                 self.start_string(false, capture);
                 if !capture {
-                    self.capture = None;
+                    self.drop_capture();
                 }
                 Ok(())
             }
@@ -975,9 +1045,13 @@ impl StateScanner {
             _ => Err(self.invalid("expected value")),
         };
         if in_structure && opened.is_ok() {
-            // Where the value begins, before `open` deepened the stack.
+            // Where the value begins, before `open` deepened the stack. Nothing deeper
+            // than an instance's own fields is the structure's (most of a state's
+            // values are, inside `attributes`).
             let depth = self.stack.len() - usize::from(matches!(b, b'{' | b'['));
-            self.resource_value_start_at(depth, b);
+            if depth <= INSTANCE_DEPTH {
+                self.resource_value_start_at(depth, b);
+            }
         }
         opened
     }
@@ -991,7 +1065,7 @@ impl StateScanner {
                 }
             }
         }
-        if self.res.is_some() && self.stack.len() > 1 {
+        if self.res.is_some() && (2..=INSTANCE_DEPTH).contains(&self.stack.len()) {
             let (depth, is_key) = (self.stack.len(), self.is_key);
             self.resource_value_done(depth, is_key);
         }
@@ -1003,7 +1077,7 @@ impl StateScanner {
                     _ => Key::Other,
                 });
             }
-            self.capture = None;
+            self.drop_capture();
             self.expect = Expect::Colon;
             return;
         }
@@ -1012,7 +1086,7 @@ impl StateScanner {
             if let (Some(key), Some(kind)) = (self.key.take(), self.kind.take()) {
                 self.note(key, kind);
             }
-            self.capture = None;
+            self.drop_capture();
         }
     }
 
@@ -1063,7 +1137,13 @@ impl StateScanner {
         self.high = None;
         // serde decodes what it deserializes (top-level keys, lineage) strictly.
         self.strict = capture;
-        self.capture = capture.then(Vec::new);
+        let done = if capture {
+            self.capture
+                .replace(refill(std::mem::take(&mut self.spare), &[]))
+        } else {
+            self.capture.take()
+        };
+        self.recycle(done);
         self.overflow = false;
     }
 
@@ -1073,9 +1153,11 @@ impl StateScanner {
         if self.expect != Expect::InString || self.esc != Esc::None || self.high.is_some() {
             return 0;
         }
-        data.iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-            .unwrap_or(data.len())
+        run_length(
+            data,
+            |word| equal_bytes(word, b'"') | equal_bytes(word, b'\\') | control_bytes(word),
+            |b| b == b'"' || b == b'\\' || b < 0x20,
+        )
     }
 
     /// How many leading bytes of `data` are whitespace between tokens (which `byte`
@@ -1088,9 +1170,17 @@ impl StateScanner {
         ) {
             return 0;
         }
-        data.iter()
-            .position(|&b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
-            .unwrap_or(data.len())
+        let blank = |word| {
+            equal_bytes(word, b' ')
+                | equal_bytes(word, b'\n')
+                | equal_bytes(word, b'\t')
+                | equal_bytes(word, b'\r')
+        };
+        run_length(
+            data,
+            |word| !blank(word) & HIGH_BITS,
+            |b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'),
+        )
     }
 
     fn keep(&mut self, bytes: &[u8]) {
@@ -1207,7 +1297,7 @@ impl StateScanner {
             (Num::Zero | Num::Int | Num::Frac | Num::Exp, _) => {
                 // serial must be an integer: a fraction or exponent makes it a float.
                 if !matches!(self.num, Num::Zero | Num::Int) {
-                    self.capture = None;
+                    self.drop_capture();
                 }
                 self.value_done();
                 return Ok(false);
@@ -1223,6 +1313,45 @@ impl StateScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_at_a_time_runs_stop_where_byte_at_a_time_runs_do() {
+        let in_string = StateScanner {
+            expect: Expect::InString,
+            ..StateScanner::new()
+        };
+        let between = StateScanner::new();
+        let string_ends = |b: u8| b == b'"' || b == b'\\' || b < 0x20;
+        let blank = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        // Every byte value at every offset of runs shorter and longer than a word, after
+        // plain content and after blanks, and with bytes past the stop that would fool
+        // a borrow-propagating test.
+        for len in [0usize, 1, 7, 8, 9, 15, 16, 23] {
+            for stop in 0..=255u8 {
+                for tail in [b'a', 0x00, 0x1f, b'"', 0xff] {
+                    let mut text = vec![b'x'; len];
+                    text.push(stop);
+                    text.extend_from_slice(&[tail; 9]);
+                    let expect = text
+                        .iter()
+                        .position(|&b| string_ends(b))
+                        .unwrap_or(text.len());
+                    assert_eq!(in_string.plain_string_run(&text), expect, "{text:?}");
+                    let mut blanks = b" \n\t\r".repeat(len).to_vec();
+                    blanks.truncate(len);
+                    blanks.push(stop);
+                    blanks.extend_from_slice(&[tail; 9]);
+                    let expect = blanks
+                        .iter()
+                        .position(|&b| !blank(b))
+                        .unwrap_or(blanks.len());
+                    assert_eq!(between.whitespace_run(&blanks), expect, "{blanks:?}");
+                }
+            }
+            assert_eq!(in_string.plain_string_run(&vec![0xc3; len]), len);
+            assert_eq!(between.whitespace_run(&vec![b' '; len]), len);
+        }
+    }
 
     #[test]
     fn state_bodies() {

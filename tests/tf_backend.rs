@@ -748,18 +748,22 @@ async fn large_states_stream_in_and_out_intact() {
 #[tokio::test]
 async fn content_md5_mismatch_on_a_streamed_body_changes_nothing() {
     let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
+    let md5 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b));
+    // Below and past the size whose MD5 moves to a worker thread (tofu::body_md5).
+    for size in [512 << 10, 3 << 20] {
+        let body = big_state(1, "m", size);
+        let (code, text) = status(
+            s.tf("POST", "m")
+                .header("Content-MD5", md5(b"other"))
+                .body(body.clone()),
+        )
+        .await;
+        assert_eq!(code, 400, "{size}: {text}");
+        assert!(text.contains("Content-MD5"), "{text}");
+        assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
+        assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
+    }
     let body = big_state(1, "m", 1 << 20);
-    let wrong = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b"other"));
-    let (code, text) = status(
-        s.tf("POST", "m")
-            .header("Content-MD5", wrong)
-            .body(body.clone()),
-    )
-    .await;
-    assert_eq!(code, 400, "{text}");
-    assert!(text.contains("Content-MD5"), "{text}");
-    assert_eq!(s.count("SELECT count(*) FROM versions"), 0);
-    assert!(s.blob_files().is_empty(), "{:?}", s.blob_files());
     // A body that stops being a state half way is refused the same way.
     let (code, _) = status(
         s.tf("POST", "m")
@@ -768,6 +772,16 @@ async fn content_md5_mismatch_on_a_streamed_body_changes_nothing() {
     .await;
     assert_eq!(code, 400);
     assert!(s.blob_files().is_empty());
+    // The right MD5 of a large body is accepted.
+    let large = big_state(1, "m", 3 << 20);
+    let (code, text) = status(
+        s.tf("POST", "m")
+            .header("Content-MD5", md5(large.as_bytes()))
+            .body(large.clone()),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(s.count("SELECT count(*) FROM versions"), 1);
 }
 
 #[tokio::test]

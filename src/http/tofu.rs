@@ -31,13 +31,24 @@ pub(super) async fn handle(
         TfAction::Delete => Use::Delete,
     };
     // A secret, when one is sent, alone decides (a wrong one is refused even beside a
-    // valid certificate); only a request without one is judged by its certificate.
-    let who = match presented {
-        Some(_) => tofu
-            .authenticate(workspace, presented, what)
-            .await
-            .map_err(Failure::early)?,
-        None => certificate_credential(app, session, workspace),
+    // valid certificate); only a request without one is judged by its certificate. A
+    // LOCK's lookup also reads the lock row and freeze, which answer it if they refuse.
+    let (who, seen) = match (presented, &action) {
+        (Some(secret), TfAction::Lock) => {
+            let (who, seen) = tofu
+                .authenticate_lock(workspace, secret)
+                .await
+                .map_err(Failure::early)?;
+            (who, Some(seen))
+        }
+        (Some(secret), _) => {
+            let who = tofu
+                .authenticate(workspace, Some(secret), what)
+                .await
+                .map_err(Failure::early)?;
+            (who, None)
+        }
+        (None, _) => (certificate_credential(app, session, workspace), None),
     };
     let who = who
         .filter(|who| permits(who, what))
@@ -48,7 +59,7 @@ pub(super) async fn handle(
         TfAction::Write { lock_id } => write(app, session, workspace, lock_id, &who).await,
         TfAction::Lock => {
             let small = SmallBody::read(app, session, MAX_LOCK_BODY).await?;
-            let outcome = tofu.lock(workspace, &small.body, &who).await;
+            let outcome = tofu.lock(workspace, &small.body, &who, seen).await;
             small.answer(outcome)
         }
         TfAction::Unlock => {

@@ -250,14 +250,16 @@ impl Db {
     /// lock row) right here when a reader connection is idle, else like [`Db::read`].
     /// On a request's path this saves two thread handoffs, which cost more than the
     /// lookup itself; anything that may scan goes through [`Db::read`].
+    /// Its statements share one read transaction: one snapshot, and one shared lock
+    /// and WAL read mark instead of one per statement.
     pub async fn read_quick<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         if let Some(conn) = self.readers.try_idle() {
-            return f(&conn).map_err(DbError::from);
+            return in_read_transaction(&conn, f).map_err(DbError::from);
         }
-        self.read(f).await
+        self.read(move |conn| in_read_transaction(conn, f)).await
     }
 
     /// Runs a read-only query on a reader connection off the async runtime.
@@ -273,6 +275,26 @@ impl Db {
         .await
         .map_err(|e| DbError::Task(e.to_string()))?
     }
+}
+
+/// Runs `f`'s statements in one deferred read transaction on a reader connection.
+fn in_read_transaction<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error>,
+) -> Result<T, rusqlite::Error> {
+    if !conn.is_autocommit() {
+        // Left open by a lookup that did not finish (a panic): start from a clean state.
+        conn.prepare_cached("ROLLBACK")?.execute([])?;
+    }
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let outcome = f(conn);
+    // A read transaction changes nothing: ending it cannot lose anything.
+    let ended = conn
+        .prepare_cached("ROLLBACK")
+        .and_then(|mut s| s.execute([]));
+    let value = outcome?;
+    ended?;
+    Ok(value)
 }
 
 /// Runs one job in a savepoint so its failure rolls back only its own changes.

@@ -189,7 +189,8 @@ pub struct NewVersion {
 /// What a streamed write learns from its body: checked piece by piece as it passes,
 /// and at the end, the version's serial, lineage and audit entry.
 pub trait BodyCheck<E>: Send + 'static {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), E>;
+    /// The next piece of the body (shared: a check may hand it to another thread).
+    fn chunk(&mut self, data: &Bytes) -> Result<(), E>;
     /// The body ended after `size` bytes whose sha256 is `sha256` (hex).
     fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, E>;
 }
@@ -247,7 +248,7 @@ impl<E: From<StoreError>> BodySource<E> {
 struct Known(Option<BodyMeta>, Option<Box<dyn timeline::Summarize>>);
 
 impl<E: Send + 'static> BodyCheck<E> for Known {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), E> {
+    fn chunk(&mut self, data: &Bytes) -> Result<(), E> {
         if let Some(scan) = &mut self.1 {
             scan.push(data);
         }

@@ -10,6 +10,7 @@
 //! proceed runs again inside the commit transaction.
 
 pub mod access;
+pub mod body_md5;
 pub mod certificate;
 pub mod credentials;
 pub mod freeze;
@@ -146,9 +147,18 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
 /// a reader an expired freeze is left for the writer to end.
 fn judge_lock(conn: &Connection, workspace: &str, lock_id: &str) -> Result<Lock, Error> {
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
+    judge_lock_on(held, || freeze_in_force(conn, workspace), lock_id)
+}
+
+/// [`judge_lock`]'s rule over the lock row `held` and the freeze `freeze` finds.
+fn judge_lock_on(
+    held: Option<HeldLock>,
+    freeze: impl FnOnce() -> Result<Option<Freeze>, Error>,
+    lock_id: &str,
+) -> Result<Lock, Error> {
     let decision = decide_lock(held.as_ref(), lock_id);
     if decision != Lock::AlreadyHeld {
-        if let Some(f) = freeze_in_force(conn, workspace)? {
+        if let Some(f) = freeze()? {
             return Err(frozen(&f));
         }
     }
@@ -158,11 +168,46 @@ fn judge_lock(conn: &Connection, workspace: &str, lock_id: &str) -> Result<Lock,
     }
 }
 
+/// A workspace's lock row and freeze as a LOCK's credential check read them, in the
+/// same read transaction ([`TofuBackend::authenticate_lock`]): a LOCK they refuse is
+/// answered from them, with no second lookup. A refusal from that snapshot is what the
+/// same LOCK sent a moment earlier gets; one they let through is judged again by the
+/// writer.
+#[derive(Debug)]
+pub struct LockSeen {
+    held: Option<HeldLock>,
+    freeze: Option<Freeze>,
+}
+
+impl LockSeen {
+    fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, rusqlite::Error> {
+        let held = held_lock(conn, workspace)?;
+        let freeze = freeze::freeze_of(conn, workspace)?;
+        Ok(LockSeen { held, freeze })
+    }
+
+    fn judge(self, lock_id: &str) -> Result<Lock, Error> {
+        let freeze = self.freeze;
+        let in_force = move || {
+            // On a reader an expired freeze is simply not in force (the writer ends it).
+            Ok(match freeze::decide(freeze, unix_now()) {
+                freeze::State::Frozen(f) => Some(f),
+                freeze::State::NotFrozen | freeze::State::Expired(_) => None,
+            })
+        };
+        judge_lock_on(self.held, in_force, lock_id)
+    }
+}
+
 fn locked_by(holder: HeldLock) -> Error {
     Error::Locked {
         holder_info: Bytes::from(holder.info),
     }
 }
+
+/// What a credential check reads: the workspace's credentials (`credentials::presented`)
+/// and the drift run the secret is a credential of, if any.
+type Found = (credentials::Presented, Option<String>);
 
 /// What a streamed state write checks as its body passes.
 struct StateCheck {
@@ -171,7 +216,7 @@ struct StateCheck {
     writer: String,
     lock: Option<(String, WriteFacts)>,
     scanner: crate::tfstate::StateScanner,
-    md5: Option<(Vec<u8>, md5::Md5)>,
+    md5: Option<(Vec<u8>, body_md5::BodyMd5)>,
     pending: Arc<Mutex<Pending>>,
     /// The downgrade policy applies to this workspace (`posture`).
     downgrade: bool,
@@ -356,7 +401,7 @@ fn guard_write(
 /// The check speaks the caller's error type, so the body's own failures (which only
 /// the caller knows, e.g. the HTTP edge's) pass through the write unchanged.
 impl<E: From<Error> + Send + 'static> BodyCheck<E> for StateCheck {
-    fn chunk(&mut self, data: &[u8]) -> Result<(), E> {
+    fn chunk(&mut self, data: &Bytes) -> Result<(), E> {
         self.check_chunk(data).map_err(E::from)
     }
 
@@ -366,16 +411,16 @@ impl<E: From<Error> + Send + 'static> BodyCheck<E> for StateCheck {
 }
 
 impl StateCheck {
-    fn check_chunk(&mut self, data: &[u8]) -> Result<(), Error> {
+    fn check_chunk(&mut self, data: &Bytes) -> Result<(), Error> {
         if let Some((_, hasher)) = &mut self.md5 {
-            md5::Digest::update(hasher, data);
+            hasher.update(data);
         }
         self.scanner.push(data)
     }
 
     fn check_end(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, Error> {
         if let Some((expected, hasher)) = self.md5 {
-            protocol::check_md5(&expected, &md5::Digest::finalize(hasher))?;
+            protocol::check_md5(&expected, &hasher.finish()?)?;
         }
         let encryption = self.scanner.encryption();
         let (meta, resources) = self.scanner.finish_with_resources()?;
@@ -730,25 +775,65 @@ impl TofuBackend {
         let Some(secret) = presented else {
             return Ok(None);
         };
-        // A verified client certificate (mTLS) is decided before any secret, here.
-        let ws = workspace.to_string();
         let outputs = what == access::Use::ReadOutputs;
+        let found = self
+            .look_up(workspace, &secret, outputs, |_| Ok(()))
+            .await?;
+        Ok(self.judge_credential(workspace, &secret, found.0))
+    }
+
+    /// [`Self::authenticate`] of a LOCK (a write), reading the workspace's lock row and
+    /// freeze in the same lookup, whatever the credential turns out to be (so every
+    /// refusal costs the same): the LOCK that follows is answered from them when they
+    /// refuse it ([`LockSeen`]).
+    pub async fn authenticate_lock(
+        &self,
+        workspace: &str,
+        secret: Vec<u8>,
+    ) -> Result<(Option<Credential>, LockSeen), Error> {
+        let ws = workspace.to_string();
+        let (found, seen) = self
+            .look_up(workspace, &secret, false, move |c| LockSeen::read(c, &ws))
+            .await?;
+        Ok((self.judge_credential(workspace, &secret, found), seen))
+    }
+
+    /// What the credential check reads, in one short read transaction on an idle
+    /// reader (never the writer), with `also` of the same snapshot.
+    async fn look_up<T: Send + 'static>(
+        &self,
+        workspace: &str,
+        secret: &[u8],
+        outputs: bool,
+        also: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<(Found, T), Error> {
+        let ws = workspace.to_string();
         let now = unix_now();
-        let lookup = secret.clone();
-        let (found, run) = self
+        let lookup = secret.to_vec();
+        Ok(self
             .db
             .read_quick(move |c| {
-                let found = credentials::presented(c, &ws, &lookup, outputs)?;
+                let presented = credentials::presented(c, &ws, &lookup, outputs)?;
                 let run = run_credential::lookup(c, &ws, &lookup, now)?;
-                Ok((found, run))
+                Ok(((presented, run), also(c)?))
             })
-            .await?;
+            .await?)
+    }
+
+    /// Which credential of `workspace` `secret` is, from what [`Self::look_up`] found.
+    fn judge_credential(
+        &self,
+        workspace: &str,
+        secret: &[u8],
+        (found, run): Found,
+    ) -> Option<Credential> {
+        let now = unix_now();
         let bearer = self.root.workspace_bearer_at(workspace, found.generation);
-        if crate::crypto::secrets_equal(&secret, bearer.as_bytes()) {
-            return Ok(Some(Credential::Workspace));
+        if crate::crypto::secrets_equal(secret, bearer.as_bytes()) {
+            return Some(Credential::Workspace);
         }
         if let Some(name) = run {
-            return Ok(Some(Credential::Run(name)));
+            return Some(Credential::Run(name));
         }
         if let Some((stored, Some(grant))) = found.token {
             if stored.is_live(now) && grant.covers(workspace) {
@@ -756,23 +841,23 @@ impl TofuBackend {
                 let name = stored
                     .name
                     .unwrap_or_else(|| crate::tokens::id_of(&stored.sha256));
-                return Ok(Some(Credential::Token {
+                return Some(Credential::Token {
                     name,
                     scope: grant.scope,
                     include_sensitive: grant.include_sensitive,
-                }));
+                });
             }
-            return Ok(None);
+            return None;
         }
         // Every consumer is compared (no early exit): the work does not depend on which.
         let mut consumer = None;
         for (name, generation) in found.consumers {
             let theirs = self.root.workspace_bearer_at(&name, generation);
-            if crate::crypto::secrets_equal(&secret, theirs.as_bytes()) {
+            if crate::crypto::secrets_equal(secret, theirs.as_bytes()) {
                 consumer = Some(Credential::Consumer { workspace: name });
             }
         }
-        Ok(consumer)
+        consumer
     }
 
     /// Who holds the workspace lock, with the name of the credential that took it
@@ -901,7 +986,7 @@ impl TofuBackend {
                 writer: writer.clone(),
                 lock,
                 scanner: crate::tfstate::StateScanner::with_resources(key.resource_digest_key()),
-                md5: content_md5.map(|expected| (expected, md5::Md5::default())),
+                md5: content_md5.map(|expected| (expected, body_md5::BodyMd5::default())),
                 pending: slot.clone(),
                 downgrade: self.downgrade.applies(workspace),
             }),
@@ -1293,7 +1378,13 @@ impl TofuBackend {
 
     /// LOCK by `who`, which the lock row records (a drift run's recovery clears only
     /// locks its own credential took).
-    pub async fn lock(&self, workspace: &str, body: &[u8], who: &Credential) -> Result<(), Error> {
+    pub async fn lock(
+        &self,
+        workspace: &str,
+        body: &[u8],
+        who: &Credential,
+        seen: Option<LockSeen>,
+    ) -> Result<(), Error> {
         let info = parse_lock_info(body)?;
         let wanted = HeldLock {
             id: info.id,
@@ -1302,14 +1393,20 @@ impl TofuBackend {
         let ws = workspace.to_string();
         let credential = who.name(workspace);
         // When clients contend, most LOCKs are refused (each retries until it gets the
-        // lock): one a reader sees refused is answered from there, so the one writer
-        // meets only the LOCKs that may take it, not dozens of refusals queued before
-        // the holder's POST and UNLOCK. A refusal read from a committed snapshot is
-        // what the same LOCK sent a moment earlier gets.
-        let (seen_ws, seen_id) = (ws.clone(), wanted.id.clone());
-        self.db
-            .read_quick(move |conn| Ok(judge_lock(conn, &seen_ws, &seen_id).map(drop)))
-            .await??;
+        // lock): one a committed snapshot shows refused is answered from there (the
+        // credential check's, or else a reader's), so the one writer meets only the
+        // LOCKs that may take it, not dozens of refusals queued before the holder's
+        // POST and UNLOCK. Such a refusal is what the same LOCK sent a moment earlier
+        // gets.
+        match seen {
+            Some(seen) => drop(seen.judge(&wanted.id)?),
+            None => {
+                let (seen_ws, seen_id) = (ws.clone(), wanted.id.clone());
+                self.db
+                    .read_quick(move |conn| Ok(judge_lock(conn, &seen_ws, &seen_id).map(drop)))
+                    .await??;
+            }
+        }
         self.db
             .write(move |conn| -> Result<(), Error> {
                 match judge_lock(conn, &ws, &wanted.id)? {

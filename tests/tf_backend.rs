@@ -48,6 +48,37 @@ async fn refused_locks_never_reach_the_index_writer() {
     assert_eq!(s.count("SELECT count(*) FROM tf_locks"), 0);
 }
 
+/// The lock row and freeze a LOCK's credential lookup reads on the same snapshot
+/// (`TofuBackend::authenticate_lock`) answer only after the credential: a wrong one, or
+/// another workspace's, gets the 401 of any refusal, never the holder's LockInfo.
+#[tokio::test]
+async fn a_held_lock_never_answers_before_authentication() {
+    let s = TestServer::start().await;
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
+    let client = reqwest::Client::new();
+    let other = s.bearer("other");
+    for password in [None, Some("wrong"), Some(other.as_str())] {
+        let mut req = client
+            .request("LOCK".parse().unwrap(), s.url("w"))
+            .body(lock_info("L2"));
+        if let Some(p) = password {
+            req = req.basic_auth("stategate", Some(p));
+        }
+        let (code, text) = status(req).await;
+        assert_eq!(code, 401, "{password:?}: {text}");
+        assert!(
+            !text.contains("L1") && !text.contains("tester@host"),
+            "{text}"
+        );
+    }
+    // The holder's own retry is still theirs; the lock is unchanged.
+    assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
+    assert_eq!(
+        s.count("SELECT count(*) FROM tf_locks WHERE lock_id = 'L1'"),
+        1
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_get_lock_write_unlock() {
     let s = TestServer::start().await;

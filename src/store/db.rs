@@ -250,16 +250,26 @@ impl Db {
     /// lock row) right here when a reader connection is idle, else like [`Db::read`].
     /// On a request's path this saves two thread handoffs, which cost more than the
     /// lookup itself; anything that may scan goes through [`Db::read`].
-    /// Its statements share one read transaction: one snapshot, and one shared lock
-    /// and WAL read mark instead of one per statement.
     pub async fn read_quick<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         if let Some(conn) = self.readers.try_idle() {
-            return in_read_transaction(&conn, f).map_err(DbError::from);
+            return f(&conn).map_err(DbError::from);
         }
-        self.read(move |conn| in_read_transaction(conn, f)).await
+        self.read(f).await
+    }
+
+    /// [`Db::read_quick`] with all of `f`'s statements in one read transaction: one
+    /// snapshot, and one shared lock and WAL read mark instead of one per statement.
+    /// Only for plain lookups: code that tells a reader from the writer's transaction
+    /// by `Connection::is_autocommit` (the write guard, freezes) must not run in it.
+    pub async fn read_snapshot<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, DbError> {
+        self.read_quick(move |conn| in_read_transaction(conn, f))
+            .await
     }
 
     /// Runs a read-only query on a reader connection off the async runtime.

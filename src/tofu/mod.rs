@@ -812,7 +812,7 @@ impl TofuBackend {
         let lookup = secret.to_vec();
         Ok(self
             .db
-            .read_quick(move |c| {
+            .read_snapshot(move |c| {
                 let presented = credentials::presented(c, &ws, &lookup, outputs)?;
                 let run = run_credential::lookup(c, &ws, &lookup, now)?;
                 Ok(((presented, run), also(c)?))

@@ -224,6 +224,25 @@ async fn an_expired_freeze_is_lifted_when_noticed_and_audited() {
             .count("SELECT count(*) FROM tf_freezes WHERE workspace = 'prod'"),
         0
     );
+    // An unlocked write is the first to notice, too: stored, the expiry audited once
+    // (its early look on a reader changes nothing; the commit ends the freeze).
+    env.freeze("stage", json!({"reason": "window", "for": "1h"}))
+        .await;
+    env.server
+        .db()
+        .execute(
+            "UPDATE tf_freezes SET until = unixepoch() - 1 WHERE workspace = 'stage'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(env.write("stage", 1, None).await.0, 200);
+    assert_eq!(
+        env.events("stage"),
+        [
+            ("tf.frozen".to_string(), ACTOR.to_string()),
+            ("tf.freeze_expired".into(), "stategate".into())
+        ]
+    );
     // The listing notices too (and removes what ended).
     env.server
         .db()

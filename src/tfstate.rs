@@ -194,13 +194,6 @@ fn control_bytes(word: u64) -> u64 {
     !(((word & !HIGH_BITS) + LOW_BITS * 0x60) | word) & HIGH_BITS
 }
 
-/// `buffer` emptied and holding `first`: a capture buffer reused (its allocation kept).
-fn refill(mut buffer: Vec<u8>, first: &[u8]) -> Vec<u8> {
-    buffer.clear();
-    buffer.extend_from_slice(first);
-    buffer
-}
-
 fn not_a_state(why: &str) -> Error {
     Error::Invalid(format!("body is not a Terraform/OpenTofu state: {why}"))
 }
@@ -809,8 +802,7 @@ impl StateScanner {
                 let top = self.stack.len() == 1;
                 self.start_string(true, top);
                 if !top && (self.resource_level().is_some() || self.meta_key_here()) {
-                    // A field's name, not strict.
-                    self.capture = Some(refill(std::mem::take(&mut self.spare), &[]));
+                    self.begin_capture(&[]); // a field's name, not strict
                 }
                 Ok(())
             }
@@ -910,9 +902,7 @@ impl StateScanner {
                     field,
                     Some(Field::Module | Field::Mode | Field::Type | Field::Name)
                 ) {
-                    let buffer = std::mem::take(&mut self.spare);
-                    self.capture = Some(refill(buffer, &[]));
-                    self.overflow = false;
+                    self.begin_capture(&[]);
                 }
             }
             (INSTANCES_DEPTH, b'{') if res.in_instances => {
@@ -925,9 +915,8 @@ impl StateScanner {
                 if res.in_instances && field == Some(Field::IndexKey) =>
             {
                 res.index_is_text = b == b'"';
-                let first: &[u8] = if b == b'"' { &[] } else { &[b] };
-                self.capture = Some(refill(std::mem::take(&mut self.spare), first));
-                self.overflow = false;
+                let digit = [b];
+                self.begin_capture(if b == b'"' { &[] } else { &digit });
             }
             _ => {}
         }
@@ -983,6 +972,16 @@ impl StateScanner {
         self.recycle(captured);
     }
 
+    /// Starts capturing a value, `first` already read, in the spare buffer.
+    fn begin_capture(&mut self, first: &[u8]) {
+        let mut buffer = std::mem::take(&mut self.spare);
+        buffer.clear();
+        buffer.extend_from_slice(first);
+        let done = self.capture.replace(buffer);
+        self.recycle(done);
+        self.overflow = false;
+    }
+
     /// A capture that is done with: its buffer is kept for the next one.
     fn recycle(&mut self, done: Option<Vec<u8>>) {
         if let Some(buffer) = done {
@@ -1017,9 +1016,6 @@ impl StateScanner {
             b'"' => {
                 let capture = matches!(key, Some(Key::Lineage | Key::EncryptionVersion));
                 self.start_string(false, capture);
-                if !capture {
-                    self.drop_capture();
-                }
                 Ok(())
             }
             b'-' | b'0'..=b'9' => {
@@ -1137,13 +1133,11 @@ impl StateScanner {
         self.high = None;
         // serde decodes what it deserializes (top-level keys, lineage) strictly.
         self.strict = capture;
-        let done = if capture {
-            self.capture
-                .replace(refill(std::mem::take(&mut self.spare), &[]))
+        if capture {
+            self.begin_capture(&[]);
         } else {
-            self.capture.take()
-        };
-        self.recycle(done);
+            self.drop_capture();
+        }
         self.overflow = false;
     }
 

@@ -306,6 +306,9 @@ fn insert_rows<'a, R, const N: usize>(
             statement.execute(rusqlite::params_from_iter(params))?;
         }
     }
+    if batches.remainder().is_empty() {
+        return Ok(());
+    }
     let mut statement = conn.prepare_cached(&format!("{insert}{row}"))?;
     for one in batches.remainder() {
         statement.execute(rusqlite::params_from_iter(

@@ -55,11 +55,9 @@ impl BodyMd5 {
                 }
             }
             State::Worker { pieces, .. } => {
-                if let Err(mpsc::SendError(piece)) = pieces.send(piece.clone()) {
-                    // The worker is gone (it cannot fail, but if it did): no digest
-                    // comes back, and `finish` refuses the write.
-                    drop(piece);
-                }
+                // A worker that is gone (it cannot fail, but if it did) sends no
+                // digest, and `finish` refuses the write.
+                let _ = pieces.send(piece.clone());
             }
         }
     }

@@ -141,10 +141,10 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
     serde_json::json!({ "lock_id": lock.id, "who": field("Who"), "operation": field("Operation") })
 }
 
-/// What a LOCK with `lock_id` meets on `conn`: the 423 of a freeze (for anyone but
-/// the holder retrying: the holder's retry stays theirs, nobody else takes a frozen
-/// lock) or of another holder, else whether it takes the lock or already holds it. On
-/// a reader an expired freeze is left for the writer to end.
+/// What a LOCK with `lock_id` meets in the writer's transaction on `conn`: the 423 of
+/// a freeze (for anyone but the holder retrying: the holder's retry stays theirs,
+/// nobody else takes a frozen lock) or of another holder, else whether it takes the
+/// lock or already holds it. An expired freeze met here is ended (`freeze_in_force`).
 fn judge_lock(conn: &Connection, workspace: &str, lock_id: &str) -> Result<Lock, Error> {
     let held = held_lock(conn, workspace).map_err(DbError::from)?;
     judge_lock_on(held, || freeze_in_force(conn, workspace), lock_id)
@@ -168,11 +168,12 @@ fn judge_lock_on(
     }
 }
 
-/// A workspace's lock row and freeze as a LOCK's credential check read them, in the
-/// same read transaction ([`TofuBackend::authenticate_lock`]): a LOCK they refuse is
-/// answered from them, with no second lookup. A refusal from that snapshot is what the
-/// same LOCK sent a moment earlier gets; one they let through is judged again by the
-/// writer.
+/// A workspace's lock row and freeze as a reader saw them: in the credential check's
+/// read transaction ([`TofuBackend::authenticate_lock`]), or in a lookup of their own
+/// for a LOCK authenticated by its certificate. A LOCK they refuse is answered from
+/// them; a refusal from that snapshot is what the same LOCK sent a moment earlier gets.
+/// One they let through is judged again by the writer ([`judge_lock`]), which also
+/// ends a freeze that expired.
 #[derive(Debug)]
 pub struct LockSeen {
     held: Option<HeldLock>,
@@ -187,15 +188,9 @@ impl LockSeen {
     }
 
     fn judge(self, lock_id: &str) -> Result<Lock, Error> {
-        let freeze = self.freeze;
-        let in_force = move || {
-            // On a reader an expired freeze is simply not in force (the writer ends it).
-            Ok(match freeze::decide(freeze, unix_now()) {
-                freeze::State::Frozen(f) => Some(f),
-                freeze::State::NotFrozen | freeze::State::Expired(_) => None,
-            })
-        };
-        judge_lock_on(self.held, in_force, lock_id)
+        // An expired freeze is simply not in force here (the writer ends it).
+        let in_force = self.freeze.filter(|f| f.in_force(unix_now()));
+        judge_lock_on(self.held, || Ok(in_force), lock_id)
     }
 }
 
@@ -776,10 +771,11 @@ impl TofuBackend {
             return Ok(None);
         };
         let outputs = what == access::Use::ReadOutputs;
+        let now = unix_now();
         let found = self
-            .look_up(workspace, &secret, outputs, |_| Ok(()))
+            .look_up(workspace, &secret, outputs, now, |_| Ok(()))
             .await?;
-        Ok(self.judge_credential(workspace, &secret, found.0))
+        Ok(self.judge_credential(workspace, &secret, now, found.0))
     }
 
     /// [`Self::authenticate`] of a LOCK (a write), reading the workspace's lock row and
@@ -792,23 +788,26 @@ impl TofuBackend {
         secret: Vec<u8>,
     ) -> Result<(Option<Credential>, LockSeen), Error> {
         let ws = workspace.to_string();
+        let now = unix_now();
         let (found, seen) = self
-            .look_up(workspace, &secret, false, move |c| LockSeen::read(c, &ws))
+            .look_up(workspace, &secret, false, now, move |c| {
+                LockSeen::read(c, &ws)
+            })
             .await?;
-        Ok((self.judge_credential(workspace, &secret, found), seen))
+        Ok((self.judge_credential(workspace, &secret, now, found), seen))
     }
 
-    /// What the credential check reads, in one short read transaction on an idle
-    /// reader (never the writer), with `also` of the same snapshot.
+    /// What the credential check reads at `now`, in one short read transaction on an
+    /// idle reader (never the writer), with `also` of the same snapshot.
     async fn look_up<T: Send + 'static>(
         &self,
         workspace: &str,
         secret: &[u8],
         outputs: bool,
+        now: i64,
         also: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<(Found, T), Error> {
         let ws = workspace.to_string();
-        let now = unix_now();
         let lookup = secret.to_vec();
         Ok(self
             .db
@@ -820,14 +819,15 @@ impl TofuBackend {
             .await?)
     }
 
-    /// Which credential of `workspace` `secret` is, from what [`Self::look_up`] found.
+    /// Which credential of `workspace` `secret` is at `now`, from what
+    /// [`Self::look_up`] found.
     fn judge_credential(
         &self,
         workspace: &str,
         secret: &[u8],
+        now: i64,
         (found, run): Found,
     ) -> Option<Credential> {
-        let now = unix_now();
         let bearer = self.root.workspace_bearer_at(workspace, found.generation);
         if crate::crypto::secrets_equal(secret, bearer.as_bytes()) {
             return Some(Credential::Workspace);
@@ -1398,15 +1398,16 @@ impl TofuBackend {
         // LOCKs that may take it, not dozens of refusals queued before the holder's
         // POST and UNLOCK. Such a refusal is what the same LOCK sent a moment earlier
         // gets.
-        match seen {
-            Some(seen) => drop(seen.judge(&wanted.id)?),
+        let seen = match seen {
+            Some(seen) => seen,
             None => {
-                let (seen_ws, seen_id) = (ws.clone(), wanted.id.clone());
+                let seen_ws = ws.clone();
                 self.db
-                    .read_quick(move |conn| Ok(judge_lock(conn, &seen_ws, &seen_id).map(drop)))
-                    .await??;
+                    .read_quick(move |conn| LockSeen::read(conn, &seen_ws))
+                    .await?
             }
-        }
+        };
+        seen.judge(&wanted.id)?;
         self.db
             .write(move |conn| -> Result<(), Error> {
                 match judge_lock(conn, &ws, &wanted.id)? {

@@ -35,6 +35,7 @@ use subtle::ConstantTimeEq;
 
 pub mod pkcs11;
 pub mod service;
+pub mod stream;
 pub mod wrapped;
 
 /// HKDF labels. Each derived secret has its own, so no two purposes ever share key material.
@@ -557,7 +558,29 @@ impl SealKey {
         ))
     }
 
-    /// The AES-256-GCM cipher of `generation` (the chunked blob format drives it itself).
+    /// The chunk cipher of a new blob under the newest generation, with its number.
+    pub(crate) fn write_stream(
+        &self,
+        prefix: [u8; stream::PREFIX_LEN],
+    ) -> Result<(u32, stream::ChunkAead), SealError> {
+        let (generation, root) = self
+            .roots
+            .newest_data()
+            .ok_or(SealError::UnknownGeneration(0))?;
+        let key = derive_from(&root, self.label, &self.context);
+        Ok((generation, stream::ChunkAead::new(&key, prefix)))
+    }
+
+    /// The chunk cipher of a blob sealed under `generation` with nonce `prefix`.
+    pub(crate) fn stream_at(
+        &self,
+        generation: u32,
+        prefix: [u8; stream::PREFIX_LEN],
+    ) -> Result<stream::ChunkAead, SealError> {
+        Ok(stream::ChunkAead::new(&self.bytes_at(generation)?, prefix))
+    }
+
+    /// The AES-256-GCM cipher of `generation` (the one-piece blobs of the first format).
     pub(crate) fn cipher_at(&self, generation: u32) -> Result<Aes256Gcm, SealError> {
         let key = self.bytes_at(generation)?;
         Ok(Aes256Gcm::new_from_slice(&key).expect("key is 32 bytes"))

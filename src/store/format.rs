@@ -32,12 +32,11 @@
 //! "SGB1" | u32 BE header length | header JSON | nonce | ciphertext | tag
 //! ```
 
-use aes_gcm::aead::stream::{DecryptorBE32, EncryptorBE32};
-use aes_gcm::Aes256Gcm;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+use crate::crypto::stream::{ChunkAead, PREFIX_LEN, TAG_LEN};
 use crate::crypto::{SealError, SealKey};
 
 const MAGIC_V1: &[u8; 4] = b"SGB1";
@@ -50,9 +49,6 @@ const MAX_TRAILER: usize = 16 * 1024;
 /// Plaintext bytes per chunk. 64 KiB is what one body read from the client carries, so
 /// a write buffers about one chunk; the 16-byte tag per chunk costs 0.02%.
 pub const CHUNK_SIZE: usize = 64 * 1024;
-const TAG_LEN: usize = 16;
-/// STREAM's nonce prefix: 12-byte GCM nonce minus the 4-byte counter and the flag byte.
-const PREFIX_LEN: usize = 7;
 
 /// Who wrote a version beyond the credential (`actor`): the lock's `Who` and
 /// `Operation` when written under a lock (client-supplied, bounded), and the version a
@@ -170,7 +166,7 @@ pub enum FormatError {
 
 /// Seals a body chunk by chunk as it arrives. Holds at most one chunk of plaintext.
 pub struct Sealer {
-    enc: EncryptorBE32<Aes256Gcm>,
+    aead: ChunkAead,
     header: Vec<u8>,
     pending: Vec<u8>,
     sha: sha2::Sha256,
@@ -182,16 +178,15 @@ impl Sealer {
     pub fn new(key: &SealKey, id: &BlobIdentity) -> Result<(Sealer, Bytes), SealError> {
         let mut prefix = [0u8; PREFIX_LEN];
         getrandom::getrandom(&mut prefix).map_err(|_| SealError::Random)?;
-        let (key_gen, cipher) = key.write_cipher()?;
+        let (key_gen, aead) = key.write_stream(prefix)?;
         let header = encode_header(&StreamHeader {
             id: id.clone(),
             chunk_size: CHUNK_SIZE as u32,
             nonce_prefix: hex::encode(prefix),
             key_gen,
         });
-        let enc = EncryptorBE32::from_aead(cipher, prefix.as_slice().into());
         let sealer = Sealer {
-            enc,
+            aead,
             header: header.clone(),
             pending: Vec::with_capacity(2 * CHUNK_SIZE),
             sha: sha2::Sha256::new(),
@@ -211,13 +206,13 @@ impl Sealer {
         if full == 0 {
             return Ok(Bytes::new());
         }
+        // Each chunk is copied once, into its place in the output, and sealed there.
         let mut out = Vec::with_capacity(full * (CHUNK_SIZE + TAG_LEN));
         for i in 0..full {
-            let mut chunk = self.pending[i * CHUNK_SIZE..(i + 1) * CHUNK_SIZE].to_vec();
-            self.enc
-                .encrypt_next_in_place(&self.header, &mut chunk)
-                .map_err(|_| SealError::Authentication)?;
-            out.extend_from_slice(&chunk);
+            let at = out.len();
+            out.extend_from_slice(&self.pending[i * CHUNK_SIZE..(i + 1) * CHUNK_SIZE]);
+            let tag = self.aead.seal_next(&self.header, &mut out[at..])?;
+            out.extend_from_slice(&tag);
         }
         self.pending.drain(..full * CHUNK_SIZE);
         Ok(Bytes::from(out))
@@ -245,9 +240,7 @@ impl Sealer {
         let mut ad = self.header;
         ad.extend_from_slice(&trailer_json);
         let mut chunk = self.pending;
-        self.enc
-            .encrypt_last_in_place(&ad, &mut chunk)
-            .map_err(|_| SealError::Authentication)?;
+        self.aead.seal_last(&ad, &mut chunk)?;
         chunk.extend_from_slice(&trailer_json);
         chunk.extend_from_slice(&(trailer_json.len() as u32).to_be_bytes());
         chunk.extend_from_slice(TRAILER_MAGIC);
@@ -291,7 +284,7 @@ enum OpenState {
     /// SGB1: the whole blob is collected.
     Whole,
     Chunks {
-        dec: Box<DecryptorBE32<Aes256Gcm>>,
+        aead: Box<ChunkAead>,
         header: Vec<u8>,
         chunk: usize,
         /// Sealed bytes of the non-final chunks not yet opened.
@@ -330,7 +323,7 @@ impl Opener {
             }
         }
         let OpenState::Chunks {
-            dec,
+            aead,
             header,
             chunk,
             body_left,
@@ -344,8 +337,7 @@ impl Opener {
         let mut at = 0;
         while *body_left > 0 && self.buf.len() - at >= sealed_chunk {
             let mut piece = self.buf[at..at + sealed_chunk].to_vec();
-            dec.decrypt_next_in_place(header, &mut piece)
-                .map_err(|_| SealError::Authentication)?;
+            aead.open_next(header, &mut piece)?;
             self.sha.update(&piece);
             out.push(Bytes::from(piece));
             at += sealed_chunk;
@@ -384,16 +376,18 @@ impl Opener {
             self.version,
         )?;
         let chunk = parsed.chunk_size as usize;
-        let prefix = hex::decode(&parsed.nonce_prefix).map_err(|_| FormatError::NotABlob)?;
-        if chunk == 0 || chunk > 16 << 20 || prefix.len() != PREFIX_LEN {
+        let mut prefix = [0u8; PREFIX_LEN];
+        hex::decode_to_slice(&parsed.nonce_prefix, &mut prefix)
+            .map_err(|_| FormatError::NotABlob)?;
+        if chunk == 0 || chunk > 16 << 20 {
             return Err(FormatError::NotABlob);
         }
-        let cipher = self.key.cipher_at(parsed.key_gen)?;
+        let aead = self.key.stream_at(parsed.key_gen, prefix)?;
         let sealed = sealed_len(self.size, chunk as u64);
         let last_plain = self.size - (self.size.div_ceil(chunk as u64).max(1) - 1) * chunk as u64;
         let last_len = last_plain as usize + TAG_LEN;
         self.state = OpenState::Chunks {
-            dec: Box::new(DecryptorBE32::from_aead(cipher, prefix.as_slice().into())),
+            aead: Box::new(aead),
             header: self.buf[..8 + len].to_vec(),
             chunk,
             body_left: sealed - last_len as u64,
@@ -407,14 +401,14 @@ impl Opener {
     /// trailer and the whole-body hash, and returns the final plaintext.
     pub fn finish(mut self) -> Result<Bytes, FormatError> {
         let state = std::mem::replace(&mut self.state, OpenState::Start);
-        let (dec, mut ad, last_len) = match state {
+        let (aead, mut ad, last_len) = match state {
             OpenState::Start => return Err(FormatError::NotABlob),
             OpenState::Whole => {
                 let plaintext = decode_v1(&self, &self.buf)?;
                 return Ok(Bytes::from(plaintext));
             }
             OpenState::Chunks {
-                dec,
+                aead,
                 header,
                 body_left,
                 last_len,
@@ -423,7 +417,7 @@ impl Opener {
                 if body_left > 0 {
                     return Err(FormatError::BadLength);
                 }
-                (dec, header, last_len)
+                (aead, header, last_len)
             }
         };
         let trailer_json = split_trailer(&self.buf)?;
@@ -437,8 +431,7 @@ impl Opener {
         }
         ad.extend_from_slice(trailer_json);
         let mut last = self.buf[..last_len].to_vec();
-        dec.decrypt_last_in_place(&ad, &mut last)
-            .map_err(|_| SealError::Authentication)?;
+        aead.open_last(&ad, &mut last)?;
         self.sha.update(&last);
         let digest = hex::encode(self.sha.finalize_reset());
         if digest != trailer.sha256 || self.sha256.as_ref().is_some_and(|s| *s != digest) {

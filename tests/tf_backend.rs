@@ -780,7 +780,7 @@ async fn large_states_stream_in_and_out_intact() {
 async fn content_md5_mismatch_on_a_streamed_body_changes_nothing() {
     let s = TestServer::start_with(|c| c.max_state_bytes = 8 << 20).await;
     let md5 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(b));
-    // Below and past the size whose MD5 moves to a worker thread (tofu::body_md5).
+    // Below and past the size whose MD5 moves to a worker thread (crypto::off_thread).
     for size in [512 << 10, 3 << 20] {
         let body = big_state(1, "m", size);
         let (code, text) = status(

@@ -33,6 +33,7 @@ use hkdf::Hkdf;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+pub mod off_thread;
 pub mod pkcs11;
 pub mod service;
 pub mod stream;
@@ -509,6 +510,14 @@ pub enum SealError {
     Random,
     #[error("sealed under key generation {0}, which this keyring does not hold (retired, or from another installation)")]
     UnknownGeneration(u32),
+    #[error("the body's hashing thread stopped before its digest")]
+    HashWorker,
+}
+
+impl From<off_thread::WorkerGone> for SealError {
+    fn from(_: off_thread::WorkerGone) -> Self {
+        SealError::HashWorker
+    }
 }
 
 impl SealKey {

@@ -36,6 +36,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+use crate::crypto::off_thread::OffThreadHash;
 use crate::crypto::stream::{ChunkAead, PREFIX_LEN, TAG_LEN};
 use crate::crypto::{SealError, SealKey};
 
@@ -169,8 +170,15 @@ pub struct Sealer {
     aead: ChunkAead,
     header: Vec<u8>,
     pending: Vec<u8>,
-    sha: sha2::Sha256,
+    sha: Sha,
     size: u64,
+}
+
+/// The sealer's body hash: pending (a large body's continues on a worker thread,
+/// `crypto::off_thread`), or finished, once [`Sealer::digest`] asked for it.
+enum Sha {
+    Hashing(Box<OffThreadHash<sha2::Sha256>>),
+    Done(String),
 }
 
 impl Sealer {
@@ -189,7 +197,7 @@ impl Sealer {
             aead,
             header: header.clone(),
             pending: Vec::with_capacity(2 * CHUNK_SIZE),
-            sha: sha2::Sha256::new(),
+            sha: Sha::Hashing(Box::default()),
             size: 0,
         };
         Ok((sealer, Bytes::from(header)))
@@ -199,7 +207,21 @@ impl Sealer {
     /// (empty while a chunk is still filling). A full chunk is kept until more data
     /// shows it is not the last.
     pub fn push(&mut self, data: &[u8]) -> Result<Bytes, SealError> {
-        self.sha.update(data);
+        if let Sha::Hashing(sha) = &mut self.sha {
+            sha.update_slice(data);
+        }
+        self.seal(data)
+    }
+
+    /// As [`Self::push`], for a shared piece (a large body's is hashed on a worker).
+    pub fn push_shared(&mut self, data: &Bytes) -> Result<Bytes, SealError> {
+        if let Sha::Hashing(sha) = &mut self.sha {
+            sha.update(data);
+        }
+        self.seal(data)
+    }
+
+    fn seal(&mut self, data: &[u8]) -> Result<Bytes, SealError> {
         self.size += data.len() as u64;
         self.pending.extend_from_slice(data);
         let full = (self.pending.len().saturating_sub(1)) / CHUNK_SIZE;
@@ -218,22 +240,28 @@ impl Sealer {
         Ok(Bytes::from(out))
     }
 
-    /// The sha256 (hex) and size of everything pushed so far.
-    pub fn digest(&self) -> (String, u64) {
-        (hex::encode(self.sha.clone().finalize()), self.size)
+    /// The sha256 (hex) and size of the body: call it once everything was pushed.
+    pub fn digest(&mut self) -> Result<(String, u64), SealError> {
+        let sha = match std::mem::replace(&mut self.sha, Sha::Done(String::new())) {
+            Sha::Hashing(sha) => hex::encode(sha.finish()?),
+            Sha::Done(sha) => sha,
+        };
+        self.sha = Sha::Done(sha.clone());
+        Ok((sha, self.size))
     }
 
     /// Seals the last chunk with the trailer bound in; returns the blob's remaining
     /// bytes and the trailer.
     pub fn finish(
-        self,
+        mut self,
         serial: Option<i64>,
         lineage: Option<String>,
     ) -> Result<(Bytes, Trailer), SealError> {
+        let (sha256, _) = self.digest()?;
         let trailer = Trailer {
             serial,
             lineage,
-            sha256: hex::encode(self.sha.finalize()),
+            sha256,
             size: self.size as i64,
         };
         let trailer_json = serde_json::to_vec(&trailer).expect("trailer serializes");

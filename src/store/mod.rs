@@ -736,13 +736,15 @@ impl StateStore {
             while let Some(piece) = body.next().await? {
                 check.chunk(&piece)?;
                 let sealed = sealer
-                    .push(&piece)
+                    .push_shared(&piece)
                     .map_err(|e| E::from(StoreError::from(e)))?;
                 if !sealed.is_empty() {
                     sink.write(sealed).await.map_err(store_err)?;
                 }
             }
-            let (sha256, size) = sealer.digest();
+            let (sha256, size) = sealer
+                .digest()
+                .map_err(|e| E::from(StoreError::from(e)))?;
             let meta = check.finish(&sha256, size)?;
             let (tail, trailer) = sealer
                 .finish(meta.serial, meta.lineage.clone())

@@ -10,7 +10,6 @@
 //! proceed runs again inside the commit transaction.
 
 pub mod access;
-pub mod body_md5;
 pub mod certificate;
 pub mod credentials;
 pub mod freeze;
@@ -27,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rusqlite::Connection;
 
+use crate::crypto::off_thread::OffThreadHash;
 use crate::crypto::RootKey;
 use crate::error::Error;
 use crate::store::history::{Rollback, RolledBack};
@@ -211,7 +211,7 @@ struct StateCheck {
     writer: String,
     lock: Option<(String, WriteFacts)>,
     scanner: crate::tfstate::StateScanner,
-    md5: Option<(Vec<u8>, body_md5::BodyMd5)>,
+    md5: Option<(Vec<u8>, OffThreadHash<md5::Md5>)>,
     pending: Arc<Mutex<Pending>>,
     /// The downgrade policy applies to this workspace (`posture`).
     downgrade: bool,
@@ -986,7 +986,7 @@ impl TofuBackend {
                 writer: writer.clone(),
                 lock,
                 scanner: crate::tfstate::StateScanner::with_resources(key.resource_digest_key()),
-                md5: content_md5.map(|expected| (expected, body_md5::BodyMd5::default())),
+                md5: content_md5.map(|expected| (expected, OffThreadHash::default())),
                 pending: slot.clone(),
                 downgrade: self.downgrade.applies(workspace),
             }),

@@ -172,7 +172,6 @@ mod tests {
         assert_eq!(last, *chunks().last().unwrap());
         let cipher = Aes256Gcm::new_from_slice(&KEY).unwrap();
         let mut dec = DecryptorBE32::from_aead(cipher, PREFIX.as_slice().into());
-        let mut ours = ours;
         let mut last = ours.pop().unwrap();
         for mut sealed in ours {
             dec.decrypt_next_in_place(ad, &mut sealed).unwrap();
@@ -186,11 +185,11 @@ mod tests {
         let sealed = sealed_by_earlier_releases(ad);
         // (chunk index, open it as last?, associated data, cut the tag short?)
         let cases: &[(usize, bool, &[u8], bool)] = &[
-            (1, false, ad, false),      // second chunk at the first position
-            (0, true, ad, false),       // a middle chunk passed off as the last
-            (4, false, ad, false),      // the last chunk passed off as a middle one
+            (1, false, ad, false),       // second chunk at the first position
+            (0, true, ad, false),        // a middle chunk passed off as the last
+            (4, false, ad, false),       // the last chunk passed off as a middle one
             (0, false, b"other", false), // another blob's header
-            (0, false, ad, true),       // truncated
+            (0, false, ad, true),        // truncated
         ];
         for &(index, as_last, data, cut) in cases {
             let mut piece = sealed[index].clone();

@@ -742,9 +742,7 @@ impl StateStore {
                     sink.write(sealed).await.map_err(store_err)?;
                 }
             }
-            let (sha256, size) = sealer
-                .digest()
-                .map_err(|e| E::from(StoreError::from(e)))?;
+            let (sha256, size) = sealer.digest().map_err(|e| E::from(StoreError::from(e)))?;
             let meta = check.finish(&sha256, size)?;
             let (tail, trailer) = sealer
                 .finish(meta.serial, meta.lineage.clone())

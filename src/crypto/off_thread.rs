@@ -44,6 +44,9 @@ enum State<D: Digest> {
         pieces: mpsc::SyncSender<Bytes>,
         digest: mpsc::Receiver<sha2::digest::Output<D>>,
     },
+    /// The worker answered (`None`: it stopped first) and [`OffThreadHash::settle`]
+    /// took the answer.
+    Settled(Option<sha2::digest::Output<D>>),
 }
 
 impl<D> Default for OffThreadHash<D>
@@ -78,6 +81,7 @@ where
                 // A worker that is gone sends no digest, and `finish` says so.
                 let _ = pieces.send(piece.clone());
             }
+            State::Settled(_) => debug_assert!(false, "a piece after the body ended"),
         }
     }
 
@@ -85,8 +89,8 @@ where
     /// hashes them).
     pub fn update_slice(&mut self, piece: &[u8]) {
         match &mut self.state {
-            State::Inline { .. } => self.update_inline(piece),
             State::Worker { .. } => self.update(&Bytes::copy_from_slice(piece)),
+            _ => self.update_inline(piece),
         }
     }
 
@@ -97,14 +101,34 @@ where
         }
     }
 
-    /// The body's digest, once every piece was passed to [`Self::update`].
+    /// Once every piece was passed to [`Self::update`]: waits for a worker's answer
+    /// on the blocking pool, so the request's thread serves other requests while the
+    /// worker hashes what is still queued. [`Self::finish`] then returns at once.
+    pub async fn settle(&mut self) {
+        if !matches!(self.state, State::Worker { .. }) {
+            return;
+        }
+        let State::Worker { pieces, digest } =
+            std::mem::replace(&mut self.state, State::Settled(None))
+        else {
+            return;
+        };
+        drop(pieces); // the worker hashes what is queued, then answers
+        let answer = tokio::task::spawn_blocking(move || digest.recv().ok()).await;
+        self.state = State::Settled(answer.ok().flatten());
+    }
+
+    /// The body's digest, once every piece was passed to [`Self::update`] (and,
+    /// where there is a runtime, after [`Self::settle`]; without it, this thread waits
+    /// for the worker).
     pub fn finish(self) -> Result<sha2::digest::Output<D>, WorkerGone> {
         match self.state {
             State::Inline { hasher, .. } => Ok(hasher.finalize()),
             State::Worker { pieces, digest } => {
-                drop(pieces); // the worker hashes what is queued, then answers
+                drop(pieces);
                 digest.recv().map_err(|_| WorkerGone)
             }
+            State::Settled(answer) => answer.ok_or(WorkerGone),
         }
     }
 }
@@ -166,6 +190,11 @@ mod tests {
                 md5::Md5::digest(&body[..len]),
                 "{len} bytes in pieces of {piece}"
             );
+            // Settled on a runtime, as the write path does, or waited for directly.
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(sha.settle());
             assert_eq!(
                 sha.finish().unwrap(),
                 sha2::Sha256::digest(&body[..len]),

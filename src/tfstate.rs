@@ -313,6 +313,7 @@ impl Field {
 }
 
 type DigestMac = hmac::Hmac<sha2::Sha256>;
+type InstanceDigest = [u8; crate::store::timeline::DIGEST_LEN];
 
 /// The resource timeline's part of a scan: for every instance, its address and an
 /// HMAC of its bytes exactly as they stream past (Terraform writes states
@@ -329,17 +330,21 @@ struct ResourceScan {
     mode: Option<String>,
     kind: Option<String>,
     name: Option<String>,
-    /// The instance being read: its MAC so far and its index key.
+    /// The instance being read: its MAC so far and its index key (as it appears in
+    /// the address: `0`, `"eu"`), a span of `index_keys`.
     current: Option<DigestMac>,
-    index_key: Option<String>,
+    index_key: Option<(usize, usize)>,
+    /// The index keys of the resource being read, one after another (one buffer for
+    /// them all, not one string per instance).
+    index_keys: Vec<u8>,
     /// Whether the index key being read is a string (else a number).
     index_is_text: bool,
     /// Where the instance's bytes not yet hashed begin (offset in the body).
     hash_from: Option<u64>,
     /// The offset of the instance's closing brace, just read.
     closed_at: Option<u64>,
-    instances: Vec<(Option<String>, [u8; crate::store::timeline::DIGEST_LEN])>,
-    entries: Vec<(String, [u8; crate::store::timeline::DIGEST_LEN])>,
+    instances: Vec<(Option<(usize, usize)>, InstanceDigest)>,
+    entries: crate::store::timeline::SummaryBuilder,
     broken: bool,
 }
 
@@ -357,11 +362,12 @@ impl ResourceScan {
             name: None,
             current: None,
             index_key: None,
+            index_keys: Vec::new(),
             index_is_text: false,
             hash_from: None,
             closed_at: None,
             instances: Vec::new(),
-            entries: Vec::new(),
+            entries: Default::default(),
             broken: false,
         }
     }
@@ -372,6 +378,7 @@ impl ResourceScan {
         self.kind = None;
         self.name = None;
         self.instances.clear();
+        self.index_keys.clear();
     }
 
     /// A resource object ended: one address per instance.
@@ -392,25 +399,19 @@ impl ResourceScan {
         base.push_str(&kind);
         base.push('.');
         base.push_str(&name);
+        // Only UTF-8 was put in: a number's digits or JSON-encoded text.
+        let keys = std::str::from_utf8(&self.index_keys).unwrap_or_default();
         for (index, digest) in self.instances.drain(..) {
-            let address = match index {
-                Some(index) => {
-                    let mut address = String::with_capacity(base.len() + index.len() + 2);
-                    address.push_str(&base);
-                    address.push('[');
-                    address.push_str(&index);
-                    address.push(']');
-                    address
-                }
-                None => base.clone(),
-            };
-            self.entries.push((address, digest));
+            match index.and_then(|(from, to)| keys.get(from..to)) {
+                Some(index) => self.entries.push(&[&base, "[", index, "]"], digest),
+                None => self.entries.push(&[&base], digest),
+            }
         }
         if self.entries.len() > MAX_ADDRESSES {
             self.broken = true;
         }
         if self.broken {
-            self.entries = Vec::new(); // nothing will be summarized: hold nothing
+            self.entries = Default::default(); // nothing will be summarized: hold nothing
         }
     }
 
@@ -441,7 +442,7 @@ impl ResourceScan {
         if self.broken || self.in_resources {
             return None;
         }
-        crate::store::timeline::ResourceSummary::from_entries(self.entries)
+        self.entries.build()
     }
 }
 
@@ -953,11 +954,18 @@ impl StateScanner {
                 _ => {}
             },
             INSTANCE_DEPTH if res.in_instances && res.field.take() == Some(Field::IndexKey) => {
-                res.index_key = match (text(), res.index_is_text) {
-                    (Some(key), true) => serde_json::to_string(&key).ok(),
-                    (Some(digits), false) => Some(digits),
+                // As Terraform writes it in an address: a number as is, text quoted.
+                let from = res.index_keys.len();
+                let key = kept.and_then(|k| std::str::from_utf8(k).ok());
+                res.index_key = match (key, res.index_is_text) {
+                    (Some(key), true) => serde_json::to_writer(&mut res.index_keys, key).ok(),
+                    (Some(digits), false) => {
+                        res.index_keys.extend_from_slice(digits.as_bytes());
+                        Some(())
+                    }
                     (None, _) => None,
-                };
+                }
+                .map(|()| (from, res.index_keys.len()));
             }
             INSTANCES_DEPTH if res.in_instances => {
                 res.field = None;

@@ -66,42 +66,138 @@ CREATE TABLE IF NOT EXISTS resource_instance_digests (
 "#;
 
 /// Every resource instance of one state: address and a digest of its content, sorted
-/// by address, each address once.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResourceSummary(Vec<(String, [u8; DIGEST_LEN])>);
+/// by address, each address once. The addresses share one string, so a 10,000-instance
+/// state's summary is a few allocations, not one per address (a large write builds one
+/// and drops the one before it).
+#[derive(Debug, Clone, Default)]
+pub struct ResourceSummary {
+    text: String,
+    entries: Vec<Entry>,
+}
 
-impl ResourceSummary {
+/// One instance: its address is `text[at..at + len]`.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    at: usize,
+    len: usize,
+    digest: [u8; DIGEST_LEN],
+}
+
+impl PartialEq for ResourceSummary {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for ResourceSummary {}
+
+/// A summary's entries as a scan (or a read of the index) finds them, in any order.
+#[derive(Debug, Default)]
+pub struct SummaryBuilder {
+    summary: ResourceSummary,
+    /// An address past [`MAX_ADDRESS_LEN`] was offered: there will be no summary.
+    broken: bool,
+}
+
+impl SummaryBuilder {
+    /// Adds the address made of `parts` (concatenated) with its digest.
+    pub fn push(&mut self, parts: &[&str], digest: [u8; DIGEST_LEN]) {
+        let len = parts.iter().map(|p| p.len()).sum();
+        if len > MAX_ADDRESS_LEN {
+            self.broken = true;
+        }
+        if self.broken {
+            return;
+        }
+        let at = self.summary.text.len();
+        for part in parts {
+            self.summary.text.push_str(part);
+        }
+        self.summary.entries.push(Entry { at, len, digest });
+    }
+
+    pub fn len(&self) -> usize {
+        self.summary.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.summary.entries.is_empty()
+    }
+
     /// `None` when the entries break a bound or name an address twice (a state
     /// Terraform would not write): such a version records no timeline.
-    pub fn from_entries(mut entries: Vec<(String, [u8; DIGEST_LEN])>) -> Option<Self> {
-        if entries.len() > MAX_ADDRESSES || entries.iter().any(|(a, _)| a.len() > MAX_ADDRESS_LEN) {
+    pub fn build(self) -> Option<ResourceSummary> {
+        let mut summary = self.summary;
+        if self.broken || summary.entries.len() > MAX_ADDRESSES {
             return None;
         }
         // A stable sort finds the runs already in order (Terraform writes resources
         // sorted, and most instances in index order), so it compares far fewer
         // addresses than an unstable one on a large state.
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
-        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+        let text = &summary.text;
+        let address = |e: &Entry| &text[e.at..e.at + e.len];
+        summary.entries.sort_by(|a, b| address(a).cmp(address(b)));
+        if summary
+            .entries
+            .windows(2)
+            .any(|w| address(&w[0]) == address(&w[1]))
+        {
             return None;
         }
-        Some(ResourceSummary(entries))
+        Some(summary)
+    }
+}
+
+impl ResourceSummary {
+    /// `None` when the entries break a bound or name an address twice.
+    pub fn from_entries(entries: Vec<(String, [u8; DIGEST_LEN])>) -> Option<Self> {
+        if entries.len() > MAX_ADDRESSES {
+            return None;
+        }
+        let mut builder = SummaryBuilder::default();
+        for (address, digest) in &entries {
+            builder.push(&[address], *digest);
+        }
+        builder.build()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Each instance's address and digest, in address order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8; DIGEST_LEN])> + '_ {
+        self.entries.iter().map(|e| (self.address(e), &e.digest))
+    }
+
+    fn address(&self, entry: &Entry) -> &str {
+        &self.text[entry.at..entry.at + entry.len]
+    }
+
+    /// The digest of `address`, if the state has that instance.
+    fn digest_of(&self, address: &str) -> Option<&[u8; DIGEST_LEN]> {
+        self.entries
+            .binary_search_by(|e| self.address(e).cmp(address))
+            .ok()
+            .map(|i| &self.entries[i].digest)
+    }
+
+    /// What the summary holds in memory, for the cache's bound.
+    fn heap_bytes(&self) -> usize {
+        self.text.capacity() + self.entries.capacity() * std::mem::size_of::<Entry>()
     }
 
     /// `u16 length ‖ address ‖ digest`, repeated: the earlier release's
     /// `resource_digests.summary` blob, which [`migrate`] reads.
     #[cfg(test)]
     fn encode(&self) -> Vec<u8> {
-        let size = self.0.iter().map(|(a, _)| 2 + a.len() + DIGEST_LEN).sum();
+        let size = self.iter().map(|(a, _)| 2 + a.len() + DIGEST_LEN).sum();
         let mut out = Vec::with_capacity(size);
-        for (address, digest) in &self.0 {
+        for (address, digest) in self.iter() {
             // Bounded by MAX_ADDRESS_LEN, far below u16::MAX.
             out.extend_from_slice(&(address.len() as u16).to_be_bytes());
             out.extend_from_slice(address.as_bytes());
@@ -162,7 +258,7 @@ pub struct ChangeCounts {
 /// What `next` did relative to `prev`, by address (one merge of two sorted lists).
 pub fn diff(prev: &ResourceSummary, next: &ResourceSummary) -> Vec<(String, Change)> {
     use std::cmp::Ordering;
-    let (mut a, mut b) = (prev.0.iter().peekable(), next.0.iter().peekable());
+    let (mut a, mut b) = (prev.iter().peekable(), next.iter().peekable());
     let mut out = Vec::new();
     loop {
         let change = match (a.peek(), b.peek()) {
@@ -181,7 +277,7 @@ pub fn diff(prev: &ResourceSummary, next: &ResourceSummary) -> Vec<(String, Chan
             },
         };
         let (address, kind, step_a, step_b) = change;
-        out.push((address.clone(), kind));
+        out.push((address.to_string(), kind));
         if step_a {
             a.next();
         }
@@ -237,19 +333,18 @@ pub fn prior_summary(conn: &Connection, scope: &str) -> Result<KeptSummary, rusq
         "SELECT address, digest FROM resource_instance_digests WHERE scope = ?1 ORDER BY address",
     )?;
     let mut rows = stmt.query([scope])?;
-    let mut entries = Vec::new();
+    let mut builder = SummaryBuilder::default();
     while let Some(row) = rows.next()? {
-        let digest: Vec<u8> = row.get(1)?;
         // A digest of another length was not written here: nothing is known.
-        let Ok(digest) = <[u8; DIGEST_LEN]>::try_from(digest.as_slice()) else {
+        let Ok(digest) = <[u8; DIGEST_LEN]>::try_from(row.get_ref(1)?.as_blob()?) else {
             return Ok(Some((version, None)));
         };
-        entries.push((row.get(0)?, digest));
+        builder.push(&[row.get_ref(0)?.as_str()?], digest);
+        if builder.len() > MAX_ADDRESSES {
+            return Ok(Some((version, None)));
+        }
     }
-    Ok(Some((
-        version,
-        ResourceSummary::from_entries(entries).map(Arc::new),
-    )))
+    Ok(Some((version, builder.build().map(Arc::new))))
 }
 
 /// The version `prior_summary` was kept for, without reading it (the commit's check
@@ -335,12 +430,12 @@ pub fn keep_summary(
         conn,
         "INSERT INTO resource_instance_digests (scope, address, digest) VALUES ",
         "(?, ?, ?)",
-        &summary.0,
-        |(address, digest)| {
+        &summary.entries,
+        |entry| {
             [
                 ValueRef::Text(scope.as_bytes()),
-                ValueRef::Text(address.as_bytes()),
-                ValueRef::Blob(&digest[..]),
+                ValueRef::Text(summary.address(entry).as_bytes()),
+                ValueRef::Blob(&entry.digest[..]),
             ]
         },
     )?;
@@ -365,11 +460,7 @@ pub fn advance_summary(
         "DELETE FROM resource_instance_digests WHERE scope = ?1 AND address = ?2",
     )?;
     for (address, change) in changes {
-        let digest = next
-            .0
-            .binary_search_by(|(a, _)| a.as_str().cmp(address))
-            .ok()
-            .map(|i| &next.0[i].1);
+        let digest = next.digest_of(address);
         match (change, digest) {
             (Change::Added | Change::Changed, Some(digest)) => {
                 upsert.execute(params![scope, address, &digest[..]])?;
@@ -492,7 +583,7 @@ impl SummaryCache {
     }
 
     pub fn put(&self, scope: &str, version: i64, sha256: &str, summary: Arc<ResourceSummary>) {
-        let bytes = summary.0.iter().map(|(a, _)| a.len() + 64).sum::<usize>() + 128;
+        let bytes = summary.heap_bytes() + 128;
         let mut inner = self.lock();
         inner.remove(scope);
         if bytes > SUMMARY_CACHE_BYTES {
@@ -717,7 +808,7 @@ mod tests {
     fn summaries_are_bounded_and_round_trip() {
         let s = summary(&[("module.x.aws_instance.web[\"a\"]", 7), ("b", 1)]);
         assert_eq!(ResourceSummary::decode(&s.encode()), Some(s.clone()));
-        assert_eq!(s.0[0].0, "b", "sorted by address");
+        assert_eq!(s.iter().next().unwrap().0, "b", "sorted by address");
         // A duplicate address, too many, or too long: no summary at all.
         let dup = vec![("a".to_string(), [1; DIGEST_LEN]); 2];
         assert_eq!(ResourceSummary::from_entries(dup), None);
@@ -851,11 +942,14 @@ mod tests {
         cache.remove("tf/a");
         assert_eq!(cache.get("tf/a", 3, "sha-3"), None);
         // Bounded: filling it past its bytes drops the least recently used first.
-        let big = Arc::new(ResourceSummary(
-            (0..50_000)
-                .map(|i| (format!("{i:0>450}"), [0; DIGEST_LEN]))
-                .collect(),
-        ));
+        let big = Arc::new(
+            ResourceSummary::from_entries(
+                (0..50_000)
+                    .map(|i| (format!("{i:0>450}"), [0; DIGEST_LEN]))
+                    .collect(),
+            )
+            .unwrap(),
+        );
         cache.put("tf/old", 1, "s", big.clone());
         cache.put("tf/hot", 1, "s", big.clone());
         assert!(cache.get("tf/old", 1, "s").is_some());

@@ -44,9 +44,6 @@ enum State<D: Digest> {
         pieces: mpsc::SyncSender<Bytes>,
         digest: mpsc::Receiver<sha2::digest::Output<D>>,
     },
-    /// The worker answered (`None`: it stopped first) and [`OffThreadHash::settle`]
-    /// took the answer.
-    Settled(Option<sha2::digest::Output<D>>),
 }
 
 impl<D> Default for OffThreadHash<D>
@@ -68,6 +65,16 @@ where
     D: Digest + Default + Clone + Send + 'static,
 {
     pub fn update(&mut self, piece: &Bytes) {
+        self.update_with(piece, || piece.clone());
+    }
+
+    /// As [`Self::update`], for bytes that are not shared (copied only when a worker
+    /// hashes them).
+    pub fn update_slice(&mut self, piece: &[u8]) {
+        self.update_with(piece, || Bytes::copy_from_slice(piece));
+    }
+
+    fn update_with(&mut self, piece: &[u8], shared: impl FnOnce() -> Bytes) {
         match &mut self.state {
             State::Inline { hasher, seen } => {
                 hasher.update(piece);
@@ -79,56 +86,20 @@ where
             }
             State::Worker { pieces, .. } => {
                 // A worker that is gone sends no digest, and `finish` says so.
-                let _ = pieces.send(piece.clone());
+                let _ = pieces.send(shared());
             }
-            State::Settled(_) => debug_assert!(false, "a piece after the body ended"),
         }
     }
 
-    /// As [`Self::update`], for bytes that are not shared (copied only when a worker
-    /// hashes them).
-    pub fn update_slice(&mut self, piece: &[u8]) {
-        match &mut self.state {
-            State::Worker { .. } => self.update(&Bytes::copy_from_slice(piece)),
-            _ => self.update_inline(piece),
-        }
-    }
-
-    fn update_inline(&mut self, piece: &[u8]) {
-        if let State::Inline { hasher, seen } = &mut self.state {
-            hasher.update(piece);
-            *seen += piece.len() as u64;
-        }
-    }
-
-    /// Once every piece was passed to [`Self::update`]: waits for a worker's answer
-    /// on the blocking pool, so the request's thread serves other requests while the
-    /// worker hashes what is still queued. [`Self::finish`] then returns at once.
-    pub async fn settle(&mut self) {
-        if !matches!(self.state, State::Worker { .. }) {
-            return;
-        }
-        let State::Worker { pieces, digest } =
-            std::mem::replace(&mut self.state, State::Settled(None))
-        else {
-            return;
-        };
-        drop(pieces); // the worker hashes what is queued, then answers
-        let answer = tokio::task::spawn_blocking(move || digest.recv().ok()).await;
-        self.state = State::Settled(answer.ok().flatten());
-    }
-
-    /// The body's digest, once every piece was passed to [`Self::update`] (and,
-    /// where there is a runtime, after [`Self::settle`]; without it, this thread waits
-    /// for the worker).
+    /// The body's digest, once every piece was passed to [`Self::update`]. A worker
+    /// still hashing what is queued is waited for on this thread.
     pub fn finish(self) -> Result<sha2::digest::Output<D>, WorkerGone> {
         match self.state {
             State::Inline { hasher, .. } => Ok(hasher.finalize()),
             State::Worker { pieces, digest } => {
-                drop(pieces);
+                drop(pieces); // the worker hashes what is queued, then answers
                 digest.recv().map_err(|_| WorkerGone)
             }
-            State::Settled(answer) => answer.ok_or(WorkerGone),
         }
     }
 }
@@ -190,11 +161,6 @@ mod tests {
                 md5::Md5::digest(&body[..len]),
                 "{len} bytes in pieces of {piece}"
             );
-            // Settled on a runtime, as the write path does, or waited for directly.
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap()
-                .block_on(sha.settle());
             assert_eq!(
                 sha.finish().unwrap(),
                 sha2::Sha256::digest(&body[..len]),

@@ -240,14 +240,6 @@ impl Sealer {
         Ok(Bytes::from(out))
     }
 
-    /// Once everything was pushed: waits for a large body's hash off the request's
-    /// thread (see `crypto::off_thread`).
-    pub async fn settle(&mut self) {
-        if let Sha::Hashing(sha) = &mut self.sha {
-            sha.settle().await;
-        }
-    }
-
     /// The sha256 (hex) and size of the body: call it once everything was pushed.
     pub fn digest(&mut self) -> Result<(String, u64), SealError> {
         let sha = match std::mem::replace(&mut self.sha, Sha::Done(String::new())) {

@@ -188,13 +188,9 @@ pub struct NewVersion {
 
 /// What a streamed write learns from its body: checked piece by piece as it passes,
 /// and at the end, the version's serial, lineage and audit entry.
-#[async_trait::async_trait]
 pub trait BodyCheck<E>: Send + 'static {
     /// The next piece of the body (shared: a check may hand it to another thread).
     fn chunk(&mut self, data: &Bytes) -> Result<(), E>;
-    /// The body ended: waits, without holding the request's thread, for work the
-    /// check handed to another thread.
-    async fn settle(&mut self) {}
     /// The body ended after `size` bytes whose sha256 is `sha256` (hex).
     fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, E>;
 }

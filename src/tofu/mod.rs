@@ -395,16 +395,9 @@ fn guard_write(
 
 /// The check speaks the caller's error type, so the body's own failures (which only
 /// the caller knows, e.g. the HTTP edge's) pass through the write unchanged.
-#[async_trait::async_trait]
 impl<E: From<Error> + Send + 'static> BodyCheck<E> for StateCheck {
     fn chunk(&mut self, data: &Bytes) -> Result<(), E> {
         self.check_chunk(data).map_err(E::from)
-    }
-
-    async fn settle(&mut self) {
-        if let Some((_, hasher)) = &mut self.md5 {
-            hasher.settle().await;
-        }
     }
 
     fn finish(self: Box<Self>, sha256: &str, size: u64) -> Result<BodyMeta, E> {

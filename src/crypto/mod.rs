@@ -554,13 +554,19 @@ impl SealKey {
         self.roots.newest_data().map_or(0, |(g, _)| g)
     }
 
-    /// The cipher of the newest generation, with its number.
-    pub(crate) fn write_cipher(&self) -> Result<(u32, Aes256Gcm), SealError> {
+    /// The newest generation's key for this scope, with its number (read once, so a
+    /// rotation in between cannot pair one generation's number with another's key).
+    fn write_key(&self) -> Result<(u32, [u8; 32]), SealError> {
         let (generation, root) = self
             .roots
             .newest_data()
             .ok_or(SealError::UnknownGeneration(0))?;
-        let key = derive_from(&root, self.label, &self.context);
+        Ok((generation, derive_from(&root, self.label, &self.context)))
+    }
+
+    /// The cipher of the newest generation, with its number.
+    pub(crate) fn write_cipher(&self) -> Result<(u32, Aes256Gcm), SealError> {
+        let (generation, key) = self.write_key()?;
         Ok((
             generation,
             Aes256Gcm::new_from_slice(&key).expect("key is 32 bytes"),
@@ -572,11 +578,7 @@ impl SealKey {
         &self,
         prefix: [u8; stream::PREFIX_LEN],
     ) -> Result<(u32, stream::ChunkAead), SealError> {
-        let (generation, root) = self
-            .roots
-            .newest_data()
-            .ok_or(SealError::UnknownGeneration(0))?;
-        let key = derive_from(&root, self.label, &self.context);
+        let (generation, key) = self.write_key()?;
         Ok((generation, stream::ChunkAead::new(&key, prefix)))
     }
 

@@ -391,12 +391,10 @@ async fn a_freeze_never_answers_before_authentication() {
             Some(elsewhere.as_str()),
             Some(outputs.as_str()),
         ] {
-            let mut req = reqwest::Client::new()
-                .request(method.parse().unwrap(), env.server.url("prod"))
+            let req = env
+                .server
+                .tf_as(method, "prod", password)
                 .body(body.clone());
-            if let Some(p) = password {
-                req = req.basic_auth("stategate", Some(p));
-            }
             let (code, text) = status(req).await;
             assert_eq!(code, 401, "{method} {password:?}: {text}");
             assert!(!text.contains("secret-ish"), "{text}");

@@ -55,15 +55,9 @@ async fn refused_locks_never_reach_the_index_writer() {
 async fn a_held_lock_never_answers_before_authentication() {
     let s = TestServer::start().await;
     assert_eq!(status(s.tf("LOCK", "w").body(lock_info("L1"))).await.0, 200);
-    let client = reqwest::Client::new();
     let other = s.bearer("other");
     for password in [None, Some("wrong"), Some(other.as_str())] {
-        let mut req = client
-            .request("LOCK".parse().unwrap(), s.url("w"))
-            .body(lock_info("L2"));
-        if let Some(p) = password {
-            req = req.basic_auth("stategate", Some(p));
-        }
+        let req = s.tf_as("LOCK", "w", password).body(lock_info("L2"));
         let (code, text) = status(req).await;
         assert_eq!(code, 401, "{password:?}: {text}");
         assert!(
@@ -1572,12 +1566,7 @@ async fn a_plaintext_write_onto_an_encrypted_state_is_refused_where_the_policy_s
     // workspace's bearer or none gets the same refusal as any bad credential.
     let other = s.bearer("dev-a");
     for auth in [Some(other.as_str()), None] {
-        let mut req = reqwest::Client::new()
-            .post(s.url("prod-a"))
-            .body(state(6, "L", ""));
-        if let Some(bearer) = auth {
-            req = req.basic_auth("x", Some(bearer));
-        }
+        let req = s.tf_as("POST", "prod-a", auth).body(state(6, "L", ""));
         let (code, text) = status(req).await;
         assert_eq!(code, 401, "{text}");
         assert!(

@@ -97,6 +97,21 @@ impl TestServer {
             .basic_auth("stategate", Some(self.bearer(workspace)))
     }
 
+    /// A request to a workspace with `password` as Basic auth, or with no credential:
+    /// the hostile rows' request.
+    pub fn tf_as(
+        &self,
+        method: &str,
+        workspace: &str,
+        password: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let req = reqwest::Client::new().request(method.parse().unwrap(), self.url(workspace));
+        match password {
+            Some(p) => req.basic_auth("stategate", Some(p)),
+            None => req,
+        }
+    }
+
     /// A new operator token for `email` (an operator that exists already).
     pub async fn operator_token(&self, email: &'static str) -> String {
         self.app

@@ -86,14 +86,35 @@ pub enum KeyError {
 }
 
 fn derive_from(ikm: &[u8; 32], label: &[u8], context: &[u8]) -> [u8; 32] {
-    let hk = Hkdf::<Sha256>::new(None, ikm);
-    let mut info = Vec::with_capacity(label.len() + context.len());
-    info.extend_from_slice(label);
-    info.extend_from_slice(context);
-    let mut out = [0u8; 32];
-    hk.expand(&info, &mut out)
-        .expect("32 bytes is a valid HKDF-SHA256 output length");
-    out
+    Root::new(*ikm).derive(label, context)
+}
+
+/// A root key with its HKDF extract step done once. Every key derived from a root (a
+/// workspace credential on each request, a blob's key on each write and read) is then
+/// the expand step alone: the extract was three quarters of a credential check's
+/// hashing, and it only depends on the root.
+#[derive(Clone)]
+struct Root {
+    key: [u8; 32],
+    extracted: Hkdf<Sha256>,
+}
+
+impl Root {
+    fn new(key: [u8; 32]) -> Self {
+        Root {
+            key,
+            extracted: Hkdf::<Sha256>::new(None, &key),
+        }
+    }
+
+    /// `HKDF-SHA256(root, info = label ‖ context)`, 32 bytes.
+    fn derive(&self, label: &[u8], context: &[u8]) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        self.extracted
+            .expand_multi_info(&[label, context], &mut out)
+            .expect("32 bytes is a valid HKDF-SHA256 output length");
+        out
+    }
 }
 
 /// Which root a generation belongs to.
@@ -188,14 +209,14 @@ pub type Loader = Box<dyn Fn() -> Result<RingView, String> + Send + Sync>;
 
 #[derive(Default)]
 struct RingState {
-    data: BTreeMap<u32, [u8; 32]>,
-    credentials: BTreeMap<u32, [u8; 32]>,
+    data: BTreeMap<u32, Root>,
+    credentials: BTreeMap<u32, Root>,
 }
 
 struct Roots {
     /// The installation's DEK: generation 0 of both roots, and the fixed root of the
     /// resource digests.
-    original: [u8; 32],
+    original: Root,
     state: RwLock<RingState>,
     loader: Mutex<Option<Loader>>,
     last_load: Mutex<Option<Instant>>,
@@ -207,24 +228,30 @@ impl Roots {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn newest_data(&self) -> Option<(u32, [u8; 32])> {
-        self.read().data.last_key_value().map(|(g, k)| (*g, *k))
+    fn newest_data(&self) -> Option<(u32, Root)> {
+        self.read()
+            .data
+            .last_key_value()
+            .map(|(g, root)| (*g, root.clone()))
     }
 
-    fn credentials(&self) -> [u8; 32] {
-        self.read()
+    /// `root.derive(label, context)` with the newest credentials root.
+    fn derive_credential(&self, label: &[u8], context: &[u8]) -> [u8; 32] {
+        let state = self.read();
+        let root = state
             .credentials
             .last_key_value()
-            .map_or(self.original, |(_, k)| *k)
+            .map_or(&self.original, |(_, root)| root);
+        root.derive(label, context)
     }
 
     /// The data root of `generation`, re-reading the ring once on a miss.
-    fn data_at(&self, generation: u32) -> Option<[u8; 32]> {
-        if let Some(k) = self.read().data.get(&generation) {
-            return Some(*k);
+    fn data_at(&self, generation: u32) -> Option<Root> {
+        if let Some(root) = self.read().data.get(&generation) {
+            return Some(root.clone());
         }
         let _ = self.reload(false);
-        self.read().data.get(&generation).copied()
+        self.read().data.get(&generation).cloned()
     }
 
     /// Calls the loader (when there is one and, unless `always`, the last load is not
@@ -248,12 +275,13 @@ impl Roots {
 
     fn install(&self, view: RingView) {
         let mut next = RingState::default();
-        next.data.insert(0, self.original);
-        next.credentials.insert(0, self.original);
+        next.data.insert(0, self.original.clone());
+        next.credentials.insert(0, self.original.clone());
         for g in view.generations {
+            let root = Root::new(g.key);
             match g.purpose {
-                Purpose::Data => next.data.insert(g.number, g.key),
-                Purpose::Credentials => next.credentials.insert(g.number, g.key),
+                Purpose::Data => next.data.insert(g.number, root),
+                Purpose::Credentials => next.credentials.insert(g.number, root),
             };
         }
         for (purpose, number) in view.retired {
@@ -281,7 +309,7 @@ impl RootKey {
     /// The roots of a DEK with no further generations (what an existing install has).
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         let roots = Roots {
-            original: bytes,
+            original: Root::new(bytes),
             state: RwLock::new(RingState::default()),
             loader: Mutex::new(None),
             last_load: Mutex::new(None),
@@ -311,13 +339,13 @@ impl RootKey {
 
     /// The DEK itself (generation 0), as the key file holds it.
     pub fn to_base64(&self) -> String {
-        BASE64.encode(self.0.original)
+        BASE64.encode(self.0.original.key)
     }
 
     /// The key service of the key file itself: wraps generations under a key derived
     /// from this DEK (`path`: where it was read from, for messages).
     pub fn file_service(&self, path: Option<std::path::PathBuf>) -> service::FileKeyService {
-        service::FileKeyService::new(&self.0.original, path)
+        service::FileKeyService::new(&self.0.original.key, path)
     }
 
     /// Generation 0 of `purpose` as this process uses it: the key file's DEK, or, after a
@@ -328,7 +356,8 @@ impl RootKey {
             Purpose::Data => &state.data,
             Purpose::Credentials => &state.credentials,
         };
-        map.get(&0).map(|k| Generation::new(purpose, 0, *k))
+        map.get(&0)
+            .map(|root| Generation::new(purpose, 0, root.key))
     }
 
     /// Loads the key file, or creates it (mode 0600, fsynced) when it does not exist.
@@ -417,7 +446,7 @@ impl RootKey {
     }
 
     fn derive(&self, label: &[u8], context: &[u8]) -> [u8; 32] {
-        derive_from(&self.0.credentials(), label, context)
+        self.0.derive_credential(label, context)
     }
 
     /// `base64(HKDF-SHA256(credentials root, info = "tf-backend" ‖ workspace))`; the
@@ -530,14 +559,11 @@ impl SealKey {
     pub fn resource_digest_key(&self) -> [u8; 32] {
         // Generation 0 of the credentials root is the installation's first DEK, also
         // after `key rewrap` replaced the key file (then it comes wrapped from the ring).
-        let first = self
-            .roots
-            .read()
-            .credentials
-            .get(&0)
-            .copied()
-            .unwrap_or(self.roots.original);
-        let scope_key = derive_from(&first, self.label, &self.context);
+        let scope_key = {
+            let state = self.roots.read();
+            let first = state.credentials.get(&0).unwrap_or(&self.roots.original);
+            first.derive(self.label, &self.context)
+        };
         derive_from(&scope_key, LABEL_RESOURCE_DIGEST, b"")
     }
 
@@ -546,7 +572,7 @@ impl SealKey {
             .roots
             .data_at(generation)
             .ok_or(SealError::UnknownGeneration(generation))?;
-        Ok(derive_from(&root, self.label, &self.context))
+        Ok(root.derive(self.label, &self.context))
     }
 
     /// The generation a write seals under now (the newest this process knows).
@@ -561,7 +587,7 @@ impl SealKey {
             .roots
             .newest_data()
             .ok_or(SealError::UnknownGeneration(0))?;
-        Ok((generation, derive_from(&root, self.label, &self.context)))
+        Ok((generation, root.derive(self.label, &self.context)))
     }
 
     /// The cipher of the newest generation, with its number.

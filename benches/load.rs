@@ -7,7 +7,8 @@
 //! Options (after `--`): `--quick`; `--bin PATH` (default `$STATEGATE_BIN`, else
 //! `target/release/stategate` next to this bench); `--dir DIR` (where the data dirs go;
 //! default the temp dir — put it on the disk you care about); `--secs S` per cell;
-//! `--phases floor,cycles,get,rss,scale,big,timeline` (default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! `--phases floor,cycles,get,rss,scale,big,timeline` (default all); `--cells 64x1,8x8`
+//! (the cycle phase's clients×workspaces cells to run, default all). With `STATEGATE_BENCH_S3_ENDPOINT`,
 //! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
 //! floor also times raw PUT/GET of 100 KiB objects on that store.
 //!
@@ -92,6 +93,7 @@ struct Opts {
     base: PathBuf,
     secs: f64,
     phases: Vec<String>,
+    cells: Option<Vec<String>>,
 }
 
 impl Opts {
@@ -101,6 +103,7 @@ impl Opts {
         let mut base = std::env::temp_dir();
         let mut secs = None;
         let mut phases = "floor,cycles,get,rss,scale,big,timeline".to_string();
+        let mut cells = None;
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -109,6 +112,10 @@ impl Opts {
                 "--dir" => base = PathBuf::from(args.next().expect("--dir DIR")),
                 "--secs" => secs = args.next().and_then(|s| s.parse().ok()),
                 "--phases" => phases = args.next().expect("--phases LIST"),
+                "--cells" => {
+                    let list = args.next().expect("--cells LIST (e.g. 64x1,8x8)");
+                    cells = Some(list.split(',').map(str::to_string).collect());
+                }
                 "--bench" => {} // cargo bench passes it
                 other => panic!("unknown argument {other:?} (see the header of benches/load.rs)"),
             }
@@ -125,11 +132,18 @@ impl Opts {
             base,
             secs: secs.unwrap_or(if quick { 0.7 } else { 4.0 }),
             phases: phases.split(',').map(str::to_string).collect(),
+            cells,
         }
     }
 
     fn runs(&self, phase: &str) -> bool {
         self.phases.iter().any(|p| p == phase)
+    }
+
+    /// Whether the cycle phase runs its `clients`×`workspaces` cell.
+    fn runs_cell(&self, clients: usize, workspaces: usize) -> bool {
+        let name = format!("{clients}x{workspaces}");
+        self.cells.as_ref().is_none_or(|c| c.contains(&name))
     }
 
     fn cell(&self) -> Duration {
@@ -1107,6 +1121,9 @@ async fn cycle_phase(
     let api = &Api::new(&server.url);
     let cells: &[(usize, usize)] = &[(1, 1), (8, 1), (8, 8), (64, 1), (64, 64)];
     for (i, &(clients, workspaces)) in cells.iter().enumerate() {
+        if !opts.runs_cell(clients, workspaces) {
+            continue;
+        }
         let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
         let st = cycles(
             api,

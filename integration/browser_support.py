@@ -94,11 +94,17 @@ class Page:
     def text(self) -> str:
         # A page that reloads itself (a drift run still going) can replace the body
         # between finding it and reading it: read again.
-        from selenium.common.exceptions import StaleElementReferenceException
+        # Chromium reports the same race during a navigation as an inspector error
+        # ("Node with given id does not belong to the document").
+        from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
         for _ in range(20):
             try:
                 return self.d.find_element(self.By.TAG_NAME, "body").text
             except StaleElementReferenceException:
+                continue
+            except WebDriverException as e:
+                if "does not belong to the document" not in str(e):
+                    raise
                 continue
         return self.d.find_element(self.By.TAG_NAME, "body").text
 

@@ -9,6 +9,8 @@
 //! Reads use a few separate connections (WAL lets them run beside the writer), so one
 //! long read (a retention scan of a big index) does not hold up every GET.
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -111,8 +113,54 @@ pub struct Db {
 
 /// Read-only work shares a few connections: a read takes the first idle one.
 struct Readers {
-    conns: Vec<Mutex<Connection>>,
+    conns: Vec<Mutex<Reader>>,
     next: std::sync::atomic::AtomicUsize,
+}
+
+/// A reader connection and the lookups remembered on it ([`Db::read_remembered`]).
+struct Reader {
+    conn: Connection,
+    remembered: Remembered,
+}
+
+/// Answers of lookups read on one connection, all read while its `data_version` was
+/// `version`: SQLite changes that number on the connection's next read after any other
+/// connection commits (this process's writer, or a CLI command on the same data dir),
+/// so while it is unchanged every answer here is what a fresh read would return.
+#[derive(Default)]
+struct Remembered {
+    version: Option<i64>,
+    answers: HashMap<String, Box<dyn Any + Send>>,
+}
+
+/// Most answers remembered per reader connection: one per workspace in use between
+/// two commits; past it they are all forgotten (the next lookups read again).
+const REMEMBERED: usize = 1024;
+
+impl Remembered {
+    /// The answer to `key` if it was read since the database last changed; forgets
+    /// every answer when it changed.
+    fn recall<T: Clone + 'static>(&mut self, now: i64, key: &str) -> Option<T> {
+        if self.version != Some(now) {
+            self.answers.clear();
+            self.version = Some(now);
+            return None;
+        }
+        self.answers.get(key)?.downcast_ref::<T>().cloned()
+    }
+
+    fn keep<T: Send + 'static>(&mut self, key: &str, answer: T) {
+        if self.answers.len() >= REMEMBERED {
+            self.answers.clear();
+        }
+        self.answers.insert(key.to_string(), Box::new(answer));
+    }
+}
+
+/// SQLite's count of other connections' commits seen by `conn` (per connection).
+fn data_version(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))
 }
 
 /// Reader connections per database: the blocking pool runs reads beside each other,
@@ -124,12 +172,12 @@ const STATEMENT_CACHE: usize = 64;
 
 impl Readers {
     /// An idle connection, if there is one right now.
-    fn try_idle(&self) -> Option<std::sync::MutexGuard<'_, Connection>> {
+    fn try_idle(&self) -> Option<std::sync::MutexGuard<'_, Reader>> {
         self.conns.iter().find_map(|conn| conn.try_lock().ok())
     }
 
     /// An idle connection if there is one, else waits for one in turn.
-    fn acquire(&self) -> std::sync::MutexGuard<'_, Connection> {
+    fn acquire(&self) -> std::sync::MutexGuard<'_, Reader> {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some(idle) = self.try_idle() {
             return idle;
@@ -191,7 +239,14 @@ impl Db {
         writer_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let checkpoints = spawn_checkpointer(open_connection(path)?)?;
         let conns = (0..READERS)
-            .map(|_| open_connection(path).map(Mutex::new))
+            .map(|_| {
+                open_connection(path).map(|conn| {
+                    Mutex::new(Reader {
+                        conn,
+                        remembered: Remembered::default(),
+                    })
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
@@ -254,10 +309,41 @@ impl Db {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        if let Some(conn) = self.readers.try_idle() {
-            return f(&conn).map_err(DbError::from);
+        if let Some(reader) = self.readers.try_idle() {
+            return f(&reader.conn).map_err(DbError::from);
         }
         self.read(f).await
+    }
+
+    /// [`Db::read_snapshot`] of a lookup whose answer depends on the database alone
+    /// (never on the time or on a caller's secret): the answer read last on the same
+    /// connection under `key` when no commit happened since, else a fresh read. Costs
+    /// one `PRAGMA data_version` when remembered (a LOCK refused while another client
+    /// holds the lock is answered without reading its rows again). `key` names the
+    /// lookup and everything it reads by, e.g. `"lock:<workspace>"`.
+    pub async fn read_remembered<T: Clone + Send + 'static>(
+        &self,
+        key: String,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, DbError> {
+        let look = move |reader: &mut Reader| -> Result<T, rusqlite::Error> {
+            // Read before the snapshot: a commit in between leaves an answer newer
+            // than its version, which is only read again, never kept too long.
+            let version = data_version(&reader.conn)?;
+            if let Some(answer) = reader.remembered.recall(version, &key) {
+                return Ok(answer);
+            }
+            let answer = in_read_transaction(&reader.conn, f)?;
+            reader.remembered.keep(&key, answer.clone());
+            Ok(answer)
+        };
+        if let Some(mut reader) = self.readers.try_idle() {
+            return look(&mut reader).map_err(DbError::from);
+        }
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || look(&mut readers.acquire()).map_err(DbError::from))
+            .await
+            .map_err(|e| DbError::Task(e.to_string()))?
     }
 
     /// [`Db::read_quick`] with all of `f`'s statements in one read transaction: one
@@ -279,8 +365,8 @@ impl Db {
     ) -> Result<T, DbError> {
         let readers = self.readers.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = readers.acquire();
-            f(&conn).map_err(DbError::from)
+            let reader = readers.acquire();
+            f(&reader.conn).map_err(DbError::from)
         })
         .await
         .map_err(|e| DbError::Task(e.to_string()))?
@@ -417,6 +503,7 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::OptionalExtension;
 
     #[derive(Debug)]
     enum TestError {
@@ -477,6 +564,67 @@ mod tests {
             assert_eq!(rows[0].actor, "tf:prod");
             assert_eq!(rows[0].facts, crate::store::WriteFacts::default());
             assert_eq!(rows[0].changes, None);
+        }
+    }
+
+    /// A remembered lookup is read again after any commit: by this process's writer,
+    /// or by a connection of its own (what a CLI command on the same data dir is);
+    /// without one it is not read at all, and each key keeps its own answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_remembered_lookup_is_read_again_after_any_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = Db::open(&path, &["CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER)"]).unwrap();
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let look = |key: &str| {
+            let (db, reads, k) = (db.clone(), reads.clone(), key.to_string());
+            async move {
+                db.read_remembered(format!("v:{k}"), move |c| {
+                    reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    c.query_row("SELECT v FROM t WHERE k = ?1", [&k], |r| r.get::<_, i64>(0))
+                        .optional()
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let reads_now = || reads.load(std::sync::atomic::Ordering::SeqCst);
+        let other = Connection::open(&path).unwrap();
+        // (commit before the lookup, key, expected answer, whether it reads the table)
+        let steps: [(Option<&str>, &str, Option<i64>, bool); 8] = [
+            (None, "a", None, true),
+            (None, "a", None, false),
+            (Some("writer:a=1"), "a", Some(1), true),
+            (None, "a", Some(1), false),
+            (None, "b", None, true),
+            (Some("other:a=2"), "a", Some(2), true),
+            (None, "a", Some(2), false),
+            (Some("other:b=5"), "b", Some(5), true),
+        ];
+        for (i, (commit, key, expected, reads_table)) in steps.into_iter().enumerate() {
+            if let Some(commit) = commit {
+                let (who, kv) = commit.split_once(':').unwrap();
+                let (k, v) = kv.split_once('=').unwrap();
+                let (k, v) = (k.to_string(), v.parse::<i64>().unwrap());
+                let sql = "INSERT INTO t VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = ?2";
+                if who == "writer" {
+                    db.write(move |c| -> Result<(), DbError> {
+                        c.execute(sql, rusqlite::params![k, v])?;
+                        Ok(())
+                    })
+                    .await
+                    .unwrap();
+                } else {
+                    other.execute(sql, rusqlite::params![k, v]).unwrap();
+                }
+            }
+            let before = reads_now();
+            assert_eq!(look(key).await, expected, "step {i}");
+            assert_eq!(
+                reads_now() > before,
+                reads_table,
+                "step {i}: read the table?"
+            );
         }
     }
 

@@ -311,6 +311,12 @@ pub struct Presented {
     pub consumers: Vec<(String, u64)>,
 }
 
+/// Whether `secret` has an issued workspace token's shape (its prefix), so that its
+/// check looks the token up.
+pub fn is_token_shaped(secret: &[u8]) -> bool {
+    secret.starts_with(tokens::Kind::Workspace.prefix().as_bytes())
+}
+
 pub fn presented(
     conn: &Connection,
     workspace: &str,
@@ -318,7 +324,7 @@ pub fn presented(
     outputs: bool,
 ) -> Result<Presented, rusqlite::Error> {
     let generation = generation(conn, workspace)?;
-    let token = if secret.starts_with(tokens::Kind::Workspace.prefix().as_bytes()) {
+    let token = if is_token_shaped(secret) {
         let stored = tokens::stored(conn, tokens::Kind::Workspace, secret)?;
         // The grant is looked up whether or not the token exists: the same work.
         let key = stored

@@ -174,7 +174,7 @@ fn judge_lock_on(
 /// them; a refusal from that snapshot is what the same LOCK sent a moment earlier gets.
 /// One they let through is judged again by the writer ([`judge_lock`]), which also
 /// ends a freeze that expired.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct LockSeen {
     held: Option<HeldLock>,
     freeze: Option<Freeze>,
@@ -773,7 +773,7 @@ impl TofuBackend {
         let outputs = what == access::Use::ReadOutputs;
         let now = unix_now();
         let found = self
-            .look_up(workspace, &secret, outputs, now, |_| Ok(()))
+            .look_up(workspace, &secret, outputs, now, "credential", |_| Ok(()))
             .await?;
         Ok(self.judge_credential(workspace, &secret, now, found.0))
     }
@@ -790,7 +790,7 @@ impl TofuBackend {
         let ws = workspace.to_string();
         let now = unix_now();
         let (found, seen) = self
-            .look_up(workspace, &secret, false, now, move |c| {
+            .look_up(workspace, &secret, false, now, "lock", move |c| {
                 LockSeen::read(c, &ws)
             })
             .await?;
@@ -798,16 +798,40 @@ impl TofuBackend {
     }
 
     /// What the credential check reads at `now`, in one short read transaction on an
-    /// idle reader (never the writer), with `also` of the same snapshot.
-    async fn look_up<T: Send + 'static>(
+    /// idle reader (never the writer), with `also` (named `also_name`) of the same
+    /// snapshot.
+    ///
+    /// A secret of neither an issued token's nor a drift run's shape can only be a
+    /// derived credential, whose check reads the workspace's generation alone: nothing
+    /// the secret or the time selects. That lookup is remembered between commits
+    /// (`Db::read_remembered`), so a storm of refused LOCKs, right or wrong secret
+    /// alike, reads no rows until something changes.
+    async fn look_up<T: Clone + Send + 'static>(
         &self,
         workspace: &str,
         secret: &[u8],
         outputs: bool,
         now: i64,
+        also_name: &str,
         also: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<(Found, T), Error> {
         let ws = workspace.to_string();
+        if !outputs
+            && !credentials::is_token_shaped(secret)
+            && !run_credential::is_run_shaped(secret)
+        {
+            let (generation, also) = self
+                .db
+                .read_remembered(format!("{also_name}:{workspace}"), move |c| {
+                    Ok((credentials::generation(c, &ws)?, also(c)?))
+                })
+                .await?;
+            let presented = credentials::Presented {
+                generation,
+                ..Default::default()
+            };
+            return Ok(((presented, None), also));
+        }
         let lookup = secret.to_vec();
         Ok(self
             .db

@@ -62,6 +62,11 @@ pub fn revoke(conn: &Connection, name: &str) -> Result<(), rusqlite::Error> {
     Ok(())
 }
 
+/// Whether `secret` has a run credential's shape (its prefix).
+pub fn is_run_shaped(secret: &[u8]) -> bool {
+    secret.starts_with(PREFIX.as_bytes())
+}
+
 /// The name of the live credential `secret` is, for `workspace` only.
 pub fn lookup(
     conn: &Connection,
@@ -69,7 +74,7 @@ pub fn lookup(
     secret: &[u8],
     now_unix: i64,
 ) -> Result<Option<String>, rusqlite::Error> {
-    if !secret.starts_with(PREFIX.as_bytes()) {
+    if !is_run_shaped(secret) {
         return Ok(None);
     }
     let hash = crate::tokens::hash(secret);

@@ -348,8 +348,6 @@ impl Db {
 
     /// [`Db::read_quick`] with all of `f`'s statements in one read transaction: one
     /// snapshot, and one shared lock and WAL read mark instead of one per statement.
-    /// Only for plain lookups: code that tells a reader from the writer's transaction
-    /// by `Connection::is_autocommit` (the write guard, freezes) must not run in it.
     pub async fn read_snapshot<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
@@ -371,6 +369,17 @@ impl Db {
         .await
         .map_err(|e| DbError::Task(e.to_string()))?
     }
+}
+
+/// Whether `conn` is in a write transaction: the writer's, where every job runs
+/// (`BEGIN IMMEDIATE`), never a reader's, whose transactions only read. Code that judges
+/// a write both early on a reader and again in its commit (the write guards, the freeze
+/// check) records what it finds only here.
+pub fn in_write_transaction(conn: &Connection) -> bool {
+    matches!(
+        conn.transaction_state(Some(rusqlite::MAIN_DB)),
+        Ok(rusqlite::TransactionState::Write)
+    )
 }
 
 /// Runs `f`'s statements in one deferred read transaction on a reader connection.
@@ -565,6 +574,29 @@ mod tests {
             assert_eq!(rows[0].facts, crate::store::WriteFacts::default());
             assert_eq!(rows[0].changes, None);
         }
+    }
+
+    /// Only the writer's transaction counts as one that records: not a reader's read
+    /// transaction (`read_snapshot`), not autocommit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_writers_transaction_is_a_write_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), &["CREATE TABLE t (x INTEGER)"]).unwrap();
+        let seen = |c: &Connection| {
+            c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))?;
+            Ok(in_write_transaction(c))
+        };
+        assert!(!db.read_quick(seen).await.unwrap(), "autocommit reader");
+        assert!(
+            !db.read_snapshot(seen).await.unwrap(),
+            "reader's read transaction"
+        );
+        assert!(!db.read(seen).await.unwrap(), "reader on the pool");
+        let in_writer = db
+            .write(move |c| -> Result<bool, DbError> { Ok(seen(c)?) })
+            .await
+            .unwrap();
+        assert!(in_writer, "the writer's transaction");
     }
 
     /// A remembered lookup is read again after any commit: by this process's writer,

@@ -29,6 +29,7 @@ use rusqlite::Connection;
 use crate::crypto::off_thread::OffThreadHash;
 use crate::crypto::RootKey;
 use crate::error::Error;
+use crate::store::db::in_write_transaction;
 use crate::store::history::{Rollback, RolledBack};
 use crate::store::{
     audit::{insert_audit, AuditEntry},
@@ -335,7 +336,7 @@ fn guard_write(
     let Some(sent) = sent else {
         return Ok(());
     };
-    let in_commit = !conn.is_autocommit();
+    let in_commit = in_write_transaction(conn);
     let Some(row) = current else {
         if in_commit {
             posture::record(conn, workspace, 1, &sent.encryption).map_err(DbError::from)?;
@@ -468,7 +469,7 @@ fn freeze_in_force(conn: &Connection, workspace: &str) -> Result<Option<Freeze>,
         freeze::State::NotFrozen => Ok(None),
         freeze::State::Frozen(f) => Ok(Some(f)),
         freeze::State::Expired(f) => {
-            if !conn.is_autocommit() {
+            if in_write_transaction(conn) {
                 expire_freeze(conn, &f)?;
             }
             Ok(None)
@@ -612,7 +613,7 @@ impl TofuBackend {
                     )));
                 }
                 ensure_unlocked(conn, &ws)?;
-                if !conn.is_autocommit() {
+                if in_write_transaction(conn) {
                     // The restored content is what it was: its posture carries over
                     // (a later version number only ever replaces this row).
                     posture::copy(conn, &ws, to_version, now.unwrap_or(0) + 1)

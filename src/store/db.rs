@@ -131,29 +131,81 @@ struct Reader {
 struct Remembered {
     version: Option<i64>,
     answers: HashMap<String, Box<dyn Any + Send>>,
+    /// What `answers` weighs ([`Weigh`], plus the keys).
+    bytes: usize,
 }
 
-/// Most answers remembered per reader connection: one per workspace in use between
-/// two commits; past it they are all forgotten (the next lookups read again).
-const REMEMBERED: usize = 1024;
+/// What the answers remembered on one reader connection may weigh together: past it
+/// they are all forgotten (the next lookups read again), so the memory is bounded
+/// whatever the answers hold (a LOCK's answer carries the holder's LockInfo, up to
+/// 64 KiB).
+const REMEMBERED_BYTES: usize = 256 * 1024;
+/// What an answer costs besides its weight (the map's entry, the box).
+const ANSWER_OVERHEAD: usize = 64;
+
+/// Roughly what a remembered answer holds on the heap, in bytes.
+pub trait Weigh {
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for () {
+    fn weight(&self) -> usize {
+        0
+    }
+}
+
+impl Weigh for u64 {
+    fn weight(&self) -> usize {
+        0
+    }
+}
+
+impl Weigh for i64 {
+    fn weight(&self) -> usize {
+        0
+    }
+}
+
+impl<T: Weigh> Weigh for Option<T> {
+    fn weight(&self) -> usize {
+        self.as_ref().map_or(0, Weigh::weight)
+    }
+}
+
+impl<A: Weigh, B: Weigh> Weigh for (A, B) {
+    fn weight(&self) -> usize {
+        self.0.weight() + self.1.weight()
+    }
+}
 
 impl Remembered {
     /// The answer to `key` if it was read since the database last changed; forgets
     /// every answer when it changed.
     fn recall<T: Clone + 'static>(&mut self, now: i64, key: &str) -> Option<T> {
         if self.version != Some(now) {
-            self.answers.clear();
+            self.forget();
             self.version = Some(now);
             return None;
         }
         self.answers.get(key)?.downcast_ref::<T>().cloned()
     }
 
-    fn keep<T: Send + 'static>(&mut self, key: &str, answer: T) {
-        if self.answers.len() >= REMEMBERED {
-            self.answers.clear();
+    fn keep<T: Weigh + Send + 'static>(&mut self, key: &str, answer: T) {
+        let cost = answer.weight() + key.len() + ANSWER_OVERHEAD;
+        if cost > REMEMBERED_BYTES / 4 {
+            return; // one answer never takes most of the room
         }
+        if self.bytes + cost > REMEMBERED_BYTES {
+            self.forget();
+        }
+        // A miss came before, so `key` is not there: nothing is replaced uncounted.
+        self.bytes += cost;
         self.answers.insert(key.to_string(), Box::new(answer));
+    }
+
+    fn forget(&mut self) {
+        self.answers.clear();
+        self.bytes = 0;
     }
 }
 
@@ -321,7 +373,7 @@ impl Db {
     /// one `PRAGMA data_version` when remembered (a LOCK refused while another client
     /// holds the lock is answered without reading its rows again). `key` names the
     /// lookup and everything it reads by, e.g. `"lock:<workspace>"`.
-    pub async fn read_remembered<T: Clone + Send + 'static>(
+    pub async fn read_remembered<T: Clone + Weigh + Send + 'static>(
         &self,
         key: String,
         f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
@@ -574,6 +626,41 @@ mod tests {
             assert_eq!(rows[0].facts, crate::store::WriteFacts::default());
             assert_eq!(rows[0].changes, None);
         }
+    }
+
+    /// Remembered answers are bounded by what they weigh, not by how many there are: an
+    /// answer too heavy is never kept, and a full connection forgets them all.
+    #[test]
+    fn remembered_answers_are_bounded_by_weight() {
+        #[derive(Clone)]
+        struct Heavy(usize);
+        impl Weigh for Heavy {
+            fn weight(&self) -> usize {
+                self.0
+            }
+        }
+        let mut r = Remembered::default();
+        assert!(
+            r.recall::<Heavy>(1, "a").is_none(),
+            "first sight of version 1"
+        );
+        r.keep("huge", Heavy(REMEMBERED_BYTES));
+        assert!(r.recall::<Heavy>(1, "huge").is_none(), "too heavy to keep");
+        let each = REMEMBERED_BYTES / 8;
+        for i in 0..20 {
+            r.keep(&format!("k{i}"), Heavy(each));
+            assert!(r.bytes <= REMEMBERED_BYTES, "after {i}: {} bytes", r.bytes);
+            assert!(
+                r.recall::<Heavy>(1, &format!("k{i}")).is_some(),
+                "just kept {i}"
+            );
+        }
+        assert!(r.answers.len() < 8, "older answers were forgotten");
+        assert!(
+            r.recall::<Heavy>(2, "k19").is_none(),
+            "a new version forgets everything"
+        );
+        assert_eq!((r.answers.len(), r.bytes), (0, 0));
     }
 
     /// Only the writer's transaction counts as one that records: not a reader's read

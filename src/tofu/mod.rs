@@ -181,6 +181,16 @@ pub struct LockSeen {
     freeze: Option<Freeze>,
 }
 
+impl crate::store::db::Weigh for LockSeen {
+    fn weight(&self) -> usize {
+        let held = self.held.as_ref().map_or(0, |h| h.id.len() + h.info.len());
+        let freeze = self.freeze.as_ref().map_or(0, |f| {
+            f.workspace.len() + f.frozen_by.len() + f.reason.len() + f.created_at.len()
+        });
+        held + freeze
+    }
+}
+
 impl LockSeen {
     fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, rusqlite::Error> {
         let held = held_lock(conn, workspace)?;
@@ -807,7 +817,7 @@ impl TofuBackend {
     /// the secret or the time selects. That lookup is remembered between commits
     /// (`Db::read_remembered`), so a storm of refused LOCKs, right or wrong secret
     /// alike, reads no rows until something changes.
-    async fn look_up<T: Clone + Send + 'static>(
+    async fn look_up<T: Clone + crate::store::db::Weigh + Send + 'static>(
         &self,
         workspace: &str,
         secret: &[u8],

@@ -79,6 +79,7 @@ impl pingora::services::background::BackgroundService for ExitWhenDrained {
         }
         self.0.drained().await;
         tracing::info!("stopped: no request in flight");
+        crate::log::flush();
         // pingora would only exit after its fixed grace-period sleep; nothing is left
         // to finish, and everything stategate writes is durable once acknowledged.
         std::process::exit(0);

@@ -11,6 +11,7 @@ pub mod error;
 pub mod http;
 pub mod installation;
 pub mod keys;
+pub mod log;
 pub mod metrics;
 pub mod names;
 pub mod operator;

@@ -113,15 +113,11 @@ pub fn main() -> std::process::ExitCode {
         Command::Serve => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STATEGATE_LOG")
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match run(cli) {
+    stategate::log::init(default_level);
+    let outcome = run(cli);
+    // The log lines first, then the final error line after them.
+    stategate::log::flush();
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", output::one_line(&e));

@@ -234,6 +234,29 @@ class Server:
         self.stop()
         return self.start()
 
+    def log_text(self) -> str:
+        """The server's log with every line logged so far written out. Lines are
+        written by a thread of the server's own, in order: once the access line of one
+        more /healthz request is in the file, every line before it is too."""
+        def healthz_lines() -> int:
+            try:
+                return self.log_path.read_text(errors="replace").count('route="healthz"')
+            except (OSError, AttributeError):
+                return 0
+        if self.alive():
+            before = healthz_lines()
+            try:
+                self.healthy()
+            except OSError:
+                pass
+            deadline = time.monotonic() + 10
+            while healthz_lines() <= before and self.alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        try:
+            return self.log_path.read_text(errors="replace")
+        except (OSError, AttributeError):
+            return ""
+
     def log_tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

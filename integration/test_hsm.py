@@ -90,7 +90,7 @@ def test_serve_with_a_wrapped_key_and_a_real_terraform_round_trip(tmp_path, make
         assert json.loads(tf.run("state", "pull").stdout) == pulled
 
         # Neither the key, the PIN nor a derived credential reaches the log.
-        log = server.log_path.read_text(errors="replace")
+        log = server.log_text()
         for secret in (PIN, ws.env["TF_HTTP_PASSWORD"], body["keys"]["dek"]):
             assert secret not in log, f"{secret[:6]}… in the server log"
         # The token is asked once per start, its key handed to the app and the backup

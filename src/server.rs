@@ -235,7 +235,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // Before any secret is loaded: no process of the same user may read this one's
     // environment or memory (`/proc/<pid>/environ`, `mem`), a drift child included.
     crate::drift::sandbox::forbid_dumps().context("cannot make the server non-dumpable")?;
-    // Held until the process ends (`run_forever` never returns): a restore into the
+    // Held until the process ends (the end of `serve` exits the process): a restore into the
     // data dir checks it to prove no server is running there.
     // The listener's certificate, key and client CA are read before the installation
     // is touched: a file that cannot be used refuses startup, naming its key.
@@ -337,7 +337,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     server.add_service(service);
     tracing::info!(listen = %config.listen, url = %config.base_url(), "stategate serving");
-    server.run_forever();
+    // `run_forever`, with the log's queue written out before the exit (a fast shutdown
+    // on SIGINT does not pass through the drain, which flushes too).
+    server.run(pingora::server::RunArgs::default());
+    crate::log::flush();
+    std::process::exit(0)
 }
 
 /// The TLS settings of the listener, or `None` for plain HTTP. The certificate and key

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from harness import BACKEND_HTTP, cli, data_resource, http
+from harness import BACKEND_HTTP, cli, data_resource, http, lock_info
 
 AUTH_ERR = "requires auth"  # Terraform's http backend on a 401
 
@@ -91,6 +91,26 @@ def test_rotating_the_credential_from_the_cli_refuses_the_old_one(server, ws_nam
     audit = cli(server, "admin", "audit", "--json", ok=False)
     if audit.returncode == 0:  # the audit listing names the rotation, never a secret
         assert rotated.password not in audit.stdout and ws.password not in audit.stdout
+
+
+def test_a_rotation_from_the_cli_refuses_the_old_credential_during_a_lock_storm(server, ws_name):
+    """The server remembers a derived credential's lookup (and the lock it found) until
+    something commits: a rotation made by the CLI, another process, is seen by the very
+    next LOCK, even while refusals are being answered from that memory."""
+    ws = server.workspace(ws_name)
+    holder = lock_info(who="holder@ci")
+    assert ws.lock(holder).status == 200
+    for _ in range(3):  # refused, the answer remembered between commits
+        r = ws.lock(lock_info())
+        assert r.status == 423 and json.loads(r.body)["Who"] == "holder@ci", r
+    cli(server, "workspace", "credential", "rotate", ws_name, "--json")
+    old = ws.lock(lock_info())
+    assert old.status == 401, old
+    assert http("GET", ws.address, user=ws.user, password=ws.password).status == 401
+    rotated = server.workspace(ws_name)
+    again = rotated.lock(lock_info())
+    assert again.status == 423 and json.loads(again.body)["ID"] == holder["ID"], again
+    assert rotated.unlock(holder).status == 200
 
 
 def test_a_consumer_reads_outputs_only_with_an_outputs_token_until_revoked(server, ws_name, make_tf):

@@ -267,8 +267,8 @@ fn fsync_floor(base: &Path, writers: usize, cell: Duration) -> (f64, f64) {
 }
 
 /// A database in `dir` with the engine's tables and the pragmas of `store/db.rs`.
-fn floor_db(dir: &Path) -> rusqlite::Connection {
-    let conn = rusqlite::Connection::open(dir.join("floor.db")).unwrap();
+fn floor_db(dir: &Path) -> stategate::store::sql::Connection {
+    let conn = stategate::store::sql::Connection::open(dir.join("floor.db")).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
     conn.execute_batch(stategate::store::db::SCHEMA).unwrap();
@@ -281,7 +281,7 @@ const FLOOR_VERSION_ROW: &str =
      VALUES ('tf/floor', ?1, ?1, 'l', 'x', 102400, 'k', 'now', 'bench')";
 
 /// `sql` (bound to `n`) in its own durable transaction, as the engine's writer commits.
-fn commit_one(conn: &rusqlite::Connection, sql: &str, n: i64) {
+fn commit_one(conn: &stategate::store::sql::Connection, sql: &str, n: i64) {
     conn.execute_batch("BEGIN IMMEDIATE").unwrap();
     conn.execute(sql, [n]).unwrap();
     conn.execute_batch("COMMIT").unwrap();
@@ -1287,7 +1287,7 @@ async fn rss_phase(opts: &Opts, report: &mut Report) {
 /// server's database (the server is stopped). Rows point at `blob_key` (never read).
 fn populate(db: &Path, workspaces: usize, versions: usize, blob_key: &str) -> Duration {
     let t = Instant::now();
-    let mut conn = rusqlite::Connection::open(db).unwrap();
+    let mut conn = stategate::store::sql::Connection::open(db).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     let tx = conn.transaction().unwrap();
     {
@@ -1309,11 +1309,14 @@ fn populate(db: &Path, workspaces: usize, versions: usize, blob_key: &str) -> Du
             let actor = format!("tf:{ws}");
             for version in 1..=versions as i64 {
                 let sha = format!("{:064x}", (w as u128) << 32 | version as u128);
-                v.execute(rusqlite::params![scope, version, sha, blob_key, actor])
-                    .unwrap();
+                v.execute(stategate::store::sql::params![
+                    scope, version, sha, blob_key, actor
+                ])
+                .unwrap();
                 let payload =
                     format!(r#"{{"serial":{version},"lineage":"fill-lineage","size":102400}}"#);
-                a.execute(rusqlite::params![actor, scope, payload]).unwrap();
+                a.execute(stategate::store::sql::params![actor, scope, payload])
+                    .unwrap();
             }
         }
     }
@@ -1353,10 +1356,16 @@ fn time_cli(opts: &Opts, data_dir: &Path, args: &[&str], runs: usize) -> (f64, u
 }
 
 /// Median time of a query on a read-only connection to the index, `runs` times.
-fn time_query(db: &Path, runs: usize, f: impl Fn(&rusqlite::Connection) -> usize) -> (f64, usize) {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
+fn time_query(
+    db: &Path,
+    runs: usize,
+    f: impl Fn(&stategate::store::sql::Connection) -> usize,
+) -> (f64, usize) {
+    let conn = stategate::store::sql::Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
     let mut times = Samples::default();
     let mut n = 0;
     for _ in 0..runs {
@@ -1443,7 +1452,7 @@ async fn scale_phase(opts: &Opts, run: &str, report: &mut Report) {
         .await;
     seed.stop();
     let blob_key: String = {
-        let conn = rusqlite::Connection::open(full_dir.join("stategate.db")).unwrap();
+        let conn = stategate::store::sql::Connection::open(full_dir.join("stategate.db")).unwrap();
         conn.query_row(
             "SELECT blob_key FROM versions WHERE blob_key IS NOT NULL LIMIT 1",
             [],
@@ -1647,7 +1656,7 @@ fn hot_address(i: usize) -> String {
 /// spread over the state and `module.db.aws_db_instance.main`), version rows included,
 /// in one transaction through the real schema. Returns (versions, change rows).
 fn populate_timeline(db: &Path, small: usize, hot: usize) -> (usize, usize) {
-    let mut conn = rusqlite::Connection::open(db).unwrap();
+    let mut conn = stategate::store::sql::Connection::open(db).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     let tx = conn.transaction().unwrap();
     let (mut versions, mut rows) = (0, 0);
@@ -1668,7 +1677,7 @@ fn populate_timeline(db: &Path, small: usize, hot: usize) -> (usize, usize) {
         let mut version = |scope: &str, n: i64, changes: &[(String, &str)]| {
             let count = |k: &str| changes.iter().filter(|(_, c)| *c == k).count() as i64;
             let sha = format!("{:064x}", versions);
-            v.execute(rusqlite::params![
+            v.execute(stategate::store::sql::params![
                 scope,
                 n,
                 sha,
@@ -1678,7 +1687,7 @@ fn populate_timeline(db: &Path, small: usize, hot: usize) -> (usize, usize) {
             ])
             .unwrap();
             for (address, change) in changes {
-                c.execute(rusqlite::params![scope, n, address, change])
+                c.execute(stategate::store::sql::params![scope, n, address, change])
                     .unwrap();
             }
             versions += 1;
@@ -1735,9 +1744,11 @@ fn time_timeline(
     ask: impl Fn(usize) -> (String, Option<String>),
     expect: impl Fn(usize) -> bool,
 ) -> Samples {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
+    let conn = stategate::store::sql::Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
     let mut times = Samples::default();
     for i in 0..queries {
         let (scope, address) = ask(i);
@@ -1778,22 +1789,23 @@ async fn timeline_phase(opts: &Opts, report: &mut Report) {
         t.elapsed().as_secs_f64()
     );
     {
-        let conn = rusqlite::Connection::open(&db).unwrap();
+        let conn = stategate::store::sql::Connection::open(&db).unwrap();
         for sql in [
             stategate::store::timeline::BY_ADDRESS_SQL,
             stategate::store::timeline::ALL_SQL,
         ] {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let params: Vec<rusqlite::types::Value> = match stmt.parameter_count() {
+            type Param = Box<dyn stategate::store::sql::ToSql>;
+            let params: Vec<Param> = match stmt.parameter_count() {
                 3 => vec![
-                    "tf/tl-hot".to_string().into(),
-                    hot_address(0).into(),
-                    1000.into(),
+                    Box::new("tf/tl-hot".to_string()),
+                    Box::new(hot_address(0)),
+                    Box::new(1000i64),
                 ],
-                _ => vec!["tf/tl-hot".to_string().into(), 1000.into()],
+                _ => vec![Box::new("tf/tl-hot".to_string()), Box::new(1000i64)],
             };
             let plan: Vec<String> = stmt
-                .query_map(rusqlite::params_from_iter(params), |r| {
+                .query_map(stategate::store::sql::params_from_iter(params), |r| {
                     r.get::<_, String>(3)
                 })
                 .unwrap()

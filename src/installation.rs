@@ -382,12 +382,12 @@ pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyh
         };
         if !db.exists() {
             return crate::store::keyring::load(
-                &rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?,
+                &crate::store::sql::Connection::open_in_memory().map_err(|e| e.to_string())?,
                 &copies,
                 service.as_ref(),
             );
         }
-        let conn = rusqlite::Connection::open_with_flags(
+        let conn = crate::store::sql::Connection::open_with_flags(
             &db,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )

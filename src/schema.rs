@@ -58,7 +58,7 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// One migration: changes a table of an earlier release in place.
-pub type Migration = fn(&rusqlite::Connection) -> Result<(), rusqlite::Error>;
+pub type Migration = fn(&crate::store::sql::Connection) -> Result<(), crate::store::sql::Error>;
 
 /// Opens (creating if needed) the database at `path` with every migration and schema
 /// applied.
@@ -70,13 +70,14 @@ pub fn open_db(path: &Path) -> Result<Db, DbError> {
 /// Runs [`MIGRATIONS`] in one immediate transaction (two processes opening the same
 /// old database do not both alter it).
 fn migrate(path: &Path) -> Result<(), DbError> {
-    let mut conn = rusqlite::Connection::open(path)?;
+    let conn = crate::store::sql::Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    // Immediate: the writer's transaction (on drop without a commit, it rolls back).
+    conn.begin_write()?;
     for migration in MIGRATIONS {
-        migration(&tx)?;
+        migration(&conn)?;
     }
-    tx.commit()?;
+    conn.end_transaction(true)?;
     Ok(())
 }
 
@@ -90,7 +91,7 @@ mod tests {
     fn an_earlier_releases_database_is_migrated_on_open() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("stategate.db");
-        let old = rusqlite::Connection::open(&path).unwrap();
+        let old = crate::store::sql::Connection::open(&path).unwrap();
         old.execute_batch(
             "CREATE TABLE tf_locks (workspace TEXT PRIMARY KEY, lock_id TEXT NOT NULL, info TEXT NOT NULL, created_at TEXT NOT NULL) WITHOUT ROWID;
              INSERT INTO tf_locks VALUES ('prod', 'a', '{}', 't');",
@@ -99,7 +100,7 @@ mod tests {
         drop(old);
         for _ in 0..2 {
             drop(open_db(&path).unwrap());
-            let conn = rusqlite::Connection::open(&path).unwrap();
+            let conn = crate::store::sql::Connection::open(&path).unwrap();
             let held = crate::tofu::lock::held_lock_credential(&conn, "prod").unwrap();
             assert_eq!(held.map(|(l, c)| (l.id, c)), Some(("a".into(), None)));
         }

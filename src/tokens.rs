@@ -26,10 +26,10 @@
 //! module that issues it (`cluster::identity`, `operator::identity`, `ui::session`);
 //! those modules never touch the `tokens` table themselves.
 
+use crate::store::sql::{params, Connection, OptionalExtension};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
 use base64::Engine;
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -91,7 +91,7 @@ DROP TABLE ui_sessions;
 /// [`SCHEMA`]'s definition. Idempotent (a table that allows `workspace` is left alone);
 /// runs before the schemas, inside their transaction. The old table is renamed first
 /// (so the only reference to it is its own `parent`), and dropped once copied.
-pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
     let sql: Option<String> = conn
         .query_row(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tokens'",
@@ -178,7 +178,7 @@ pub enum TokenError {
     #[error("no randomness available from the OS: {0}")]
     Random(String),
     #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[from] crate::store::sql::Error),
 }
 
 /// Hex SHA-256 of a secret: the only form a secret is stored or looked up in.
@@ -276,7 +276,7 @@ pub fn stored(
     conn: &Connection,
     kind: Kind,
     secret: &[u8],
-) -> Result<Option<Stored>, rusqlite::Error> {
+) -> Result<Option<Stored>, crate::store::sql::Error> {
     let presented = hash(secret);
     let found: Option<Stored> = conn
         .prepare_cached(
@@ -317,7 +317,7 @@ pub fn find_unrevoked_by_name(
     conn: &Connection,
     kind: Kind,
     name: &str,
-) -> Result<Option<Found>, rusqlite::Error> {
+) -> Result<Option<Found>, crate::store::sql::Error> {
     let found: Vec<(String, Option<i64>)> = conn
         .prepare(
             "SELECT sha256, owner_id FROM tokens
@@ -351,7 +351,7 @@ pub fn live(
     kind: Kind,
     secret: &[u8],
     now: i64,
-) -> Result<Option<Live>, rusqlite::Error> {
+) -> Result<Option<Live>, crate::store::sql::Error> {
     let presented = hash(secret);
     let found: Option<(String, Option<i64>, Option<String>)> = conn
         .prepare_cached(
@@ -390,7 +390,7 @@ pub struct Listed {
 }
 
 /// Every token of `kind` (revoked ones included), oldest first.
-pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<Listed>, rusqlite::Error> {
+pub fn list(conn: &Connection, kind: Kind) -> Result<Vec<Listed>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(
         "SELECT sha256, owner_id, created_at, expires_at, revoked_at, name FROM tokens
           WHERE kind = ?1 ORDER BY created_at, sha256",
@@ -454,7 +454,7 @@ pub fn find_unrevoked(
 
 /// The one revoke rule: sets `revoked_at` on the token (the row stays); `false` when
 /// it was revoked already or does not exist. Tokens issued under it die with it.
-pub fn revoke(conn: &Connection, sha256: &str, at: &str) -> Result<bool, rusqlite::Error> {
+pub fn revoke(conn: &Connection, sha256: &str, at: &str) -> Result<bool, crate::store::sql::Error> {
     let changed = conn
         .prepare_cached(
             "UPDATE tokens SET revoked_at = ?1 WHERE sha256 = ?2 AND revoked_at IS NULL",
@@ -468,7 +468,7 @@ pub fn unrevoked_of(
     conn: &Connection,
     kind: Kind,
     owner_id: i64,
-) -> Result<Vec<Found>, rusqlite::Error> {
+) -> Result<Vec<Found>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(
         "SELECT sha256 FROM tokens WHERE kind = ?1 AND owner_id = ?2 AND revoked_at IS NULL",
     )?;
@@ -486,7 +486,11 @@ pub fn unrevoked_of(
 
 /// Deletes the tokens of `kind` that expired before `now`: an expired row authenticates
 /// nothing and names nothing the audit log needs (sessions are not named there).
-pub fn sweep_expired(conn: &Connection, kind: Kind, now: i64) -> Result<usize, rusqlite::Error> {
+pub fn sweep_expired(
+    conn: &Connection,
+    kind: Kind,
+    now: i64,
+) -> Result<usize, crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tokens WHERE kind = ?1 AND expires_at <= ?2")?
         .execute(params![kind.as_str(), now])
 }
@@ -629,7 +633,7 @@ pub fn after_restore(
     conn: &Connection,
     records: &[Revocation],
     at: &str,
-) -> Result<Reapplied, rusqlite::Error> {
+) -> Result<Reapplied, crate::store::sql::Error> {
     let mut out = Reapplied::default();
     for record in records {
         if revoke(conn, &record.sha256, &record.revoked_at)? {

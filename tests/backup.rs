@@ -45,15 +45,12 @@ async fn restore(
 
 /// Every row of a table, as text, for comparing whole databases.
 fn dump(path: &std::path::Path, sql: &str) -> Vec<String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
+    let conn = stategate::store::sql::Connection::open(path).unwrap();
     let mut stmt = conn.prepare(sql).unwrap();
     let n = stmt.column_count();
     stmt.query_map([], |r| {
         (0..n)
-            .map(|i| {
-                r.get::<_, rusqlite::types::Value>(i)
-                    .map(|v| format!("{v:?}"))
-            })
+            .map(|i| r.get_ref(i).map(|v| format!("{v:?}")))
             .collect::<Result<Vec<_>, _>>()
             .map(|cols| cols.join("|"))
     })
@@ -146,7 +143,7 @@ async fn restore_gives_back_the_snapshot_and_every_version_after_it() {
     assert_eq!(who.map(|p| p.email).as_deref(), Some("ops@acme.test"));
     // A self-contained file (no WAL beside it), append-only audit included.
     drop(restored);
-    let conn = rusqlite::Connection::open(&into).unwrap();
+    let conn = stategate::store::sql::Connection::open(&into).unwrap();
     let err = conn.execute("DELETE FROM audit", []).unwrap_err();
     assert!(err.to_string().contains("append-only"), "{err}");
 }

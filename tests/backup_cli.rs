@@ -110,7 +110,7 @@ fn backup_list_restore_and_their_errors() {
         "{}",
         run.stdout
     );
-    let conn = rusqlite::Connection::open(&into).unwrap();
+    let conn = stategate::store::sql::Connection::open(&into).unwrap();
     let orgs: i64 = conn
         .query_row("SELECT count(*) FROM orgs WHERE name = 'acme'", [], |r| {
             r.get(0)
@@ -408,7 +408,7 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
         "{}",
         done.stdout
     );
-    let orgs: i64 = rusqlite::Connection::open(&live)
+    let orgs: i64 = stategate::store::sql::Connection::open(&live)
         .unwrap()
         .query_row("SELECT count(*) FROM orgs WHERE name = 'acme'", [], |r| {
             r.get(0)

@@ -16,7 +16,8 @@ const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 const NOT_CONFIGURED: &[u8] = br#"{"error": "state sync not configured"}"#;
 const STALE: i64 = 300;
 
-type AdminJob = Box<dyn FnOnce(&rusqlite::Connection) -> Result<String, AdminError> + Send>;
+type AdminJob =
+    Box<dyn FnOnce(&stategate::store::sql::Connection) -> Result<String, AdminError> + Send>;
 
 struct Env {
     server: common::TestServer,

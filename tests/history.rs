@@ -250,7 +250,7 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
             // First call (before the blob is put): another process (the server, while
             // the CLI rolls back) commits a version right now.
             if latest.map(|r| r.version) == Some(4) {
-                rusqlite::Connection::open(&db_path)
+                stategate::store::sql::Connection::open(&db_path)
                     .unwrap()
                     .execute(
                         "INSERT INTO versions (scope, version, size, created_at, actor) \

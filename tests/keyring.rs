@@ -64,7 +64,10 @@ fn rows(server: &TestServer, workspace: &str) -> Vec<(i64, String, String)> {
 }
 
 /// [`rows`] of the index `conn` (a restored or rebuilt one).
-fn rows_in(conn: &rusqlite::Connection, workspace: &str) -> Vec<(i64, String, String)> {
+fn rows_in(
+    conn: &stategate::store::sql::Connection,
+    workspace: &str,
+) -> Vec<(i64, String, String)> {
     let mut stmt = conn
         .prepare("SELECT version, blob_key, sha256 FROM versions WHERE scope = ?1 ORDER BY version")
         .unwrap();
@@ -548,7 +551,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
     let fresh = RootKey::from_base64(common::DEK).unwrap();
     let copies = keyring::copies(op.store.blobs().as_ref()).await.unwrap();
     assert_eq!(copies.len(), 1);
-    let empty = rusqlite::Connection::open_in_memory().unwrap();
+    let empty = stategate::store::sql::Connection::open_in_memory().unwrap();
     fresh.install(keyring::load(&empty, &copies, op.service.as_ref()).unwrap());
     assert_eq!(fresh.data_generation(), 1);
     assert_eq!(
@@ -595,7 +598,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
     let names = |v: &[(String, i64)]| v.iter().map(|(_, n)| *n).collect::<Vec<_>>();
     assert_eq!(names(&report.resealed), [1, 2]);
     assert!(report.dropped.is_empty());
-    let restored = rusqlite::Connection::open(&into3).unwrap();
+    let restored = stategate::store::sql::Connection::open(&into3).unwrap();
     let n: i64 = restored
         .query_row("SELECT COUNT(*) FROM versions", [], |r| r.get(0))
         .unwrap();
@@ -875,20 +878,21 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
     )
     .await;
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
-    let stale = keyring::read_rows(&rusqlite::Connection::open(restored.db_path()).unwrap())
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.wrapped.is_some())
-        .filter(|r| {
-            stategate::crypto::Generation::unwrap(
-                new_service.as_ref(),
-                r.purpose,
-                r.generation,
-                r.wrapped.as_ref().unwrap(),
-            )
-            .is_err()
-        })
-        .count();
+    let stale =
+        keyring::read_rows(&stategate::store::sql::Connection::open(restored.db_path()).unwrap())
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.wrapped.is_some())
+            .filter(|r| {
+                stategate::crypto::Generation::unwrap(
+                    new_service.as_ref(),
+                    r.purpose,
+                    r.generation,
+                    r.wrapped.as_ref().unwrap(),
+                )
+                .is_err()
+            })
+            .count();
     assert_eq!(
         stale, 1,
         "the backup's data/1 is wrapped under the old key file"
@@ -896,7 +900,7 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
 
     // What reads the ring without repairing it (a server's reload) takes the copies too.
     let copies = keyring::copies(&blobs(&server)).await.unwrap();
-    let unrepaired = rusqlite::Connection::open(restored.db_path()).unwrap();
+    let unrepaired = stategate::store::sql::Connection::open(restored.db_path()).unwrap();
     let view = keyring::load(&unrepaired, &copies, new_service.as_ref()).unwrap();
     assert_eq!(view.generations.len(), 3, "data/0, data/1, credentials/0");
     drop(unrepaired);
@@ -907,7 +911,7 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
         .await
         .unwrap();
     assert_eq!(root.data_generations(), vec![0, 1]);
-    let conn = rusqlite::Connection::open(restored.db_path()).unwrap();
+    let conn = stategate::store::sql::Connection::open(restored.db_path()).unwrap();
     let versions = rows_in(&conn, "prod");
     assert_eq!(versions.len(), serial as usize);
     for (version, key, sha) in &versions {

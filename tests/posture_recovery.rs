@@ -39,7 +39,7 @@ fn cli(data: &Path, args: &[&str]) -> String {
 
 /// (workspace, version, encrypted) recorded in the index at `db`.
 fn postures(db: &Path) -> Vec<(String, i64, bool)> {
-    let conn = rusqlite::Connection::open(db).unwrap();
+    let conn = stategate::store::sql::Connection::open(db).unwrap();
     let mut stmt = conn
         .prepare("SELECT workspace, version, encrypted FROM tf_state_encryption ORDER BY 1, 2")
         .unwrap();

@@ -13,7 +13,7 @@ use stategate::store::rebuild::{rebuild_index, RebuildError};
 use stategate::store::{BlobStore, StateStore, StoreError, VersionRow, WriteOutcome};
 use time::{Duration, OffsetDateTime};
 
-fn live_rows(conn: &rusqlite::Connection) -> Vec<VersionRow> {
+fn live_rows(conn: &stategate::store::sql::Connection) -> Vec<VersionRow> {
     let scopes: Vec<String> = conn
         .prepare("SELECT DISTINCT scope FROM versions ORDER BY scope")
         .unwrap()
@@ -115,7 +115,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
         report.rows, live,
         "rebuilt rows = live rows minus tombstones"
     );
-    let rebuilt = rusqlite::Connection::open(&into).unwrap();
+    let rebuilt = stategate::store::sql::Connection::open(&into).unwrap();
     assert_eq!(live_rows(&rebuilt), live);
     assert_eq!(
         report

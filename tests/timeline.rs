@@ -492,7 +492,7 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
         Some(json!({"to": 1, "from": 2})),
     )
     .await;
-    let read = |conn: &rusqlite::Connection| {
+    let read = |conn: &stategate::store::sql::Connection| {
         // Each row's columns as SQL literals (NULL included), compared whole.
         let versions: Vec<String> = conn
             .prepare("SELECT quote(version) || ' ' || quote(actor) || ' ' || quote(lock_who) || ' ' || quote(lock_operation) || ' ' || quote(restored_from) || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) FROM versions WHERE scope = 'tf/prod' ORDER BY version")
@@ -534,7 +534,7 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
     stategate::store::rebuild::rebuild_index(&blobs, &keys, &into, stategate::schema::ALL)
         .await
         .unwrap();
-    let rebuilt = read(&rusqlite::Connection::open(&into).unwrap());
+    let rebuilt = read(&stategate::store::sql::Connection::open(&into).unwrap());
     assert_eq!(rebuilt, live);
 }
 
@@ -584,7 +584,7 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
     s.db()
         .execute("VACUUM INTO ?1", [old.to_str().unwrap()])
         .unwrap();
-    rusqlite::Connection::open(&old)
+    stategate::store::sql::Connection::open(&old)
         .unwrap()
         .execute_batch(
             "DROP TABLE resource_changes; DROP TABLE resource_summary_heads; DROP TABLE resource_instance_digests;
@@ -625,7 +625,7 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
         ),
     )
     .await;
-    let read = |conn: &rusqlite::Connection| {
+    let read = |conn: &stategate::store::sql::Connection| {
         let rows = |sql: &str| -> Vec<String> {
             conn.prepare(sql)
                 .unwrap()
@@ -672,7 +672,7 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
         let added: Vec<i64> = report.added.iter().map(|r| r.version).collect();
         assert_eq!(added, vec![3, 4], "{case}");
         assert_eq!(
-            read(&rusqlite::Connection::open(&into).unwrap()),
+            read(&stategate::store::sql::Connection::open(&into).unwrap()),
             live,
             "{case}"
         );

@@ -8,7 +8,7 @@
 
 use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-use rusqlite::Connection;
+use stategate::store::sql::Connection;
 
 use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::config::Config;

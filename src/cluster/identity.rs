@@ -6,7 +6,7 @@
 //! function here takes a plain `&Connection`: the server runs them through `Db`, the
 //! admin CLI the same way, and unit tests on an in-memory database.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::DbError;
@@ -109,8 +109,8 @@ pub enum AdminError {
     Random(String),
 }
 
-impl From<rusqlite::Error> for AdminError {
-    fn from(e: rusqlite::Error) -> Self {
+impl From<crate::store::sql::Error> for AdminError {
+    fn from(e: crate::store::sql::Error) -> Self {
         AdminError::Db(DbError::Sqlite(e))
     }
 }
@@ -130,7 +130,7 @@ impl From<TokenError> for AdminError {
 pub fn principal_by_token(
     conn: &Connection,
     token: &[u8],
-) -> Result<Option<Principal>, rusqlite::Error> {
+) -> Result<Option<Principal>, crate::store::sql::Error> {
     let Some(id) =
         tokens::live(conn, Kind::Principal, token, tokens::now())?.and_then(|live| live.owner_id)
     else {
@@ -162,7 +162,7 @@ pub fn cluster_in_org(
     conn: &Connection,
     cluster_id: &str,
     org_id: i64,
-) -> Result<bool, rusqlite::Error> {
+) -> Result<bool, crate::store::sql::Error> {
     conn.query_row(
         "SELECT count(*) FROM clusters WHERE id = ?1 AND org_id = ?2",
         params![cluster_id, org_id],
@@ -254,17 +254,20 @@ pub fn create_principal(
 ) -> Result<String, AdminError> {
     let email = normalize_email(email)?;
     let org_id = org_id(conn, org)?;
-    let inserted = conn.execute(
-        "INSERT INTO principals (email, org_id, role, created_at) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (email) DO NOTHING",
-        params![email, org_id, role.as_str(), crate::store::now_rfc3339()],
-    )?;
-    if inserted == 0 {
+    let inserted: Option<i64> = conn
+        .query_row(
+            "INSERT INTO principals (email, org_id, role, created_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (email) DO NOTHING RETURNING id",
+            params![email, org_id, role.as_str(), crate::store::now_rfc3339()],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(principal) = inserted else {
         return Err(AdminError::Exists(format!(
             "a user with email {email:?} already exists (use `admin token create` for another token)"
         )));
-    }
-    let token = insert_token(conn, conn.last_insert_rowid())?;
+    };
+    let token = insert_token(conn, principal)?;
     admin_audit(
         conn,
         org,
@@ -497,7 +500,7 @@ pub fn list_principal_tokens(
 
 fn principal_emails(
     conn: &Connection,
-) -> Result<std::collections::HashMap<i64, String>, rusqlite::Error> {
+) -> Result<std::collections::HashMap<i64, String>, crate::store::sql::Error> {
     let mut stmt = conn.prepare("SELECT id, email FROM principals")?;
     let rows = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?

@@ -5,7 +5,7 @@
 //! admin's acquire. The decisions are pure functions over the current row and the
 //! clock's `now`; the SQL around them always runs inside one write transaction.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 use serde::Deserialize;
 
 use super::clock::rfc3339;
@@ -188,7 +188,7 @@ pub fn decide_release(current: Option<&Lease>, caller_id: i64, force: bool) -> R
 pub fn current_lease(
     conn: &Connection,
     cluster_id: &str,
-) -> Result<Option<Lease>, rusqlite::Error> {
+) -> Result<Option<Lease>, crate::store::sql::Error> {
     conn.query_row(
         "SELECT l.holder_id, p.email, l.operation, l.host, l.acquired_at, l.heartbeat_at
            FROM cluster_leases l JOIN principals p ON p.id = l.holder_id
@@ -215,7 +215,7 @@ pub fn put_lease(
     holder_id: i64,
     request: &LockRequest,
     now: i64,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     conn.execute(
         "INSERT INTO cluster_leases (cluster_id, holder_id, operation, host, acquired_at, heartbeat_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)
@@ -226,7 +226,11 @@ pub fn put_lease(
     Ok(())
 }
 
-pub fn touch_lease(conn: &Connection, cluster_id: &str, now: i64) -> Result<(), rusqlite::Error> {
+pub fn touch_lease(
+    conn: &Connection,
+    cluster_id: &str,
+    now: i64,
+) -> Result<(), crate::store::sql::Error> {
     conn.execute(
         "UPDATE cluster_leases SET heartbeat_at = ?2 WHERE cluster_id = ?1",
         params![cluster_id, now],
@@ -234,7 +238,7 @@ pub fn touch_lease(conn: &Connection, cluster_id: &str, now: i64) -> Result<(), 
     Ok(())
 }
 
-pub fn delete_lease(conn: &Connection, cluster_id: &str) -> Result<(), rusqlite::Error> {
+pub fn delete_lease(conn: &Connection, cluster_id: &str) -> Result<(), crate::store::sql::Error> {
     conn.execute(
         "DELETE FROM cluster_leases WHERE cluster_id = ?1",
         [cluster_id],

@@ -17,8 +17,8 @@ pub mod lease;
 
 use std::sync::Arc;
 
+use crate::store::sql::Connection;
 use bytes::Bytes;
-use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 
 use crate::config::ClusterConfig;
@@ -55,7 +55,7 @@ fn not_found() -> Error {
     Error::NotFound(NOT_FOUND_MESSAGE.into())
 }
 
-fn db_err(e: rusqlite::Error) -> Error {
+fn db_err(e: crate::store::sql::Error) -> Error {
     Error::from(DbError::from(e))
 }
 

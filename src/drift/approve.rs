@@ -62,9 +62,7 @@ impl DriftService {
                             "drift run {other} of workspace {ws:?} is still going; nothing was approved"
                         )))
                     }
-                    Err(rusqlite::Error::SqliteFailure(e, _))
-                        if e.code == rusqlite::ErrorCode::ConstraintViolation =>
-                    {
+                    Err(e) if e.is_constraint_violation() => {
                         return Err(Error::Conflict(format!(
                             "drift run {check_run} was already approved; nothing was done"
                         )))

@@ -338,7 +338,9 @@ impl DriftService {
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&rusqlite::Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error>
+            + Send
+            + 'static,
     ) -> Result<T, Error> {
         Ok(self.inner.db.read(f).await?)
     }

@@ -10,7 +10,7 @@
 //! - a pruning record is written before the output blob is deleted and never changes,
 //!   so a missing output without one is a loss, never retention.
 
-use rusqlite::{named_params, params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 use super::plan::{Changes, Outcome};
@@ -121,7 +121,7 @@ const COLUMNS: &str =
 /// (tombstones included) has another serial or lineage than the run planned against.
 /// The version is looked up through `store`, the owner of `versions`, in the same
 /// transaction; each workspace once.
-fn mark_moved(conn: &Connection, runs: &mut [Run]) -> Result<(), rusqlite::Error> {
+fn mark_moved(conn: &Connection, runs: &mut [Run]) -> Result<(), crate::store::sql::Error> {
     let mut newest = std::collections::HashMap::new();
     for run in runs
         .iter_mut()
@@ -140,7 +140,7 @@ fn mark_moved(conn: &Connection, runs: &mut [Run]) -> Result<(), rusqlite::Error
     Ok(())
 }
 
-fn row_to_run(r: &rusqlite::Row<'_>) -> Result<Run, rusqlite::Error> {
+fn row_to_run(r: &crate::store::sql::Row<'_>) -> Result<Run, crate::store::sql::Error> {
     let kind: String = r.get(2)?;
     let outcome: Option<String> = r.get(8)?;
     let counts: (Option<i64>, Option<i64>, Option<i64>) = (r.get(10)?, r.get(11)?, r.get(12)?);
@@ -193,13 +193,13 @@ pub fn start_run(
     applies: Option<i64>,
     serial: Option<i64>,
     lineage: Option<&str>,
-) -> Result<Result<i64, StartRefused>, rusqlite::Error> {
+) -> Result<Result<i64, StartRefused>, crate::store::sql::Error> {
     if let Some(running) = active_run(conn, workspace)? {
         return Ok(Err(StartRefused::Busy(running)));
     }
-    conn.execute(
+    let id = conn.query_row(
         "INSERT INTO drift_runs (workspace, kind, trigger, applies, started_at, serial, lineage)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
         params![
             workspace,
             kind.as_str(),
@@ -209,12 +209,16 @@ pub fn start_run(
             serial,
             lineage
         ],
+        |r| r.get(0),
     )?;
-    Ok(Ok(conn.last_insert_rowid()))
+    Ok(Ok(id))
 }
 
 /// The unfinished run of a workspace.
-pub fn active_run(conn: &Connection, workspace: &str) -> Result<Option<i64>, rusqlite::Error> {
+pub fn active_run(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<i64>, crate::store::sql::Error> {
     conn.query_row(
         "SELECT id FROM drift_runs WHERE workspace = ?1 AND finished_at IS NULL",
         [workspace],
@@ -235,7 +239,11 @@ pub struct Finished {
 }
 
 /// Completes an unfinished run; `false` when it was already finished (never changed).
-pub fn finish_run(conn: &Connection, id: i64, done: &Finished) -> Result<bool, rusqlite::Error> {
+pub fn finish_run(
+    conn: &Connection,
+    id: i64,
+    done: &Finished,
+) -> Result<bool, crate::store::sql::Error> {
     let c = done.changes;
     let changed = conn.execute(
         "UPDATE drift_runs SET finished_at = ?2, exit_code = ?3, outcome = ?4, message = ?5,
@@ -257,11 +265,11 @@ pub fn finish_run(conn: &Connection, id: i64, done: &Finished) -> Result<bool, r
     Ok(changed == 1)
 }
 
-pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, rusqlite::Error> {
+pub fn get_run(conn: &Connection, id: i64) -> Result<Option<Run>, crate::store::sql::Error> {
     let run = conn
         .query_row(
-            &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"),
-            named_params! {":id": id},
+            &format!("SELECT {COLUMNS} FROM drift_runs r WHERE r.id = ?1"),
+            [id],
             row_to_run,
         )
         .optional()?;
@@ -277,7 +285,7 @@ pub fn newer_runs(
     workspace: &str,
     id: i64,
     cap: u64,
-) -> Result<u64, rusqlite::Error> {
+) -> Result<u64, crate::store::sql::Error> {
     conn.query_row(
         "SELECT count(*) FROM (SELECT 1 FROM drift_runs WHERE workspace = ?1 AND id > ?2 LIMIT ?3)",
         params![workspace, id, i64::try_from(cap).unwrap_or(i64::MAX)],
@@ -295,7 +303,11 @@ pub struct Pruned {
 /// Records that retention (keeping `keep` runs per workspace) is deleting these runs'
 /// outputs; called before the blobs are deleted. A run recorded already keeps its
 /// first record (an earlier pass whose delete failed).
-pub fn record_pruned(conn: &Connection, runs: &[i64], keep: u64) -> Result<(), rusqlite::Error> {
+pub fn record_pruned(
+    conn: &Connection,
+    runs: &[i64],
+    keep: u64,
+) -> Result<(), crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(
         "INSERT OR IGNORE INTO drift_outputs_pruned (run_id, pruned_at, keep_outputs)
          VALUES (?1, ?2, ?3)",
@@ -311,7 +323,7 @@ pub fn record_pruned(conn: &Connection, runs: &[i64], keep: u64) -> Result<(), r
 }
 
 /// The pruning record of a run's output, if retention deleted it.
-pub fn pruned(conn: &Connection, run: i64) -> Result<Option<Pruned>, rusqlite::Error> {
+pub fn pruned(conn: &Connection, run: i64) -> Result<Option<Pruned>, crate::store::sql::Error> {
     conn.query_row(
         "SELECT pruned_at, keep_outputs FROM drift_outputs_pruned WHERE run_id = ?1",
         [run],
@@ -330,18 +342,12 @@ pub fn list_runs(
     conn: &Connection,
     workspace: Option<&str>,
     limit: u32,
-) -> Result<Vec<Run>, rusqlite::Error> {
+) -> Result<Vec<Run>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM drift_runs r WHERE (:workspace IS NULL OR r.workspace = :workspace)
-          ORDER BY r.id DESC LIMIT :limit"
+        "SELECT {COLUMNS} FROM drift_runs r WHERE (?1 IS NULL OR r.workspace = ?1)
+          ORDER BY r.id DESC LIMIT ?2"
     ))?;
-    let rows = stmt.query_map(
-        named_params! {
-            ":workspace": workspace,
-            ":limit": limit,
-        },
-        row_to_run,
-    )?;
+    let rows = stmt.query_map(params![workspace, limit], row_to_run)?;
     let mut runs = rows.collect::<Result<Vec<_>, _>>()?;
     mark_moved(conn, &mut runs)?;
     Ok(runs)
@@ -353,7 +359,7 @@ pub fn previous_status(
     conn: &Connection,
     workspace: &str,
     before: i64,
-) -> Result<Option<Outcome>, rusqlite::Error> {
+) -> Result<Option<Outcome>, crate::store::sql::Error> {
     let text: Option<String> = conn
         .query_row(
             "SELECT outcome FROM drift_runs
@@ -368,7 +374,9 @@ pub fn previous_status(
 }
 
 /// Per workspace: the latest status-bearing check outcome and when it finished.
-pub fn latest_status(conn: &Connection) -> Result<Vec<(String, Outcome, String)>, rusqlite::Error> {
+pub fn latest_status(
+    conn: &Connection,
+) -> Result<Vec<(String, Outcome, String)>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(
         "SELECT workspace, outcome, finished_at FROM drift_runs r
           WHERE id = (SELECT max(id) FROM drift_runs s
@@ -393,7 +401,7 @@ pub fn latest_status(conn: &Connection) -> Result<Vec<(String, Outcome, String)>
 }
 
 /// Per workspace: its newest finished check, whatever its outcome.
-pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, rusqlite::Error> {
+pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM drift_runs r WHERE r.id IN
            (SELECT max(id) FROM drift_runs WHERE kind = 'check' AND finished_at IS NOT NULL
@@ -407,7 +415,9 @@ pub fn latest_checks(conn: &Connection) -> Result<Vec<Run>, rusqlite::Error> {
 }
 
 /// Per workspace: when its newest check started (the schedule counts from it).
-pub fn last_checks_started(conn: &Connection) -> Result<Vec<(String, String)>, rusqlite::Error> {
+pub fn last_checks_started(
+    conn: &Connection,
+) -> Result<Vec<(String, String)>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(
         "SELECT workspace, started_at FROM drift_runs r
           WHERE id = (SELECT max(id) FROM drift_runs s
@@ -421,7 +431,7 @@ pub fn last_checks_started(conn: &Connection) -> Result<Vec<(String, String)>, r
 pub fn last_check_started(
     conn: &Connection,
     workspace: &str,
-) -> Result<Option<String>, rusqlite::Error> {
+) -> Result<Option<String>, crate::store::sql::Error> {
     conn.query_row(
         "SELECT started_at FROM drift_runs WHERE workspace = ?1 AND kind = 'check'
           ORDER BY id DESC LIMIT 1",
@@ -441,7 +451,7 @@ pub struct Unfinished {
 }
 
 /// Every unfinished run.
-pub fn unfinished(conn: &Connection) -> Result<Vec<Unfinished>, rusqlite::Error> {
+pub fn unfinished(conn: &Connection) -> Result<Vec<Unfinished>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(
         "SELECT id, workspace, kind, started_at FROM drift_runs WHERE finished_at IS NULL",
     )?;
@@ -564,11 +574,11 @@ mod tests {
 
         let mut stmt = c
             .prepare(&format!(
-                "EXPLAIN QUERY PLAN SELECT {COLUMNS} FROM drift_runs r WHERE r.id = :id"
+                "EXPLAIN QUERY PLAN SELECT {COLUMNS} FROM drift_runs r WHERE r.id = ?1"
             ))
             .unwrap();
         let plan: Vec<String> = stmt
-            .query_map(named_params! {":id": id}, |r| r.get(3))
+            .query_map([id], |r| r.get(3))
             .unwrap()
             .map(Result::unwrap)
             .collect();

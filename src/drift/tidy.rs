@@ -180,7 +180,7 @@ impl DriftService {
                             let newer = outcomes::newer_runs(c, &run.workspace, id, keep)?;
                             Ok(Some((run, newer)))
                         })
-                        .collect::<Result<Vec<_>, rusqlite::Error>>()
+                        .collect::<Result<Vec<_>, crate::store::sql::Error>>()
                 })
                 .await?;
             let now = now_unix();

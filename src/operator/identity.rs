@@ -5,7 +5,7 @@
 //! Each operator has a [`Grant`] (a role and optional workspace patterns, `roles`),
 //! kept in `operator_grants`; operators from before roles existed become `admin`.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 use super::roles::{Grant, Pattern, Role};
 use crate::cluster::identity::{normalize_email, AdminError, TokenRow};
@@ -65,7 +65,7 @@ impl Operator {
 pub fn operator_by_token(
     conn: &Connection,
     token: &[u8],
-) -> Result<Option<Operator>, rusqlite::Error> {
+) -> Result<Option<Operator>, crate::store::sql::Error> {
     Ok(live_operator_token(conn, token, tokens::now())?.map(|(_, operator)| operator))
 }
 
@@ -74,7 +74,7 @@ pub fn live_operator_token(
     conn: &Connection,
     token: &[u8],
     now: i64,
-) -> Result<Option<(String, Operator)>, rusqlite::Error> {
+) -> Result<Option<(String, Operator)>, crate::store::sql::Error> {
     let Some(live) = tokens::live(conn, Kind::Operator, token, now)? else {
         return Ok(None);
     };
@@ -105,7 +105,7 @@ fn stored_grant(role: Option<String>, workspaces: Option<String>) -> Grant {
 const SELECT_OPERATOR: &str = "SELECT o.id, o.email, g.role, g.workspaces, o.created_at
        FROM operators o LEFT JOIN operator_grants g ON g.operator_id = o.id";
 
-fn operator_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Operator> {
+fn operator_row(r: &crate::store::sql::Row<'_>) -> crate::store::sql::Result<Operator> {
     Ok(Operator {
         id: r.get(0)?,
         email: r.get(1)?,
@@ -114,7 +114,10 @@ fn operator_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Operator> {
 }
 
 /// The operator with this id.
-pub fn operator_by_id(conn: &Connection, id: i64) -> Result<Option<Operator>, rusqlite::Error> {
+pub fn operator_by_id(
+    conn: &Connection,
+    id: i64,
+) -> Result<Option<Operator>, crate::store::sql::Error> {
     conn.prepare_cached(&format!("{SELECT_OPERATOR} WHERE o.id = ?1"))?
         .query_row([id], operator_row)
         .optional()
@@ -191,16 +194,19 @@ pub fn create_operator_with(
     actor: &str,
 ) -> Result<String, AdminError> {
     let email = normalize_email(email)?;
-    let inserted = conn.execute(
-        "INSERT INTO operators (email, created_at) VALUES (?1, ?2) ON CONFLICT (email) DO NOTHING",
-        params![email, crate::store::now_rfc3339()],
-    )?;
-    if inserted == 0 {
+    let inserted: Option<i64> = conn
+        .query_row(
+            "INSERT INTO operators (email, created_at) VALUES (?1, ?2)
+             ON CONFLICT (email) DO NOTHING RETURNING id",
+            params![email, crate::store::now_rfc3339()],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(id) = inserted else {
         return Err(AdminError::Exists(format!(
             "an operator with email {email:?} already exists (use `admin operator token create` for another token)"
         )));
-    }
-    let id = conn.last_insert_rowid();
+    };
     conn.execute(
         "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)",
         params![id, grant.role.as_str(), grant.workspaces()],
@@ -266,7 +272,11 @@ pub struct SsoUser<'a> {
 }
 
 /// Gives operator `id` `grant` (its role and workspace patterns), replacing the one it had.
-pub fn set_grant(conn: &Connection, id: i64, grant: &Grant) -> Result<(), rusqlite::Error> {
+pub fn set_grant(
+    conn: &Connection,
+    id: i64,
+    grant: &Grant,
+) -> Result<(), crate::store::sql::Error> {
     conn.execute(
         "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
          ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
@@ -309,11 +319,11 @@ pub fn sso_operator(conn: &Connection, user: SsoUser<'_>) -> Result<Option<Opera
             id
         }
         (None, None) => {
-            conn.execute(
-                "INSERT INTO operators (email, created_at) VALUES (?1, ?2)",
+            let id: i64 = conn.query_row(
+                "INSERT INTO operators (email, created_at) VALUES (?1, ?2) RETURNING id",
                 params![name, now],
+                |r| r.get(0),
             )?;
-            let id = conn.last_insert_rowid();
             conn.execute(
                 "INSERT INTO operator_sso (operator_id, issuer, subject, last_login_at)
                  VALUES (?1, ?2, ?3, ?4)",
@@ -425,12 +435,13 @@ mod tests {
         assert_eq!(me.grant, grant);
         // An operator created before `operator_grants` existed: no row until the
         // schema runs again (every start), then an admin of everything.
-        conn.execute(
-            "INSERT INTO operators (email, created_at) VALUES ('old@x.io', 'then')",
-            [],
-        )
-        .unwrap();
-        let old = conn.last_insert_rowid();
+        let old: i64 = conn
+            .query_row(
+                "INSERT INTO operators (email, created_at) VALUES ('old@x.io', 'then') RETURNING id",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
         conn.execute_batch(SCHEMA).unwrap();
         let old = operator_by_id(&conn, old).unwrap().unwrap();
         assert_eq!(old.grant, Grant::ROOT);

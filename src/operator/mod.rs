@@ -19,7 +19,7 @@ pub mod paths;
 pub mod roles;
 pub mod search;
 
-use rusqlite::Connection;
+use crate::store::sql::Connection;
 use serde::Serialize;
 
 use crate::cluster::identity::{list_clusters, AdminError};
@@ -317,7 +317,7 @@ pub fn workspace_rows(
     conn: &Connection,
     now: i64,
     stale_after: i64,
-) -> Result<Vec<WorkspaceSummary>, rusqlite::Error> {
+) -> Result<Vec<WorkspaceSummary>, crate::store::sql::Error> {
     let mut out = std::collections::BTreeMap::<String, WorkspaceSummary>::new();
     for row in latest_rows_under(conn, crate::tofu::SCOPE_PREFIX)? {
         let Some(name) = row.scope.strip_prefix(crate::tofu::SCOPE_PREFIX) else {
@@ -862,33 +862,35 @@ impl Operations {
         let grant = grant.clone();
         Ok(self
             .db
-            .read(move |c| -> Result<Vec<AuditRow>, rusqlite::Error> {
-                let visible = |row: &AuditRow| {
-                    row.scope
-                        .strip_prefix(crate::tofu::SCOPE_PREFIX)
-                        .is_some_and(|w| grant.sees(w))
-                };
-                // Each page comes oldest first, like the listing itself; `out` is
-                // newest first until the end.
-                let mut filter = filter;
-                let (mut out, mut scanned) = (Vec::new(), 0u32);
-                while scanned < MAX_AUDIT_SCANNED {
-                    let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;
-                    let Some(oldest) = page.first().map(|r| r.id) else {
-                        break;
+            .read(
+                move |c| -> Result<Vec<AuditRow>, crate::store::sql::Error> {
+                    let visible = |row: &AuditRow| {
+                        row.scope
+                            .strip_prefix(crate::tofu::SCOPE_PREFIX)
+                            .is_some_and(|w| grant.sees(w))
                     };
-                    scanned += page.len() as u32;
-                    let full = page.len() == MAX_AUDIT_LIMIT as usize;
-                    out.extend(page.into_iter().rev().filter(visible));
-                    if out.len() >= limit as usize || !full {
-                        break;
+                    // Each page comes oldest first, like the listing itself; `out` is
+                    // newest first until the end.
+                    let mut filter = filter;
+                    let (mut out, mut scanned) = (Vec::new(), 0u32);
+                    while scanned < MAX_AUDIT_SCANNED {
+                        let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;
+                        let Some(oldest) = page.first().map(|r| r.id) else {
+                            break;
+                        };
+                        scanned += page.len() as u32;
+                        let full = page.len() == MAX_AUDIT_LIMIT as usize;
+                        out.extend(page.into_iter().rev().filter(visible));
+                        if out.len() >= limit as usize || !full {
+                            break;
+                        }
+                        filter.before_id = Some(oldest);
                     }
-                    filter.before_id = Some(oldest);
-                }
-                out.truncate(limit as usize);
-                out.reverse();
-                Ok(out)
-            })
+                    out.truncate(limit as usize);
+                    out.reverse();
+                    Ok(out)
+                },
+            )
             .await?)
     }
 
@@ -908,7 +910,7 @@ impl Operations {
         let rows = self
             .db
             .read(
-                move |c| -> Result<Result<Vec<ClusterSummary>, Error>, rusqlite::Error> {
+                move |c| -> Result<Result<Vec<ClusterSummary>, Error>, crate::store::sql::Error> {
                     let clusters = match list_clusters(c, None) {
                         Ok(rows) => rows,
                         Err(e) => return Ok(Err(admin_error(e))),

@@ -7,7 +7,7 @@
 //! Append-only is enforced by the database, not by convention: [`SCHEMA`] adds
 //! triggers that abort any UPDATE or DELETE on the table, whoever issues it.
 
-use rusqlite::{params, Connection};
+use crate::store::sql::{params, Connection};
 
 use super::now_rfc3339;
 
@@ -30,7 +30,7 @@ pub struct AuditEntry {
     pub payload: serde_json::Value,
 }
 
-pub fn insert_audit(conn: &Connection, entry: &AuditEntry) -> Result<(), rusqlite::Error> {
+pub fn insert_audit(conn: &Connection, entry: &AuditEntry) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(
         "INSERT INTO audit (at, actor, org, scope, event, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -63,7 +63,7 @@ pub fn list_audit(
     scope: Option<&str>,
     event: Option<&str>,
     limit: u32,
-) -> Result<Vec<AuditRow>, rusqlite::Error> {
+) -> Result<Vec<AuditRow>, crate::store::sql::Error> {
     let filter = AuditFilter {
         scope: scope.map(str::to_string),
         event: event.map(str::to_string),
@@ -163,7 +163,7 @@ pub fn event_matches(event: &str, filter: &str) -> bool {
 /// Every event kind in the log, in name order, at most `limit` of them (the audit
 /// page's list to choose from). A skip scan over `audit_by_event`: one index seek
 /// per kind, however long the log.
-pub fn event_kinds(conn: &Connection, limit: u32) -> Result<Vec<String>, rusqlite::Error> {
+pub fn event_kinds(conn: &Connection, limit: u32) -> Result<Vec<String>, crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(EVENT_KINDS_SQL)?;
     let kinds = stmt
         .query_map(params![limit], |r| r.get(0))?
@@ -184,7 +184,7 @@ pub fn list_audit_filtered(
     conn: &Connection,
     filter: &AuditFilter,
     limit: u32,
-) -> Result<Vec<AuditRow>, rusqlite::Error> {
+) -> Result<Vec<AuditRow>, crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(&listing_sql(filter.scope.is_some()))?;
     let event = filter.event.as_deref().map(glob_literal);
     let exclude = filter.exclude.as_deref().map(glob_literal);
@@ -441,13 +441,7 @@ mod tests {
             listing_sql(false),
             EVENT_KINDS_SQL.to_string(),
         ] {
-            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
-            let plan: Vec<String> = stmt
-                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect();
+            let plan = crate::store::db::query_plan(&conn, &sql);
             assert!(
                 !plan.iter().any(|s| s.contains("TEMP B-TREE")),
                 "{sql}: {plan:?}"

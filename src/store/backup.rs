@@ -20,8 +20,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use crate::store::sql::Connection;
 use bytes::Bytes;
-use rusqlite::Connection;
 use serde::Serialize;
 use time::OffsetDateTime;
 
@@ -40,7 +40,7 @@ const SQLITE_MAGIC: &[u8] = b"SQLite format 3\0";
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
     #[error("cannot snapshot the database: {0}")]
-    Snapshot(rusqlite::Error),
+    Snapshot(crate::store::sql::Error),
     #[error("{0}")]
     Io(String),
     #[error(transparent)]
@@ -62,7 +62,7 @@ pub enum BackupError {
     #[error("{0} already exists; restore only ever writes a new file")]
     Exists(PathBuf),
     #[error("cannot write the restored database: {0}")]
-    Write(rusqlite::Error),
+    Write(crate::store::sql::Error),
 }
 
 /// One backup in the store.
@@ -269,11 +269,12 @@ pub async fn pick(blobs: &dyn BlobStore, from: Option<&str>) -> Result<BackupInf
 
 /// What a restore runs last, in its transaction, on the restored database (after the
 /// schemas and the versions): e.g. re-applying what the blob store recorded since.
-pub type Finish<'a> = &'a mut (dyn FnMut(&Connection) -> Result<(), rusqlite::Error> + Send);
+pub type Finish<'a> =
+    &'a mut (dyn FnMut(&Connection) -> Result<(), crate::store::sql::Error> + Send);
 
 /// A change an earlier release's database needs before the schemas apply
 /// (`crate::schema::MIGRATIONS`).
-pub type Migration = fn(&Connection) -> Result<(), rusqlite::Error>;
+pub type Migration = fn(&Connection) -> Result<(), crate::store::sql::Error>;
 
 /// Restores `backup` (sealed under `dek`) into the new file `into` and adds every
 /// version committed after it, opened with `keys`, then runs `finish`; a snapshot of
@@ -362,7 +363,7 @@ pub async fn restore(
 
 enum Completion {
     Unusable(String),
-    Write(rusqlite::Error),
+    Write(crate::store::sql::Error),
 }
 
 /// Brings the snapshot at `path` up to date: checks it, applies `schemas` (an older
@@ -380,8 +381,8 @@ fn complete(
     present: &HashSet<String>,
     finish: Finish<'_>,
 ) -> Result<(Vec<VersionRow>, Vec<ScopeVersion>, Vec<ScopeVersion>), Completion> {
-    let unusable = |e: rusqlite::Error| Completion::Unusable(e.to_string());
-    let mut conn = Connection::open(path).map_err(unusable)?;
+    let unusable = |e: crate::store::sql::Error| Completion::Unusable(e.to_string());
+    let conn = Connection::open(path).map_err(unusable)?;
     let check: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .map_err(unusable)?;
@@ -420,14 +421,14 @@ fn complete(
         if let Some(row) = same {
             tx.execute(
                 "UPDATE versions SET blob_key = ?3 WHERE scope = ?1 AND version = ?2",
-                rusqlite::params![scope, version, row.blob_key],
+                crate::store::sql::params![scope, version, row.blob_key],
             )
             .map_err(write)?;
             resealed.push((scope.clone(), *version));
         } else {
             tx.execute(
                 "DELETE FROM versions WHERE scope = ?1 AND version = ?2",
-                rusqlite::params![scope, version],
+                crate::store::sql::params![scope, version],
             )
             .map_err(write)?;
             dropped.push((scope.clone(), *version));
@@ -446,7 +447,7 @@ fn complete(
     }
     finish(&tx).map_err(write)?;
     tx.commit().map_err(write)?;
-    conn.close().map_err(|(_, e)| write(e))?;
+    conn.close().map_err(write)?;
     Ok((added, dropped, resealed))
 }
 
@@ -488,7 +489,7 @@ async fn complete_timeline(
             other => BackupError::Io(other.to_string()),
         })?;
     let mut conn = Connection::open(path).map_err(BackupError::Write)?;
-    let write = |conn: &mut Connection| -> Result<(), rusqlite::Error> {
+    let write = |conn: &mut Connection| -> Result<(), crate::store::sql::Error> {
         conn.pragma_update(None, "synchronous", "FULL")?;
         let tx = conn.transaction()?;
         for (scope, version, changes) in &timeline.changes {
@@ -500,7 +501,13 @@ async fn complete_timeline(
             tx.execute(
                 "UPDATE versions SET res_added = ?3, res_changed = ?4, res_removed = ?5
                   WHERE scope = ?1 AND version = ?2",
-                rusqlite::params![scope, version, counts.added, counts.changed, counts.removed],
+                crate::store::sql::params![
+                    scope,
+                    version,
+                    counts.added,
+                    counts.changed,
+                    counts.removed
+                ],
             )?;
         }
         super::timeline::forget_all(&tx)?;
@@ -510,14 +517,14 @@ async fn complete_timeline(
         tx.commit()
     };
     write(&mut conn).map_err(BackupError::Write)?;
-    conn.close().map_err(|(_, e)| BackupError::Write(e))
+    conn.close().map_err(BackupError::Write)
 }
 
 /// (scope, version, blob_key, sha256) of every row of the snapshot.
 #[allow(clippy::type_complexity)]
 fn snapshot_rows(
     conn: &Connection,
-) -> Result<Vec<(String, i64, Option<String>, Option<String>)>, rusqlite::Error> {
+) -> Result<Vec<(String, i64, Option<String>, Option<String>)>, crate::store::sql::Error> {
     let mut stmt = conn.prepare("SELECT scope, version, blob_key, sha256 FROM versions")?;
     let rows = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?

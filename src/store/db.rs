@@ -15,17 +15,23 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::Connection;
+use crate::store::sql::Connection;
 use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[from] crate::store::sql::Error),
     #[error("database writer has stopped")]
     WriterGone,
     #[error("database task failed: {0}")]
     Task(String),
+}
+
+impl From<rusqlite::Error> for DbError {
+    fn from(e: rusqlite::Error) -> Self {
+        DbError::Sqlite(e.into())
+    }
 }
 
 /// Most jobs folded into one transaction by default.
@@ -85,7 +91,7 @@ const ADDED_VERSION_COLUMNS: &[(&str, &str)] = &[
 /// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_VERSION_COLUMNS`] that an
 /// earlier release's `versions` lacks. Idempotent; a database without the table is
 /// left to [`SCHEMA`].
-pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('versions')")?;
     let present: Vec<String> = stmt
         .query_map([], |r| r.get(0))?
@@ -209,12 +215,6 @@ impl Remembered {
     }
 }
 
-/// SQLite's count of other connections' commits seen by `conn` (per connection).
-fn data_version(conn: &Connection) -> Result<i64, rusqlite::Error> {
-    conn.prepare_cached("PRAGMA data_version")?
-        .query_row([], |r| r.get(0))
-}
-
 /// Reader connections per database: the blocking pool runs reads beside each other,
 /// and one slow scan leaves the others free.
 const READERS: usize = 4;
@@ -248,8 +248,8 @@ pub struct WriterStats {
     pub jobs: std::sync::atomic::AtomicU64,
 }
 
-fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
-    let conn = Connection::open(path)?;
+fn open_connection(path: &Path) -> Result<Connection, crate::store::sql::Error> {
+    let conn = rusqlite::Connection::open(path)?;
     // Owner-only, before WAL mode creates -wal/-shm (SQLite gives them the db's mode).
     restrict_to_owner(path);
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
@@ -258,7 +258,7 @@ fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    Ok(conn)
+    Ok(conn.into())
 }
 
 fn restrict_to_owner(path: &Path) {
@@ -288,7 +288,9 @@ impl Db {
         // Checkpoints run on their own thread (below), not inside a client's commit:
         // with a large index a checkpoint writes back scattered pages and fsyncs the
         // database file, and that must not land on whichever write crossed the limit.
-        writer_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        if let Some(sqlite) = writer_conn.as_sqlite() {
+            sqlite.pragma_update(None, "wal_autocheckpoint", 0)?;
+        }
         let checkpoints = spawn_checkpointer(open_connection(path)?)?;
         let conns = (0..READERS)
             .map(|_| {
@@ -359,7 +361,7 @@ impl Db {
     /// lookup itself; anything that may scan goes through [`Db::read`].
     pub async fn read_quick<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         if let Some(reader) = self.readers.try_idle() {
             return f(&reader.conn).map_err(DbError::from);
@@ -376,12 +378,14 @@ impl Db {
     pub async fn read_remembered<T: Clone + Weigh + Send + 'static>(
         &self,
         key: String,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        let look = move |reader: &mut Reader| -> Result<T, rusqlite::Error> {
+        let look = move |reader: &mut Reader| -> Result<T, crate::store::sql::Error> {
             // Read before the snapshot: a commit in between leaves an answer newer
             // than its version, which is only read again, never kept too long.
-            let version = data_version(&reader.conn)?;
+            let Some(version) = reader.conn.change_count()? else {
+                return in_read_transaction(&reader.conn, f);
+            };
             if let Some(answer) = reader.remembered.recall(version, &key) {
                 return Ok(answer);
             }
@@ -402,7 +406,7 @@ impl Db {
     /// snapshot, and one shared lock and WAL read mark instead of one per statement.
     pub async fn read_snapshot<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         self.read_quick(move |conn| in_read_transaction(conn, f))
             .await
@@ -411,7 +415,7 @@ impl Db {
     /// Runs a read-only query on a reader connection off the async runtime.
     pub async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         let readers = self.readers.clone();
         tokio::task::spawn_blocking(move || {
@@ -428,27 +432,22 @@ impl Db {
 /// a write both early on a reader and again in its commit (the write guards, the freeze
 /// check) records what it finds only here.
 pub fn in_write_transaction(conn: &Connection) -> bool {
-    matches!(
-        conn.transaction_state(Some(rusqlite::MAIN_DB)),
-        Ok(rusqlite::TransactionState::Write)
-    )
+    conn.in_write_transaction()
 }
 
 /// Runs `f`'s statements in one deferred read transaction on a reader connection.
 fn in_read_transaction<T>(
     conn: &Connection,
-    f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error>,
-) -> Result<T, rusqlite::Error> {
-    if !conn.is_autocommit() {
+    f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error>,
+) -> Result<T, crate::store::sql::Error> {
+    if conn.in_transaction() {
         // Left open by a lookup that did not finish (a panic): start from a clean state.
-        conn.prepare_cached("ROLLBACK")?.execute([])?;
+        conn.end_transaction(false)?;
     }
-    conn.prepare_cached("BEGIN")?.execute([])?;
+    conn.begin_read()?;
     let outcome = f(conn);
     // A read transaction changes nothing: ending it cannot lose anything.
-    let ended = conn
-        .prepare_cached("ROLLBACK")
-        .and_then(|mut s| s.execute([]));
+    let ended = conn.end_transaction(false);
     let value = outcome?;
     ended?;
     Ok(value)
@@ -460,7 +459,7 @@ fn run_in_savepoint<T, E: From<DbError>>(
     f: impl FnOnce(&Connection) -> Result<T, E>,
 ) -> Result<T, E> {
     // Cached: every write runs these, and re-parsing them showed up in profiles.
-    let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    let run = |sql: &str| conn.run_cached(sql);
     run("SAVEPOINT job").map_err(|e| E::from(DbError::from(e)))?;
     let outcome = f(conn);
     let end = match outcome {
@@ -512,8 +511,7 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let run = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
-        if let Err(e) = run("BEGIN IMMEDIATE") {
+        if let Err(e) = conn.begin_write() {
             let msg = e.to_string();
             tracing::error!(error = %msg, "cannot begin write transaction");
             for job in batch {
@@ -525,10 +523,10 @@ fn writer_loop(
         stats.jobs.fetch_add(batch.len() as u64, Relaxed);
         stats.commits.fetch_add(1, Relaxed);
         let completions: Vec<Completion> = batch.into_iter().map(|job| job(&conn)).collect();
-        let committed = run("COMMIT").map(drop).map_err(|e| e.to_string());
+        let committed = conn.end_transaction(true).map_err(|e| e.to_string());
         if let Err(msg) = &committed {
             tracing::error!(error = %msg, "commit failed; rolling back the group");
-            let _ = run("ROLLBACK");
+            let _ = conn.end_transaction(false);
         }
         for complete in completions {
             complete(committed.clone());
@@ -553,6 +551,7 @@ pub(crate) fn schema_db() -> Connection {
 /// `SEARCH …` through an index, `SCAN …` of a whole table.
 #[cfg(test)]
 pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
+    let conn = conn.as_sqlite().expect("a SQLite plan");
     let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
     let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
     stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
@@ -564,7 +563,7 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rusqlite::OptionalExtension;
+    use crate::store::sql::OptionalExtension;
 
     #[derive(Debug)]
     enum TestError {
@@ -728,13 +727,15 @@ mod tests {
                 let sql = "INSERT INTO t VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = ?2";
                 if who == "writer" {
                     db.write(move |c| -> Result<(), DbError> {
-                        c.execute(sql, rusqlite::params![k, v])?;
+                        c.execute(sql, crate::store::sql::params![k, v])?;
                         Ok(())
                     })
                     .await
                     .unwrap();
                 } else {
-                    other.execute(sql, rusqlite::params![k, v]).unwrap();
+                    other
+                        .execute(sql, crate::store::sql::params![k, v])
+                        .unwrap();
                 }
             }
             let before = reads_now();

@@ -7,8 +7,8 @@
 //! transaction like any other write. The old version is read as a stream, never whole:
 //! restoring a 1 GiB state takes the memory of a 1 MiB one.
 
+use crate::store::sql::{params, Connection};
 use bytes::Bytes;
-use rusqlite::{params, Connection};
 use sha2::Digest;
 
 use super::{
@@ -22,7 +22,7 @@ pub fn history_rows(
     conn: &Connection,
     scope: &str,
     limit: Option<u32>,
-) -> Result<Vec<VersionRow>, rusqlite::Error> {
+) -> Result<Vec<VersionRow>, crate::store::sql::Error> {
     let limit = limit.map_or(-1, i64::from); // SQLite: a negative LIMIT means none
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2"
@@ -36,8 +36,8 @@ pub fn version_row(
     conn: &Connection,
     scope: &str,
     version: i64,
-) -> Result<Option<VersionRow>, rusqlite::Error> {
-    use rusqlite::OptionalExtension;
+) -> Result<Option<VersionRow>, crate::store::sql::Error> {
+    use crate::store::sql::OptionalExtension;
     conn.prepare_cached(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 AND version = ?2"
     ))?
@@ -112,7 +112,7 @@ impl Splice {
 }
 
 /// The highest serial stored for a scope (any version), if any.
-fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
+fn max_serial(conn: &Connection, scope: &str) -> Result<Option<i64>, crate::store::sql::Error> {
     conn.prepare_cached("SELECT MAX(serial) FROM versions WHERE scope = ?1")?
         .query_row([scope], |r| r.get(0))
 }

@@ -15,10 +15,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::store::sql::{params, Connection, OptionalExtension};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
 use super::audit::{insert_audit, AuditEntry};
@@ -57,8 +57,8 @@ pub enum RingError {
     Refused(String),
 }
 
-impl From<rusqlite::Error> for RingError {
-    fn from(e: rusqlite::Error) -> Self {
+impl From<crate::store::sql::Error> for RingError {
+    fn from(e: crate::store::sql::Error) -> Self {
         RingError::Db(DbError::Sqlite(e))
     }
 }
@@ -124,7 +124,7 @@ fn parse_copy_key(key: &str) -> Option<(Purpose, u32)> {
 
 /// Every row of the table; a database without the table (an earlier release not yet
 /// opened by this one) has none.
-pub fn read_rows(conn: &Connection) -> Result<Vec<KeyRow>, rusqlite::Error> {
+pub fn read_rows(conn: &Connection) -> Result<Vec<KeyRow>, crate::store::sql::Error> {
     let exists: Option<i64> = conn
         .query_row(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'key_generations'",
@@ -536,7 +536,9 @@ pub async fn retire(
     service: &Arc<dyn KeyService>,
     generation: u32,
     actor: &str,
-    still_needed: impl FnOnce(&Connection) -> Result<Option<String>, rusqlite::Error> + Send + 'static,
+    still_needed: impl FnOnce(&Connection) -> Result<Option<String>, crate::store::sql::Error>
+        + Send
+        + 'static,
 ) -> Result<(), RingError> {
     let (db, blobs) = (&store.db, &store.blobs);
     let actor = actor.to_string();
@@ -935,7 +937,7 @@ mod tests {
             .await
             .unwrap();
         let copies = read_copies(blobs.as_ref()).await.unwrap();
-        let conn = rusqlite::Connection::open(_dir.path().join("db")).unwrap();
+        let conn = crate::store::sql::Connection::open(_dir.path().join("db")).unwrap();
         let loaded = load(&conn, &copies, service.as_ref()).unwrap();
         assert_eq!(numbers(&loaded), ["data/2"]);
         let (view, done) = reconcile(&db, &service).await.unwrap();
@@ -946,7 +948,7 @@ mod tests {
         assert!(one.wrapped.is_none() && one.retired_at.is_some());
         // A lost index altogether: the record alone keeps it retired.
         let loaded = load(
-            &rusqlite::Connection::open_in_memory().unwrap(),
+            &crate::store::sql::Connection::open_in_memory().unwrap(),
             &copies,
             service.as_ref(),
         )
@@ -1002,7 +1004,7 @@ mod tests {
             put_copy(blobs.as_ref(), &forged).await.unwrap();
             let rows_before = db.db.read(read_rows).await.unwrap();
             let copies = read_copies(blobs.as_ref()).await.unwrap();
-            let conn = rusqlite::Connection::open(dir.path().join("db")).unwrap();
+            let conn = crate::store::sql::Connection::open(dir.path().join("db")).unwrap();
             let loaded = load(&conn, &copies, service.as_ref()).unwrap();
             assert_eq!(numbers(&loaded), ["data/2", "data/3"], "{what}");
             let (view, done) = reconcile(&db, &service).await.unwrap();
@@ -1019,7 +1021,7 @@ mod tests {
         put_copy(blobs.as_ref(), &forged).await.unwrap();
         let copies = read_copies(blobs.as_ref()).await.unwrap();
         let loaded = load(
-            &rusqlite::Connection::open_in_memory().unwrap(),
+            &crate::store::sql::Connection::open_in_memory().unwrap(),
             &copies,
             service.as_ref(),
         )

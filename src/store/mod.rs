@@ -18,12 +18,13 @@ pub mod rebuild;
 pub mod reseal;
 pub mod retention;
 pub mod s3;
+pub mod sql;
 pub mod timeline;
 
 use std::sync::Arc;
 
+use crate::store::sql::{params, Connection, OptionalExtension};
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension};
 
 use audit::{insert_audit, AuditEntry};
 pub use blob::{BlobError, BlobStore, LocalStore};
@@ -72,8 +73,8 @@ pub enum StoreError {
     },
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
+impl From<crate::store::sql::Error> for StoreError {
+    fn from(e: crate::store::sql::Error) -> Self {
         StoreError::Db(DbError::Sqlite(e))
     }
 }
@@ -115,7 +116,9 @@ const VERSION_COLUMNS: &str =
     "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor, \
      lock_who, lock_operation, restored_from, res_added, res_changed, res_removed";
 
-fn row_to_version(row: &rusqlite::Row<'_>) -> Result<VersionRow, rusqlite::Error> {
+fn row_to_version(
+    row: &crate::store::sql::Row<'_>,
+) -> Result<VersionRow, crate::store::sql::Error> {
     let counts = (
         row.get::<_, Option<i64>>(12)?,
         row.get::<_, Option<i64>>(13)?,
@@ -148,7 +151,10 @@ fn row_to_version(row: &rusqlite::Row<'_>) -> Result<VersionRow, rusqlite::Error
 }
 
 /// The newest row of a scope (tombstones included). Usable inside a write transaction.
-pub fn latest_row(conn: &Connection, scope: &str) -> Result<Option<VersionRow>, rusqlite::Error> {
+pub fn latest_row(
+    conn: &Connection,
+    scope: &str,
+) -> Result<Option<VersionRow>, crate::store::sql::Error> {
     conn.prepare_cached(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT 1"
     ))?
@@ -161,7 +167,7 @@ pub fn latest_row(conn: &Connection, scope: &str) -> Result<Option<VersionRow>, 
 pub fn latest_rows_under(
     conn: &Connection,
     prefix: &str,
-) -> Result<Vec<VersionRow>, rusqlite::Error> {
+) -> Result<Vec<VersionRow>, crate::store::sql::Error> {
     // A prefix compared as text (no LIKE, so no pattern characters to escape).
     let mut stmt = conn.prepare(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions v
@@ -848,7 +854,7 @@ impl StateStore {
                 wanted
                     .iter()
                     .map(|scope| Ok((latest_row(c, scope)?, timeline::prior_summary(c, scope)?)))
-                    .collect::<Result<Vec<_>, rusqlite::Error>>()
+                    .collect::<Result<Vec<_>, crate::store::sql::Error>>()
             })
             .await
             .map_err(E::from)?;
@@ -988,7 +994,7 @@ fn record_timeline(
     row: &VersionRow,
     changes: TimelineChanges,
     resources: Option<&ResourceSummary>,
-) -> Result<Option<ChangeCounts>, rusqlite::Error> {
+) -> Result<Option<ChangeCounts>, crate::store::sql::Error> {
     let kept = timeline::prior_version(conn, &row.scope)?;
     let changes = changes.filter(|(base, _)| *base == 0 || kept == Some(*base));
     let counts = changes.as_ref().map(|(_, c)| timeline::counts(c));
@@ -1020,7 +1026,7 @@ fn kept_summary(
     cache: &timeline::SummaryCache,
     scope: &str,
     latest: Option<&VersionRow>,
-) -> Result<KeptSummary, rusqlite::Error> {
+) -> Result<KeptSummary, crate::store::sql::Error> {
     let live = latest.filter(|r| !r.is_tombstone());
     let Some((version, sha)) = live.and_then(|r| Some((r.version, r.sha256.as_deref()?))) else {
         return Ok(None); // nothing live: the next version is compared with nothing
@@ -1037,7 +1043,7 @@ fn kept_summary(
     Ok(prior)
 }
 
-fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), rusqlite::Error> {
+fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::store::sql::Error> {
     let counts = row.changes.unwrap_or_default();
     let known = row.changes.is_some();
     conn.prepare_cached(&format!(

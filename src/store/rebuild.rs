@@ -65,7 +65,7 @@ pub enum RebuildError {
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error("cannot write the new index: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[from] crate::store::sql::Error),
 }
 
 /// The AEAD root of each kind of scope, by the scope's prefix. The kinds are the APIs'
@@ -289,7 +289,7 @@ pub fn write_index(into: &Path, schemas: &[&str], rows: &[VersionRow]) -> Result
             })
         }
     }
-    let mut conn = rusqlite::Connection::open(into)?;
+    let conn = crate::store::sql::Connection::open(into)?;
     conn.pragma_update(None, "journal_mode", "DELETE")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
@@ -300,7 +300,7 @@ pub fn write_index(into: &Path, schemas: &[&str], rows: &[VersionRow]) -> Result
         insert_version(&tx, row)?;
     }
     tx.commit()?;
-    conn.close().map_err(|(_, e)| e)?;
+    conn.close()?;
     Ok(())
 }
 
@@ -376,7 +376,7 @@ pub(crate) async fn recompute_timeline(
 
 /// Writes the recomputed timeline into the new index `into` (after [`write_index`]).
 fn write_timeline(into: &Path, timeline: &Recomputed) -> Result<(), RebuildError> {
-    let mut conn = rusqlite::Connection::open(into)?;
+    let conn = crate::store::sql::Connection::open(into)?;
     conn.pragma_update(None, "journal_mode", "DELETE")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
@@ -388,7 +388,7 @@ fn write_timeline(into: &Path, timeline: &Recomputed) -> Result<(), RebuildError
         super::timeline::keep_summary(&tx, scope, *version, summary)?;
     }
     tx.commit()?;
-    conn.close().map_err(|(_, e)| e)?;
+    conn.close()?;
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, OptionalExtension};
+use crate::store::sql::{params, OptionalExtension};
 use serde::Serialize;
 
 use super::audit::{insert_audit, AuditEntry};

@@ -130,11 +130,11 @@ pub struct SweepReport {
 
 /// The prunable versions of `scope` as the index says right now.
 fn prunable_in(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::sql::Connection,
     scope: &str,
     policy: Retention,
     now: OffsetDateTime,
-) -> Result<Vec<PrunedVersion>, rusqlite::Error> {
+) -> Result<Vec<PrunedVersion>, crate::store::sql::Error> {
     let mut stmt =
         conn.prepare("SELECT version, created_at, blob_key FROM versions WHERE scope = ?1")?;
     let rows = stmt
@@ -202,7 +202,7 @@ impl StateStore {
                         let mut delete =
                             c.prepare("DELETE FROM versions WHERE scope = ?1 AND version = ?2")?;
                         for v in &victims {
-                            delete.execute(rusqlite::params![scope, v.version])?;
+                            delete.execute(crate::store::sql::params![scope, v.version])?;
                         }
                         insert_audit(
                             c,

@@ -20,8 +20,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::ValueRef;
+use crate::store::sql::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 /// Most resource instances summarized per state. 50,000 instances of the longest
@@ -325,7 +325,10 @@ pub fn summarize_whole(
 pub type KeptSummary = Option<(i64, Option<Arc<ResourceSummary>>)>;
 
 /// The summary kept for `scope`'s newest version, read from the index.
-pub fn prior_summary(conn: &Connection, scope: &str) -> Result<KeptSummary, rusqlite::Error> {
+pub fn prior_summary(
+    conn: &Connection,
+    scope: &str,
+) -> Result<KeptSummary, crate::store::sql::Error> {
     let Some(version) = prior_version(conn, scope)? else {
         return Ok(None);
     };
@@ -349,7 +352,10 @@ pub fn prior_summary(conn: &Connection, scope: &str) -> Result<KeptSummary, rusq
 
 /// The version `prior_summary` was kept for, without reading it (the commit's check
 /// that nothing replaced it since it was compared).
-pub fn prior_version(conn: &Connection, scope: &str) -> Result<Option<i64>, rusqlite::Error> {
+pub fn prior_version(
+    conn: &Connection,
+    scope: &str,
+) -> Result<Option<i64>, crate::store::sql::Error> {
     conn.prepare_cached("SELECT version FROM resource_summary_heads WHERE scope = ?1")?
         .query_row([scope], |r| r.get(0))
         .optional()
@@ -361,7 +367,7 @@ pub fn record_changes(
     scope: &str,
     version: i64,
     changes: &[(String, Change)],
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     insert_rows(
         conn,
         "INSERT INTO resource_changes (scope, version, address, change) VALUES ",
@@ -392,16 +398,14 @@ fn insert_rows<'a, R, const N: usize>(
     row: &str,
     rows: &'a [R],
     values: impl Fn(&'a R) -> [ValueRef<'a>; N],
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     let mut batches = rows.chunks_exact(ROWS_PER_STATEMENT);
     if rows.len() >= ROWS_PER_STATEMENT {
         let many = format!("{insert}{}", vec![row; ROWS_PER_STATEMENT].join(", "));
         let mut statement = conn.prepare_cached(&many)?;
         for batch in &mut batches {
-            let params = batch
-                .iter()
-                .flat_map(|r| values(r).map(ToSqlOutput::Borrowed));
-            statement.execute(rusqlite::params_from_iter(params))?;
+            let params = batch.iter().flat_map(&values);
+            statement.execute(crate::store::sql::params_from_iter(params))?;
         }
     }
     if batches.remainder().is_empty() {
@@ -409,9 +413,7 @@ fn insert_rows<'a, R, const N: usize>(
     }
     let mut statement = conn.prepare_cached(&format!("{insert}{row}"))?;
     for one in batches.remainder() {
-        statement.execute(rusqlite::params_from_iter(
-            values(one).map(ToSqlOutput::Borrowed),
-        ))?;
+        statement.execute(crate::store::sql::params_from_iter(values(one)))?;
     }
     Ok(())
 }
@@ -423,7 +425,7 @@ pub fn keep_summary(
     scope: &str,
     version: i64,
     summary: &ResourceSummary,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM resource_instance_digests WHERE scope = ?1")?
         .execute([scope])?;
     insert_rows(
@@ -451,7 +453,7 @@ pub fn advance_summary(
     version: i64,
     changes: &[(String, Change)],
     next: &ResourceSummary,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     let mut upsert = conn.prepare_cached(
         "INSERT INTO resource_instance_digests (scope, address, digest) VALUES (?1, ?2, ?3)
          ON CONFLICT (scope, address) DO UPDATE SET digest = excluded.digest",
@@ -475,7 +477,7 @@ pub fn advance_summary(
     set_head(conn, scope, version)
 }
 
-fn set_head(conn: &Connection, scope: &str, version: i64) -> Result<(), rusqlite::Error> {
+fn set_head(conn: &Connection, scope: &str, version: i64) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(
         "INSERT INTO resource_summary_heads (scope, version) VALUES (?1, ?2)
          ON CONFLICT (scope) DO UPDATE SET version = excluded.version",
@@ -485,7 +487,7 @@ fn set_head(conn: &Connection, scope: &str, version: i64) -> Result<(), rusqlite
 }
 
 /// The scope's newest version has no summary: the next write is compared with nothing.
-pub fn forget(conn: &Connection, scope: &str) -> Result<(), rusqlite::Error> {
+pub fn forget(conn: &Connection, scope: &str) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM resource_summary_heads WHERE scope = ?1")?
         .execute([scope])?;
     conn.prepare_cached("DELETE FROM resource_instance_digests WHERE scope = ?1")?
@@ -494,7 +496,7 @@ pub fn forget(conn: &Connection, scope: &str) -> Result<(), rusqlite::Error> {
 }
 
 /// No scope has a summary kept (a rebuild or restore then keeps the ones it computed).
-pub fn forget_all(conn: &Connection) -> Result<(), rusqlite::Error> {
+pub fn forget_all(conn: &Connection) -> Result<(), crate::store::sql::Error> {
     conn.execute_batch("DELETE FROM resource_summary_heads; DELETE FROM resource_instance_digests;")
 }
 
@@ -502,7 +504,7 @@ pub fn forget_all(conn: &Connection) -> Result<(), rusqlite::Error> {
 /// rewritten whole by every write: its rows become [`keep_summary`]'s, one scope at a
 /// time, and the table is dropped. A blob it cannot read keeps nothing for its scope
 /// (the next version is compared with nothing known, as for any unknown summary).
-pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
+pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
     let old: i64 = conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'resource_digests'",
         [],
@@ -675,9 +677,9 @@ pub fn timeline_rows(
     scope: &str,
     address: Option<&str>,
     limit: u32,
-) -> Result<Vec<TimelineRow>, rusqlite::Error> {
+) -> Result<Vec<TimelineRow>, crate::store::sql::Error> {
     let limit = limit.min(MAX_TIMELINE_ROWS);
-    let map = |r: &rusqlite::Row<'_>| {
+    let map = |r: &crate::store::sql::Row<'_>| {
         let change: String = r.get(2)?;
         Ok(TimelineRow {
             version: r.get(0)?,

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 use super::access::Scope;
 use crate::error::Error;
@@ -190,7 +190,7 @@ fn grant_from_row(patterns: &str, scope: &str, include_sensitive: bool) -> Grant
 }
 
 /// The current generation of `workspace`'s derived credential (0 without a row).
-pub fn generation(conn: &Connection, workspace: &str) -> Result<u64, rusqlite::Error> {
+pub fn generation(conn: &Connection, workspace: &str) -> Result<u64, crate::store::sql::Error> {
     let found: Option<i64> = conn
         .prepare_cached("SELECT generation FROM tf_credential_generations WHERE workspace = ?1")?
         .query_row([workspace], |r| r.get(0))
@@ -199,7 +199,11 @@ pub fn generation(conn: &Connection, workspace: &str) -> Result<u64, rusqlite::E
 }
 
 /// Moves `workspace` to its next generation; returns it.
-pub fn rotate(conn: &Connection, workspace: &str, at: &str) -> Result<u64, rusqlite::Error> {
+pub fn rotate(
+    conn: &Connection,
+    workspace: &str,
+    at: &str,
+) -> Result<u64, crate::store::sql::Error> {
     conn.prepare_cached(
         "INSERT INTO tf_credential_generations (workspace, generation, rotated_at)
          VALUES (?1, 1, ?2)
@@ -214,7 +218,7 @@ pub fn insert_grant(
     conn: &Connection,
     token_sha256: &str,
     grant: &Grant,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(
         "INSERT INTO tf_token_grants (token_sha256, patterns, scope, include_sensitive)
          VALUES (?1, ?2, ?3, ?4)",
@@ -232,7 +236,7 @@ pub fn insert_grant(
 pub fn grant_of(
     conn: &Connection,
     token_sha256: &str,
-) -> Result<Option<(Grant, Option<i64>)>, rusqlite::Error> {
+) -> Result<Option<(Grant, Option<i64>)>, crate::store::sql::Error> {
     conn.prepare_cached(
         "SELECT patterns, scope, include_sensitive, last_used_unix FROM tf_token_grants
           WHERE token_sha256 = ?1",
@@ -248,7 +252,7 @@ pub fn grant_of(
 pub fn record_last_used(
     conn: &Connection,
     used: &HashMap<String, i64>,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(
         "UPDATE tf_token_grants SET last_used_unix = max(coalesce(last_used_unix, 0), ?2)
           WHERE token_sha256 = ?1",
@@ -263,7 +267,7 @@ pub fn record_last_used(
 pub fn consumers_with_generations(
     conn: &Connection,
     workspace: &str,
-) -> Result<Vec<(String, u64)>, rusqlite::Error> {
+) -> Result<Vec<(String, u64)>, crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(
         "SELECT c.consumer, coalesce(g.generation, 0) FROM tf_consumers c
            LEFT JOIN tf_credential_generations g ON g.workspace = c.consumer
@@ -278,7 +282,10 @@ pub fn consumers_with_generations(
 }
 
 /// The consumers `workspace` names.
-pub fn consumers(conn: &Connection, workspace: &str) -> Result<Vec<String>, rusqlite::Error> {
+pub fn consumers(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Vec<String>, crate::store::sql::Error> {
     Ok(consumers_with_generations(conn, workspace)?
         .into_iter()
         .map(|(c, _)| c)
@@ -290,7 +297,7 @@ pub fn set_consumers(
     conn: &Connection,
     workspace: &str,
     names: &[String],
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tf_consumers WHERE workspace = ?1")?
         .execute([workspace])?;
     let mut insert =
@@ -322,7 +329,7 @@ pub fn presented(
     workspace: &str,
     secret: &[u8],
     outputs: bool,
-) -> Result<Presented, rusqlite::Error> {
+) -> Result<Presented, crate::store::sql::Error> {
     let generation = generation(conn, workspace)?;
     let token = if is_token_shaped(secret) {
         let stored = tokens::stored(conn, tokens::Kind::Workspace, secret)?;
@@ -444,7 +451,7 @@ fn token_audit(actor: &str, event: &'static str, payload: serde_json::Value) -> 
     }
 }
 
-fn db_error(e: rusqlite::Error) -> Error {
+fn db_error(e: crate::store::sql::Error) -> Error {
     Error::from(DbError::from(e))
 }
 

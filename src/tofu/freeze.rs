@@ -14,7 +14,7 @@
 //! audited, when it is noticed: by the first lock or write transaction after it
 //! expired, by the `freezes` listing, or by the periodic housekeeping.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
 /// The freezes table; `crate::schema` applies it.
@@ -194,7 +194,7 @@ pub fn decide(row: Option<Freeze>, now: i64) -> State {
     }
 }
 
-fn freeze_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Freeze> {
+fn freeze_row(r: &crate::store::sql::Row<'_>) -> crate::store::sql::Result<Freeze> {
     Ok(Freeze {
         workspace: r.get(0)?,
         frozen_by: r.get(1)?,
@@ -207,7 +207,10 @@ fn freeze_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Freeze> {
 const COLUMNS: &str = "workspace, frozen_by, reason, created_at, until";
 
 /// The freeze row of `workspace`, expired or not.
-pub fn freeze_of(conn: &Connection, workspace: &str) -> Result<Option<Freeze>, rusqlite::Error> {
+pub fn freeze_of(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<Freeze>, crate::store::sql::Error> {
     conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM tf_freezes WHERE workspace = ?1"
     ))?
@@ -216,7 +219,7 @@ pub fn freeze_of(conn: &Connection, workspace: &str) -> Result<Option<Freeze>, r
 }
 
 /// Every freeze row, by workspace name.
-pub fn all_freezes(conn: &Connection) -> Result<Vec<Freeze>, rusqlite::Error> {
+pub fn all_freezes(conn: &Connection) -> Result<Vec<Freeze>, crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM tf_freezes ORDER BY workspace"
     ))?;
@@ -225,7 +228,7 @@ pub fn all_freezes(conn: &Connection) -> Result<Vec<Freeze>, rusqlite::Error> {
 }
 
 /// Freezes (or re-freezes, replacing the earlier row) a workspace.
-pub fn put_freeze(conn: &Connection, freeze: &Freeze) -> Result<(), rusqlite::Error> {
+pub fn put_freeze(conn: &Connection, freeze: &Freeze) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO tf_freezes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"
     ))?
@@ -240,7 +243,7 @@ pub fn put_freeze(conn: &Connection, freeze: &Freeze) -> Result<(), rusqlite::Er
 }
 
 /// Removes the freeze of `workspace`; whether there was one.
-pub fn delete_freeze(conn: &Connection, workspace: &str) -> Result<bool, rusqlite::Error> {
+pub fn delete_freeze(conn: &Connection, workspace: &str) -> Result<bool, crate::store::sql::Error> {
     let n = conn
         .prepare_cached("DELETE FROM tf_freezes WHERE workspace = ?1")?
         .execute([workspace])?;

@@ -13,7 +13,7 @@
 //! `tf_write_overrides` (this module owns it), granted with a reason, expiring after
 //! minutes, consumed (deleted) in the commit of the write it lets through.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 use crate::store::VersionRow;
 
@@ -133,7 +133,11 @@ pub fn check_request(minutes: u32, reason: &str) -> Result<String, BadOverride> 
 
 /// Grants (or replaces) the override of `workspace`; expired rows of any workspace
 /// are dropped on the way.
-pub fn put_override(conn: &Connection, grant: &Override, now: i64) -> Result<(), rusqlite::Error> {
+pub fn put_override(
+    conn: &Connection,
+    grant: &Override,
+    now: i64,
+) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tf_write_overrides WHERE expires_at <= ?1")?
         .execute([now])?;
     conn.prepare_cached(
@@ -155,7 +159,7 @@ pub fn active_override(
     conn: &Connection,
     workspace: &str,
     now: i64,
-) -> Result<Option<Override>, rusqlite::Error> {
+) -> Result<Option<Override>, crate::store::sql::Error> {
     conn.prepare_cached(
         "SELECT workspace, granted_by, reason, created_at, expires_at FROM tf_write_overrides \
          WHERE workspace = ?1 AND expires_at > ?2",
@@ -173,7 +177,7 @@ pub fn active_override(
 }
 
 /// Uses up the override of `workspace` (inside the commit of the write it allowed).
-pub fn delete_override(conn: &Connection, workspace: &str) -> Result<(), rusqlite::Error> {
+pub fn delete_override(conn: &Connection, workspace: &str) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tf_write_overrides WHERE workspace = ?1")?
         .execute([workspace])?;
     Ok(())

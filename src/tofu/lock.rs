@@ -5,7 +5,7 @@
 //! cluster API's leases (`cluster::lease`); the SQL around them always runs inside one
 //! write transaction (and the writer check again inside each version commit).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 use super::protocol::UnlockRequest;
 
@@ -24,8 +24,8 @@ CREATE TABLE IF NOT EXISTS tf_locks (
 
 /// Brings a `tf_locks` table of an earlier release up to [`SCHEMA`] (the `credential`
 /// column; its existing locks record none). Nothing when the table is new or current.
-pub fn migrate(conn: &Connection) -> Result<(), rusqlite::Error> {
-    let columns = |table: &str| -> Result<Vec<String>, rusqlite::Error> {
+pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
+    let columns = |table: &str| -> Result<Vec<String>, crate::store::sql::Error> {
         conn.prepare("SELECT name FROM pragma_table_info(?1)")?
             .query_map([table], |r| r.get(0))?
             .collect()
@@ -104,7 +104,10 @@ pub fn decide_write(held: Option<&HeldLock>, lock_id: Option<&str>) -> Write {
     }
 }
 
-pub fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>, rusqlite::Error> {
+pub fn held_lock(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<HeldLock>, crate::store::sql::Error> {
     conn.prepare_cached("SELECT lock_id, info FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             Ok(HeldLock {
@@ -119,7 +122,7 @@ pub fn held_lock(conn: &Connection, workspace: &str) -> Result<Option<HeldLock>,
 pub fn held_lock_since(
     conn: &Connection,
     workspace: &str,
-) -> Result<Option<(HeldLock, String)>, rusqlite::Error> {
+) -> Result<Option<(HeldLock, String)>, crate::store::sql::Error> {
     conn.prepare_cached("SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             let lock = HeldLock {
@@ -136,7 +139,7 @@ pub fn held_lock_since(
 pub fn held_lock_credential(
     conn: &Connection,
     workspace: &str,
-) -> Result<Option<(HeldLock, Option<String>)>, rusqlite::Error> {
+) -> Result<Option<(HeldLock, Option<String>)>, crate::store::sql::Error> {
     conn.prepare_cached("SELECT lock_id, info, credential FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             Ok((
@@ -151,7 +154,9 @@ pub fn held_lock_credential(
 }
 
 /// Every held lock: (workspace, lock, when it was taken).
-pub fn all_locks(conn: &Connection) -> Result<Vec<(String, HeldLock, String)>, rusqlite::Error> {
+pub fn all_locks(
+    conn: &Connection,
+) -> Result<Vec<(String, HeldLock, String)>, crate::store::sql::Error> {
     let mut stmt = conn.prepare("SELECT workspace, lock_id, info, created_at FROM tf_locks")?;
     let rows = stmt
         .query_map([], |r| {
@@ -171,7 +176,7 @@ pub fn put_lock(
     workspace: &str,
     lock: &HeldLock,
     credential: &str,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(
         "INSERT INTO tf_locks (workspace, lock_id, info, created_at, credential) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
@@ -185,7 +190,7 @@ pub fn put_lock(
     Ok(())
 }
 
-pub fn delete_lock(conn: &Connection, workspace: &str) -> Result<(), rusqlite::Error> {
+pub fn delete_lock(conn: &Connection, workspace: &str) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tf_locks WHERE workspace = ?1")?
         .execute([workspace])?;
     Ok(())

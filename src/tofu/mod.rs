@@ -23,8 +23,8 @@ pub mod run_credential;
 
 use std::sync::{Arc, Mutex};
 
+use crate::store::sql::Connection;
 use bytes::Bytes;
-use rusqlite::Connection;
 
 use crate::crypto::off_thread::OffThreadHash;
 use crate::crypto::RootKey;
@@ -192,7 +192,7 @@ impl crate::store::db::Weigh for LockSeen {
 }
 
 impl LockSeen {
-    fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, rusqlite::Error> {
+    fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, crate::store::sql::Error> {
         let held = held_lock(conn, workspace)?;
         let freeze = freeze::freeze_of(conn, workspace)?;
         Ok(LockSeen { held, freeze })
@@ -824,7 +824,7 @@ impl TofuBackend {
         outputs: bool,
         now: i64,
         also_name: &str,
-        also: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        also: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<(Found, T), Error> {
         let ws = workspace.to_string();
         if !outputs

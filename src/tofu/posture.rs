@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use rusqlite::{params, Connection};
+use crate::store::sql::{params, Connection};
 use serde::Serialize;
 
 use crate::names::Pattern;
@@ -55,7 +55,7 @@ pub fn record(
     workspace: &str,
     version: i64,
     body: &BodyEncryption,
-) -> rusqlite::Result<()> {
+) -> crate::store::sql::Result<()> {
     let (encrypted, providers) = match body {
         BodyEncryption::Plaintext => (false, Vec::new()),
         BodyEncryption::OpenTofu { key_providers } => (true, clean(key_providers)),
@@ -75,7 +75,12 @@ pub fn record(
 
 /// Records version `to` of `workspace` as whatever version `from` was recorded as
 /// (a rollback stores `from`'s content again); nothing when `from` is not recorded.
-pub fn copy(conn: &Connection, workspace: &str, from: i64, to: i64) -> rusqlite::Result<()> {
+pub fn copy(
+    conn: &Connection,
+    workspace: &str,
+    from: i64,
+    to: i64,
+) -> crate::store::sql::Result<()> {
     conn.prepare_cached(
         "INSERT OR REPLACE INTO tf_state_encryption (workspace, version, encrypted, key_providers)
          SELECT workspace, ?3, encrypted, key_providers FROM tf_state_encryption
@@ -133,7 +138,7 @@ pub async fn recompute(
             }
         }
     }
-    let mut conn = Connection::open(into)?;
+    let conn = Connection::open(into)?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
     for (workspace, version, body) in &facts {
@@ -166,8 +171,8 @@ pub fn of_version(
     conn: &Connection,
     workspace: &str,
     version: i64,
-) -> rusqlite::Result<Option<bool>> {
-    use rusqlite::OptionalExtension;
+) -> crate::store::sql::Result<Option<bool>> {
+    use crate::store::sql::OptionalExtension;
     conn.prepare_cached(
         "SELECT encrypted FROM tf_state_encryption WHERE workspace = ?1 AND version = ?2",
     )?
@@ -220,7 +225,7 @@ impl Posture {
 pub fn postures(
     conn: &Connection,
     latest: &HashMap<String, i64>,
-) -> rusqlite::Result<HashMap<String, Posture>> {
+) -> crate::store::sql::Result<HashMap<String, Posture>> {
     let mut stmt = conn.prepare_cached(
         "SELECT version, encrypted, key_providers FROM tf_state_encryption
           WHERE workspace = ?1 AND version > ?2 AND version <= ?3",
@@ -279,7 +284,7 @@ pub fn posture(
     conn: &Connection,
     workspace: &str,
     newest: Option<i64>,
-) -> rusqlite::Result<Posture> {
+) -> crate::store::sql::Result<Posture> {
     let Some(newest) = newest else {
         return Ok(Posture::unknown());
     };
@@ -492,11 +497,7 @@ mod tests {
             "SELECT version, encrypted, key_providers FROM tf_state_encryption WHERE workspace = ?1 AND version > ?2 AND version <= ?3",
             "SELECT encrypted FROM tf_state_encryption WHERE workspace = ?1 AND version = ?2",
         ] {
-            let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let args = std::iter::repeat_n("1", stmt.parameter_count());
-            let plan: String = stmt
-                .query_row(rusqlite::params_from_iter(args), |r| r.get(3))
-                .unwrap();
+            let plan = crate::store::db::query_plan(&c, sql).join(" / ");
             assert!(plan.starts_with("SEARCH"), "{sql}: {plan}");
         }
     }

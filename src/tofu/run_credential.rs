@@ -10,7 +10,7 @@
 //! transaction that finishes or closes the run) or its expiry passes (the run's
 //! timeout plus a margin, so a crash that never closes the run still ends it).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::store::sql::{params, Connection, OptionalExtension};
 
 /// The run credentials table; `crate::schema` applies it.
 pub const SCHEMA: &str = r#"
@@ -46,7 +46,7 @@ pub fn insert(
     workspace: &str,
     name: &str,
     expires_unix: i64,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), crate::store::sql::Error> {
     revoke(conn, name)?;
     conn.prepare_cached(
         "INSERT INTO tf_run_credentials (token_sha256, workspace, name, expires_unix) VALUES (?1, ?2, ?3, ?4)",
@@ -56,7 +56,7 @@ pub fn insert(
 }
 
 /// Ends the credential `name` (nothing when there is none).
-pub fn revoke(conn: &Connection, name: &str) -> Result<(), rusqlite::Error> {
+pub fn revoke(conn: &Connection, name: &str) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached("DELETE FROM tf_run_credentials WHERE name = ?1")?
         .execute([name])?;
     Ok(())
@@ -73,7 +73,7 @@ pub fn lookup(
     workspace: &str,
     secret: &[u8],
     now_unix: i64,
-) -> Result<Option<String>, rusqlite::Error> {
+) -> Result<Option<String>, crate::store::sql::Error> {
     if !is_run_shaped(secret) {
         return Ok(None);
     }

@@ -10,7 +10,7 @@
 //! at most, and `ui::oidc` re-checks it at the provider every `oidc.revalidate_seconds`;
 //! [`regrant`] gives its operator the grant found then, [`end_sso`] ends it (audited).
 
-use rusqlite::Connection;
+use crate::store::sql::Connection;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -203,7 +203,7 @@ pub fn find(
     conn: &Connection,
     cookie_value: &str,
     now: i64,
-) -> Result<Option<UiSession>, rusqlite::Error> {
+) -> Result<Option<UiSession>, crate::store::sql::Error> {
     let Some(live) = tokens::live(conn, Kind::Session, cookie_value.as_bytes(), now)? else {
         return Ok(None);
     };
@@ -274,7 +274,7 @@ mod tests {
     use super::*;
     use crate::cluster::identity::tests::test_db;
     use crate::operator::identity::{create_operator, list_operator_tokens, revoke_operator_token};
-    use rusqlite::OptionalExtension;
+    use crate::store::sql::OptionalExtension;
 
     #[test]
     fn cookie_headers() {

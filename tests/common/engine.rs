@@ -42,7 +42,7 @@ impl BlobStore for WatchedStore {
         self.inner.read(key).await
     }
     async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        let conn = rusqlite::Connection::open(&self.db_path).unwrap();
+        let conn = stategate::store::sql::Connection::open(&self.db_path).unwrap();
         let refs: i64 = conn
             .query_row(
                 "SELECT count(*) FROM versions WHERE blob_key = ?1",
@@ -139,8 +139,8 @@ pub async fn write(
 }
 
 impl Engine {
-    pub fn conn(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open(&self.db_path).unwrap()
+    pub fn conn(&self) -> stategate::store::sql::Connection {
+        stategate::store::sql::Connection::open(&self.db_path).unwrap()
     }
 
     pub fn set_created(&self, scope: &str, version: i64, at: OffsetDateTime) {
@@ -151,7 +151,7 @@ impl Engine {
             .conn()
             .execute(
                 "UPDATE versions SET created_at = ?1 WHERE scope = ?2 AND version = ?3",
-                rusqlite::params![text, scope, version],
+                stategate::store::sql::params![text, scope, version],
             )
             .unwrap();
         assert_eq!(n, 1);

@@ -135,8 +135,8 @@ impl TestServer {
             .unwrap();
     }
 
-    pub fn db(&self) -> rusqlite::Connection {
-        rusqlite::Connection::open(self.config.db_path()).unwrap()
+    pub fn db(&self) -> stategate::store::sql::Connection {
+        stategate::store::sql::Connection::open(self.config.db_path()).unwrap()
     }
 
     pub fn count(&self, sql: &str) -> i64 {

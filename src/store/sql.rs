@@ -1,0 +1,1100 @@
+//! The index's SQL connection, whichever database holds the index: SQLite (embedded,
+//! the default) or PostgreSQL (`index = "postgres"`, for several nodes).
+//!
+//! Every table's owner writes its statements once, against this module's
+//! [`Connection`], whose API follows rusqlite's (`execute`, `prepare_cached`,
+//! `query_row`, `query_map`, `params!`, `optional()`), so the owners hold no
+//! `if postgres`. The statements are written in the dialect both databases share:
+//! `?N` placeholders (rewritten to `$N` for PostgreSQL), `ON CONFLICT … DO`,
+//! `RETURNING`, `CAST(… AS BIGINT)`. What differs beyond that (how a write transaction
+//! is taken, a table's DDL types, the append-only triggers) is decided here and in
+//! [`crate::store::db`], the only other module that knows which database it talks to.
+//!
+//! Values cross as [`ValueRef`]s, SQLite's five storage classes. A PostgreSQL
+//! parameter is encoded as the type the server inferred for it (an integer into an
+//! `INT4`, `INT8` or `BOOL` column alike), and a column is read by its type.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// Result of the index's SQL.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Sqlite(rusqlite::Error),
+    #[error("{0}")]
+    Postgres(#[from] postgres::Error),
+    #[error("query returned no rows")]
+    NoRows,
+    #[error("column {index}: {message}")]
+    Column { index: usize, message: String },
+    #[error("parameter {index}: {message}")]
+    Parameter { index: usize, message: String },
+    #[error("{0}")]
+    Value(String),
+}
+
+impl From<String> for Error {
+    fn from(message: String) -> Self {
+        Error::Value(message)
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        match e {
+            rusqlite::Error::QueryReturnedNoRows => Error::NoRows,
+            e => Error::Sqlite(e),
+        }
+    }
+}
+
+impl Error {
+    /// A constraint of the schema refused the statement: a unique key already taken, a
+    /// foreign key, a `CHECK`, or an append-only trigger.
+    pub fn is_constraint_violation(&self) -> bool {
+        match self {
+            Error::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.code == rusqlite::ErrorCode::ConstraintViolation
+            }
+            Error::Postgres(e) => e.code().is_some_and(|code| {
+                // Class 23 (integrity constraint violation), and RAISE EXCEPTION.
+                code.code().starts_with("23") || code == &postgres::error::SqlState::RAISE_EXCEPTION
+            }),
+            _ => false,
+        }
+    }
+
+    /// The connection to the database server is gone (PostgreSQL only): a new one is
+    /// needed, and whether the statement took effect is unknown.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, Error::Postgres(e) if e.is_closed() || e.code().is_none() && e.as_db_error().is_none())
+    }
+}
+
+/// One value, as SQLite stores it (PostgreSQL's are mapped by their type).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ValueRef<'a> {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(&'a [u8]),
+    Blob(&'a [u8]),
+}
+
+impl<'a> ValueRef<'a> {
+    pub fn as_str(&self) -> Result<&'a str, String> {
+        match self {
+            ValueRef::Text(t) => std::str::from_utf8(t).map_err(|e| e.to_string()),
+            other => Err(format!("expected text, found {}", other.kind())),
+        }
+    }
+
+    pub fn as_blob(&self) -> Result<&'a [u8], String> {
+        match self {
+            ValueRef::Blob(b) => Ok(b),
+            other => Err(format!("expected a blob, found {}", other.kind())),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ValueRef::Null => "NULL",
+            ValueRef::Integer(_) => "an integer",
+            ValueRef::Real(_) => "a real",
+            ValueRef::Text(_) => "text",
+            ValueRef::Blob(_) => "a blob",
+        }
+    }
+}
+
+/// A value a statement can take as a parameter.
+pub trait ToSql {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String>;
+}
+
+impl ToSql for ValueRef<'_> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(*self)
+    }
+}
+
+/// A value a column can be read as.
+pub trait FromSql: Sized {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String>;
+}
+
+/// SQL `NULL` as a parameter.
+#[derive(Clone, Copy, Debug)]
+pub struct Null;
+
+impl ToSql for Null {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Null)
+    }
+}
+
+impl<T: ToSql + ?Sized> ToSql for &T {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        (**self).to_sql()
+    }
+}
+
+impl<T: ToSql + ?Sized> ToSql for Box<T> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        (**self).to_sql()
+    }
+}
+
+impl<T: ToSql> ToSql for Option<T> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        match self {
+            Some(v) => v.to_sql(),
+            None => Ok(ValueRef::Null),
+        }
+    }
+}
+
+impl ToSql for str {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Text(self.as_bytes()))
+    }
+}
+
+impl ToSql for String {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Text(self.as_bytes()))
+    }
+}
+
+impl ToSql for [u8] {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+
+impl ToSql for Vec<u8> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+
+impl<const N: usize> ToSql for [u8; N] {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+
+impl ToSql for bool {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Integer(i64::from(*self)))
+    }
+}
+
+impl ToSql for f64 {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Real(*self))
+    }
+}
+
+macro_rules! integer_sql {
+    ($($t:ty)+) => {$(
+        impl ToSql for $t {
+            fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+                i64::try_from(*self)
+                    .map(ValueRef::Integer)
+                    .map_err(|_| format!("{} does not fit a 64-bit integer", self))
+            }
+        }
+        impl FromSql for $t {
+            fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+                match value {
+                    ValueRef::Integer(i) => <$t>::try_from(i).map_err(|_| format!("{i} out of range")),
+                    other => Err(format!("expected an integer, found {}", other.kind())),
+                }
+            }
+        }
+    )+};
+}
+integer_sql!(i64 i32 i16 u8 u16 u32 u64 usize);
+
+impl FromSql for bool {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        i64::column_result(value).map(|i| i != 0)
+    }
+}
+
+impl FromSql for f64 {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Real(f) => Ok(f),
+            ValueRef::Integer(i) => Ok(i as f64),
+            other => Err(format!("expected a number, found {}", other.kind())),
+        }
+    }
+}
+
+impl FromSql for String {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        value.as_str().map(str::to_string)
+    }
+}
+
+impl FromSql for Vec<u8> {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        value.as_blob().map(<[u8]>::to_vec)
+    }
+}
+
+impl<const N: usize> FromSql for [u8; N] {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        let blob = value.as_blob()?;
+        <[u8; N]>::try_from(blob).map_err(|_| format!("expected {N} bytes, found {}", blob.len()))
+    }
+}
+
+impl<T: FromSql> FromSql for Option<T> {
+    fn column_result(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Null => Ok(None),
+            value => T::column_result(value).map(Some),
+        }
+    }
+}
+
+/// A statement's parameters: `params![a, b]`, `[a]`, `[]` or [`params_from_iter`].
+pub trait Params {
+    fn values(&self) -> Result<Vec<ValueRef<'_>>>;
+}
+
+fn values_of<'a>(items: impl Iterator<Item = &'a dyn ToSql>) -> Result<Vec<ValueRef<'a>>> {
+    items
+        .enumerate()
+        .map(|(i, v)| {
+            v.to_sql().map_err(|message| Error::Parameter {
+                index: i + 1,
+                message,
+            })
+        })
+        .collect()
+}
+
+impl Params for [&dyn ToSql; 0] {
+    fn values(&self) -> Result<Vec<ValueRef<'_>>> {
+        Ok(Vec::new())
+    }
+}
+
+impl Params for &[&dyn ToSql] {
+    fn values(&self) -> Result<Vec<ValueRef<'_>>> {
+        values_of(self.iter().copied())
+    }
+}
+
+macro_rules! array_params {
+    ($($n:literal)+) => {$(
+        impl<T: ToSql> Params for [T; $n] {
+            fn values(&self) -> Result<Vec<ValueRef<'_>>> {
+                values_of(self.iter().map(|v| v as &dyn ToSql))
+            }
+        }
+    )+};
+}
+array_params!(1 2 3 4 5 6 7 8);
+
+/// Parameters from an iterator (a statement built for a number of rows).
+pub struct ParamsFromIter<T>(Vec<T>);
+
+pub fn params_from_iter<I>(iter: I) -> ParamsFromIter<I::Item>
+where
+    I: IntoIterator,
+    I::Item: ToSql,
+{
+    ParamsFromIter(iter.into_iter().collect())
+}
+
+impl<T: ToSql> Params for ParamsFromIter<T> {
+    fn values(&self) -> Result<Vec<ValueRef<'_>>> {
+        values_of(self.0.iter().map(|v| v as &dyn ToSql))
+    }
+}
+
+/// `params![a, b, c]`: a statement's parameters of mixed types.
+#[macro_export]
+macro_rules! params {
+    () => { [] as [&dyn $crate::store::sql::ToSql; 0] };
+    ($($param:expr),+ $(,)?) => {
+        &[$(&$param as &dyn $crate::store::sql::ToSql),+] as &[&dyn $crate::store::sql::ToSql]
+    };
+}
+pub use crate::params;
+
+/// `Result<T>` → `Result<Option<T>>`: no row is `None`.
+pub trait OptionalExtension<T> {
+    fn optional(self) -> Result<Option<T>>;
+}
+
+impl<T> OptionalExtension<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NoRows) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Which database a connection talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// A connection to the index.
+pub struct Connection {
+    inner: Inner,
+}
+
+enum Inner {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<PgConn>),
+}
+
+impl From<rusqlite::Connection> for Connection {
+    fn from(conn: rusqlite::Connection) -> Self {
+        Connection {
+            inner: Inner::Sqlite(conn),
+        }
+    }
+}
+
+impl Connection {
+    /// An in-memory SQLite database (tests, scratch work).
+    pub fn open_in_memory() -> Result<Connection> {
+        Ok(rusqlite::Connection::open_in_memory()?.into())
+    }
+
+    /// A SQLite database file, without the server's settings (`store::db` opens the
+    /// application's).
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Connection> {
+        Ok(rusqlite::Connection::open(path)?.into())
+    }
+
+    /// A connection to PostgreSQL: `url` is a libpq-style connection string or URL.
+    /// `sslmode=require` (or `verify-full`) makes it TLS, checked against the system's
+    /// roots plus `ca_file` (PEM) when given.
+    pub fn connect_postgres(
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Connection, String> {
+        PgConn::connect(url, ca_file).map(|pg| Connection {
+            inner: Inner::Postgres(Box::new(pg)),
+        })
+    }
+
+    /// A SQLite database file opened with `flags` (e.g. read-only for a snapshot).
+    pub fn open_with_flags(
+        path: &std::path::Path,
+        flags: rusqlite::OpenFlags,
+    ) -> Result<Connection> {
+        Ok(rusqlite::Connection::open_with_flags(path, flags)?.into())
+    }
+
+    /// Sets a SQLite pragma (a file the index is rebuilt or restored into).
+    pub fn pragma_update(&self, schema: Option<&str>, name: &str, value: &str) -> Result<()> {
+        Ok(self.sqlite_only(name)?.pragma_update(schema, name, value)?)
+    }
+
+    /// How long a SQLite statement waits for another connection's lock.
+    pub fn busy_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        Ok(self.sqlite_only("busy_timeout")?.busy_timeout(timeout)?)
+    }
+
+    /// Closes the connection, reporting what SQLite could not finish (a file's last
+    /// writes); a PostgreSQL connection just ends.
+    pub fn close(self) -> Result<()> {
+        match self.inner {
+            Inner::Sqlite(c) => c.close().map_err(|(_, e)| e.into()),
+            Inner::Postgres(_) => Ok(()),
+        }
+    }
+
+    fn sqlite_only(&self, what: &str) -> Result<&rusqlite::Connection> {
+        self.as_sqlite()
+            .ok_or_else(|| Error::Value(format!("{what} is SQLite's alone")))
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self.inner {
+            Inner::Sqlite(_) => Dialect::Sqlite,
+            Inner::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// The SQLite connection underneath, for what only SQLite has (pragmas, its
+    /// backup API); `None` on PostgreSQL.
+    pub fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
+        match &self.inner {
+            Inner::Sqlite(c) => Some(c),
+            Inner::Postgres(_) => None,
+        }
+    }
+
+    pub fn execute(&self, sql: &str, params: impl Params) -> Result<usize> {
+        self.prepare(sql)?.execute(params)
+    }
+
+    /// Runs statements without parameters, as they are (no placeholder is rewritten).
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Inner::Postgres(pg) => pg.batch(sql),
+        }
+    }
+
+    pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
+        Ok(Statement {
+            inner: match &self.inner {
+                Inner::Sqlite(c) => StatementInner::Sqlite(SqliteStatement::Plain(c.prepare(sql)?)),
+                Inner::Postgres(pg) => StatementInner::Postgres(pg, pg.prepare(sql)?),
+            },
+        })
+    }
+
+    /// [`Connection::prepare`] through the connection's cache of prepared statements.
+    pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
+        Ok(Statement {
+            inner: match &self.inner {
+                Inner::Sqlite(c) => {
+                    StatementInner::Sqlite(SqliteStatement::Cached(c.prepare_cached(sql)?))
+                }
+                Inner::Postgres(pg) => StatementInner::Postgres(pg, pg.prepare(sql)?),
+            },
+        })
+    }
+
+    pub fn query_row<T>(
+        &self,
+        sql: &str,
+        params: impl Params,
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.prepare(sql)?.query_row(params, f)
+    }
+
+    /// Starts a (deferred) transaction, rolled back unless committed.
+    pub fn transaction(&self) -> Result<Transaction<'_>> {
+        self.execute_batch("BEGIN")?;
+        Ok(Transaction {
+            conn: self,
+            done: false,
+        })
+    }
+
+    /// Begins the writer's transaction. SQLite: `BEGIN IMMEDIATE`, its one write lock.
+    /// PostgreSQL: a transaction that first takes [`PG_WRITE_LOCK`], so the writers of
+    /// every node sharing the database run one at a time, as on SQLite: each sees
+    /// every commit before it (READ COMMITTED, after the lock), and a check made in
+    /// the transaction (the lock holder, the successor rule) holds until its commit.
+    pub(crate) fn begin_write(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(_) => self.run_cached("BEGIN IMMEDIATE"),
+            Inner::Postgres(pg) => {
+                self.run_cached("BEGIN ISOLATION LEVEL READ COMMITTED")?;
+                pg.state.set(PgTransaction::Write);
+                self.prepare_cached("SELECT pg_advisory_xact_lock(?1)")?
+                    .query_row([PG_WRITE_LOCK], |_| Ok(()))
+            }
+        }
+    }
+
+    /// Begins a read transaction: one snapshot for all of its statements.
+    pub(crate) fn begin_read(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Sqlite(_) => self.run_cached("BEGIN"),
+            Inner::Postgres(pg) => {
+                self.run_cached("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+                pg.state.set(PgTransaction::Read);
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the open transaction: `COMMIT` or `ROLLBACK`.
+    pub(crate) fn end_transaction(&self, commit: bool) -> Result<()> {
+        let outcome = self.run_cached(if commit { "COMMIT" } else { "ROLLBACK" });
+        if let Inner::Postgres(pg) = &self.inner {
+            pg.state.set(PgTransaction::None);
+        }
+        outcome
+    }
+
+    /// Whether a transaction is open (one a panic left open is rolled back first).
+    pub(crate) fn in_transaction(&self) -> bool {
+        match &self.inner {
+            Inner::Sqlite(c) => !c.is_autocommit(),
+            Inner::Postgres(pg) => pg.state.get() != PgTransaction::None,
+        }
+    }
+
+    /// Whether this is the writer's transaction ([`Connection::begin_write`]), never a
+    /// reader's. Code that judges a write both early on a reader and again in its commit
+    /// (the write guards, the freeze check) records what it finds only here.
+    pub fn in_write_transaction(&self) -> bool {
+        match &self.inner {
+            Inner::Sqlite(c) => matches!(
+                c.transaction_state(Some(rusqlite::MAIN_DB)),
+                Ok(rusqlite::TransactionState::Write)
+            ),
+            Inner::Postgres(pg) => pg.state.get() == PgTransaction::Write,
+        }
+    }
+
+    /// A number that changes whenever another connection commits: SQLite's
+    /// `PRAGMA data_version`. `None` on PostgreSQL, whose other nodes commit unseen:
+    /// nothing read there is remembered.
+    pub(crate) fn change_count(&self) -> Result<Option<i64>> {
+        match &self.inner {
+            Inner::Sqlite(_) => self
+                .prepare_cached("PRAGMA data_version")?
+                .query_row([], |r| r.get(0))
+                .map(Some),
+            Inner::Postgres(_) => Ok(None),
+        }
+    }
+
+    /// Runs `sql` (a statement without parameters) through the statement cache.
+    pub(crate) fn run_cached(&self, sql: &str) -> Result<()> {
+        self.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+}
+
+/// A transaction on a [`Connection`]: rolled back when dropped uncommitted.
+pub struct Transaction<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl Transaction<'_> {
+    pub fn commit(mut self) -> Result<()> {
+        self.done = true;
+        self.conn.execute_batch("COMMIT")
+    }
+}
+
+impl std::ops::Deref for Transaction<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+/// A prepared statement.
+pub struct Statement<'c> {
+    inner: StatementInner<'c>,
+}
+
+enum StatementInner<'c> {
+    Sqlite(SqliteStatement<'c>),
+    Postgres(&'c PgConn, postgres::Statement),
+}
+
+enum SqliteStatement<'c> {
+    Plain(rusqlite::Statement<'c>),
+    Cached(rusqlite::CachedStatement<'c>),
+}
+
+impl<'c> SqliteStatement<'c> {
+    fn get(&mut self) -> &mut rusqlite::Statement<'c> {
+        match self {
+            SqliteStatement::Plain(s) => s,
+            SqliteStatement::Cached(s) => s,
+        }
+    }
+}
+
+/// Binds our values to a SQLite statement.
+struct SqliteValue<'a>(ValueRef<'a>);
+
+impl rusqlite::ToSql for SqliteValue<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::ValueRef as V;
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(match self.0 {
+            ValueRef::Null => V::Null,
+            ValueRef::Integer(i) => V::Integer(i),
+            ValueRef::Real(f) => V::Real(f),
+            ValueRef::Text(t) => V::Text(t),
+            ValueRef::Blob(b) => V::Blob(b),
+        }))
+    }
+}
+
+fn sqlite_params<'a>(values: &'a [ValueRef<'a>]) -> impl rusqlite::Params + 'a {
+    rusqlite::params_from_iter(values.iter().map(|v| SqliteValue(*v)))
+}
+
+/// Rows of a query, each mapped as it is read.
+pub type MappedRows<'s, T> = Box<dyn Iterator<Item = Result<T>> + 's>;
+
+impl Statement<'_> {
+    /// How many columns its rows have.
+    pub fn column_count(&mut self) -> usize {
+        match &mut self.inner {
+            StatementInner::Sqlite(s) => s.get().column_count(),
+            StatementInner::Postgres(_, stmt) => stmt.columns().len(),
+        }
+    }
+
+    /// How many parameters it takes.
+    pub fn parameter_count(&mut self) -> usize {
+        match &mut self.inner {
+            StatementInner::Sqlite(s) => s.get().parameter_count(),
+            StatementInner::Postgres(_, stmt) => stmt.params().len(),
+        }
+    }
+
+    pub fn execute(&mut self, params: impl Params) -> Result<usize> {
+        let values = params.values()?;
+        match &mut self.inner {
+            StatementInner::Sqlite(s) => Ok(s.get().execute(sqlite_params(&values))?),
+            StatementInner::Postgres(pg, stmt) => {
+                let changed = pg
+                    .client
+                    .borrow_mut()
+                    .execute(stmt, &pg_params(&values).as_refs())?;
+                Ok(changed as usize)
+            }
+        }
+    }
+
+    /// The first row's mapping; [`Error::NoRows`] when there is none.
+    pub fn query_row<T>(
+        &mut self,
+        params: impl Params,
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut rows = self.query(params)?;
+        match rows.next()? {
+            Some(row) => f(&row),
+            None => Err(Error::NoRows),
+        }
+    }
+
+    pub fn query_map<'s, T: 's>(
+        &'s mut self,
+        params: impl Params,
+        mut f: impl FnMut(&Row<'_>) -> Result<T> + 's,
+    ) -> Result<MappedRows<'s, T>> {
+        let mut rows = self.query(params)?;
+        Ok(Box::new(std::iter::from_fn(move || match rows.next() {
+            Ok(Some(row)) => Some(f(&row)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })))
+    }
+
+    /// The rows, read one at a time (`while let Some(row) = rows.next()? { … }`).
+    pub fn query(&mut self, params: impl Params) -> Result<Rows<'_>> {
+        let values = params.values()?;
+        Ok(Rows {
+            inner: match &mut self.inner {
+                StatementInner::Sqlite(s) => {
+                    RowsInner::Sqlite(s.get().query(sqlite_params(&values))?)
+                }
+                StatementInner::Postgres(pg, stmt) => {
+                    let rows = pg
+                        .client
+                        .borrow_mut()
+                        .query(stmt, &pg_params(&values).as_refs())?;
+                    RowsInner::Postgres(rows.into_iter())
+                }
+            },
+            current: None,
+        })
+    }
+}
+
+/// The rows of a query.
+pub struct Rows<'s> {
+    inner: RowsInner<'s>,
+    current: Option<postgres::Row>,
+}
+
+enum RowsInner<'s> {
+    Sqlite(rusqlite::Rows<'s>),
+    Postgres(std::vec::IntoIter<postgres::Row>),
+}
+
+impl Rows<'_> {
+    #[allow(clippy::should_implement_trait)] // lends each row: not an Iterator
+    pub fn next(&mut self) -> Result<Option<Row<'_>>> {
+        match &mut self.inner {
+            RowsInner::Sqlite(rows) => Ok(rows.next()?.map(|r| Row {
+                inner: RowInner::Sqlite(r),
+            })),
+            RowsInner::Postgres(rows) => {
+                self.current = rows.next();
+                Ok(self.current.as_ref().map(|r| Row {
+                    inner: RowInner::Postgres(r),
+                }))
+            }
+        }
+    }
+}
+
+/// A column's position (from 0); only `usize`, so a literal `0` needs no suffix.
+pub trait RowIndex {
+    fn index(self) -> usize;
+}
+
+impl RowIndex for usize {
+    fn index(self) -> usize {
+        self
+    }
+}
+
+/// One row of a query's answer.
+pub struct Row<'a> {
+    inner: RowInner<'a>,
+}
+
+enum RowInner<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Postgres(&'a postgres::Row),
+}
+
+impl Row<'_> {
+    /// Column `index` (from 0) as `T`.
+    pub fn get<I: RowIndex, T: FromSql>(&self, index: I) -> Result<T> {
+        let index = index.index();
+        let value = self.get_ref(index)?;
+        T::column_result(value).map_err(|message| Error::Column { index, message })
+    }
+
+    /// Column `index` as it is stored, borrowed from the row.
+    pub fn get_ref(&self, index: usize) -> Result<ValueRef<'_>> {
+        match &self.inner {
+            RowInner::Sqlite(r) => {
+                use rusqlite::types::ValueRef as V;
+                Ok(match r.get_ref(index)? {
+                    V::Null => ValueRef::Null,
+                    V::Integer(i) => ValueRef::Integer(i),
+                    V::Real(f) => ValueRef::Real(f),
+                    V::Text(t) => ValueRef::Text(t),
+                    V::Blob(b) => ValueRef::Blob(b),
+                })
+            }
+            RowInner::Postgres(r) => pg_value(r, index),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// PostgreSQL
+
+/// A PostgreSQL connection with its prepared statements (the server keeps them per
+/// connection; a statement is prepared once per distinct SQL text).
+struct PgConn {
+    client: RefCell<postgres::Client>,
+    statements: RefCell<HashMap<String, postgres::Statement>>,
+    state: Cell<PgTransaction>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PgTransaction {
+    None,
+    Read,
+    Write,
+}
+
+/// The transaction-scoped advisory lock every PostgreSQL write transaction takes
+/// first (any fixed number; "stategate" in ASCII, folded into 63 bits).
+pub const PG_WRITE_LOCK: i64 = 0x7374_6174_6567_6174;
+
+/// Distinct statements kept prepared per connection; past it the cache starts over
+/// (statements built for a number of rows are distinct texts).
+const PG_STATEMENT_CACHE: usize = 512;
+
+impl PgConn {
+    fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<PgConn, String> {
+        let config: postgres::Config = url
+            .parse()
+            .map_err(|e| format!("index.url is not a PostgreSQL connection string: {e}"))?;
+        let client = match config.get_ssl_mode() {
+            postgres::config::SslMode::Disable => config.connect(postgres::NoTls),
+            _ => config.connect(tls_connector(ca_file)?),
+        }
+        .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+        Ok(PgConn {
+            client: RefCell::new(client),
+            statements: RefCell::new(HashMap::new()),
+            state: Cell::new(PgTransaction::None),
+        })
+    }
+
+    fn prepare(&self, sql: &str) -> Result<postgres::Statement> {
+        if let Some(stmt) = self.statements.borrow().get(sql) {
+            return Ok(stmt.clone());
+        }
+        let stmt = self
+            .client
+            .borrow_mut()
+            .prepare(&postgres_placeholders(sql))?;
+        let mut cache = self.statements.borrow_mut();
+        if cache.len() >= PG_STATEMENT_CACHE {
+            cache.clear();
+        }
+        cache.insert(sql.to_string(), stmt.clone());
+        Ok(stmt)
+    }
+
+    fn batch(&self, sql: &str) -> Result<()> {
+        let mut client = self.client.borrow_mut();
+        client.batch_execute(sql)?;
+        Ok(())
+    }
+}
+
+fn tls_connector(
+    ca_file: Option<&std::path::Path>,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("index.ca_file {}: {e}", path.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("index.ca_file {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("index.ca_file {}: {e}", path.display()))?;
+        }
+    } else {
+        let found = rustls_native_certs::load_native_certs();
+        for cert in found.certs {
+            let _ = roots.add(cert);
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// `?N` → `$N`, and a bare `?` → the next number, outside quoted strings and
+/// identifiers: the one rewrite between the dialects' statements.
+fn postgres_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut chars = sql.chars().peekable();
+    let mut quote: Option<char> = None;
+    let mut next = 0usize;
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => {
+                quote = None;
+                out.push(c);
+            }
+            (Some(_), c) => out.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                out.push(c);
+            }
+            (None, '?') => {
+                let mut digits = String::new();
+                while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                    digits.push(*d);
+                    chars.next();
+                }
+                if digits.is_empty() {
+                    next += 1;
+                    digits = next.to_string();
+                } else if let Ok(n) = digits.parse::<usize>() {
+                    next = next.max(n);
+                }
+                out.push('$');
+                out.push_str(&digits);
+            }
+            (None, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// A value encoded as the type PostgreSQL inferred for its parameter.
+#[derive(Debug)]
+struct PgValue<'a>(ValueRef<'a>);
+
+impl postgres::types::ToSql for PgValue<'_> {
+    fn to_sql(
+        &self,
+        ty: &postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+    {
+        use postgres::types::{ToSql as P, Type};
+        match self.0 {
+            ValueRef::Null => Ok(postgres::types::IsNull::Yes),
+            ValueRef::Integer(i) => match *ty {
+                Type::INT8 => P::to_sql(&i, ty, out),
+                Type::INT4 => P::to_sql(&i32::try_from(i)?, ty, out),
+                Type::INT2 => P::to_sql(&i16::try_from(i)?, ty, out),
+                Type::BOOL => P::to_sql(&(i != 0), ty, out),
+                Type::FLOAT8 => P::to_sql(&(i as f64), ty, out),
+                Type::TEXT | Type::VARCHAR => P::to_sql(&i.to_string(), ty, out),
+                _ => Err(format!("an integer cannot be a {ty} parameter").into()),
+            },
+            ValueRef::Real(f) => match *ty {
+                Type::FLOAT8 => P::to_sql(&f, ty, out),
+                Type::FLOAT4 => P::to_sql(&(f as f32), ty, out),
+                _ => Err(format!("a real cannot be a {ty} parameter").into()),
+            },
+            ValueRef::Text(t) => match *ty {
+                Type::INT8 | Type::INT4 | Type::INT2 => {
+                    Err(format!("text cannot be a {ty} parameter").into())
+                }
+                _ => P::to_sql(&std::str::from_utf8(t)?, ty, out),
+            },
+            ValueRef::Blob(b) => P::to_sql(&b, ty, out),
+        }
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+fn pg_params<'a>(values: &'a [ValueRef<'a>]) -> Vec<PgValue<'a>> {
+    values.iter().map(|v| PgValue(*v)).collect()
+}
+
+trait PgParams {
+    fn as_refs(&self) -> Vec<&(dyn postgres::types::ToSql + Sync)>;
+}
+
+impl PgParams for Vec<PgValue<'_>> {
+    fn as_refs(&self) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+        self.iter().map(|v| v as _).collect()
+    }
+}
+
+/// Column `index` of a PostgreSQL row, by its type.
+fn pg_value(row: &postgres::Row, index: usize) -> Result<ValueRef<'_>> {
+    use postgres::types::Type;
+    let column = row.columns().get(index).ok_or(Error::Column {
+        index,
+        message: "no such column".into(),
+    })?;
+    let ty = column.type_().clone();
+    let wrong = |e: postgres::Error| Error::Column {
+        index,
+        message: e.to_string(),
+    };
+    let value = match ty {
+        Type::INT8 => row
+            .try_get::<_, Option<i64>>(index)
+            .map_err(wrong)?
+            .map(ValueRef::Integer),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(index)
+            .map_err(wrong)?
+            .map(|i| ValueRef::Integer(i.into())),
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(index)
+            .map_err(wrong)?
+            .map(|i| ValueRef::Integer(i.into())),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(index)
+            .map_err(wrong)?
+            .map(|b| ValueRef::Integer(b.into())),
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(index)
+            .map_err(wrong)?
+            .map(ValueRef::Real),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(index)
+            .map_err(wrong)?
+            .map(|f| ValueRef::Real(f.into())),
+        Type::BYTEA => row
+            .try_get::<_, Option<&[u8]>>(index)
+            .map_err(wrong)?
+            .map(ValueRef::Blob),
+        _ => row
+            .try_get::<_, Option<&str>>(index)
+            .map_err(|e| Error::Column {
+                index,
+                message: format!("{ty} is not read (cast it to BIGINT, TEXT or BYTEA): {e}"),
+            })?
+            .map(|s| ValueRef::Text(s.as_bytes())),
+    };
+    Ok(value.unwrap_or(ValueRef::Null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_numbered_outside_quotes() {
+        let cases = [
+            (
+                "SELECT a FROM t WHERE k = ?1",
+                "SELECT a FROM t WHERE k = $1",
+            ),
+            ("VALUES (?1, ?2, ?1)", "VALUES ($1, $2, $1)"),
+            ("VALUES (?, ?)", "VALUES ($1, $2)"),
+            (
+                "SELECT '?1', \"a?\" WHERE x = ?12",
+                "SELECT '?1', \"a?\" WHERE x = $12",
+            ),
+            ("SELECT 'it''s ?' , ?3", "SELECT 'it''s ?' , $3"),
+        ];
+        for (sqlite, postgres) in cases {
+            assert_eq!(postgres_placeholders(sqlite), postgres, "{sqlite}");
+        }
+    }
+
+    #[test]
+    fn values_round_trip_through_sqlite() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (i INTEGER, s TEXT, b BLOB, n INTEGER)")
+            .unwrap();
+        let blob = [1u8, 2, 3];
+        conn.execute(
+            "INSERT INTO t VALUES (?1, ?2, ?3, ?4)",
+            params![42u32, "x", blob, None::<i64>],
+        )
+        .unwrap();
+        let (i, s, b, n): (u32, String, Vec<u8>, Option<i64>) = conn
+            .query_row("SELECT i, s, b, n FROM t", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .unwrap();
+        assert_eq!((i, s.as_str(), b.as_slice(), n), (42, "x", &blob[..], None));
+        let none = conn
+            .query_row("SELECT i FROM t WHERE s = ?1", ["y"], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+            .unwrap();
+        assert_eq!(none, None);
+        let too_big = conn.execute("INSERT INTO t (i) VALUES (?1)", [u64::MAX]);
+        assert!(matches!(too_big, Err(Error::Parameter { index: 1, .. })));
+    }
+}

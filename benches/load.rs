@@ -1287,7 +1287,7 @@ async fn rss_phase(opts: &Opts, report: &mut Report) {
 /// server's database (the server is stopped). Rows point at `blob_key` (never read).
 fn populate(db: &Path, workspaces: usize, versions: usize, blob_key: &str) -> Duration {
     let t = Instant::now();
-    let mut conn = stategate::store::sql::Connection::open(db).unwrap();
+    let conn = stategate::store::sql::Connection::open(db).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     let tx = conn.transaction().unwrap();
     {
@@ -1656,7 +1656,7 @@ fn hot_address(i: usize) -> String {
 /// spread over the state and `module.db.aws_db_instance.main`), version rows included,
 /// in one transaction through the real schema. Returns (versions, change rows).
 fn populate_timeline(db: &Path, small: usize, hot: usize) -> (usize, usize) {
-    let mut conn = stategate::store::sql::Connection::open(db).unwrap();
+    let conn = stategate::store::sql::Connection::open(db).unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     let tx = conn.transaction().unwrap();
     let (mut versions, mut rows) = (0, 0);

@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import garage_harness  # noqa: E402
+import postgres_harness  # noqa: E402
 from harness import Server, Tf, stategate_bin, tf_base_env  # noqa: E402
 
 
@@ -73,6 +74,31 @@ def store(request):
     return ("local", {})
 
 
+_POSTGRES: list = []
+
+
+def index_env() -> dict:
+    """The index every server of this run uses: SQLite in its data dir (the default),
+    or, with STATEGATE_E2E_INDEX=postgres (scripts/test-all.sh's second pass), a new
+    database of one PostgreSQL for the whole run (postgres_harness.py; reused from
+    STATEGATE_E2E_POSTGRES_DIR when set)."""
+    if os.environ.get("STATEGATE_E2E_INDEX", "sqlite") != "postgres":
+        return {}
+    if not _POSTGRES:
+        root = os.environ.get("STATEGATE_E2E_POSTGRES_DIR") or str(
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"stategate-e2e-pg-{os.getpid()}")
+        pg = postgres_harness.Postgres(Path(root))
+        pg.start()
+        _POSTGRES.append(pg)
+    return {"STATEGATE_INDEX": "postgres", "STATEGATE_INDEX_URL": _POSTGRES[0].new_database()}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A server this run started (not one reused from STATEGATE_E2E_POSTGRES_DIR) stops with it.
+    if _POSTGRES and not os.environ.get("STATEGATE_E2E_POSTGRES_DIR"):
+        _POSTGRES[0].stop()
+
+
 class ServerFactory:
     def __init__(self, base: Path, store):
         self.base = base
@@ -82,7 +108,9 @@ class ServerFactory:
     def new(self, **extra_env) -> Server:
         kind, s3 = self.store
         d = self.base / f"data-{len(self.servers)}-{uuid.uuid4().hex[:6]}"
-        s = Server(data_dir=d, store=kind, s3_env=s3, extra_env={k: str(v) for k, v in extra_env.items()})
+        env = index_env()
+        env.update({k: str(v) for k, v in extra_env.items()})
+        s = Server(data_dir=d, store=kind, s3_env=s3, extra_env=env)
         self.servers.append(s)
         return s.start()
 

@@ -151,6 +151,53 @@ class Workspace:
                     user=self.user, password=self.password)
 
 
+class IndexRow(tuple):
+    """A row read by index position or by column name (as sqlite3.Row)."""
+
+    def __new__(cls, values, names):
+        row = super().__new__(cls, values)
+        row.names = list(names)
+        return row
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self.names.index(key))
+        return tuple.__getitem__(self, key)
+
+    def keys(self):
+        return list(self.names)
+
+
+def _sql_literal(v) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return "'\\x" + bytes(v).hex() + "'::bytea"
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def query_postgres(url: str, sql: str, args=()) -> list[IndexRow]:
+    """`sql` with `?` parameters, through psql, each row as JSON (column order kept)."""
+    import postgres_harness
+
+    parts = sql.split("?")
+    assert len(parts) == len(args) + 1, f"{len(args)} arguments for {sql!r}"
+    text = parts[0] + "".join(_sql_literal(a) + p for a, p in zip(args, parts[1:]))
+    r = subprocess.run([postgres_harness.find_bin("psql"), url, "-v", "ON_ERROR_STOP=1", "-qAt", "-c",
+                        f"SELECT row_to_json(q) FROM ({text}) q"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"psql: {r.stderr.strip()}")
+    rows = []
+    for line in r.stdout.splitlines():
+        obj = json.loads(line, object_pairs_hook=list)
+        rows.append(IndexRow([v for _, v in obj], [k for k, _ in obj]))
+    return rows
+
+
 @dataclass
 class Server:
     data_dir: Path
@@ -279,16 +326,26 @@ class Server:
         return Workspace(name, env)
 
     # -- storage introspection --------------------------------------------
-    def db_rows(self, ws: str) -> list[sqlite3.Row]:
+    def query(self, sql: str, args=()) -> list["IndexRow"]:
+        """Rows of a read-only query (`?` parameters) on this server's index, whichever
+        database holds it: the SQLite file in its data dir, or the PostgreSQL database
+        its environment names (STATEGATE_INDEX_URL)."""
+        url = self.env().get("STATEGATE_INDEX_URL") if self.env().get("STATEGATE_INDEX") == "postgres" else None
+        if url:
+            return query_postgres(url, sql, args)
         db = self.data_dir / "stategate.db"
         if not db.exists():
             return []
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-        con.row_factory = sqlite3.Row
         try:
-            return con.execute("SELECT * FROM versions WHERE scope = ? ORDER BY version", (f"tf/{ws}",)).fetchall()
+            cur = con.execute(sql, args)
+            names = [d[0] for d in cur.description or []]
+            return [IndexRow(r, names) for r in cur.fetchall()]
         finally:
             con.close()
+
+    def db_rows(self, ws: str) -> list["IndexRow"]:
+        return self.query("SELECT * FROM versions WHERE scope = ? ORDER BY version", (f"tf/{ws}",))
 
 
 # --------------------------------------------------------------------------

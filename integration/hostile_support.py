@@ -17,7 +17,6 @@ import base64
 import hashlib
 import http.client
 import socket
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -263,14 +262,7 @@ class Trickle(threading.Thread):
 
 
 def db_query(server, sql: str, args=()) -> list[tuple]:
-    db = server.data_dir / "stategate.db"
-    if not db.exists():
-        return []
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        return [tuple(r) for r in con.execute(sql, args).fetchall()]
-    finally:
-        con.close()
+    return [tuple(r) for r in server.query(sql, args)]
 
 
 def version_rows(server, scope: str) -> list[tuple]:

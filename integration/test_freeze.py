@@ -12,7 +12,6 @@ Each test runs for store=local and store=garage and uses its own workspace.
 
 from __future__ import annotations
 
-import sqlite3
 
 from harness import BACKEND_HTTP, cli, data_resource, json_lines, lock_info
 
@@ -32,12 +31,8 @@ def _frozen(server, ws_name: str) -> list[dict]:
 
 
 def _audit_events(server, ws_name: str) -> list[str]:
-    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        rows = con.execute("SELECT event FROM audit WHERE scope = ? ORDER BY id", (f"tf/{ws_name}",))
-        return [r[0] for r in rows]
-    finally:
-        con.close()
+    rows = server.query("SELECT event FROM audit WHERE scope = ? ORDER BY id", (f"tf/{ws_name}",))
+    return [r[0] for r in rows]
 
 
 def test_apply_while_frozen_fails_with_the_reason_and_works_after_unfreeze(server, ws_name, make_tf):

@@ -13,7 +13,6 @@ Each test runs for store=local and store=garage and uses its own workspaces.
 
 from __future__ import annotations
 
-import sqlite3
 
 from harness import BACKEND_HTTP, cli, data_resource, json_lines, lock_info
 
@@ -23,22 +22,14 @@ MODULE_BODY = data_resource("inner", "in-module")
 
 
 def _versions(server, *names: str) -> list[int]:
-    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        return [con.execute("SELECT coalesce(max(version), 0) FROM versions WHERE scope = ?",
-                            (f"tf/{n}",)).fetchone()[0] for n in names]
-    finally:
-        con.close()
+    return [server.query("SELECT coalesce(max(version), 0) FROM versions WHERE scope = ?",
+                         (f"tf/{n}",))[0][0] for n in names]
 
 
 def _audit(server, ws_name: str, event: str) -> list[str]:
-    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        rows = con.execute("SELECT payload FROM audit WHERE scope = ? AND event = ? ORDER BY id",
-                           (f"tf/{ws_name}", event))
-        return [r[0] for r in rows]
-    finally:
-        con.close()
+    rows = server.query("SELECT payload FROM audit WHERE scope = ? AND event = ? ORDER BY id",
+                        (f"tf/{ws_name}", event))
+    return [r[0] for r in rows]
 
 
 def _config(tf, *blocks: str, module: bool = False):

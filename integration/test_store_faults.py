@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import time
 import uuid
@@ -32,11 +31,7 @@ STORE_DOWN_ANSWER_WITHIN = 20.0
 
 
 def _versions_total(srv) -> int:
-    con = sqlite3.connect(f"file:{srv.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        return con.execute("SELECT COUNT(*) FROM versions").fetchone()[0]
-    finally:
-        con.close()
+    return srv.query("SELECT COUNT(*) FROM versions")[0][0]
 
 
 def _post(ws, body: bytes, lock_id: str | None):

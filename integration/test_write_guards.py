@@ -14,7 +14,6 @@ Each test runs for store=local and store=garage and uses its own workspace.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 from harness import BACKEND_HTTP, cli, data_resource, lock_info, resources_of
@@ -37,12 +36,8 @@ def _serial(ws) -> int:
 
 
 def _audit_events(server, ws_name: str) -> list[str]:
-    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        rows = con.execute("SELECT event FROM audit WHERE scope = ? ORDER BY id", (f"tf/{ws_name}",))
-        return [r[0] for r in rows]
-    finally:
-        con.close()
+    rows = server.query("SELECT event FROM audit WHERE scope = ? ORDER BY id", (f"tf/{ws_name}",))
+    return [r[0] for r in rows]
 
 
 def _refused(result) -> bool:

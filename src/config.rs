@@ -151,6 +151,56 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Where the index (locks, versions, tokens, audit log) lives: SQLite in the data dir
+/// (the default: one node), or a PostgreSQL database shared by several nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexKind {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexConfig {
+    pub kind: IndexKind,
+    /// With `kind = "postgres"`: a libpq connection string or URL, e.g.
+    /// `postgres://stategate:…@db:5432/stategate?sslmode=verify-full`. Holds the
+    /// password: never logged.
+    pub url: Option<Secret>,
+    /// PEM roots the server's TLS certificate is checked against (`sslmode=require`
+    /// or stricter); unset, the system's roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            kind: IndexKind::Sqlite,
+            url: None,
+            ca_file: None,
+        }
+    }
+}
+
+impl IndexConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (self.kind, &self.url) {
+            (IndexKind::Postgres, None) => Err(ConfigError::Invalid(
+                "index.kind = \"postgres\" needs index.url (or STATEGATE_INDEX_URL)".into(),
+            )),
+            (IndexKind::Postgres, Some(url)) if url.is_blank() => {
+                Err(ConfigError::Invalid("index.url is empty".into()))
+            }
+            (IndexKind::Sqlite, Some(_)) => Err(ConfigError::Invalid(
+                "index.url is set but index.kind is \"sqlite\"; set index.kind = \"postgres\""
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Sealed snapshots of the SQLite index, written into the store (`store::backup`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -991,6 +1041,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     pub locks: LocksConfig,
     pub backup: BackupConfig,
+    /// Where the index lives (`[index]`).
+    pub index: IndexConfig,
     /// Drift checks (`[[drift]]`), run by `serve` on their interval and by `drift run`.
     pub drift: Vec<DriftCheck>,
     pub drift_settings: DriftSettings,
@@ -1030,6 +1082,7 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             locks: LocksConfig::default(),
             backup: BackupConfig::default(),
+            index: IndexConfig::default(),
             drift: Vec::new(),
             drift_settings: DriftSettings::default(),
             metrics_token: None,
@@ -1086,6 +1139,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("STATEGATE_SHUTDOWN_GRACE_SECONDS", "shutdown_grace_seconds"),
     ("STATEGATE_THREADS", "threads"),
     ("STATEGATE_METRICS_TOKEN", "metrics_token"),
+    ("STATEGATE_INDEX", "index.kind"),
+    ("STATEGATE_INDEX_URL", "index.url"),
+    ("STATEGATE_INDEX_CA_FILE", "index.ca_file"),
     ("STATEGATE_STORE", "store.kind"),
     ("STATEGATE_STORE_PATH", "store.path"),
     ("STATEGATE_S3_ENDPOINT", "store.s3.endpoint"),
@@ -1275,7 +1331,11 @@ impl Config {
             }
             self.set(key, &value).map_err(|message| ConfigError::Env {
                 var,
-                value: if key.contains("secret") || key.contains("dek") || key.contains("key") {
+                value: if key.contains("secret")
+                    || key.contains("dek")
+                    || key.contains("key")
+                    || *key == "index.url"
+                {
                     "<redacted>".into()
                 } else {
                     value.clone()
@@ -1342,6 +1402,15 @@ impl Config {
             "shutdown_grace_seconds" => self.shutdown_grace_seconds = num(value)?,
             "threads" => self.threads = num(value)? as usize,
             "metrics_token" => self.metrics_token = opt(value).map(Secret::from),
+            "index.kind" => {
+                self.index.kind = match value {
+                    "sqlite" => IndexKind::Sqlite,
+                    "postgres" => IndexKind::Postgres,
+                    _ => return Err("expected \"sqlite\" or \"postgres\"".into()),
+                }
+            }
+            "index.url" => self.index.url = opt(value).map(Secret::from),
+            "index.ca_file" => self.index.ca_file = Some(PathBuf::from(value)),
             "store.kind" => {
                 self.store.kind = match value {
                     "local" => StoreKind::Local,
@@ -1434,6 +1503,7 @@ impl Config {
             ));
         }
         self.tls.validate()?;
+        self.index.validate()?;
         self.key.validate(self.dek.is_some())?;
         self.tofu.validate()?;
         self.upstream.validate()?;

@@ -371,6 +371,14 @@ pub async fn rewrap(
 pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
     let fixed = key_service(config, root);
     let db = config.db_path();
+    // A PostgreSQL index: one connection kept for the reloads, made again if it breaks.
+    let postgres = postgres_url(config).map(|url| {
+        (
+            url.to_string(),
+            config.index.ca_file.clone(),
+            std::sync::Mutex::new(None::<crate::store::sql::Connection>),
+        )
+    });
     let describe = fixed.describe();
     // The key file is read again on every load (see `key_service`); the root itself is
     // not captured (it owns this loader), only what it wraps with when the file is gone.
@@ -380,6 +388,25 @@ pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyh
             Some(s) => Arc::new(s),
             None => fixed.clone(),
         };
+        if let Some((url, ca_file, kept)) = &postgres {
+            // On a thread of its own: a load may be asked for on an async runtime's
+            // thread, where the PostgreSQL client cannot block (`store::db`).
+            return std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+                    if kept.as_ref().is_none_or(|c| c.is_broken()) {
+                        *kept = Some(crate::store::sql::Connection::connect_postgres(
+                            url,
+                            ca_file.as_deref(),
+                        )?);
+                    }
+                    let conn = kept.as_ref().ok_or("no connection to the index")?;
+                    crate::store::keyring::load(conn, &copies, service.as_ref())
+                })
+                .join()
+                .unwrap_or_else(|_| Err("loading the keyring panicked".into()))
+            });
+        }
         if !db.exists() {
             return crate::store::keyring::load(
                 &crate::store::sql::Connection::open_in_memory().map_err(|e| e.to_string())?,
@@ -466,8 +493,40 @@ pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
 
 /// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
 pub fn open_database(config: &Config) -> anyhow::Result<Db> {
-    crate::schema::open_db(&config.db_path())
-        .with_context(|| format!("cannot open database {}", config.db_path().display()))
+    match postgres_url(config) {
+        Some(url) => crate::schema::open_postgres(url, config.index.ca_file.as_deref())
+            .context("cannot open the index on PostgreSQL (index.url)"),
+        None => crate::schema::open_db(&config.db_path())
+            .with_context(|| format!("cannot open database {}", config.db_path().display())),
+    }
+}
+
+/// The PostgreSQL index's connection string, when the index is there (`[index]`).
+fn postgres_url(config: &Config) -> Option<&str> {
+    match config.index.kind {
+        crate::config::IndexKind::Postgres => config.index.url.as_ref().map(|u| u.expose()),
+        crate::config::IndexKind::Sqlite => None,
+    }
+}
+
+/// Whether the installation has an index yet: a SQLite file in the data dir, or a
+/// PostgreSQL database (always there: the server made it, or `serve` will).
+pub fn has_index(config: &Config) -> bool {
+    postgres_url(config).is_some() || config.db_path().exists()
+}
+
+/// Refuses what only a SQLite index has (its file: rebuild into one, a snapshot of
+/// one, a restore into one). A PostgreSQL index is backed up and restored by
+/// PostgreSQL's own tools (`pg_dump`, base backups and WAL archiving).
+pub fn require_sqlite_index(config: &Config, what: &str) -> anyhow::Result<()> {
+    match postgres_url(config) {
+        Some(_) => anyhow::bail!(
+            "{what} works on a SQLite index; this installation's index is on PostgreSQL \
+             (index.kind = \"postgres\"): back it up and restore it with PostgreSQL's tools \
+             (pg_dump, or base backups with WAL archiving)"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index

@@ -34,6 +34,39 @@ pub const ALL: &[&str] = &[
     crate::drift::SCHEMA,
 ];
 
+/// The schemas whose owner writes them anew for PostgreSQL (triggers are written
+/// differently there); every other one is [`ALL`]'s, spelled by
+/// `store::sql::postgres_ddl`.
+const POSTGRES_WRITTEN: &[(&str, &str)] = &[
+    (
+        crate::store::audit::SCHEMA,
+        crate::store::audit::POSTGRES_SCHEMA,
+    ),
+    (
+        crate::tofu::posture::SCHEMA,
+        crate::tofu::posture::POSTGRES_SCHEMA,
+    ),
+    (crate::drift::SCHEMA, crate::drift::POSTGRES_SCHEMA),
+];
+
+/// Every schema of [`ALL`], in the same order, for PostgreSQL.
+pub fn postgres() -> Result<Vec<String>, String> {
+    ALL.iter()
+        .map(
+            |schema| match POSTGRES_WRITTEN.iter().find(|(s, _)| s == schema) {
+                Some((_, written)) => Ok(written.to_string()),
+                None => crate::store::sql::postgres_ddl(schema),
+            },
+        )
+        .collect()
+}
+
+/// Opens the index on PostgreSQL at `url` with every schema applied (no migration:
+/// PostgreSQL holds no earlier release's tables).
+pub fn open_postgres(url: &str, ca_file: Option<&Path>) -> Result<Db, DbError> {
+    Db::open_postgres(url, ca_file, &postgres().map_err(DbError::Task)?)
+}
+
 /// The kinds of scope the `versions` table holds, with the root each one's blobs are
 /// sealed under: workspaces under the DEK, clusters under `ADJ_STATE_ENC_KEY` (when
 /// configured). The index rebuild and backup verification open blobs with these.
@@ -103,6 +136,19 @@ mod tests {
             let conn = crate::store::sql::Connection::open(&path).unwrap();
             let held = crate::tofu::lock::held_lock_credential(&conn, "prod").unwrap();
             assert_eq!(held.map(|(l, c)| (l.id, c)), Some(("a".into(), None)));
+        }
+    }
+
+    /// Every schema has PostgreSQL DDL (a trigger only in one its owner wrote).
+    #[test]
+    fn every_schema_has_postgres_ddl() {
+        let pg = postgres().unwrap();
+        assert_eq!(pg.len(), ALL.len());
+        for ddl in &pg {
+            assert!(
+                !ddl.contains("WITHOUT ROWID") && !ddl.contains("RAISE(") && !ddl.contains(" BLOB"),
+                "{ddl}"
+            );
         }
     }
 

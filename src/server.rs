@@ -293,7 +293,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             },
         ));
     }
-    if config.backup.interval_seconds > 0 {
+    if config.index.kind == crate::config::IndexKind::Postgres {
+        tracing::info!("the index is on PostgreSQL: its backups are PostgreSQL's (pg_dump, base backups and WAL archiving); [backup] applies to a SQLite index");
+    } else if config.backup.interval_seconds > 0 {
         server.add_service(pingora::services::background::background_service(
             "backup",
             BackupService {

@@ -43,12 +43,14 @@ pub enum BackupCommand {
 }
 
 pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
+    installation::require_sqlite_index(config, "stategate index rebuild")?;
     match command {
         IndexCommand::Rebuild { into } => rebuild(config, &into),
     }
 }
 
 pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Result<()> {
+    installation::require_sqlite_index(config, "stategate backup")?;
     match command {
         None => backup(config),
         Some(BackupCommand::List { json }) => list_backups(config, json),
@@ -316,6 +318,7 @@ pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
 
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
+    installation::require_sqlite_index(config, "stategate restore")?;
     check_into(config, into, "restore")?;
     if into.exists() {
         bail!(

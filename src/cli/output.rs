@@ -66,7 +66,7 @@ fn cli_actor(user: Option<&str>, logname: Option<&str>, passwd: &str, uid: Optio
 /// Operator commands work on an existing installation: never create an empty index.
 pub fn require_db(config: &Config) -> anyhow::Result<()> {
     let path = config.db_path();
-    if !path.exists() {
+    if !stategate::installation::has_index(config) {
         anyhow::bail!(
             "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
             path.display()

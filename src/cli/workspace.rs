@@ -489,7 +489,7 @@ pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyho
     validate_workspace(workspace)?;
     let root = installation::load_root_key(config, false)?;
     // A workspace is at generation 0 until rotated; without a database nothing was.
-    let generation = if config.db_path().exists() {
+    let generation = if installation::has_index(config) {
         let db = installation::open_database(config)?;
         let ws = workspace.to_string();
         runtime()?.block_on(db.read(move |c| stategate::tofu::credentials::generation(c, &ws)))?

@@ -19,6 +19,22 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
 BEGIN SELECT RAISE(ABORT, 'the audit log is append-only: rows cannot be deleted'); END;
 "#;
 
+/// [`SCHEMA`] for PostgreSQL: the same refusals, by a trigger function, and
+/// `TRUNCATE` (which skips row triggers there) refused as well.
+pub const POSTGRES_SCHEMA: &str = r#"
+CREATE OR REPLACE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'the audit log is append-only: rows cannot be changed';
+    END IF;
+    RAISE EXCEPTION 'the audit log is append-only: rows cannot be deleted';
+END $$;
+CREATE OR REPLACE TRIGGER audit_no_update BEFORE UPDATE OR DELETE ON audit
+    FOR EACH ROW EXECUTE FUNCTION audit_append_only();
+CREATE OR REPLACE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+    FOR EACH STATEMENT EXECUTE FUNCTION audit_append_only();
+"#;
+
 /// One audit-log entry, written in the same transaction as the change it describes.
 #[derive(Debug, Clone)]
 pub struct AuditEntry {

@@ -117,10 +117,19 @@ pub struct Db {
     stats: Arc<WriterStats>,
 }
 
+/// Opens a new connection to a database server in place of one that broke
+/// (PostgreSQL; a SQLite connection does not break).
+type Reopen = Arc<dyn Fn() -> Result<Connection, DbError> + Send + Sync>;
+
 /// Read-only work shares a few connections: a read takes the first idle one.
 struct Readers {
     conns: Vec<Mutex<Reader>>,
     next: std::sync::atomic::AtomicUsize,
+    reopen: Option<Reopen>,
+    /// Whether a short lookup may run right on the calling (async runtime) thread:
+    /// SQLite's yes; the PostgreSQL client blocks on a runtime of its own, which tokio
+    /// refuses inside another, so its reads always go to the blocking pool.
+    inline: bool,
 }
 
 /// A reader connection and the lookups remembered on it ([`Db::read_remembered`]).
@@ -223,9 +232,30 @@ const READERS: usize = 4;
 const STATEMENT_CACHE: usize = 64;
 
 impl Readers {
+    /// An idle connection right now, for a lookup on the calling thread.
+    fn idle_inline(&self) -> Option<std::sync::MutexGuard<'_, Reader>> {
+        self.inline.then(|| self.try_idle()).flatten()
+    }
+
     /// An idle connection, if there is one right now.
     fn try_idle(&self) -> Option<std::sync::MutexGuard<'_, Reader>> {
-        self.conns.iter().find_map(|conn| conn.try_lock().ok())
+        let mut reader = self.conns.iter().find_map(|conn| conn.try_lock().ok())?;
+        self.mend(&mut reader);
+        Some(reader)
+    }
+
+    /// Replaces a broken connection (the server restarted or failed over) with a new
+    /// one; when that fails too, the read fails with the broken one's error.
+    fn mend(&self, reader: &mut Reader) {
+        if let (true, Some(reopen)) = (reader.conn.is_broken(), &self.reopen) {
+            match reopen() {
+                Ok(conn) => {
+                    reader.conn = conn;
+                    reader.remembered = Remembered::default();
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot reconnect a reader to the index"),
+            }
+        }
     }
 
     /// An idle connection if there is one, else waits for one in turn.
@@ -235,9 +265,11 @@ impl Readers {
             return idle;
         }
         let i = self.next.fetch_add(1, Relaxed) % self.conns.len();
-        self.conns[i]
+        let mut reader = self.conns[i]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.mend(&mut reader);
+        reader
     }
 }
 
@@ -291,7 +323,7 @@ impl Db {
         if let Some(sqlite) = writer_conn.as_sqlite() {
             sqlite.pragma_update(None, "wal_autocheckpoint", 0)?;
         }
-        let checkpoints = spawn_checkpointer(open_connection(path)?)?;
+        let checkpoints = Some(spawn_checkpointer(open_connection(path)?)?);
         let conns = (0..READERS)
             .map(|_| {
                 open_connection(path).map(|conn| {
@@ -308,7 +340,7 @@ impl Db {
             .name("sqlite-writer".into())
             .spawn({
                 let stats = stats.clone();
-                move || writer_loop(writer_conn, rx, max_group.max(1), &stats, checkpoints)
+                move || writer_loop(writer_conn, rx, max_group.max(1), &stats, checkpoints, None)
             })
             .map_err(|e| DbError::Task(e.to_string()))?;
         Ok(Db {
@@ -316,6 +348,90 @@ impl Db {
             readers: Arc::new(Readers {
                 conns,
                 next: Default::default(),
+                reopen: None,
+                inline: true,
+            }),
+            stats,
+        })
+    }
+
+    /// Opens the index on PostgreSQL at `url` (`ca_file`: the PEM roots its TLS
+    /// certificate is checked against) and applies `schemas` in one write transaction,
+    /// so nodes starting together apply them one after the other. The same writer
+    /// thread and group commit as on SQLite; its transaction takes the index's write
+    /// lock first (`sql::Connection::begin_write`), so the writers of every node run
+    /// one at a time. A connection that breaks is replaced before its next use.
+    pub fn open_postgres(
+        url: &str,
+        ca_file: Option<&Path>,
+        schemas: &[String],
+    ) -> Result<Db, DbError> {
+        // Off any async runtime (see `Readers::inline`): a thread of its own.
+        std::thread::scope(|s| {
+            s.spawn(|| Self::open_postgres_here(url, ca_file, schemas))
+                .join()
+                .unwrap_or_else(|_| Err(DbError::Task("opening the index panicked".into())))
+        })
+    }
+
+    fn open_postgres_here(
+        url: &str,
+        ca_file: Option<&Path>,
+        schemas: &[String],
+    ) -> Result<Db, DbError> {
+        let reopen: Reopen = {
+            let (url, ca_file) = (url.to_string(), ca_file.map(Path::to_path_buf));
+            Arc::new(move || {
+                Connection::connect_postgres(&url, ca_file.as_deref()).map_err(DbError::Task)
+            })
+        };
+        let writer_conn = reopen()?;
+        let fsync: String = writer_conn.query_row("SHOW fsync", [], |r| r.get(0))?;
+        if fsync != "on" {
+            return Err(DbError::Task(
+                "PostgreSQL runs with fsync = off: a commit it acknowledges may not survive a crash, so stategate will not use it".into(),
+            ));
+        }
+        writer_conn.begin_write()?;
+        for schema in schemas {
+            writer_conn.execute_batch(schema)?;
+        }
+        writer_conn.end_transaction(true)?;
+        let conns = (0..READERS)
+            .map(|_| {
+                reopen().map(|conn| {
+                    Mutex::new(Reader {
+                        conn,
+                        remembered: Remembered::default(),
+                    })
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let stats = Arc::new(WriterStats::default());
+        std::thread::Builder::new()
+            .name("postgres-writer".into())
+            .spawn({
+                let (stats, reopen) = (stats.clone(), reopen.clone());
+                move || {
+                    writer_loop(
+                        writer_conn,
+                        rx,
+                        DEFAULT_MAX_GROUP,
+                        &stats,
+                        None,
+                        Some(reopen),
+                    )
+                }
+            })
+            .map_err(|e| DbError::Task(e.to_string()))?;
+        Ok(Db {
+            writer: tx,
+            readers: Arc::new(Readers {
+                conns,
+                next: Default::default(),
+                reopen: Some(reopen),
+                inline: false,
             }),
             stats,
         })
@@ -363,7 +479,7 @@ impl Db {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        if let Some(reader) = self.readers.try_idle() {
+        if let Some(reader) = self.readers.idle_inline() {
             return f(&reader.conn).map_err(DbError::from);
         }
         self.read(f).await
@@ -393,7 +509,7 @@ impl Db {
             reader.remembered.keep(&key, answer.clone());
             Ok(answer)
         };
-        if let Some(mut reader) = self.readers.try_idle() {
+        if let Some(mut reader) = self.readers.idle_inline() {
             return look(&mut reader).map_err(DbError::from);
         }
         let readers = self.readers.clone();
@@ -496,14 +612,23 @@ fn spawn_checkpointer(conn: Connection) -> Result<mpsc::SyncSender<()>, DbError>
 }
 
 fn writer_loop(
-    conn: Connection,
+    mut conn: Connection,
     jobs: mpsc::Receiver<Job>,
     max_group: usize,
     stats: &WriterStats,
-    checkpoints: mpsc::SyncSender<()>,
+    checkpoints: Option<mpsc::SyncSender<()>>,
+    reopen: Option<Reopen>,
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     while let Ok(first) = jobs.recv() {
+        if let (true, Some(reopen)) = (conn.is_broken(), &reopen) {
+            // The server restarted or failed over: the next group runs on a new
+            // connection (the group whose commit broke was told it failed).
+            match reopen() {
+                Ok(new) => conn = new,
+                Err(e) => tracing::error!(error = %e, "cannot reconnect the writer to the index"),
+            }
+        }
         let mut batch = vec![first];
         while batch.len() < max_group {
             match jobs.try_recv() {
@@ -532,7 +657,9 @@ fn writer_loop(
             complete(committed.clone());
         }
         // Full means a checkpoint is already due.
-        let _ = checkpoints.try_send(());
+        if let Some(checkpoints) = &checkpoints {
+            let _ = checkpoints.try_send(());
+        }
     }
 }
 

@@ -125,14 +125,7 @@ fn parse_copy_key(key: &str) -> Option<(Purpose, u32)> {
 /// Every row of the table; a database without the table (an earlier release not yet
 /// opened by this one) has none.
 pub fn read_rows(conn: &Connection) -> Result<Vec<KeyRow>, crate::store::sql::Error> {
-    let exists: Option<i64> = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'key_generations'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if exists.is_none() {
+    if !conn.table_exists("key_generations")? {
         return Ok(Vec::new());
     }
     let mut stmt = conn.prepare(
@@ -442,8 +435,8 @@ pub async fn reconcile(
                         params![row.purpose.as_str(), row.generation, at],
                     )?,
                     None => conn.execute(
-                        "INSERT OR IGNORE INTO key_generations (purpose, generation, wrapped, created_at)
-                         VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT INTO key_generations (purpose, generation, wrapped, created_at)
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
                         params![row.purpose.as_str(), row.generation, row.wrapped, row.created_at],
                     )?,
                 };

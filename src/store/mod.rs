@@ -362,7 +362,7 @@ impl StateStore {
             .db
             .read(|c| {
                 c.query_row(
-                    "SELECT count(*), coalesce(sum(size), 0) FROM versions",
+                    "SELECT count(*), CAST(coalesce(sum(size), 0) AS BIGINT) FROM versions",
                     [],
                     |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
                 )

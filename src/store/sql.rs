@@ -485,6 +485,16 @@ impl Connection {
         self.prepare(sql)?.query_row(params, f)
     }
 
+    /// Whether the table `name` exists (a database an earlier release made may lack it).
+    pub fn table_exists(&self, name: &str) -> Result<bool> {
+        let sql = match self.dialect() {
+            Dialect::Sqlite => "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            Dialect::Postgres => "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename = ?1",
+        };
+        self.query_row(sql, [name], |r| r.get::<_, i64>(0))
+            .map(|n| n > 0)
+    }
+
     /// Starts a (deferred) transaction, rolled back unless committed.
     pub fn transaction(&self) -> Result<Transaction<'_>> {
         self.execute_batch("BEGIN")?;
@@ -563,6 +573,15 @@ impl Connection {
                 .query_row([], |r| r.get(0))
                 .map(Some),
             Inner::Postgres(_) => Ok(None),
+        }
+    }
+
+    /// Whether the connection is gone for good (PostgreSQL: the server closed it or
+    /// the network failed): a new one must be opened.
+    pub fn is_broken(&self) -> bool {
+        match &self.inner {
+            Inner::Sqlite(_) => false,
+            Inner::Postgres(pg) => pg.client().is_closed(),
         }
     }
 
@@ -670,10 +689,7 @@ impl Statement<'_> {
         match &mut self.inner {
             StatementInner::Sqlite(s) => Ok(s.get().execute(sqlite_params(&values))?),
             StatementInner::Postgres(pg, stmt) => {
-                let changed = pg
-                    .client
-                    .borrow_mut()
-                    .execute(stmt, &pg_params(&values).as_refs())?;
+                let changed = pg.client().execute(stmt, &pg_params(&values).as_refs())?;
                 Ok(changed as usize)
             }
         }
@@ -714,10 +730,7 @@ impl Statement<'_> {
                     RowsInner::Sqlite(s.get().query(sqlite_params(&values))?)
                 }
                 StatementInner::Postgres(pg, stmt) => {
-                    let rows = pg
-                        .client
-                        .borrow_mut()
-                        .query(stmt, &pg_params(&values).as_refs())?;
+                    let rows = pg.client().query(stmt, &pg_params(&values).as_refs())?;
                     RowsInner::Postgres(rows.into_iter())
                 }
             },
@@ -807,7 +820,8 @@ impl Row<'_> {
 /// A PostgreSQL connection with its prepared statements (the server keeps them per
 /// connection; a statement is prepared once per distinct SQL text).
 struct PgConn {
-    client: RefCell<postgres::Client>,
+    /// `None` only while it is dropped (see `Drop`).
+    client: RefCell<Option<postgres::Client>>,
     statements: RefCell<HashMap<String, postgres::Statement>>,
     state: Cell<PgTransaction>,
 }
@@ -823,6 +837,22 @@ enum PgTransaction {
 /// first (any fixed number; "stategate" in ASCII, folded into 63 bits).
 pub const PG_WRITE_LOCK: i64 = 0x7374_6174_6567_6174;
 
+/// The client owns a runtime of its own, which tokio refuses to drop on an async
+/// runtime's thread (a `Db` may be dropped inside a task): it is dropped on a thread
+/// of its own there.
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        self.statements.get_mut().clear();
+        if let Some(client) = self.client.get_mut().take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let _ = std::thread::Builder::new()
+                    .name("postgres-close".into())
+                    .spawn(move || drop(client));
+            }
+        }
+    }
+}
+
 /// Distinct statements kept prepared per connection; past it the cache starts over
 /// (statements built for a number of rows are distinct texts).
 const PG_STATEMENT_CACHE: usize = 512;
@@ -832,15 +862,28 @@ impl PgConn {
         let config: postgres::Config = url
             .parse()
             .map_err(|e| format!("index.url is not a PostgreSQL connection string: {e}"))?;
-        let client = match config.get_ssl_mode() {
+        let mut client = match config.get_ssl_mode() {
             postgres::config::SslMode::Disable => config.connect(postgres::NoTls),
             _ => config.connect(tls_connector(ca_file)?),
         }
         .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+        // A reply is sent after COMMIT returns: it must mean the commit is on disk,
+        // whatever the server's or the role's default says. Notices ("already exists,
+        // skipping") are not worth a log line.
+        client
+            .batch_execute("SET synchronous_commit = on; SET client_min_messages = warning")
+            .map_err(|e| format!("PostgreSQL refused synchronous_commit = on: {e}"))?;
         Ok(PgConn {
-            client: RefCell::new(client),
+            client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
             state: Cell::new(PgTransaction::None),
+        })
+    }
+
+    fn client(&self) -> std::cell::RefMut<'_, postgres::Client> {
+        std::cell::RefMut::map(self.client.borrow_mut(), |c| {
+            c.as_mut()
+                .expect("the client is taken only when the connection drops")
         })
     }
 
@@ -848,10 +891,7 @@ impl PgConn {
         if let Some(stmt) = self.statements.borrow().get(sql) {
             return Ok(stmt.clone());
         }
-        let stmt = self
-            .client
-            .borrow_mut()
-            .prepare(&postgres_placeholders(sql))?;
+        let stmt = self.client().prepare(&postgres_placeholders(sql))?;
         let mut cache = self.statements.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE {
             cache.clear();
@@ -861,8 +901,7 @@ impl PgConn {
     }
 
     fn batch(&self, sql: &str) -> Result<()> {
-        let mut client = self.client.borrow_mut();
-        client.batch_execute(sql)?;
+        self.client().batch_execute(sql)?;
         Ok(())
     }
 }
@@ -933,6 +972,43 @@ fn postgres_placeholders(sql: &str) -> String {
         }
     }
     out
+}
+
+/// An owner's SQLite DDL as PostgreSQL DDL, for the differences that are only of
+/// spelling: `INTEGER` is `BIGINT` (SQLite's integers are 64-bit), a rowid key is an
+/// identity column, `BLOB` is `BYTEA`, `WITHOUT ROWID` is dropped, `INSERT OR IGNORE`
+/// is `ON CONFLICT DO NOTHING`, and text compares bytewise (`COLLATE "C"`), as in
+/// SQLite: a listing's order and a prefix's range are the same on both. A schema with
+/// triggers is written for PostgreSQL by its owner (`crate::schema::postgres`); one
+/// reaching here is refused.
+pub fn postgres_ddl(sqlite: &str) -> Result<String, String> {
+    if sqlite.contains("CREATE TRIGGER") || sqlite.contains("RAISE(") {
+        return Err("a trigger needs its owner's PostgreSQL DDL".into());
+    }
+    let mut out = String::with_capacity(sqlite.len() + 256);
+    for statement in sqlite.split_inclusive(';') {
+        let mut text = statement.to_string();
+        if let Some(at) = text.find("INSERT OR IGNORE INTO") {
+            text.replace_range(at..at + "INSERT OR IGNORE INTO".len(), "INSERT INTO");
+            let end = text.rfind(';').unwrap_or(text.len());
+            text.insert_str(end, " ON CONFLICT DO NOTHING");
+        }
+        out.push_str(&text);
+    }
+    let words: &[(&str, &str)] = &[
+        (
+            "INTEGER PRIMARY KEY AUTOINCREMENT",
+            "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+        ),
+        (") WITHOUT ROWID", ")"),
+        (" INTEGER", " BIGINT"),
+        (" BLOB", " BYTEA"),
+        (" TEXT", " TEXT COLLATE \"C\""),
+    ];
+    for (from, to) in words {
+        out = out.replace(from, to);
+    }
+    Ok(out)
 }
 
 /// A value encoded as the type PostgreSQL inferred for its parameter.
@@ -1068,6 +1144,32 @@ mod tests {
         for (sqlite, postgres) in cases {
             assert_eq!(postgres_placeholders(sqlite), postgres, "{sqlite}");
         }
+    }
+
+    #[test]
+    fn sqlite_ddl_is_spelled_for_postgres() {
+        let ddl = "CREATE TABLE IF NOT EXISTS t (
+    id   INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL, -- a comment
+    data BLOB
+);
+CREATE TABLE IF NOT EXISTS u (k TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID;
+INSERT OR IGNORE INTO u (k, n) SELECT name, id FROM t;";
+        let pg = postgres_ddl(ddl).unwrap();
+        assert_eq!(
+            pg,
+            "CREATE TABLE IF NOT EXISTS t (
+    id   BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    name TEXT COLLATE \"C\" NOT NULL, -- a comment
+    data BYTEA
+);
+CREATE TABLE IF NOT EXISTS u (k TEXT COLLATE \"C\" PRIMARY KEY, n BIGINT);
+INSERT INTO u (k, n) SELECT name, id FROM t ON CONFLICT DO NOTHING;"
+        );
+        assert!(postgres_ddl(
+            "CREATE TRIGGER x BEFORE DELETE ON t BEGIN SELECT RAISE(ABORT, 'no'); END;"
+        )
+        .is_err());
     }
 
     #[test]

@@ -254,8 +254,8 @@ pub fn record_last_used(
     used: &HashMap<String, i64>,
 ) -> Result<(), crate::store::sql::Error> {
     let mut stmt = conn.prepare_cached(
-        "UPDATE tf_token_grants SET last_used_unix = max(coalesce(last_used_unix, 0), ?2)
-          WHERE token_sha256 = ?1",
+        "UPDATE tf_token_grants SET last_used_unix = ?2
+          WHERE token_sha256 = ?1 AND (last_used_unix IS NULL OR last_used_unix < ?2)",
     )?;
     for (sha256, at) in used {
         stmt.execute(params![sha256, at])?;

@@ -230,7 +230,9 @@ pub fn all_freezes(conn: &Connection) -> Result<Vec<Freeze>, crate::store::sql::
 /// Freezes (or re-freezes, replacing the earlier row) a workspace.
 pub fn put_freeze(conn: &Connection, freeze: &Freeze) -> Result<(), crate::store::sql::Error> {
     conn.prepare_cached(&format!(
-        "INSERT OR REPLACE INTO tf_freezes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)"
+        "INSERT INTO tf_freezes ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (workspace) DO UPDATE SET frozen_by = excluded.frozen_by,
+           reason = excluded.reason, created_at = excluded.created_at, until = excluded.until"
     ))?
     .execute(params![
         freeze.workspace,

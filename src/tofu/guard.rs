@@ -141,8 +141,10 @@ pub fn put_override(
     conn.prepare_cached("DELETE FROM tf_write_overrides WHERE expires_at <= ?1")?
         .execute([now])?;
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO tf_write_overrides (workspace, granted_by, reason, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO tf_write_overrides (workspace, granted_by, reason, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (workspace) DO UPDATE SET \
+         granted_by = excluded.granted_by, reason = excluded.reason, \
+         created_at = excluded.created_at, expires_at = excluded.expires_at",
     )?
     .execute(params![
         grant.workspace,

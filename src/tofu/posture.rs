@@ -43,6 +43,29 @@ DELETE FROM tf_state_encryption
                       AND version = tf_state_encryption.version);
 "#;
 
+/// [`SCHEMA`] for PostgreSQL: the same table, and the same trigger as a function
+/// (a new database has no rows from before it to clear).
+pub const POSTGRES_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tf_state_encryption (
+    workspace     TEXT COLLATE "C" NOT NULL,
+    version       BIGINT NOT NULL,
+    encrypted     BIGINT NOT NULL,
+    key_providers TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (workspace, version)
+);
+CREATE OR REPLACE FUNCTION tf_state_encryption_follows_versions() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF substr(OLD.scope, 1, 3) = 'tf/' THEN
+        DELETE FROM tf_state_encryption
+         WHERE workspace = substr(OLD.scope, 4) AND version = OLD.version;
+    END IF;
+    RETURN OLD;
+END $$;
+CREATE OR REPLACE TRIGGER tf_state_encryption_follows_versions AFTER DELETE ON versions
+    FOR EACH ROW EXECUTE FUNCTION tf_state_encryption_follows_versions();
+"#;
+
 /// How many of the newest versions the posture looks at.
 pub const RECENT_VERSIONS: i64 = 10;
 
@@ -61,8 +84,9 @@ pub fn record(
         BodyEncryption::OpenTofu { key_providers } => (true, clean(key_providers)),
     };
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO tf_state_encryption (workspace, version, encrypted, key_providers)
-         VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO tf_state_encryption (workspace, version, encrypted, key_providers)
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (workspace, version) DO UPDATE SET
+           encrypted = excluded.encrypted, key_providers = excluded.key_providers",
     )?
     .execute(params![
         workspace,
@@ -82,9 +106,11 @@ pub fn copy(
     to: i64,
 ) -> crate::store::sql::Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO tf_state_encryption (workspace, version, encrypted, key_providers)
+        "INSERT INTO tf_state_encryption (workspace, version, encrypted, key_providers)
          SELECT workspace, ?3, encrypted, key_providers FROM tf_state_encryption
-          WHERE workspace = ?1 AND version = ?2",
+          WHERE workspace = ?1 AND version = ?2
+         ON CONFLICT (workspace, version) DO UPDATE SET
+           encrypted = excluded.encrypted, key_providers = excluded.key_providers",
     )?
     .execute(params![workspace, from, to])?;
     Ok(())

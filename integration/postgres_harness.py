@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""A throwaway PostgreSQL (Debian's postgresql-15) on loopback for tests.
+
+    python3 integration/postgres_harness.py start <dir>   # prints the URL
+    python3 integration/postgres_harness.py stop <dir>
+    python3 integration/postgres_harness.py newdb <dir>    # a new empty database's URL
+
+`start` runs `initdb` into <dir>/data (as the `postgres` user when run as root, since
+PostgreSQL refuses to run as root), starts it on a free loopback port with its
+defaults for durability (fsync and synchronous_commit on), and writes <dir>/url with
+`postgres://stategate@127.0.0.1:<port>/stategate`. Calling `start` on a dir whose
+server still runs just prints the URL again. `newdb` makes a fresh database (each
+test gets its own, so one server serves a whole run).
+
+Only the standard library is used (the pytest suite imports this module too).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+USER = "stategate"
+START_TIMEOUT = float(os.environ.get("POSTGRES_START_TIMEOUT", "60"))
+
+
+class PostgresError(RuntimeError):
+    pass
+
+
+def find_bin(name: str) -> str:
+    """`initdb`/`pg_ctl`/`psql` from Debian's postgresql-15 (not always on PATH)."""
+    for candidate in [shutil.which(name), *sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)]:
+        if candidate and os.access(str(candidate), os.X_OK):
+            return str(candidate)
+    raise PostgresError(f"{name} not found: install postgresql-15 (scripts/setup-test-deps.sh does)")
+
+
+def _as_owner(cmd: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: run its tools as the `postgres` user."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return cmd
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Postgres:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.data = self.root / "data"
+        self.sock = self.root / "sock"
+
+    @property
+    def url(self) -> str:
+        return (self.root / "url").read_text().strip()
+
+    def running(self) -> bool:
+        if not (self.data / "postmaster.pid").exists():
+            return False
+        r = subprocess.run(_as_owner([find_bin("pg_ctl"), "status", "-D", str(self.data)]),
+                           capture_output=True, text=True)
+        return r.returncode == 0
+
+    def start(self) -> str:
+        if self.running() and (self.root / "url").exists():
+            return self.url
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.sock.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+            shutil.chown(self.sock, "postgres")
+        if not (self.data / "PG_VERSION").exists():
+            r = subprocess.run(
+                _as_owner([find_bin("initdb"), "-D", str(self.data), "-U", USER, "--auth=trust",
+                           "--encoding=UTF8", "--locale=C.UTF-8", "--no-instructions"]),
+                capture_output=True, text=True)
+            if r.returncode != 0:
+                raise PostgresError(f"initdb failed: {r.stderr.strip()}")
+        port = _free_port()
+        opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={self.sock} "
+                "-c max_connections=200 -c fsync=on -c synchronous_commit=on")
+        r = subprocess.run(
+            _as_owner([find_bin("pg_ctl"), "start", "-D", str(self.data), "-w", "-t", str(int(START_TIMEOUT)),
+                       "-l", str(self.root / "postgres.log"), "-o", opts]),
+            capture_output=True, text=True)
+        if r.returncode != 0:
+            log = (self.root / "postgres.log")
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise PostgresError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
+        base = f"postgres://{USER}@127.0.0.1:{port}"
+        self._psql(f"{base}/postgres", "CREATE DATABASE stategate")
+        (self.root / "url").write_text(f"{base}/stategate\n")
+        return self.url
+
+    def new_database(self) -> str:
+        """A new empty database on this server; its URL."""
+        name = "t_" + uuid.uuid4().hex[:16]
+        base = self.url.rsplit("/", 1)[0]
+        self._psql(f"{base}/postgres", f"CREATE DATABASE {name}")
+        return f"{base}/{name}"
+
+    def _psql(self, url: str, sql: str) -> str:
+        deadline = time.time() + START_TIMEOUT
+        while True:
+            r = subprocess.run([find_bin("psql"), url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                return r.stdout
+            if time.time() > deadline or "already exists" in r.stderr:
+                raise PostgresError(f"psql {sql!r}: {r.stderr.strip()}")
+            time.sleep(0.2)
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run(_as_owner([find_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", mode, "-w"]),
+                           capture_output=True, text=True)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] not in ("start", "stop", "newdb"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    pg = Postgres(Path(argv[2]))
+    if argv[1] == "start":
+        print(pg.start())
+    elif argv[1] == "newdb":
+        print(pg.new_database())
+    else:
+        pg.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -10,6 +10,7 @@ pub mod drift;
 pub mod error;
 pub mod http;
 pub mod installation;
+pub mod jobs;
 pub mod keys;
 pub mod log;
 pub mod metrics;

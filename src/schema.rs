@@ -32,6 +32,7 @@ pub const ALL: &[&str] = &[
     crate::operator::SCHEMA,
     crate::tokens::SCHEMA,
     crate::drift::SCHEMA,
+    crate::jobs::SCHEMA,
 ];
 
 /// The schemas whose owner writes them anew for PostgreSQL (triggers are written

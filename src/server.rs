@@ -282,6 +282,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         "drain",
         crate::drain::ExitWhenDrained(app.inflight.clone()),
     ));
+    // Nodes sharing a PostgreSQL index run each housekeeping pass on one node at a time.
+    let claims = crate::jobs::Claims::of(app.tofu.store());
     if config.retention.interval_seconds > 0 {
         server.add_service(pingora::services::background::background_service(
             "retention",
@@ -290,6 +292,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 policy: Retention::from_config(&config.retention),
                 every: std::time::Duration::from_secs(config.retention.interval_seconds),
                 metrics: app.metrics.clone(),
+                claims: claims.clone(),
             },
         ));
     }
@@ -315,6 +318,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             ops: app.operator.clone(),
             every: (config.retention.interval_seconds > 0)
                 .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
+            claims: claims.clone(),
         },
     ));
     server.add_service(pingora::services::background::background_service(
@@ -328,7 +332,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     if app.drift.has_checks() {
         server.add_service(pingora::services::background::background_service(
             "drift",
-            DriftScheduler(app.drift.clone()),
+            DriftScheduler(app.drift.clone(), claims),
         ));
     }
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
@@ -563,12 +567,38 @@ fn local_health_url(config: &Config) -> String {
 struct StaleLockService {
     ops: crate::operator::Operations,
     every: Option<std::time::Duration>,
+    claims: crate::jobs::Claims,
 }
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for StaleLockService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
+            if self
+                .claims
+                .take("stale-locks", claim_time(self.every))
+                .await
+            {
+                self.pass().await;
+            }
+            let Some(every) = self.every else { return };
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// How long a node holds a job's claim: past the next pass, so the node that runs them
+/// keeps them, and short enough that another takes over soon after it dies.
+fn claim_time(every: Option<std::time::Duration>) -> std::time::Duration {
+    every.unwrap_or_default() + std::time::Duration::from_secs(60)
+}
+
+impl StaleLockService {
+    async fn pass(&self) {
+        {
             match self.ops.stale_locks().await {
                 Ok(stale) => {
                     for (workspace, lock) in stale {
@@ -587,11 +617,6 @@ impl pingora::services::background::BackgroundService for StaleLockService {
             // Housekeeping notices freezes whose `until` passed (removed, audited).
             if let Err(e) = self.ops.freezes(&crate::operator::roles::Grant::ROOT).await {
                 tracing::warn!(error = %e, "cannot expire ended freezes");
-            }
-            let Some(every) = self.every else { return };
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = shutdown.changed() => return,
             }
         }
     }
@@ -630,12 +655,12 @@ impl pingora::services::background::BackgroundService for LastUsedService {
 }
 
 /// Runs the configured drift checks on their intervals (`drift::DriftService::schedule`).
-struct DriftScheduler(crate::drift::DriftService);
+struct DriftScheduler(crate::drift::DriftService, crate::jobs::Claims);
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for DriftScheduler {
     async fn start(&self, shutdown: ShutdownWatch) {
-        self.0.schedule(shutdown).await
+        self.0.schedule(shutdown, &self.1).await
     }
 }
 
@@ -645,12 +670,31 @@ struct RetentionService {
     policy: Retention,
     every: std::time::Duration,
     metrics: Metrics,
+    claims: crate::jobs::Claims,
 }
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for RetentionService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
+            if self
+                .claims
+                .take("retention", claim_time(Some(self.every)))
+                .await
+            {
+                self.pass().await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.every) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+impl RetentionService {
+    async fn pass(&self) {
+        {
             let now = time::OffsetDateTime::now_utc();
             // Garbage is only reported here, never deleted (see `run_retention`).
             match self
@@ -688,10 +732,6 @@ impl pingora::services::background::BackgroundService for RetentionService {
                     self.metrics.retention_failed();
                     tracing::warn!(error = %e, "retention pass failed; retrying next interval")
                 }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.every) => {}
-                _ = shutdown.changed() => return,
             }
         }
     }

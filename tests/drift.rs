@@ -672,9 +672,10 @@ async fn the_scheduler_runs_due_checks_and_stops_on_shutdown() {
     let manual = check("manual", dir, &tofu);
     let drift = service(&server, vec![scheduled, manual], vec![]);
     let (stop, watch) = tokio::sync::watch::channel(false);
+    let claims = stategate::jobs::Claims::of(server.app.tofu.store());
     let scheduler = tokio::spawn({
         let drift = drift.clone();
-        async move { drift.schedule(watch).await }
+        async move { drift.schedule(watch, &claims).await }
     });
     let mut runs = Vec::new();
     for _ in 0..500 {

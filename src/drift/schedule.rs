@@ -6,8 +6,20 @@ use super::*;
 impl DriftService {
     /// The scheduler: runs each check with an interval when it is due (counted from
     /// its last check's start), until `shutdown` changes.
-    pub async fn schedule(&self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    pub async fn schedule(
+        &self,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        claims: &crate::jobs::Claims,
+    ) {
         loop {
+            // Nodes sharing the index: one schedules (and tidies) at a time; the others
+            // look again each tick, and take over when its claim lapses.
+            if !claims.take("drift-schedule", 2 * MAX_TICK).await {
+                tokio::select! {
+                    _ = tokio::time::sleep(MAX_TICK) => continue,
+                    _ = shutdown.changed() => return,
+                }
+            }
             if let Err(e) = self.tidy_when_due().await {
                 tracing::warn!(error = %e, "cannot tidy drift runs");
             }

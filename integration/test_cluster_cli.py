@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import sqlite3
 import subprocess
 import time
 import uuid
@@ -157,9 +156,7 @@ def test_cluster_cli_two_admins(server_factory):
     assert len(only_broken) == 1
 
     # Tokens exist only as hashes in the database.
-    db = sqlite3.connect(f"file:{s.data_dir / 'stategate.db'}?mode=ro", uri=True)
-    hashes = {row[0] for row in db.execute("SELECT sha256 FROM tokens WHERE kind = 'principal'")}
-    db.close()
+    hashes = {row[0] for row in s.query("SELECT sha256 FROM tokens WHERE kind = 'principal'")}
     for token in tokens.values():
         assert hashlib.sha256(token.encode()).hexdigest() in hashes
         assert token not in hashes

@@ -23,7 +23,6 @@ import http.server
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -85,11 +84,7 @@ def metric(server, name: str, ws: str) -> str | None:
 
 def lock_held(server, ws: str) -> bool:
     """Read-only look at the lock table (no LOCK probe that could race the apply)."""
-    con = sqlite3.connect(f"file:{server.data_dir / 'stategate.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        return con.execute("SELECT count(*) FROM tf_locks WHERE workspace = ?", (ws,)).fetchone()[0] == 1
-    finally:
-        con.close()
+    return server.query("SELECT count(*) FROM tf_locks WHERE workspace = ?", (ws,))[0][0] == 1
 
 
 def config_file(path: Path, checks: list[dict], webhooks: list[str] = ()) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from http.cookiejar import CookieJar
 import json
 import re
-import sqlite3
 import urllib.parse
 import urllib.request
 
@@ -106,9 +105,8 @@ class Ui:
 
 
 def revealed_rows(server, ws: str) -> list[dict]:
-    with sqlite3.connect(server.data_dir / "stategate.db") as db:
-        rows = db.execute("SELECT payload FROM audit WHERE scope = ? AND event = 'state.revealed' ORDER BY id",
-                          (f"tf/{ws}",)).fetchall()
+    rows = server.query("SELECT payload FROM audit WHERE scope = ? AND event = 'state.revealed' ORDER BY id",
+                        (f"tf/{ws}",))
     return [json.loads(p) for (p,) in rows]
 
 

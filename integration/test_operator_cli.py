@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import time
 
 from harness import BACKEND_HTTP, data_resource, http, resources_of, stategate_bin, cli, json_lines
@@ -58,9 +57,8 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
     missing = cli(server, "workspace", "show", ws_name, "--version", "9", ok=False)
     assert missing.returncode != 0 and missing.stdout == "" and "no version 9" in missing.stderr, missing
     # the two unmasked shows were reveals: audited, without the value; masked and refused ones not
-    with sqlite3.connect(server.data_dir / "stategate.db") as db:
-        revealed = db.execute("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'state.revealed'"
-                              " ORDER BY id", (f"tf/{ws_name}",)).fetchall()
+    revealed = server.query("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'state.revealed'"
+                            " ORDER BY id", (f"tf/{ws_name}",))
     assert [json.loads(p) for _, p in revealed] == [{"version": 2, "via": "cli"}, {"version": 1, "via": "cli"}], revealed
     assert all(a.startswith("cli:") and "s3cr3t" not in p for a, p in revealed), revealed
 
@@ -104,9 +102,8 @@ def test_list_show_diff_unlock_restore(server_factory, ws_name, make_tf):
     typed = cli(server, "workspace", "unlock", ws_name, stdin=ws_name + "\n")
     assert "unlocked" in typed.stderr, typed
     assert listed(server, ws_name)["lock"] is None
-    with sqlite3.connect(server.data_dir / "stategate.db") as db:
-        forced = db.execute("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'tf.lock_forced'",
-                            (f"tf/{ws_name}",)).fetchall()
+    forced = server.query("SELECT actor, payload FROM audit WHERE scope = ? AND event = 'tf.lock_forced'",
+                          (f"tf/{ws_name}",))
     assert len(forced) == 1 and forced[0][0].startswith("cli:"), forced
     assert json.loads(forced[0][1])["lock_id"] == lock["id"]
 

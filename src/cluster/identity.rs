@@ -347,7 +347,7 @@ pub fn list_clusters(conn: &Connection, org: Option<&str>) -> Result<Vec<Cluster
     }
     let mut stmt = conn.prepare(
         "SELECT c.id, o.name, c.name, c.created_at FROM clusters c JOIN orgs o ON o.id = c.org_id
-          WHERE ?1 IS NULL OR o.name = ?1 ORDER BY o.name, c.created_at, c.id",
+          WHERE CAST(?1 AS TEXT) IS NULL OR o.name = ?1 ORDER BY o.name, c.created_at, c.id",
     )?;
     let rows = stmt
         .query_map([org], |r| {

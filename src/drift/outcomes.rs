@@ -349,7 +349,7 @@ pub fn newer_runs(
     cap: u64,
 ) -> Result<u64, crate::store::sql::Error> {
     conn.query_row(
-        "SELECT count(*) FROM (SELECT 1 FROM drift_runs WHERE workspace = ?1 AND id > ?2 LIMIT ?3)",
+        "SELECT count(*) FROM (SELECT 1 FROM drift_runs WHERE workspace = ?1 AND id > ?2 LIMIT ?3) later",
         params![workspace, id, i64::try_from(cap).unwrap_or(i64::MAX)],
         |r| r.get(0),
     )
@@ -406,7 +406,7 @@ pub fn list_runs(
     limit: u32,
 ) -> Result<Vec<Run>, crate::store::sql::Error> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM drift_runs r WHERE (?1 IS NULL OR r.workspace = ?1)
+        "SELECT {COLUMNS} FROM drift_runs r WHERE (CAST(?1 AS TEXT) IS NULL OR r.workspace = ?1)
           ORDER BY r.id DESC LIMIT ?2"
     ))?;
     let rows = stmt.query_map(params![workspace, limit], row_to_run)?;

@@ -7,7 +7,7 @@
 //! Append-only is enforced by the database, not by convention: [`SCHEMA`] adds
 //! triggers that abort any UPDATE or DELETE on the table, whoever issues it.
 
-use crate::store::sql::{params, Connection};
+use crate::store::sql::{params, Connection, Dialect};
 
 use super::now_rfc3339;
 
@@ -140,29 +140,48 @@ fn glob_literal(text: &str) -> String {
 }
 
 /// The event filter's conditions: `?2` begins the event or one of its parts after a
-/// dot; `?7` begins no event shown. GLOB, not LIKE: it is case-sensitive as event
-/// names are, and treats `_` literally.
-const EVENT_CONDITIONS: &str =
-    "(?2 IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*')
-            AND (?7 IS NULL OR event NOT GLOB ?7 || '*')";
+/// dot; `?7` begins no event shown. Case-sensitive as event names are, and `_` is
+/// literal: SQLite's GLOB (the filters bracketed by [`glob_literal`]), PostgreSQL's
+/// `starts_with` and `strpos` (the filters as they are). `?2` and `?7` are text.
+fn event_conditions(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => {
+            "(CAST(?2 AS TEXT) IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*')
+            AND (CAST(?7 AS TEXT) IS NULL OR event NOT GLOB ?7 || '*')"
+        }
+        Dialect::Postgres => {
+            "(CAST(?2 AS TEXT) IS NULL OR starts_with(event, ?2) OR strpos(event, '.' || ?2) > 0)
+            AND (CAST(?7 AS TEXT) IS NULL OR NOT starts_with(event, ?7))"
+        }
+    }
+}
+
+/// An audit row's time (RFC 3339 text) in unix seconds, fractions kept.
+fn at_seconds(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => "unixepoch(at, 'subsec')",
+        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM CAST(at AS TIMESTAMPTZ)) AS DOUBLE PRECISION)",
+    }
+}
 
 /// The listing's SQL: with a scope it walks the `audit_by_scope` index, without one
 /// the log by id, newest first; both stop after `limit` matching rows.
-fn listing_sql(with_scope: bool) -> String {
+fn listing_sql(with_scope: bool, dialect: Dialect) -> String {
     // Two texts, not `(?1 IS NULL OR scope = ?1)`: SQLite plans before it sees the
     // value, and only a plain `scope = ?1` lets it walk the `audit_by_scope` index
     // instead of the whole log.
     let scope = if with_scope {
         "scope = ?1"
     } else {
-        "?1 IS NULL"
+        "CAST(?1 AS TEXT) IS NULL"
     };
+    let (events, at) = (event_conditions(dialect), at_seconds(dialect));
     format!(
         "SELECT id, at, actor, org, scope, event, payload FROM audit
-          WHERE {scope} AND {EVENT_CONDITIONS}
-            AND (?4 IS NULL OR unixepoch(at, 'subsec') >= ?4)
-            AND (?5 IS NULL OR unixepoch(at, 'subsec') < ?5)
-            AND (?6 IS NULL OR id < ?6)
+          WHERE {scope} AND {events}
+            AND (CAST(?4 AS DOUBLE PRECISION) IS NULL OR {at} >= ?4)
+            AND (CAST(?5 AS DOUBLE PRECISION) IS NULL OR {at} < ?5)
+            AND (CAST(?6 AS BIGINT) IS NULL OR id < ?6)
           ORDER BY id DESC LIMIT ?3"
     )
 }
@@ -201,9 +220,14 @@ pub fn list_audit_filtered(
     filter: &AuditFilter,
     limit: u32,
 ) -> Result<Vec<AuditRow>, crate::store::sql::Error> {
-    let mut stmt = conn.prepare_cached(&listing_sql(filter.scope.is_some()))?;
-    let event = filter.event.as_deref().map(glob_literal);
-    let exclude = filter.exclude.as_deref().map(glob_literal);
+    let dialect = conn.dialect();
+    let mut stmt = conn.prepare_cached(&listing_sql(filter.scope.is_some(), dialect))?;
+    let literal = |filter: &str| match dialect {
+        Dialect::Sqlite => glob_literal(filter),
+        Dialect::Postgres => filter.to_string(),
+    };
+    let event = filter.event.as_deref().map(literal);
+    let exclude = filter.exclude.as_deref().map(literal);
     let params = params![
         filter.scope,
         event,
@@ -453,8 +477,8 @@ mod tests {
     fn the_listing_and_the_kinds_use_an_index_and_no_sort() {
         let conn = audit_db();
         for sql in [
-            listing_sql(true),
-            listing_sql(false),
+            listing_sql(true, Dialect::Sqlite),
+            listing_sql(false, Dialect::Sqlite),
             EVENT_KINDS_SQL.to_string(),
         ] {
             let plan = crate::store::db::query_plan(&conn, &sql);

@@ -23,7 +23,7 @@ pub fn history_rows(
     scope: &str,
     limit: Option<u32>,
 ) -> Result<Vec<VersionRow>, crate::store::sql::Error> {
-    let limit = limit.map_or(-1, i64::from); // SQLite: a negative LIMIT means none
+    let limit = limit.map_or(i64::MAX, i64::from); // none: more rows than there can be
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {VERSION_COLUMNS} FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2"
     ))?;

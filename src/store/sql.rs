@@ -24,7 +24,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error("{0}")]
     Sqlite(rusqlite::Error),
-    #[error("{0}")]
+    #[error("{}", postgres_message(.0))]
     Postgres(#[from] postgres::Error),
     #[error("query returned no rows")]
     NoRows,
@@ -39,6 +39,17 @@ pub enum Error {
 impl From<String> for Error {
     fn from(message: String) -> Self {
         Error::Value(message)
+    }
+}
+
+/// The server's own words for a refused statement ("db error" alone says nothing).
+fn postgres_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
     }
 }
 
@@ -891,7 +902,7 @@ impl PgConn {
         if let Some(stmt) = self.statements.borrow().get(sql) {
             return Ok(stmt.clone());
         }
-        let stmt = self.client().prepare(&postgres_placeholders(sql))?;
+        let stmt = self.client().prepare(&postgres_statement(sql))?;
         let mut cache = self.statements.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE {
             cache.clear();
@@ -933,6 +944,20 @@ fn tls_connector(
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// A statement as PostgreSQL reads it: [`postgres_placeholders`], and SQLite's index
+/// hints (`INDEXED BY name`, which only steer SQLite's planner) left out.
+fn postgres_statement(sql: &str) -> String {
+    let mut out = postgres_placeholders(sql);
+    while let Some(at) = out.find(" INDEXED BY ") {
+        let name_start = at + " INDEXED BY ".len();
+        let name_len = out[name_start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(out.len() - name_start);
+        out.replace_range(at..name_start + name_len, "");
+    }
+    out
 }
 
 /// `?N` → `$N`, and a bare `?` → the next number, outside quoted strings and
@@ -1144,6 +1169,10 @@ mod tests {
         for (sqlite, postgres) in cases {
             assert_eq!(postgres_placeholders(sqlite), postgres, "{sqlite}");
         }
+        assert_eq!(
+            postgres_statement("SELECT a FROM t INDEXED BY t_by_a WHERE a = ?1"),
+            "SELECT a FROM t WHERE a = $1"
+        );
     }
 
     #[test]

@@ -650,15 +650,15 @@ pub struct TimelineRow {
 /// harness's query-plan check on a 1M-version index.
 pub const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
      FROM (SELECT * FROM (SELECT version, address, change FROM resource_changes INDEXED BY resource_changes_by_address
-                           WHERE scope = ?1 AND address = ?2 ORDER BY version DESC LIMIT ?3)
+                           WHERE scope = ?1 AND address = ?2 ORDER BY version DESC LIMIT ?3) exact
            UNION ALL
            SELECT * FROM (SELECT version, address, change FROM resource_changes INDEXED BY resource_changes_by_address
                            WHERE scope = ?1 AND address >= ?2 || '[' AND address < ?2 || '\\'
-                           ORDER BY version DESC LIMIT ?3)
+                           ORDER BY version DESC LIMIT ?3) instances
            UNION ALL
            SELECT * FROM (SELECT version, address, change FROM resource_changes INDEXED BY resource_changes_by_address
                            WHERE scope = ?1 AND address >= ?2 || '.' AND address < ?2 || '/'
-                           ORDER BY version DESC LIMIT ?3)) c
+                           ORDER BY version DESC LIMIT ?3) inside) c
      JOIN versions v ON v.scope = ?1 AND v.version = c.version
     ORDER BY c.version DESC LIMIT ?3";
 

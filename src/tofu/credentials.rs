@@ -207,7 +207,8 @@ pub fn rotate(
     conn.prepare_cached(
         "INSERT INTO tf_credential_generations (workspace, generation, rotated_at)
          VALUES (?1, 1, ?2)
-         ON CONFLICT (workspace) DO UPDATE SET generation = generation + 1, rotated_at = ?2",
+         ON CONFLICT (workspace) DO UPDATE
+           SET generation = tf_credential_generations.generation + 1, rotated_at = ?2",
     )?
     .execute(params![workspace, at])?;
     generation(conn, workspace)

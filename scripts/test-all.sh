@@ -5,10 +5,12 @@
 #   2. cargo fmt --check
 #   3. cargo clippy --all-targets -- -D warnings
 #   4. cargo build
-#   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported)
+#   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported) and a
+#      PostgreSQL on loopback (STATEGATE_TEST_POSTGRES_URL, STATEGATE_E2E_POSTGRES_DIR)
 #   6. cargo test
 #   7. the real-Terraform end-to-end suite (integration/, pytest); its screenshots go
 #      to $STATEGATE_ARTIFACTS (a new temp dir unless set), printed in the summary
+#   8. the same suite's index-facing modules again with the index on PostgreSQL
 # Exits non-zero if any step fails; prints a summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,7 @@ export STATEGATE_VENV="${STATEGATE_VENV:-$HOME/.cache/stategate/venv}"
 VENV="$STATEGATE_VENV"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/stategate-test-all.XXXXXX")"
 GARAGE_DIR="$WORK/garage"
+POSTGRES_DIR="$WORK/postgres"
 # The browser suite's screenshots (every page, desktop and phone width): kept after the
 # run (unlike $WORK) for CI to pick up, never in the repo.
 export STATEGATE_ARTIFACTS="${STATEGATE_ARTIFACTS:-$(mktemp -d "${TMPDIR:-/tmp}/stategate-artifacts.XXXXXX")}"
@@ -28,6 +31,9 @@ NPASS=0
 NFAIL=0
 
 cleanup() {
+    if [ -d "$POSTGRES_DIR/data" ]; then
+        "$VENV/bin/python" integration/postgres_harness.py stop "$POSTGRES_DIR" || true
+    fi
     if [ -f "$GARAGE_DIR/garage.pid" ]; then
         "$VENV/bin/python" integration/garage_harness.py stop "$GARAGE_DIR" || true
     fi
@@ -94,6 +100,17 @@ if [ "$GARAGE_OK" = 0 ]; then
     tail -n 40 "$GARAGE_DIR/garage.log" 2>/dev/null || true
 fi
 
+start_postgres() {
+    local url
+    url="$("$VENV/bin/python" integration/postgres_harness.py start "$POSTGRES_DIR")" || return 1
+    export STATEGATE_TEST_POSTGRES_URL="$url" STATEGATE_TEST_REQUIRE_POSTGRES=1
+    export STATEGATE_E2E_POSTGRES_DIR="$POSTGRES_DIR"
+    echo "postgres up: $url"
+}
+if ! step "start postgres (for cargo test and the e2e suite)" start_postgres; then
+    tail -n 40 "$POSTGRES_DIR/postgres.log" 2>/dev/null || true
+fi
+
 step "cargo test" cargo test
 
 run_e2e() {
@@ -104,10 +121,26 @@ run_e2e() {
     if [ "$rc" = 5 ]; then echo "pytest collected no tests"; fi
     return "$rc"
 }
+# The modules whose tests reach the index (locks, versions, audit, tokens, drift runs),
+# again with every server's index on PostgreSQL (a new database each), local store.
+# (What only a SQLite index has, its file's backups and rebuilds, is in other modules.)
+POSTGRES_E2E=(test_terraform_e2e test_hostile_tf test_hostile_cluster test_write_guards
+              test_freeze test_move test_access test_timeline test_cluster_cli test_drift
+              test_operator_cli test_masking)
+run_e2e_postgres() {
+    local rc=0 modules=()
+    for m in "${POSTGRES_E2E[@]}"; do modules+=("integration/$m.py"); done
+    STATEGATE_BIN="${STATEGATE_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/debug/stategate}" \
+    STATEGATE_E2E_INDEX=postgres \
+        "$VENV/bin/python" -m pytest "${modules[@]}" -v --durations=5 -k "not garage" || rc=$?
+    return "$rc"
+}
 if [ "$BUILD_OK" = 1 ]; then
     step "e2e: real terraform vs stategate (pytest integration/)" run_e2e
+    step "e2e: the index on PostgreSQL (pytest, STATEGATE_E2E_INDEX=postgres)" run_e2e_postgres
 else
     skip "e2e: real terraform vs stategate (pytest integration/)" "cargo build failed"
+    skip "e2e: the index on PostgreSQL" "cargo build failed"
 fi
 
 summary

@@ -160,7 +160,9 @@ fn event_conditions(dialect: Dialect) -> &'static str {
 fn at_seconds(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => "unixepoch(at, 'subsec')",
-        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM CAST(at AS TIMESTAMPTZ)) AS DOUBLE PRECISION)",
+        Dialect::Postgres => {
+            "CAST(EXTRACT(EPOCH FROM CAST(at AS TIMESTAMPTZ)) AS DOUBLE PRECISION)"
+        }
     }
 }
 

@@ -1,0 +1,215 @@
+//! The index on a REAL PostgreSQL (started by `scripts/test-all.sh`, which exports
+//! `STATEGATE_TEST_POSTGRES_URL`; `python3 integration/postgres_harness.py start DIR`
+//! starts one by hand). Each test makes its own database. Two in-process servers on
+//! one database are two nodes. Without the variable the tests say so and return,
+//! unless `CI` or `STATEGATE_TEST_REQUIRE_POSTGRES` is set, in which case they fail.
+
+mod common;
+
+use common::{lock_info, state, status, TestServer};
+use stategate::config::IndexKind;
+use stategate::store::sql::Connection;
+
+/// A new empty database on the test server; `None` (said) when there is no server.
+fn new_database() -> Option<String> {
+    let Ok(base) = std::env::var("STATEGATE_TEST_POSTGRES_URL") else {
+        let required = std::env::var_os("CI").is_some()
+            || std::env::var_os("STATEGATE_TEST_REQUIRE_POSTGRES").is_some();
+        assert!(
+            !required,
+            "STATEGATE_TEST_POSTGRES_URL not set but a real PostgreSQL is required here"
+        );
+        eprintln!("STATEGATE_TEST_POSTGRES_URL not set: skipping the PostgreSQL test (run scripts/test-all.sh)");
+        return None;
+    };
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
+    let made = name.clone();
+    let base2 = base.clone();
+    std::thread::spawn(move || {
+        let admin = Connection::connect_postgres(&base2, None).unwrap();
+        admin
+            .execute_batch(&format!("CREATE DATABASE {made}"))
+            .unwrap();
+    })
+    .join()
+    .unwrap();
+    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database name");
+    Some(format!("{prefix}/{name}"))
+}
+
+/// Runs `f` on a connection of its own to `url`, off the async runtime.
+fn with_conn<T: Send + 'static>(url: &str, f: impl FnOnce(&Connection) -> T + Send + 'static) -> T {
+    let url = url.to_string();
+    std::thread::spawn(move || f(&Connection::connect_postgres(&url, None).unwrap()))
+        .join()
+        .unwrap()
+}
+
+async fn node(url: &str) -> TestServer {
+    let url = url.to_string();
+    TestServer::start_with(move |c| {
+        c.index.kind = IndexKind::Postgres;
+        c.index.url = Some(url.into());
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_is_one_row_for_every_node_and_a_write_needs_its_holder() {
+    let Some(url) = new_database() else { return };
+    let (a, b) = (node(&url).await, node(&url).await);
+    let ws = "shared";
+    // Many LOCKs at once through both nodes: exactly one wins.
+    let mut tries = Vec::new();
+    for i in 0..16 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let req = server.tf("LOCK", ws).body(lock_info(&format!("id-{i}")));
+        tries.push(tokio::spawn(status(req)));
+    }
+    let mut won = Vec::new();
+    for (i, t) in tries.into_iter().enumerate() {
+        let (code, body) = t.await.unwrap();
+        match code {
+            200 => won.push(i),
+            423 => assert!(body.contains("\"ID\":\"id-"), "{body}"),
+            other => panic!("LOCK {i}: {other} {body}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "one lock row: {won:?}");
+    let holder = format!("id-{}", won[0]);
+    // A write through the other node with another ID is refused and writes nothing.
+    let (code, _) = status(
+        b.tf("POST", ws)
+            .query(&[("ID", "not-the-holder")])
+            .body(state(1, "l", "")),
+    )
+    .await;
+    assert_eq!(code, 423);
+    let versions = with_conn(&url, |c| {
+        c.query_row("SELECT count(*) FROM versions", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    });
+    assert_eq!(versions, 0);
+    // The holder's write through either node commits; its identical retry is a no-op.
+    for server in [&a, &b] {
+        let (code, body) = status(
+            server
+                .tf("POST", ws)
+                .query(&[("ID", holder.as_str())])
+                .body(state(1, "l", "")),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let versions = with_conn(&url, |c| {
+        c.query_row("SELECT count(*) FROM versions", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    });
+    assert_eq!(
+        versions, 1,
+        "the identical retry through the other node wrote nothing"
+    );
+    let (code, body) = status(a.tf("GET", ws)).await;
+    assert_eq!(code, 200);
+    assert!(body.contains("\"serial\":1"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_itself_keeps_the_audit_log_and_finished_runs_append_only() {
+    let Some(url) = new_database() else { return };
+    let server = node(&url).await;
+    let ws = "audited";
+    let (code, _) = status(server.tf("LOCK", ws).body(lock_info("x"))).await;
+    assert_eq!(code, 200);
+    let refused = with_conn(&url, |c| {
+        let before: i64 = c
+            .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
+            .unwrap();
+        assert!(before > 0, "the LOCK was audited");
+        let mut refusals = Vec::new();
+        for sql in [
+            "UPDATE audit SET actor = 'someone-else'",
+            "DELETE FROM audit",
+            "TRUNCATE audit",
+            "INSERT INTO drift_runs (workspace, kind, trigger, started_at, finished_at) VALUES ('w', 'check', 't', 'then', 'then')",
+        ] {
+            refusals.push((sql, c.execute_batch(sql)));
+        }
+        let after: i64 = c
+            .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(after, before, "nothing changed");
+        for sql in [
+            "UPDATE drift_runs SET outcome = 'in_sync'",
+            "DELETE FROM drift_runs",
+            "TRUNCATE drift_runs CASCADE",
+        ] {
+            refusals.push((sql, c.execute_batch(sql)));
+        }
+        refusals
+            .into_iter()
+            .map(|(sql, r)| {
+                (
+                    sql,
+                    r.map_err(|e| (e.is_constraint_violation(), e.to_string())),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    for (sql, outcome) in refused {
+        if sql.starts_with("INSERT") {
+            assert!(outcome.is_ok(), "{sql}: {outcome:?}");
+            continue;
+        }
+        let (constraint, message) = outcome.expect_err(sql);
+        assert!(
+            constraint && message.contains("append-only"),
+            "{sql}: {message}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_commit_is_synchronous_and_fsync_is_required() {
+    let Some(url) = new_database() else { return };
+    let _server = node(&url).await;
+    let (sync, fsync) = with_conn(&url, |c| {
+        (
+            c.query_row("SHOW synchronous_commit", [], |r| r.get::<_, String>(0))
+                .unwrap(),
+            c.query_row("SHOW fsync", [], |r| r.get::<_, String>(0))
+                .unwrap(),
+        )
+    });
+    assert_eq!((sync.as_str(), fsync.as_str()), ("on", "on"));
+    // A database whose role defaults to asynchronous commits still gets synchronous
+    // ones from stategate (it sets them per connection).
+    let name = url.rsplit('/').next().unwrap().to_string();
+    with_conn(&url, move |c| {
+        c.execute_batch(&format!(
+            "ALTER DATABASE {name} SET synchronous_commit = off"
+        ))
+        .unwrap()
+    });
+    let seen = with_conn(&url, |c| {
+        c.query_row("SHOW synchronous_commit", [], |r| r.get::<_, String>(0))
+            .unwrap()
+    });
+    assert_eq!(seen, "on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_url_is_a_clear_error_without_the_password() {
+    let bad = "postgres://stategate:hunter2-secret@127.0.0.1:1/stategate";
+    let err = std::thread::spawn(move || {
+        stategate::schema::open_postgres(bad, None)
+            .err()
+            .expect("nothing listens on port 1")
+            .to_string()
+    })
+    .join()
+    .unwrap();
+    assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
+    assert!(!err.contains("hunter2"), "the password leaked: {err}");
+}

@@ -240,3 +240,70 @@ def test_housekeeping_runs_on_one_node_and_tokens_work_on_both(nodes):
     cli(b, "admin", "operator", "token", "revoke", mine[0])
     for s in (a, b):
         assert http("GET", f"{s.url}/api/v1/admin/workspaces", bearer=token).status == 401, "revoked on every node"
+
+
+def test_the_index_migrates_to_postgres_and_back(postgres, check_binary, tmp_path, make_tf):
+    """SQLite → PostgreSQL → SQLite with the real CLI: every table verified, the state,
+    its history, the audit log and an operator token the same after each move; refused
+    while a server uses the source."""
+    s = Server(data_dir=tmp_path / "data", store="local")
+    s.start()
+    name = f"moved-{uuid.uuid4().hex[:8]}"
+    tf = make_tf("w", s.workspace(name).env)
+    tf.write(BACKEND_HTTP + data_resource("a", "one"))
+    tf.init()
+    tf.apply()
+    tf.write(BACKEND_HTTP + data_resource("a", "two"))
+    tf.apply()
+    token = cli(s, "admin", "operator", "create", "--email", "ops@example.org").stdout.strip().split()[-1]
+
+    def snapshot():
+        history = cli(s, "workspace", "history", name, "--json").stdout
+        audit = cli(s, "admin", "audit", "list", "--scope", f"tf/{name}", "--json").stdout
+        return s.workspace(name).get().body, history, audit
+
+    before = snapshot()
+    url = postgres.new_database()
+    refused = cli(s, "index", "migrate", "--to", "postgres", url, ok=False)
+    assert refused.returncode != 0 and "server is running" in refused.stderr, refused
+    assert postgres_harness_tables(url) == 0, "nothing was written while the server ran"
+
+    s.stop()
+    out = cli(s, "index", "migrate", "--to", "postgres", url, "--json")
+    report = {json.loads(line)["table"]: json.loads(line) for line in out.stdout.splitlines() if line.strip()}
+    assert report["versions"]["rows"] == 2 and report["audit"]["rows"] > 0, report
+    assert "copied and verified" in out.stderr, out.stderr
+    again = cli(s, "index", "migrate", "--to", "postgres", url, ok=False)
+    assert "not empty" in again.stderr, again
+
+    s.extra_env.update(STATEGATE_INDEX="postgres", STATEGATE_INDEX_URL=url)
+    s.start()
+    assert snapshot() == before
+    assert http("GET", f"{s.url}/api/v1/admin/workspaces", bearer=token).status == 200
+    tf.write(BACKEND_HTTP + data_resource("a", "three"))
+    tf.apply()  # the server on PostgreSQL takes writes: identity numbers continue
+
+    back = tmp_path / "back.db"
+    busy = cli(s, "index", "migrate", "--to", "sqlite", str(back), ok=False)
+    assert busy.returncode != 0 and "other stategate sessions" in busy.stderr and not back.exists(), busy
+    s.stop()
+    during = snapshot_cli_only(s, name)
+    cli(s, "index", "migrate", "--to", "sqlite", str(back))
+    for old in s.data_dir.glob("stategate.db*"):  # the old index and its WAL: never mixed
+        old.unlink()
+    back.rename(s.data_dir / "stategate.db")
+    del s.extra_env["STATEGATE_INDEX"], s.extra_env["STATEGATE_INDEX_URL"]
+    s.start()
+    assert snapshot_cli_only(s, name) == during
+    assert "three" in s.workspace(name).get().text()
+    s.stop()
+
+
+def snapshot_cli_only(s, name):
+    history = json.loads(cli(s, "workspace", "history", name, "--json").stdout.splitlines()[0])
+    return history["version"], history["sha256"]
+
+
+def postgres_harness_tables(url: str) -> int:
+    from harness import query_postgres
+    return query_postgres(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")[0][0]

@@ -515,6 +515,92 @@ pub fn has_index(config: &Config) -> bool {
     postgres_url(config).is_some() || config.db_path().exists()
 }
 
+/// Where `stategate index migrate` copies the index to.
+pub enum MigrateTo {
+    /// From the data dir's SQLite file into an empty PostgreSQL database.
+    Postgres { url: String },
+    /// From the configured PostgreSQL database into a new SQLite file.
+    Sqlite { path: std::path::PathBuf },
+}
+
+/// Copies every table of this installation's index into `to` in one transaction (the
+/// schema made there first), then reads both back and compares each table
+/// (`store::copy`); on any difference nothing is committed. Refused while a server
+/// uses the source: for SQLite, one holding the data dir; for PostgreSQL, any other
+/// stategate session on the database (`pg_stat_activity`).
+pub fn migrate_index(
+    config: &Config,
+    to: MigrateTo,
+) -> anyhow::Result<Vec<crate::store::copy::TableCopy>> {
+    use crate::store::sql::Connection;
+    let copy = |from: &Connection, into: &Connection| -> anyhow::Result<_> {
+        into.begin_write()?;
+        crate::schema::apply(into)?;
+        let report = crate::store::copy::copy_tables(
+            from,
+            into,
+            crate::schema::TABLES,
+            crate::schema::IDENTITIES,
+        )?;
+        into.end_transaction(true)?;
+        Ok(report)
+    };
+    // Off any async runtime: the PostgreSQL client blocks on a runtime of its own.
+    std::thread::scope(|s| {
+        s.spawn(|| match to {
+            MigrateTo::Postgres { url } => {
+                anyhow::ensure!(
+                    postgres_url(config).is_none(),
+                    "this installation's index is already on PostgreSQL (index.kind = \"postgres\")"
+                );
+                let _held = hold_without_server(config)?.context(
+                    "a stategate server is running on this data dir: stop it first, so that no write is left behind",
+                )?;
+                let path = config.db_path();
+                anyhow::ensure!(path.exists(), "no index at {}", path.display());
+                let from = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+                let into = Connection::connect_postgres(&url, config.index.ca_file.as_deref())
+                    .map_err(anyhow::Error::msg)?;
+                copy(&from, &into)
+            }
+            MigrateTo::Sqlite { path } => {
+                let url = postgres_url(config).context(
+                    "this installation's index is SQLite; `--to sqlite` copies a PostgreSQL index",
+                )?;
+                anyhow::ensure!(!path.exists(), "{} exists: name a new file", path.display());
+                let from = Connection::connect_postgres(url, config.index.ca_file.as_deref())
+                    .map_err(anyhow::Error::msg)?;
+                let others: i64 = from.query_row(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND application_name = ?1 AND pid <> pg_backend_pid()",
+                    [crate::store::sql::APPLICATION_NAME],
+                    |r| r.get(0),
+                )?;
+                anyhow::ensure!(
+                    others == 0,
+                    "{others} other stategate sessions use this database: stop every server on it first, so that no write is left behind"
+                );
+                // One snapshot of the source for the whole copy.
+                from.begin_read()?;
+                let into = Connection::open(&path)?;
+                restrict_file(&path);
+                let report = copy(&from, &into);
+                if report.is_err() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                report
+            }
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the copy panicked")))
+    })
+}
+
+fn restrict_file(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+}
+
 /// Refuses what only a SQLite index has (its file: rebuild into one, a snapshot of
 /// one, a restore into one). A PostgreSQL index is backed up and restored by
 /// PostgreSQL's own tools (`pg_dump`, base backups and WAL archiving).

@@ -68,6 +68,61 @@ pub fn open_postgres(url: &str, ca_file: Option<&Path>) -> Result<Db, DbError> {
     Db::open_postgres(url, ca_file, &postgres().map_err(DbError::Task)?)
 }
 
+/// Every table of [`ALL`], in an order that satisfies their foreign keys, with the
+/// order a copy inserts its rows in (`store::copy`, `stategate index migrate`):
+/// parents before the rows that refer to them.
+pub const TABLES: &[(&str, &str)] = &[
+    ("versions", "1"),
+    ("audit", "id"),
+    ("resource_changes", "1"),
+    ("resource_summary_heads", "1"),
+    ("resource_instance_digests", "1"),
+    ("key_generations", "1"),
+    ("tf_locks", "1"),
+    ("tf_run_credentials", "1"),
+    ("tf_write_overrides", "1"),
+    ("tf_state_encryption", "1"),
+    ("tf_freezes", "1"),
+    ("tf_credential_generations", "1"),
+    ("tf_token_grants", "1"),
+    ("tf_consumers", "1"),
+    ("orgs", "id"),
+    ("principals", "id"),
+    ("clusters", "1"),
+    ("principals_disabled", "1"),
+    ("cluster_leases", "1"),
+    ("operators", "id"),
+    ("operator_grants", "1"),
+    ("operator_sso", "1"),
+    // A session's parent is an operator token, which has none.
+    ("tokens", "parent IS NOT NULL, sha256"),
+    // An apply run refers to the check run before it.
+    ("drift_runs", "id"),
+    ("drift_outputs_pruned", "1"),
+    ("job_claims", "1"),
+];
+
+/// The tables whose `id` the database numbers (an identity column on PostgreSQL).
+pub const IDENTITIES: &[&str] = &["audit", "orgs", "principals", "operators", "drift_runs"];
+
+/// Applies every schema for `conn`'s database, in the caller's transaction (a copy's
+/// new database: no migration, as it holds no earlier release's tables).
+pub fn apply(conn: &crate::store::sql::Connection) -> Result<(), DbError> {
+    match conn.dialect() {
+        crate::store::sql::Dialect::Sqlite => {
+            for schema in ALL {
+                conn.execute_batch(schema)?;
+            }
+        }
+        crate::store::sql::Dialect::Postgres => {
+            for schema in postgres().map_err(DbError::Task)? {
+                conn.execute_batch(&schema)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The kinds of scope the `versions` table holds, with the root each one's blobs are
 /// sealed under: workspaces under the DEK, clusters under `ADJ_STATE_ENC_KEY` (when
 /// configured). The index rebuild and backup verification open blobs with these.
@@ -151,6 +206,23 @@ mod tests {
                 "{ddl}"
             );
         }
+    }
+
+    /// [`TABLES`] names every table the schemas make, each once.
+    #[test]
+    fn every_table_is_listed_for_a_copy() {
+        let conn = crate::store::db::schema_db();
+        let mut made: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut listed: Vec<String> = TABLES.iter().map(|(t, _)| t.to_string()).collect();
+        listed.sort();
+        made.sort();
+        assert_eq!(listed, made);
     }
 
     #[test]

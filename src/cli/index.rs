@@ -30,6 +30,19 @@ pub enum IndexCommand {
         #[arg(long)]
         into: PathBuf,
     },
+    /// Copy the whole index to the other database, verified table by table: the data
+    /// dir's SQLite into an empty PostgreSQL database (`--to postgres URL`), or the
+    /// configured PostgreSQL database into a new SQLite file (`--to sqlite PATH`).
+    /// Stop every server first; the source is not changed. Then point `[index]` at the
+    /// copy.
+    Migrate {
+        #[arg(long, value_parser = ["postgres", "sqlite"])]
+        to: String,
+        /// The PostgreSQL URL, or the new SQLite file's path.
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -43,10 +56,57 @@ pub enum BackupCommand {
 }
 
 pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
-    installation::require_sqlite_index(config, "stategate index rebuild")?;
     match command {
-        IndexCommand::Rebuild { into } => rebuild(config, &into),
+        IndexCommand::Rebuild { into } => {
+            installation::require_sqlite_index(config, "stategate index rebuild")?;
+            rebuild(config, &into)
+        }
+        IndexCommand::Migrate { to, target, json } => migrate(config, &to, target, json),
     }
+}
+
+pub fn migrate(config: &Config, to: &str, target: String, json: bool) -> anyhow::Result<()> {
+    let (to, next) = match to {
+        "postgres" => (
+            installation::MigrateTo::Postgres { url: target },
+            "set [index] kind = \"postgres\" and url (or STATEGATE_INDEX, STATEGATE_INDEX_URL) on every node, then start them".to_string(),
+        ),
+        _ => {
+            let path = PathBuf::from(&target);
+            let live = config.db_path();
+            let next = format!(
+                "remove any old {live} with its -wal and -shm files (an old WAL must never meet the new file), \
+                 move {} to {live}, set [index] kind = \"sqlite\" (remove index.url), then start the server",
+                path.display(),
+                live = live.display()
+            );
+            (installation::MigrateTo::Sqlite { path }, next)
+        }
+    };
+    let report = installation::migrate_index(config, to)?;
+    let rows: Vec<_> = report
+        .iter()
+        .map(|t| serde_json::json!({"table": t.table, "rows": t.rows, "sha256": t.digest}))
+        .collect();
+    listing(
+        &rows,
+        json,
+        "no tables",
+        &["TABLE", "ROWS", "SHA-256 (same in both)"],
+        |r| {
+            vec![
+                r["table"].as_str().unwrap_or_default().to_string(),
+                r["rows"].to_string(),
+                r["sha256"].as_str().unwrap_or_default().to_string(),
+            ]
+        },
+    )?;
+    let total: u64 = report.iter().map(|t| t.rows).sum();
+    eprintln!(
+        "copied and verified {} tables, {total} rows; the source is unchanged. Next: {next}",
+        report.len()
+    );
+    Ok(())
 }
 
 pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Result<()> {

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod backup;
 pub mod blob;
+pub mod copy;
 pub mod db;
 pub mod format;
 pub mod history;

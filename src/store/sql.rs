@@ -687,6 +687,23 @@ impl Statement<'_> {
         }
     }
 
+    /// The names of its columns, in order.
+    pub fn column_names(&mut self) -> Vec<String> {
+        match &mut self.inner {
+            StatementInner::Sqlite(s) => s
+                .get()
+                .column_names()
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            StatementInner::Postgres(_, stmt) => stmt
+                .columns()
+                .iter()
+                .map(|c| c.name().to_string())
+                .collect(),
+        }
+    }
+
     /// How many parameters it takes.
     pub fn parameter_count(&mut self) -> usize {
         match &mut self.inner {
@@ -844,6 +861,10 @@ enum PgTransaction {
     Write,
 }
 
+/// The `application_name` of every connection stategate makes (unless the URL names
+/// one): `pg_stat_activity` shows which sessions are stategate's.
+pub const APPLICATION_NAME: &str = "stategate";
+
 /// The transaction-scoped advisory lock every PostgreSQL write transaction takes
 /// first (any fixed number; "stategate" in ASCII, folded into 63 bits).
 pub const PG_WRITE_LOCK: i64 = 0x7374_6174_6567_6174;
@@ -870,9 +891,13 @@ const PG_STATEMENT_CACHE: usize = 512;
 
 impl PgConn {
     fn connect(url: &str, ca_file: Option<&std::path::Path>) -> Result<PgConn, String> {
-        let config: postgres::Config = url
+        let mut config: postgres::Config = url
             .parse()
             .map_err(|e| format!("index.url is not a PostgreSQL connection string: {e}"))?;
+        // How `index migrate` tells that a server is using the database.
+        if config.get_application_name().is_none() {
+            config.application_name(APPLICATION_NAME);
+        }
         let mut client = match config.get_ssl_mode() {
             postgres::config::SslMode::Disable => config.connect(postgres::NoTls),
             _ => config.connect(tls_connector(ca_file)?),

@@ -9,7 +9,8 @@
 //! default the temp dir — put it on the disk you care about); `--secs S` per cell;
 //! `--phases floor,cycles,get,rss,scale,big,timeline` (default all); `--cells 64x1,8x8`
 //! (the cycle phase's clients×workspaces cells to run, `64x1-5ms` the paced one; default
-//! all). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! all); `--postgres URL` (default `$STATEGATE_BENCH_POSTGRES_URL`; a PostgreSQL where
+//! the index phase makes its databases). With `STATEGATE_BENCH_S3_ENDPOINT`,
 //! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
 //! floor also times raw PUT/GET of 100 KiB objects on that store.
 //!
@@ -37,6 +38,11 @@
 //!    10,000-instance state), then `store::timeline::timeline_rows` timed (p50/p99) for
 //!    `workspace timeline WS [ADDRESS]`, each query plan checked for index use and every
 //!    p99 asserted < 20 ms; and the CLI's wall time (needs a binary with the timeline).
+//! 8. index: the same 100 KiB cycles with the index in SQLite (one node), in PostgreSQL
+//!    (one node) and in PostgreSQL shared by two nodes (clients spread over both, one
+//!    local blob directory), each cell's ratio to SQLite's printed beside it; then
+//!    again on two nodes after 1M version rows were put into that PostgreSQL index
+//!    (what an index row costs as the index grows). Needs `--postgres`.
 //!
 //! Every workspace name is fresh per run (`b<run id>-…`) and every data dir is deleted at
 //! the end (also when a phase fails), so a run stopped mid-cycle leaves no held lock on
@@ -95,6 +101,7 @@ struct Opts {
     secs: f64,
     phases: Vec<String>,
     cells: Option<Vec<String>>,
+    postgres: Option<String>,
 }
 
 impl Opts {
@@ -103,8 +110,9 @@ impl Opts {
         let mut bin = std::env::var_os("STATEGATE_BIN").map(PathBuf::from);
         let mut base = std::env::temp_dir();
         let mut secs = None;
-        let mut phases = "floor,cycles,get,rss,scale,big,timeline".to_string();
+        let mut phases = "floor,cycles,get,rss,scale,big,timeline,index".to_string();
         let mut cells = None;
+        let mut postgres = std::env::var("STATEGATE_BENCH_POSTGRES_URL").ok();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -117,6 +125,7 @@ impl Opts {
                     let list = args.next().expect("--cells LIST (e.g. 64x1,8x8)");
                     cells = Some(list.split(',').map(str::to_string).collect());
                 }
+                "--postgres" => postgres = args.next(),
                 "--bench" => {} // cargo bench passes it
                 other => panic!("unknown argument {other:?} (see the header of benches/load.rs)"),
             }
@@ -134,6 +143,7 @@ impl Opts {
             secs: secs.unwrap_or(if quick { 0.7 } else { 4.0 }),
             phases: phases.split(',').map(str::to_string).collect(),
             cells,
+            postgres,
         }
     }
 
@@ -564,6 +574,11 @@ fn free_port() -> u16 {
 impl Server {
     /// `stategate serve` on a free loopback port with `data_dir` (created if missing).
     async fn start(opts: &Opts, data_dir: &Path) -> Server {
+        Self::start_with(opts, data_dir, &[]).await
+    }
+
+    /// [`Server::start`] with more `STATEGATE_*` variables (the index, the store path).
+    async fn start_with(opts: &Opts, data_dir: &Path, env: &[(&str, String)]) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let port = free_port();
         let log = std::fs::File::create(data_dir.join("server.log")).unwrap();
@@ -581,6 +596,7 @@ impl Server {
             )
             .env("STATEGATE_RETENTION_INTERVAL_SECONDS", "0")
             .env("STATEGATE_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -989,7 +1005,7 @@ impl Body {
 /// (every instance added: its time is `CycleStats::first`), so the timed cycles
 /// change a few instances each, as applies of a large configuration do.
 async fn cycles(
-    api: &Api,
+    apis: &[Api],
     prefix: &str,
     clients: usize,
     workspaces: usize,
@@ -1007,7 +1023,7 @@ async fn cycles(
             let ws = format!("{prefix}-w{w}");
             let content = big.body(1, &format!("lineage-{prefix}-w{w}"), &big.resources);
             let t = Instant::now();
-            api.post(&ws, content).await;
+            apis[0].post(&ws, content).await;
             first.push(t.elapsed());
             serial.store(1, Relaxed);
         }
@@ -1016,7 +1032,9 @@ async fn cycles(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let (api, stop, serials, body) = (api.clone(), stop.clone(), serials.clone(), body.clone());
+        // Over several nodes, each client talks to one of them (as behind a balancer).
+        let api = apis[c % apis.len()].clone();
+        let (stop, serials, body) = (stop.clone(), serials.clone(), body.clone());
         let w = c % workspaces;
         let ws = format!("{prefix}-w{w}");
         let lineage = format!("lineage-{prefix}-w{w}");
@@ -1146,7 +1164,7 @@ async fn cycle_phase(
         }
         let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
         let st = cycles(
-            api,
+            std::slice::from_ref(api),
             &format!("{run}-c{i}"),
             clients,
             workspaces,
@@ -1394,7 +1412,7 @@ impl Probe {
 
 async fn probe(api: &Api, prefix: &str, round: usize, cell: Duration, into: &mut Probe) {
     let st = cycles(
-        api,
+        std::slice::from_ref(api),
         &format!("{prefix}-r{round}"),
         1,
         1,
@@ -1584,7 +1602,7 @@ async fn big_phase(opts: &Opts, run: &str, report: &mut Report) {
     for (i, &(clients, workspaces)) in [(1usize, 1usize), (8, 8)].iter().enumerate() {
         let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
         let st = cycles(
-            api,
+            std::slice::from_ref(api),
             &format!("{run}-big{i}"),
             clients,
             workspaces,
@@ -2002,6 +2020,9 @@ async fn main() {
     if opts.runs("timeline") {
         timeline_phase(&opts, &mut report).await;
     }
+    if opts.runs("index") {
+        index_phase(&opts, &run, &mut report).await;
+    }
     report.print();
     if let Some(f) = &floors {
         println!(
@@ -2011,4 +2032,118 @@ async fn main() {
     }
     machine_facts(&opts);
     println!("total {:.0} s", started.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------------------
+// The index: SQLite against PostgreSQL, one node and two
+
+/// A new database on the PostgreSQL at `base` (a URL naming any database); its URL.
+fn new_postgres_database(base: &str) -> String {
+    let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+    let (base, made) = (base.to_string(), name.clone());
+    // Off the async runtime: the PostgreSQL client blocks on a runtime of its own.
+    let base = std::thread::spawn(move || {
+        let admin = stategate::store::sql::Connection::connect_postgres(&base, None).unwrap();
+        admin
+            .execute_batch(&format!("CREATE DATABASE {made}"))
+            .unwrap();
+        base
+    })
+    .join()
+    .unwrap();
+    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database name");
+    format!("{prefix}/{name}")
+}
+
+async fn index_phase(opts: &Opts, run: &str, report: &mut Report) {
+    println!("\n== the index: SQLite, PostgreSQL, PostgreSQL shared by two nodes");
+    let Some(base) = opts.postgres.clone() else {
+        println!("  (no --postgres URL / STATEGATE_BENCH_POSTGRES_URL: skipped)");
+        return;
+    };
+    let cells: &[(usize, usize)] = if opts.quick {
+        &[(1, 1), (8, 8)]
+    } else {
+        &[(1, 1), (8, 8), (16, 16)]
+    };
+    let setups: &[(&str, usize, bool, bool)] = &[
+        ("SQLite, 1 node", 1, false, false),
+        ("PostgreSQL, 1 node", 1, true, false),
+        ("PostgreSQL, 2 nodes", 2, true, false),
+        (
+            "PostgreSQL, 2 nodes, 1M versions in the index",
+            2,
+            true,
+            true,
+        ),
+    ];
+    let mut sqlite_rates = Vec::new();
+    for (s, &(label, nodes, postgres, bulk)) in setups.iter().enumerate() {
+        let dir = tempfile::tempdir_in(&opts.base).unwrap();
+        let store = dir.path().join("blobs");
+        let mut env = vec![("STATEGATE_STORE_PATH", store.display().to_string())];
+        let url = postgres.then(|| new_postgres_database(&base));
+        if let Some(url) = &url {
+            env.push(("STATEGATE_INDEX", "postgres".into()));
+            env.push(("STATEGATE_INDEX_URL", url.clone()));
+        }
+        let mut servers = Vec::new();
+        for n in 0..nodes {
+            servers
+                .push(Server::start_with(opts, &dir.path().join(format!("node-{n}")), &env).await);
+        }
+        if let (true, Some(url)) = (bulk, &url) {
+            let url = url.clone();
+            let t = Instant::now();
+            std::thread::spawn(move || {
+                let c = stategate::store::sql::Connection::connect_postgres(&url, None).unwrap();
+                c.execute_batch(
+                    "INSERT INTO versions (scope, version, serial, lineage, sha256, size, blob_key, created_at, actor)
+                     SELECT 'tf/bulk-' || (g / 100), g % 100 + 1, g % 100 + 1, 'l', 'x', 1, NULL, 'then', 'bench'
+                       FROM generate_series(0, 999999) g;
+                     ANALYZE versions;",
+                )
+                .unwrap();
+            })
+            .join()
+            .unwrap();
+            println!(
+                "  (1M version rows put into the index in {:.1} s)",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        let apis: Vec<Api> = servers.iter().map(|s| Api::new(&s.url)).collect();
+        for (i, &(clients, workspaces)) in cells.iter().enumerate() {
+            let st = cycles(
+                &apis,
+                &format!("{run}-ix{s}-{i}"),
+                clients,
+                workspaces,
+                Body::Pad(100 * KIB),
+                opts.cell(),
+                Duration::from_micros(500),
+            )
+            .await;
+            let rate = st.cycles as f64 / st.elapsed;
+            if s == 0 {
+                sqlite_rates.push(rate);
+            }
+            // The floor of these rows: SQLite's rate on one node, same cell, same run.
+            let sqlite = sqlite_rates.get(i).copied().unwrap_or(0.0);
+            report.row(
+                format!("index: {label}, {clients} client(s) × {workspaces} workspace(s)"),
+                format!(
+                    "{rate:.0} cycles/s (LOCK {}; POST {}; UNLOCK {})",
+                    st.lock.ms(),
+                    st.post.ms(),
+                    st.unlock.ms()
+                ),
+                format!("SQLite, 1 node: {sqlite:.0}/s"),
+                ratio(rate, sqlite),
+            );
+        }
+        for server in servers {
+            server.stop();
+        }
+    }
 }

@@ -175,12 +175,6 @@ impl Weigh for u64 {
     }
 }
 
-impl Weigh for i64 {
-    fn weight(&self) -> usize {
-        0
-    }
-}
-
 impl<T: Weigh> Weigh for Option<T> {
     fn weight(&self) -> usize {
         self.as_ref().map_or(0, Weigh::weight)
@@ -479,10 +473,7 @@ impl Db {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        if let Some(reader) = self.readers.idle_inline() {
-            return f(&reader.conn).map_err(DbError::from);
-        }
-        self.read(f).await
+        self.on_reader(true, move |reader| f(&reader.conn)).await
     }
 
     /// [`Db::read_snapshot`] of a lookup whose answer depends on the database alone
@@ -496,7 +487,7 @@ impl Db {
         key: String,
         f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        let look = move |reader: &mut Reader| -> Result<T, crate::store::sql::Error> {
+        self.on_reader(true, move |reader| {
             // Read before the snapshot: a commit in between leaves an answer newer
             // than its version, which is only read again, never kept too long.
             let Some(version) = reader.conn.change_count()? else {
@@ -508,14 +499,8 @@ impl Db {
             let answer = in_read_transaction(&reader.conn, f)?;
             reader.remembered.keep(&key, answer.clone());
             Ok(answer)
-        };
-        if let Some(mut reader) = self.readers.idle_inline() {
-            return look(&mut reader).map_err(DbError::from);
-        }
-        let readers = self.readers.clone();
-        tokio::task::spawn_blocking(move || look(&mut readers.acquire()).map_err(DbError::from))
-            .await
-            .map_err(|e| DbError::Task(e.to_string()))?
+        })
+        .await
     }
 
     /// [`Db::read_quick`] with all of `f`'s statements in one read transaction: one
@@ -533,13 +518,26 @@ impl Db {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
+        self.on_reader(false, move |reader| f(&reader.conn)).await
+    }
+
+    /// Runs `f` on a reader: right here when `inline` and one is idle (and the
+    /// database allows it, see `Readers::inline`), else on the blocking pool, waiting
+    /// for a reader in turn.
+    async fn on_reader<T: Send + 'static>(
+        &self,
+        inline: bool,
+        f: impl FnOnce(&mut Reader) -> Result<T, crate::store::sql::Error> + Send + 'static,
+    ) -> Result<T, DbError> {
+        if inline {
+            if let Some(mut reader) = self.readers.idle_inline() {
+                return f(&mut reader).map_err(DbError::from);
+            }
+        }
         let readers = self.readers.clone();
-        tokio::task::spawn_blocking(move || {
-            let reader = readers.acquire();
-            f(&reader.conn).map_err(DbError::from)
-        })
-        .await
-        .map_err(|e| DbError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || f(&mut readers.acquire()).map_err(DbError::from))
+            .await
+            .map_err(|e| DbError::Task(e.to_string()))?
     }
 }
 
@@ -690,6 +688,13 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The remembered lookups below answer a number.
+    impl Weigh for i64 {
+        fn weight(&self) -> usize {
+            0
+        }
+    }
     use crate::store::sql::OptionalExtension;
 
     #[derive(Debug)]

@@ -2051,8 +2051,14 @@ fn new_postgres_database(base: &str) -> String {
     })
     .join()
     .unwrap();
-    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database name");
-    format!("{prefix}/{name}")
+    let (path, query) = base
+        .split_once('?')
+        .map_or((base.as_str(), None), |(p, q)| (p, Some(q)));
+    let (prefix, _) = path.rsplit_once('/').expect("a URL with a database name");
+    match query {
+        Some(q) => format!("{prefix}/{name}?{q}"),
+        None => format!("{prefix}/{name}"),
+    }
 }
 
 async fn index_phase(opts: &Opts, run: &str, report: &mut Report) {

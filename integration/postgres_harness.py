@@ -87,9 +87,11 @@ class Postgres:
                 capture_output=True, text=True)
             if r.returncode != 0:
                 raise PostgresError(f"initdb failed: {r.stderr.strip()}")
+        tls = self._certificates()
         port = _free_port()
         opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={self.sock} "
-                "-c max_connections=200 -c fsync=on -c synchronous_commit=on")
+                "-c max_connections=200 -c fsync=on -c synchronous_commit=on "
+                f"-c ssl=on -c ssl_cert_file={tls / 'server.pem'} -c ssl_key_file={tls / 'server.key'}")
         r = subprocess.run(
             _as_owner([find_bin("pg_ctl"), "start", "-D", str(self.data), "-w", "-t", str(int(START_TIMEOUT)),
                        "-l", str(self.root / "postgres.log"), "-o", opts]),
@@ -99,16 +101,49 @@ class Postgres:
             tail = log.read_text()[-2000:] if log.exists() else ""
             raise PostgresError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
         base = f"postgres://{USER}@127.0.0.1:{port}"
-        self._psql(f"{base}/postgres", "CREATE DATABASE stategate")
-        (self.root / "url").write_text(f"{base}/stategate\n")
+        # Plain connections say so: the server offers TLS with a certificate only
+        # `ca_file` vouches for (stategate verifies whenever TLS is tried).
+        self._psql(f"{base}/postgres?sslmode=disable", "CREATE DATABASE stategate")
+        (self.root / "url").write_text(f"{base}/stategate?sslmode=disable\n")
         return self.url
 
+    @property
+    def ca_file(self) -> Path:
+        """The CA that signed the server's TLS certificate (for 127.0.0.1 and localhost)."""
+        return self.root / "tls" / "ca.pem"
+
     def new_database(self) -> str:
-        """A new empty database on this server; its URL."""
+        """A new empty database on this server; its URL (sslmode=disable)."""
         name = "t_" + uuid.uuid4().hex[:16]
-        base = self.url.rsplit("/", 1)[0]
-        self._psql(f"{base}/postgres", f"CREATE DATABASE {name}")
-        return f"{base}/{name}"
+        base = self.url.split("?", 1)[0].rsplit("/", 1)[0]
+        self._psql(f"{base}/postgres?sslmode=disable", f"CREATE DATABASE {name}")
+        return f"{base}/{name}?sslmode=disable"
+
+    def _certificates(self) -> Path:
+        """A CA and a server certificate it signed, made once per data dir."""
+        tls = self.root / "tls"
+        if (tls / "server.pem").exists():
+            return tls
+        tls.mkdir(parents=True, exist_ok=True)
+        def run(*args):
+            r = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=tls)
+            if r.returncode != 0:
+                raise PostgresError(f"openssl {args[0]}: {r.stderr.strip()}")
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "ca.key", "-out", "ca.pem", "-days", "30", "-subj", "/CN=stategate test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+        (tls / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                     "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
+        run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "30", "-extfile", "ext.cnf")
+        os.chmod(tls / "server.key", 0o600)
+        if os.geteuid() == 0:
+            for f in tls.iterdir():
+                shutil.chown(f, "postgres")
+            shutil.chown(tls, "postgres")
+        return tls
 
     def _psql(self, url: str, sql: str) -> str:
         deadline = time.time() + START_TIMEOUT

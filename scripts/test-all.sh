@@ -104,6 +104,7 @@ start_postgres() {
     local url
     url="$("$VENV/bin/python" integration/postgres_harness.py start "$POSTGRES_DIR")" || return 1
     export STATEGATE_TEST_POSTGRES_URL="$url" STATEGATE_TEST_REQUIRE_POSTGRES=1
+    export STATEGATE_TEST_POSTGRES_CA="$POSTGRES_DIR/tls/ca.pem"
     export STATEGATE_E2E_POSTGRES_DIR="$POSTGRES_DIR"
     echo "postgres up: $url"
 }

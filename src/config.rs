@@ -165,11 +165,11 @@ pub enum IndexKind {
 pub struct IndexConfig {
     pub kind: IndexKind,
     /// With `kind = "postgres"`: a libpq connection string or URL, e.g.
-    /// `postgres://stategate:…@db:5432/stategate?sslmode=verify-full`. Holds the
+    /// `postgres://stategate:…@db:5432/stategate?sslmode=require`. Holds the
     /// password: never logged.
     pub url: Option<Secret>,
-    /// PEM roots the server's TLS certificate is checked against (`sslmode=require`
-    /// or stricter); unset, the system's roots.
+    /// PEM roots the server's TLS certificate and name are checked against whenever
+    /// TLS is used; unset, the system's roots.
     pub ca_file: Option<PathBuf>,
 }
 

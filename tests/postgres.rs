@@ -34,8 +34,19 @@ fn new_database() -> Option<String> {
     })
     .join()
     .unwrap();
-    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database name");
-    Some(format!("{prefix}/{name}"))
+    Some(with_database(&base, &name))
+}
+
+/// `url` naming database `name` instead (its query, e.g. `?sslmode=disable`, kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (path, query) = url
+        .split_once('?')
+        .map_or((url, None), |(p, q)| (p, Some(q)));
+    let (prefix, _) = path.rsplit_once('/').expect("a URL with a database name");
+    match query {
+        Some(q) => format!("{prefix}/{name}?{q}"),
+        None => format!("{prefix}/{name}"),
+    }
 }
 
 /// Runs `f` on a connection of its own to `url`, off the async runtime.
@@ -185,7 +196,14 @@ async fn every_commit_is_synchronous_and_fsync_is_required() {
     assert_eq!((sync.as_str(), fsync.as_str()), ("on", "on"));
     // A database whose role defaults to asynchronous commits still gets synchronous
     // ones from stategate (it sets them per connection).
-    let name = url.rsplit('/').next().unwrap().to_string();
+    let name = url
+        .split('?')
+        .next()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
     with_conn(&url, move |c| {
         c.execute_batch(&format!(
             "ALTER DATABASE {name} SET synchronous_commit = off"
@@ -212,4 +230,67 @@ async fn a_wrong_url_is_a_clear_error_without_the_password() {
     .unwrap();
     assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
     assert!(!err.contains("hunter2"), "the password leaked: {err}");
+}
+
+/// TLS to the index: the server's certificate is checked against `ca_file` (or the
+/// system's roots), whatever `sslmode` says short of `disable`; a certificate nothing
+/// vouches for is refused, never used unverified, and never falls back to plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_the_index_is_verified_against_the_configured_roots() {
+    let Some(url) = new_database() else { return };
+    let ca = std::env::var("STATEGATE_TEST_POSTGRES_CA")
+        .map(std::path::PathBuf::from)
+        .expect("STATEGATE_TEST_POSTGRES_CA: the CA of the test PostgreSQL's certificate");
+    let base = url.split('?').next().unwrap().to_string();
+    let rows: Vec<(&str, String, Option<std::path::PathBuf>, bool)> = vec![
+        (
+            "require, its CA",
+            format!("{base}?sslmode=require"),
+            Some(ca.clone()),
+            true,
+        ),
+        (
+            "require, the system's roots",
+            format!("{base}?sslmode=require"),
+            None,
+            false,
+        ),
+        (
+            "prefer (no sslmode), the system's roots",
+            base.clone(),
+            None,
+            false,
+        ),
+        ("prefer, its CA", base.clone(), Some(ca.clone()), true),
+        (
+            "require, a CA file that is no CA",
+            format!("{base}?sslmode=require"),
+            Some(std::path::PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/Cargo.toml"
+            ))),
+            false,
+        ),
+    ];
+    for (what, url, ca_file, works) in rows {
+        let outcome = std::thread::spawn(move || {
+            let conn = Connection::connect_postgres(&url, ca_file.as_deref())?;
+            conn.query_row(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                [],
+                |r| r.get::<_, bool>(0),
+            )
+            .map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap();
+        match (works, outcome) {
+            (true, Ok(ssl)) => assert!(ssl, "{what}: connected without TLS"),
+            (false, Err(e)) => assert!(
+                e.contains("cannot connect") || e.contains("ca_file"),
+                "{what}: {e}"
+            ),
+            (works, outcome) => panic!("{what}: expected {works}, got {outcome:?}"),
+        }
+    }
 }

@@ -395,7 +395,8 @@ impl Connection {
     }
 
     /// A connection to PostgreSQL: `url` is a libpq-style connection string or URL.
-    /// `sslmode=require` (or `verify-full`) makes it TLS, checked against the system's
+    /// `sslmode=require` makes it TLS (tried too without `sslmode`), the server's
+    /// certificate and name always checked against the system's
     /// roots plus `ca_file` (PEM) when given.
     pub fn connect_postgres(
         url: &str,

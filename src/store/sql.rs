@@ -396,8 +396,8 @@ impl Connection {
 
     /// A connection to PostgreSQL: `url` is a libpq-style connection string or URL.
     /// `sslmode=require` makes it TLS (tried too without `sslmode`), the server's
-    /// certificate and name always checked against the system's
-    /// roots plus `ca_file` (PEM) when given.
+    /// certificate and name always checked against `ca_file` (PEM) when given, else
+    /// the system's roots.
     pub fn connect_postgres(
         url: &str,
         ca_file: Option<&std::path::Path>,

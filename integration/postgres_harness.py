@@ -6,7 +6,8 @@
     python3 integration/postgres_harness.py newdb <dir>    # a new empty database's URL
 
 `start` runs `initdb` into <dir>/data (as the `postgres` user when run as root, since
-PostgreSQL refuses to run as root), starts it on a free loopback port with its
+PostgreSQL refuses to run as root, into a directory of that user's under the system's
+temp dir, removed by `stop`), starts it on a free loopback port with its
 defaults for durability (fsync and synchronous_commit on), and writes <dir>/url with
 `postgres://stategate@127.0.0.1:<port>/stategate`. Calling `start` on a dir whose
 server still runs just prints the URL again. `newdb` makes a fresh database (each
@@ -17,11 +18,13 @@ Only the standard library is used (the pytest suite imports this module too).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,8 +61,17 @@ def _free_port() -> int:
 class Postgres:
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.data = self.root / "data"
-        self.sock = self.root / "sock"
+        # The server's own files (data, socket, TLS) live where its user can reach them:
+        # run as root, the server is the `postgres` user, and `root` may be under a
+        # directory only root can enter (mktemp -d, pytest's tmp): a directory of its
+        # own under the system's temp dir then, named after `root`.
+        if os.geteuid() == 0:
+            tag = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:16]
+            self.home = Path(tempfile.gettempdir()) / f"stategate-pg-{tag}"
+        else:
+            self.home = self.root
+        self.data = self.home / "data"
+        self.sock = self.home / "sock"
 
     @property
     def url(self) -> str:
@@ -76,9 +88,10 @@ class Postgres:
         if self.running() and (self.root / "url").exists():
             return self.url
         self.root.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(mode=0o700, exist_ok=True)
         self.sock.mkdir(exist_ok=True)
         if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres")
+            shutil.chown(self.home, "postgres")
             shutil.chown(self.sock, "postgres")
         if not (self.data / "PG_VERSION").exists():
             r = subprocess.run(
@@ -94,10 +107,10 @@ class Postgres:
                 f"-c ssl=on -c ssl_cert_file={tls / 'server.pem'} -c ssl_key_file={tls / 'server.key'}")
         r = subprocess.run(
             _as_owner([find_bin("pg_ctl"), "start", "-D", str(self.data), "-w", "-t", str(int(START_TIMEOUT)),
-                       "-l", str(self.root / "postgres.log"), "-o", opts]),
+                       "-l", str(self.home / "postgres.log"), "-o", opts]),
             capture_output=True, text=True)
         if r.returncode != 0:
-            log = (self.root / "postgres.log")
+            log = (self.home / "postgres.log")
             tail = log.read_text()[-2000:] if log.exists() else ""
             raise PostgresError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
         base = f"postgres://{USER}@127.0.0.1:{port}"
@@ -110,7 +123,7 @@ class Postgres:
     @property
     def ca_file(self) -> Path:
         """The CA that signed the server's TLS certificate (for 127.0.0.1 and localhost)."""
-        return self.root / "tls" / "ca.pem"
+        return self.root / "ca.pem"
 
     def new_database(self) -> str:
         """A new empty database on this server; its URL (sslmode=disable)."""
@@ -121,8 +134,9 @@ class Postgres:
 
     def _certificates(self) -> Path:
         """A CA and a server certificate it signed, made once per data dir."""
-        tls = self.root / "tls"
+        tls = self.home / "tls"
         if (tls / "server.pem").exists():
+            shutil.copyfile(tls / "ca.pem", self.ca_file)
             return tls
         tls.mkdir(parents=True, exist_ok=True)
         def run(*args):
@@ -139,6 +153,7 @@ class Postgres:
         run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
             "-out", "server.pem", "-days", "30", "-extfile", "ext.cnf")
         os.chmod(tls / "server.key", 0o600)
+        shutil.copyfile(tls / "ca.pem", self.ca_file)
         if os.geteuid() == 0:
             for f in tls.iterdir():
                 shutil.chown(f, "postgres")
@@ -160,6 +175,8 @@ class Postgres:
         if (self.data / "postmaster.pid").exists():
             subprocess.run(_as_owner([find_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", mode, "-w"]),
                            capture_output=True, text=True)
+        if self.home != self.root:
+            shutil.rmtree(self.home, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:

@@ -81,7 +81,8 @@ impl Error {
     /// The connection to the database server is gone (PostgreSQL only): a new one is
     /// needed, and whether the statement took effect is unknown.
     pub fn is_connection_lost(&self) -> bool {
-        matches!(self, Error::Postgres(e) if e.is_closed() || e.code().is_none() && e.as_db_error().is_none())
+        matches!(self, Error::Postgres(e) if e.is_closed()
+            || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()))
     }
 }
 

@@ -307,3 +307,44 @@ def snapshot_cli_only(s, name):
 def postgres_harness_tables(url: str) -> int:
     from harness import query_postgres
     return query_postgres(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")[0][0]
+
+
+def test_a_restarted_postgresql_is_reconnected_to(check_binary, tmp_path):
+    """The database goes away and comes back at its address (a restart, as a failover
+    does): requests in between fail with a retryable answer and change nothing, and the
+    server's connections are made again — no restart of stategate."""
+    pg = postgres_harness.Postgres(tmp_path / "own-pg")
+    pg.start()
+    try:
+        s = Server(data_dir=tmp_path / "data", store="local",
+                   extra_env={"STATEGATE_INDEX": "postgres", "STATEGATE_INDEX_URL": pg.new_database()})
+        s.start()
+        ws = s.workspace(f"reconnect-{uuid.uuid4().hex[:8]}")
+        lineage = str(uuid.uuid4())
+
+        def write(serial: int):
+            info = lock_info()
+            got = ws.lock(info)
+            if got.status != 200:
+                return got.status
+            status = _post(ws, info, _state(serial, lineage, f"s{serial}")).status
+            ws.unlock(info)
+            return status
+
+        assert write(1) == 200
+        pg.restart()
+        deadline = time.monotonic() + 30
+        seen = []
+        while True:
+            status = write(2)
+            seen.append(status)
+            if status == 200:
+                break
+            assert status == 503, seen  # "retry", never a wrong answer
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        assert json.loads(ws.get().body)["serial"] == 2
+        assert s.alive(), "stategate was not restarted"
+        s.stop()
+    finally:
+        pg.stop()

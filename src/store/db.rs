@@ -634,7 +634,23 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        if let Err(e) = conn.begin_write() {
+        let mut begun = conn.begin_write();
+        if let (Err(e), Some(reopen)) = (&begun, &reopen) {
+            // The server ended the session (a restart, a failover) since the last group:
+            // this group runs on a new connection rather than failing.
+            if e.is_connection_lost() || conn.is_broken() {
+                match reopen() {
+                    Ok(new) => {
+                        conn = new;
+                        begun = conn.begin_write();
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot reconnect the writer to the index")
+                    }
+                }
+            }
+        }
+        if let Err(e) = begun {
             let msg = e.to_string();
             tracing::error!(error = %msg, "cannot begin write transaction");
             for job in batch {

@@ -81,8 +81,11 @@ impl Error {
     /// The connection to the database server is gone (PostgreSQL only): a new one is
     /// needed, and whether the statement took effect is unknown.
     pub fn is_connection_lost(&self) -> bool {
+        // Closed, an I/O error, or the server ending the session: class 08 (connection
+        // exception) and 57P (operator intervention: shutdown, a failover's restart).
         matches!(self, Error::Postgres(e) if e.is_closed()
-            || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()))
+            || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+            || e.code().is_some_and(|c| c.code().starts_with("08") || c.code().starts_with("57P")))
     }
 }
 

@@ -105,10 +105,8 @@ class Postgres:
         opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={self.sock} "
                 "-c max_connections=200 -c fsync=on -c synchronous_commit=on "
                 f"-c ssl=on -c ssl_cert_file={tls / 'server.pem'} -c ssl_key_file={tls / 'server.key'}")
-        r = subprocess.run(
-            _as_owner([find_bin("pg_ctl"), "start", "-D", str(self.data), "-w", "-t", str(int(START_TIMEOUT)),
-                       "-l", str(self.home / "postgres.log"), "-o", opts]),
-            capture_output=True, text=True)
+        (self.home / "opts").write_text(opts)
+        r = self._pg_ctl_start(opts)
         if r.returncode != 0:
             log = (self.home / "postgres.log")
             tail = log.read_text()[-2000:] if log.exists() else ""
@@ -170,6 +168,22 @@ class Postgres:
             if time.time() > deadline or "already exists" in r.stderr:
                 raise PostgresError(f"psql {sql!r}: {r.stderr.strip()}")
             time.sleep(0.2)
+
+    def _pg_ctl_start(self, opts: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            _as_owner([find_bin("pg_ctl"), "start", "-D", str(self.data), "-w", "-t", str(int(START_TIMEOUT)),
+                       "-l", str(self.home / "postgres.log"), "-o", opts]),
+            capture_output=True, text=True)
+
+    def pause(self) -> None:
+        """Stops the server (its files kept) until `resume`: the database unreachable."""
+        subprocess.run(_as_owner([find_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "fast", "-w"]),
+                       capture_output=True, text=True)
+
+    def resume(self) -> None:
+        r = self._pg_ctl_start((self.home / "opts").read_text())
+        if r.returncode != 0:
+            raise PostgresError(f"pg_ctl start failed: {r.stderr.strip()}")
 
     def restart(self) -> None:
         """Stops the server (fast: every session is ended) and starts it again on the same

@@ -344,6 +344,15 @@ def test_a_restarted_postgresql_is_reconnected_to(check_binary, tmp_path):
             assert time.monotonic() < deadline, seen
             time.sleep(0.2)
         assert json.loads(ws.get().body)["serial"] == 2
+        # Down for longer: every write is refused as retryable and changes nothing.
+        pg.pause()
+        assert [write(3) for _ in range(3)] == [503] * 3
+        pg.resume()
+        deadline = time.monotonic() + 30
+        while write(3) != 200:
+            assert time.monotonic() < deadline, "no write after the database came back"
+            time.sleep(0.2)
+        assert json.loads(ws.get().body)["serial"] == 3
         assert s.alive(), "stategate was not restarted"
         s.stop()
     finally:

@@ -97,6 +97,10 @@ impl From<StoreError> for Error {
                 Error::Unavailable("the state store is temporarily unavailable; retry".into())
             }
             StoreError::Contended => Error::Unavailable(e.to_string()),
+            StoreError::Db(DbError::NotBegun(ref detail)) => {
+                tracing::warn!(error = %detail, "the index could not begin a write");
+                Error::Unavailable("the index is temporarily unavailable; retry".into())
+            }
             StoreError::Db(DbError::Sqlite(ref sql)) if sql.is_connection_lost() => {
                 tracing::warn!(error = %sql, "the index's database is unreachable");
                 Error::Unavailable("the index is temporarily unavailable; retry".into())

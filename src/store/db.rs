@@ -24,6 +24,9 @@ pub enum DbError {
     Sqlite(#[from] crate::store::sql::Error),
     #[error("database writer has stopped")]
     WriterGone,
+    /// The write transaction could not begin (the database is unreachable): nothing ran.
+    #[error("the index could not begin a write transaction: {0}")]
+    NotBegun(String),
     #[error("database task failed: {0}")]
     Task(String),
 }
@@ -108,7 +111,9 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
 }
 
 type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> Completion + Send>;
+/// A write: run on the writer's connection, or told it never ran (`None`: the
+/// transaction could not begin), then completed with the commit's outcome.
+type Job = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
 
 #[derive(Clone)]
 pub struct Db {
@@ -443,14 +448,17 @@ impl Db {
     {
         let (reply, answer) = oneshot::channel::<Result<T, E>>();
         let job: Job = Box::new(move |conn| {
-            let outcome = run_in_savepoint(conn, f);
+            let outcome = conn.map(|conn| run_in_savepoint(conn, f));
             Box::new(move |committed: Result<(), String>| {
                 let result = match (committed, outcome) {
-                    (_, Err(e)) => Err(e),
-                    (Ok(()), Ok(value)) => Ok(value),
-                    (Err(msg), Ok(_)) => {
+                    (_, Some(Err(e))) => Err(e),
+                    (Ok(()), Some(Ok(value))) => Ok(value),
+                    (Err(msg), Some(Ok(_))) => {
                         Err(E::from(DbError::Task(format!("commit failed: {msg}"))))
                     }
+                    (committed, None) => Err(E::from(DbError::NotBegun(
+                        committed.err().unwrap_or_default(),
+                    ))),
                 };
                 let _ = reply.send(result);
             })
@@ -654,14 +662,14 @@ fn writer_loop(
             let msg = e.to_string();
             tracing::error!(error = %msg, "cannot begin write transaction");
             for job in batch {
-                // Run nothing; every job learns the commit failed.
-                drop(job);
+                // Run nothing; every job learns it never ran (retryable).
+                job(None)(Err(msg.clone()));
             }
             continue;
         }
         stats.jobs.fetch_add(batch.len() as u64, Relaxed);
         stats.commits.fetch_add(1, Relaxed);
-        let completions: Vec<Completion> = batch.into_iter().map(|job| job(&conn)).collect();
+        let completions: Vec<Completion> = batch.into_iter().map(|job| job(Some(&conn))).collect();
         let committed = conn.end_transaction(true).map_err(|e| e.to_string());
         if let Err(msg) = &committed {
             tracing::error!(error = %msg, "commit failed; rolling back the group");

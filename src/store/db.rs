@@ -322,36 +322,14 @@ impl Db {
         if let Some(sqlite) = writer_conn.as_sqlite() {
             sqlite.pragma_update(None, "wal_autocheckpoint", 0)?;
         }
-        let checkpoints = Some(spawn_checkpointer(open_connection(path)?)?);
-        let conns = (0..READERS)
-            .map(|_| {
-                open_connection(path).map(|conn| {
-                    Mutex::new(Reader {
-                        conn,
-                        remembered: Remembered::default(),
-                    })
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        let stats = Arc::new(WriterStats::default());
-        std::thread::Builder::new()
-            .name("sqlite-writer".into())
-            .spawn({
-                let stats = stats.clone();
-                move || writer_loop(writer_conn, rx, max_group.max(1), &stats, checkpoints, None)
-            })
-            .map_err(|e| DbError::Task(e.to_string()))?;
-        Ok(Db {
-            writer: tx,
-            readers: Arc::new(Readers {
-                conns,
-                next: Default::default(),
-                reopen: None,
-                inline: true,
-            }),
-            stats,
-        })
+        let checkpoints = spawn_checkpointer(open_connection(path)?)?;
+        Self::start(
+            writer_conn,
+            || Ok(open_connection(path)?),
+            max_group,
+            Some(checkpoints),
+            None,
+        )
     }
 
     /// Opens the index on PostgreSQL at `url` (`ca_file`: the PEM roots its TLS
@@ -396,9 +374,28 @@ impl Db {
             writer_conn.execute_batch(schema)?;
         }
         writer_conn.end_transaction(true)?;
+        Self::start(
+            writer_conn,
+            &*reopen,
+            DEFAULT_MAX_GROUP,
+            None,
+            Some(reopen.clone()),
+        )
+    }
+
+    /// The reader connections (`open_reader`) and the writer thread on `writer_conn`,
+    /// for either database. Lookups run inline only on SQLite (see `Readers::inline`).
+    fn start(
+        writer_conn: Connection,
+        open_reader: impl Fn() -> Result<Connection, DbError>,
+        max_group: usize,
+        checkpoints: Option<mpsc::SyncSender<()>>,
+        reopen: Option<Reopen>,
+    ) -> Result<Db, DbError> {
+        let inline = writer_conn.dialect() == crate::store::sql::Dialect::Sqlite;
         let conns = (0..READERS)
             .map(|_| {
-                reopen().map(|conn| {
+                open_reader().map(|conn| {
                     Mutex::new(Reader {
                         conn,
                         remembered: Remembered::default(),
@@ -409,17 +406,24 @@ impl Db {
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(WriterStats::default());
         std::thread::Builder::new()
-            .name("postgres-writer".into())
+            .name(
+                if inline {
+                    "sqlite-writer"
+                } else {
+                    "postgres-writer"
+                }
+                .into(),
+            )
             .spawn({
                 let (stats, reopen) = (stats.clone(), reopen.clone());
                 move || {
                     writer_loop(
                         writer_conn,
                         rx,
-                        DEFAULT_MAX_GROUP,
+                        max_group.max(1),
                         &stats,
-                        None,
-                        Some(reopen),
+                        checkpoints,
+                        reopen,
                     )
                 }
             })
@@ -429,8 +433,8 @@ impl Db {
             readers: Arc::new(Readers {
                 conns,
                 next: Default::default(),
-                reopen: Some(reopen),
-                inline: false,
+                reopen,
+                inline,
             }),
             stats,
         })
@@ -627,14 +631,6 @@ fn writer_loop(
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     while let Ok(first) = jobs.recv() {
-        if let (true, Some(reopen)) = (conn.is_broken(), &reopen) {
-            // The server restarted or failed over: the next group runs on a new
-            // connection (the group whose commit broke was told it failed).
-            match reopen() {
-                Ok(new) => conn = new,
-                Err(e) => tracing::error!(error = %e, "cannot reconnect the writer to the index"),
-            }
-        }
         let mut batch = vec![first];
         while batch.len() < max_group {
             match jobs.try_recv() {
@@ -644,8 +640,8 @@ fn writer_loop(
         }
         let mut begun = conn.begin_write();
         if let (Err(e), Some(reopen)) = (&begun, &reopen) {
-            // The server ended the session (a restart, a failover) since the last group:
-            // this group runs on a new connection rather than failing.
+            // The server ended the session (a restart, a failover; or a commit broke it)
+            // since the last group: this group runs on a new connection rather than failing.
             if e.is_connection_lost() || conn.is_broken() {
                 match reopen() {
                     Ok(new) => {

@@ -38,24 +38,25 @@ pub const ALL: &[&str] = &[
 /// The schemas whose owner writes them anew for PostgreSQL (triggers are written
 /// differently there); every other one is [`ALL`]'s, spelled by
 /// `store::sql::postgres_ddl`.
-const POSTGRES_WRITTEN: &[(&str, &str)] = &[
-    (
-        crate::store::audit::SCHEMA,
-        crate::store::audit::POSTGRES_SCHEMA,
-    ),
-    (
-        crate::tofu::posture::SCHEMA,
-        crate::tofu::posture::POSTGRES_SCHEMA,
-    ),
-    (crate::drift::SCHEMA, crate::drift::POSTGRES_SCHEMA),
+const POSTGRES_WRITTEN: &[(&str, PostgresDdl)] = &[
+    (crate::store::audit::SCHEMA, || {
+        Ok(crate::store::audit::POSTGRES_SCHEMA.into())
+    }),
+    (crate::tofu::posture::SCHEMA, || {
+        Ok(crate::tofu::posture::POSTGRES_SCHEMA.into())
+    }),
+    (crate::drift::SCHEMA, crate::drift::postgres_schema),
 ];
+
+/// An owner's PostgreSQL DDL, made when the index is opened.
+type PostgresDdl = fn() -> Result<String, String>;
 
 /// Every schema of [`ALL`], in the same order, for PostgreSQL.
 pub fn postgres() -> Result<Vec<String>, String> {
     ALL.iter()
         .map(
             |schema| match POSTGRES_WRITTEN.iter().find(|(s, _)| s == schema) {
-                Some((_, written)) => Ok(written.to_string()),
+                Some((_, written)) => written(),
                 None => crate::store::sql::postgres_ddl(schema),
             },
         )

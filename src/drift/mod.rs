@@ -60,7 +60,7 @@ use crate::store::audit::{insert_audit, AuditEntry};
 use crate::store::blob::create_private_dir;
 use crate::store::{Db, DbError};
 use crate::tofu::{run_credential, TofuBackend};
-pub use outcomes::{Finished, Kind, Run, POSTGRES_SCHEMA, SCHEMA};
+pub use outcomes::{postgres_schema, Finished, Kind, Run, SCHEMA};
 use plan::Ended;
 pub use plan::{Changes, Outcome};
 

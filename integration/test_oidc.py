@@ -22,8 +22,9 @@ confidential client that must use PKCE, test users and their groups.
 - A session follows the provider: re-checked through userinfo (and the refresh token
   once the access token has expired) after `revalidate_seconds`, a user promoted or
   taken out of its groups at the provider (a test hook of provider.js) gets the new
-  role or loses the session at the next request (revoked, audited), and a session
-  signed in before a restart ends. Groups can come from userinfo alone.
+  role or loses the session at the next request (revoked, audited); the session's
+  provider tokens are sealed rows of the index, so a restart keeps it, and a session
+  whose row is gone ends. Groups can come from userinfo alone.
 
 Nothing is skipped: without node, the package, chromium or chromedriver the test fails.
 """
@@ -97,7 +98,9 @@ class Setup:
     def db(self, sql: str, *args):
         con = sqlite3.connect(self.server.data_dir / "stategate.db")
         try:
-            return con.execute(sql, args).fetchall()
+            rows = con.execute(sql, args).fetchall()
+            con.commit()
+            return rows
         finally:
             con.close()
 
@@ -425,8 +428,8 @@ def test_a_session_follows_the_users_groups_at_the_provider(tmp_path, check_bina
     """A single sign-on session is re-checked at the provider (userinfo) once its last
     check is older than `revalidate_seconds`: renewed through the refresh token when
     the access token has expired, given the role the user's groups map to today, and
-    ended (revoked, audited) when they map to none. A session the server does not
-    follow any more (signed in before a restart) ends too. The provider's access
+    ended (revoked, audited) when they map to none. A session survives a restart
+    (followed in the index); one the server does not follow any more ends too. The provider's access
     tokens live 2 seconds; sessions are re-checked after 1."""
     s = start(tmp_path, oidc="revalidate_seconds = 1\nsession_max_age_seconds = 3600\n",
               provider_env={"OIDC_ACCESS_TTL": "2"})
@@ -484,13 +487,27 @@ def test_a_session_follows_the_users_groups_at_the_provider(tmp_path, check_bina
         assert_refused(request("GET", url, jar))
         assert s.snapshot() == after
 
-        # Back in a group; signed in; then the server restarts: it no longer holds the
-        # session's provider tokens, so the session ends at its next request (audited).
+        # Back in a group; signed in. The session's provider tokens are a row of the
+        # index, sealed (no token, nor the JSON around them, in clear): a restart keeps
+        # the session, and it is still re-checked at the provider afterwards.
         s.provider.set_groups("tess", ["team-a"])
         url, jar = callback_url(s, "tess")
         assert request("GET", url, jar)[0] == 200
         assert request("GET", home, jar)[0] == 200
+        (sealed,), = s.db("SELECT sealed FROM sso_sessions")
+        assert b"access" not in sealed and b"refresh" not in sealed and len(sealed) > 64
+        assert s.db("SELECT COUNT(*) FROM sso_logins") == [(0,)], "the sign-in was used up"
         s.server.restart()
+        assert request("GET", home, jar)[0] == 200
+        s.provider.set_groups("tess", ["dev"])
+        time.sleep(1.2)
+        assert request("GET", home, jar)[0] == 200
+        assert s.db(grants) == [("viewer", "")]
+        # A session no longer followed (its row dropped: more than 65536 followed at
+        # once) ends at its next request, audited.
+        s.server.stop()
+        s.db("DELETE FROM sso_sessions")
+        s.server.start()
         assert request("GET", home, jar)[:2] == (303, s.server.url + "/ui/login")
         assert json.loads(ended(s)[-1][1]) == {"method": "oidc", "reason": "untracked"}
         log = s.server.log_text()

@@ -6,7 +6,9 @@
 //! leases (`cluster::SCHEMA`), `operator` owns operators (`operator::SCHEMA`), `tokens`
 //! owns every issued secret: cluster-API and operator tokens and UI sessions
 //! (`tokens::SCHEMA`, which also moves older databases' token tables into it), `drift`
-//! owns the drift run history (`drift::SCHEMA`). This module
+//! owns the drift run history (`drift::SCHEMA`), `jobs` the housekeeping claims, `ui`
+//! its reveal tickets (`ui::reveal::SCHEMA`) and single sign-on rows
+//! (`ui::sso_rows::SCHEMA`). This module
 //! only lists them, so the server, the operator commands, the index rebuild and the
 //! tests all create the same database.
 
@@ -33,6 +35,8 @@ pub const ALL: &[&str] = &[
     crate::tokens::SCHEMA,
     crate::drift::SCHEMA,
     crate::jobs::SCHEMA,
+    crate::ui::reveal::SCHEMA,
+    crate::ui::sso_rows::SCHEMA,
 ];
 
 /// The schemas whose owner writes them anew for PostgreSQL (triggers are written
@@ -101,6 +105,9 @@ pub const TABLES: &[(&str, &str)] = &[
     ("drift_runs", "id"),
     ("drift_outputs_pruned", "1"),
     ("job_claims", "1"),
+    ("ui_reveal_tickets", "1"),
+    ("sso_logins", "1"),
+    ("sso_sessions", "1"),
 ];
 
 /// The tables whose `id` the database numbers (an identity column on PostgreSQL).

@@ -44,16 +44,13 @@ async fn build(
     // Read before anything is opened: a grant that cannot be meant refuses startup.
     let client_grants = crate::tofu::certificate::Grants::from_config(&config.tls)?;
     // `[oidc]` is checked whole before anything is opened.
-    let sso = match &config.oidc {
+    let sso_settings = match &config.oidc {
         None => None,
-        Some(oidc) => {
-            let settings = crate::ui::oidc::Settings::from_config(
-                oidc,
-                config.public_url.as_deref(),
-                |path| std::fs::read_to_string(path),
-            )?;
-            Some(crate::ui::oidc::Sso::new(settings)?)
-        }
+        Some(oidc) => Some(crate::ui::oidc::Settings::from_config(
+            oidc,
+            config.public_url.as_deref(),
+            |path| std::fs::read_to_string(path),
+        )?),
     };
     // The store is checked first (it also creates the data dir): a misconfigured store
     // must not leave a fresh DEK behind.
@@ -77,6 +74,14 @@ async fn build(
     let downgrade =
         crate::tofu::posture::DowngradePolicy::parse(&config.tofu.refuse_plaintext_after_encrypted)
             .map_err(anyhow::Error::msg)?;
+    let sso = match sso_settings {
+        None => None,
+        Some(settings) => Some(crate::ui::oidc::Sso::new(
+            settings,
+            store.index_handle(),
+            root.sso_key(),
+        )?),
+    };
     let tofu = TofuBackend::new(store, root.clone()).with_downgrade_policy(downgrade);
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
     let keys = crate::installation::keyring(config, &root, tofu.store(), drift.clone());
@@ -110,7 +115,6 @@ async fn build(
         ),
         client_grants,
         sso,
-        reveals: Default::default(),
         client_url: crate::address::for_clients(config),
     });
     Ok((app, root))

@@ -45,6 +45,7 @@ const LABEL_TF_PASSPHRASE: &[u8] = b"tf-encryption-passphrase";
 const LABEL_BLOB: &[u8] = b"stategate-blob-aead-v1";
 const LABEL_DRIFT_OUTPUT: &[u8] = b"stategate-drift-output-aead-v1";
 const LABEL_DRIFT_PLAN: &[u8] = b"stategate-drift-plan-aead-v1";
+const LABEL_SSO: &[u8] = b"stategate-sso-aead-v1";
 const LABEL_WEBHOOK: &[u8] = b"stategate-drift-webhook-hmac-v1";
 const LABEL_RESOURCE_DIGEST: &[u8] = b"stategate-resource-digest-hmac-v1";
 
@@ -493,6 +494,12 @@ impl RootKey {
     /// The AEAD key of a workspace's saved plan files kept for approval.
     pub fn drift_plan_key(&self, workspace: &str) -> SealKey {
         self.data_key(LABEL_DRIFT_PLAN, workspace)
+    }
+
+    /// The AEAD key of the single sign-on rows' secrets (a started sign-in's PKCE
+    /// verifier and nonce, a session's provider tokens; `ui::sso_rows`).
+    pub fn sso_key(&self) -> SealKey {
+        self.data_key(LABEL_SSO, "")
     }
 
     /// The webhook signing secret (44 characters). Receivers use this text itself

@@ -80,8 +80,6 @@ pub struct App {
     pub client_grants: crate::tofu::certificate::Grants,
     /// Single sign-on for the UI (`[oidc]`); `None` when not configured.
     pub sso: Option<crate::ui::oidc::Sso>,
-    /// One-time tickets carrying a UI reveal from its POST to the GET it redirects to.
-    pub reveals: crate::ui::reveal::RevealTickets,
     /// The address Terraform reaches this server at (`address::for_clients`), for the
     /// UI's "Connect Terraform" panel.
     pub client_url: String,

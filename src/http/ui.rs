@@ -384,6 +384,7 @@ async fn sso_checked(app: &App, me: UiSession) -> Result<Option<UiSession>, Erro
     };
     match checked {
         Revalidated::Fresh => Ok(Some(me)),
+        Revalidated::Unknown(e) => Err(e.into()),
         Revalidated::Current(grant) => {
             app.operator
                 .admin_write(move |conn| {
@@ -606,9 +607,11 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
             return refused_login(app, vec![clear]);
         }
     };
-    let identity = signed.identity.clone();
-    let grant = signed.grant.clone();
+    let identity = signed.identity;
+    let grant = signed.grant;
     let lifetime = sso.session_max_age();
+    // Followed from the transaction that opens the session: every node knows it.
+    let follow = sso.follow(identity.subject.clone(), signed.tokens);
     let opened = app
         .operator
         .admin_write(move |conn| {
@@ -619,16 +622,15 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
                 name: &name,
                 grant: &grant,
             };
-            session::open_sso(conn, user, identity.email.as_deref(), lifetime, now)
+            let opened = session::open_sso(conn, user, identity.email.as_deref(), lifetime, now)?;
+            if let Some(opened) = &opened {
+                follow.record(conn, &opened.session.sha256, now)?;
+            }
+            Ok(opened)
         })
         .await;
     match opened {
         Ok(Some(opened)) => {
-            sso.track(
-                opened.session.sha256.clone(),
-                signed.identity.subject.clone(),
-                signed.tokens,
-            );
             let to = signed.return_to.unwrap_or_else(|| "/ui/".into());
             Answer::PageCookies(
                 200,
@@ -961,12 +963,13 @@ async fn action(
     let actor = me.operator.actor();
     match route {
         UiRoute::Logout => {
+            let followed = me.sha256.clone();
             if let Some(c) = cookie.map(str::to_string) {
-                ops.admin_write(move |conn| session::close(conn, &c))
-                    .await?;
-            }
-            if let Some(sso) = &app.sso {
-                sso.forget(&me.sha256);
+                ops.admin_write(move |conn| {
+                    session::close(conn, &c)?;
+                    Ok(crate::ui::sso_rows::forget(conn, &followed)?)
+                })
+                .await?;
             }
             Ok(Answer::Redirect(
                 LOGIN.into(),
@@ -983,13 +986,12 @@ async fn action(
             let v = required("version", Some(&version))?;
             // An unknown, pruned or unreadable version is refused here, as before.
             ops.show(w, Some(v)).await?;
-            let ticket = app
-                .reveals
-                .issue(&me.csrf, w, v, std::time::Instant::now())
-                .map_err(|e| Error::Internal {
-                    public: "could not start the reveal; see the server log".into(),
-                    detail: e.to_string(),
-                })?;
+            let (session, ws) = (me.sha256.clone(), w.to_string());
+            let ticket = ops
+                .admin_write(move |conn| {
+                    Ok(crate::ui::reveal::issue(conn, &session, &ws, v, now())?)
+                })
+                .await?;
             let mut q = form_urlencoded::Serializer::new(String::new());
             q.append_pair("reveal", &ticket);
             Ok(redirect(&format!(
@@ -1134,9 +1136,19 @@ async fn version_with_ticket(
     ticket: &str,
 ) -> Result<Answer, EdgeError> {
     let ops = &app.operator;
-    let taken = app
-        .reveals
-        .take(ticket, &me.csrf, w, v, std::time::Instant::now());
+    let (ticket, session, ws) = (ticket.to_string(), me.sha256.clone(), w.to_string());
+    let taken = ops
+        .admin_write(move |conn| {
+            Ok(crate::ui::reveal::take(
+                conn,
+                &ticket,
+                &session,
+                &ws,
+                v,
+                now(),
+            )?)
+        })
+        .await?;
     let need = Some((
         crate::operator::roles::Action::Reveal,
         super::guard::On::Workspace(w),

@@ -14,20 +14,24 @@
 //! - [`Sso`] runs the flow. The provider's metadata (and keys) are discovered lazily
 //!   on the first sign-in and again after [`REDISCOVER_AFTER`]; a provider that cannot
 //!   be reached makes sign-in unavailable (the log names `oidc.issuer_url`), never the
-//!   server. A started login is kept in memory only ([`Pending`]): its `state`, nonce
-//!   and PKCE verifier, bound to the browser by a random cookie (only its SHA-256 is
-//!   kept), used once, forgotten after [`PENDING_SECONDS`] (and at a restart). The
-//!   callback takes it out before anything else, so a replayed or forged callback
-//!   finds nothing; the ID token is then checked by the crate: signature (the
-//!   provider's JWKS), issuer, audience, expiry and nonce.
+//!   server. A started login is a row of the index (`ui::sso_rows`, so the callback
+//!   may reach another node): its `state` (by SHA-256), and sealed, its nonce and PKCE
+//!   verifier, bound to the browser by a random cookie (only its SHA-256 is kept),
+//!   used once, forgotten after [`PENDING_SECONDS`]. The callback takes it out before
+//!   anything else, so a replayed or forged callback finds nothing; the ID token is
+//!   then checked by the crate: signature (the provider's JWKS), issuer, audience,
+//!   expiry and nonce.
 //!
-//! - A signed-in session is followed ([`Sso::track`]) with the provider's access and
-//!   refresh tokens, in memory only: when its last check is older than
-//!   `oidc.revalidate_seconds`, the next request asks userinfo again (renewing the
-//!   access token with the refresh token once it is refused) and maps the groups it
-//!   names today ([`Sso::revalidate`]). No mapped group, a provider that refuses, or a
-//!   session not followed here (signed in before a restart) ends the session: fail
-//!   closed. Every session ends after `oidc.session_max_age_seconds` anyway.
+//! - A signed-in session is followed ([`Sso::follow`]) with the provider's access and
+//!   refresh tokens, sealed in the index under the root key's single sign-on key and
+//!   bound to the session: when its last check is older than
+//!   `oidc.revalidate_seconds`, the next request (on any node) asks userinfo again
+//!   (renewing the access token with the refresh token once it is refused) and maps
+//!   the groups it names today ([`Sso::revalidate`]). Of racing requests one asks; the
+//!   others wait for its answer. No mapped group, a provider that refuses, or a session
+//!   not followed (its row dropped, or sealed under a retired key generation) ends the
+//!   session: fail closed. Every session ends after `oidc.session_max_age_seconds`
+//!   anyway.
 //! - RFC 9207: when the provider's metadata says it sends `iss` on authorization
 //!   responses, a callback without it or naming another issuer is refused (mix-up).
 //!
@@ -36,7 +40,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openidconnect::core::{
@@ -56,23 +60,26 @@ use openidconnect::{
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::sso_rows;
 use crate::config::{ConfigError, OidcConfig};
+use crate::crypto::SealKey;
 use crate::operator::roles::{Grant, Pattern, Role, MAX_PATTERNS};
+use crate::store::sql::Connection;
+use crate::store::{Db, DbError};
 
 /// Where the provider sends the browser back (under `public_url`).
 pub const CALLBACK_PATH: &str = "/ui/login/oidc/callback";
 /// How long a started sign-in may take at the provider.
 pub const PENDING_SECONDS: u64 = 600;
-/// Started sign-ins remembered at once; past that, new ones are refused until some
-/// finish or expire (an unauthenticated client cannot grow this map).
-pub const MAX_PENDING: usize = 4096;
 /// The provider's metadata and keys are read again after this (rotated keys).
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
-/// Single sign-on sessions followed at once (their provider tokens, in memory); past
-/// that, the oldest is dropped, which ends it at its next request (fail closed).
-pub const MAX_TRACKED: usize = 65536;
 /// Longest wait for the provider (discovery, code exchange).
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's claim on re-checking a session holds: longer than the three
+/// provider calls a check may make, so it lapses only when its node died mid-check.
+const CHECK_CLAIM_SECONDS: i64 = 4 * PROVIDER_TIMEOUT.as_secs() as i64;
+/// How often a request whose session another request is re-checking looks again.
+const CHECK_POLL: Duration = Duration::from_millis(100);
 /// Longest `state`, `code` or cookie value looked at.
 const MAX_PARAM: usize = 4096;
 /// Most groups read from a token (a longer list is cut, never an error).
@@ -484,11 +491,13 @@ pub enum Refused {
     #[error("the userinfo request failed: {0}")]
     UserInfo(String),
     #[error(
-        "the session's provider tokens are not known here (signed in before a restart, or dropped)"
+        "the session is not followed (dropped, or its provider tokens do not open under this root key)"
     )]
     Untracked,
     #[error("single sign-on is no longer configured")]
     NotConfigured,
+    #[error("the index cannot be reached: {0}")]
+    Index(String),
 }
 
 impl Refused {
@@ -511,54 +520,38 @@ pub enum Unavailable {
     Discovery(String),
     #[error("too many sign-ins are in progress")]
     Busy,
+    #[error("the index cannot keep the sign-in: {0}")]
+    Index(String),
 }
 
-/// A started sign-in.
+/// What a started sign-in keeps secret until its callback, sealed in its row.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct PendingLogin {
-    binding: [u8; 32],
-    nonce: Nonce,
-    verifier: PkceCodeVerifier,
+    /// Hex SHA-256 of the binding cookie's value.
+    binding: String,
+    nonce: String,
+    verifier: String,
     return_to: Option<String>,
-    at: Instant,
 }
 
-/// Started sign-ins by `state`, bounded in number and age.
-#[derive(Default)]
-struct Pending {
-    logins: Mutex<HashMap<String, PendingLogin>>,
+/// The provider's tokens of a followed session, sealed in its row.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SealedTokens {
+    access: String,
+    refresh: Option<String>,
 }
 
 fn sha256(value: &str) -> [u8; 32] {
     Sha256::digest(value.as_bytes()).into()
 }
 
-impl Pending {
-    fn insert(&self, state: String, login: PendingLogin, now: Instant) -> Result<(), Unavailable> {
-        let mut logins = self
-            .logins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if logins.len() >= MAX_PENDING {
-            let ttl = Duration::from_secs(PENDING_SECONDS);
-            logins.retain(|_, l| now.saturating_duration_since(l.at) < ttl);
-        }
-        if logins.len() >= MAX_PENDING {
-            return Err(Unavailable::Busy);
-        }
-        logins.insert(state, login);
-        Ok(())
-    }
+/// What a sealed row is bound to: its table and key, so no row opens as another.
+fn associated(what: &str, key: &str) -> Vec<u8> {
+    [b"stategate sso ", what.as_bytes(), b"\0", key.as_bytes()].concat()
+}
 
-    /// Takes the sign-in `state` names out (one use), if it is not too old.
-    fn take(&self, state: &str, now: Instant) -> Option<PendingLogin> {
-        let login = self
-            .logins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(state)?;
-        (now.saturating_duration_since(login.at) < Duration::from_secs(PENDING_SECONDS))
-            .then_some(login)
-    }
+fn unix_now() -> i64 {
+    crate::tokens::now()
 }
 
 /// A sign-in just started: where to send the browser, and the binding cookie's value.
@@ -597,13 +590,58 @@ pub struct ProviderTokens {
     refresh: Option<RefreshToken>,
 }
 
-/// A single sign-on session followed in memory: whom it is for, its provider tokens,
-/// and when it was last checked at the provider.
-struct Tracked {
+impl ProviderTokens {
+    fn seal(&self, key: &SealKey, session: &str) -> Result<Vec<u8>, String> {
+        let plain = serde_json::to_vec(&SealedTokens {
+            access: self.access.secret().clone(),
+            refresh: self.refresh.as_ref().map(|r| r.secret().clone()),
+        })
+        .map_err(|e| e.to_string())?;
+        key.seal(&associated("session", session), &plain)
+            .map_err(|e| e.to_string())
+    }
+
+    fn open(key: &SealKey, session: &str, sealed: &[u8]) -> Option<ProviderTokens> {
+        let plain = key.open(&associated("session", session), sealed).ok()?;
+        let t: SealedTokens = serde_json::from_slice(&plain).ok()?;
+        Some(ProviderTokens {
+            access: AccessToken::new(t.access),
+            refresh: t.refresh.map(RefreshToken::new),
+        })
+    }
+}
+
+/// A signed-in session to follow ([`Sso::follow`]), recorded in the transaction that
+/// opens it.
+pub struct Follow {
+    key: SealKey,
     subject: String,
     tokens: ProviderTokens,
-    checked: Instant,
-    ends: Instant,
+    max_age: i64,
+}
+
+impl Follow {
+    /// Follows the session whose id hashes to `session` from `now`.
+    pub fn record(
+        &self,
+        conn: &Connection,
+        session: &str,
+        now: i64,
+    ) -> Result<(), crate::cluster::identity::AdminError> {
+        let sealed = self
+            .tokens
+            .seal(&self.key, session)
+            .map_err(|e| DbError::Task(format!("cannot seal the provider tokens: {e}")))?;
+        sso_rows::follow(
+            conn,
+            session,
+            &self.subject,
+            &sealed,
+            now,
+            now.saturating_add(self.max_age),
+        )?;
+        Ok(())
+    }
 }
 
 /// What re-checking a session at the provider found.
@@ -615,6 +653,9 @@ pub enum Revalidated {
     Current(Grant),
     /// The session must end (the reason, for the log and the audit row).
     Ended(Refused),
+    /// The index could not be read or written: nothing is known (the request fails,
+    /// the session stays).
+    Unknown(DbError),
 }
 
 struct Discovered {
@@ -624,20 +665,20 @@ struct Discovered {
     at: Instant,
 }
 
-/// The single sign-on service: settings, the provider's discovered metadata, the
-/// started sign-ins.
+/// The single sign-on service: settings, the provider's discovered metadata, and the
+/// index where started sign-ins and followed sessions are kept (`ui::sso_rows`), with
+/// the key their secrets are sealed under.
 pub struct Sso {
     settings: Settings,
     http: openidconnect::reqwest::Client,
     discovered: tokio::sync::Mutex<Option<Discovered>>,
-    pending: Pending,
-    /// Single sign-on sessions by their token's SHA-256; each entry is locked while it
-    /// is checked, so concurrent requests of one session ask the provider once.
-    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Tracked>>>>,
+    db: Db,
+    key: SealKey,
 }
 
 impl Sso {
-    pub fn new(settings: Settings) -> Result<Sso, ConfigError> {
+    /// `key` is the root key's single sign-on key (`RootKey::sso_key`).
+    pub fn new(settings: Settings, db: Db, key: SealKey) -> Result<Sso, ConfigError> {
         let http = openidconnect::reqwest::Client::builder()
             // Following redirects would let a provider's answer point us anywhere.
             .redirect(openidconnect::reqwest::redirect::Policy::none())
@@ -648,8 +689,8 @@ impl Sso {
             settings,
             http,
             discovered: tokio::sync::Mutex::new(None),
-            pending: Pending::default(),
-            sessions: Mutex::new(HashMap::new()),
+            db,
+            key,
         })
     }
 
@@ -723,17 +764,30 @@ impl Sso {
         }
         let (url, state, nonce) = request.url();
         let binding = CsrfToken::new_random().secret().clone();
-        self.pending.insert(
-            state.secret().clone(),
-            PendingLogin {
-                binding: sha256(&binding),
-                nonce,
-                verifier,
-                return_to,
-                at: Instant::now(),
-            },
-            Instant::now(),
-        )?;
+        let state = hex::encode(sha256(state.secret()));
+        let plain = serde_json::to_vec(&PendingLogin {
+            binding: hex::encode(sha256(&binding)),
+            nonce: nonce.secret().clone(),
+            verifier: verifier.secret().clone(),
+            return_to,
+        })
+        .map_err(|e| Unavailable::Index(e.to_string()))?;
+        let sealed = self
+            .key
+            .seal(&associated("login", &state), &plain)
+            .map_err(|e| Unavailable::Index(e.to_string()))?;
+        let now = unix_now();
+        let stored = self
+            .db
+            .write(move |c| {
+                sso_rows::insert_login(c, &state, &sealed, now, now - PENDING_SECONDS as i64)
+                    .map_err(DbError::from)
+            })
+            .await
+            .map_err(|e| Unavailable::Index(e.to_string()))?;
+        if !stored {
+            return Err(Unavailable::Busy);
+        }
         Ok(Started {
             authorize_url: url.to_string(),
             binding,
@@ -745,12 +799,10 @@ impl Sso {
     /// exchange (with the PKCE verifier), the ID token and the group mapping.
     pub async fn finish(&self, callback: Callback<'_>) -> Result<SignedIn, Refused> {
         let state = bounded(callback.state).ok_or(Refused::NoPending)?;
-        let login = self
-            .pending
-            .take(state, Instant::now())
-            .ok_or(Refused::NoPending)?;
+        let login = self.take_login(state).await?;
         let binding = bounded(callback.binding).ok_or(Refused::Binding)?;
-        if !bool::from(sha256(binding).ct_eq(&login.binding)) {
+        let bound = hex::encode(sha256(binding));
+        if !bool::from(bound.as_bytes().ct_eq(login.binding.as_bytes())) {
             return Err(Refused::Binding);
         }
         // Discovered before the sign-in started; refreshed only if that was long ago.
@@ -779,7 +831,7 @@ impl Sso {
         let response = client
             .exchange_code(AuthorizationCode::new(code.to_string()))
             .map_err(|e| Refused::Exchange(error_chain(&e)))?
-            .set_pkce_verifier(login.verifier)
+            .set_pkce_verifier(PkceCodeVerifier::new(login.verifier))
             .request_async(&self.http)
             .await
             .map_err(|e| Refused::Exchange(error_chain(&e)))?;
@@ -788,7 +840,7 @@ impl Sso {
             .id_token()
             .ok_or(Refused::NoIdToken)?;
         let claims = id_token
-            .claims(&client.id_token_verifier(), &login.nonce)
+            .claims(&client.id_token_verifier(), &Nonce::new(login.nonce))
             .map_err(|e| Refused::IdToken(e.to_string()))?;
         let email = match claims.email_verified() {
             Some(false) => None,
@@ -848,93 +900,137 @@ impl Sso {
             .map_err(|e| Refused::UserInfo(error_chain(&e)))
     }
 
-    /// Follows the single sign-on session whose token hash is `session` with the
-    /// provider tokens of its sign-in, until it ends ([`Sso::forget`]) or
-    /// `session_max_age` passes. At most [`MAX_TRACKED`]: the oldest is dropped.
-    pub fn track(&self, session: String, subject: String, tokens: ProviderTokens) {
-        let now = Instant::now();
-        let entry = Tracked {
-            subject,
-            tokens,
-            checked: now,
-            ends: now + Duration::from_secs(self.settings.session_max_age as u64),
-        };
-        let mut sessions = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if sessions.len() >= MAX_TRACKED {
-            // Ended ones first; a busy entry (being checked) counts as live.
-            sessions.retain(|_, t| t.try_lock().map(|t| t.ends > now).unwrap_or(true));
-        }
-        if sessions.len() >= MAX_TRACKED {
-            let oldest = sessions
-                .iter()
-                .filter_map(|(k, t)| t.try_lock().ok().map(|t| (t.ends, k.clone())))
-                .min();
-            if let Some((_, key)) = oldest {
-                sessions.remove(&key);
-            }
-        }
-        sessions.insert(session, Arc::new(tokio::sync::Mutex::new(entry)));
+    /// Takes the sign-in `state` names out of the index (one use), if it is not too
+    /// old and opens under this root key.
+    async fn take_login(&self, state: &str) -> Result<PendingLogin, Refused> {
+        let state = hex::encode(sha256(state));
+        let expired_before = unix_now() - PENDING_SECONDS as i64;
+        let key = state.clone();
+        let sealed = self
+            .db
+            .write(move |c| sso_rows::take_login(c, &key, expired_before).map_err(DbError::from))
+            .await
+            .map_err(|e| Refused::Index(e.to_string()))?
+            .ok_or(Refused::NoPending)?;
+        let plain = self
+            .key
+            .open(&associated("login", &state), &sealed)
+            .map_err(|_| Refused::NoPending)?;
+        serde_json::from_slice(&plain).map_err(|_| Refused::NoPending)
     }
 
-    /// Stops following a session (logout, or it ended).
-    pub fn forget(&self, session: &str) {
-        self.sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(session);
+    /// What following a signed-in session needs: recorded with
+    /// [`Follow::record`] in the transaction that opens the session, so every node
+    /// follows it from the start; it ends at logout ([`sso_rows::forget`]), when a
+    /// check ends it, or after `session_max_age`.
+    pub fn follow(&self, subject: String, tokens: ProviderTokens) -> Follow {
+        Follow {
+            key: self.key.clone(),
+            subject,
+            tokens,
+            max_age: self.settings.session_max_age,
+        }
     }
 
     /// Is the single sign-on session whose token hash is `session` still what its
-    /// grant says? Checked recently: [`Revalidated::Fresh`]. Otherwise the provider is
-    /// asked now (userinfo with the access token, and once the access token is refused,
-    /// with one the refresh token gets) and the groups it names today are mapped again.
-    /// A session not followed here, refused by the provider, or whose user has no
-    /// mapped group any more ends (fail closed); it is forgotten then.
+    /// grant says? Checked recently: [`Revalidated::Fresh`]. Otherwise this request
+    /// claims the check in the index (on another node or here, a racing request of the
+    /// same session waits for the one that claimed it) and asks the provider now
+    /// (userinfo with the access token, and once the access token is refused, with one
+    /// the refresh token gets); the groups it names today are mapped again. A session
+    /// not followed, refused by the provider, or whose user has no mapped group any
+    /// more ends (fail closed); its row is deleted then.
     pub async fn revalidate(&self, session: &str) -> Revalidated {
-        let entry = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(session)
-            .cloned();
-        let Some(entry) = entry else {
-            return Revalidated::Ended(Refused::Untracked);
-        };
-        let mut tracked = entry.lock().await;
-        if tracked.checked.elapsed() < self.settings.revalidate {
-            return Revalidated::Fresh;
-        }
-        let found = self.ask(&mut tracked).await;
-        match found {
-            Ok(grant) => {
-                tracked.checked = Instant::now();
-                Revalidated::Current(grant)
+        let revalidate = i64::try_from(self.settings.revalidate.as_secs()).unwrap_or(i64::MAX);
+        loop {
+            let now = unix_now();
+            let stale_before = now.saturating_sub(revalidate);
+            let key = session.to_string();
+            let found = self
+                .db
+                .read_quick(move |c| sso_rows::followed(c, &key, now))
+                .await;
+            let followed = match found {
+                Ok(Some(f)) => f,
+                Ok(None) => return Revalidated::Ended(Refused::Untracked),
+                Err(e) => return Revalidated::Unknown(e),
+            };
+            if followed.checked_unix > stale_before {
+                return Revalidated::Fresh;
             }
-            Err(why) => {
-                drop(tracked);
-                self.forget(session);
-                Revalidated::Ended(why)
+            if followed.checking_until > now {
+                // Another request is asking the provider: its answer is this one's.
+                tokio::time::sleep(CHECK_POLL).await;
+                continue;
+            }
+            let key = session.to_string();
+            let until = now.saturating_add(CHECK_CLAIM_SECONDS);
+            let claimed = self
+                .db
+                .write(move |c| {
+                    sso_rows::claim_check(c, &key, stale_before, now, until).map_err(DbError::from)
+                })
+                .await;
+            match claimed {
+                Ok(Some(row)) => return self.check(session, row).await,
+                // Claimed by another, checked, or ended since it was read: look again.
+                Ok(None) => continue,
+                Err(e) => return Revalidated::Unknown(e),
             }
         }
     }
 
-    /// The grant the provider's answer gives the tracked user today.
-    async fn ask(&self, tracked: &mut Tracked) -> Result<Grant, Refused> {
+    /// Asks the provider about the claimed session `row` and records the answer: the
+    /// renewed tokens and the time, or the session's end.
+    async fn check(&self, session: &str, row: sso_rows::Followed) -> Revalidated {
+        let found = match ProviderTokens::open(&self.key, session, &row.sealed) {
+            Some(mut tokens) => self.ask(&row.subject, &mut tokens).await.and_then(|grant| {
+                let sealed = tokens.seal(&self.key, session).map_err(Refused::Index)?;
+                Ok((grant, sealed))
+            }),
+            None => Err(Refused::Untracked),
+        };
+        let key = session.to_string();
+        let now = unix_now();
+        match found {
+            Ok((grant, sealed)) => {
+                let recorded = self
+                    .db
+                    .write(move |c| sso_rows::checked(c, &key, &sealed, now).map_err(DbError::from))
+                    .await;
+                match recorded {
+                    Ok(()) => Revalidated::Current(grant),
+                    Err(e) => Revalidated::Unknown(e),
+                }
+            }
+            Err(why) => {
+                let forgotten = self
+                    .db
+                    .write(move |c| sso_rows::forget(c, &key).map_err(DbError::from))
+                    .await;
+                match forgotten {
+                    Ok(()) => Revalidated::Ended(why),
+                    Err(e) => Revalidated::Unknown(e),
+                }
+            }
+        }
+    }
+
+    /// The grant the provider's answer gives `subject` today; `tokens` are renewed
+    /// when the access token was refused.
+    async fn ask(&self, subject: &str, tokens: &mut ProviderTokens) -> Result<Grant, Refused> {
         let (client, _) = self
             .client()
             .await
             .map_err(|e| Refused::UserInfo(e.to_string()))?;
-        let subject = SubjectIdentifier::new(tracked.subject.clone());
+        let subject = SubjectIdentifier::new(subject.to_string());
         let info = match self
-            .user_info(&client, &tracked.tokens.access, subject.clone())
+            .user_info(&client, &tokens.access, subject.clone())
             .await
         {
             Ok(info) => info,
             Err(first) => {
-                let Some(refresh) = tracked.tokens.refresh.clone() else {
+                let Some(refresh) = tokens.refresh.clone() else {
                     return Err(first);
                 };
                 let response = client
@@ -943,13 +1039,12 @@ impl Sso {
                     .request_async(&self.http)
                     .await
                     .map_err(|e| Refused::Exchange(error_chain(&e)))?;
-                tracked.tokens = ProviderTokens {
+                *tokens = ProviderTokens {
                     access: response.access_token().clone(),
                     // A provider that rotates refresh tokens sends a new one.
                     refresh: response.refresh_token().cloned().or(Some(refresh)),
                 };
-                self.user_info(&client, &tracked.tokens.access, subject)
-                    .await?
+                self.user_info(&client, &tokens.access, subject).await?
             }
         };
         let groups = groups_of(
@@ -1339,39 +1434,5 @@ mod tests {
             who("a@b c", Some("not an email")).operator_name(),
             "a_b_c@id.example.com"
         );
-    }
-
-    #[test]
-    fn pending_sign_ins_are_used_once_bounded_and_expire() {
-        let pending = Pending::default();
-        let t0 = Instant::now();
-        let login = |at| PendingLogin {
-            binding: sha256("b"),
-            nonce: Nonce::new("n".into()),
-            verifier: PkceCodeVerifier::new("v".into()),
-            return_to: None,
-            at,
-        };
-        pending.insert("s1".into(), login(t0), t0).unwrap();
-        assert!(pending.take("s2", t0).is_none());
-        assert!(pending.take("s1", t0).is_some());
-        assert!(pending.take("s1", t0).is_none(), "used once");
-        pending.insert("old".into(), login(t0), t0).unwrap();
-        let later = t0 + Duration::from_secs(PENDING_SECONDS);
-        assert!(pending.take("old", later).is_none(), "expired");
-        for i in 0..MAX_PENDING {
-            pending.insert(format!("s{i}"), login(t0), t0).unwrap();
-        }
-        assert_eq!(
-            pending
-                .insert("one-more".into(), login(t0), t0)
-                .unwrap_err(),
-            Unavailable::Busy
-        );
-        // Once the old ones have expired, they make room.
-        pending
-            .insert("one-more".into(), login(later), later)
-            .unwrap();
-        assert_eq!(pending.logins.lock().unwrap().len(), 1);
     }
 }

@@ -7,105 +7,119 @@
 //! browser) finds the ticket used up and shows the masked page with a button to reveal
 //! again: nothing is ever revealed without a POST of this session's form.
 //!
-//! A ticket is bound to the session (by its CSRF token), the workspace and the version,
-//! lives [`TICKET_SECONDS`], and is kept in memory only (a restart drops them: the
-//! operator presses the button again). At most [`MAX_TICKETS`] are pending; beyond that
-//! the oldest is dropped. A ticket is no secret of the state, but it is random (32 bytes
-//! from the OS) so it cannot be guessed.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+//! A ticket is bound to the session (the SHA-256 of its id, as `tokens` keeps it), the
+//! workspace and the version, and lives [`TICKET_SECONDS`]. Tickets are rows of
+//! `ui_reveal_tickets` (this module owns the table), so the GET may reach another node
+//! than the POST did; only the ticket's SHA-256 is stored. At most [`MAX_TICKETS`] are
+//! pending; beyond that the oldest is dropped. A ticket is no secret of the state, but
+//! it is random (32 bytes from the OS) so it cannot be guessed.
 
 use subtle::ConstantTimeEq;
 
+use crate::store::sql::{params, Connection, OptionalExtension};
+use crate::tokens::TokenError;
+
 /// How long a ticket waits for its GET.
-pub const TICKET_SECONDS: u64 = 60;
+pub const TICKET_SECONDS: i64 = 60;
 /// Pending tickets kept at most (all sessions together).
-pub const MAX_TICKETS: usize = 1024;
+pub const MAX_TICKETS: i64 = 1024;
 /// The prefix of a ticket (`crate::tokens::generate`).
 const PREFIX: &str = "sgv_";
 
-struct Pending {
-    session: String,
-    workspace: String,
+/// The table; `crate::schema` applies it.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS ui_reveal_tickets (
+    ticket_sha256  TEXT PRIMARY KEY,
+    session_sha256 TEXT NOT NULL,     -- the UI session's id hash (`tokens`)
+    workspace      TEXT NOT NULL,
+    version        INTEGER NOT NULL,
+    expires_unix   INTEGER NOT NULL
+) WITHOUT ROWID;
+"#;
+
+/// A new ticket for the session whose id hashes to `session`, for `workspace`'s
+/// `version`. Run in the writer's transaction.
+pub fn issue(
+    conn: &Connection,
+    session: &str,
+    workspace: &str,
     version: i64,
-    expires: Instant,
+    now: i64,
+) -> Result<String, TokenError> {
+    let ticket = crate::tokens::generate(PREFIX)?;
+    conn.prepare_cached("DELETE FROM ui_reveal_tickets WHERE expires_unix <= ?1")?
+        .execute(params![now])?;
+    let pending: i64 =
+        conn.query_row("SELECT COUNT(*) FROM ui_reveal_tickets", [], |r| r.get(0))?;
+    if pending >= MAX_TICKETS {
+        conn.prepare_cached(
+            "DELETE FROM ui_reveal_tickets WHERE ticket_sha256 IN (
+                 SELECT ticket_sha256 FROM ui_reveal_tickets
+                 ORDER BY expires_unix, ticket_sha256 LIMIT ?1)",
+        )?
+        .execute(params![pending - MAX_TICKETS + 1])?;
+    }
+    conn.prepare_cached(
+        "INSERT INTO ui_reveal_tickets (ticket_sha256, session_sha256, workspace, version, expires_unix)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        crate::tokens::hash(ticket.as_bytes()),
+        session,
+        workspace,
+        version,
+        now + TICKET_SECONDS
+    ])?;
+    Ok(ticket)
 }
 
-/// The pending tickets of this process.
-#[derive(Default)]
-pub struct RevealTickets {
-    pending: Mutex<HashMap<String, Pending>>,
-}
-
-impl RevealTickets {
-    /// A new ticket for this session (`csrf`), workspace and version.
-    pub fn issue(
-        &self,
-        csrf: &str,
-        workspace: &str,
-        version: i64,
-        now: Instant,
-    ) -> Result<String, crate::tokens::TokenError> {
-        let ticket = crate::tokens::generate(PREFIX)?;
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.retain(|_, p| p.expires > now);
-        while pending.len() >= MAX_TICKETS {
-            let Some(oldest) = pending
-                .iter()
-                .min_by_key(|(_, p)| p.expires)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            pending.remove(&oldest);
+/// Uses up `ticket`: true when it was issued to this session for this version and
+/// has not expired. A ticket presented anywhere else is used up as well (it was
+/// seen outside its page), and so is one of another session. Run in the writer's
+/// transaction, so two nodes given the same ticket reveal at most once.
+pub fn take(
+    conn: &Connection,
+    ticket: &str,
+    session: &str,
+    workspace: &str,
+    version: i64,
+    now: i64,
+) -> Result<bool, TokenError> {
+    let taken: Option<(String, String, i64, i64)> = conn
+        .prepare_cached(
+            "DELETE FROM ui_reveal_tickets WHERE ticket_sha256 = ?1
+             RETURNING session_sha256, workspace, version, expires_unix",
+        )?
+        .query_row(params![crate::tokens::hash(ticket.as_bytes())], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .optional()?;
+    Ok(match taken {
+        Some((owner, w, v, expires)) => {
+            expires > now
+                && bool::from(owner.as_bytes().ct_eq(session.as_bytes()))
+                && w == workspace
+                && v == version
         }
-        pending.insert(
-            ticket.clone(),
-            Pending {
-                session: csrf.to_string(),
-                workspace: workspace.to_string(),
-                version,
-                expires: now + Duration::from_secs(TICKET_SECONDS),
-            },
-        );
-        Ok(ticket)
-    }
-
-    /// Uses up `ticket`: true when it was issued to this session for this version and
-    /// has not expired. A ticket presented anywhere else is used up as well (it was
-    /// seen outside its page), and so is one of another session.
-    pub fn take(
-        &self,
-        ticket: &str,
-        csrf: &str,
-        workspace: &str,
-        version: i64,
-        now: Instant,
-    ) -> bool {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        match pending.remove(ticket) {
-            Some(p) => {
-                p.expires > now
-                    && bool::from(p.session.as_bytes().ct_eq(csrf.as_bytes()))
-                    && p.workspace == workspace
-                    && p.version == version
-            }
-            None => false,
-        }
-    }
+        None => false,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn db() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn
+    }
+
     #[test]
     fn a_ticket_reveals_once_for_its_own_session_and_version_only() {
-        let t = RevealTickets::default();
-        let now = Instant::now();
-        let later = now + Duration::from_secs(TICKET_SECONDS + 1);
+        let conn = db();
+        let now = 1_000_000;
+        let later = now + TICKET_SECONDS;
         // (session, workspace, version, at, revealed)
         let table = [
             ("s1", "prod", 1, now, true),
@@ -115,32 +129,46 @@ mod tests {
             ("s1", "prod", 1, later, false),
         ];
         for (session, ws, version, at, want) in table {
-            let ticket = t.issue("s1", "prod", 1, now).unwrap();
+            let ticket = issue(&conn, "s1", "prod", 1, now).unwrap();
             assert!(ticket.starts_with(PREFIX));
             assert_eq!(
-                t.take(&ticket, session, ws, version, at),
+                take(&conn, &ticket, session, ws, version, at).unwrap(),
                 want,
                 "{session} {ws} {version}"
             );
             // Used up whatever the answer: a reload reveals nothing.
-            assert!(!t.take(&ticket, "s1", "prod", 1, now));
+            assert!(!take(&conn, &ticket, "s1", "prod", 1, now).unwrap());
         }
-        assert!(!t.take("sgv_unknown", "s1", "prod", 1, now));
+        assert!(!take(&conn, "sgv_unknown", "s1", "prod", 1, now).unwrap());
+        // Only the ticket's hash is stored.
+        let stored: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM ui_reveal_tickets WHERE ticket_sha256 LIKE 'sgv_%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(stored, 0);
     }
 
     #[test]
-    fn pending_tickets_are_bounded() {
-        let t = RevealTickets::default();
-        let now = Instant::now();
-        let first = t.issue("s", "prod", 1, now).unwrap();
+    fn pending_tickets_are_bounded_and_expired_ones_swept() {
+        let conn = db();
+        let now = 1_000_000;
+        let first = issue(&conn, "s", "prod", 1, now).unwrap();
         for i in 0..MAX_TICKETS {
-            t.issue("s", "prod", 1, now + Duration::from_millis(i as u64 + 1))
-                .unwrap();
+            issue(&conn, "s", "prod", 1, now + i % 30 + 1).unwrap();
         }
-        assert!(t.pending.lock().unwrap().len() <= MAX_TICKETS);
+        let count = |c: &Connection| -> i64 {
+            c.query_row("SELECT COUNT(*) FROM ui_reveal_tickets", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(count(&conn), MAX_TICKETS);
         assert!(
-            !t.take(&first, "s", "prod", 1, now),
+            !take(&conn, &first, "s", "prod", 1, now).unwrap(),
             "the oldest was dropped"
         );
+        issue(&conn, "s", "prod", 1, now + 1000).unwrap();
+        assert_eq!(count(&conn), 1, "expired tickets are swept");
     }
 }

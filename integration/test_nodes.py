@@ -6,7 +6,8 @@ root key), the real Terraform CLI. A lock taken through one node is seen by the
 other; racing writers through both nodes lose no update; Terraform applies through
 one and plans through the other; a node killed with SIGKILL in the middle of writes
 loses no acknowledged version and its client's lock stays held; housekeeping runs on
-one node; operator tokens work on both.
+one node; operator tokens work on both; with a real OpenID provider, a single sign-on
+and a reveal each go through both nodes (no sticky sessions).
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import signal
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
 import pytest
 
 import postgres_harness
-from harness import BACKEND_HTTP, Server, cli, data_resource, http, lock_info
+from harness import BACKEND_HTTP, Server, cli, data_resource, free_port, http, lock_info
+from oidc_support import CALLBACK, CLIENT_SECRET, Provider, request, sign_in_at_provider
 
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory):
@@ -39,17 +43,22 @@ def postgres(tmp_path_factory):
         pg.stop()
 
 
-@pytest.fixture
-def nodes(postgres, garage_env, check_binary, tmp_path):
-    """Two nodes: one index database, one bucket prefix, one root key."""
+def two_nodes(postgres, garage_env, tmp_path, env: dict | None = None, ports=(0, 0)) -> list[Server]:
+    """Two nodes: one index database, one bucket prefix, one root key (and `env`)."""
     shared = {
         "STATEGATE_INDEX": "postgres",
         "STATEGATE_INDEX_URL": postgres.new_database(),
         "STATEGATE_DEK": base64.b64encode(secrets.token_bytes(32)).decode(),
         "STATEGATE_S3_PREFIX": f"nodes-{uuid.uuid4().hex[:8]}/",
+        **(env or {}),
     }
-    servers = [Server(data_dir=tmp_path / f"node-{n}", store="s3", s3_env=garage_env, extra_env=dict(shared))
-               for n in "ab"]
+    return [Server(data_dir=tmp_path / f"node-{n}", store="s3", s3_env=garage_env, extra_env=dict(shared),
+                   port=port) for n, port in zip("ab", ports)]
+
+
+@pytest.fixture
+def nodes(postgres, garage_env, check_binary, tmp_path):
+    servers = two_nodes(postgres, garage_env, tmp_path)
     for s in servers:
         s.start()
     yield servers
@@ -240,6 +249,108 @@ def test_housekeeping_runs_on_one_node_and_tokens_work_on_both(nodes):
     cli(b, "admin", "operator", "token", "revoke", mine[0])
     for s in (a, b):
         assert http("GET", f"{s.url}/api/v1/admin/workspaces", bearer=token).status == 401, "revoked on every node"
+
+
+def test_single_sign_on_and_reveals_work_through_either_node(postgres, garage_env, check_binary, tmp_path):
+    """Behind one address a browser's requests reach either node: a sign-in started
+    through A finishes through B, the session works on both, is re-checked at the
+    provider by whichever node a request reaches (a promotion made there is seen on
+    both), a reveal POSTed to A is shown once by B, and logging out through B ends the
+    session on A. The real OpenID provider (oidc-provider), PostgreSQL and Garage."""
+    pa = free_port()
+    public = f"http://127.0.0.1:{pa}"  # the address both nodes are behind
+    provider = Provider(public + CALLBACK, tmp_path / "provider.log")
+    conf = tmp_path / "sso.toml"
+    conf.write_text(f"""
+[oidc]
+issuer_url = "{provider.url}"
+client_id = "stategate"
+client_secret = "{CLIENT_SECRET}"
+scopes = ["email", "groups"]
+revalidate_seconds = 1
+
+[oidc.roles]
+"platform-admins" = "admin"
+"team-a" = {{ role = "operator", workspaces = "team-a-*" }}
+""")
+    a, b = two_nodes(postgres, garage_env, tmp_path, ports=(pa, 0),
+                     env={"STATEGATE_CONFIG": str(conf), "STATEGATE_PUBLIC_URL": public})
+    jar: dict = {}
+
+    def same_address(frm: Server, to: Server):
+        """One address: what the browser holds for it goes to either node."""
+        jar[to.port] = dict(jar.get(frm.port, {}))
+
+    try:
+        a.start()
+        b.start()
+        status, authorize, body = request("GET", a.url + "/ui/login/oidc", jar,
+                                          headers={"Sec-Fetch-Site": "same-origin"})
+        assert status == 303 and authorize.startswith(provider.url), (status, body[:300])
+        callback = sign_in_at_provider(authorize, jar, "tess", public + CALLBACK)
+        same_address(a, b)
+        status, _, body = request("GET", b.url + urllib.parse.urlsplit(callback)._replace(
+            scheme="", netloc="").geturl(), jar)
+        assert status == 200, (status, body[:300])
+        same_address(b, a)
+        for s in (a, b):
+            status, _, body = request("GET", s.url + "/ui/", jar)
+            assert status == 200 and "tess@example.com" in body, (s.data_dir.name, status, body[:300])
+        assert a.query("SELECT COUNT(*) FROM sso_logins")[0][0] == 0, "the sign-in was used up"
+
+        # Promoted at the provider: re-checked by whichever node the next request
+        # reaches; requests racing through both nodes all go on, and one asks.
+        provider.set_groups("tess", ["platform-admins"])
+        time.sleep(1.2)
+        answers = []
+        threads = [threading.Thread(target=lambda s=s: answers.append(request("GET", s.url + "/ui/", dict(jar))[0]))
+                   for s in (a, b, a, b, a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answers == [200] * 6, answers
+        role = ("SELECT g.role FROM operator_grants g JOIN operators o ON o.id = g.operator_id"
+                " WHERE o.email = 'tess@example.com'")
+        assert [r[0] for r in b.query(role)] == ["admin"]
+        assert len(a.query("SELECT id FROM audit WHERE event = 'ui.sso_regrant'")) == 1, "one check, one regrant"
+
+        # A reveal: POSTed to A, its one-time page shown by B, a reload through A masked.
+        ws = a.workspace("sso-reveal")
+        lineage = str(uuid.uuid4())
+        state = _state(1, lineage, "visible")
+        state["outputs"]["db_password"] = {"value": "pw-two-nodes", "type": "string", "sensitive": True}
+        assert http("POST", ws.address, state, user=ws.user, password=ws.password).status == 200
+        status, _, page = request("GET", a.url + "/ui/workspaces/sso-reveal/versions/1", jar)
+        assert status == 200 and "pw-two-nodes" not in page, status
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+        status, location, _ = request("POST", a.url + "/ui/workspaces/sso-reveal/versions/1/reveal", jar,
+                                      form={"csrf": csrf}, headers={"Origin": public})
+        assert status == 303 and "reveal=" in location, (status, location)
+        path = urllib.parse.urlsplit(location)._replace(scheme="", netloc="", fragment="").geturl()
+        same_address(a, b)
+        status, _, shown = request("GET", b.url + path, jar)
+        assert status == 200 and "pw-two-nodes" in shown, status
+        status, _, again = request("GET", a.url + path, jar)
+        assert status == 200 and "pw-two-nodes" not in again, "a reload through the other node is masked"
+        assert len(a.query("SELECT id FROM audit WHERE event = 'state.revealed'")) == 1
+
+        # Logged out through B: the same cookie is refused by A too (sent to the login
+        # page), and the session is no longer followed.
+        cookie = jar[b.port]["sg_session"]
+        status, _, _ = request("POST", b.url + "/ui/logout", jar, form={"csrf": csrf},
+                               headers={"Origin": public})
+        assert status == 303
+        replayed = {a.port: {"sg_session": cookie}}
+        assert request("GET", a.url + "/ui/", replayed)[:2] == (303, a.url + "/ui/login")
+        assert a.query("SELECT COUNT(*) FROM sso_sessions")[0][0] == 0
+        for s in (a, b):
+            log = s.log_text()
+            assert "sgs_" not in log and "sgv_" not in log and CLIENT_SECRET not in log
+    finally:
+        a.stop()
+        b.stop()
+        provider.stop()
 
 
 def test_the_index_migrates_to_postgres_and_back(postgres, check_binary, tmp_path, make_tf):

@@ -31,14 +31,9 @@ Nothing is skipped: without node, the package, chromium or chromedriver the test
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import time
-import re
-import shutil
 import sqlite3
-import subprocess
 import urllib.parse
 from pathlib import Path
 
@@ -46,50 +41,7 @@ import pytest
 
 from browser_support import Page, browser  # noqa: F401 (a fixture)
 from harness import BACKEND_HTTP, Server, cli, data_resource, free_port
-
-HERE = Path(__file__).resolve().parent
-PROVIDER_JS = HERE / "oidc" / "provider.js"
-MODULES = Path(os.environ.get("STATEGATE_TEST_OIDC_DIR",
-                              Path.home() / ".cache/stategate/oidc")) / "node_modules"
-CALLBACK = "/ui/login/oidc/callback"
-REFUSED = "not a valid operator token or single sign-on"
-CLIENT_SECRET = "test-client-secret-7f3a9c"
-
-
-class Provider:
-    """node provider.js on a loopback port, stopped at the end."""
-
-    def __init__(self, redirect_uri: str, log: Path, skew_seconds: int = 0, env: dict | None = None):
-        node = shutil.which("node")
-        if node is None:
-            pytest.fail("node is missing; run scripts/setup-test-deps.sh")
-        if not (MODULES / "oidc-provider" / "package.json").exists():
-            pytest.fail(f"oidc-provider is not installed in {MODULES}; run scripts/setup-test-deps.sh")
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [node, str(PROVIDER_JS), str(MODULES), redirect_uri, CLIENT_SECRET, str(skew_seconds)],
-            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **(env or {})})
-        line = self.proc.stdout.readline().decode().strip()
-        if not line.startswith("PORT="):
-            self.stop()
-            pytest.fail(f"the provider did not start: {line!r}\n{log.read_text(errors='replace')}")
-        self.url = f"http://127.0.0.1:{int(line[5:])}"
-
-    def set_groups(self, subject: str, groups: list[str]):
-        """What an administrator of the identity provider does: effective at once."""
-        u = urllib.parse.urlsplit(self.url)
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-        conn.request("POST", f"/test/users/{subject}/groups", body=json.dumps(groups))
-        assert conn.getresponse().status == 204
-        conn.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.log.close()
-
+from oidc_support import CALLBACK, CLIENT_SECRET, REFUSED, Provider, request, sign_in_at_provider
 
 class Setup:
     def __init__(self, server: Server, provider: Provider):
@@ -156,36 +108,6 @@ def sso(tmp_path, check_binary):
     s.provider.stop()
 
 
-# -- a browser-less client: cookies per port, no redirects followed ------------------
-
-def request(method: str, url: str, jar: dict, *, form: dict | None = None, headers: dict | None = None):
-    u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    h = dict(headers or {})
-    cookies = jar.setdefault(u.port, {})
-    if cookies:
-        h["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
-    body = None
-    if form is not None:
-        body = urllib.parse.urlencode(form)
-        h["Content-Type"] = "application/x-www-form-urlencoded"
-    conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=body, headers=h)
-    r = conn.getresponse()
-    data = r.read().decode(errors="replace")
-    for k, v in r.getheaders():
-        if k.lower() == "set-cookie":
-            name, _, rest = v.partition("=")
-            value = rest.split(";")[0]
-            low = v.lower()
-            if not value or "max-age=0" in low or "expires=thu, 01 jan 1970" in low:
-                cookies.pop(name, None)
-            else:
-                cookies[name] = value
-    location = r.getheader("Location")
-    conn.close()
-    return r.status, (urllib.parse.urljoin(url, location) if location else None), data
-
-
 def begin(s: Setup, jar: dict) -> str:
     """Starts a sign-in as our own login page's link would: the provider's URL."""
     status, location, body = request("GET", s.server.url + "/ui/login/oidc", jar,
@@ -196,24 +118,7 @@ def begin(s: Setup, jar: dict) -> str:
 
 def at_provider(s: Setup, authorize_url: str, jar: dict, login: str) -> str:
     """Signs in at the provider (its own form); the callback URL it sends back."""
-    url = authorize_url
-    for _ in range(12):
-        status, location, body = request("GET", url, jar)
-        if status in (302, 303) and location:
-            if location.startswith(s.server.url + CALLBACK):
-                return location
-            url = location
-            continue
-        assert status == 200, (status, body)
-        action = urllib.parse.urljoin(url, re.search(r'<form[^>]*action="([^"]+)"', body).group(1))
-        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', body))
-        fields.update(login=login, password="any")
-        status, location, body = request("POST", action, jar, form=fields)
-        assert status in (302, 303) and location, (status, body)
-        if location.startswith(s.server.url + CALLBACK):
-            return location
-        url = location
-    raise AssertionError("the provider never sent the browser back")
+    return sign_in_at_provider(authorize_url, jar, login, s.server.url + CALLBACK)
 
 
 def callback_url(s: Setup, login: str) -> tuple[str, dict]:

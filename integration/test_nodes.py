@@ -28,7 +28,7 @@ import pytest
 
 import postgres_harness
 from harness import BACKEND_HTTP, Server, cli, data_resource, free_port, http, lock_info
-from oidc_support import CALLBACK, CLIENT_SECRET, Provider, request, sign_in_at_provider
+from oidc_support import CALLBACK, CLIENT_SECRET, REFUSED, Provider, request, sign_in_at_provider
 
 @pytest.fixture(scope="module")
 def postgres(tmp_path_factory):
@@ -292,6 +292,10 @@ revalidate_seconds = 1
         status, _, body = request("GET", b.url + urllib.parse.urlsplit(callback)._replace(
             scheme="", netloc="").geturl(), jar)
         assert status == 200, (status, body[:300])
+        # The same callback replayed through A finds the sign-in used up.
+        status, _, body = request("GET", a.url + urllib.parse.urlsplit(callback)._replace(
+            scheme="", netloc="").geturl(), dict(jar))
+        assert status == 401 and REFUSED in body, (status, body[:300])
         same_address(b, a)
         for s in (a, b):
             status, _, body = request("GET", s.url + "/ui/", jar)

@@ -1403,6 +1403,28 @@ mod tests {
     }
 
     #[test]
+    fn sealed_provider_tokens_open_only_for_their_own_session() {
+        let key = crate::crypto::RootKey::from_bytes([7; 32]).sso_key();
+        let other = crate::crypto::RootKey::from_bytes([8; 32]).sso_key();
+        let tokens = ProviderTokens {
+            access: AccessToken::new("at-secret".into()),
+            refresh: Some(RefreshToken::new("rt-secret".into())),
+        };
+        let sealed = tokens.seal(&key, "s1").unwrap();
+        assert!(!String::from_utf8_lossy(&sealed).contains("secret"));
+        let opened = ProviderTokens::open(&key, "s1", &sealed).unwrap();
+        assert_eq!(opened.access.secret(), "at-secret");
+        assert_eq!(opened.refresh.unwrap().secret(), "rt-secret");
+        // (session, key, opens)
+        for (session, key, opens) in [("s2", &key, false), ("s1", &other, false)] {
+            assert_eq!(ProviderTokens::open(key, session, &sealed).is_some(), opens);
+        }
+        // A sign-in's sealed row is no session's, whatever its key.
+        let login = key.seal(&associated("login", "s1"), b"{}").unwrap();
+        assert!(ProviderTokens::open(&key, "s1", &login).is_none());
+    }
+
+    #[test]
     fn groups_claims_and_operator_names() {
         use serde_json::json;
         let table = [

@@ -9,6 +9,7 @@ mod common;
 use common::{lock_info, state, status, TestServer};
 use stategate::config::IndexKind;
 use stategate::store::sql::Connection;
+use stategate::store::{Db, DbError};
 
 /// A new empty database on the test server; `None` (said) when there is no server.
 fn new_database() -> Option<String> {
@@ -293,4 +294,161 @@ async fn tls_to_the_index_is_verified_against_the_configured_roots() {
             (works, outcome) => panic!("{what}: expected {works}, got {outcome:?}"),
         }
     }
+}
+
+/// The name of the database `url` names.
+fn database_of(url: &str) -> String {
+    let path = url.split('?').next().unwrap();
+    path.rsplit('/').next().unwrap().to_string()
+}
+
+/// A bare index on `url` with one table, opened off the async runtime.
+fn open_table_db(url: &str) -> Db {
+    let url = url.to_string();
+    std::thread::spawn(move || {
+        Db::open_postgres(
+            &url,
+            None,
+            &["CREATE TABLE t (x BIGINT PRIMARY KEY)".into()],
+        )
+        .unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
+/// The table's rows. A reader whose session the server ended fails the one read that
+/// finds out, and is replaced before its next: so a read is tried twice.
+async fn rows(db: &Db) -> Vec<i64> {
+    let read = || {
+        db.read(|c| {
+            c.prepare("SELECT x FROM t ORDER BY x")?
+                .query_map([], |r| r.get(0))?
+                .collect()
+        })
+    };
+    match read().await {
+        Ok(rows) => rows,
+        Err(_) => read().await.unwrap(),
+    }
+}
+
+/// PostgreSQL aborts a transaction at its first failed statement, and answers the
+/// COMMIT of an aborted transaction with a rollback, not an error. A write whose
+/// statement failed is never acknowledged, whether it was alone in its transaction or
+/// grouped with others, and even if its code went on as if nothing happened; a failed
+/// write changes nothing and the next one commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_statement_failed_is_never_acknowledged() {
+    let Some(url) = new_database() else { return };
+    let db = open_table_db(&url);
+    db.write(|c| {
+        c.execute("INSERT INTO t VALUES (1)", [])
+            .map_err(DbError::from)
+    })
+    .await
+    .unwrap();
+    // (what the job does, acknowledged)
+    let swallowed = db
+        .write(|c| -> Result<(), DbError> {
+            // The duplicate fails; this code ignores it and writes on.
+            let _ = c.execute("INSERT INTO t VALUES (1)", []);
+            let _ = c.execute("INSERT INTO t VALUES (2)", []);
+            Ok(())
+        })
+        .await;
+    assert!(
+        swallowed.is_err(),
+        "acknowledged a write PostgreSQL rolled back"
+    );
+    let refused = db
+        .write(|c| -> Result<(), DbError> {
+            c.execute("INSERT INTO t VALUES (3)", [])?;
+            Err(DbError::Task("refused by its own rule".into()))
+        })
+        .await;
+    assert!(refused.is_err());
+    assert_eq!(rows(&db).await, vec![1]);
+    // Grouped: racing writes, every other one swallowing a failed statement. Only the
+    // clean ones are acknowledged, and exactly they are kept.
+    let mut tasks = Vec::new();
+    for i in 10..60i64 {
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move {
+            let done = db
+                .write(move |c| -> Result<(), DbError> {
+                    if i % 2 == 1 {
+                        let _ = c.execute("INSERT INTO t VALUES (1)", []);
+                    }
+                    c.execute("INSERT INTO t VALUES (?1)", [i])
+                        .map(drop)
+                        .or(Ok(()))
+                })
+                .await;
+            (i, done.is_ok())
+        }));
+    }
+    let mut acknowledged = vec![1];
+    for t in tasks {
+        let (i, ok) = t.await.unwrap();
+        assert_eq!(ok, i % 2 == 0, "write {i}");
+        if ok {
+            acknowledged.push(i);
+        }
+    }
+    acknowledged.sort();
+    assert_eq!(rows(&db).await, acknowledged);
+}
+
+/// The index goes away under the writer (its session ended, no new one admitted): a
+/// write is told it never ran (`NotBegun`, which the edge answers 503), and changes
+/// nothing; once connections are admitted again, the writer reconnects by itself and
+/// the next write commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_index_is_gone_runs_nothing_and_reconnects() {
+    let Some(url) = new_database() else { return };
+    let db = open_table_db(&url);
+    db.write(|c| {
+        c.execute("INSERT INTO t VALUES (1)", [])
+            .map_err(DbError::from)
+    })
+    .await
+    .unwrap();
+    let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").unwrap();
+    let name = database_of(&url);
+    let admit = |allow: bool| {
+        let (base, name) = (base.clone(), name.clone());
+        with_conn(&base, move |c| {
+            c.execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}"))
+                .unwrap();
+            if !allow {
+                c.query_row(
+                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = ?1",
+                    [name.as_str()],
+                    |r| r.get::<_, i64>(0),
+                )
+                .unwrap();
+            }
+        })
+    };
+    admit(false);
+    let gone = db
+        .write(|c| {
+            c.execute("INSERT INTO t VALUES (2)", [])
+                .map_err(DbError::from)
+        })
+        .await;
+    assert!(matches!(gone, Err(DbError::NotBegun(_))), "{gone:?}");
+    admit(true);
+    db.write(|c| {
+        c.execute("INSERT INTO t VALUES (3)", [])
+            .map_err(DbError::from)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        rows(&db).await,
+        vec![1, 3],
+        "the refused write left nothing"
+    );
 }

@@ -111,9 +111,27 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
 }
 
 type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
-/// A write: run on the writer's connection, or told it never ran (`None`: the
-/// transaction could not begin), then completed with the commit's outcome.
-type Job = Box<dyn FnOnce(Option<&Connection>) -> Completion + Send>;
+
+/// Where the writer runs a job: on its connection, with other jobs in the same
+/// transaction (`shared`: in a savepoint of its own) or alone in it (no savepoint: a
+/// failed job's transaction is rolled back instead, two statements fewer; on
+/// PostgreSQL two round trips fewer for every lone write).
+#[derive(Clone, Copy)]
+struct Slot<'c> {
+    conn: &'c Connection,
+    shared: bool,
+}
+
+/// What running a job left: whether it failed, and how to complete it once the
+/// transaction has ended.
+struct Ran {
+    failed: bool,
+    complete: Completion,
+}
+
+/// A write: run in its slot, or told it never ran (`None`: the transaction could not
+/// begin), then completed with the commit's outcome.
+type Job = Box<dyn FnOnce(Option<Slot<'_>>) -> Ran + Send>;
 
 #[derive(Clone)]
 pub struct Db {
@@ -451,9 +469,13 @@ impl Db {
         E: From<DbError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel::<Result<T, E>>();
-        let job: Job = Box::new(move |conn| {
-            let outcome = conn.map(|conn| run_in_savepoint(conn, f));
-            Box::new(move |committed: Result<(), String>| {
+        let job: Job = Box::new(move |slot| {
+            let outcome = slot.map(|Slot { conn, shared }| match shared {
+                true => run_in_savepoint(conn, f),
+                false => f(conn),
+            });
+            let failed = matches!(outcome, Some(Err(_)));
+            let complete: Completion = Box::new(move |committed: Result<(), String>| {
                 let result = match (committed, outcome) {
                     (_, Some(Err(e))) => Err(e),
                     (Ok(()), Some(Ok(value))) => Ok(value),
@@ -465,7 +487,8 @@ impl Db {
                     ))),
                 };
                 let _ = reply.send(result);
-            })
+            });
+            Ran { failed, complete }
         });
         self.writer
             .send(job)
@@ -579,18 +602,22 @@ fn in_read_transaction<T>(
     Ok(value)
 }
 
-/// Runs one job in a savepoint so its failure rolls back only its own changes.
+/// Runs one job of a group in a savepoint so its failure rolls back only its own
+/// changes.
 fn run_in_savepoint<T, E: From<DbError>>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T, E>,
 ) -> Result<T, E> {
-    // Cached: every write runs these, and re-parsing them showed up in profiles.
-    let run = |sql: &str| conn.run_cached(sql);
-    run("SAVEPOINT job").map_err(|e| E::from(DbError::from(e)))?;
+    conn.savepoint().map_err(|e| E::from(DbError::from(e)))?;
     let outcome = f(conn);
     let end = match outcome {
-        Ok(_) => run("RELEASE job"),
-        Err(_) => run("ROLLBACK TO job").and_then(|_| run("RELEASE job")),
+        // RELEASE fails when a statement of the job failed and its code went on (on
+        // PostgreSQL that aborts the transaction): undone then, as a failed job is,
+        // so the group's other jobs go on.
+        Ok(_) => conn.release_savepoint().inspect_err(|_| {
+            let _ = conn.rollback_to_savepoint();
+        }),
+        Err(_) => conn.rollback_to_savepoint(),
     };
     end.map_err(|e| E::from(DbError::from(e)))?;
     outcome
@@ -659,20 +686,31 @@ fn writer_loop(
             tracing::error!(error = %msg, "cannot begin write transaction");
             for job in batch {
                 // Run nothing; every job learns it never ran (retryable).
-                job(None)(Err(msg.clone()));
+                (job(None).complete)(Err(msg.clone()));
             }
             continue;
         }
         stats.jobs.fetch_add(batch.len() as u64, Relaxed);
         stats.commits.fetch_add(1, Relaxed);
-        let completions: Vec<Completion> = batch.into_iter().map(|job| job(Some(&conn))).collect();
-        let committed = conn.end_transaction(true).map_err(|e| e.to_string());
-        if let Err(msg) = &committed {
-            tracing::error!(error = %msg, "commit failed; rolling back the group");
-            let _ = conn.end_transaction(false);
-        }
-        for complete in completions {
-            complete(committed.clone());
+        let slot = Slot {
+            conn: &conn,
+            shared: batch.len() > 1,
+        };
+        let ran: Vec<Ran> = batch.into_iter().map(|job| job(Some(slot))).collect();
+        let committed = if !slot.shared && ran.iter().all(|r| r.failed) {
+            // A lone job that failed: its transaction is undone, as its savepoint
+            // would have been (the job reports its own error).
+            conn.end_transaction(false).map_err(|e| e.to_string())
+        } else {
+            let committed = conn.end_transaction(true).map_err(|e| e.to_string());
+            if let Err(msg) = &committed {
+                tracing::error!(error = %msg, "commit failed; rolling back the group");
+                let _ = conn.end_transaction(false);
+            }
+            committed
+        };
+        for r in ran {
+            (r.complete)(committed.clone());
         }
         // Full means a checkpoint is already due.
         if let Some(checkpoints) = &checkpoints {

@@ -34,6 +34,8 @@ pub enum Error {
     Parameter { index: usize, message: String },
     #[error("{0}")]
     Value(String),
+    #[error("a statement of the transaction failed earlier; the transaction was rolled back")]
+    Aborted,
 }
 
 impl From<String> for Error {
@@ -529,10 +531,13 @@ impl Connection {
         match &self.inner {
             Inner::Sqlite(_) => self.run_cached("BEGIN IMMEDIATE"),
             Inner::Postgres(pg) => {
-                self.run_cached("BEGIN ISOLATION LEVEL READ COMMITTED")?;
+                // One round trip for both (the simple query protocol): every write
+                // group pays for it, on every node.
+                pg.batch(&format!(
+                    "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})"
+                ))?;
                 pg.state.set(PgTransaction::Write);
-                self.prepare_cached("SELECT pg_advisory_xact_lock(?1)")?
-                    .query_row([PG_WRITE_LOCK], |_| Ok(()))
+                Ok(())
             }
         }
     }
@@ -549,13 +554,48 @@ impl Connection {
         }
     }
 
-    /// Ends the open transaction: `COMMIT` or `ROLLBACK`.
+    /// Ends the open transaction: `COMMIT` or `ROLLBACK`. A PostgreSQL transaction in
+    /// which a statement failed (and no savepoint undid it) is rolled back and
+    /// reported ([`Error::Aborted`]): the server's own `COMMIT` would roll it back
+    /// without an error, and a write would be acknowledged that never happened.
     pub(crate) fn end_transaction(&self, commit: bool) -> Result<()> {
-        let outcome = self.run_cached(if commit { "COMMIT" } else { "ROLLBACK" });
+        let aborted = match &self.inner {
+            Inner::Postgres(pg) => pg.failed.get(),
+            Inner::Sqlite(_) => false,
+        };
+        let outcome = self.run_cached(if commit && !aborted {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        });
         if let Inner::Postgres(pg) = &self.inner {
             pg.state.set(PgTransaction::None);
+            pg.failed.set(false);
         }
-        outcome
+        match outcome {
+            Ok(()) if commit && aborted => Err(Error::Aborted),
+            outcome => outcome,
+        }
+    }
+
+    /// Starts the savepoint one job of a shared write transaction runs in.
+    pub(crate) fn savepoint(&self) -> Result<()> {
+        self.run_cached("SAVEPOINT job")
+    }
+
+    /// Keeps the job's changes.
+    pub(crate) fn release_savepoint(&self) -> Result<()> {
+        self.run_cached("RELEASE job")
+    }
+
+    /// Undoes the job's changes and goes on with the transaction (on PostgreSQL, no
+    /// longer aborted by a statement of the job that failed).
+    pub(crate) fn rollback_to_savepoint(&self) -> Result<()> {
+        self.run_cached("ROLLBACK TO job")?;
+        if let Inner::Postgres(pg) = &self.inner {
+            pg.failed.set(false);
+        }
+        self.run_cached("RELEASE job")
     }
 
     /// Whether a transaction is open (one a panic left open is rolled back first).
@@ -722,7 +762,7 @@ impl Statement<'_> {
         match &mut self.inner {
             StatementInner::Sqlite(s) => Ok(s.get().execute(sqlite_params(&values))?),
             StatementInner::Postgres(pg, stmt) => {
-                let changed = pg.client().execute(stmt, &pg_params(&values).as_refs())?;
+                let changed = pg.noted(pg.client().execute(stmt, &pg_params(&values).as_refs()))?;
                 Ok(changed as usize)
             }
         }
@@ -763,7 +803,7 @@ impl Statement<'_> {
                     RowsInner::Sqlite(s.get().query(sqlite_params(&values))?)
                 }
                 StatementInner::Postgres(pg, stmt) => {
-                    let rows = pg.client().query(stmt, &pg_params(&values).as_refs())?;
+                    let rows = pg.noted(pg.client().query(stmt, &pg_params(&values).as_refs()))?;
                     RowsInner::Postgres(rows.into_iter())
                 }
             },
@@ -857,6 +897,8 @@ struct PgConn {
     client: RefCell<Option<postgres::Client>>,
     statements: RefCell<HashMap<String, postgres::Statement>>,
     state: Cell<PgTransaction>,
+    /// A statement failed in the open transaction and no savepoint undid it.
+    failed: Cell<bool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -918,6 +960,7 @@ impl PgConn {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
             state: Cell::new(PgTransaction::None),
+            failed: Cell::new(false),
         })
     }
 
@@ -932,7 +975,7 @@ impl PgConn {
         if let Some(stmt) = self.statements.borrow().get(sql) {
             return Ok(stmt.clone());
         }
-        let stmt = self.client().prepare(&postgres_statement(sql))?;
+        let stmt = self.noted(self.client().prepare(&postgres_statement(sql)))?;
         let mut cache = self.statements.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE {
             cache.clear();
@@ -942,8 +985,21 @@ impl PgConn {
     }
 
     fn batch(&self, sql: &str) -> Result<()> {
-        self.client().batch_execute(sql)?;
+        self.noted(self.client().batch_execute(sql))?;
         Ok(())
+    }
+
+    /// Notes a statement that failed inside a transaction: PostgreSQL has aborted it
+    /// (every later statement fails, and its COMMIT would roll back without an error),
+    /// until a rollback to a savepoint.
+    fn noted<T>(
+        &self,
+        result: std::result::Result<T, postgres::Error>,
+    ) -> std::result::Result<T, postgres::Error> {
+        if result.is_err() && self.state.get() != PgTransaction::None {
+            self.failed.set(true);
+        }
+        result
     }
 }
 

@@ -108,6 +108,22 @@ def tfstate(serial: int, lineage: str, marker: str = "x") -> bytes:
     }, indent=2).encode()
 
 
+def stored_object(server: Server, key: str) -> bytes | None:
+    """The object `key` of `server`'s blob store (its local blob directory, or its
+    prefix of the S3 bucket), read straight from the store; None when there is none."""
+    if server.store == "local":
+        path = server.data_dir / "blobs" / key
+        return path.read_bytes() if path.is_file() else None
+    env = server.env()
+    client = boto3_s3(env["STATEGATE_S3_ENDPOINT"], env, request_checksum_calculation="when_required",
+                      response_checksum_validation="when_required")
+    try:
+        return client.get_object(Bucket=env["STATEGATE_S3_BUCKET"],
+                                 Key=env["STATEGATE_S3_PREFIX"] + key)["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+
+
 def boto3_s3(endpoint: str, s3_env: dict, **config):
     """A boto3 S3 client the way a homelab user configures one for Garage/MinIO."""
     boto3 = pytest.importorskip("boto3")

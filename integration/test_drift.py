@@ -2,8 +2,9 @@
 runs on the same data dir: a check of a `terraform_data` configuration whose input
 comes from the check's own `-var-file` is in sync; changing that file makes the next
 check drifted (a test HTTP server receives the webhook and verifies its HMAC
-signature; /metrics flips); `drift apply` applies exactly the kept plan (audited), and
-the next check is in sync again; a plan kept across a newer apply is refused as stale;
+signature; /metrics flips; the plan is kept sealed in the blob store, not in the data
+dir); `drift apply` applies exactly the kept plan (audited, then deleted from the
+store), and the next check is in sync again; a plan kept across a newer apply is refused as stale;
 approving twice or a run that was not drifted is refused; in a real browser, an
 operator sees the drifted run in the web UI, approves it by typing the workspace's
 name, sees the apply finish and starts an in-sync check. A workspace locked by
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from browser_support import Page, artifacts_dir, browser  # noqa: F401 (a fixture)
 from harness import BACKEND_HTTP, Server, http as http_call, lock_info, stategate_bin, venv_dir, cli
+from store_support import stored_object
 
 
 
@@ -156,8 +158,13 @@ def test_in_sync_drifted_approved_apply_in_sync(server_factory, ws_name, make_tf
         assert metric(server, "stategate_drift_status", ws_name) == "1"
         shown = cli(server, "drift", "show", str(drifted["id"])).stdout
         assert '"one" -> "two"' in shown and "1 to change" in shown, shown
-        kept = server.data_dir / "drift" / "plans" / f"{drifted['id']}.plan"
-        assert kept.exists() and oct(kept.stat().st_mode & 0o777) == "0o600"
+        # the plan is kept sealed in the blob store (any node sharing it can apply it),
+        # never as a file in the data dir
+        plan_key = f"drift/plans/{drifted['id']}.plan"
+        sealed = stored_object(server, plan_key)
+        assert sealed is not None, "the kept plan is in the store"
+        assert not sealed.startswith(b"PK") and b"terraform_data" not in sealed, "sealed at rest"
+        assert not (server.data_dir / "drift" / "plans").exists()
         assert oct((server.data_dir / "drift").stat().st_mode & 0o777) == "0o700"
 
         # refusals: a run that is not drifted
@@ -168,7 +175,7 @@ def test_in_sync_drifted_approved_apply_in_sync(server_factory, ws_name, make_tf
         applied = json.loads(cli(server, "drift", "apply", str(drifted["id"]), "--yes", "--json").stdout)
         assert applied["outcome"] == "applied" and applied["applies"] == drifted["id"], applied
         assert ws.get().json()["resources"][0]["instances"][0]["attributes"]["input"]["value"] == "two"
-        assert not kept.exists(), "a used plan is deleted"
+        assert stored_object(server, plan_key) is None, "a used plan is deleted"
         twice = cli(server, "drift", "apply", str(drifted["id"]), "--yes", ok=False)
         assert twice.returncode != 0 and "already approved" in twice.stderr, twice.stderr
         audit = [json.loads(line) for line in cli(server, "admin", "audit", "list", "--scope", f"tf/{ws_name}", "--json").stdout.splitlines()]

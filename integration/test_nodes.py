@@ -7,7 +7,9 @@ other; racing writers through both nodes lose no update; Terraform applies throu
 one and plans through the other; a node killed with SIGKILL in the middle of writes
 loses no acknowledged version and its client's lock stays held; housekeeping runs on
 one node; operator tokens work on both; with a real OpenID provider, a single sign-on
-and a reveal each go through both nodes (no sticky sessions).
+and a reveal each go through both nodes (no sticky sessions); a drift check asked for
+through both nodes at once runs once, its plan is kept in the shared store, approved
+and applied through the other node, and never applied twice.
 """
 
 from __future__ import annotations
@@ -472,3 +474,128 @@ def test_a_restarted_postgresql_is_reconnected_to(check_binary, tmp_path):
         s.stop()
     finally:
         pg.stop()
+
+
+def _drift_run(server, token: str, run: int, timeout: float = 120) -> dict:
+    """Run `run` through `server`'s admin API once it finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = http("GET", f"{server.url}/api/v1/admin/drift/{run}", bearer=token)
+        assert got.status == 200, got
+        if got.json()["run"]["finished_at"]:
+            return got.json()
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+
+
+def _at_once(*calls):
+    """The results of `calls`, each started on its own thread at the same moment."""
+    results: list = [None] * len(calls)
+    go = threading.Barrier(len(calls))
+
+    def run(i, call):
+        go.wait()
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def _one_admitted(responses) -> tuple:
+    """(the 202, the refusal) of two racing requests; fails unless exactly one was admitted."""
+    statuses = sorted(r.status for r in responses)
+    assert statuses == [202, 409], responses
+    admitted = next(r for r in responses if r.status == 202)
+    return admitted, next(r for r in responses if r.status == 409)
+
+
+def test_a_drift_plan_kept_through_one_node_is_applied_through_the_other_once(
+        postgres, garage_env, check_binary, tmp_path, make_tf, tf_env):
+    from store_support import stored_object
+    from test_drift import MAIN, TERRAFORM, config_file, tf_env_for_check
+
+    name = f"drift-{uuid.uuid4().hex[:8]}"
+    tfdir = tmp_path / "w"
+    cfg = config_file(tmp_path / "drift.toml", [{
+        "workspace": name, "dir": str(tfdir), "binary": TERRAFORM, "var_files": ["drift.tfvars"],
+        "interval_seconds": 0, "timeout_seconds": 120, "approve_apply": True, "env": tf_env_for_check(tf_env),
+    }])
+    a, b = two_nodes(postgres, garage_env, tmp_path, env={"STATEGATE_CONFIG": str(cfg)})
+    try:
+        a.start()
+        b.start()
+        tf = make_tf("w", a.workspace(name).env)
+        tf.write(MAIN)
+        (tfdir / "drift.tfvars").write_text('v = "one"\n')
+        tf.init()
+        tf.apply("-var-file=drift.tfvars")
+        token = cli(a, "admin", "operator", "create", "--email", "ops@example.org").stdout.strip().split()[-1]
+
+        def check_through(node):
+            return lambda: http("POST", f"{node.url}/api/v1/admin/drift/{name}/run", bearer=token)
+
+        def approve_through(node, run):
+            return lambda: http("POST", f"{node.url}/api/v1/admin/drift/{run}/apply", bearer=token)
+
+        def input_value():
+            state = a.workspace(name).get().json()
+            return state["resources"][0]["instances"][0]["attributes"]["input"]["value"]
+
+        # A check through node A keeps its plan in the shared store, on neither disk.
+        (tfdir / "drift.tfvars").write_text('v = "two"\n')
+        started = check_through(a)()
+        assert started.status == 202, started
+        drifted = _drift_run(a, token, started.json()["run"])["run"]
+        assert drifted["outcome"] == "drifted" and drifted["approvable"], drifted
+        plan_key = f"drift/plans/{drifted['id']}.plan"
+        assert stored_object(a, plan_key) is not None, "the kept plan is in the shared store"
+        for node in (a, b):
+            assert not (node.data_dir / "drift" / "plans").exists(), node.data_dir
+
+        # Approved through node B: the apply runs on B (A's disk never reaches it).
+        approved = approve_through(b, drifted["id"])()
+        assert approved.status == 202, approved
+        apply_id = approved.json()["run"]
+        applied = _drift_run(b, token, apply_id)["run"]
+        assert applied["outcome"] == "applied" and applied["applies"] == drifted["id"], applied
+        assert input_value() == "two"
+        finished_on = [n for n in (a, b) if _finished_here(n, apply_id)]
+        assert finished_on == [b], [n.data_dir.name for n in finished_on]
+        assert stored_object(a, plan_key) is None, "a used plan is deleted from the store"
+        # Approving again is refused, whichever node is asked.
+        for node in (a, b):
+            again = approve_through(node, drifted["id"])()
+            assert again.status == 409 and "already approved" in again.text(), (node.data_dir.name, again)
+        applies = a.query("SELECT count(*) FROM drift_runs WHERE applies = ?", (drifted["id"],))
+        assert applies[0][0] == 1, applies
+
+        # The same check asked for through both nodes at once: the index admits one run.
+        (tfdir / "drift.tfvars").write_text('v = "three"\n')
+        admitted, refused = _one_admitted(_at_once(check_through(a), check_through(b)))
+        assert "still going" in refused.text(), refused
+        second = _drift_run(a, token, admitted.json()["run"])["run"]
+        assert second["outcome"] == "drifted", second
+        checks = a.query("SELECT count(*) FROM drift_runs WHERE workspace = ? AND kind = 'check'", (name,))
+        assert checks[0][0] == 2, checks
+
+        # Its plan approved through both nodes at once: one apply, once.
+        admitted, refused = _one_admitted(_at_once(approve_through(a, second["id"]),
+                                                   approve_through(b, second["id"])))
+        assert "still going" in refused.text() or "already approved" in refused.text(), refused
+        applied = _drift_run(b, token, admitted.json()["run"])["run"]
+        assert applied["outcome"] == "applied", applied
+        assert input_value() == "three"
+        assert a.query("SELECT count(*) FROM drift_runs WHERE applies = ?", (second["id"],))[0][0] == 1
+        assert stored_object(b, f"drift/plans/{second['id']}.plan") is None
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _finished_here(node, run: int) -> bool:
+    """Whether `node`'s log says it finished drift run `run` (it ran it)."""
+    return any("drift run finished" in line and f"run={run}" in line.split() for line in node.log_text().splitlines())

@@ -9,8 +9,11 @@
 //! raised; a missing output retention did not delete stays an error), orphan outputs
 //! swept and nothing else in the store touched, the scheduler's sweep listing the store
 //! only when it can find something; a reseal moving outputs and kept plans to a
-//! rotated key (the plan still applies). The real Terraform CLI runs in
-//! `integration/test_drift.py`.
+//! rotated key (the plan still applies); kept plans in the blob store, so a plan kept
+//! through one node is applied through another (two services on one index and store,
+//! each with its own data dir), once, however the approvals race; plan files an
+//! earlier release kept in the data dir moved into the store. The real Terraform CLI
+//! runs in `integration/test_drift.py` and `integration/test_nodes.py`.
 
 mod common;
 
@@ -111,6 +114,28 @@ async fn hanging_endpoint() -> String {
 
 fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// The blob store key of check run `run`'s kept plan.
+fn plan_key(run: i64) -> String {
+    format!("{}{run}.plan", stategate::drift::PLAN_PREFIX)
+}
+
+/// Check run `run`'s sealed kept plan as the blob store holds it.
+async fn stored_plan(server: &TestServer, run: i64) -> Option<bytes::Bytes> {
+    let blobs = server.app.tofu.store().blobs();
+    blobs.get(&plan_key(run)).await.unwrap()
+}
+
+/// The kept plans in the blob store.
+async fn stored_plans(server: &TestServer) -> Vec<String> {
+    let blobs = server.app.tofu.store().blobs();
+    blobs.list(stategate::drift::PLAN_PREFIX).await.unwrap()
+}
+
+/// `<data_dir>/drift/plans`, where earlier releases kept plans as files.
+fn legacy_plans(server: &TestServer) -> std::path::PathBuf {
+    server.config.data_dir.join("drift/plans")
 }
 
 #[tokio::test]
@@ -368,14 +393,17 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
         .unwrap()
         .contains("human text of the saved plan"));
 
-    let kept = server
-        .config
-        .data_dir
-        .join(format!("drift/plans/{}.plan", drifted.id));
-    let sealed = std::fs::read(&kept).unwrap();
+    // Kept in the blob store, where every node sharing it reads it; not on this disk.
+    let sealed = stored_plan(&server, drifted.id)
+        .await
+        .expect("the plan is in the store");
     assert!(
         !String::from_utf8_lossy(&sealed).contains("PLAN-"),
         "sealed at rest"
+    );
+    assert!(
+        !legacy_plans(&server).exists(),
+        "no plan file in the data dir"
     );
     let no_plaintext = std::fs::read_dir(server.config.data_dir.join("drift/work"))
         .unwrap()
@@ -397,7 +425,11 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
         "PLAN-changed",
         "exactly the kept plan was applied"
     );
-    assert!(!kept.exists(), "a used plan is deleted");
+    assert_eq!(
+        stored_plan(&server, drifted.id).await,
+        None,
+        "a used plan is deleted from the store"
+    );
     let twice = drift.approve(drifted.id, "operator:t").await.unwrap_err();
     assert!(twice.to_string().contains("already approved"), "{twice}");
     assert_eq!(
@@ -418,12 +450,141 @@ async fn only_a_drifted_checks_kept_plan_is_applied_and_only_once() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("expired"), "{refused}");
+    assert!(stored_plan(&server, expired.id).await.is_some());
     expiring.tidy().await.unwrap();
-    assert!(!server
-        .config
-        .data_dir
-        .join(format!("drift/plans/{}.plan", expired.id))
-        .exists());
+    assert_eq!(stored_plan(&server, expired.id).await, None);
+    assert_eq!(stored_plans(&server).await, Vec::<String>::new());
+}
+
+/// [`service`] as another node would run it: the same index and blob store, its own
+/// data dir (`data_dir`), so nothing on the first node's disk is in reach.
+fn other_node(
+    server: &TestServer,
+    checks: Vec<DriftCheck>,
+    data_dir: &std::path::Path,
+) -> DriftService {
+    let config = Config {
+        drift: checks,
+        public_url: Some(server.base.clone()),
+        data_dir: data_dir.to_path_buf(),
+        ..server.config.clone()
+    };
+    DriftService::new(&config, server.app.tofu.clone(), server.root.clone())
+}
+
+#[tokio::test]
+async fn a_plan_kept_through_one_node_is_applied_through_another_once() {
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    let node_b_data = tempfile::tempdir().unwrap();
+    let a = service(&server, vec![check("prod", dir, &tofu)], vec![]);
+    let b = other_node(&server, vec![check("prod", dir, &tofu)], node_b_data.path());
+
+    // Both nodes asked for a check at once: the index admits one run of a workspace.
+    let (through_a, through_b) =
+        tokio::join!(a.start_check("prod", "a"), b.start_check("prod", "b"));
+    let (admitted, refused) = match (through_a, through_b) {
+        (Ok(started), Err(e)) | (Err(e), Ok(started)) => (started, e),
+        other => panic!("exactly one check is admitted: {other:?}"),
+    };
+    assert_eq!(refused.http_status(), 409, "{refused}");
+    assert!(refused.to_string().contains("still going"), "{refused}");
+    let drifted = a.execute(admitted).await.unwrap();
+    assert_eq!(drifted.outcome, Some(Outcome::Drifted));
+    assert!(stored_plan(&server, drifted.id).await.is_some());
+
+    // Approved through both nodes at once: one apply is admitted, through either.
+    let (through_a, through_b) = tokio::join!(
+        a.approve(drifted.id, "operator:a"),
+        b.approve(drifted.id, "operator:b")
+    );
+    let (started, refused) = match (through_a, through_b) {
+        (Ok(started), Err(e)) | (Err(e), Ok(started)) => (started, e),
+        other => panic!("exactly one approval is admitted: {other:?}"),
+    };
+    assert_eq!(refused.http_status(), 409, "{refused}");
+    // The apply runs on node B, whose disk never held the plan.
+    let applied = b.execute(started).await.unwrap();
+    assert_eq!(applied.outcome, Some(Outcome::Applied), "{applied:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("applied")).unwrap(),
+        "PLAN-changed",
+        "exactly the plan node A kept was applied"
+    );
+    assert_eq!(
+        stored_plan(&server, drifted.id).await,
+        None,
+        "used, then deleted"
+    );
+    for node in [a, b] {
+        let again = node.approve(drifted.id, "operator:t").await.unwrap_err();
+        assert!(again.to_string().contains("already approved"), "{again}");
+    }
+    assert_eq!(
+        server.count("SELECT count(*) FROM drift_runs WHERE kind = 'apply'"),
+        1
+    );
+    assert!(!node_b_data.path().join("drift/plans").exists());
+    assert!(!legacy_plans(&server).exists());
+}
+
+#[tokio::test]
+async fn plan_files_an_earlier_release_kept_move_into_the_store() {
+    use stategate::store::reseal::Census;
+    let server = TestServer::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::write(dir.join("main.tf"), "").unwrap();
+    std::fs::write(dir.join("input"), "changed").unwrap();
+    let tofu = fake_tofu(dir).display().to_string();
+    let drift = service(&server, vec![check("prod", dir, &tofu)], vec![]);
+    let drifted = drift.check_now("prod", "test").await.unwrap();
+    assert_eq!(drifted.outcome, Some(Outcome::Drifted));
+
+    // As an earlier release left it: the same sealed bytes as a file, nothing in the
+    // store; beside it a plan of no run and a reseal's temporary copy.
+    let sealed = stored_plan(&server, drifted.id).await.unwrap();
+    let blobs = server.app.tofu.store().blobs();
+    blobs.delete(&plan_key(drifted.id)).await.unwrap();
+    let files = legacy_plans(&server);
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join(format!("{}.plan", drifted.id)), &sealed).unwrap();
+    std::fs::write(files.join("987654.plan"), b"sealed plan of no run").unwrap();
+    std::fs::write(files.join("3.plan.resealing"), b"half a reseal").unwrap();
+
+    // `key status` counts it where it is (and moves nothing).
+    let mut census = Census::default();
+    drift.count_sealed(&mut census).await.unwrap();
+    assert_eq!(census.generations[&0].drift_plans, 2, "{census:?}");
+    assert!(files.join(format!("{}.plan", drifted.id)).exists());
+
+    // Approving moves it into the store first, unchanged, and clears the directory.
+    let started = drift.approve(drifted.id, "operator:t").await.unwrap();
+    assert!(!files.exists(), "every old plan file was moved or deleted");
+    assert_eq!(stored_plan(&server, drifted.id).await.unwrap(), sealed);
+    assert_eq!(
+        stored_plans(&server).await,
+        vec![plan_key(drifted.id)],
+        "a plan file of no run is not moved"
+    );
+    let applied = drift.execute(started).await.unwrap();
+    assert_eq!(applied.outcome, Some(Outcome::Applied), "{applied:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("applied")).unwrap(),
+        "PLAN-changed"
+    );
+    assert_eq!(stored_plans(&server).await, Vec::<String>::new());
+
+    // A file of a plan no longer wanted (here: used) is deleted, not moved.
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join(format!("{}.plan", drifted.id)), &sealed).unwrap();
+    drift.tidy().await.unwrap();
+    assert!(!files.exists());
+    assert_eq!(stored_plans(&server).await, Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -443,10 +604,6 @@ async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan
     );
     let drifted = drift.check_now("prod", "test").await.unwrap();
     assert_eq!(drifted.outcome, Some(Outcome::Drifted));
-    let kept = server
-        .config
-        .data_dir
-        .join(format!("drift/plans/{}.plan", drifted.id));
     let census = |drift: DriftService| async move {
         let mut c = Census::default();
         drift.count_sealed(&mut c).await.unwrap();
@@ -467,16 +624,14 @@ async fn a_reseal_moves_drift_outputs_and_kept_plans_to_the_new_key_and_the_plan
     assert_eq!(after.generations.get(&0), None, "{after:?}");
     assert_eq!(after.generations[&1].drift_outputs, 1);
     assert_eq!(after.generations[&1].drift_plans, 1);
-    assert_eq!(
-        SealKey::sealed_generation(&std::fs::read(&kept).unwrap()),
-        1
-    );
+    let kept = stored_plan(&server, drifted.id).await.unwrap();
+    assert_eq!(SealKey::sealed_generation(&kept), 1);
     let again = drift_cli.reseal().await.unwrap();
     assert_eq!((again.outputs, again.plans, again.current), (0, 0, 2));
     assert_eq!(
-        std::fs::read_dir(kept.parent().unwrap()).unwrap().count(),
-        1,
-        "no temporary file is left beside the plan"
+        stored_plans(&server).await,
+        vec![plan_key(drifted.id)],
+        "resealed in place: nothing else is left beside the plan"
     );
 
     // The resealed text still reads and the resealed plan still applies, exactly once.
@@ -553,11 +708,9 @@ async fn tidy_racing_a_reseal(at: usize, resealed: (u64, u64)) {
         first.output_blob.clone().unwrap(),
         second.output_blob.clone().unwrap(),
     );
-    let plans = server.config.data_dir.join("drift/plans");
-    let plan_files = || std::fs::read_dir(&plans).unwrap().count();
     assert!(blobs.get(&old_text).await.unwrap().is_some());
     assert_eq!(
-        plan_files(),
+        stored_plans(&server).await.len(),
         2,
         "both expired plans still there before the race"
     );
@@ -581,7 +734,11 @@ async fn tidy_racing_a_reseal(at: usize, resealed: (u64, u64)) {
         blobs.get(&old_text).await.unwrap().is_none(),
         "at {at}: the pruned output stays deleted"
     );
-    assert_eq!(plan_files(), 0, "at {at}: the expired plans stay deleted");
+    assert_eq!(
+        stored_plans(&server).await,
+        Vec::<String>::new(),
+        "at {at}: the expired plans stay deleted"
+    );
     let kept = blobs.get(&new_text).await.unwrap().unwrap();
     assert_eq!(SealKey::sealed_generation(&kept), 1);
     let (_, output) = drift.show(first.id).await.unwrap();

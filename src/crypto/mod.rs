@@ -491,7 +491,7 @@ impl RootKey {
         self.data_key(LABEL_DRIFT_OUTPUT, workspace)
     }
 
-    /// The AEAD key of a workspace's saved plan files kept for approval.
+    /// The AEAD key of a workspace's saved plans kept for approval (in the blob store).
     pub fn drift_plan_key(&self, workspace: &str) -> SealKey {
         self.data_key(LABEL_DRIFT_PLAN, workspace)
     }

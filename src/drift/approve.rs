@@ -1,5 +1,13 @@
 //! Approval-gated applies: approving a drifted check's kept plan admits an apply run
 //! (audited in the same transaction); executing it applies exactly that plan, once.
+//!
+//! The plan is read from the blob store (`kept`), so any node sharing the index and
+//! the store approves and applies what another kept. Once is the index's to enforce,
+//! not the node's: the admitting transaction inserts the apply row, and
+//! `drift_one_apply_per_check` (and one unfinished run per workspace) refuses a second
+//! one, whichever node and however close together they ask. The expiry is checked in
+//! that transaction too, so a plan the tidy pass has given up on as expired is never
+//! approved after it was deleted.
 
 use super::*;
 
@@ -26,10 +34,10 @@ impl DriftService {
                 "drift run {check_run} kept no plan (approve_apply is off for this check, or keeping it failed)"
             ));
         };
-        if expires <= now_unix() || !self.plan_path(check_run).exists() {
-            return refuse(format!(
-                "the plan of drift run {check_run} has expired; run a new check"
-            ));
+        // A plan an earlier release kept as a file is approvable too.
+        self.adopt_plan_files().await;
+        if expires <= now_unix() || !self.kept_plan_exists(check_run).await? {
+            return refuse(expired(check_run));
         }
         if let Some(f) = self.inner.tofu.freeze_of(&run.workspace).await? {
             return refuse(format!(
@@ -46,6 +54,10 @@ impl DriftService {
             .inner
             .db
             .write(move |c| -> Result<_, Error> {
+                // Again where it counts: tidy deletes a plan once it is past its expiry.
+                if expires <= now_unix() {
+                    return Err(Error::Conflict(expired(check_run)));
+                }
                 let started = outcomes::start_run(
                     c,
                     &ws,
@@ -94,23 +106,17 @@ impl DriftService {
 
     pub(super) async fn apply_body(&self, s: &Started, secret: &str) -> (Finished, Option<String>) {
         let check_run = s.applies.unwrap_or_default();
-        let kept = self.plan_path(check_run);
-        let result = self.apply_kept(s, &kept, secret).await;
-        // Used or not, an approved plan is never applied twice: delete it.
-        if let Err(e) = tokio::fs::remove_file(&kept).await {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %kept.display(), error = %e, "cannot delete a used drift plan");
-            }
+        let result = self.apply_kept(s, secret).await;
+        // Used or not, an approved plan is not kept: delete it (the index refuses a
+        // second approval anyway; what this fails to delete, tidy deletes once this
+        // run is finished).
+        if let Err(e) = self.delete_kept_plan(check_run).await {
+            tracing::warn!(run = check_run, error = %e, "cannot delete a used drift plan");
         }
         result
     }
 
-    async fn apply_kept(
-        &self,
-        s: &Started,
-        kept: &Path,
-        secret: &str,
-    ) -> (Finished, Option<String>) {
+    async fn apply_kept(&self, s: &Started, secret: &str) -> (Finished, Option<String>) {
         let fail = |why: String| (Finished::apply_failed(None, why), None);
         let check = &s.check;
         let deadline = runner::deadline_after(check.timeout_seconds);
@@ -119,17 +125,9 @@ impl DriftService {
             Err(why) => return fail(why),
         };
         let check_run = s.applies.unwrap_or_default();
-        let plain = match tokio::fs::read(kept).await {
-            Ok(sealed) => match self
-                .inner
-                .root
-                .drift_plan_key(&s.workspace)
-                .open(&sealed_ad("plan", &s.workspace, check_run), &sealed)
-            {
-                Ok(plain) => plain,
-                Err(e) => return fail(format!("the kept plan cannot be decrypted: {e}")),
-            },
-            Err(e) => return fail(format!("the kept plan cannot be read: {e}")),
+        let plain = match self.open_kept_plan(&s.workspace, check_run).await {
+            Ok(plain) => plain,
+            Err(why) => return fail(why),
         };
         // Deleted with the plaintext plan in it when this returns, however it ends.
         let work = match self.work_dir(s.id) {
@@ -178,4 +176,9 @@ impl DriftService {
             Some(text),
         )
     }
+}
+
+/// Why a plan is not approvable any more.
+fn expired(check_run: i64) -> String {
+    format!("the plan of drift run {check_run} has expired; run a new check")
 }

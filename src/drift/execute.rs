@@ -1,6 +1,7 @@
 //! Executing an admitted run: the run's credential, the sandboxed child (`init`,
-//! `plan`, `show`), keeping a drifted plan sealed, clearing exactly the lock a killed
-//! child took, storing the output and recording how the run ended (with its event).
+//! `plan`, `show`), keeping a drifted plan sealed in the blob store (`kept`), clearing
+//! exactly the lock a killed child took, storing the output and recording how the run
+//! ended (with its event).
 
 use super::*;
 
@@ -219,14 +220,6 @@ impl DriftService {
             .map_err(|e| format!("cannot start {}: {e}", program.display()))
     }
 
-    pub(super) fn plans_dir(&self) -> PathBuf {
-        self.inner.dir.join("plans")
-    }
-
-    pub(super) fn plan_path(&self, run: i64) -> PathBuf {
-        self.plans_dir().join(format!("{run}.plan"))
-    }
-
     /// `init` when the directory was never initialised.
     pub(super) async fn init_if_needed(
         &self,
@@ -402,28 +395,6 @@ impl DriftService {
                 .map(|f| format!("-var-file={}", f.display())),
         );
         args
-    }
-
-    /// Seals the saved plan into `plans/<run>.plan` (0600 in a 0700 directory).
-    async fn keep_plan(&self, s: &Started, planfile: &Path) -> Result<(), String> {
-        let plain = tokio::fs::read(planfile)
-            .await
-            .map_err(|e| format!("cannot read the plan file: {e}"))?;
-        let sealed = self
-            .inner
-            .root
-            .drift_plan_key(&s.workspace)
-            .seal(&sealed_ad("plan", &s.workspace, s.id), &plain)
-            .map_err(|e| e.to_string())?;
-        let plans = self.plans_dir();
-        let path = self.plan_path(s.id);
-        tokio::task::spawn_blocking(move || {
-            create_private_dir(&plans)?;
-            write_secret_file(&path, &sealed)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot store the sealed plan: {e}"))
     }
 
     /// When the child was killed, clears the lock it left (see [`Self::clear_lock_of`]);

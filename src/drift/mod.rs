@@ -13,14 +13,18 @@
 //! blob store, kept for the newest `keep_outputs` runs per workspace (the tidy pass
 //! deletes older runs' text and orphans, recording each pruned run first so `show`
 //! tells pruned text from lost text; the runs themselves stay); a drifted check
-//! with `approve_apply` keeps its plan file sealed in `<data_dir>/drift/plans` until it
-//! is approved (applied once, then deleted) or expires.
+//! with `approve_apply` keeps its plan sealed in the same blob store
+//! (`drift/plans/<run>.plan`) until it is approved (applied once, then deleted) or
+//! expires. Nothing of a run lives only on the node that ran it, so nodes sharing one
+//! index and one store approve and apply each other's plans; the index admits one
+//! unfinished run per workspace and one apply per check, whichever node asks.
 //!
 //! This file holds the service, its types and shared helpers; each job has its own
 //! file: `queries` (checks, runs, output, metrics), `execute` (running an admitted
-//! run's child and recording how it ended), `approve` (approval and the apply of a kept
-//! plan), `tidy` (what stopped processes and retention leave), `reseal` (its sealed
-//! objects under the keyring), `schedule` (due checks). Below them: `plan` (pure: the
+//! run's child and recording how it ended), `kept` (kept plans in the store, and
+//! moving an earlier release's plan files there), `approve` (approval and the apply of
+//! a kept plan), `tidy` (what stopped processes and retention leave), `reseal` (its
+//! sealed objects under the keyring), `schedule` (due checks). Below them: `plan` (pure: the
 //! `-json` stream, outcomes, the notify rule),
 //! `outcomes` (the `drift_runs` and `drift_outputs_pruned` tables), `runner` (the child
 //! process), `sandbox` (what the child can see), `work` (plaintext work files),
@@ -28,6 +32,7 @@
 
 mod approve;
 mod execute;
+mod kept;
 pub mod outcomes;
 pub mod plan;
 mod queries;
@@ -39,6 +44,7 @@ mod tidy;
 pub mod webhook;
 pub mod work;
 
+pub use kept::PLAN_PREFIX;
 pub use reseal::DriftResealed;
 pub use schedule::due_in;
 
@@ -57,7 +63,6 @@ use crate::config::{Config, DriftCheck, DriftSettings};
 use crate::crypto::{write_secret_file, RootKey};
 use crate::error::Error;
 use crate::store::audit::{insert_audit, AuditEntry};
-use crate::store::blob::create_private_dir;
 use crate::store::{Db, DbError};
 use crate::tofu::{run_credential, TofuBackend};
 pub use outcomes::{postgres_schema, Finished, Kind, Run, SCHEMA};
@@ -75,7 +80,8 @@ pub const EVENT_OUTCOME_CHANGED: &str = "drift.outcome_changed";
 
 /// Most bytes of human plan text kept per run.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
-/// Where runs' sealed output lives in the blob store: `drift/<run id>-<uuid>.out`.
+/// Where runs' sealed output lives in the blob store: `drift/<run id>-<uuid>.out`
+/// (kept plans are under it too, in [`PLAN_PREFIX`]: each sweep knows its own keys).
 pub const OUTPUT_PREFIX: &str = "drift/";
 /// Most output blobs one tidy pass deletes (the next pass goes on).
 const MAX_TIDY_DELETIONS: usize = 1000;
@@ -90,11 +96,12 @@ const ABANDONED_AFTER: u64 = 300;
 const MAX_PENDING: usize = 64;
 /// The scheduler looks at least this often (new runs from the CLI move the schedule).
 const MAX_TICK: Duration = Duration::from_secs(60);
-/// The scheduler sweeps outputs at least this often, besides at startup and after a run
-/// of this process finished (see [`outputs_sweep_due`]). A sweep LISTs all of `drift/`,
-/// a paginated LIST on S3, so it is not done every tick; what this process cannot see
-/// finishing (another process's runs, a kept plan expiring, a crash's orphan) waits for
-/// this, and none of it is urgent: the text merely lingers a little longer.
+/// The scheduler sweeps outputs and kept plans at least this often, besides at startup
+/// and after a run of this process finished (see [`outputs_sweep_due`]). A sweep LISTs
+/// all of `drift/` (outputs and kept plans), a paginated LIST on S3, so it is not done
+/// every tick; what this process cannot see finishing (another process's runs, a kept plan
+/// expiring, a crash's orphan) waits for this, and none of it is urgent: the text or
+/// the sealed plan merely lingers a little longer (an expired plan is never approved).
 const OUTPUTS_SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// A configured check with its latest status, for `GET /api/v1/admin/drift`.
@@ -193,7 +200,8 @@ struct Inner {
     /// Where the backend address comes from, looked up at each run (the server records
     /// its address after it built this service).
     config: Config,
-    /// `<data_dir>/drift`: `plans/` (sealed kept plans), `work/` (plaintext while in use).
+    /// `<data_dir>/drift`: `work/` (plaintext while in use), and `plans/` where an
+    /// earlier release kept sealed plans (moved into the store by `kept`).
     dir: PathBuf,
     slots: tokio::sync::Semaphore,
     /// What children run in.

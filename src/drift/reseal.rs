@@ -1,18 +1,21 @@
 //! Drift's sealed objects under the keyring (`stategate key status`, `key reseal`):
-//! runs' plan text in the blob store (`drift/<run>-<tag>.out`) and kept plans in
-//! `<data_dir>/drift/plans/<run>.plan`, each a `SealKey` message whose associated data
-//! names its workspace and run.
+//! runs' plan text (`drift/<run>-<tag>.out`) and kept plans (`drift/plans/<run>.plan`),
+//! both in the blob store, each a `SealKey` message whose associated data names its
+//! workspace and run. The census also counts plan files an earlier release kept in
+//! `<data_dir>/drift/plans/` (it only reads); a reseal first moves those into the
+//! store (`kept`), then reseals them there.
 //!
 //! Both are read by name, not through the index, so they are resealed in place: the
 //! new bytes are opened again under the newest generation before they replace the old
-//! (`put` replaces an object atomically; a plan is written to a temporary file,
-//! fsynced and renamed over the old one, then the directory is fsynced). A `kill -9`
-//! anywhere leaves the old object or the new one, both of which open while the old
-//! generation is in the ring; running it again carries on. Objects are read one at a
-//! time (bounded memory). Tidy may delete an object while it is resealed: after its
-//! new bytes are in place, an object tidy has given up on (an output whose run is
-//! recorded pruned or no longer names it, a plan used or expired — verdicts that
-//! never change back) is deleted again, so a deleted plan or plan text never comes back.
+//! (`put` replaces an object atomically). A `kill -9` anywhere leaves the old object or
+//! the new one, both of which open while the old generation is in the ring; running it
+//! again carries on. Objects are read one at a time (bounded memory; a kept plan has
+//! its bound). Tidy may delete an object while it is resealed: after its new bytes are
+//! in place, an object tidy has given up on (an output whose run is recorded pruned or
+//! no longer names it, a plan used or expired — verdicts that never change back) is
+//! deleted again, so a deleted plan or plan text never comes back. (An apply deletes
+//! the plan it used before its run is finished; one a reseal put back in between is
+//! deleted by the next tidy pass, and it can never be approved again either way.)
 
 use super::*;
 use crate::store::reseal::Census;
@@ -42,13 +45,23 @@ impl DriftService {
                 Err(e) => census.unreadable.push(format!("{key}: {e}")),
             }
         }
-        for (_, path) in self.kept_plan_files() {
+        for (run, key) in self.kept_plan_keys().await? {
+            match self.kept_plan_head(run, 8).await {
+                Ok(Some(head)) => {
+                    let g = crate::crypto::SealKey::sealed_generation(&head);
+                    census.generations.entry(g).or_default().drift_plans += 1;
+                }
+                Ok(None) => {} // used or expired since the LIST
+                Err(e) => census.unreadable.push(format!("{key}: {e}")),
+            }
+        }
+        for path in self.legacy_plan_files() {
             match read_prefix(&path, 8) {
                 Ok(head) => {
                     let g = crate::crypto::SealKey::sealed_generation(&head);
                     census.generations.entry(g).or_default().drift_plans += 1;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // moved since
                 Err(e) => census.unreadable.push(format!("{}: {e}", path.display())),
             }
         }
@@ -104,11 +117,13 @@ impl DriftService {
             }
             out.outputs += 1;
         }
-        for (run, path) in self.kept_plan_files() {
-            let sealed = match std::fs::read(&path) {
-                Ok(sealed) => sealed,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // tidy's
-                Err(e) => return Err(internal(&format!("cannot read {}", path.display()), e)),
+        self.adopt_plan_files().await;
+        for (run, _) in self.kept_plan_keys().await? {
+            let sealed = self.read_sealed_plan(run).await.map_err(|e| {
+                internal(&format!("cannot read the kept plan of drift run {run}"), e)
+            })?;
+            let Some(sealed) = sealed else {
+                continue; // deleted since the LIST (used or expired)
             };
             let Some(fresh) = self
                 .resealed("plan", run, &sealed, target, &mut out)
@@ -117,17 +132,14 @@ impl DriftService {
                 continue;
             };
             between().await;
-            replace_secret_file(&path, &fresh)
-                .map_err(|e| internal(&format!("cannot replace {}", path.display()), e))?;
-            let standing = self.read(move |c| outcomes::get_run(c, run)).await?;
-            if !tidy::plan_kept(standing.as_ref(), now_unix()) {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        return Err(internal(&format!("cannot delete {}", path.display()), e))
-                    }
-                }
+            self.put_kept_plan(run, fresh).await.map_err(|e| {
+                internal(
+                    &format!("cannot store the resealed plan of drift run {run}"),
+                    e,
+                )
+            })?;
+            if self.plan_wanted(run).await? == Some(false) {
+                self.delete_kept_plan(run).await?;
                 continue;
             }
             out.plans += 1;
@@ -177,33 +189,21 @@ impl DriftService {
             .map_err(|e| internal(&format!("cannot reseal drift {what} of run {run}"), e))
     }
 
-    /// Every output object's key in the store.
+    /// Every output object's key in the store (only keys of the output form: kept
+    /// plans are under `drift/` too).
     async fn output_keys(&self) -> Result<Vec<String>, Error> {
-        self.inner
+        let listed = self
+            .inner
             .tofu
             .store()
             .blobs()
             .list(OUTPUT_PREFIX)
             .await
-            .map_err(|e| internal("cannot list drift outputs in the store", e))
-    }
-
-    /// The kept plan files (`<run>.plan`) with their runs; none when there is no
-    /// plans directory.
-    fn kept_plan_files(&self) -> Vec<(i64, PathBuf)> {
-        let Ok(entries) = std::fs::read_dir(self.plans_dir()) else {
-            return Vec::new();
-        };
-        let mut plans: Vec<(i64, PathBuf)> = entries
-            .filter_map(Result::ok)
-            .filter_map(|entry| {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let run = name.strip_suffix(".plan")?.parse::<i64>().ok()?;
-                Some((run, entry.path()))
-            })
-            .collect();
-        plans.sort();
-        plans
+            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
+        Ok(listed
+            .into_iter()
+            .filter(|key| tidy::output_run(key).is_some())
+            .collect())
     }
 
     async fn run_workspace(&self, run: i64) -> Result<Option<String>, Error> {
@@ -235,21 +235,4 @@ fn read_prefix(path: &Path, n: usize) -> std::io::Result<Vec<u8>> {
         .take(n as u64)
         .read_to_end(&mut head)?;
     Ok(head)
-}
-
-/// Replaces `path` with `contents` so a crash leaves the old file or the new one: a
-/// private temporary file beside it, fsynced, renamed over it, the directory fsynced.
-fn replace_secret_file(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("plan.resealing");
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    write_secret_file(&tmp, contents)?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }

@@ -11,6 +11,9 @@ impl DriftService {
         mut shutdown: tokio::sync::watch::Receiver<bool>,
         claims: &crate::jobs::Claims,
     ) {
+        // Every node, claim or not: plan files an earlier release kept on this node's
+        // disk are approvable through any node only once they are in the store.
+        self.adopt_plan_files().await;
         loop {
             // Nodes sharing the index: one schedules (and tidies) at a time; the others
             // look again each tick, and take over when its claim lapses.

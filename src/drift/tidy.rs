@@ -1,26 +1,31 @@
 //! The tidy pass: plaintext work files no live run holds, runs a stopped process left
-//! (and the lock only their own child took), expired or used kept plans, and output
+//! (and the lock only their own child took), expired or used kept plans in the blob
+//! store (and files of them an earlier release left, moved into the store), and output
 //! blobs past retention or of no run.
+//!
+//! Kept plans (`drift/plans/`) and outputs (`drift/<run>-<tag>.out`) are swept from
+//! one LIST of the store's `drift/`, when [`outputs_sweep_due`]; an expired plan
+//! lingering a few minutes is harmless, as approval checks the expiry in the index.
 
 use super::*;
 
 impl DriftService {
-    /// Closes runs a stopped process left unfinished, deletes kept plans that expired,
-    /// were used, or belong to no run, and deletes output blobs past retention or of
-    /// no run (at most [`MAX_TIDY_DELETIONS`] of them per pass).
+    /// Closes runs a stopped process left unfinished, deletes kept plans that expired
+    /// or were used, and deletes output blobs past retention or of no run (at most
+    /// [`MAX_TIDY_DELETIONS`] of them per pass).
     pub async fn tidy(&self) -> Result<(), Error> {
         self.sweep_work().await;
+        self.adopt_plan_files().await;
         self.close_abandoned().await?;
-        self.tidy_plans().await?;
         self.sweep_outputs().await
     }
 
-    /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the outputs sweep
+    /// The scheduler's tidy, each tick: [`DriftService::tidy`], but the store sweep
     /// (a LIST of the blob store's `drift/`) only when [`outputs_sweep_due`].
     pub async fn tidy_when_due(&self) -> Result<(), Error> {
         self.sweep_work().await;
+        self.adopt_plan_files().await;
         self.close_abandoned().await?;
-        self.tidy_plans().await?;
         let last = *self
             .inner
             .last_sweep
@@ -33,12 +38,12 @@ impl DriftService {
         Ok(())
     }
 
-    /// [`DriftService::tidy_outputs`], remembering it was done. A failed sweep counts
-    /// too: it is retried when the next one is due, not every tick.
+    /// [`DriftService::sweep_store`], remembering it was done. A failed sweep counts too: it is retried when the next one is due, not
+    /// every tick.
     async fn sweep_outputs(&self) -> Result<(), Error> {
         // Read before the LIST: a run finishing during the sweep asks for another.
         let finished_runs = self.inner.finished_runs.load(Ordering::Relaxed);
-        let result = self.tidy_outputs().await;
+        let result = self.sweep_store().await;
         let mark = SweepMark {
             at: Instant::now(),
             finished_runs,
@@ -50,6 +55,23 @@ impl DriftService {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(mark);
         result.map(|_| ())
+    }
+
+    /// One LIST of the store's `drift/`: [`DriftService::tidy_plans`] on the kept
+    /// plans in it, [`DriftService::tidy_outputs`] on the outputs; `true` when either
+    /// stopped at its bound.
+    async fn sweep_store(&self) -> Result<bool, Error> {
+        let listed = self
+            .inner
+            .tofu
+            .store()
+            .blobs()
+            .list(OUTPUT_PREFIX)
+            .await
+            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
+        let plans_more = self.tidy_plans(kept::kept_plans_in(&listed)).await?;
+        let outputs_more = self.tidy_outputs(listed).await?;
+        Ok(plans_more || outputs_more)
     }
 
     /// Deletes the plaintext work files of runs no live process holds ([`work::sweep`]).
@@ -120,29 +142,23 @@ impl DriftService {
         Ok(())
     }
 
-    /// Deletes kept plans that expired, were used, or belong to no run.
-    async fn tidy_plans(&self) -> Result<(), Error> {
-        let now = now_unix();
-        let Ok(entries) = std::fs::read_dir(self.plans_dir()) else {
-            return Ok(());
-        };
-        for entry in entries.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(id) = name
-                .strip_suffix(".plan")
-                .and_then(|n| n.parse::<i64>().ok())
-            else {
-                continue;
-            };
-            let run = self.read(move |c| outcomes::get_run(c, id)).await?;
-            if !plan_kept(run.as_ref(), now) {
-                match std::fs::remove_file(entry.path()) {
-                    Ok(()) => tracing::info!(run = id, "deleted an expired or used drift plan"),
-                    Err(e) => tracing::warn!(run = id, error = %e, "cannot delete a drift plan"),
-                }
+    /// Deletes the kept plans in the store that are no longer wanted
+    /// ([`plan_kept`]: used, or expired unapproved), oldest run first, at most
+    /// [`MAX_TIDY_DELETIONS`]; `true` when it stopped at that bound. A plan of a run
+    /// this index does not know is left alone, as outputs are.
+    async fn tidy_plans(&self, plans: Vec<(i64, String)>) -> Result<bool, Error> {
+        let mut deleted = 0usize;
+        for (run, _) in plans {
+            if deleted >= MAX_TIDY_DELETIONS {
+                return Ok(true);
+            }
+            if self.plan_wanted(run).await? == Some(false) {
+                self.delete_kept_plan(run).await?;
+                tracing::info!(run, "deleted an expired or used drift plan");
+                deleted += 1;
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Deletes the output blobs of runs past retention (all but the newest
@@ -150,14 +166,11 @@ impl DriftService {
     /// and recording it), oldest run first, at most [`MAX_TIDY_DELETIONS`]; `true` when
     /// it stopped at that bound. Only keys of the output form under [`OUTPUT_PREFIX`]
     /// are looked at. A retired output's run is recorded as pruned (durably) before its
-    /// blob is deleted; an orphan is no run's output, so it needs no record.
-    async fn tidy_outputs(&self) -> Result<bool, Error> {
+    /// blob is deleted; an orphan is no run's output, so it needs no record. `listed`:
+    /// the keys under [`OUTPUT_PREFIX`].
+    async fn tidy_outputs(&self, listed: Vec<String>) -> Result<bool, Error> {
         let keep = self.inner.settings.keep_outputs;
         let blobs = self.inner.tofu.store().blobs().clone();
-        let listed = blobs
-            .list(OUTPUT_PREFIX)
-            .await
-            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
         let mut outputs: Vec<(i64, String)> = listed
             .into_iter()
             .filter_map(|key| Some((output_run(&key)?, key)))
@@ -265,10 +278,20 @@ pub(super) fn never_names(run: &Run, key: &str) -> bool {
     run.finished_at.is_some() && run.output_blob.as_deref() != Some(key)
 }
 
-/// Whether a kept plan of `run` (`None`: no such run) is still wanted at `now`: its run
-/// is recorded, not applied and not expired. Once `false`, never `true` again.
-pub(super) fn plan_kept(run: Option<&Run>, now: i64) -> bool {
-    run.is_some_and(|r| r.applied_by.is_none() && r.plan_expires_at.is_some_and(|t| t > now))
+/// Whether a kept plan of check `run` is still wanted at `now`: the run is still going
+/// (it records the plan it kept when it finishes), or it kept one that is neither
+/// approved nor expired, or the apply that approved it is still going (`apply_going`:
+/// it reads the plan first). Once `false`, never `true` again: a finished row never
+/// changes, an apply ends once, and an expired plan is never approved (the approving
+/// transaction checks the expiry).
+pub(super) fn plan_kept(run: &Run, apply_going: bool, now: i64) -> bool {
+    if run.finished_at.is_none() {
+        return true;
+    }
+    match run.applied_by {
+        Some(_) => apply_going,
+        None => run.plan_expires_at.is_some_and(|t| t > now),
+    }
 }
 
 /// Whether a run's stored output is past retention: at least `keep` newer runs of its
@@ -352,6 +375,39 @@ mod tests {
             applied_by: None,
             approvable,
             state_moved: false,
+        }
+    }
+
+    #[test]
+    fn a_kept_plan_is_wanted_while_its_run_or_its_apply_goes_and_until_it_expires() {
+        let now = 1000;
+        let check = |finished: bool, expires: Option<i64>, applied_by: Option<i64>| Run {
+            plan_expires_at: expires,
+            applied_by,
+            ..run_of(None, finished, false)
+        };
+        /// The check: finished, its plan's expiry, its apply; the apply going; wanted.
+        type Case = (bool, Option<i64>, Option<i64>, bool, bool);
+        let table: &[Case] = &[
+            // Still going: the plan it kept is recorded when it finishes.
+            (false, None, None, false, true),
+            (true, Some(now + 1), None, false, true),
+            (true, Some(now), None, false, false),
+            (true, Some(now - 50), None, false, false),
+            // Kept no plan (approve_apply off, or keeping it failed).
+            (true, None, None, false, false),
+            // Approved: the apply reads it first, then it is done with.
+            (true, Some(now + 1), Some(13), true, true),
+            (true, Some(now - 50), Some(13), true, true),
+            (true, Some(now + 1), Some(13), false, false),
+        ];
+        for (finished, expires, applied_by, apply_going, want) in table {
+            let run = check(*finished, *expires, *applied_by);
+            assert_eq!(
+                plan_kept(&run, *apply_going, now),
+                *want,
+                "finished={finished} expires={expires:?} applied_by={applied_by:?} apply_going={apply_going}"
+            );
         }
     }
 

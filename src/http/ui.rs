@@ -624,7 +624,7 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
             };
             let opened = session::open_sso(conn, user, identity.email.as_deref(), lifetime, now)?;
             if let Some(opened) = &opened {
-                follow.record(conn, &opened.session.sha256, now)?;
+                follow.record(conn, &opened.session.sha256)?;
             }
             Ok(opened)
         })

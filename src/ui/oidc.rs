@@ -75,9 +75,10 @@ pub const PENDING_SECONDS: u64 = 600;
 pub const REDISCOVER_AFTER: Duration = Duration::from_secs(300);
 /// Longest wait for the provider (discovery, code exchange).
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a request's claim on re-checking a session holds: longer than the three
-/// provider calls a check may make, so it lapses only when its node died mid-check.
-const CHECK_CLAIM_SECONDS: i64 = 4 * PROVIDER_TIMEOUT.as_secs() as i64;
+/// How long a request's claim on re-checking a session holds (milliseconds): longer
+/// than the three provider calls a check may make, so it lapses only when its node
+/// died mid-check.
+const CHECK_CLAIM_MS: i64 = 4 * PROVIDER_TIMEOUT.as_millis() as i64;
 /// How often a request whose session another request is re-checking looks again.
 const CHECK_POLL: Duration = Duration::from_millis(100);
 /// Longest `state`, `code` or cookie value looked at.
@@ -554,6 +555,12 @@ fn unix_now() -> i64 {
     crate::tokens::now()
 }
 
+/// Now in unix milliseconds, the unit of a followed session's times.
+fn unix_ms() -> i64 {
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
+        .unwrap_or(i64::MAX)
+}
+
 /// A sign-in just started: where to send the browser, and the binding cookie's value.
 #[derive(Debug)]
 pub struct Started {
@@ -617,17 +624,18 @@ pub struct Follow {
     key: SealKey,
     subject: String,
     tokens: ProviderTokens,
+    /// Seconds.
     max_age: i64,
 }
 
 impl Follow {
-    /// Follows the session whose id hashes to `session` from `now`.
+    /// Follows the session whose id hashes to `session` from now.
     pub fn record(
         &self,
         conn: &Connection,
         session: &str,
-        now: i64,
     ) -> Result<(), crate::cluster::identity::AdminError> {
+        let now = unix_ms();
         let sealed = self
             .tokens
             .seal(&self.key, session)
@@ -638,7 +646,7 @@ impl Follow {
             &self.subject,
             &sealed,
             now,
-            now.saturating_add(self.max_age),
+            now.saturating_add(self.max_age.saturating_mul(1000)),
         )?;
         Ok(())
     }
@@ -941,9 +949,9 @@ impl Sso {
     /// not followed, refused by the provider, or whose user has no mapped group any
     /// more ends (fail closed); its row is deleted then.
     pub async fn revalidate(&self, session: &str) -> Revalidated {
-        let revalidate = i64::try_from(self.settings.revalidate.as_secs()).unwrap_or(i64::MAX);
+        let revalidate = i64::try_from(self.settings.revalidate.as_millis()).unwrap_or(i64::MAX);
         loop {
-            let now = unix_now();
+            let now = unix_ms();
             let stale_before = now.saturating_sub(revalidate);
             let key = session.to_string();
             let found = self
@@ -955,7 +963,7 @@ impl Sso {
                 Ok(None) => return Revalidated::Ended(Refused::Untracked),
                 Err(e) => return Revalidated::Unknown(e),
             };
-            if followed.checked_unix > stale_before {
+            if followed.checked_ms > stale_before {
                 return Revalidated::Fresh;
             }
             if followed.checking_until > now {
@@ -964,7 +972,7 @@ impl Sso {
                 continue;
             }
             let key = session.to_string();
-            let until = now.saturating_add(CHECK_CLAIM_SECONDS);
+            let until = now.saturating_add(CHECK_CLAIM_MS);
             let claimed = self
                 .db
                 .write(move |c| {
@@ -991,7 +999,7 @@ impl Sso {
             None => Err(Refused::Untracked),
         };
         let key = session.to_string();
-        let now = unix_now();
+        let now = unix_ms();
         match found {
             Ok((grant, sealed)) => {
                 let recorded = self

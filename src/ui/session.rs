@@ -111,27 +111,32 @@ pub fn open_sso(
 }
 
 /// Gives the operator of a single sign-on session the grant its provider names today;
-/// a change is audited (`ui.sso_regrant`, old and new role). The operator as it is now.
+/// a change from the grant it has now (read here, in the write transaction: a request
+/// racing this one through another node may have made the change already) is audited
+/// (`ui.sso_regrant`, old and new role). The operator as it is now.
 pub fn regrant(
     conn: &Connection,
     session: &UiSession,
     grant: &crate::operator::roles::Grant,
 ) -> Result<Option<Operator>, AdminError> {
-    if &session.operator.grant == grant {
-        return Ok(Some(session.operator.clone()));
+    let Some(current) = operator_by_id(conn, session.operator.id)? else {
+        return Ok(None);
+    };
+    if &current.grant == grant {
+        return Ok(Some(current));
     }
-    crate::operator::identity::set_grant(conn, session.operator.id, grant)?;
+    crate::operator::identity::set_grant(conn, current.id, grant)?;
     let payload = serde_json::json!({
         "method": "oidc",
         "from": {
-            "role": session.operator.grant.role.as_str(),
-            "workspaces": session.operator.grant.workspaces(),
+            "role": current.grant.role.as_str(),
+            "workspaces": current.grant.workspaces(),
         },
         "role": grant.role.as_str(),
         "workspaces": grant.workspaces(),
     });
-    audit(conn, &session.operator, "ui.sso_regrant", payload)?;
-    Ok(operator_by_id(conn, session.operator.id)?)
+    audit(conn, &current, "ui.sso_regrant", payload)?;
+    Ok(operator_by_id(conn, current.id)?)
 }
 
 /// Ends a single sign-on session the provider no longer vouches for (revoked like a

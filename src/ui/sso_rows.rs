@@ -10,7 +10,8 @@
 //! clear. Rows are keyed by hashes (of the `state` parameter, of the session id), so
 //! the index does not hold those either.
 //!
-//! Both tables are bounded: expired rows are swept before each insert, and past the
+//! Times are unix seconds for sign-ins and unix milliseconds for sessions (a session's
+//! re-check interval may be a second). Both tables are bounded: expired rows are swept before each insert, and past the
 //! caps a new sign-in is refused ([`MAX_PENDING`]) and the session that ends first is
 //! dropped ([`MAX_FOLLOWED`], which ends it at its next request: fail closed).
 
@@ -33,8 +34,8 @@ CREATE TABLE IF NOT EXISTS sso_sessions (
     session_sha256 TEXT PRIMARY KEY,  -- the UI session's id hash (`tokens`)
     subject        TEXT NOT NULL,
     sealed         BLOB NOT NULL,     -- the provider's access and refresh tokens
-    checked_unix   INTEGER NOT NULL,  -- last asked at the provider
-    ends_unix      INTEGER NOT NULL,
+    checked_ms     INTEGER NOT NULL,  -- last asked at the provider (unix milliseconds)
+    ends_ms        INTEGER NOT NULL,
     checking_until INTEGER NOT NULL   -- a node is asking the provider until then (0: none)
 ) WITHOUT ROWID;
 "#;
@@ -84,12 +85,12 @@ pub fn take_login(
 pub struct Followed {
     pub subject: String,
     pub sealed: Vec<u8>,
-    pub checked_unix: i64,
+    pub checked_ms: i64,
     pub checking_until: i64,
 }
 
-/// Follows the session whose id hashes to `session` until `ends` (replacing a row of
-/// the same session). Ended sessions are swept first; past [`MAX_FOLLOWED`] the one
+/// Follows the session whose id hashes to `session` from `now` until `ends` (unix
+/// milliseconds; replacing a row of the same session). Ended sessions are swept first; past [`MAX_FOLLOWED`] the one
 /// that ends first is dropped.
 pub fn follow(
     conn: &Connection,
@@ -99,23 +100,23 @@ pub fn follow(
     now: i64,
     ends: i64,
 ) -> Result<(), Error> {
-    conn.prepare_cached("DELETE FROM sso_sessions WHERE ends_unix <= ?1")?
+    conn.prepare_cached("DELETE FROM sso_sessions WHERE ends_ms <= ?1")?
         .execute(params![now])?;
     let followed: i64 = conn.query_row("SELECT COUNT(*) FROM sso_sessions", [], |r| r.get(0))?;
     if followed >= MAX_FOLLOWED {
         conn.prepare_cached(
             "DELETE FROM sso_sessions WHERE session_sha256 IN (
                  SELECT session_sha256 FROM sso_sessions
-                 ORDER BY ends_unix, session_sha256 LIMIT ?1)",
+                 ORDER BY ends_ms, session_sha256 LIMIT ?1)",
         )?
         .execute(params![followed - MAX_FOLLOWED + 1])?;
     }
     conn.prepare_cached(
-        "INSERT INTO sso_sessions (session_sha256, subject, sealed, checked_unix, ends_unix, checking_until)
+        "INSERT INTO sso_sessions (session_sha256, subject, sealed, checked_ms, ends_ms, checking_until)
          VALUES (?1, ?2, ?3, ?4, ?5, 0)
          ON CONFLICT (session_sha256) DO UPDATE SET subject = excluded.subject,
-             sealed = excluded.sealed, checked_unix = excluded.checked_unix,
-             ends_unix = excluded.ends_unix, checking_until = 0",
+             sealed = excluded.sealed, checked_ms = excluded.checked_ms,
+             ends_ms = excluded.ends_ms, checking_until = 0",
     )?
     .execute(params![session, subject, sealed, now, ends])?;
     Ok(())
@@ -131,14 +132,14 @@ pub fn forget(conn: &Connection, session: &str) -> Result<(), Error> {
 /// The session, if it is followed and has not ended at `now`.
 pub fn followed(conn: &Connection, session: &str, now: i64) -> Result<Option<Followed>, Error> {
     conn.prepare_cached(
-        "SELECT subject, sealed, checked_unix, checking_until FROM sso_sessions
-         WHERE session_sha256 = ?1 AND ends_unix > ?2",
+        "SELECT subject, sealed, checked_ms, checking_until FROM sso_sessions
+         WHERE session_sha256 = ?1 AND ends_ms > ?2",
     )?
     .query_row(params![session, now], |r| {
         Ok(Followed {
             subject: r.get(0)?,
             sealed: r.get(1)?,
-            checked_unix: r.get(2)?,
+            checked_ms: r.get(2)?,
             checking_until: r.get(3)?,
         })
     })
@@ -158,15 +159,15 @@ pub fn claim_check(
 ) -> Result<Option<Followed>, Error> {
     conn.prepare_cached(
         "UPDATE sso_sessions SET checking_until = ?4
-         WHERE session_sha256 = ?1 AND checked_unix <= ?2 AND checking_until <= ?3
-           AND ends_unix > ?3
-         RETURNING subject, sealed, checked_unix, checking_until",
+         WHERE session_sha256 = ?1 AND checked_ms <= ?2 AND checking_until <= ?3
+           AND ends_ms > ?3
+         RETURNING subject, sealed, checked_ms, checking_until",
     )?
     .query_row(params![session, stale_before, now, until], |r| {
         Ok(Followed {
             subject: r.get(0)?,
             sealed: r.get(1)?,
-            checked_unix: r.get(2)?,
+            checked_ms: r.get(2)?,
             checking_until: r.get(3)?,
         })
     })
@@ -177,7 +178,7 @@ pub fn claim_check(
 /// tokens, checked at `now`, the claim released.
 pub fn checked(conn: &Connection, session: &str, sealed: &[u8], now: i64) -> Result<(), Error> {
     conn.prepare_cached(
-        "UPDATE sso_sessions SET sealed = ?2, checked_unix = ?3, checking_until = 0
+        "UPDATE sso_sessions SET sealed = ?2, checked_ms = ?3, checking_until = 0
          WHERE session_sha256 = ?1",
     )?
     .execute(params![session, sealed, now])?;
@@ -267,7 +268,7 @@ mod tests {
         checked(&conn, "sess", b"t1", lapsed).unwrap();
         let row = followed(&conn, "sess", lapsed).unwrap().unwrap();
         assert_eq!(
-            (row.sealed, row.checked_unix, row.checking_until),
+            (row.sealed, row.checked_ms, row.checking_until),
             (b"t1".to_vec(), lapsed, 0)
         );
         // An ended session is not followed, nor claimable.

@@ -317,6 +317,14 @@ fn open_table_db(url: &str) -> Db {
     .unwrap()
 }
 
+async fn insert(db: &Db, x: i64) -> Result<usize, DbError> {
+    db.write(move |c| {
+        c.execute("INSERT INTO t VALUES (?1)", [x])
+            .map_err(DbError::from)
+    })
+    .await
+}
+
 /// The table's rows. A reader whose session the server ended fails the one read that
 /// finds out, and is replaced before its next: so a read is tried twice.
 async fn rows(db: &Db) -> Vec<i64> {
@@ -342,12 +350,7 @@ async fn rows(db: &Db) -> Vec<i64> {
 async fn a_write_whose_statement_failed_is_never_acknowledged() {
     let Some(url) = new_database() else { return };
     let db = open_table_db(&url);
-    db.write(|c| {
-        c.execute("INSERT INTO t VALUES (1)", [])
-            .map_err(DbError::from)
-    })
-    .await
-    .unwrap();
+    insert(&db, 1).await.unwrap();
     // (what the job does, acknowledged)
     let swallowed = db
         .write(|c| -> Result<(), DbError> {
@@ -408,12 +411,7 @@ async fn a_write_whose_statement_failed_is_never_acknowledged() {
 async fn a_writer_whose_index_is_gone_runs_nothing_and_reconnects() {
     let Some(url) = new_database() else { return };
     let db = open_table_db(&url);
-    db.write(|c| {
-        c.execute("INSERT INTO t VALUES (1)", [])
-            .map_err(DbError::from)
-    })
-    .await
-    .unwrap();
+    insert(&db, 1).await.unwrap();
     let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").unwrap();
     let name = database_of(&url);
     let admit = |allow: bool| {
@@ -432,20 +430,10 @@ async fn a_writer_whose_index_is_gone_runs_nothing_and_reconnects() {
         })
     };
     admit(false);
-    let gone = db
-        .write(|c| {
-            c.execute("INSERT INTO t VALUES (2)", [])
-                .map_err(DbError::from)
-        })
-        .await;
+    let gone = insert(&db, 2).await;
     assert!(matches!(gone, Err(DbError::NotBegun(_))), "{gone:?}");
     admit(true);
-    db.write(|c| {
-        c.execute("INSERT INTO t VALUES (3)", [])
-            .map_err(DbError::from)
-    })
-    .await
-    .unwrap();
+    insert(&db, 3).await.unwrap();
     assert_eq!(
         rows(&db).await,
         vec![1, 3],

@@ -61,10 +61,6 @@ fn plan_file_run(name: &str) -> Option<i64> {
 }
 
 impl DriftService {
-    fn blobs(&self) -> &Arc<dyn BlobStore> {
-        self.inner.tofu.store().blobs()
-    }
-
     /// Seals the saved plan at `planfile` (in the run's work directory) and puts it in
     /// the store at [`plan_key`]; the reason when it was not kept.
     pub(super) async fn keep_plan(&self, s: &Started, planfile: &Path) -> Result<(), String> {
@@ -136,12 +132,7 @@ impl DriftService {
 
     /// Every kept plan in the store with its run, oldest run first.
     pub(super) async fn kept_plan_keys(&self) -> Result<Vec<(i64, String)>, Error> {
-        let listed = self
-            .blobs()
-            .list(PLAN_PREFIX)
-            .await
-            .map_err(|e| internal("cannot list kept drift plans in the store", e))?;
-        Ok(kept_plans_in(&listed))
+        Ok(kept_plans_in(&self.list_objects(PLAN_PREFIX).await?))
     }
 
     /// The first `n` bytes of check run `run`'s kept plan (fewer when it is shorter;

@@ -344,6 +344,19 @@ impl DriftService {
         })
     }
 
+    /// The blob store drift's outputs and kept plans live in.
+    fn blobs(&self) -> &Arc<dyn crate::store::blob::BlobStore> {
+        self.inner.tofu.store().blobs()
+    }
+
+    /// Every object of the store under `prefix` (one LIST, paginated on S3).
+    async fn list_objects(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        self.blobs()
+            .list(prefix)
+            .await
+            .map_err(|e| internal(&format!("cannot list {prefix} in the store"), e))
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error>

@@ -192,15 +192,9 @@ impl DriftService {
     /// Every output object's key in the store (only keys of the output form: kept
     /// plans are under `drift/` too).
     async fn output_keys(&self) -> Result<Vec<String>, Error> {
-        let listed = self
-            .inner
-            .tofu
-            .store()
-            .blobs()
-            .list(OUTPUT_PREFIX)
-            .await
-            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
-        Ok(listed
+        Ok(self
+            .list_objects(OUTPUT_PREFIX)
+            .await?
             .into_iter()
             .filter(|key| tidy::output_run(key).is_some())
             .collect())

@@ -61,14 +61,7 @@ impl DriftService {
     /// plans in it, [`DriftService::tidy_outputs`] on the outputs; `true` when either
     /// stopped at its bound.
     async fn sweep_store(&self) -> Result<bool, Error> {
-        let listed = self
-            .inner
-            .tofu
-            .store()
-            .blobs()
-            .list(OUTPUT_PREFIX)
-            .await
-            .map_err(|e| internal("cannot list drift outputs in the store", e))?;
+        let listed = self.list_objects(OUTPUT_PREFIX).await?;
         let plans_more = self.tidy_plans(kept::kept_plans_in(&listed)).await?;
         let outputs_more = self.tidy_outputs(listed).await?;
         Ok(plans_more || outputs_more)

@@ -648,6 +648,31 @@ impl Connection {
     }
 }
 
+/// Makes room in a table of short-lived rows before an insert: deletes the rows whose
+/// `expiry` column is at or before `now`, then, while `max` or more remain, the ones
+/// that expire first (ties by `key`). For the owners of such tables (`ui::reveal`,
+/// `ui::sso_rows`); the names are theirs, never input.
+pub fn make_room(
+    conn: &Connection,
+    table: &'static str,
+    key: &'static str,
+    expiry: &'static str,
+    now: i64,
+    max: i64,
+) -> Result<()> {
+    conn.prepare_cached(&format!("DELETE FROM {table} WHERE {expiry} <= ?1"))?
+        .execute(params![now])?;
+    let rows: i64 = conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?;
+    if rows >= max {
+        conn.prepare_cached(&format!(
+            "DELETE FROM {table} WHERE {key} IN (
+                 SELECT {key} FROM {table} ORDER BY {expiry}, {key} LIMIT ?1)"
+        ))?
+        .execute(params![rows - max + 1])?;
+    }
+    Ok(())
+}
+
 /// A transaction on a [`Connection`]: rolled back when dropped uncommitted.
 pub struct Transaction<'c> {
     conn: &'c Connection,

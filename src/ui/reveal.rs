@@ -16,7 +16,7 @@
 
 use subtle::ConstantTimeEq;
 
-use crate::store::sql::{params, Connection, OptionalExtension};
+use crate::store::sql::{make_room, params, Connection, OptionalExtension};
 use crate::tokens::TokenError;
 
 /// How long a ticket waits for its GET.
@@ -47,18 +47,14 @@ pub fn issue(
     now: i64,
 ) -> Result<String, TokenError> {
     let ticket = crate::tokens::generate(PREFIX)?;
-    conn.prepare_cached("DELETE FROM ui_reveal_tickets WHERE expires_unix <= ?1")?
-        .execute(params![now])?;
-    let pending: i64 =
-        conn.query_row("SELECT COUNT(*) FROM ui_reveal_tickets", [], |r| r.get(0))?;
-    if pending >= MAX_TICKETS {
-        conn.prepare_cached(
-            "DELETE FROM ui_reveal_tickets WHERE ticket_sha256 IN (
-                 SELECT ticket_sha256 FROM ui_reveal_tickets
-                 ORDER BY expires_unix, ticket_sha256 LIMIT ?1)",
-        )?
-        .execute(params![pending - MAX_TICKETS + 1])?;
-    }
+    make_room(
+        conn,
+        "ui_reveal_tickets",
+        "ticket_sha256",
+        "expires_unix",
+        now,
+        MAX_TICKETS,
+    )?;
     conn.prepare_cached(
         "INSERT INTO ui_reveal_tickets (ticket_sha256, session_sha256, workspace, version, expires_unix)
          VALUES (?1, ?2, ?3, ?4, ?5)",

@@ -15,7 +15,7 @@
 //! caps a new sign-in is refused ([`MAX_PENDING`]) and the session that ends first is
 //! dropped ([`MAX_FOLLOWED`], which ends it at its next request: fail closed).
 
-use crate::store::sql::{params, Connection, Error, OptionalExtension};
+use crate::store::sql::{make_room, params, Connection, Error, OptionalExtension, Row};
 
 /// Started sign-ins kept at once; past that, new ones are refused until some finish or
 /// expire (an unauthenticated client cannot grow the table).
@@ -89,6 +89,18 @@ pub struct Followed {
     pub checking_until: i64,
 }
 
+impl Followed {
+    /// A row of `subject, sealed, checked_ms, checking_until`.
+    fn from_row(r: &Row<'_>) -> Result<Followed, Error> {
+        Ok(Followed {
+            subject: r.get(0)?,
+            sealed: r.get(1)?,
+            checked_ms: r.get(2)?,
+            checking_until: r.get(3)?,
+        })
+    }
+}
+
 /// Follows the session whose id hashes to `session` from `now` until `ends` (unix
 /// milliseconds; replacing a row of the same session). Ended sessions are swept first; past [`MAX_FOLLOWED`] the one
 /// that ends first is dropped.
@@ -100,17 +112,14 @@ pub fn follow(
     now: i64,
     ends: i64,
 ) -> Result<(), Error> {
-    conn.prepare_cached("DELETE FROM sso_sessions WHERE ends_ms <= ?1")?
-        .execute(params![now])?;
-    let followed: i64 = conn.query_row("SELECT COUNT(*) FROM sso_sessions", [], |r| r.get(0))?;
-    if followed >= MAX_FOLLOWED {
-        conn.prepare_cached(
-            "DELETE FROM sso_sessions WHERE session_sha256 IN (
-                 SELECT session_sha256 FROM sso_sessions
-                 ORDER BY ends_ms, session_sha256 LIMIT ?1)",
-        )?
-        .execute(params![followed - MAX_FOLLOWED + 1])?;
-    }
+    make_room(
+        conn,
+        "sso_sessions",
+        "session_sha256",
+        "ends_ms",
+        now,
+        MAX_FOLLOWED,
+    )?;
     conn.prepare_cached(
         "INSERT INTO sso_sessions (session_sha256, subject, sealed, checked_ms, ends_ms, checking_until)
          VALUES (?1, ?2, ?3, ?4, ?5, 0)
@@ -135,14 +144,7 @@ pub fn followed(conn: &Connection, session: &str, now: i64) -> Result<Option<Fol
         "SELECT subject, sealed, checked_ms, checking_until FROM sso_sessions
          WHERE session_sha256 = ?1 AND ends_ms > ?2",
     )?
-    .query_row(params![session, now], |r| {
-        Ok(Followed {
-            subject: r.get(0)?,
-            sealed: r.get(1)?,
-            checked_ms: r.get(2)?,
-            checking_until: r.get(3)?,
-        })
-    })
+    .query_row(params![session, now], Followed::from_row)
     .optional()
 }
 
@@ -163,14 +165,10 @@ pub fn claim_check(
            AND ends_ms > ?3
          RETURNING subject, sealed, checked_ms, checking_until",
     )?
-    .query_row(params![session, stale_before, now, until], |r| {
-        Ok(Followed {
-            subject: r.get(0)?,
-            sealed: r.get(1)?,
-            checked_ms: r.get(2)?,
-            checking_until: r.get(3)?,
-        })
-    })
+    .query_row(
+        params![session, stale_before, now, until],
+        Followed::from_row,
+    )
     .optional()
 }
 

@@ -46,9 +46,10 @@ const POSTGRES_WRITTEN: &[(&str, PostgresDdl)] = &[
     (crate::store::audit::SCHEMA, || {
         Ok(crate::store::audit::POSTGRES_SCHEMA.into())
     }),
-    (crate::tofu::posture::SCHEMA, || {
-        Ok(crate::tofu::posture::POSTGRES_SCHEMA.into())
-    }),
+    (
+        crate::tofu::posture::SCHEMA,
+        crate::tofu::posture::postgres_schema,
+    ),
     (crate::drift::SCHEMA, crate::drift::postgres_schema),
 ];
 

@@ -13,16 +13,11 @@ use stategate::store::{Db, DbError};
 
 /// A new empty database on the test server; `None` (said) when there is no server.
 fn new_database() -> Option<String> {
-    let Ok(base) = std::env::var("STATEGATE_TEST_POSTGRES_URL") else {
-        let required = std::env::var_os("CI").is_some()
-            || std::env::var_os("STATEGATE_TEST_REQUIRE_POSTGRES").is_some();
-        assert!(
-            !required,
-            "STATEGATE_TEST_POSTGRES_URL not set but a real PostgreSQL is required here"
-        );
-        eprintln!("STATEGATE_TEST_POSTGRES_URL not set: skipping the PostgreSQL test (run scripts/test-all.sh)");
-        return None;
-    };
+    let base = common::real_component(
+        "STATEGATE_TEST_POSTGRES_URL",
+        "STATEGATE_TEST_REQUIRE_POSTGRES",
+        "PostgreSQL",
+    )?;
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
     let made = name.clone();

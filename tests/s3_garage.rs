@@ -18,16 +18,11 @@ use std::time::Duration;
 
 fn s3_env() -> Option<S3Config> {
     let get = |k: &str| std::env::var(format!("STATEGATE_TEST_S3_{k}")).ok();
-    let Some(endpoint) = get("ENDPOINT") else {
-        let required = std::env::var_os("CI").is_some()
-            || std::env::var_os("STATEGATE_TEST_REQUIRE_S3").is_some();
-        assert!(
-            !required,
-            "STATEGATE_TEST_S3_* not set but a real S3 is required here"
-        );
-        eprintln!("STATEGATE_TEST_S3_ENDPOINT not set: skipping the real-S3 test (run scripts/test-all.sh)");
-        return None;
-    };
+    let endpoint = common::real_component(
+        "STATEGATE_TEST_S3_ENDPOINT",
+        "STATEGATE_TEST_REQUIRE_S3",
+        "S3",
+    )?;
     Some(S3Config {
         endpoint,
         bucket: get("BUCKET").expect("STATEGATE_TEST_S3_BUCKET"),

@@ -17,8 +17,10 @@ use serde::Serialize;
 use crate::names::Pattern;
 use crate::tfstate::BodyEncryption;
 
-/// The per-version facts; `crate::schema` applies it.
-pub const SCHEMA: &str = r#"
+/// The table, written once: [`SCHEMA`] and [`postgres_schema`] are made of it.
+macro_rules! posture_table {
+    () => {
+        r#"
 CREATE TABLE IF NOT EXISTS tf_state_encryption (
     workspace     TEXT    NOT NULL,
     version       INTEGER NOT NULL,
@@ -26,6 +28,14 @@ CREATE TABLE IF NOT EXISTS tf_state_encryption (
     key_providers TEXT    NOT NULL,  -- JSON array of the envelope's meta keys
     PRIMARY KEY (workspace, version)
 ) WITHOUT ROWID;
+"#
+    };
+}
+
+/// The per-version facts; `crate::schema` applies it.
+pub const SCHEMA: &str = concat!(
+    posture_table!(),
+    r#"
 -- A fact goes with its version: whatever deletes a workspace's version row (retention,
 -- a restore dropping a row whose blob is gone) deletes its posture in the same
 -- statement, so it cannot outlive the version nor describe a later one. 'tf/' is
@@ -41,18 +51,16 @@ DELETE FROM tf_state_encryption
  WHERE NOT EXISTS (SELECT 1 FROM versions
                     WHERE scope = 'tf/' || tf_state_encryption.workspace
                       AND version = tf_state_encryption.version);
-"#;
-
-/// [`SCHEMA`] for PostgreSQL: the same table, and the same trigger as a function
-/// (a new database has no rows from before it to clear).
-pub const POSTGRES_SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS tf_state_encryption (
-    workspace     TEXT COLLATE "C" NOT NULL,
-    version       BIGINT NOT NULL,
-    encrypted     BIGINT NOT NULL,
-    key_providers TEXT COLLATE "C" NOT NULL,
-    PRIMARY KEY (workspace, version)
+"#
 );
+
+/// [`SCHEMA`] for PostgreSQL: the same table (`postgres_ddl` spells it), and the same
+/// trigger as a function (a new database has no rows from before it to clear).
+pub fn postgres_schema() -> Result<String, String> {
+    Ok(crate::store::sql::postgres_ddl(posture_table!())? + POSTGRES_TRIGGER)
+}
+
+const POSTGRES_TRIGGER: &str = r#"
 CREATE OR REPLACE FUNCTION tf_state_encryption_follows_versions() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -359,6 +367,21 @@ pub fn is_refused_downgrade(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn postgresql_gets_the_same_table() {
+        let ddl = postgres_schema().unwrap();
+        for column in [
+            "workspace     TEXT COLLATE \"C\"    NOT NULL",
+            "version       BIGINT NOT NULL",
+            "encrypted     BIGINT NOT NULL",
+            "key_providers TEXT COLLATE \"C\"    NOT NULL",
+        ] {
+            assert!(ddl.contains(column), "{column} in {ddl}");
+        }
+        assert!(!ddl.contains("WITHOUT ROWID"), "{ddl}");
+        assert!(ddl.contains("EXECUTE FUNCTION tf_state_encryption_follows_versions()"));
+    }
+
     use super::*;
 
     /// Every schema (the posture's trigger is on `versions`).

@@ -160,6 +160,23 @@ impl TestServer {
 }
 
 /// Every file below `root`, sorted.
+/// The variable `name` that points a test at a real component (Garage, PostgreSQL),
+/// started by `scripts/test-all.sh`. Unset: the test says so and is passed over
+/// (`None`), unless `CI` or `require` is set, where the component must be there and
+/// the test fails.
+pub fn real_component(name: &str, require: &str, what: &str) -> Option<String> {
+    if let Ok(value) = std::env::var(name) {
+        return Some(value);
+    }
+    let required = std::env::var_os("CI").is_some() || std::env::var_os(require).is_some();
+    assert!(
+        !required,
+        "{name} not set but a real {what} is required here"
+    );
+    eprintln!("{name} not set: skipping the {what} test (run scripts/test-all.sh)");
+    None
+}
+
 pub fn files_under(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];

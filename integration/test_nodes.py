@@ -283,22 +283,39 @@ revalidate_seconds = 1
         """One address: what the browser holds for it goes to either node."""
         jar[to.port] = dict(jar.get(frm.port, {}))
 
-    try:
-        a.start()
-        b.start()
-        status, authorize, body = request("GET", a.url + "/ui/login/oidc", jar,
+    def path_of(url: str) -> str:
+        return urllib.parse.urlsplit(url)._replace(scheme="", netloc="", fragment="").geturl()
+
+    def sign_in(start: Server, finish: Server) -> str:
+        """Started through `start`, the provider's callback reaching `finish`."""
+        status, authorize, body = request("GET", start.url + "/ui/login/oidc", jar,
                                           headers={"Sec-Fetch-Site": "same-origin"})
         assert status == 303 and authorize.startswith(provider.url), (status, body[:300])
         callback = sign_in_at_provider(authorize, jar, "tess", public + CALLBACK)
-        same_address(a, b)
-        status, _, body = request("GET", b.url + urllib.parse.urlsplit(callback)._replace(
-            scheme="", netloc="").geturl(), jar)
+        same_address(start, finish)
+        status, _, body = request("GET", finish.url + path_of(callback), jar)
         assert status == 200, (status, body[:300])
+        same_address(finish, start)
+        return callback
+
+    def racing_gets() -> list[tuple]:
+        """Six requests of the session at once, through both nodes."""
+        answers = []
+        threads = [threading.Thread(target=lambda s=s: answers.append(request("GET", s.url + "/ui/", dict(jar))[:2]))
+                   for s in (a, b, a, b, a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return answers
+
+    try:
+        a.start()
+        b.start()
+        callback = sign_in(a, b)
         # The same callback replayed through A finds the sign-in used up.
-        status, _, body = request("GET", a.url + urllib.parse.urlsplit(callback)._replace(
-            scheme="", netloc="").geturl(), dict(jar))
+        status, _, body = request("GET", a.url + path_of(callback), dict(jar))
         assert status == 401 and REFUSED in body, (status, body[:300])
-        same_address(b, a)
         for s in (a, b):
             status, _, body = request("GET", s.url + "/ui/", jar)
             assert status == 200 and "tess@example.com" in body, (s.data_dir.name, status, body[:300])
@@ -308,14 +325,8 @@ revalidate_seconds = 1
         # reaches; requests racing through both nodes all go on, and one asks.
         provider.set_groups("tess", ["platform-admins"])
         time.sleep(1.2)
-        answers = []
-        threads = [threading.Thread(target=lambda s=s: answers.append(request("GET", s.url + "/ui/", dict(jar))[0]))
-                   for s in (a, b, a, b, a, b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert answers == [200] * 6, answers
+        answers = racing_gets()
+        assert [status for status, _ in answers] == [200] * 6, answers
         role = ("SELECT g.role FROM operator_grants g JOIN operators o ON o.id = g.operator_id"
                 " WHERE o.email = 'tess@example.com'")
         assert [r[0] for r in b.query(role)] == ["admin"]
@@ -333,7 +344,7 @@ revalidate_seconds = 1
         status, location, _ = request("POST", a.url + "/ui/workspaces/sso-reveal/versions/1/reveal", jar,
                                       form={"csrf": csrf}, headers={"Origin": public})
         assert status == 303 and "reveal=" in location, (status, location)
-        path = urllib.parse.urlsplit(location)._replace(scheme="", netloc="", fragment="").geturl()
+        path = path_of(location)
         same_address(a, b)
         status, _, shown = request("GET", b.url + path, jar)
         assert status == 200 and "pw-two-nodes" in shown, status
@@ -350,6 +361,17 @@ revalidate_seconds = 1
         replayed = {a.port: {"sg_session": cookie}}
         assert request("GET", a.url + "/ui/", replayed)[:2] == (303, a.url + "/ui/login")
         assert a.query("SELECT COUNT(*) FROM sso_sessions")[0][0] == 0
+
+        # Signed in again (through B, finished through A); then taken out of every
+        # mapped group at the provider: requests racing through both nodes after the
+        # interval are all sent to the login page, and the end is audited once.
+        sign_in(b, a)
+        provider.set_groups("tess", ["marketing"])
+        time.sleep(1.2)
+        answers = racing_gets()
+        assert sorted(answers) == sorted([(303, a.url + "/ui/login"), (303, b.url + "/ui/login")] * 3), answers
+        ended = a.query("SELECT payload FROM audit WHERE event = 'ui.session_ended'")
+        assert [json.loads(p) for p, in ended] == [{"method": "oidc", "reason": "no_role"}], ended
         for s in (a, b):
             log = s.log_text()
             assert "sgs_" not in log and "sgv_" not in log and CLIENT_SECRET not in log

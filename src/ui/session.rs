@@ -140,9 +140,13 @@ pub fn regrant(
 }
 
 /// Ends a single sign-on session the provider no longer vouches for (revoked like a
-/// logout) and audits it (`ui.session_ended`, with a fixed reason word).
+/// logout) and audits it (`ui.session_ended`, with a fixed reason word) once: requests
+/// of the session that were in flight when it ended (on any node) end it again, and
+/// find it ended.
 pub fn end_sso(conn: &Connection, session: &UiSession, reason: &str) -> Result<(), AdminError> {
-    tokens::revoke(conn, &session.sha256, &crate::store::now_rfc3339())?;
+    if !tokens::revoke(conn, &session.sha256, &crate::store::now_rfc3339())? {
+        return Ok(());
+    }
     let payload = serde_json::json!({ "method": "oidc", "reason": reason });
     audit(conn, &session.operator, "ui.session_ended", payload)
 }

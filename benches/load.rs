@@ -40,7 +40,8 @@
 //!    p99 asserted < 20 ms; and the CLI's wall time (needs a binary with the timeline).
 //! 8. index: the same 100 KiB cycles with the index in SQLite (one node), in PostgreSQL
 //!    (one node) and in PostgreSQL shared by two nodes (clients spread over both, one
-//!    local blob directory), each cell's ratio to SQLite's printed beside it; then
+//!    local blob directory), and GETs of 100 KiB (1 and 8 clients, first node), each
+//!    cell's ratio to SQLite's printed beside it; then
 //!    again on two nodes after 1M version rows were put into that PostgreSQL index
 //!    (what an index row costs as the index grows). Needs `--postgres`.
 //!
@@ -2084,6 +2085,7 @@ async fn index_phase(opts: &Opts, run: &str, report: &mut Report) {
         ),
     ];
     let mut sqlite_rates = Vec::new();
+    let mut sqlite_gets = Vec::new();
     for (s, &(label, nodes, postgres, bulk)) in setups.iter().enumerate() {
         let dir = tempfile::tempdir_in(&opts.base).unwrap();
         let store = dir.path().join("blobs");
@@ -2146,6 +2148,24 @@ async fn index_phase(opts: &Opts, run: &str, report: &mut Report) {
                 ),
                 format!("SQLite, 1 node: {sqlite:.0}/s"),
                 ratio(rate, sqlite),
+            );
+        }
+        // The read path: a GET's lookup of the newest version (PostgreSQL's through
+        // the blocking pool), then the blob, on the first node.
+        let ws = format!("{run}-ix{s}-get");
+        let body = state(100 * KIB, 1, "lineage-ix-get");
+        apis[0].post(&ws, body.clone()).await;
+        for (i, clients) in [1, 8].into_iter().enumerate() {
+            let st = gets(&apis[0], &ws, clients, body.len(), opts.cell()).await;
+            if s == 0 {
+                sqlite_gets.push(st.rate);
+            }
+            let sqlite = sqlite_gets.get(i).copied().unwrap_or(0.0);
+            report.row(
+                format!("index: {label}, GET 100 KiB, {clients} client(s)"),
+                format!("{:.0}/s ({})", st.rate, st.lat.ms()),
+                format!("SQLite, 1 node: {sqlite:.0}/s"),
+                ratio(st.rate, sqlite),
             );
         }
         for server in servers {

@@ -22,6 +22,7 @@ use crate::operator::diff::mask_state;
 use crate::operator::Reveal;
 use crate::store::audit::{parse_instant, AuditFilter};
 use crate::store::WriteOutcome;
+use crate::tokens::now;
 use crate::ui::drift_pages::{self, RunsView};
 use crate::ui::layout::Chrome;
 use crate::ui::pages::{self, AuditForm, Content, Notice, VersionsPage};
@@ -134,10 +135,6 @@ fn html(status: u16, markup: Markup) -> Reply {
         content_type: "text/html; charset=utf-8",
         ..Reply::json(status, markup.into_string())
     }
-}
-
-fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
 /// The value of cookie `name`, from any `Cookie` header.

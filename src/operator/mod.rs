@@ -424,7 +424,7 @@ impl Operations {
     }
 
     fn now() -> i64 {
-        time::OffsetDateTime::now_utc().unix_timestamp()
+        crate::tokens::now()
     }
 
     /// The operator a bearer token belongs to. No token, a wrong one and a revoked one

@@ -246,7 +246,7 @@ fn pending(slot: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
 }
 
 fn unix_now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
+    crate::tokens::now()
 }
 
 /// The 409 of a write the guard refuses: what is stored, what was sent and how to

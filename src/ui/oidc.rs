@@ -551,10 +551,6 @@ fn associated(what: &str, key: &str) -> Vec<u8> {
     [b"stategate sso ", what.as_bytes(), b"\0", key.as_bytes()].concat()
 }
 
-fn unix_now() -> i64 {
-    crate::tokens::now()
-}
-
 /// Now in unix milliseconds, the unit of a followed session's times.
 fn unix_ms() -> i64 {
     i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
@@ -784,7 +780,7 @@ impl Sso {
             .key
             .seal(&associated("login", &state), &plain)
             .map_err(|e| Unavailable::Index(e.to_string()))?;
-        let now = unix_now();
+        let now = crate::tokens::now();
         let stored = self
             .db
             .write(move |c| {
@@ -912,7 +908,7 @@ impl Sso {
     /// old and opens under this root key.
     async fn take_login(&self, state: &str) -> Result<PendingLogin, Refused> {
         let state = hex::encode(sha256(state));
-        let expired_before = unix_now() - PENDING_SECONDS as i64;
+        let expired_before = crate::tokens::now() - PENDING_SECONDS as i64;
         let key = state.clone();
         let sealed = self
             .db

@@ -614,6 +614,47 @@ impl ProviderTokens {
     }
 }
 
+/// This request's claim on checking a session at the provider. If the request goes
+/// away before the check is recorded (the client left, the server stops), the claim
+/// is released at once, so the session's other requests (on any node) do not wait for
+/// it to lapse.
+struct Claim {
+    db: Db,
+    session: String,
+    until: i64,
+    done: bool,
+}
+
+impl Claim {
+    /// The check's outcome is recorded (the claim went with it).
+    fn finished(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (db, session, until) = (
+            self.db.clone(),
+            std::mem::take(&mut self.session),
+            self.until,
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let released = db
+                    .write(move |c| sso_rows::release_claim(c, &session, until).map_err(DbError::from))
+                    .await;
+                if let Err(e) = released {
+                    tracing::warn!(error = %e, "cannot release a single sign-on check's claim; it lapses by itself");
+                }
+            });
+        }
+    }
+}
+
 /// A signed-in session to follow ([`Sso::follow`]), recorded in the transaction that
 /// opens it.
 pub struct Follow {
@@ -976,7 +1017,17 @@ impl Sso {
                 })
                 .await;
             match claimed {
-                Ok(Some(row)) => return self.check(session, row).await,
+                Ok(Some(row)) => {
+                    let claim = Claim {
+                        db: self.db.clone(),
+                        session: session.to_string(),
+                        until,
+                        done: false,
+                    };
+                    let checked = self.check(session, row).await;
+                    claim.finished();
+                    return checked;
+                }
                 // Claimed by another, checked, or ended since it was read: look again.
                 Ok(None) => continue,
                 Err(e) => return Revalidated::Unknown(e),
@@ -1403,6 +1454,61 @@ mod tests {
         for (groups, want) in table {
             let groups: Vec<String> = groups.iter().map(|s| s.to_string()).collect();
             assert_eq!(&map.grant_for(&groups), want, "{groups:?}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_check_whose_request_went_away_releases_its_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), &[sso_rows::SCHEMA]).unwrap();
+        let claimed = |until: i64| {
+            let db = db.clone();
+            async move {
+                db.write(move |c| {
+                    sso_rows::follow(c, "s", "alice", b"x", 0, i64::MAX)?;
+                    sso_rows::claim_check(c, "s", 0, 1, until).map_err(DbError::from)
+                })
+                .await
+                .unwrap()
+                .is_some()
+            }
+        };
+        let until_of = || {
+            let db = db.clone();
+            async move {
+                db.read(|c| sso_rows::followed(c, "s", 1))
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .checking_until
+            }
+        };
+        // (finished, released)
+        for (finished, released) in [(true, false), (false, true)] {
+            assert!(claimed(1000).await);
+            let claim = Claim {
+                db: db.clone(),
+                session: "s".into(),
+                until: 1000,
+                done: false,
+            };
+            if finished {
+                claim.finished();
+            } else {
+                drop(claim);
+            }
+            let mut seen = until_of().await;
+            for _ in 0..100 {
+                if seen == 0 || !released {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                seen = until_of().await;
+            }
+            assert_eq!(seen == 0, released, "finished {finished}");
+            db.write(|c| sso_rows::forget(c, "s").map_err(DbError::from))
+                .await
+                .unwrap();
         }
     }
 

@@ -172,6 +172,17 @@ pub fn claim_check(
     .optional()
 }
 
+/// Releases a claim whose check did not finish (its request went away), so the
+/// session's other requests do not wait for the claim to lapse.
+pub fn release_claim(conn: &Connection, session: &str, until: i64) -> Result<(), Error> {
+    conn.prepare_cached(
+        "UPDATE sso_sessions SET checking_until = 0
+         WHERE session_sha256 = ?1 AND checking_until = ?2",
+    )?
+    .execute(params![session, until])?;
+    Ok(())
+}
+
 /// Records a check that found the session still granted: the (maybe renewed) sealed
 /// tokens, checked at `now`, the claim released.
 pub fn checked(conn: &Connection, session: &str, sealed: &[u8], now: i64) -> Result<(), Error> {
@@ -263,6 +274,11 @@ mod tests {
         assert!(claim_check(&conn, "sess", lapsed - 60, lapsed, lapsed + 45)
             .unwrap()
             .is_some());
+        // Released only by the claim it was (a later claimer's stays).
+        release_claim(&conn, "sess", later + 45).unwrap();
+        assert_eq!(followed(&conn, "sess", lapsed).unwrap().unwrap().checking_until, lapsed + 45);
+        release_claim(&conn, "sess", lapsed + 45).unwrap();
+        assert_eq!(followed(&conn, "sess", lapsed).unwrap().unwrap().checking_until, 0);
         checked(&conn, "sess", b"t1", lapsed).unwrap();
         let row = followed(&conn, "sess", lapsed).unwrap().unwrap();
         assert_eq!(

@@ -12,8 +12,10 @@ No registry serves images here, so nothing is pulled:
   (delete it to refresh); `Engine.import_base()` turns it into an image.
 - `Engine.build()` builds docker/Dockerfile's `prebuilt` target (stategate) and
   docker/garage/Dockerfile from binaries built on this machine, on that base.
-- `Compose` drives docker/compose.garage.yaml with `docker-compose` (Compose v1,
-  Debian's package) or `docker compose`.
+- `Engine.build_postgres()` builds docker/postgres (Debian's PostgreSQL 15, apt from
+  the same mirror) on that base, for docker/compose.nodes.yaml.
+- `Compose` drives docker/compose.garage.yaml and compose.nodes.yaml with
+  `docker-compose` (Compose v1, Debian's package) or `docker compose`.
 
 Everything started is stopped and removed again by `close()`/`down()`.
 Standard library only.
@@ -225,6 +227,11 @@ class Engine:
         ctx = self.work / "ctx-garage"
         shutil.copytree(REPO / "docker" / "garage", ctx, dirs_exist_ok=True)
         _stripped_copy(binary, ctx / "garage")
+        return self.build(tag, ctx, ctx / "Dockerfile", base)
+
+    def build_postgres(self, tag: str, base: str) -> str:
+        """docker/postgres: PostgreSQL 15 from the base's Debian mirror."""
+        ctx = REPO / "docker" / "postgres"
         return self.build(tag, ctx, ctx / "Dockerfile", base)
 
     def image_size(self, tag: str) -> int:

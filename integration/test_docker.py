@@ -23,6 +23,7 @@ import shlex
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,7 +33,7 @@ import pytest
 
 import garage_harness
 from docker_harness import Compose, DockerError, Engine, REPO
-from harness import BACKEND_HTTP, Tf, Workspace, data_resource, free_port, http, resources_of, \
+from harness import BACKEND_HTTP, Tf, Workspace, data_resource, free_port, http, lock_info, resources_of, \
     s3_backend_block, stategate_bin
 from store_support import boto3_s3, require_garage_binary, tfstate, wait_for
 
@@ -402,8 +403,85 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _through(ws: Workspace, url: str) -> Workspace:
+    """`ws` with its addresses on the node at `url` instead of the public URL."""
+    def moved(v: str) -> str:
+        parts = urllib.parse.urlsplit(v)
+        return urllib.parse.urlunsplit(parts._replace(scheme="http", netloc=url.removeprefix("http://")))
+    return Workspace(ws.name, {k: moved(v) if k.endswith("ADDRESS") else v for k, v in ws.env.items()})
+
+
 def _workspace(engine: Engine, container: str, name: str) -> Workspace:
     """`stategate workspace env` run inside the container."""
     out = engine.docker("exec", container, "stategate", "workspace", "env", name).stdout.decode()
     env = dict(t.split("=", 1) for t in shlex.split(out, comments=True) if t != "export" and "=" in t)
     return Workspace(name, env)
+
+
+def test_the_two_node_example_serves_through_either_node(engine, images, tmp_path):
+    """docker/compose.nodes.yaml as written: two stategate containers on one PostgreSQL
+    container (docker/postgres, Debian's PostgreSQL 15) and one Garage. Both come up
+    healthy on the one index; a lock taken through node a is refused through node b
+    naming its holder; the holder's write through b is read through a; with node a
+    killed, node b goes on and the lock stays held (a row, not a's memory)."""
+    run = uuid.uuid4().hex[:8]
+    try:
+        postgres = engine.build_postgres(f"stategate-test-postgres:{run}", images.base)
+    except DockerError as err:
+        pytest.fail(f"building the PostgreSQL image failed: {err}", pytrace=False)
+    port_a, port_b, pg, s3, rpc, admin = (free_port() for _ in range(6))
+    compose = Compose(engine, REPO / "docker" / "compose.nodes.yaml", f"sgnodes{run}", {
+        "STATEGATE_IMAGE": images.stategate,
+        "GARAGE_IMAGE": images.garage,
+        "POSTGRES_IMAGE": postgres,
+        "POSTGRES_PASSWORD": secrets.token_hex(16),
+        "POSTGRES_PORT": str(pg),
+        "STATEGATE_DEK": base64.b64encode(secrets.token_bytes(32)).decode(),
+        "GARAGE_RPC_SECRET": secrets.token_hex(32),
+        "GARAGE_KEY_ID": "GK" + secrets.token_hex(12),
+        "GARAGE_KEY_SECRET": secrets.token_hex(32),
+        "GARAGE_S3_PORT": str(s3),
+        "GARAGE_RPC_PORT": str(rpc),
+        "GARAGE_ADMIN_PORT": str(admin),
+        "NODE_A_LISTEN": f"127.0.0.1:{port_a}",
+        "NODE_B_LISTEN": f"127.0.0.1:{port_b}",
+    })
+    urls = {"a": f"http://127.0.0.1:{port_a}", "b": f"http://127.0.0.1:{port_b}"}
+    try:
+        try:
+            compose.up()
+        except DockerError as err:
+            pytest.fail(f"compose up failed: {err}\n{compose.logs()}", pytrace=False)
+        for node, url in urls.items():
+            try:
+                # A node started before PostgreSQL accepted connections is restarted.
+                wait_for(lambda url=url: _answers(url), 120, f"node {node} at {url}")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{compose.logs(tail=200)}") from None
+        a, b = (compose.container(f"stategate-{n}") for n in "ab")
+        wa, wb = _workspace(engine, a, "nodes"), _workspace(engine, b, "nodes")
+        assert wa.password == wb.password, "one DEK: one credential on both nodes"
+        # The addresses name the public URL (the load balancer's); go to each node.
+        wa, wb = _through(wa, urls["a"]), _through(wb, urls["b"])
+
+        held = lock_info(who="ci@docker-a")
+        assert wa.lock(held).status == 200
+        refused = wb.lock(lock_info())
+        assert refused.status == 423 and refused.json()["ID"] == held["ID"], refused
+        lineage = str(uuid.uuid4())
+        r = http("POST", f"{wb.address}?ID={held['ID']}", tfstate(1, lineage, "through-b"),
+                 user=wb.user, password=wb.password)
+        assert r.status == 200, r
+        assert wa.get().json()["serial"] == 1
+
+        engine.docker("kill", a)
+        r = http("POST", f"{wb.address}?ID={held['ID']}", tfstate(2, lineage, "a-is-gone"),
+                 user=wb.user, password=wb.password)
+        assert r.status == 200, r
+        assert wb.get().json()["serial"] == 2
+        assert wb.lock(lock_info()).status == 423, "the lock is a row: it outlives node a"
+        assert wb.unlock(held).status == 200
+    finally:
+        (tmp_path / "compose-nodes.log").write_text(compose.logs(tail=400))
+        compose.down(volumes=True)
+

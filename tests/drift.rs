@@ -21,7 +21,7 @@ use stategate::http::error::HttpError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::drift::{check, fake_tofu};
+use common::drift::{check, check_dir, fake_tofu};
 use common::{lock_info, TestServer};
 use stategate::config::{Config, DriftCheck};
 use stategate::drift::webhook::{verify, Notifier};
@@ -475,11 +475,8 @@ fn other_node(
 #[tokio::test]
 async fn a_plan_kept_through_one_node_is_applied_through_another_once() {
     let server = TestServer::start().await;
-    let scratch = tempfile::tempdir().unwrap();
+    let (scratch, tofu) = check_dir("changed");
     let dir = scratch.path();
-    std::fs::write(dir.join("main.tf"), "").unwrap();
-    std::fs::write(dir.join("input"), "changed").unwrap();
-    let tofu = fake_tofu(dir).display().to_string();
     let node_b_data = tempfile::tempdir().unwrap();
     let a = service(&server, vec![check("prod", dir, &tofu)], vec![]);
     let b = other_node(&server, vec![check("prod", dir, &tofu)], node_b_data.path());
@@ -536,11 +533,8 @@ async fn a_plan_kept_through_one_node_is_applied_through_another_once() {
 async fn plan_files_an_earlier_release_kept_move_into_the_store() {
     use stategate::store::reseal::Census;
     let server = TestServer::start().await;
-    let scratch = tempfile::tempdir().unwrap();
+    let (scratch, tofu) = check_dir("changed");
     let dir = scratch.path();
-    std::fs::write(dir.join("main.tf"), "").unwrap();
-    std::fs::write(dir.join("input"), "changed").unwrap();
-    let tofu = fake_tofu(dir).display().to_string();
     let drift = service(&server, vec![check("prod", dir, &tofu)], vec![]);
     let drifted = drift.check_now("prod", "test").await.unwrap();
     assert_eq!(drifted.outcome, Some(Outcome::Drifted));
@@ -819,11 +813,8 @@ async fn the_admin_api_lists_runs_starts_checks_and_refuses_bad_approvals() {
 #[tokio::test]
 async fn the_scheduler_runs_due_checks_and_stops_on_shutdown() {
     let server = TestServer::start().await;
-    let scratch = tempfile::tempdir().unwrap();
+    let (scratch, tofu) = check_dir("same");
     let dir = scratch.path();
-    std::fs::write(dir.join("main.tf"), "").unwrap();
-    std::fs::write(dir.join("input"), "same").unwrap();
-    let tofu = fake_tofu(dir).display().to_string();
     let mut scheduled = check("prod", dir, &tofu);
     scheduled.interval_seconds = 3600;
     let manual = check("manual", dir, &tofu);
@@ -1176,11 +1167,8 @@ async fn the_scheduler_lists_drift_outputs_only_when_a_sweep_can_find_something(
 #[tokio::test]
 async fn a_timeout_too_large_for_the_clock_still_finishes_the_run() {
     let server = TestServer::start().await;
-    let scratch = tempfile::tempdir().unwrap();
+    let (scratch, tofu) = check_dir("changed");
     let dir = scratch.path();
-    std::fs::write(dir.join("main.tf"), "").unwrap();
-    std::fs::write(dir.join("input"), "changed").unwrap();
-    let tofu = fake_tofu(dir).display().to_string();
     for (ws, timeout) in [("huge", i64::MAX as u64), ("max", u64::MAX)] {
         let mut huge = check(ws, dir, &tofu);
         huge.timeout_seconds = timeout;

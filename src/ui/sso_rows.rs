@@ -276,9 +276,21 @@ mod tests {
             .is_some());
         // Released only by the claim it was (a later claimer's stays).
         release_claim(&conn, "sess", later + 45).unwrap();
-        assert_eq!(followed(&conn, "sess", lapsed).unwrap().unwrap().checking_until, lapsed + 45);
+        assert_eq!(
+            followed(&conn, "sess", lapsed)
+                .unwrap()
+                .unwrap()
+                .checking_until,
+            lapsed + 45
+        );
         release_claim(&conn, "sess", lapsed + 45).unwrap();
-        assert_eq!(followed(&conn, "sess", lapsed).unwrap().unwrap().checking_until, 0);
+        assert_eq!(
+            followed(&conn, "sess", lapsed)
+                .unwrap()
+                .unwrap()
+                .checking_until,
+            0
+        );
         checked(&conn, "sess", b"t1", lapsed).unwrap();
         let row = followed(&conn, "sess", lapsed).unwrap().unwrap();
         assert_eq!(

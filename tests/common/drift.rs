@@ -35,6 +35,16 @@ pub fn fake_tofu(dir: &Path) -> PathBuf {
     path
 }
 
+/// A check's directory (an empty `main.tf`, and `input` holding `input`: "same" plans
+/// no changes) with the fake binary in it, and the binary's path.
+pub fn check_dir(input: &str) -> (tempfile::TempDir, String) {
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::write(scratch.path().join("main.tf"), "").unwrap();
+    std::fs::write(scratch.path().join("input"), input).unwrap();
+    let tofu = fake_tofu(scratch.path()).display().to_string();
+    (scratch, tofu)
+}
+
 pub fn check(workspace: &str, dir: &Path, binary: &str) -> DriftCheck {
     DriftCheck {
         workspace: workspace.into(),

@@ -501,6 +501,14 @@ pub fn open_database(config: &Config) -> anyhow::Result<Db> {
     }
 }
 
+/// `index migrate` holds its one transaction open while it reads and compares a whole
+/// table on the other side: the server must not end the session for pausing
+/// (`sql::IDLE_IN_TRANSACTION` guards against frozen nodes, not against this).
+fn keep_through_pauses(conn: &crate::store::sql::Connection) -> anyhow::Result<()> {
+    conn.execute_batch("SET idle_in_transaction_session_timeout = 0")?;
+    Ok(())
+}
+
 /// The PostgreSQL index's connection string, when the index is there (`[index]`).
 fn postgres_url(config: &Config) -> Option<&str> {
     match config.index.kind {
@@ -561,6 +569,7 @@ pub fn migrate_index(
                 let from = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
                 let into = Connection::connect_postgres(&url, config.index.ca_file.as_deref())
                     .map_err(anyhow::Error::msg)?;
+                keep_through_pauses(&into)?;
                 copy(&from, &into)
             }
             MigrateTo::Sqlite { path } => {
@@ -570,6 +579,7 @@ pub fn migrate_index(
                 anyhow::ensure!(!path.exists(), "{} exists: name a new file", path.display());
                 let from = Connection::connect_postgres(url, config.index.ca_file.as_deref())
                     .map_err(anyhow::Error::msg)?;
+                keep_through_pauses(&from)?;
                 let others: i64 = from.query_row(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                      AND application_name = ?1 AND pid <> pg_backend_pid()",

@@ -192,14 +192,7 @@ async fn every_commit_is_synchronous_and_fsync_is_required() {
     assert_eq!((sync.as_str(), fsync.as_str()), ("on", "on"));
     // A database whose role defaults to asynchronous commits still gets synchronous
     // ones from stategate (it sets them per connection).
-    let name = url
-        .split('?')
-        .next()
-        .unwrap()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let name = database_of(&url);
     with_conn(&url, move |c| {
         c.execute_batch(&format!(
             "ALTER DATABASE {name} SET synchronous_commit = off"
@@ -320,20 +313,30 @@ async fn insert(db: &Db, x: i64) -> Result<usize, DbError> {
     .await
 }
 
-/// The table's rows. A reader whose session the server ended fails the one read that
-/// finds out, and is replaced before its next: so a read is tried twice.
-async fn rows(db: &Db) -> Vec<i64> {
-    let read = || {
-        db.read(|c| {
-            c.prepare("SELECT x FROM t ORDER BY x")?
-                .query_map([], |r| r.get(0))?
-                .collect()
-        })
-    };
-    match read().await {
-        Ok(rows) => rows,
-        Err(_) => read().await.unwrap(),
-    }
+/// The table's rows, read once: a reader whose session the server ended reads again
+/// on a new connection, so even the read that finds out does not fail.
+async fn rows(db: &Db) -> Result<Vec<i64>, DbError> {
+    db.read(|c| {
+        c.prepare("SELECT x FROM t ORDER BY x")?
+            .query_map([], |r| r.get(0))?
+            .collect()
+    })
+    .await
+}
+
+/// Ends every session on database `name` but the caller's (what a server restart or
+/// a failover does to stategate's connections).
+fn end_sessions(base: &str, name: &str) {
+    let name = name.to_string();
+    with_conn(base, move |c| {
+        c.query_row(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = ?1 AND pid <> pg_backend_pid()",
+            [name.as_str()],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+    });
 }
 
 /// PostgreSQL aborts a transaction at its first failed statement, and answers the
@@ -366,7 +369,7 @@ async fn a_write_whose_statement_failed_is_never_acknowledged() {
         })
         .await;
     assert!(refused.is_err());
-    assert_eq!(rows(&db).await, vec![1]);
+    assert_eq!(rows(&db).await.unwrap(), vec![1]);
     // Grouped: racing writes, every other one swallowing a failed statement. Only the
     // clean ones are acknowledged, and exactly they are kept.
     let mut tasks = Vec::new();
@@ -395,7 +398,7 @@ async fn a_write_whose_statement_failed_is_never_acknowledged() {
         }
     }
     acknowledged.sort();
-    assert_eq!(rows(&db).await, acknowledged);
+    assert_eq!(rows(&db).await.unwrap(), acknowledged);
 }
 
 /// The index goes away under the writer (its session ended, no new one admitted): a
@@ -410,28 +413,107 @@ async fn a_writer_whose_index_is_gone_runs_nothing_and_reconnects() {
     let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").unwrap();
     let name = database_of(&url);
     let admit = |allow: bool| {
-        let (base, name) = (base.clone(), name.clone());
-        with_conn(&base, move |c| {
-            c.execute_batch(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}"))
-                .unwrap();
-            if !allow {
-                c.query_row(
-                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = ?1",
-                    [name.as_str()],
-                    |r| r.get::<_, i64>(0),
-                )
-                .unwrap();
-            }
-        })
+        let sql = format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}");
+        with_conn(&base, move |c| c.execute_batch(&sql).unwrap());
+        if !allow {
+            end_sessions(&base, &name);
+        }
     };
     admit(false);
     let gone = insert(&db, 2).await;
     assert!(matches!(gone, Err(DbError::NotBegun(_))), "{gone:?}");
+    assert!(rows(&db).await.is_err(), "a read answered without an index");
     admit(true);
     insert(&db, 3).await.unwrap();
     assert_eq!(
-        rows(&db).await,
+        rows(&db).await.unwrap(),
         vec![1, 3],
         "the refused write left nothing"
     );
+}
+
+/// The server ends every session (a restart, a failover). The reader connections do
+/// not know until they are used: each read that finds out runs again on a new
+/// connection, so no read fails, and the writer reconnects before its next group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_ended_are_replaced_without_failing_a_request() {
+    let Some(url) = new_database() else { return };
+    let db = open_table_db(&url);
+    insert(&db, 1).await.unwrap();
+    let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").unwrap();
+    for _ in 0..2 {
+        end_sessions(&base, &database_of(&url));
+        // More reads at once than there are readers, so that every reader finds out.
+        let reads: Vec<_> = (0..12)
+            .map(|_| {
+                let db = db.clone();
+                tokio::spawn(async move { rows(&db).await })
+            })
+            .collect();
+        for read in reads {
+            assert_eq!(read.await.unwrap().unwrap(), vec![1]);
+        }
+    }
+    insert(&db, 2).await.unwrap();
+    assert_eq!(rows(&db).await.unwrap(), vec![1, 2]);
+}
+
+/// A node frozen in the middle of a write (a paused VM, a partition) holds the
+/// index's write lock, and every other node's writes wait for it. The server ends a
+/// session that sits idle in its transaction (stategate sets
+/// `idle_in_transaction_session_timeout` on every connection, a minute unless the
+/// URL's `options` say otherwise), which frees the lock: the others go on, and the
+/// frozen node's commit, when it wakes, fails instead of being acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_frozen_inside_a_write_does_not_stop_the_others() {
+    use std::time::{Duration, Instant};
+    let Some(url) = new_database() else { return };
+    let db = open_table_db(&url);
+    let setting = |url: &str| {
+        with_conn(url, |c| {
+            c.query_row("SHOW idle_in_transaction_session_timeout", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .unwrap()
+        })
+    };
+    assert_eq!(
+        setting(&url),
+        "1min",
+        "the default on stategate's connections"
+    );
+    let join = if url.contains('?') { '&' } else { '?' };
+    let frozen_url = format!("{url}{join}options=-c%20idle_in_transaction_session_timeout%3D1500");
+    assert_eq!(setting(&frozen_url), "1500ms", "the URL's own wins");
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let (wake, woken) = std::sync::mpsc::channel::<()>();
+    let frozen = std::thread::spawn(move || {
+        let c = Connection::connect_postgres(&frozen_url, None).unwrap();
+        c.execute_batch(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({})",
+            stategate::store::sql::PG_WRITE_LOCK
+        ))
+        .unwrap();
+        c.execute("INSERT INTO t VALUES (99)", []).unwrap();
+        held_tx.send(()).unwrap();
+        woken.recv().unwrap();
+        c.execute_batch("COMMIT")
+    });
+    held.recv().unwrap();
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(30), insert(&db, 1))
+        .await
+        .expect("the write still waits for the frozen node's lock")
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "the write did not wait for the lock: {:?}",
+        started.elapsed()
+    );
+    wake.send(()).unwrap();
+    assert!(
+        frozen.join().unwrap().is_err(),
+        "the frozen node's commit went through"
+    );
+    assert_eq!(rows(&db).await.unwrap(), vec![1]);
 }

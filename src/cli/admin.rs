@@ -329,7 +329,7 @@ impl AdminDb {
     /// A listing, on the reader connection.
     fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> anyhow::Result<T> {
         let read = self.rt.block_on(self.db.read(move |c| Ok(f(c))));
         read.map_err(AdminError::from)

@@ -359,7 +359,7 @@ impl DriftService {
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error>
+        f: impl Fn(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error>
             + Send
             + 'static,
     ) -> Result<T, Error> {

@@ -178,8 +178,8 @@ impl DriftService {
             let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
             let runs = self
                 .read(move |c| {
-                    ids.into_iter()
-                        .map(|id| {
+                    ids.iter()
+                        .map(|&id| {
                             let Some(run) = outcomes::get_run(c, id)? else {
                                 return Ok(None);
                             };

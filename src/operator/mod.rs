@@ -449,7 +449,7 @@ impl Operations {
     /// A listing of operators or users, on the reader connection.
     pub async fn admin_read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, Error> {
         let read = self.db.read(move |c| Ok(f(c))).await?;
         read.map_err(admin_error)
@@ -871,7 +871,7 @@ impl Operations {
                     };
                     // Each page comes oldest first, like the listing itself; `out` is
                     // newest first until the end.
-                    let mut filter = filter;
+                    let mut filter = filter.clone();
                     let (mut out, mut scanned) = (Vec::new(), 0u32);
                     while scanned < MAX_AUDIT_SCANNED {
                         let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;

@@ -264,14 +264,47 @@ impl Readers {
     /// Replaces a broken connection (the server restarted or failed over) with a new
     /// one; when that fails too, the read fails with the broken one's error.
     fn mend(&self, reader: &mut Reader) {
-        if let (true, Some(reopen)) = (reader.conn.is_broken(), &self.reopen) {
-            match reopen() {
-                Ok(conn) => {
-                    reader.conn = conn;
-                    reader.remembered = Remembered::default();
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot reconnect a reader to the index"),
+        if reader.conn.is_broken() {
+            self.reconnect(reader);
+        }
+    }
+
+    /// Opens a new connection in place of `reader`'s (a server's only); whether it did.
+    fn reconnect(&self, reader: &mut Reader) -> bool {
+        let Some(reopen) = &self.reopen else {
+            return false;
+        };
+        match reopen() {
+            Ok(conn) => {
+                reader.conn = conn;
+                reader.remembered = Remembered::default();
+                true
             }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reconnect a reader to the index");
+                false
+            }
+        }
+    }
+
+    /// Runs `f` on a reader, waiting for one in turn. A read that finds its session
+    /// ended by the server (a restart, a failover: a connection idle since then does
+    /// not know until it is used) runs once more on a new connection: a read changes
+    /// nothing, so running it again is safe, and no request fails for a connection
+    /// that broke while it waited.
+    fn run<T>(
+        &self,
+        f: impl Fn(&mut Reader) -> Result<T, crate::store::sql::Error>,
+    ) -> Result<T, crate::store::sql::Error> {
+        let mut reader = self.acquire();
+        match f(&mut reader) {
+            Err(e) if e.is_connection_lost() || reader.conn.is_broken() => {
+                match self.reconnect(&mut reader) {
+                    true => f(&mut reader),
+                    false => Err(e),
+                }
+            }
+            read => read,
         }
     }
 
@@ -506,7 +539,7 @@ impl Db {
     /// lookup itself; anything that may scan goes through [`Db::read`].
     pub async fn read_quick<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         self.on_reader(true, move |reader| f(&reader.conn)).await
     }
@@ -520,18 +553,18 @@ impl Db {
     pub async fn read_remembered<T: Clone + Weigh + Send + 'static>(
         &self,
         key: String,
-        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         self.on_reader(true, move |reader| {
             // Read before the snapshot: a commit in between leaves an answer newer
             // than its version, which is only read again, never kept too long.
             let Some(version) = reader.conn.change_count()? else {
-                return in_read_transaction(&reader.conn, f);
+                return in_read_transaction(&reader.conn, &f);
             };
             if let Some(answer) = reader.remembered.recall(version, &key) {
                 return Ok(answer);
             }
-            let answer = in_read_transaction(&reader.conn, f)?;
+            let answer = in_read_transaction(&reader.conn, &f)?;
             reader.remembered.keep(&key, answer.clone());
             Ok(answer)
         })
@@ -542,16 +575,16 @@ impl Db {
     /// snapshot, and one shared lock and WAL read mark instead of one per statement.
     pub async fn read_snapshot<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
-        self.read_quick(move |conn| in_read_transaction(conn, f))
+        self.read_quick(move |conn| in_read_transaction(conn, &f))
             .await
     }
 
     /// Runs a read-only query on a reader connection off the async runtime.
     pub async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        f: impl Fn(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         self.on_reader(false, move |reader| f(&reader.conn)).await
     }
@@ -562,7 +595,7 @@ impl Db {
     async fn on_reader<T: Send + 'static>(
         &self,
         inline: bool,
-        f: impl FnOnce(&mut Reader) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        f: impl Fn(&mut Reader) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<T, DbError> {
         if inline {
             if let Some(mut reader) = self.readers.idle_inline() {
@@ -570,7 +603,7 @@ impl Db {
             }
         }
         let readers = self.readers.clone();
-        tokio::task::spawn_blocking(move || f(&mut readers.acquire()).map_err(DbError::from))
+        tokio::task::spawn_blocking(move || readers.run(f).map_err(DbError::from))
             .await
             .map_err(|e| DbError::Task(e.to_string()))?
     }

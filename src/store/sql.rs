@@ -957,6 +957,33 @@ impl Drop for PgConn {
     }
 }
 
+/// How long a connection may take to open, unless the URL says (`connect_timeout`):
+/// a database address that drops packets (a primary gone mid-failover) fails the
+/// request instead of holding it for the system's TCP timeout of minutes.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long sent data may go unacknowledged before the connection is given up, unless
+/// the URL says (`tcp_user_timeout`): a request on a connection to a server that
+/// vanished without closing it (a partition, a powered-off host) fails after this, not
+/// after the kernel's retransmissions (15 minutes).
+const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the server lets a session sit idle inside a transaction before it ends
+/// it, unless the URL's `options` set `idle_in_transaction_session_timeout`. A node
+/// frozen in the middle of a write (a paused VM, a partition) holds the index's write
+/// lock, and every other node's writes wait for it: the server ends that session and
+/// frees the lock after this. stategate's own transactions never pause this long.
+pub const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The connection waits [`CONNECT_TIMEOUT`] and [`TCP_USER_TIMEOUT`] bound, where the
+/// URL sets none of its own.
+fn bound_waits(config: &mut postgres::Config) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+}
+
 /// Distinct statements kept prepared per connection; past it the cache starts over
 /// (statements built for a number of rows are distinct texts).
 const PG_STATEMENT_CACHE: usize = 512;
@@ -970,6 +997,7 @@ impl PgConn {
         if config.get_application_name().is_none() {
             config.application_name(APPLICATION_NAME);
         }
+        bound_waits(&mut config);
         let mut client = match config.get_ssl_mode() {
             postgres::config::SslMode::Disable => config.connect(postgres::NoTls),
             _ => config.connect(tls_connector(ca_file)?),
@@ -981,6 +1009,19 @@ impl PgConn {
         client
             .batch_execute("SET synchronous_commit = on; SET client_min_messages = warning")
             .map_err(|e| format!("PostgreSQL refused synchronous_commit = on: {e}"))?;
+        if !config
+            .get_options()
+            .is_some_and(|o| o.contains("idle_in_transaction_session_timeout"))
+        {
+            client
+                .batch_execute(&format!(
+                    "SET idle_in_transaction_session_timeout = {}",
+                    IDLE_IN_TRANSACTION.as_millis()
+                ))
+                .map_err(|e| {
+                    format!("PostgreSQL refused idle_in_transaction_session_timeout: {e}")
+                })?;
+        }
         Ok(PgConn {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
@@ -1261,6 +1302,31 @@ fn pg_value(row: &postgres::Row, index: usize) -> Result<ValueRef<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection's waits are bounded by default, and the URL's own bounds win.
+    #[test]
+    fn connection_waits_are_bounded_unless_the_url_says() {
+        use std::time::Duration;
+        let cases = [
+            ("postgres://h/db", CONNECT_TIMEOUT, TCP_USER_TIMEOUT),
+            (
+                "postgres://h/db?connect_timeout=3",
+                Duration::from_secs(3),
+                TCP_USER_TIMEOUT,
+            ),
+            (
+                "host=h dbname=db tcp_user_timeout=5",
+                CONNECT_TIMEOUT,
+                Duration::from_secs(5),
+            ),
+        ];
+        for (url, connect, user) in cases {
+            let mut config: postgres::Config = url.parse().unwrap();
+            bound_waits(&mut config);
+            assert_eq!(config.get_connect_timeout(), Some(&connect), "{url}");
+            assert_eq!(config.get_tcp_user_timeout(), Some(&user), "{url}");
+        }
+    }
 
     #[test]
     fn placeholders_become_numbered_outside_quotes() {

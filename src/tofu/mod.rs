@@ -824,7 +824,7 @@ impl TofuBackend {
         outputs: bool,
         now: i64,
         also_name: &str,
-        also: impl FnOnce(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
+        also: impl Fn(&Connection) -> Result<T, crate::store::sql::Error> + Send + 'static,
     ) -> Result<(Found, T), Error> {
         let ws = workspace.to_string();
         if !outputs

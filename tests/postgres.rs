@@ -517,3 +517,22 @@ async fn a_node_frozen_inside_a_write_does_not_stop_the_others() {
     );
     assert_eq!(rows(&db).await.unwrap(), vec![1]);
 }
+
+/// A node measures its clock against the index's when it opens it (and refuses to
+/// start beyond `CLOCK_SKEW_MAX_MS`, see `store::db`'s table test): on this machine
+/// the two agree, and a clock two minutes ahead is measured as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_measures_its_clock_against_the_index() {
+    use stategate::store::db::{clock_skew, CLOCK_SKEW_MAX_MS};
+    let Some(url) = new_database() else { return };
+    let (agreed, ahead) = with_conn(&url, |c| {
+        let now = || time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        (
+            clock_skew(c, now).unwrap(),
+            clock_skew(c, || now() + 120_000).unwrap(),
+        )
+    });
+    assert!(agreed.abs() < 1_000, "{agreed} ms");
+    assert!((ahead + 120_000).abs() < 1_000, "{ahead} ms");
+    assert!(ahead.abs() > CLOCK_SKEW_MAX_MS);
+}

@@ -420,6 +420,8 @@ impl Db {
                 "PostgreSQL runs with fsync = off: a commit it acknowledges may not survive a crash, so stategate will not use it".into(),
             ));
         }
+        let now_ms = || time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        judge_clock(clock_skew(&writer_conn, now_ms)?)?;
         writer_conn.begin_write()?;
         for schema in schemas {
             writer_conn.execute_batch(schema)?;
@@ -609,6 +611,55 @@ impl Db {
     }
 }
 
+/// How far this node's clock may be from the index's before a warning, and before the
+/// node refuses to start. Nodes sharing an index judge by their own clocks what
+/// expires (tokens, UI sessions, reveal tickets, housekeeping claims, lock ages): a
+/// node behind the others would accept a token they refuse, one ahead would take over
+/// a claim still held. Housekeeping claims outlast their pass by a minute, so a skew
+/// under half that never makes a job run twice.
+const CLOCK_SKEW_WARN_MS: i128 = 1_000;
+pub const CLOCK_SKEW_MAX_MS: i128 = 30_000;
+
+/// The PostgreSQL server's clock minus this node's (`now_ms`: Unix milliseconds), in
+/// milliseconds: the server's time against the middle of the round trip that read it.
+pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i128) -> Result<i128, DbError> {
+    let before = now_ms();
+    let server: i64 = conn.query_row(
+        "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        [],
+        |r| r.get(0),
+    )?;
+    let after = now_ms();
+    Ok(i128::from(server) - (before + after) / 2)
+}
+
+/// Refuses a node whose clock is more than [`CLOCK_SKEW_MAX_MS`] from the index's
+/// (`skew_ms`: the server's minus this node's), and warns past [`CLOCK_SKEW_WARN_MS`].
+fn judge_clock(skew_ms: i128) -> Result<(), DbError> {
+    let how = |skew: i128| {
+        let side = if skew > 0 { "behind" } else { "ahead of" };
+        format!(
+            "this node's clock is {:.1} s {side} PostgreSQL's",
+            skew.unsigned_abs() as f64 / 1000.0
+        )
+    };
+    if skew_ms.abs() > CLOCK_SKEW_MAX_MS {
+        return Err(DbError::Task(format!(
+            "{}: nodes sharing an index judge tokens, sessions and housekeeping claims by their clocks, so they must agree within {} s; synchronize this machine's clock (NTP) and start again",
+            how(skew_ms),
+            CLOCK_SKEW_MAX_MS / 1000
+        )));
+    }
+    if skew_ms.abs() > CLOCK_SKEW_WARN_MS {
+        tracing::warn!(
+            skew_ms = i64::try_from(skew_ms).unwrap_or(i64::MAX),
+            "{}: synchronize this machine's clock (NTP); nodes sharing an index judge what expires by their clocks",
+            how(skew_ms)
+        );
+    }
+    Ok(())
+}
+
 /// Whether `conn` is in a write transaction: the writer's, where every job runs
 /// (`BEGIN IMMEDIATE`), never a reader's, whose transactions only read. Code that judges
 /// a write both early on a reader and again in its commit (the write guards, the freeze
@@ -796,6 +847,29 @@ mod tests {
     impl From<DbError> for TestError {
         fn from(e: DbError) -> Self {
             TestError::Db(e)
+        }
+    }
+
+    /// A node's clock within a second of the index's passes quietly, within the bound
+    /// with a warning, beyond it (either way) is refused with both the skew and the fix.
+    #[test]
+    fn a_node_whose_clock_is_far_from_the_index_is_refused() {
+        for (skew_ms, refused) in [
+            (0, false),
+            (-900, false),
+            (5_000, false),
+            (-CLOCK_SKEW_MAX_MS, false),
+            (CLOCK_SKEW_MAX_MS + 1, true),
+            (-120_000, true),
+        ] {
+            let judged = judge_clock(skew_ms);
+            assert_eq!(judged.is_err(), refused, "{skew_ms}");
+            if let Err(e) = judged {
+                let msg = e.to_string();
+                assert!(msg.contains("NTP"), "{msg}");
+                let side = if skew_ms > 0 { "behind" } else { "ahead of" };
+                assert!(msg.contains(side), "{msg}");
+            }
         }
     }
 

@@ -619,3 +619,66 @@ def test_a_drift_plan_kept_through_one_node_is_applied_through_the_other_once(
 def _finished_here(node, run: int) -> bool:
     """Whether `node`'s log says it finished drift run `run` (it ran it)."""
     return any("drift run finished" in line and f"run={run}" in line.split() for line in node.log_text().splitlines())
+
+
+def test_a_postgresql_index_is_backed_up_by_one_node_and_restored_into_a_new_database(
+        postgres, garage_env, check_binary, tmp_path):
+    """`[backup]` on two nodes sharing a PostgreSQL index: the node holding the job's
+    claim backs the index up into the store, the other never does; `stategate backup`
+    takes one on demand. After the database is lost, a recovery configuration on SQLite
+    (the same store and key) restores the newest backup and `index migrate` copies it
+    into a new PostgreSQL database: a node on that serves the newest state and the
+    lock held when the backup was taken."""
+    a, b = two_nodes(postgres, garage_env, tmp_path, env={"STATEGATE_BACKUP_INTERVAL_SECONDS": "1"})
+    lost_url = a.extra_env["STATEGATE_INDEX_URL"]
+    for s in (a, b):
+        s.start()
+    try:
+        name = f"backed-{uuid.uuid4().hex[:8]}"
+        ws = a.workspace(name)
+        lineage = str(uuid.uuid4())
+        for serial in (1, 2):
+            info = lock_info()
+            assert ws.lock(info).status == 200
+            assert _post(ws, info, _state(serial, lineage, f"s{serial}")).status == 200
+            assert ws.unlock(info).status == 200
+        held = lock_info(who="ci-job@runner")
+        assert b.workspace(name + "-held").lock(held).status == 200
+        on_demand = json.loads(cli(b, "backup").stdout.splitlines()[0])
+        deadline = time.monotonic() + 30
+        while True:
+            listed = [json.loads(line) for line in cli(a, "backup", "list", "--json").stdout.splitlines()]
+            newer = [x for x in listed if x["id"][:16] > on_demand["id"][:16]]  # taken in a later second
+            if len(newer) >= 2:
+                break
+            assert time.monotonic() < deadline, listed
+            time.sleep(0.2)
+        backed_up = [s for s in (a, b) if "index backed up into the store" in s.log_tail(100_000)]
+        assert len(backed_up) == 1, "both nodes took the scheduled backups"
+    finally:
+        for s in (a, b):
+            s.stop()
+    base = lost_url.split("?", 1)[0].rsplit("/", 1)[0]
+    postgres._psql(f"{base}/postgres?sslmode=disable",
+                   f"DROP DATABASE {lost_url.split('?', 1)[0].rsplit('/', 1)[1]} WITH (FORCE)")
+
+    # Recovery: the same store and key, the index in a SQLite file of its own.
+    recovery_env = {k: v for k, v in a.extra_env.items() if not k.startswith("STATEGATE_INDEX")}
+    recovery = Server(data_dir=tmp_path / "recovery", store="s3", s3_env=garage_env, extra_env=recovery_env)
+    recovery.data_dir.mkdir(parents=True)
+    cli(recovery, "restore", "--into", str(recovery.data_dir / "stategate.db"))
+    new_url = postgres.new_database()
+    migrated = cli(recovery, "index", "migrate", "--to", "postgres", new_url)
+    assert "copied and verified" in migrated.stderr, migrated.stderr
+
+    c = Server(data_dir=tmp_path / "node-c", store="s3", s3_env=garage_env,
+               extra_env={**a.extra_env, "STATEGATE_INDEX_URL": new_url,
+                          "STATEGATE_BACKUP_INTERVAL_SECONDS": "0"})
+    c.start()
+    try:
+        state = json.loads(c.workspace(name).get().body)
+        assert (state["serial"], state["outputs"]["marker"]["value"]) == (2, "s2")
+        refused = c.workspace(name + "-held").lock(lock_info())
+        assert refused.status == 423 and refused.json()["ID"] == held["ID"], refused
+    finally:
+        c.stop()

@@ -201,7 +201,8 @@ impl IndexConfig {
     }
 }
 
-/// Sealed snapshots of the SQLite index, written into the store (`store::backup`).
+/// Sealed snapshots of the index (SQLite's, or a PostgreSQL index copied into the same
+/// form), written into the store (`store::backup`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackupConfig {

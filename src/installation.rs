@@ -501,8 +501,34 @@ pub fn open_database(config: &Config) -> anyhow::Result<Db> {
     }
 }
 
-/// `index migrate` holds its one transaction open while it reads and compares a whole
-/// table on the other side: the server must not end the session for pausing
+/// A consistent snapshot of this installation's index, as a SQLite database file's
+/// bytes, for a backup: `VACUUM INTO` of the data dir's SQLite file, or a PostgreSQL
+/// index copied in one snapshot into a scratch file in the data dir and verified
+/// (`schema::copy_index`). Blocking; each call takes a new one.
+pub fn index_snapshot(
+    config: &Config,
+) -> impl Fn() -> Result<Vec<u8>, crate::store::backup::BackupError> + Send + Sync + 'static {
+    use crate::store::backup::{snapshot, snapshot_by_copy, BackupError};
+    let scratch_dir = config.data_dir.clone();
+    let db_path = config.db_path();
+    let server = postgres_url(config).map(|url| (url.to_string(), config.index.ca_file.clone()));
+    move || match &server {
+        None => snapshot(&db_path, &scratch_dir),
+        Some((url, ca_file)) => {
+            let from = crate::store::sql::Connection::connect_postgres(url, ca_file.as_deref())
+                .map_err(BackupError::Io)?;
+            keep_through_pauses(&from).map_err(|e| BackupError::Io(e.to_string()))?;
+            snapshot_by_copy(&from, &scratch_dir, |from, into| {
+                crate::schema::copy_index(from, into)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        }
+    }
+}
+
+/// `index migrate` and a backup hold one transaction open while they read and compare
+/// a whole table on the other side: the server must not end the session for pausing
 /// (`sql::IDLE_IN_TRANSACTION` guards against frozen nodes, not against this).
 fn keep_through_pauses(conn: &crate::store::sql::Connection) -> anyhow::Result<()> {
     conn.execute_batch("SET idle_in_transaction_session_timeout = 0")?;
@@ -541,18 +567,7 @@ pub fn migrate_index(
     to: MigrateTo,
 ) -> anyhow::Result<Vec<crate::store::copy::TableCopy>> {
     use crate::store::sql::Connection;
-    let copy = |from: &Connection, into: &Connection| -> anyhow::Result<_> {
-        into.begin_write()?;
-        crate::schema::apply(into)?;
-        let report = crate::store::copy::copy_tables(
-            from,
-            into,
-            crate::schema::TABLES,
-            crate::schema::IDENTITIES,
-        )?;
-        into.end_transaction(true)?;
-        Ok(report)
-    };
+    let copy = crate::schema::copy_index;
     // Off any async runtime: the PostgreSQL client blocks on a runtime of its own.
     std::thread::scope(|s| {
         s.spawn(|| match to {
@@ -611,15 +626,17 @@ fn restrict_file(path: &std::path::Path) {
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
 }
 
-/// Refuses what only a SQLite index has (its file: rebuild into one, a snapshot of
-/// one, a restore into one). A PostgreSQL index is backed up and restored by
-/// PostgreSQL's own tools (`pg_dump`, base backups and WAL archiving).
+/// Refuses what writes a SQLite index (a rebuild, a restore) on an installation whose
+/// index is on PostgreSQL, naming the way there: the same command under a recovery
+/// configuration whose index is SQLite, then `index migrate` into a new database.
 pub fn require_sqlite_index(config: &Config, what: &str) -> anyhow::Result<()> {
     match postgres_url(config) {
         Some(_) => anyhow::bail!(
-            "{what} works on a SQLite index; this installation's index is on PostgreSQL \
-             (index.kind = \"postgres\"): back it up and restore it with PostgreSQL's tools \
-             (pg_dump, or base backups with WAL archiving)"
+            "{what} writes a SQLite index; this installation's index is on PostgreSQL \
+             (index.kind = \"postgres\"): run it under a recovery configuration with the \
+             same store and key and index.kind = \"sqlite\", then copy the result into an \
+             empty PostgreSQL database with `stategate index migrate --to postgres URL` \
+             (docs/several-nodes.md, \"Backups and recovery\")"
         ),
         None => Ok(()),
     }

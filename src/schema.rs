@@ -132,6 +132,20 @@ pub fn apply(conn: &crate::store::sql::Connection) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Copies the whole index from `from` into `into`: every schema made on `into` and
+/// every table copied in one write transaction there, then verified table by table
+/// (`store::copy`). What `index migrate` does, and a backup of a PostgreSQL index.
+pub fn copy_index(
+    from: &crate::store::sql::Connection,
+    into: &crate::store::sql::Connection,
+) -> anyhow::Result<Vec<crate::store::copy::TableCopy>> {
+    into.begin_write()?;
+    apply(into)?;
+    let report = crate::store::copy::copy_tables(from, into, TABLES, IDENTITIES)?;
+    into.end_transaction(true)?;
+    Ok(report)
+}
+
 /// The kinds of scope the `versions` table holds, with the root each one's blobs are
 /// sealed under: workspaces under the DEK, clusters under `ADJ_STATE_ENC_KEY` (when
 /// configured). The index rebuild and backup verification open blobs with these.

@@ -300,14 +300,12 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             },
         ));
     }
-    if config.index.kind == crate::config::IndexKind::Postgres {
-        tracing::info!("the index is on PostgreSQL: its backups are PostgreSQL's (pg_dump, base backups and WAL archiving); [backup] applies to a SQLite index");
-    } else if config.backup.interval_seconds > 0 {
+    if config.backup.interval_seconds > 0 {
         server.add_service(pingora::services::background::background_service(
             "backup",
             BackupService {
-                db_path: config.db_path(),
-                scratch_dir: config.data_dir.clone(),
+                snapshot: std::sync::Arc::new(crate::installation::index_snapshot(&config)),
+                claims: claims.clone(),
                 store: app.tofu.store().clone(),
                 root: root.clone(),
                 keep: config.backup.keep as usize,
@@ -741,11 +739,16 @@ impl RetentionService {
     }
 }
 
+/// A snapshot of the index, for a backup (`installation::index_snapshot`).
+type IndexSnapshot =
+    std::sync::Arc<dyn Fn() -> Result<Vec<u8>, crate::store::backup::BackupError> + Send + Sync>;
+
 /// Backs the index up into the store every `every` (the first one when the newest
-/// backup in the store is that old), keeping the newest `keep`.
+/// backup in the store is that old), keeping the newest `keep`. Of several nodes on
+/// one index, the one holding the job's claim does.
 struct BackupService {
-    db_path: std::path::PathBuf,
-    scratch_dir: std::path::PathBuf,
+    snapshot: IndexSnapshot,
+    claims: crate::jobs::Claims,
     store: StateStore,
     root: RootKey,
     keep: usize,
@@ -773,10 +776,16 @@ impl BackupService {
     }
 
     async fn once(&self) {
-        let blobs = &**self.store.blobs();
-        match crate::store::backup::take_backup(&self.db_path, &self.scratch_dir, blobs, &self.root)
+        if !self
+            .claims
+            .take("backup", claim_time(Some(self.every)))
             .await
         {
+            return;
+        }
+        let blobs = &**self.store.blobs();
+        let snapshot = self.snapshot.clone();
+        match crate::store::backup::take_backup_from(move || snapshot(), blobs, &self.root).await {
             Ok(info) => {
                 self.metrics.record_backup(info.unix_seconds());
                 tracing::info!(backup = %info.id, "index backed up into the store");

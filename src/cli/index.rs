@@ -110,7 +110,6 @@ pub fn migrate(config: &Config, to: &str, target: String, json: bool) -> anyhow:
 }
 
 pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Result<()> {
-    installation::require_sqlite_index(config, "stategate backup")?;
     match command {
         None => backup(config),
         Some(BackupCommand::List { json }) => list_backups(config, json),
@@ -339,9 +338,8 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
     let bar = spinner("taking a backup");
-    let taken = rt.block_on(backup::take_backup(
-        &config.db_path(),
-        &config.data_dir,
+    let taken = rt.block_on(backup::take_backup_from(
+        installation::index_snapshot(config),
         &*blobs,
         &root,
     ));
@@ -355,9 +353,12 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
             old.id, config.backup.keep
         );
     }
+    let index = match config.index.kind {
+        stategate::config::IndexKind::Postgres => "the PostgreSQL index".to_string(),
+        stategate::config::IndexKind::Sqlite => config.db_path().display().to_string(),
+    };
     eprintln!(
-        "backed up {} into {} as {}",
-        config.db_path().display(),
+        "backed up {index} into {} as {}",
         blobs.describe(),
         info.key
     );

@@ -1,10 +1,11 @@
-//! Backups of the SQLite index into the blob store, and restoring from them.
+//! Backups of the index into the blob store, and restoring from them.
 //!
 //! Blobs carry every state version, but not what only the index knows: orgs, users,
 //! tokens, clusters, leases, locks, tombstones and the audit log. A backup is a
-//! consistent online snapshot of the whole database (`VACUUM INTO` on its own
-//! connection: a read transaction in WAL mode, never a file copy of a live WAL
-//! database), sealed like a blob under a key derived from the DEK for the scope
+//! consistent online snapshot of the whole database as a SQLite file (`VACUUM INTO` on
+//! its own connection: a read transaction in WAL mode, never a file copy of a live WAL
+//! database; a PostgreSQL index is copied into one in a single repeatable-read
+//! snapshot, [`snapshot_by_copy`]), sealed like a blob under a key derived from the DEK for the scope
 //! `backup/<id>` (the header naming that scope is the AEAD's associated data, so a
 //! snapshot renamed to another id, tampered with, or from another installation does
 //! not open), and put under `backups/<id>.sgdb`.
@@ -186,17 +187,53 @@ pub fn snapshot(db_path: &Path, scratch_dir: &Path) -> Result<Vec<u8>, BackupErr
     std::fs::read(&scratch.0).map_err(|e| BackupError::Io(format!("cannot read the snapshot: {e}")))
 }
 
-/// Takes a snapshot of `db_path` now and puts it, sealed, into the store.
+/// A consistent copy of an index on a database server (`from`), as a SQLite database
+/// file's bytes, the same form as [`snapshot`]'s: `copy` copies every table from
+/// `from` into a new file in `scratch_dir` (and verifies it), all read in one
+/// snapshot of `from` (a repeatable-read transaction: writers keep going). Blocking.
+pub fn snapshot_by_copy(
+    from: &Connection,
+    scratch_dir: &Path,
+    copy: impl FnOnce(&Connection, &Connection) -> Result<(), String>,
+) -> Result<Vec<u8>, BackupError> {
+    let scratch = Scratch(scratch_path(scratch_dir, "backup"));
+    let into = Connection::open(&scratch.0).map_err(BackupError::Snapshot)?;
+    restrict_to_owner(&scratch.0);
+    from.begin_read().map_err(BackupError::Snapshot)?;
+    let copied = copy(from, &into);
+    let _ = from.end_transaction(false);
+    copied.map_err(|e| BackupError::Io(format!("cannot copy the index: {e}")))?;
+    into.close().map_err(BackupError::Snapshot)?;
+    std::fs::read(&scratch.0).map_err(|e| BackupError::Io(format!("cannot read the snapshot: {e}")))
+}
+
+fn restrict_to_owner(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+}
+
+/// Takes a snapshot of the SQLite index at `db_path` now and puts it, sealed, into
+/// the store.
 pub async fn take_backup(
     db_path: &Path,
     scratch_dir: &Path,
     blobs: &dyn BlobStore,
     root: &RootKey,
 ) -> Result<BackupInfo, BackupError> {
+    let (db_path, scratch_dir) = (db_path.to_path_buf(), scratch_dir.to_path_buf());
+    take_backup_from(move || snapshot(&db_path, &scratch_dir), blobs, root).await
+}
+
+/// Takes a snapshot now (`snapshot`: [`snapshot`] of a SQLite file, or
+/// [`snapshot_by_copy`] of a server's index) and puts it, sealed, into the store.
+pub async fn take_backup_from(
+    snapshot: impl FnOnce() -> Result<Vec<u8>, BackupError> + Send + 'static,
+    blobs: &dyn BlobStore,
+    root: &RootKey,
+) -> Result<BackupInfo, BackupError> {
     let now = OffsetDateTime::now_utc();
     let id = new_id(now);
-    let (db_path, scratch_dir) = (db_path.to_path_buf(), scratch_dir.to_path_buf());
-    let db = tokio::task::spawn_blocking(move || snapshot(&db_path, &scratch_dir))
+    let db = tokio::task::spawn_blocking(snapshot)
         .await
         .map_err(|e| BackupError::Io(format!("snapshot task failed: {e}")))??;
     let sealed = seal(root, &id, &db, &super::now_rfc3339())?;

@@ -608,7 +608,7 @@ pub fn migrate_index(
                 // One snapshot of the source for the whole copy.
                 from.begin_read()?;
                 let into = Connection::open(&path)?;
-                restrict_file(&path);
+                crate::store::db::restrict_to_owner(&path);
                 let report = copy(&from, &into);
                 if report.is_err() {
                     let _ = std::fs::remove_file(&path);
@@ -619,11 +619,6 @@ pub fn migrate_index(
         .join()
         .unwrap_or_else(|_| Err(anyhow::anyhow!("the copy panicked")))
     })
-}
-
-fn restrict_file(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
 }
 
 /// Refuses what writes a SQLite index (a rebuild, a restore) on an installation whose

@@ -198,18 +198,13 @@ pub fn snapshot_by_copy(
 ) -> Result<Vec<u8>, BackupError> {
     let scratch = Scratch(scratch_path(scratch_dir, "backup"));
     let into = Connection::open(&scratch.0).map_err(BackupError::Snapshot)?;
-    restrict_to_owner(&scratch.0);
+    super::db::restrict_to_owner(&scratch.0);
     from.begin_read().map_err(BackupError::Snapshot)?;
     let copied = copy(from, &into);
     let _ = from.end_transaction(false);
     copied.map_err(|e| BackupError::Io(format!("cannot copy the index: {e}")))?;
     into.close().map_err(BackupError::Snapshot)?;
     std::fs::read(&scratch.0).map_err(|e| BackupError::Io(format!("cannot read the snapshot: {e}")))
-}
-
-fn restrict_to_owner(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
 }
 
 /// Takes a snapshot of the SQLite index at `db_path` now and puts it, sealed, into

@@ -343,7 +343,9 @@ fn open_connection(path: &Path) -> Result<Connection, crate::store::sql::Error> 
     Ok(conn.into())
 }
 
-fn restrict_to_owner(path: &Path) {
+/// Makes a database file readable by this user only (it holds tokens' hashes, sessions,
+/// the audit log); a failure is logged, not fatal.
+pub(crate) fn restrict_to_owner(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
         tracing::warn!(path = %path.display(), error = %e, "cannot make the database owner-only");

@@ -536,3 +536,46 @@ async fn a_node_measures_its_clock_against_the_index() {
     assert!((ahead + 120_000).abs() < 1_000, "{ahead} ms");
     assert!(ahead.abs() > CLOCK_SKEW_MAX_MS);
 }
+
+/// A whole-table read (a backup's copy, `index migrate`) goes through a cursor on
+/// PostgreSQL, a batch at a time, instead of every row at once: all rows in order, a
+/// failure in the middle stops it and leaves no cursor open, and outside a transaction
+/// it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_table_is_read_through_a_cursor() {
+    let Some(url) = new_database() else { return };
+    with_conn(&url, |c| {
+        c.execute_batch(
+            "CREATE TABLE t (x BIGINT PRIMARY KEY); \
+             INSERT INTO t SELECT g FROM generate_series(1, 2500) g",
+        )
+        .unwrap();
+        let scan = "SELECT x FROM t ORDER BY x";
+        assert!(
+            c.for_each_row(scan, |_| Ok(())).is_err(),
+            "outside a transaction"
+        );
+        c.execute_batch("BEGIN").unwrap();
+        let mut seen = Vec::new();
+        c.for_each_row(scan, |r| {
+            seen.push(r.get::<_, i64>(0)?);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, (1..=2500).collect::<Vec<i64>>());
+        let stopped = c.for_each_row(scan, |r| match r.get::<_, i64>(0)? {
+            1500 => Err(stategate::store::sql::Error::Value("stop".into())),
+            _ => Ok(()),
+        });
+        assert!(stopped.is_err());
+        let open: i64 = c
+            .query_row(
+                "SELECT count(*) FROM pg_cursors WHERE name <> ''",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(open, 0, "a cursor was left open");
+        c.execute_batch("COMMIT").unwrap();
+    });
+}

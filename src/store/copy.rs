@@ -60,18 +60,18 @@ pub fn copy_tables(
         let mut insert = to.prepare(&format!(
             "INSERT INTO {table} ({list}) VALUES ({placeholders})"
         ))?;
-        let mut select = from.prepare(&format!(
-            "SELECT {list} FROM {table} ORDER BY {insert_order}"
-        ))?;
-        let mut rows = select.query([])?;
         let mut copied = 0u64;
-        while let Some(row) = rows.next()? {
-            let values = (0..columns.len())
-                .map(|i| row.get_ref(i))
-                .collect::<Result<Vec<ValueRef<'_>>, _>>()?;
-            insert.execute(params_from_iter(values))?;
-            copied += 1;
-        }
+        from.for_each_row(
+            &format!("SELECT {list} FROM {table} ORDER BY {insert_order}"),
+            |row| {
+                let values = (0..columns.len())
+                    .map(|i| row.get_ref(i))
+                    .collect::<Result<Vec<ValueRef<'_>>, _>>()?;
+                insert.execute(params_from_iter(values))?;
+                copied += 1;
+                Ok(())
+            },
+        )?;
         let source = digest(from, table, &columns)?;
         let copy = digest(to, table, &columns)?;
         if source != copy {
@@ -131,13 +131,9 @@ fn digest(
     columns: &[String],
 ) -> Result<(u64, String), crate::store::sql::Error> {
     let list = columns.join(", ");
-    let mut stmt = conn.prepare(&format!(
-        "SELECT {list} FROM {table} ORDER BY {}",
-        order(columns)
-    ))?;
-    let mut rows = stmt.query([])?;
+    let sql = format!("SELECT {list} FROM {table} ORDER BY {}", order(columns));
     let (mut hash, mut n) = (Sha256::new(), 0u64);
-    while let Some(row) = rows.next()? {
+    conn.for_each_row(&sql, |row| {
         for i in 0..columns.len() {
             match row.get_ref(i)? {
                 ValueRef::Null => hash.update([0]),
@@ -162,7 +158,8 @@ fn digest(
             }
         }
         n += 1;
-    }
+        Ok(())
+    })?;
     Ok((n, hex::encode(hash.finalize())))
 }
 

@@ -619,6 +619,52 @@ impl Connection {
         }
     }
 
+    /// Runs `f` on every row of `sql` (a query without parameters that may read a whole
+    /// table), inside the caller's transaction (PostgreSQL refuses a cursor outside one). SQLite steps through the rows; a
+    /// PostgreSQL query's rows would all arrive at once, so they are fetched
+    /// [`SCAN_BATCH`] at a time through a cursor: memory stays bounded whatever the
+    /// table's size.
+    pub fn for_each_row(&self, sql: &str, mut f: impl FnMut(&Row<'_>) -> Result<()>) -> Result<()> {
+        let pg = match &self.inner {
+            Inner::Sqlite(_) => {
+                let mut stmt = self.prepare(sql)?;
+                let mut rows = stmt.query([])?;
+                while let Some(row) = rows.next()? {
+                    f(&row)?;
+                }
+                return Ok(());
+            }
+            Inner::Postgres(pg) => pg,
+        };
+        static CURSORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let cursor = format!(
+            "stategate_scan_{}",
+            CURSORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        pg.noted(pg.client().batch_execute(&format!(
+            "DECLARE {cursor} NO SCROLL CURSOR FOR {}",
+            postgres_statement(sql)
+        )))?;
+        let fetch = format!("FETCH {SCAN_BATCH} FROM {cursor}");
+        let mut scan = || -> Result<()> {
+            loop {
+                let rows = pg.noted(pg.client().query(fetch.as_str(), &[]))?;
+                if rows.is_empty() {
+                    return Ok(());
+                }
+                for row in &rows {
+                    f(&Row {
+                        inner: RowInner::Postgres(row),
+                    })?;
+                }
+            }
+        };
+        let scanned = scan();
+        let closed = pg.noted(pg.client().batch_execute(&format!("CLOSE {cursor}")));
+        scanned?;
+        Ok(closed?)
+    }
+
     /// A number that changes whenever another connection commits: SQLite's
     /// `PRAGMA data_version`. `None` on PostgreSQL, whose other nodes commit unseen:
     /// nothing read there is remembered.
@@ -983,6 +1029,9 @@ fn bound_waits(config: &mut postgres::Config) {
         config.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
 }
+
+/// Rows a PostgreSQL scan fetches at once ([`Connection::for_each_row`]).
+const SCAN_BATCH: usize = 1000;
 
 /// Distinct statements kept prepared per connection; past it the cache starts over
 /// (statements built for a number of rows are distinct texts).

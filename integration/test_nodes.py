@@ -631,6 +631,10 @@ def test_a_postgresql_index_is_backed_up_by_one_node_and_restored_into_a_new_dat
     lock held when the backup was taken."""
     a, b = two_nodes(postgres, garage_env, tmp_path, env={"STATEGATE_BACKUP_INTERVAL_SECONDS": "1"})
     lost_url = a.extra_env["STATEGATE_INDEX_URL"]
+    # A database no node has opened holds no index: refused, nothing put in the store.
+    unopened = cli(a, "backup", ok=False)
+    assert unopened.returncode != 0 and "holds no index yet" in unopened.stderr, unopened.stderr
+    assert cli(a, "backup", "list", "--json").stdout.strip() == ""
     for s in (a, b):
         s.start()
     try:

@@ -518,6 +518,16 @@ pub fn index_snapshot(
             let from = crate::store::sql::Connection::connect_postgres(url, ca_file.as_deref())
                 .map_err(BackupError::Io)?;
             keep_through_pauses(&from).map_err(|e| BackupError::Io(e.to_string()))?;
+            let made: bool = from
+                .query_row("SELECT to_regclass('versions') IS NOT NULL", [], |r| {
+                    r.get(0)
+                })
+                .map_err(BackupError::Snapshot)?;
+            if !made {
+                return Err(BackupError::Io(
+                    "the PostgreSQL database holds no index yet (no node has opened it): nothing to back up".into(),
+                ));
+            }
             snapshot_by_copy(&from, &scratch_dir, |from, into| {
                 crate::schema::copy_index(from, into)
                     .map(drop)

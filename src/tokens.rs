@@ -216,6 +216,13 @@ pub fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
+/// Now, in unix milliseconds (a followed single sign-on session's times, the clock a
+/// node compares with its index's).
+pub fn now_ms() -> i64 {
+    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
+        .unwrap_or(i64::MAX)
+}
+
 /// A token to issue.
 #[derive(Debug, Clone, Copy)]
 pub struct NewToken<'a> {

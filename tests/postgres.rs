@@ -526,7 +526,7 @@ async fn a_node_measures_its_clock_against_the_index() {
     use stategate::store::db::{clock_skew, CLOCK_SKEW_MAX_MS};
     let Some(url) = new_database() else { return };
     let (agreed, ahead) = with_conn(&url, |c| {
-        let now = || time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        let now = stategate::tokens::now_ms;
         (
             clock_skew(c, now).unwrap(),
             clock_skew(c, || now() + 120_000).unwrap(),

@@ -5,10 +5,10 @@
 //! consistent online snapshot of the whole database as a SQLite file (`VACUUM INTO` on
 //! its own connection: a read transaction in WAL mode, never a file copy of a live WAL
 //! database; a PostgreSQL index is copied into one in a single repeatable-read
-//! snapshot, [`snapshot_by_copy`]), sealed like a blob under a key derived from the DEK for the scope
-//! `backup/<id>` (the header naming that scope is the AEAD's associated data, so a
-//! snapshot renamed to another id, tampered with, or from another installation does
-//! not open), and put under `backups/<id>.sgdb`.
+//! snapshot, [`snapshot_by_copy`]), sealed like a blob under a key derived from the
+//! DEK for the scope `backup/<id>` (the header naming that scope is the AEAD's
+//! associated data, so a snapshot renamed to another id, tampered with, or from
+//! another installation does not open), and put under `backups/<id>.sgdb`.
 //!
 //! A restore writes a NEW database file from a snapshot and then adds every version
 //! committed after it, found in the blobs with the index rebuild's own claim

@@ -422,8 +422,7 @@ impl Db {
                 "PostgreSQL runs with fsync = off: a commit it acknowledges may not survive a crash, so stategate will not use it".into(),
             ));
         }
-        let now_ms = || time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
-        judge_clock(clock_skew(&writer_conn, now_ms)?)?;
+        judge_clock(clock_skew(&writer_conn, crate::tokens::now_ms)?)?;
         writer_conn.begin_write()?;
         for schema in schemas {
             writer_conn.execute_batch(schema)?;
@@ -619,12 +618,12 @@ impl Db {
 /// node behind the others would accept a token they refuse, one ahead would take over
 /// a claim still held. Housekeeping claims outlast their pass by a minute, so a skew
 /// under half that never makes a job run twice.
-const CLOCK_SKEW_WARN_MS: i128 = 1_000;
-pub const CLOCK_SKEW_MAX_MS: i128 = 30_000;
+const CLOCK_SKEW_WARN_MS: i64 = 1_000;
+pub const CLOCK_SKEW_MAX_MS: i64 = 30_000;
 
 /// The PostgreSQL server's clock minus this node's (`now_ms`: Unix milliseconds), in
 /// milliseconds: the server's time against the middle of the round trip that read it.
-pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i128) -> Result<i128, DbError> {
+pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i64) -> Result<i64, DbError> {
     let before = now_ms();
     let server: i64 = conn.query_row(
         "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
@@ -632,33 +631,31 @@ pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i128) -> Result<i128, 
         |r| r.get(0),
     )?;
     let after = now_ms();
-    Ok(i128::from(server) - (before + after) / 2)
+    Ok(server.saturating_sub(before / 2 + after / 2))
 }
 
 /// Refuses a node whose clock is more than [`CLOCK_SKEW_MAX_MS`] from the index's
 /// (`skew_ms`: the server's minus this node's), and warns past [`CLOCK_SKEW_WARN_MS`].
-fn judge_clock(skew_ms: i128) -> Result<(), DbError> {
-    let how = |skew: i128| {
-        let side = if skew > 0 { "behind" } else { "ahead of" };
-        format!(
-            "this node's clock is {:.1} s {side} PostgreSQL's",
-            skew.unsigned_abs() as f64 / 1000.0
-        )
-    };
-    if skew_ms.abs() > CLOCK_SKEW_MAX_MS {
+fn judge_clock(skew_ms: i64) -> Result<(), DbError> {
+    let off = skew_ms.unsigned_abs();
+    if off <= CLOCK_SKEW_WARN_MS.unsigned_abs() {
+        return Ok(());
+    }
+    let side = if skew_ms > 0 { "behind" } else { "ahead of" };
+    let how = format!(
+        "this node's clock is {:.1} s {side} PostgreSQL's",
+        off as f64 / 1000.0
+    );
+    if off > CLOCK_SKEW_MAX_MS.unsigned_abs() {
         return Err(DbError::Task(format!(
-            "{}: nodes sharing an index judge tokens, sessions and housekeeping claims by their clocks, so they must agree within {} s; synchronize this machine's clock (NTP) and start again",
-            how(skew_ms),
+            "{how}: nodes sharing an index judge tokens, sessions and housekeeping claims by their clocks, so they must agree within {} s; synchronize this machine's clock (NTP) and start again",
             CLOCK_SKEW_MAX_MS / 1000
         )));
     }
-    if skew_ms.abs() > CLOCK_SKEW_WARN_MS {
-        tracing::warn!(
-            skew_ms = i64::try_from(skew_ms).unwrap_or(i64::MAX),
-            "{}: synchronize this machine's clock (NTP); nodes sharing an index judge what expires by their clocks",
-            how(skew_ms)
-        );
-    }
+    tracing::warn!(
+        skew_ms,
+        "{how}: synchronize this machine's clock (NTP); nodes sharing an index judge what expires by their clocks"
+    );
     Ok(())
 }
 

@@ -620,10 +620,10 @@ impl Connection {
     }
 
     /// Runs `f` on every row of `sql` (a query without parameters that may read a whole
-    /// table), inside the caller's transaction (PostgreSQL refuses a cursor outside one). SQLite steps through the rows; a
-    /// PostgreSQL query's rows would all arrive at once, so they are fetched
-    /// [`SCAN_BATCH`] at a time through a cursor: memory stays bounded whatever the
-    /// table's size.
+    /// table), inside the caller's transaction (PostgreSQL refuses a cursor outside
+    /// one). SQLite steps through the rows; a PostgreSQL query's rows would all arrive
+    /// at once, so they are fetched [`SCAN_BATCH`] at a time through a cursor: memory
+    /// stays bounded whatever the table's size.
     pub fn for_each_row(&self, sql: &str, mut f: impl FnMut(&Row<'_>) -> Result<()>) -> Result<()> {
         let pg = match &self.inner {
             Inner::Sqlite(_) => {
@@ -641,10 +641,10 @@ impl Connection {
             "stategate_scan_{}",
             CURSORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        pg.noted(pg.client().batch_execute(&format!(
+        pg.batch(&format!(
             "DECLARE {cursor} NO SCROLL CURSOR FOR {}",
             postgres_statement(sql)
-        )))?;
+        ))?;
         let fetch = format!("FETCH {SCAN_BATCH} FROM {cursor}");
         let mut scan = || -> Result<()> {
             loop {
@@ -660,9 +660,9 @@ impl Connection {
             }
         };
         let scanned = scan();
-        let closed = pg.noted(pg.client().batch_execute(&format!("CLOSE {cursor}")));
+        let closed = pg.batch(&format!("CLOSE {cursor}"));
         scanned?;
-        Ok(closed?)
+        closed
     }
 
     /// A number that changes whenever another connection commits: SQLite's
@@ -1055,22 +1055,21 @@ impl PgConn {
         // A reply is sent after COMMIT returns: it must mean the commit is on disk,
         // whatever the server's or the role's default says. Notices ("already exists,
         // skipping") are not worth a log line.
-        client
-            .batch_execute("SET synchronous_commit = on; SET client_min_messages = warning")
-            .map_err(|e| format!("PostgreSQL refused synchronous_commit = on: {e}"))?;
+        let mut settings =
+            "SET synchronous_commit = on; SET client_min_messages = warning".to_string();
         if !config
             .get_options()
             .is_some_and(|o| o.contains("idle_in_transaction_session_timeout"))
         {
-            client
-                .batch_execute(&format!(
-                    "SET idle_in_transaction_session_timeout = {}",
-                    IDLE_IN_TRANSACTION.as_millis()
-                ))
-                .map_err(|e| {
-                    format!("PostgreSQL refused idle_in_transaction_session_timeout: {e}")
-                })?;
+            settings += &format!(
+                "; SET idle_in_transaction_session_timeout = {}",
+                IDLE_IN_TRANSACTION.as_millis()
+            );
         }
+        // One round trip for all of them, on every connection opened.
+        client
+            .batch_execute(&settings)
+            .map_err(|e| format!("PostgreSQL refused the session settings ({settings}): {e}"))?;
         Ok(PgConn {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),

@@ -551,12 +551,6 @@ fn associated(what: &str, key: &str) -> Vec<u8> {
     [b"stategate sso ", what.as_bytes(), b"\0", key.as_bytes()].concat()
 }
 
-/// Now in unix milliseconds, the unit of a followed session's times.
-fn unix_ms() -> i64 {
-    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
-        .unwrap_or(i64::MAX)
-}
-
 /// A sign-in just started: where to send the browser, and the binding cookie's value.
 #[derive(Debug)]
 pub struct Started {
@@ -672,7 +666,7 @@ impl Follow {
         conn: &Connection,
         session: &str,
     ) -> Result<(), crate::cluster::identity::AdminError> {
-        let now = unix_ms();
+        let now = crate::tokens::now_ms();
         let sealed = self
             .tokens
             .seal(&self.key, session)
@@ -988,7 +982,7 @@ impl Sso {
     pub async fn revalidate(&self, session: &str) -> Revalidated {
         let revalidate = i64::try_from(self.settings.revalidate.as_millis()).unwrap_or(i64::MAX);
         loop {
-            let now = unix_ms();
+            let now = crate::tokens::now_ms();
             let stale_before = now.saturating_sub(revalidate);
             let key = session.to_string();
             let found = self
@@ -1046,7 +1040,7 @@ impl Sso {
             None => Err(Refused::Untracked),
         };
         let key = session.to_string();
-        let now = unix_ms();
+        let now = crate::tokens::now_ms();
         match found {
             Ok((grant, sealed)) => {
                 let recorded = self

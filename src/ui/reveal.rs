@@ -105,11 +105,7 @@ pub fn take(
 mod tests {
     use super::*;
 
-    fn db() -> Connection {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
-        conn
-    }
+    use crate::store::db::schema_db as db;
 
     #[test]
     fn a_ticket_reveals_once_for_its_own_session_and_version_only() {

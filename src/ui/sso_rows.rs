@@ -198,11 +198,7 @@ pub fn checked(conn: &Connection, session: &str, sealed: &[u8], now: i64) -> Res
 mod tests {
     use super::*;
 
-    fn db() -> Connection {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
-        conn
-    }
+    use crate::store::db::schema_db as db;
 
     fn count(conn: &Connection, table: &str) -> i64 {
         conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))

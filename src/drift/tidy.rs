@@ -38,8 +38,8 @@ impl DriftService {
         Ok(())
     }
 
-    /// [`DriftService::sweep_store`], remembering it was done. A failed sweep counts too: it is retried when the next one is due, not
-    /// every tick.
+    /// [`DriftService::sweep_store`], remembering it was done. A failed sweep counts
+    /// too: it is retried when the next one is due, not every tick.
     async fn sweep_outputs(&self) -> Result<(), Error> {
         // Read before the LIST: a run finishing during the sweep asks for another.
         let finished_runs = self.inner.finished_runs.load(Ordering::Relaxed);

@@ -57,7 +57,6 @@ use openidconnect::{
     RedirectUrl, RefreshToken, Scope, StandardErrorResponse, StandardTokenResponse,
     SubjectIdentifier, UserInfoClaims,
 };
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::sso_rows;
@@ -542,10 +541,6 @@ struct SealedTokens {
     refresh: Option<String>,
 }
 
-fn sha256(value: &str) -> [u8; 32] {
-    Sha256::digest(value.as_bytes()).into()
-}
-
 /// What a sealed row is bound to: its table and key, so no row opens as another.
 fn associated(what: &str, key: &str) -> Vec<u8> {
     [b"stategate sso ", what.as_bytes(), b"\0", key.as_bytes()].concat()
@@ -803,9 +798,9 @@ impl Sso {
         }
         let (url, state, nonce) = request.url();
         let binding = CsrfToken::new_random().secret().clone();
-        let state = hex::encode(sha256(state.secret()));
+        let state = crate::tokens::hash(state.secret().as_bytes());
         let plain = serde_json::to_vec(&PendingLogin {
-            binding: hex::encode(sha256(&binding)),
+            binding: crate::tokens::hash(binding.as_bytes()),
             nonce: nonce.secret().clone(),
             verifier: verifier.secret().clone(),
             return_to,
@@ -840,7 +835,7 @@ impl Sso {
         let state = bounded(callback.state).ok_or(Refused::NoPending)?;
         let login = self.take_login(state).await?;
         let binding = bounded(callback.binding).ok_or(Refused::Binding)?;
-        let bound = hex::encode(sha256(binding));
+        let bound = crate::tokens::hash(binding.as_bytes());
         if !bool::from(bound.as_bytes().ct_eq(login.binding.as_bytes())) {
             return Err(Refused::Binding);
         }
@@ -942,7 +937,7 @@ impl Sso {
     /// Takes the sign-in `state` names out of the index (one use), if it is not too
     /// old and opens under this root key.
     async fn take_login(&self, state: &str) -> Result<PendingLogin, Refused> {
-        let state = hex::encode(sha256(state));
+        let state = crate::tokens::hash(state.as_bytes());
         let expired_before = crate::tokens::now() - PENDING_SECONDS as i64;
         let key = state.clone();
         let sealed = self

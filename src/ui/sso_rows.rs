@@ -102,8 +102,8 @@ impl Followed {
 }
 
 /// Follows the session whose id hashes to `session` from `now` until `ends` (unix
-/// milliseconds; replacing a row of the same session). Ended sessions are swept first; past [`MAX_FOLLOWED`] the one
-/// that ends first is dropped.
+/// milliseconds; replacing a row of the same session). Ended sessions are swept
+/// first; past [`MAX_FOLLOWED`] the one that ends first is dropped.
 pub fn follow(
     conn: &Connection,
     session: &str,

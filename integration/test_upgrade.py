@@ -1,0 +1,108 @@
+"""Upgrades: an installation written by an earlier release opens in this one with
+nothing lost, and Terraform goes on.
+
+Each fixture in tests/fixtures/upgrade/ is a small data dir (and, for a PostgreSQL
+index, a pg_dump of it) written by an earlier release's binary through the real
+Terraform CLI (integration/upgrade_fixture.py says how and what). The current binary
+serves it, and every version, the held lock, the operator and its token, the workspace
+token, consumers, the freeze and the backup must be there as the old release left them;
+then a real `terraform apply` writes the next version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import postgres_harness
+from harness import REPO, Server, Tf, cli, data_resource, http, lock_info, tf_base_env
+
+FIXTURES = sorted(p for p in (REPO / "tests" / "fixtures" / "upgrade").iterdir() if p.is_dir())
+
+
+def _postgres_url(tmp: Path) -> str:
+    root = os.environ.get("STATEGATE_E2E_POSTGRES_DIR") or os.environ.get("STATEGATE_UPGRADE_POSTGRES_DIR")
+    try:
+        pg = postgres_harness.Postgres(Path(root) if root else tmp / "pg")
+        pg.start()
+    except postgres_harness.PostgresError as e:
+        if os.environ.get("STATEGATE_TEST_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"no PostgreSQL for the upgrade fixture: {e}")
+        pytest.skip(f"no PostgreSQL: {e}")
+    return pg.new_database()
+
+
+def _open(fixture: Path, tmp: Path) -> tuple[Server, dict]:
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    with tarfile.open(fixture / "data.tar.gz") as tar:
+        tar.extractall(tmp, filter="data")
+    extra = {}
+    if manifest["index"] == "postgres":
+        url = _postgres_url(tmp)
+        subprocess.run([postgres_harness.find_bin("psql"), "--quiet", "-v", "ON_ERROR_STOP=1",
+                        "-f", str(fixture / "index.sql"), url],
+                       check=True, capture_output=True, text=True)
+        extra = {"STATEGATE_INDEX": "postgres", "STATEGATE_INDEX_URL": url}
+    return Server(tmp / "data", "local", extra_env=extra), manifest
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
+def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixture, tmp_path):
+    server, m = _open(fixture, tmp_path)
+    server.start()
+    try:
+        # Every version, byte for byte, under the credential derived from the same key.
+        for ws, want in m["states"].items():
+            got = server.workspace(ws).get()
+            assert got.status == 200, (ws, got)
+            assert hashlib.sha256(got.body).hexdigest() == want["sha256"], ws
+            assert len(server.db_rows(ws)) == want["versions"], ws
+        history = cli(server, "workspace", "history", "prod", "--json").stdout
+        assert len([line for line in history.splitlines() if line.strip()]) == m["states"]["prod"]["versions"]
+
+        # The lock the old release held is still held, by the same ID.
+        lock = m["lock"]
+        staging = server.workspace(lock["workspace"])
+        other = staging.lock(lock_info("another-holder"))
+        assert other.status == 423 and other.json()["ID"] == lock["id"], other
+
+        # The operator's token and the workspace token still authenticate.
+        who = http("GET", f"{server.url}/api/v1/admin/whoami",
+                   bearer=m["operator"]["token"])
+        assert who.status == 200 and m["operator"]["email"] in who.text(), who
+        if "workspace_token" in m["features"]:
+            t = m["workspace_token"]
+            r = http("GET", f"{server.url}/api/v1/tf/state/{t['workspace']}", user="ci", password=t["secret"])
+            assert r.status == 200, r
+            assert hashlib.sha256(r.body).hexdigest() == m["states"][t["workspace"]]["sha256"]
+        if "consumers" in m["features"]:
+            for ws, consumers in m["consumers"].items():
+                listed = cli(server, "workspace", "consumers", "list", ws).stdout.split()
+                assert listed == consumers
+        if "freeze" in m["features"]:
+            assert "frozen" in cli(server, "workspace", "freezes").stdout
+
+        # The old release's backup restores under this one.
+        if m["index"] == "sqlite":
+            restored = tmp_path / "restored.db"
+            cli(server, "restore", "--into", str(restored))
+            assert restored.exists()
+
+        # Terraform goes on: the held lock released by its holder, then the next apply.
+        assert staging.unlock(lock_info(lock["id"], who="ci@fixture")).status == 200
+        ws = server.workspace("prod")
+        tf = Tf(tmp_path / "tf", {**tf_base_env(), **ws.env})
+        tf.write('terraform {\n  backend "http" {}\n}\n' + data_resource("v", "after-upgrade"))
+        tf.init()
+        tf.apply()
+        tf.plan_no_changes()
+        assert len(server.db_rows("prod")) == m["states"]["prod"]["versions"] + 1
+        assert json.loads(ws.get().body)["serial"] == m["states"]["prod"]["serial"] + 1
+    finally:
+        server.stop()

@@ -58,6 +58,7 @@ pub enum AdminCommand {
 pub enum OperatorCommand {
     /// Create an operator and print its bearer token ONCE (only its hash is stored).
     Create {
+        /// The operator's email.
         #[arg(long)]
         email: String,
         /// viewer (masked reads, diffs, history, audit, search, drift list), operator
@@ -79,6 +80,7 @@ pub enum OperatorCommand {
     /// Change an operator's role and workspace patterns (holds at once, also for
     /// open UI sessions).
     SetRole {
+        /// The operator's email.
         #[arg(long)]
         email: String,
         /// viewer, operator or admin.
@@ -99,6 +101,7 @@ pub enum OperatorCommand {
 pub enum OperatorTokenCommand {
     /// Print an additional token for an existing operator ONCE.
     Create {
+        /// The operator's email.
         #[arg(long)]
         email: String,
     },
@@ -109,13 +112,19 @@ pub enum OperatorTokenCommand {
         json: bool,
     },
     /// Revoke a token by the id `list` prints; it stops working at once.
-    Revoke { id: String },
+    Revoke {
+        /// The token id (`list` prints it).
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum OrgCommand {
     /// Create an org.
-    Create { name: String },
+    Create {
+        /// The new org's name.
+        name: String,
+    },
     /// List orgs.
     List {
         /// JSON lines instead of a table.
@@ -134,22 +143,28 @@ pub enum RoleArg {
 pub enum UserCommand {
     /// Create a user and print its bearer token ONCE (only its hash is stored).
     Create {
+        /// The org (its name).
         #[arg(long)]
         org: String,
+        /// The user's email.
         #[arg(long)]
         email: String,
+        /// admin (every cluster of the org, users) or member (its clusters).
         #[arg(long, value_enum)]
         role: RoleArg,
     },
     /// Change a user's role (audited).
     SetRole {
+        /// The user's email.
         #[arg(long)]
         email: String,
+        /// admin or member.
         #[arg(long, value_enum)]
         role: RoleArg,
     },
     /// Disable a user: all their tokens stop working at once (audited).
     Disable {
+        /// The user's email.
         #[arg(long)]
         email: String,
     },
@@ -159,6 +174,7 @@ pub enum UserCommand {
 pub enum TokenCommand {
     /// Print an additional bearer token for an existing user ONCE.
     Create {
+        /// The user's email.
         #[arg(long)]
         email: String,
     },
@@ -168,17 +184,22 @@ pub enum TokenCommand {
         #[arg(long)]
         json: bool,
 
+        /// The user's email.
         #[arg(long)]
         email: Option<String>,
     },
     /// Revoke a user's token by the id `list` prints (audited).
-    Revoke { id: String },
+    Revoke {
+        /// The token id (`list` prints it).
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
     /// Register a cluster to an org and print its UUID.
     Create {
+        /// The org (its name).
         #[arg(long)]
         org: String,
         /// Display name (the CLI asks for it back before a force-unlock).
@@ -194,6 +215,7 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
 
+        /// The org (its name).
         #[arg(long)]
         org: Option<String>,
     },
@@ -223,6 +245,7 @@ pub enum AuditCommand {
         /// Only rows before this time (RFC 3339 or a date).
         #[arg(long, value_parser = stategate::store::audit::parse_instant)]
         until: Option<time::OffsetDateTime>,
+        /// At most this many (the newest).
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },

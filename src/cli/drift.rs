@@ -19,8 +19,10 @@ use super::output::{
 pub enum DriftCommand {
     /// Recent drift runs, newest first: outcome, changes, the serial planned against.
     List {
+        /// Only the runs of this workspace.
         #[arg(long)]
         workspace: Option<String>,
+        /// At most this many (the newest).
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// JSON lines instead of a table.
@@ -29,14 +31,18 @@ pub enum DriftCommand {
     },
     /// One run and its plan output (decrypted from the store).
     Show {
+        /// The run id (`drift list` prints it).
         run: i64,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Run a workspace's check now, in this process (the server must be reachable),
     /// and wait for it and its webhooks.
     Run {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -44,9 +50,12 @@ pub enum DriftCommand {
     /// for the workspace name back unless --yes. Refused twice, for a run that is not
     /// drifted, and once the plan expired.
     Apply {
+        /// The run id (`drift list` prints it).
         run: i64,
+        /// Do not ask for the typed confirmation.
         #[arg(long)]
         yes: bool,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -36,10 +36,12 @@ pub enum IndexCommand {
     /// Stop every server first; the source is not changed. Then point `[index]` at the
     /// copy.
     Migrate {
+        /// The kind of database to copy into: postgres or sqlite.
         #[arg(long, value_parser = ["postgres", "sqlite"])]
         to: String,
         /// The PostgreSQL URL, or the new SQLite file's path.
         target: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -44,7 +44,10 @@ pub enum KeyCommand {
     Reseal,
     /// Drop data generation N from the ring (audited). Refused while anything is still
     /// sealed under it, and for the newest generation.
-    Retire { generation: u32 },
+    Retire {
+        /// The data key generation (`key status` lists them).
+        generation: u32,
+    },
     /// Replace the key file with a new random one and re-wrap the whole ring under it
     /// (the "key leaked" runbook). The replaced DEK stays only as the ring's generation
     /// 0 until `reseal`, `retire 0` and `rotate-credentials`. Resumable; safe under kill.

@@ -61,7 +61,8 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
-    /// The SQLite version index.
+    /// The version index (the data dir's SQLite, or the PostgreSQL database `[index]`
+    /// names): rebuild it from the store, migrate it to the other kind.
     Index {
         #[command(subcommand)]
         command: index::IndexCommand,
@@ -95,8 +96,9 @@ enum Command {
         #[command(subcommand)]
         command: key::KeyCommand,
     },
-    /// Operators, orgs, users, tokens, clusters and the audit log. Opens the
-    /// database in the data dir directly; the server may keep running.
+    /// Operators, orgs, users, tokens, clusters and the audit log. Opens the index
+    /// directly (the data dir's SQLite, or the PostgreSQL database `[index]` names);
+    /// the server may keep running.
     Admin {
         #[command(subcommand)]
         command: admin::AdminCommand,
@@ -142,5 +144,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin { command } => admin::run(&config, command),
         Command::Drift { command } => drift::run(&config, command),
         Command::Key { command } => key::run(&config, command),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument and subcommand says what it is for in `--help` (a flag whose
+    /// meaning a user must guess from its name is a doc bug).
+    #[test]
+    fn every_argument_and_command_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} <{id}>"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let name = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(name.clone());
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "stategate", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "{} arguments or commands have no help text:\n{}",
+            missing.len(),
+            missing.join("\n")
+        );
     }
 }

@@ -28,6 +28,7 @@ use super::output::{
 pub enum WorkspaceCommand {
     /// Print `export` lines that make `terraform init` work with a bare `backend "http" {}`.
     Env {
+        /// The workspace (its name in the backend address).
         workspace: String,
         /// Also print TF_ENCRYPTION for OpenTofu state encryption (pbkdf2 + aes_gcm).
         #[arg(long)]
@@ -35,8 +36,9 @@ pub enum WorkspaceCommand {
     },
     /// The workspace's versions, newest first, with who wrote each (the credential,
     /// the lock's Who and Operation, "rollback of vN") and what it did to resources
-    /// (+added ~changed -removed). Reads SQLite only.
+    /// (+added ~changed -removed). Reads the index only (no blob).
     History {
+        /// The workspace (its name in the backend address).
         workspace: String,
         /// At most this many (the newest).
         #[arg(long)]
@@ -47,9 +49,11 @@ pub enum WorkspaceCommand {
     },
     /// Which versions added, changed or removed resources, newest first, with who wrote
     /// them: of ADDRESS (e.g. `module.db.aws_db_instance.main`; its instances and, for a
-    /// module, what it holds) or of every address. Reads SQLite only.
+    /// module, what it holds) or of every address. Reads the index only (no blob).
     Timeline {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// A resource or module address; every address when omitted.
         address: Option<String>,
         /// At most this many rows (the newest; default 1000, at most 10000).
         #[arg(long, default_value_t = 1000)]
@@ -69,7 +73,9 @@ pub enum WorkspaceCommand {
     /// version is an error, never empty output. Without --masked the real values are
     /// printed and the read is audited as `state.revealed`.
     Show {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// The version number (see `workspace history`); the current one when omitted.
         #[arg(long)]
         version: Option<i64>,
         /// Replace sensitive values (and secret-looking attributes) with "(sensitive)".
@@ -79,31 +85,41 @@ pub enum WorkspaceCommand {
     /// What changed from version A to version B: resources by address (changed
     /// attributes listed, sensitive values masked) and outputs.
     Diff {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// The older version number.
         from: i64,
+        /// The newer version number.
         to: i64,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Force-unlock (audited as tf.lock_forced): prints the holder and asks for the
     /// workspace name back unless --yes. An unlocked workspace: says so, exit 0.
     Unlock {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// Do not ask for the typed confirmation.
         #[arg(long)]
         yes: bool,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Undo a DELETE: the last version with content becomes current again as a new
     /// version (audited as tf.restored).
     Restore {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Make an old version current again by storing its content as a NEW version
     /// (history is kept). Refused while the workspace is locked.
     Rollback {
+        /// The workspace (its name in the backend address).
         workspace: String,
         /// The version whose content to restore (see `workspace history`).
         #[arg(long)]
@@ -114,6 +130,7 @@ pub enum WorkspaceCommand {
     /// of an older state or a deliberate re-initialisation. Expires after --minutes;
     /// used up by that write; audited as tf.write_allowed (and tf.write_override_used).
     AllowWrite {
+        /// The workspace (its name in the backend address).
         workspace: String,
         /// Why (kept in the audit log).
         #[arg(long)]
@@ -121,6 +138,7 @@ pub enum WorkspaceCommand {
         /// How long the permission lasts (1-60).
         #[arg(long, default_value_t = stategate::tofu::guard::DEFAULT_OVERRIDE_MINUTES)]
         minutes: u32,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -129,6 +147,7 @@ pub enum WorkspaceCommand {
     /// `unfreeze` or the end given; drift checks are skipped. A lock held now is not
     /// broken: the freeze applies once it is released. Audited as tf.frozen.
     Freeze {
+        /// The workspace (its name in the backend address).
         workspace: String,
         /// Why (Terraform prints it to whoever is refused; kept in the audit log).
         #[arg(long)]
@@ -139,17 +158,21 @@ pub enum WorkspaceCommand {
         /// How long the freeze lasts (90m, 2h, 3d).
         #[arg(long = "for")]
         for_: Option<String>,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Lift a workspace's freeze (audited as tf.unfrozen). Not frozen: says so, exit 0.
     Unfreeze {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Every freeze in force: workspace, who, until, reason.
     Freezes {
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -161,11 +184,14 @@ pub enum WorkspaceCommand {
     /// locked or frozen, an address is missing in SRC or present in DST, or a state
     /// is not a plain Terraform state.
     Move {
+        /// The workspace the resources leave (SRC).
         source: String,
+        /// The workspace the resources join (DST).
         destination: String,
         /// Resource addresses such as module.db.aws_db_instance.main (at most 1000).
         #[arg(required = true)]
         addresses: Vec<String>,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -194,7 +220,9 @@ pub enum CredentialCommand {
     /// as tf.credential_rotated); `workspace env` prints the new one. Other workspaces
     /// are unchanged.
     Rotate {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -219,18 +247,22 @@ pub enum TokenCommand {
         /// Keep sensitive outputs in the outputs-only state (read and write scopes see them anyway).
         #[arg(long)]
         include_sensitive: bool,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Every workspace token (revoked ones too), never a secret.
     List {
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Revoke a token by its name or id: refused from the next request on, and recorded
     /// in the blob store so a restore cannot bring it back.
     Revoke {
+        /// The token's name or id (`workspace token list` prints both).
         name_or_id: String,
+        /// JSON lines instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -240,13 +272,21 @@ pub enum TokenCommand {
 pub enum ConsumersCommand {
     /// Replace the consumers of WORKSPACE with a comma-separated list.
     Set {
+        /// The workspace (its name in the backend address).
         workspace: String,
+        /// Comma-separated consumer workspace names (they may read this workspace's outputs).
         consumers: String,
     },
     /// The consumers of WORKSPACE, one per line.
-    List { workspace: String },
+    List {
+        /// Only the runs of this workspace.
+        workspace: String,
+    },
     /// Remove every consumer of WORKSPACE.
-    Clear { workspace: String },
+    Clear {
+        /// The workspace (its name in the backend address).
+        workspace: String,
+    },
 }
 
 pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {

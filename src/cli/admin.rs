@@ -549,8 +549,14 @@ pub fn create_operator(
     workspaces: Option<&str>,
 ) -> anyhow::Result<()> {
     let grant = Grant::parse(role, workspaces)?;
+    let made = format!(
+        "created operator {email}, role {}, {}",
+        grant.role,
+        workspaces.map_or("every workspace".to_string(), |w| format!("workspaces {w}"))
+    );
     let token = AdminDb::open(config)?
         .write(move |c| operators::create_operator_with(c, &email, &grant, &operator()))?;
+    eprintln!("{made}");
     print_token(&token);
     Ok(())
 }

@@ -20,8 +20,8 @@ use stategate::operator::{rolled_back_json, LockState, Operations, WorkspaceSumm
 use stategate::store::{history, WriteOutcome};
 
 use super::output::{
-    age, cli_error, confirmed, json_line, json_lines, listing, operator, require_db, runtime,
-    table, when, when_opt,
+    age, cli_error, confirmed, count, json_line, json_lines, listing, operator, require_db,
+    runtime, table, when, when_opt,
 };
 
 #[derive(Subcommand)]
@@ -1038,9 +1038,9 @@ pub fn move_resources(
         json_line(&done)?;
     }
     eprintln!(
-        "moved {} resources ({} instances) from {source} (now version {}) to {destination} (now version {}); audited as tf.resources_moved. Move their blocks in the configurations too.",
-        done.addresses.len(),
-        done.instances,
+        "moved {} ({}) from {source} (now version {}) to {destination} (now version {}); audited as tf.resources_moved. Move their blocks in the configurations too.",
+        count(done.addresses.len(), "resource", "resources"),
+        count(done.instances, "instance", "instances"),
         done.from.version,
         done.to.version
     );

@@ -93,14 +93,28 @@ pub fn unix_seconds(rfc3339: &str) -> Option<i64> {
         .map(|t| t.unix_timestamp())
 }
 
-/// `just now`, `42s ago`, `5 min ago`, `3 h ago`, `2 days ago`.
+/// A signed age in words: `just now`, `42s ago`, `5 min ago`, `3 h ago`, `2 days ago`,
+/// `3 months ago`; a time ahead of now reads `in 3 months` (a token's expiry, a
+/// freeze's end). Up to a minute ahead is still `just now`: another node's clock may
+/// run a little ahead of this one.
 pub fn ago(seconds: i64) -> String {
     match seconds {
+        s if s < -60 => format!("in {}", span(s.saturating_neg())),
         s if s < 1 => "just now".into(),
-        s if s < 120 => format!("{s}s ago"),
-        s if s < 2 * 3600 => format!("{} min ago", s / 60),
-        s if s < 2 * 86400 => format!("{} h ago", s / 3600),
-        s => format!("{} days ago", s / 86400),
+        s => format!("{} ago", span(s)),
+    }
+}
+
+/// A positive duration in the largest unit that still reads as a whole number.
+fn span(s: i64) -> String {
+    const DAY: i64 = 86_400;
+    match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s < 2 * DAY => format!("{} h", s / 3600),
+        s if s < 60 * DAY => format!("{} days", s / DAY),
+        s if s < 730 * DAY => format!("{} months", s / (30 * DAY)),
+        s => format!("{} years", s / (365 * DAY)),
     }
 }
 
@@ -161,6 +175,12 @@ mod tests {
         let table = [
             (0, "just now"),
             (-30, "just now"),
+            (-61, "in 61s"),
+            (-90 * 86400, "in 3 months"),
+            (-400 * 86400, "in 13 months"),
+            (-3 * 365 * 86400, "in 3 years"),
+            (i64::MIN, "in 292471208677 years"),
+            (90 * 86400, "3 months ago"),
             (2, "2s ago"),
             (42, "42s ago"),
             (300, "5 min ago"),

@@ -286,6 +286,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         "drain",
         crate::drain::ExitWhenDrained(app.inflight.clone()),
     ));
+    // Every node measures its clock against a shared index, not one node for all.
+    server.add_service(pingora::services::background::background_service(
+        "clock",
+        ClockService(app.tofu.store().clone()),
+    ));
     // Nodes sharing a PostgreSQL index run each housekeeping pass on one node at a time.
     let claims = crate::jobs::Claims::of(app.tofu.store());
     if config.retention.interval_seconds > 0 {
@@ -318,6 +323,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         "stale-locks",
         StaleLockService {
             ops: app.operator.clone(),
+            tofu: app.tofu.clone(),
             every: (config.retention.interval_seconds > 0)
                 .then(|| std::time::Duration::from_secs(config.retention.interval_seconds)),
             claims: claims.clone(),
@@ -563,11 +569,13 @@ fn local_health_url(config: &Config) -> String {
     format!("{scheme}://{addr}/healthz")
 }
 
-/// Warns about workspace locks held longer than `locks.stale_after_seconds`, with their
-/// holder (never frees them), and removes (audited) freezes whose end passed: at
-/// startup, then every retention interval.
+/// Releases (audited) the locks of moves whose process is gone, warns about workspace
+/// locks held longer than `locks.stale_after_seconds`, with their holder (never frees
+/// them), and removes (audited) freezes whose end passed: at startup, then every
+/// retention interval.
 struct StaleLockService {
     ops: crate::operator::Operations,
+    tofu: TofuBackend,
     every: Option<std::time::Duration>,
     claims: crate::jobs::Claims,
 }
@@ -576,6 +584,9 @@ struct StaleLockService {
 impl pingora::services::background::BackgroundService for StaleLockService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
+            // On every node, claim or not: releasing is idempotent, and a restarted
+            // node must not wait for its old claim to lapse before freeing them.
+            self.release_abandoned_moves().await;
             if self
                 .claims
                 .take("stale-locks", claim_time(self.every))
@@ -599,6 +610,21 @@ fn claim_time(every: Option<std::time::Duration>) -> std::time::Duration {
 }
 
 impl StaleLockService {
+    async fn release_abandoned_moves(&self) {
+        if crate::tokens::clock_distrusted().is_some() {
+            // A heartbeat's age is judged by this node's clock.
+            return;
+        }
+        match self.tofu.release_abandoned_moves().await {
+            Ok(released) => {
+                for lock_id in released {
+                    tracing::warn!(lock_id = %lock_id, "released the locks of a move whose process is gone (audited as tf.move_abandoned)");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot release the locks of abandoned moves"),
+        }
+    }
+
     async fn pass(&self) {
         {
             match self.ops.stale_locks().await {
@@ -619,6 +645,26 @@ impl StaleLockService {
             // Housekeeping notices freezes whose `until` passed (removed, audited).
             if let Err(e) = self.ops.freezes(&crate::operator::roles::Grant::ROOT).await {
                 tracing::warn!(error = %e, "cannot expire ended freezes");
+            }
+        }
+    }
+}
+
+/// Measures this node's clock against a PostgreSQL index every
+/// `store::db::CLOCK_CHECK_EVERY` (`Db::check_clock`): past the bound the node refuses
+/// what depends on expiry and `/healthz` says why, until a pass finds it back.
+struct ClockService(StateStore);
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for ClockService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(crate::store::db::CLOCK_CHECK_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+            if let Err(e) = self.0.check_clock().await {
+                tracing::warn!(error = %e, "cannot compare this node's clock with the index's");
             }
         }
     }

@@ -16,6 +16,10 @@
 //!   audit trail and listings can still name a revoked token, and a token issued under
 //!   it (a UI session under its operator token) dies with it.
 //!
+//! Expiry is judged by [`now`] (and [`now_ms`]), the node's one clock, which also
+//! records whether the node may trust it ([`clock_distrusted`]: a node sharing a
+//! PostgreSQL index whose clock is out of step refuses what depends on expiry).
+//!
 //! A revocation must also survive a restore from a backup taken before it:
 //! [`RevocationLog`] seals a small record of it into the blob store (under
 //! `revocations/`, like backups are kept) before the revocation commits, and
@@ -213,7 +217,7 @@ pub fn parse_id(text: &str) -> Result<String, TokenError> {
 
 /// Now, in the unix seconds `expires_at` is kept in.
 pub fn now() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
+    now_ms().div_euclid(1000)
 }
 
 /// Now, in unix milliseconds (a followed single sign-on session's times, the clock a
@@ -221,6 +225,48 @@ pub fn now() -> i64 {
 pub fn now_ms() -> i64 {
     i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
         .unwrap_or(i64::MAX)
+        .saturating_add(SHIFT_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// What a test adds to this process's clock (0 otherwise): a node whose clock stepped.
+static SHIFT_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Shifts this process's clock ([`now`], [`now_ms`]) by `ms`, as a clock step on the
+/// machine would. For tests only: nothing in the server calls it.
+#[doc(hidden)]
+pub fn shift_clock_for_tests(ms: i64) {
+    SHIFT_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Why this node's clock may not be trusted right now (`None`: it may). Set by the
+/// clock check of a node sharing a PostgreSQL index (`store::db`), on opening and on
+/// every pass after; while set, every judgment that depends on what has expired
+/// (tokens, sessions, freezes, leases, housekeeping claims) is refused (503) rather
+/// than made by a clock the other nodes do not share.
+static DISTRUSTED: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Records the outcome of a clock check: `Some(why)` distrusts this node's clock,
+/// `None` trusts it again.
+pub fn judge_clock(why: Option<String>) {
+    let mut slot = DISTRUSTED
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    match (&*slot, &why) {
+        (None, Some(why)) => tracing::error!(
+            "{why}; refusing expiry-dependent requests (503) until it is back within bounds"
+        ),
+        (Some(_), None) => tracing::info!("this node's clock is back within bounds; serving again"),
+        _ => {}
+    }
+    *slot = why;
+}
+
+/// Why this node's clock is not trusted, if it is not ([`judge_clock`]).
+pub fn clock_distrusted() -> Option<String> {
+    DISTRUSTED
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
 }
 
 /// A token to issue.

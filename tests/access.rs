@@ -350,6 +350,58 @@ async fn the_outputs_state_holds_outputs_only() {
     );
 }
 
+/// Issue 37, finding 7: a refused outputs read derives the same number of bearers
+/// whether the workspace names no consumer, one or the most allowed, and whether it
+/// exists at all, so the time of the 401 is no oracle of either. Counted on this
+/// thread (the credential check runs on the caller's task), with a real consumer's
+/// credential still accepted.
+#[tokio::test]
+async fn a_refused_outputs_read_does_the_same_work_whatever_the_consumers() {
+    use stategate::tofu::access::Use;
+    let s = TestServer::start().await;
+    let many: Vec<String> = (0..stategate::tofu::credentials::MAX_CONSUMERS)
+        .map(|i| format!("app-{i}"))
+        .collect();
+    for (ws, consumers) in [
+        ("none", vec![]),
+        ("one", vec!["app-0".to_string()]),
+        ("many", many),
+    ] {
+        seed(&s, ws, 1).await;
+        if !consumers.is_empty() {
+            s.app.tofu.set_consumers(ws, consumers, "t").await.unwrap();
+        }
+    }
+    let wrong = s.bearer("stranger");
+    let mut work = Vec::new();
+    for ws in ["none", "one", "many", "missing"] {
+        let before = stategate::crypto::derivations_on_this_thread();
+        let found = s
+            .app
+            .tofu
+            .authenticate(ws, Some(wrong.clone().into_bytes()), Use::ReadOutputs)
+            .await
+            .unwrap();
+        assert!(found.is_none(), "{ws}");
+        work.push((ws, stategate::crypto::derivations_on_this_thread() - before));
+    }
+    assert!(
+        work.iter().all(|(_, n)| *n == work[0].1),
+        "derivations per refused outputs read: {work:?}"
+    );
+    let consumer = s
+        .app
+        .tofu
+        .authenticate(
+            "many",
+            Some(s.bearer("app-63").into_bytes()),
+            Use::ReadOutputs,
+        )
+        .await
+        .unwrap();
+    assert!(consumer.is_some(), "the last consumer is still accepted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_read_outputs_with_their_own_credential() {
     let s = TestServer::start().await;

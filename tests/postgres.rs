@@ -6,44 +6,10 @@
 
 mod common;
 
-use common::{lock_info, state, status, TestServer};
+use common::{lock_info, new_postgres_database as new_database, state, status, TestServer};
 use stategate::config::IndexKind;
 use stategate::store::sql::Connection;
 use stategate::store::{Db, DbError};
-
-/// A new empty database on the test server; `None` (said) when there is no server.
-fn new_database() -> Option<String> {
-    let base = common::real_component(
-        "STATEGATE_TEST_POSTGRES_URL",
-        "STATEGATE_TEST_REQUIRE_POSTGRES",
-        "PostgreSQL",
-    )?;
-    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-    // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
-    let made = name.clone();
-    let base2 = base.clone();
-    std::thread::spawn(move || {
-        let admin = Connection::connect_postgres(&base2, None).unwrap();
-        admin
-            .execute_batch(&format!("CREATE DATABASE {made}"))
-            .unwrap();
-    })
-    .join()
-    .unwrap();
-    Some(with_database(&base, &name))
-}
-
-/// `url` naming database `name` instead (its query, e.g. `?sslmode=disable`, kept).
-fn with_database(url: &str, name: &str) -> String {
-    let (path, query) = url
-        .split_once('?')
-        .map_or((url, None), |(p, q)| (p, Some(q)));
-    let (prefix, _) = path.rsplit_once('/').expect("a URL with a database name");
-    match query {
-        Some(q) => format!("{prefix}/{name}?{q}"),
-        None => format!("{prefix}/{name}"),
-    }
-}
 
 /// Runs `f` on a connection of its own to `url`, off the async runtime.
 fn with_conn<T: Send + 'static>(url: &str, f: impl FnOnce(&Connection) -> T + Send + 'static) -> T {

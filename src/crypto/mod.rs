@@ -90,6 +90,17 @@ fn derive_from(ikm: &[u8; 32], label: &[u8], context: &[u8]) -> [u8; 32] {
     Root::new(*ikm).derive(label, context)
 }
 
+thread_local! {
+    static DERIVED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many keys this thread has derived so far: what a test counts to prove that a
+/// check does the same work whatever it is asked about (the outputs route's consumers).
+#[doc(hidden)]
+pub fn derivations_on_this_thread() -> u64 {
+    DERIVED.with(std::cell::Cell::get)
+}
+
 /// A root key with its HKDF extract step done once. Every key derived from a root (a
 /// workspace credential on each request, a blob's key on each write and read) is then
 /// the expand step alone: the extract was three quarters of a credential check's
@@ -110,6 +121,7 @@ impl Root {
 
     /// `HKDF-SHA256(root, info = label ‖ context)`, 32 bytes.
     fn derive(&self, label: &[u8], context: &[u8]) -> [u8; 32] {
+        DERIVED.with(|n| n.set(n.get().wrapping_add(1)));
         let mut out = [0u8; 32];
         self.extracted
             .expand_multi_info(&[label, context], &mut out)

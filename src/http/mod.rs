@@ -348,7 +348,15 @@ impl Gateway {
 
     async fn handle(&self, session: &mut Session, endpoint: Endpoint) -> Handled {
         match endpoint {
-            Endpoint::Health => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
+            // A node whose clock cannot be trusted is not healthy: a load balancer
+            // takes it out, and an operator reads why.
+            Endpoint::Health => match crate::tokens::clock_distrusted() {
+                None => Handled::done(Reply::json(200, r#"{"status":"ok"}"#), 0),
+                Some(why) => {
+                    let body = serde_json::json!({ "status": "unavailable", "reason": why });
+                    Handled::done(Reply::json(503, body.to_string()), 0)
+                }
+            },
             Endpoint::Metrics if !self.may_scrape(session) => {
                 // The same answer for a missing and a wrong bearer; nothing is read.
                 let mut reply = error_reply(&crate::error::Error::Unauthenticated);
@@ -370,6 +378,14 @@ impl Gateway {
             ),
             // Decided in `request_filter` (`pass_through`); kept total without a panic.
             Endpoint::Upstream => Handled::unread(error_reply(&no_upstream())),
+            // Every other route judges what has expired (tokens, sessions, freezes,
+            // leases, lock ages) by this node's clock: refused, whoever asks, while
+            // that clock is out of bounds (`/healthz` says why).
+            _ if crate::tokens::clock_distrusted().is_some() => {
+                Handled::unread(error_reply(&crate::error::Error::Unavailable(
+                    "this node's clock is out of step with the index; retry on another node".into(),
+                )))
+            }
             Endpoint::Admin(action) => admin::handle(&self.app, session, action)
                 .await
                 .unwrap_or_else(Handled::from),

@@ -422,7 +422,8 @@ impl Db {
                 "PostgreSQL runs with fsync = off: a commit it acknowledges may not survive a crash, so stategate will not use it".into(),
             ));
         }
-        judge_clock(clock_skew(&writer_conn, crate::tokens::now_ms)?)?;
+        judge_clock(clock_skew(&writer_conn, crate::tokens::now_ms)?)
+            .map_err(|why| DbError::Task(format!("{why}, and start again")))?;
         writer_conn.begin_write()?;
         for schema in schemas {
             writer_conn.execute_batch(schema)?;
@@ -492,6 +493,22 @@ impl Db {
             }),
             stats,
         })
+    }
+
+    /// Measures this node's clock against a PostgreSQL index's again and records the
+    /// verdict (`tokens::judge_clock`): past [`CLOCK_SKEW_MAX_MS`] the node distrusts
+    /// its clock, back within it trusts it again. Every node runs it, at least every
+    /// [`CLOCK_CHECK_EVERY`], since a clock can step at any time after the index was
+    /// opened. A SQLite index shares the machine's one clock: nothing to compare.
+    pub async fn check_clock(&self) -> Result<(), DbError> {
+        if self.readers.inline {
+            return Ok(());
+        }
+        let skew = self
+            .read(|conn| clock_skew(conn, crate::tokens::now_ms))
+            .await?;
+        crate::tokens::judge_clock(judge_clock(skew).err());
+        Ok(())
     }
 
     /// Runs `f` inside the writer's transaction; resolves after the commit is durable.
@@ -620,10 +637,15 @@ impl Db {
 /// under half that never makes a job run twice.
 const CLOCK_SKEW_WARN_MS: i64 = 1_000;
 pub const CLOCK_SKEW_MAX_MS: i64 = 30_000;
+/// How often a node sharing a PostgreSQL index measures its clock against it again.
+pub const CLOCK_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The PostgreSQL server's clock minus this node's (`now_ms`: Unix milliseconds), in
 /// milliseconds: the server's time against the middle of the round trip that read it.
-pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i64) -> Result<i64, DbError> {
+pub fn clock_skew(
+    conn: &Connection,
+    now_ms: impl Fn() -> i64,
+) -> Result<i64, crate::store::sql::Error> {
     let before = now_ms();
     let server: i64 = conn.query_row(
         "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
@@ -635,8 +657,9 @@ pub fn clock_skew(conn: &Connection, now_ms: impl Fn() -> i64) -> Result<i64, Db
 }
 
 /// Refuses a node whose clock is more than [`CLOCK_SKEW_MAX_MS`] from the index's
-/// (`skew_ms`: the server's minus this node's), and warns past [`CLOCK_SKEW_WARN_MS`].
-fn judge_clock(skew_ms: i64) -> Result<(), DbError> {
+/// (`skew_ms`: the server's minus this node's), saying why, and warns past
+/// [`CLOCK_SKEW_WARN_MS`].
+fn judge_clock(skew_ms: i64) -> Result<(), String> {
     let off = skew_ms.unsigned_abs();
     if off <= CLOCK_SKEW_WARN_MS.unsigned_abs() {
         return Ok(());
@@ -647,10 +670,10 @@ fn judge_clock(skew_ms: i64) -> Result<(), DbError> {
         off as f64 / 1000.0
     );
     if off > CLOCK_SKEW_MAX_MS.unsigned_abs() {
-        return Err(DbError::Task(format!(
-            "{how}: nodes sharing an index judge tokens, sessions and housekeeping claims by their clocks, so they must agree within {} s; synchronize this machine's clock (NTP) and start again",
+        return Err(format!(
+            "{how}: nodes sharing an index judge tokens, sessions and housekeeping claims by their clocks, so they must agree within {} s; synchronize this machine's clock (NTP)",
             CLOCK_SKEW_MAX_MS / 1000
-        )));
+        ));
     }
     tracing::warn!(
         skew_ms,

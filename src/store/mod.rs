@@ -348,6 +348,11 @@ impl StateStore {
         self.db.clone()
     }
 
+    /// Measures this node's clock against the index again ([`Db::check_clock`]).
+    pub async fn check_clock(&self) -> Result<(), DbError> {
+        self.db.check_clock().await
+    }
+
     /// Jobs the index's one writer thread has run since it started: what a request
     /// that must not queue there (a refused LOCK) can be checked against.
     pub fn writer_jobs(&self) -> u64 {

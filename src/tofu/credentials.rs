@@ -62,8 +62,9 @@ pub const EVENT_TOKEN_REVOKED: &str = "tf.token_revoked";
 /// Audit event of a change to a workspace's consumers (payload: the new list).
 pub const EVENT_CONSUMERS_SET: &str = "tf.consumers_set";
 
-/// Most consumers one workspace may name (each costs one HKDF on an outputs read that
-/// presents no other credential).
+/// Most consumers one workspace may name. An outputs read that presents no other
+/// credential derives this many bearers whatever the number named (none for a missing
+/// workspace), so a refusal's time tells nothing of the list.
 pub const MAX_CONSUMERS: usize = 64;
 /// Most workspace patterns one token may carry.
 pub const MAX_PATTERNS: usize = 32;
@@ -317,6 +318,8 @@ pub struct Presented {
     pub generation: u64,
     pub token: Option<(tokens::Stored, Option<Grant>)>,
     pub consumers: Vec<(String, u64)>,
+    /// An outputs read: the consumers are checked (see `TofuBackend::judge_credential`).
+    pub outputs: bool,
 }
 
 /// Whether `secret` has an issued workspace token's shape (its prefix), so that its
@@ -352,6 +355,7 @@ pub fn presented(
         generation,
         token,
         consumers,
+        outputs,
     })
 }
 

@@ -97,6 +97,8 @@ pub const EVENT_FREEZE_EXPIRED: &str = "tf.freeze_expired";
 pub const EVENT_RESOURCES_MOVED: &str = "tf.resources_moved";
 /// The actor of what stategate does by itself (a freeze's expiry).
 pub const HOUSEKEEPING: &str = "stategate";
+/// The locks of a move whose process is gone were released (actor [`HOUSEKEEPING`]).
+pub const EVENT_MOVE_ABANDONED: &str = "tf.move_abandoned";
 
 /// An audit row of `workspace` by `actor`, the name of the credential that acted
 /// ([`Credential::name`]) or the operator.
@@ -884,11 +886,20 @@ impl TofuBackend {
             }
             return None;
         }
-        // Every consumer is compared (no early exit): the work does not depend on which.
+        if !found.outputs {
+            return None;
+        }
+        // Exactly MAX_CONSUMERS bearers are derived and compared, whatever the number
+        // of consumers (none for a missing workspace) and which one matches: the work,
+        // and so the time of a 401, does not tell whether the workspace exists or how
+        // many consumers it names. The padding's name is empty, which no workspace is.
         let mut consumer = None;
-        for (name, generation) in found.consumers {
+        let mut named = found.consumers.into_iter();
+        for _ in 0..credentials::MAX_CONSUMERS {
+            let (name, generation) = named.next().unwrap_or_default();
             let theirs = self.root.workspace_bearer_at(&name, generation);
-            if crate::crypto::secrets_equal(secret, theirs.as_bytes()) {
+            let equal = crate::crypto::secrets_equal(secret, theirs.as_bytes());
+            if equal && !name.is_empty() {
                 consumer = Some(Credential::Consumer { workspace: name });
             }
         }
@@ -1240,8 +1251,20 @@ impl TofuBackend {
             info,
         };
         let (taken, by) = (order.clone(), actor.to_string());
+        // Recorded in the transaction that takes the locks, before them: no lock of a
+        // move exists without the record that lets housekeeping release it.
+        let record = moves::Recorded {
+            move_id: move_id.clone(),
+            source: source.to_string(),
+            destination: destination.to_string(),
+            actor: actor.to_string(),
+            process: moves::this_process().to_string(),
+            heartbeat_unix: unix_now(),
+            started_at: crate::store::now_rfc3339(),
+        };
         self.db
             .write(move |conn| -> Result<(), Error> {
+                moves::record(conn, &record).map_err(DbError::from)?;
                 for ws in &taken {
                     if let Some(f) = freeze_in_force(conn, ws)? {
                         return Err(frozen(&f));
@@ -1254,9 +1277,31 @@ impl TofuBackend {
                 Ok(())
             })
             .await?;
+        let beating = {
+            let (db, id) = (self.db.clone(), move_id.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(moves::HEARTBEAT).await;
+                    let id = id.clone();
+                    let beat = db
+                        .write(move |c| -> Result<(), DbError> {
+                            Ok(moves::beat(c, &id, unix_now())?)
+                        })
+                        .await;
+                    if let Err(e) = beat {
+                        tracing::warn!(error = %e, "a move cannot renew its heartbeat");
+                    }
+                }
+            })
+        };
+        moves::pause_point("locked").await;
         let done = self
             .move_locked(source, destination, &addresses, actor, max_bytes, &move_id)
             .await;
+        if done.is_ok() {
+            moves::pause_point("committed").await;
+        }
+        beating.abort();
         let (held, id) = (order, move_id);
         let released = self
             .db
@@ -1269,6 +1314,7 @@ impl TofuBackend {
                         lock::delete_lock(conn, ws).map_err(DbError::from)?;
                     }
                 }
+                moves::forget(conn, &id).map_err(DbError::from)?;
                 Ok(())
             })
             .await;
@@ -1276,6 +1322,50 @@ impl TofuBackend {
             tracing::warn!(source, destination, error = %e, "a move could not release its locks; free them with `stategate workspace unlock`");
         }
         done
+    }
+
+    /// Releases the locks of every move whose process is gone ([`moves::gone`]: killed
+    /// or crashed, on this machine at once, elsewhere once its heartbeat lapsed), each
+    /// audited as `tf.move_abandoned` on its workspace by [`HOUSEKEEPING`]; returns
+    /// their lock IDs. Nothing a move committed is undone: its two versions were
+    /// committed together or not at all. Housekeeping runs it at start and on every
+    /// pass.
+    pub async fn release_abandoned_moves(&self) -> Result<Vec<String>, Error> {
+        self.db
+            .write(move |conn| -> Result<Vec<String>, Error> {
+                let now = unix_now();
+                let mut released = Vec::new();
+                for m in moves::recorded(conn).map_err(DbError::from)? {
+                    if !moves::gone(&m.process, m.heartbeat_unix, now) {
+                        continue;
+                    }
+                    for ws in [&m.source, &m.destination] {
+                        let ours = held_lock(conn, ws)
+                            .map_err(DbError::from)?
+                            .is_some_and(|l| l.id == m.move_id);
+                        if !ours {
+                            continue;
+                        }
+                        lock::delete_lock(conn, ws).map_err(DbError::from)?;
+                        // Each workspace's row names only that workspace.
+                        let entry = audit(
+                            HOUSEKEEPING,
+                            ws,
+                            EVENT_MOVE_ABANDONED,
+                            serde_json::json!({
+                                "lock_id": m.move_id,
+                                "moved_by": m.actor,
+                                "started_at": m.started_at,
+                            }),
+                        );
+                        insert_audit(conn, &entry).map_err(DbError::from)?;
+                    }
+                    moves::forget(conn, &m.move_id).map_err(DbError::from)?;
+                    released.push(m.move_id);
+                }
+                Ok(released)
+            })
+            .await
     }
 
     /// The part of [`Self::move_resources`] that runs under both locks.

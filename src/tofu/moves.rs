@@ -10,10 +10,171 @@
 //! a plain Terraform v4 state (an OpenTofu-encrypted one shows stategate no resources).
 //! Taking both locks, reading the states (held whole, bounded by `max_view_bytes`) and
 //! committing both versions in one transaction is `TofuBackend::move_resources`.
+//!
+//! A move in progress is also a row of `tf_moves` (owned here), written in the same
+//! transaction that takes its two locks and deleted in the one that releases them: the
+//! move's lock ID, its workspaces and the process running it ([`this_process`]), with
+//! a heartbeat that process renews. A move whose process is gone (`kill -9` of the CLI
+//! or the server, a crash, a reboot) is found by [`gone`], and housekeeping releases
+//! its locks (`TofuBackend::release_abandoned_moves`). Releasing undoes nothing: the
+//! two new versions were committed together or not at all, and a commit re-checks that
+//! the move still holds both locks.
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
+
+use crate::store::sql::{params, Connection};
+
+/// The table; `crate::schema` applies it.
+pub const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tf_moves (
+    move_id        TEXT PRIMARY KEY,  -- the lock ID both workspaces are locked with
+    source         TEXT NOT NULL,
+    destination    TEXT NOT NULL,
+    actor          TEXT NOT NULL,
+    process        TEXT NOT NULL,     -- this_process() of the process running the move
+    heartbeat_unix INTEGER NOT NULL,  -- renewed every HEARTBEAT while the move runs
+    started_at     TEXT NOT NULL
+) WITHOUT ROWID;
+"#;
+
+/// How often a running move renews its heartbeat.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+/// A move whose process cannot be looked at from here (another machine) is gone once
+/// its heartbeat is this old (unix seconds).
+pub const HEARTBEAT_LAPSES_AFTER: i64 = 60;
+
+/// A move as `tf_moves` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub move_id: String,
+    pub source: String,
+    pub destination: String,
+    pub actor: String,
+    pub process: String,
+    pub heartbeat_unix: i64,
+    pub started_at: String,
+}
+
+/// Records a move about to take its locks (in that transaction).
+pub fn record(conn: &Connection, m: &Recorded) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached(
+        "INSERT INTO tf_moves (move_id, source, destination, actor, process, heartbeat_unix, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        m.move_id,
+        m.source,
+        m.destination,
+        m.actor,
+        m.process,
+        m.heartbeat_unix,
+        m.started_at
+    ])?;
+    Ok(())
+}
+
+/// Renews a running move's heartbeat.
+pub fn beat(conn: &Connection, move_id: &str, now: i64) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached("UPDATE tf_moves SET heartbeat_unix = ?2 WHERE move_id = ?1")?
+        .execute(params![move_id, now])?;
+    Ok(())
+}
+
+/// Forgets a move whose locks are released (in that transaction).
+pub fn forget(conn: &Connection, move_id: &str) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached("DELETE FROM tf_moves WHERE move_id = ?1")?
+        .execute([move_id])?;
+    Ok(())
+}
+
+/// Every recorded move, oldest first.
+pub fn recorded(conn: &Connection) -> Result<Vec<Recorded>, crate::store::sql::Error> {
+    conn.prepare(
+        "SELECT move_id, source, destination, actor, process, heartbeat_unix, started_at
+           FROM tf_moves ORDER BY started_at, move_id",
+    )?
+    .query_map([], |r| {
+        Ok(Recorded {
+            move_id: r.get(0)?,
+            source: r.get(1)?,
+            destination: r.get(2)?,
+            actor: r.get(3)?,
+            process: r.get(4)?,
+            heartbeat_unix: r.get(5)?,
+            started_at: r.get(6)?,
+        })
+    })?
+    .collect()
+}
+
+/// This process, as a move records it: `boot/pid-namespace/pid/start`, where `boot` is
+/// the machine's boot id and `start` the process's start time since boot, so a pid
+/// reused after a restart or a reboot is another process. Empty where `/proc` does
+/// not tell (then only the heartbeat judges).
+pub fn this_process() -> &'static str {
+    static ME: OnceLock<String> = OnceLock::new();
+    ME.get_or_init(|| {
+        let pid = std::process::id();
+        match (machine(), process_start(pid)) {
+            (Some((boot, ns)), Some(start)) => format!("{boot}/{ns}/{pid}/{start}"),
+            _ => String::new(),
+        }
+    })
+}
+
+/// The boot id and the pid namespace of this process: pids compare only within both.
+fn machine() -> Option<(String, String)> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let (boot, ns) = (boot.trim().to_string(), ns.to_string_lossy().into_owned());
+    let clean = |s: &str| !s.is_empty() && !s.contains('/');
+    (clean(&boot) && clean(&ns)).then_some((boot, ns))
+}
+
+/// When process `pid` started (clock ticks since boot), if it is running.
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (in parentheses, which may hold anything): state is
+    // field 3, the start time field 22.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19).map(str::to_string)
+}
+
+/// Whether the process that runs a move recorded as `process`, with its heartbeat at
+/// `heartbeat_unix`, is gone at `now`: on this machine (same boot, same pid namespace)
+/// when no process with that pid and start time runs; elsewhere when the heartbeat
+/// lapsed.
+pub fn gone(process: &str, heartbeat_unix: i64, now: i64) -> bool {
+    let mine: Vec<&str> = this_process().split('/').collect();
+    let theirs: Vec<&str> = process.split('/').collect();
+    if let ([boot, ns, _, _], [their_boot, their_ns, pid, start]) =
+        (mine.as_slice(), theirs.as_slice())
+    {
+        if boot == their_boot && ns == their_ns {
+            let running = pid
+                .parse::<u32>()
+                .ok()
+                .and_then(process_start)
+                .is_some_and(|s| s == *start);
+            return !running;
+        }
+    }
+    now.saturating_sub(heartbeat_unix) > HEARTBEAT_LAPSES_AFTER
+}
+
+/// A named point of a move where a test holds it (`STATEGATE_TEST_MOVE_PAUSE=<point>`)
+/// until it is killed there; nothing otherwise.
+pub async fn pause_point(point: &str) {
+    if std::env::var("STATEGATE_TEST_MOVE_PAUSE").is_ok_and(|p| p == point) {
+        eprintln!("stategate: move paused at {point}");
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+    }
+}
 
 /// Most addresses one move names.
 pub const MAX_ADDRESSES: usize = 1000;
@@ -307,6 +468,33 @@ pub fn move_resources(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A move of this very process runs; one of a pid that is not running, or of this
+    /// pid but another start (a reused pid), or of another boot of this machine, is
+    /// gone at once; one of another machine only once its heartbeat lapsed.
+    #[test]
+    fn a_move_is_gone_when_its_process_is() {
+        let me = this_process();
+        assert!(!me.is_empty(), "/proc tells who this process is");
+        let now = 1_000_000;
+        assert!(!gone(me, 0, now), "this process runs");
+        let parts: Vec<&str> = me.split('/').collect();
+        let with = |i: usize, v: &str| {
+            let mut p = parts.clone();
+            p[i] = v;
+            p.join("/")
+        };
+        assert!(gone(&with(3, "1"), now, now), "another start of this pid");
+        assert!(gone(&with(2, "4194304"), now, now), "no such pid");
+        let elsewhere = with(0, "another-boot");
+        assert!(!gone(&elsewhere, now - HEARTBEAT_LAPSES_AFTER, now));
+        assert!(gone(&elsewhere, now - HEARTBEAT_LAPSES_AFTER - 1, now));
+        assert!(gone("", now - HEARTBEAT_LAPSES_AFTER - 1, now));
+        assert!(
+            !gone("", now, now),
+            "an unknown process judged by its heartbeat"
+        );
+    }
 
     fn list(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()

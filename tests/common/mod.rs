@@ -177,6 +177,40 @@ pub fn real_component(name: &str, require: &str, what: &str) -> Option<String> {
     None
 }
 
+/// A new empty database on the test server; `None` (said) when there is no server.
+pub fn new_postgres_database() -> Option<String> {
+    let base = real_component(
+        "STATEGATE_TEST_POSTGRES_URL",
+        "STATEGATE_TEST_REQUIRE_POSTGRES",
+        "PostgreSQL",
+    )?;
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
+    let made = name.clone();
+    let base2 = base.clone();
+    std::thread::spawn(move || {
+        let admin = stategate::store::sql::Connection::connect_postgres(&base2, None).unwrap();
+        admin
+            .execute_batch(&format!("CREATE DATABASE {made}"))
+            .unwrap();
+    })
+    .join()
+    .unwrap();
+    Some(with_database(&base, &name))
+}
+
+/// `url` naming database `name` instead (its query, e.g. `?sslmode=disable`, kept).
+pub fn with_database(url: &str, name: &str) -> String {
+    let (path, query) = url
+        .split_once('?')
+        .map_or((url, None), |(p, q)| (p, Some(q)));
+    let (prefix, _) = path.rsplit_once('/').expect("a URL with a database name");
+    match query {
+        Some(q) => format!("{prefix}/{name}?{q}"),
+        None => format!("{prefix}/{name}"),
+    }
+}
+
 pub fn files_under(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];

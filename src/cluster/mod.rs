@@ -240,18 +240,15 @@ impl ClusterService {
     pub async fn authorize(
         &self,
         token: Option<Vec<u8>>,
-        cluster_id: &str,
+        cluster_id: Option<uuid::Uuid>,
     ) -> Result<Authorized, Error> {
         let Some(token) = token else {
             return Err(Error::TokenRequired);
         };
-        // A malformed id still costs the same lookup as a well-formed missing one.
-        let canonical = uuid::Uuid::parse_str(cluster_id)
-            .ok()
-            .map(|u| u.hyphenated().to_string());
-        let lookup = canonical
-            .clone()
-            .unwrap_or_else(|| cluster_id.chars().take(64).collect());
+        // An id that is not a UUID still costs the same lookup as a missing one (no
+        // cluster is registered under the empty id).
+        let canonical = cluster_id.map(|u| u.hyphenated().to_string());
+        let lookup = canonical.clone().unwrap_or_default();
         let (principal, in_org) = self
             .db
             .read(move |conn| {

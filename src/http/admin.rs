@@ -9,16 +9,14 @@ use pingora::proxy::Session;
 use serde::Deserialize;
 
 use super::body::{read_body, Failure, Handled, Reply};
-use super::params::{number, required, workspace};
+use super::params::{number, required, Parsed};
 use super::router::AdminAction;
 use super::{auth, App};
 use crate::crypto::Purpose;
-use crate::drift::{DriftService, Started, MAX_LIST};
+use crate::drift::{DriftService, Started};
 use crate::error::Error;
 use crate::keys;
-use crate::operator::{
-    diff, rolled_back_json, timeline_json, version_json, Operator, Reveal, MAX_AUDIT_LIMIT,
-};
+use crate::operator::{diff, rolled_back_json, timeline_json, version_json, Operator, Reveal};
 use crate::store::audit::{parse_instant, AuditFilter};
 
 /// Largest admin request body (a version number or a lock ID).
@@ -32,11 +30,15 @@ const DEFAULT_TIMELINE: u32 = 1_000;
 
 /// Versions listed when `limit` is not given.
 const DEFAULT_VERSIONS: u32 = 100;
+/// Audit rows listed when `limit` is not given.
+const DEFAULT_AUDIT: u32 = 100;
+/// Drift runs listed when `limit` is not given.
+const DEFAULT_DRIFT: u32 = 50;
 
 pub(super) async fn handle(
     app: &App,
     session: &mut Session,
-    action: AdminAction,
+    action: Parsed<AdminAction>,
 ) -> Result<Handled, Failure> {
     let token = auth::presented_secret(auth::authorization(session));
     // 1. the operator (401, one body for missing, wrong and revoked tokens).
@@ -45,7 +47,10 @@ pub(super) async fn handle(
         .authenticate(token)
         .await
         .map_err(Failure::early)?;
-    // 2. may this operator do this (403, one body for every reason; nothing read yet).
+    // 2. the path and query values, parsed once by the router: one that did not parse
+    // is a 400 (it says nothing about any workspace), never let through.
+    let action = action.map_err(|bad| Failure::early(Error::from(bad)))?;
+    // 3. may this operator do this (403, one body for every reason; nothing read yet).
     super::guard::permit(app, &who, action.name(), super::guard::admin_need(&action))
         .await
         .map_err(Failure::early)?;
@@ -58,21 +63,13 @@ pub(super) async fn handle(
         .await
         .map_err(Failure::early)?;
     let fail = Failure::after_body(body.len());
-    // 3. input, 4. state: both inside `run`, in that order.
+    // 4. the body, 5. state: both inside `run`, in that order.
     let reply = run(app, &who, action, &body).await.map_err(&fail)?;
     Ok(Handled::done(reply, body.len()).holding(held))
 }
 
 fn ok(value: serde_json::Value) -> Reply {
     Reply::json(200, value.to_string())
-}
-
-fn flag(name: &str, value: Option<&str>) -> Result<bool, Error> {
-    match value {
-        None | Some("" | "0" | "false") => Ok(false),
-        Some("1" | "true") => Ok(true),
-        Some(_) => Err(Error::Invalid(format!("{name} must be 1 or 0"))),
-    }
 }
 
 /// A small JSON object; an empty body is `{}`. Only an object: serde would also fill a
@@ -198,17 +195,14 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             "workspaces": ops.list_workspaces(&who.grant).await?,
         })),
         AdminAction::Workspace { workspace: w } => {
-            ok(serde_json::to_value(ops.workspace(workspace(&w)?).await?).unwrap_or_default())
+            ok(serde_json::to_value(ops.workspace(&w).await?).unwrap_or_default())
         }
         AdminAction::Versions {
             workspace: w,
             limit,
         } => {
-            let w = workspace(&w)?;
-            let limit = number("limit", limit.as_deref())?.map_or(Ok(DEFAULT_VERSIONS), |n| {
-                u32::try_from(n).map_err(|_| Error::Invalid("limit is too large".into()))
-            })?;
-            let rows = ops.history(w, Some(limit)).await?;
+            let limit = limit.unwrap_or(DEFAULT_VERSIONS);
+            let rows = ops.history(&w, Some(limit)).await?;
             ok(serde_json::json!({ "versions": rows.iter().map(version_json).collect::<Vec<_>>() }))
         }
         AdminAction::Timeline {
@@ -216,11 +210,8 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             address,
             limit,
         } => {
-            let w = workspace(&w)?;
-            let limit = number("limit", limit.as_deref())?.map_or(Ok(DEFAULT_TIMELINE), |n| {
-                u32::try_from(n).map_err(|_| Error::Invalid("limit is too large".into()))
-            })?;
-            let rows = ops.timeline(w, address.as_deref(), limit).await?;
+            let limit = limit.unwrap_or(DEFAULT_TIMELINE);
+            let rows = ops.timeline(&w, address.as_deref(), limit).await?;
             ok(serde_json::json!({ "changes": rows.iter().map(timeline_json).collect::<Vec<_>>() }))
         }
         AdminAction::Version {
@@ -228,12 +219,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             version,
             masked,
         } => {
-            let w = workspace(&w)?;
-            let version = match version.as_str() {
-                "latest" => None,
-                n => Some(required("version", Some(n))?),
-            };
-            let masked = flag("masked", masked.as_deref())?;
+            let (w, version) = (w.as_str(), version.number());
             let (row, content) = if masked {
                 let (row, content) = ops.show(w, version).await?;
                 let shown = diff::mask_state(&content, row.version)
@@ -254,23 +240,16 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             from,
             to,
         } => {
-            let w = workspace(&w)?;
-            let (from, to) = (
-                required("from", from.as_deref())?,
-                required("to", to.as_deref())?,
-            );
-            let d = ops.diff(w, from, to).await?;
+            let d = ops.diff(&w, from, to).await?;
             ok(
                 serde_json::json!({ "from": from, "to": to, "resources": d.resources, "outputs": d.outputs }),
             )
         }
         AdminAction::RollbackPreview { workspace: w, to } => {
-            let w = workspace(&w)?;
-            let to = required("to", to.as_deref())?;
-            ok(serde_json::to_value(ops.rollback_preview(w, to).await?).unwrap_or_default())
+            ok(serde_json::to_value(ops.rollback_preview(&w, to).await?).unwrap_or_default())
         }
         AdminAction::Rollback { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let parsed: RollbackBody = json_body(
                 body,
                 r#"{"to": <version>, "from": <current version, optional>}"#,
@@ -280,7 +259,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             ok(rolled_back_json(&ops.rollback(w, to, from, &actor).await?))
         }
         AdminAction::Unlock { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let parsed: UnlockBody =
                 json_body(body, r#"{"lock_id": "<the ID you were shown>"} or nothing"#)?;
             if parsed
@@ -296,12 +275,12 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             )
         }
         AdminAction::Restore { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             ok(rolled_back_json(&ops.restore(w, &actor).await?))
         }
         AdminAction::AllowWrite { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let parsed: AllowWriteBody =
                 json_body(body, r#"{"reason": "<why>", "minutes": <1-60, optional>}"#)?;
             let minutes = parsed
@@ -314,7 +293,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             )
         }
         AdminAction::Freeze { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let parsed: FreezeBody = json_body(
                 body,
                 r#"{"reason": "<why>", "until": "<RFC 3339, optional>" or "for": "<2h, optional>"}"#,
@@ -331,7 +310,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             ok(serde_json::to_value(done).unwrap_or_default())
         }
         AdminAction::Unfreeze { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             let lifted = ops.unfreeze(w, &actor).await?;
             ok(serde_json::json!({ "unfrozen": lifted.is_some(), "freeze": lifted }))
@@ -340,7 +319,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             ok(serde_json::json!({ "freezes": ops.freezes(&who.grant).await? }))
         }
         AdminAction::Move { workspace: w, to } => {
-            let (w, to) = (workspace(&w)?, workspace(&to)?);
+            let (w, to) = (w.as_str(), to.as_str());
             let parsed: MoveBody = json_body(body, r#"{"addresses": ["<resource address>", …]}"#)?;
             ok(
                 serde_json::to_value(ops.move_resources(w, to, &parsed.addresses, &actor).await?)
@@ -368,11 +347,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
                 before_id: None,
                 exclude: None,
             };
-            let limit = number("limit", limit.as_deref())?.unwrap_or(100);
-            let limit = u32::try_from(limit)
-                .ok()
-                .filter(|n| *n <= MAX_AUDIT_LIMIT)
-                .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")))?;
+            let limit = limit.unwrap_or(DEFAULT_AUDIT);
             ok(serde_json::json!({ "audit": ops.audit(filter, limit, &who.grant).await? }))
         }
         AdminAction::Clusters => ok(serde_json::json!({ "clusters": ops.clusters().await? })),
@@ -384,42 +359,38 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             workspace: w,
             limit,
         } => {
-            let limit = number("limit", limit.as_deref())?.unwrap_or(50);
-            let limit = u32::try_from(limit)
-                .ok()
-                .filter(|n| *n <= MAX_LIST)
-                .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_LIST}")))?;
-            let (checks, runs) = super::guard::visible_drift(app, &who.grant, w, limit).await?;
+            let limit = limit.unwrap_or(DEFAULT_DRIFT);
+            let (checks, runs) =
+                super::guard::visible_drift(app, &who.grant, w.as_ref(), limit).await?;
             ok(serde_json::json!({ "checks": checks, "runs": runs }))
         }
         AdminAction::DriftRun { run } => {
-            let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
+            let (run, output) = app.drift.show(run.get()).await?;
             ok(output.json(&run))
         }
         AdminAction::DriftCheck { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             let started = app.drift.start_check(w, &actor).await?;
             accepted(&app.drift, started)
         }
         AdminAction::DriftApply { run } => {
-            let run = required("run", Some(&run))?;
             let _: EmptyBody = json_body(body, "{} or nothing")?;
-            let started = app.drift.approve(run, &actor).await?;
+            let started = app.drift.approve(run.get(), &actor).await?;
             accepted(&app.drift, started)
         }
         AdminAction::RotateCredential { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let _: EmptyBody = json_body(body, "{} or nothing")?;
             let generation = app.tofu.rotate_credential(w, &actor).await?;
             ok(serde_json::json!({ "workspace": w, "generation": generation }))
         }
         AdminAction::Consumers { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             ok(serde_json::json!({ "workspace": w, "consumers": app.tofu.consumers(w).await? }))
         }
         AdminAction::SetConsumers { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let parsed: ConsumersBody = json_body(body, r#"{"consumers": ["app-a", "app-b"]}"#)?;
             let consumers = app.tofu.set_consumers(w, parsed.consumers, &actor).await?;
             ok(serde_json::json!({ "workspace": w, "consumers": consumers }))

@@ -5,6 +5,7 @@
 use pingora::proxy::Session;
 
 use super::body::{error_reply, read_body, Failure, Handled, Reply};
+use super::params::ClusterId;
 use super::router::ClusterAction;
 use super::{auth, App};
 use crate::cluster::{lease::MAX_LOCK_BODY, MAX_STATE_BYTES};
@@ -13,7 +14,7 @@ use crate::error::Error;
 pub(super) async fn handle(
     app: &App,
     session: &mut Session,
-    id: &str,
+    id: ClusterId,
     action: ClusterAction,
 ) -> Result<Handled, Failure> {
     let svc = &app.cluster;
@@ -21,7 +22,10 @@ pub(super) async fn handle(
     // instead of draining it.
     let token = auth::presented_secret(auth::authorization(session));
     // 1. auth, org, role (401/404/403), then the feature flag (503).
-    let who = svc.authorize(token, id).await.map_err(Failure::early)?;
+    let who = svc
+        .authorize(token, id.uuid())
+        .await
+        .map_err(Failure::early)?;
     let limit = match action {
         ClusterAction::PutState => {
             // 2. the lock holder, before a byte of a possibly huge body is read.

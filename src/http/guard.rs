@@ -10,6 +10,7 @@
 //! but filtered: `Operations::list_workspaces`, `search` and `audit` take the
 //! operator's `Grant`, and the drift listing is filtered by [`visible_drift`].
 
+use super::params::{RunId, WorkspaceName};
 use super::router::{AdminAction, UiRoute};
 use super::App;
 use crate::drift::{CheckSummary, Run, MAX_LIST};
@@ -23,7 +24,7 @@ use crate::operator::Operator;
 pub(super) async fn visible_drift(
     app: &App,
     grant: &Grant,
-    workspace: Option<String>,
+    workspace: Option<&WorkspaceName>,
     limit: u32,
 ) -> Result<(Vec<CheckSummary>, Vec<Run>), Error> {
     let mut checks = app.drift.checks().await?;
@@ -33,20 +34,24 @@ pub(super) async fn visible_drift(
     } else {
         limit
     };
-    let mut runs = app.drift.runs(workspace, read).await?;
+    let mut runs = app
+        .drift
+        .runs(workspace.map(|w| w.to_string()), read)
+        .await?;
     runs.retain(|r| grant.sees(&r.workspace));
     runs.truncate(limit as usize);
     Ok((checks, runs))
 }
 
-/// What a route is aimed at, before it is resolved to a [`Target`].
+/// What a route is aimed at, before it is resolved to a [`Target`]: the values the
+/// router parsed, which the handler then uses as they are (never text read again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum On<'a> {
-    Workspace(&'a str),
+    Workspace(&'a WorkspaceName),
     /// Two workspaces (a move): the action is needed on both.
-    Both(&'a str, &'a str),
-    /// A drift run, by its raw id: aimed at the run's workspace.
-    Run(&'a str),
+    Both(&'a WorkspaceName, &'a WorkspaceName),
+    /// A drift run: aimed at the run's workspace.
+    Run(RunId),
     Listing,
     Site,
 }
@@ -54,10 +59,6 @@ pub(super) enum On<'a> {
 /// What a route needs; `None`: nothing beyond a live operator (who am I, log out, a
 /// page that does not exist).
 pub(super) type Need<'a> = Option<(Action, On<'a>)>;
-
-fn masked(flag: Option<&str>) -> bool {
-    matches!(flag, Some("1" | "true"))
-}
 
 pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
     use On::*;
@@ -68,9 +69,9 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         | AdminAction::Search { .. }
         | AdminAction::Freezes => (Action::Read, Listing),
         AdminAction::Move { workspace, to } => (Action::Operate, Both(workspace, to)),
-        AdminAction::Drift { workspace, .. } => match workspace.as_deref() {
-            Some(w) if !w.trim().is_empty() => (Action::Read, Workspace(w)),
-            _ => (Action::Read, Listing),
+        AdminAction::Drift { workspace, .. } => match workspace {
+            Some(w) => (Action::Read, Workspace(w)),
+            None => (Action::Read, Listing),
         },
         AdminAction::Workspace { workspace }
         | AdminAction::Versions { workspace, .. }
@@ -78,12 +79,10 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         | AdminAction::Diff { workspace, .. }
         | AdminAction::RollbackPreview { workspace, .. } => (Action::Read, Workspace(workspace)),
         AdminAction::Version {
-            workspace,
-            masked: m,
-            ..
+            workspace, masked, ..
         } => {
             // Anything but an explicit masked read hands out the real values.
-            let action = if masked(m.as_deref()) {
+            let action = if *masked {
                 Action::Read
             } else {
                 Action::Reveal
@@ -98,8 +97,8 @@ pub(super) fn admin_need(action: &AdminAction) -> Need<'_> {
         | AdminAction::Unfreeze { workspace }
         | AdminAction::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
         AdminAction::Clusters => (Action::Read, Site),
-        AdminAction::DriftRun { run } => (Action::Read, Run(run)),
-        AdminAction::DriftApply { run } => (Action::Operate, Run(run)),
+        AdminAction::DriftRun { run } => (Action::Read, Run(*run)),
+        AdminAction::DriftApply { run } => (Action::Operate, Run(*run)),
         // Credentials hand out access: the admin role only.
         AdminAction::RotateCredential { workspace }
         | AdminAction::Consumers { workspace }
@@ -127,13 +126,14 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         | UiRoute::SsoCallback { .. }
         | UiRoute::Logout
         | UiRoute::NotFound
-        | UiRoute::NotAllowed { .. } => return None,
+        | UiRoute::NotAllowed { .. }
+        | UiRoute::Invalid(_) => return None,
         UiRoute::Workspaces { .. } | UiRoute::Audit { .. } | UiRoute::Search { .. } => {
             (Action::Read, Listing)
         }
-        UiRoute::Drift { workspace, .. } => match workspace.as_deref() {
-            Some(w) if !w.trim().is_empty() => (Action::Read, Workspace(w.trim())),
-            _ => (Action::Read, Listing),
+        UiRoute::Drift { workspace, .. } => match workspace {
+            Some(w) => (Action::Read, Workspace(w)),
+            None => (Action::Read, Listing),
         },
         UiRoute::Workspace { workspace, .. }
         | UiRoute::Version { workspace, .. }
@@ -149,8 +149,8 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         | UiRoute::Unfreeze { workspace }
         | UiRoute::DriftCheck { workspace } => (Action::Operate, Workspace(workspace)),
         UiRoute::Clusters => (Action::Read, Site),
-        UiRoute::DriftRun { run } => (Action::Read, Run(run)),
-        UiRoute::DriftApply { run } => (Action::Operate, Run(run)),
+        UiRoute::DriftRun { run } => (Action::Read, Run(*run)),
+        UiRoute::DriftApply { run } => (Action::Operate, Run(*run)),
         // As the admin API's revoke: an admin not limited to patterns.
         UiRoute::RevokeWorkspaceToken { .. } => (Action::Administer, Site),
     })
@@ -169,24 +169,22 @@ pub(super) async fn permit(
     };
     let grant = &who.grant;
     let allowed = match on {
-        On::Workspace(w) => grant.may(action, Target::Workspace(w)),
+        On::Workspace(w) => grant.may(action, Target::Workspace(w.as_str())),
         On::Both(a, b) => {
-            grant.may(action, Target::Workspace(a)) && grant.may(action, Target::Workspace(b))
+            grant.may(action, Target::Workspace(a.as_str()))
+                && grant.may(action, Target::Workspace(b.as_str()))
         }
         On::Listing => grant.may(action, Target::Listing),
         On::Site => grant.may(action, Target::Site),
         // The role first (a viewer's approval is refused without a lookup); then the
         // run's workspace. An id that names no run passes here and gets the route's
-        // own 400 or 404, which says nothing about any workspace.
+        // own 404 for that same id, which says nothing about any workspace.
         On::Run(id) => {
             grant.may(action, Target::Listing)
-                && match id.parse::<i64>() {
-                    Ok(id) => match app.drift.run(id).await {
-                        Ok(run) => grant.may(action, Target::Workspace(&run.workspace)),
-                        Err(Error::NotFound(_)) => true,
-                        Err(e) => return Err(e),
-                    },
-                    Err(_) => true,
+                && match app.drift.run(id.get()).await {
+                    Ok(run) => grant.may(action, Target::Workspace(&run.workspace)),
+                    Err(Error::NotFound(_)) => true,
+                    Err(e) => return Err(e),
                 }
         }
     };
@@ -194,14 +192,9 @@ pub(super) async fn permit(
         return Ok(());
     }
     let workspace: String = match on {
-        On::Workspace(w) | On::Run(w) => w.chars().take(crate::names::MAX_WORKSPACE_LEN).collect(),
-        On::Both(a, b) => [a, b]
-            .map(|w| {
-                w.chars()
-                    .take(crate::names::MAX_WORKSPACE_LEN)
-                    .collect::<String>()
-            })
-            .join(" -> "),
+        On::Workspace(w) => w.to_string(),
+        On::Run(id) => format!("drift run {}", id.get()),
+        On::Both(a, b) => format!("{a} -> {b}"),
         On::Listing | On::Site => String::new(),
     };
     tracing::warn!(
@@ -220,22 +213,17 @@ mod tests {
 
     #[test]
     fn reveals_need_admin_unless_explicitly_masked() {
-        let version = |masked: Option<&str>| AdminAction::Version {
-            workspace: "w".into(),
-            version: "1".into(),
-            masked: masked.map(str::to_string),
+        let w = WorkspaceName::parse("w").unwrap();
+        let version = |masked: bool| AdminAction::Version {
+            workspace: w.clone(),
+            version: crate::http::params::VersionRef::Number(1),
+            masked,
         };
-        for (flag, action) in [
-            (Some("1"), Action::Read),
-            (Some("true"), Action::Read),
-            (None, Action::Reveal),
-            (Some("0"), Action::Reveal),
-            (Some("yes"), Action::Reveal),
-        ] {
+        for (masked, action) in [(true, Action::Read), (false, Action::Reveal)] {
             assert_eq!(
-                admin_need(&version(flag)),
-                Some((action, On::Workspace("w"))),
-                "{flag:?}"
+                admin_need(&version(masked)),
+                Some((action, On::Workspace(&w))),
+                "{masked:?}"
             );
         }
     }

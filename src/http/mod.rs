@@ -20,7 +20,7 @@ pub mod error;
 mod guard;
 pub mod login_guard;
 pub mod mtls;
-mod params;
+pub mod params;
 pub mod pass_through;
 pub mod router;
 pub mod s3_target;
@@ -146,9 +146,11 @@ impl ProxyHttp for Gateway {
         let endpoint = router::route(&method, &path, query.as_deref());
         ctx.route = endpoint.as_ref().map_or("invalid", Endpoint::name);
         match &endpoint {
-            Ok(Endpoint::Tf { workspace, .. }) => ctx.workspace = Some(workspace.clone()),
+            Ok(Endpoint::Tf { workspace, .. }) => ctx.workspace = Some(workspace.to_string()),
             Ok(Endpoint::Cluster { id, .. }) => ctx.workspace = Some(format!("cluster/{id}")),
-            Ok(Endpoint::Admin(action)) => ctx.workspace = action.workspace().map(str::to_string),
+            Ok(Endpoint::Admin(Ok(action))) => {
+                ctx.workspace = action.workspace().map(str::to_string)
+            }
             Ok(Endpoint::Ui(route)) => ctx.workspace = route.workspace().map(str::to_string),
             _ => {}
         }
@@ -390,7 +392,7 @@ impl Gateway {
                 .await
                 .unwrap_or_else(Handled::from),
             Endpoint::Ui(route) => ui::handle(&self.app, session, route).await,
-            Endpoint::Cluster { id, action } => cluster::handle(&self.app, session, &id, action)
+            Endpoint::Cluster { id, action } => cluster::handle(&self.app, session, id, action)
                 .await
                 .unwrap_or_else(Handled::from),
             Endpoint::Tf { workspace, action } => {

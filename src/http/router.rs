@@ -1,12 +1,26 @@
 //! Parses a request line into a typed [`Endpoint`]. Pure: no I/O, no state.
 //!
+//! [`ROUTES`] lists every route stategate answers itself (method and path template).
+//! A path is matched against that table only, so a route exists exactly when it is
+//! listed, and the authorization property test (`tests/authorization.rs`), which walks
+//! the table, covers a new route without anyone remembering to add it.
+//!
+//! Every path and query value is parsed here, once, into a typed value of
+//! `super::params` (a [`WorkspaceName`], a [`RunId`], a [`VersionRef`], a bounded
+//! count, a flag): `guard` and the handlers receive that value and never read the text
+//! again. A value that does not parse is kept as a [`BadParam`] in the admin API and
+//! the UI, answered 400 after authentication (auth, then input, then state); the
+//! Terraform backend refuses a bad name at once, as it always has (a name reveals
+//! nothing); a cluster id that is not a UUID is kept as such and answers like a missing
+//! cluster after authentication (docs: the cluster API's contract).
+//!
 //! Anything that is not one of stategate's own routes is [`Endpoint::Upstream`]:
 //! decided by `pass_through` (forwarded to the S3 store, refused, or 404 when no
 //! upstream is configured).
 
 use super::error::EdgeError;
+use super::params::{self, BadParam, ClusterId, Parsed, RunId, VersionRef, WorkspaceName};
 use crate::error::Error;
-use crate::names::validate_workspace;
 
 const TF_PREFIX: &str = "/api/v1/tf/state/";
 /// The outputs-only state (`tofu::outputs`), for `terraform_remote_state`.
@@ -15,31 +29,255 @@ const CLUSTER_PREFIX: &str = "/v1/clusters/";
 const ADMIN_PREFIX: &str = "/api/v1/admin/";
 const UI_PREFIX: &str = "/ui/";
 
+/// Which of stategate's surfaces a route belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    Health,
+    Metrics,
+    /// The Terraform/OpenTofu backend (`/api/v1/tf/`).
+    Tf,
+    /// The cluster tfstate & lock API (`/v1/clusters/`).
+    Cluster,
+    /// The operator API (`/api/v1/admin/`).
+    Admin,
+    /// The web UI (`/ui/`, and the icon browsers ask for at `/favicon.ico`).
+    Ui,
+}
+
+/// One route: a method and a path template whose `{…}` segments are values —
+/// `{ws}`/`{to}` a workspace name, `{run}` a drift run id, `{version}`/`{from}` a
+/// version (a number, or `latest` in the admin API's path), `{token}` a workspace
+/// token's name or id, `{id}` a cluster id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub surface: Surface,
+    pub method: &'static str,
+    pub path: &'static str,
+    /// The query values the route requires, as a template (`from={version}`); empty
+    /// when it requires none.
+    pub query: &'static str,
+}
+
+impl Route {
+    /// The path with each `{…}` segment replaced by `value(name)` (`name` without the
+    /// braces): how tests build a request for every route of the table.
+    pub fn fill(&self, value: impl Fn(&str) -> String) -> String {
+        fill(self.path, '/', &value)
+    }
+
+    /// The required query (`None` when there is none), its `{…}` values filled as
+    /// [`Route::fill`] does.
+    pub fn fill_query(&self, value: impl Fn(&str) -> String) -> Option<String> {
+        (!self.query.is_empty()).then(|| {
+            self.query
+                .split('&')
+                .map(|pair| fill(pair, '=', &value))
+                .collect::<Vec<_>>()
+                .join("&")
+        })
+    }
+}
+
+const fn r(surface: Surface, method: &'static str, path: &'static str) -> Route {
+    Route {
+        surface,
+        method,
+        path,
+        query: "",
+    }
+}
+
+fn fill(template: &str, separator: char, value: &impl Fn(&str) -> String) -> String {
+    template
+        .split(separator)
+        .map(|segment| match segment.strip_prefix('{') {
+            Some(name) => value(name.trim_end_matches('}')),
+            None => segment.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(&separator.to_string())
+}
+
+/// A route that requires query values.
+const fn rq(
+    surface: Surface,
+    method: &'static str,
+    path: &'static str,
+    query: &'static str,
+) -> Route {
+    Route {
+        surface,
+        method,
+        path,
+        query,
+    }
+}
+
+use Surface::{Admin as A, Cluster as C, Health as H, Metrics as M, Tf as T, Ui as U};
+
+/// Every route stategate answers itself. Where two routes share a path, the one a
+/// wrong method is told about (405, or a UI form's page) comes last.
+pub const ROUTES: &[Route] = &[
+    r(H, "GET", "/healthz"),
+    r(H, "HEAD", "/healthz"),
+    r(M, "GET", "/metrics"),
+    r(T, "GET", "/api/v1/tf/state/{ws}"),
+    r(T, "POST", "/api/v1/tf/state/{ws}"),
+    r(T, "LOCK", "/api/v1/tf/state/{ws}"),
+    r(T, "UNLOCK", "/api/v1/tf/state/{ws}"),
+    r(T, "DELETE", "/api/v1/tf/state/{ws}"),
+    r(T, "POST", "/api/v1/tf/state/{ws}/lock"),
+    r(T, "LOCK", "/api/v1/tf/state/{ws}/lock"),
+    r(T, "DELETE", "/api/v1/tf/state/{ws}/lock"),
+    r(T, "UNLOCK", "/api/v1/tf/state/{ws}/lock"),
+    r(T, "GET", "/api/v1/tf/outputs/{ws}"),
+    r(C, "GET", "/v1/clusters/{id}/tfstate"),
+    r(C, "PUT", "/v1/clusters/{id}/tfstate"),
+    r(C, "POST", "/v1/clusters/{id}/lock"),
+    r(C, "DELETE", "/v1/clusters/{id}/lock"),
+    r(C, "POST", "/v1/clusters/{id}/lock/heartbeat"),
+    r(A, "GET", "/api/v1/admin/whoami"),
+    r(A, "GET", "/api/v1/admin/workspaces"),
+    r(A, "GET", "/api/v1/admin/clusters"),
+    r(A, "GET", "/api/v1/admin/search"),
+    r(A, "GET", "/api/v1/admin/audit"),
+    r(A, "GET", "/api/v1/admin/freezes"),
+    r(A, "GET", "/api/v1/admin/workspaces/{ws}"),
+    r(A, "GET", "/api/v1/admin/workspaces/{ws}/versions"),
+    r(A, "GET", "/api/v1/admin/workspaces/{ws}/timeline"),
+    r(A, "GET", "/api/v1/admin/workspaces/{ws}/versions/{version}"),
+    rq(
+        A,
+        "GET",
+        "/api/v1/admin/workspaces/{ws}/diff",
+        "from={from}&to={version}",
+    ),
+    rq(
+        A,
+        "GET",
+        "/api/v1/admin/workspaces/{ws}/rollback",
+        "to={version}",
+    ),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/rollback"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/unlock"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/restore"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/allow-write"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/freeze"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/unfreeze"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/move/{to}"),
+    r(A, "POST", "/api/v1/admin/workspaces/{ws}/credential/rotate"),
+    r(A, "GET", "/api/v1/admin/workspaces/{ws}/consumers"),
+    r(A, "PUT", "/api/v1/admin/workspaces/{ws}/consumers"),
+    r(A, "GET", "/api/v1/admin/workspace-tokens"),
+    r(A, "POST", "/api/v1/admin/workspace-tokens"),
+    r(A, "POST", "/api/v1/admin/workspace-tokens/{token}/revoke"),
+    r(A, "GET", "/api/v1/admin/drift"),
+    r(A, "GET", "/api/v1/admin/drift/{run}"),
+    r(A, "POST", "/api/v1/admin/drift/{ws}/run"),
+    r(A, "POST", "/api/v1/admin/drift/{run}/apply"),
+    r(A, "GET", "/api/v1/admin/keys"),
+    r(A, "POST", "/api/v1/admin/keys/rotate"),
+    r(A, "POST", "/api/v1/admin/keys/retire"),
+    r(U, "GET", "/favicon.ico"),
+    r(U, "HEAD", "/favicon.ico"),
+    r(U, "GET", "/ui/static/app.css"),
+    r(U, "POST", "/ui/login"),
+    r(U, "GET", "/ui/login"),
+    r(U, "GET", "/ui/login/oidc"),
+    r(U, "GET", "/ui/login/oidc/callback"),
+    r(U, "POST", "/ui/logout"),
+    r(U, "GET", "/ui"),
+    r(U, "GET", "/ui/"),
+    r(U, "GET", "/ui/workspaces"),
+    r(U, "GET", "/ui/audit"),
+    r(U, "GET", "/ui/clusters"),
+    r(U, "GET", "/ui/search"),
+    r(U, "GET", "/ui/drift"),
+    r(U, "GET", "/ui/drift/{run}"),
+    r(U, "POST", "/ui/drift/{ws}/run"),
+    r(U, "POST", "/ui/drift/{run}/apply"),
+    r(U, "GET", "/ui/workspaces/{ws}"),
+    r(U, "GET", "/ui/workspaces/{ws}/versions/{version}"),
+    r(U, "POST", "/ui/workspaces/{ws}/versions/{version}/reveal"),
+    r(U, "POST", "/ui/workspaces/{ws}/versions/{version}/download"),
+    rq(
+        U,
+        "GET",
+        "/ui/workspaces/{ws}/diff",
+        "from={from}&to={version}",
+    ),
+    rq(U, "GET", "/ui/workspaces/{ws}/rollback", "to={version}"),
+    r(U, "POST", "/ui/workspaces/{ws}/rollback"),
+    r(U, "POST", "/ui/workspaces/{ws}/unlock"),
+    r(U, "POST", "/ui/workspaces/{ws}/allow-write"),
+    r(U, "POST", "/ui/workspaces/{ws}/freeze"),
+    r(U, "POST", "/ui/workspaces/{ws}/unfreeze"),
+    r(U, "POST", "/ui/workspace-tokens/{token}/revoke"),
+];
+
+/// The values of `path` in `template`'s `{…}` segments, if `path` has its shape.
+fn captures<'p>(template: &str, path: &'p str) -> Option<Vec<&'p str>> {
+    let (mut t, mut p) = (template.split('/'), path.split('/'));
+    let mut values = Vec::new();
+    loop {
+        match (t.next(), p.next()) {
+            (None, None) => return Some(values),
+            (Some(want), Some(got)) if want.starts_with('{') => values.push(got),
+            (Some(want), Some(got)) if want == got => {}
+            _ => return None,
+        }
+    }
+}
+
+/// The route of `surface` for `method` and `path`, or else the last one with that
+/// path (the method is then wrong), with the path's values.
+fn lookup<'p>(
+    surface: Surface,
+    method: &str,
+    path: &'p str,
+) -> Option<(&'static Route, Vec<&'p str>)> {
+    let mut other = None;
+    for route in ROUTES.iter().filter(|r| r.surface == surface) {
+        if let Some(values) = captures(route.path, path) {
+            if route.method == method {
+                return Some((route, values));
+            }
+            other = Some((route, values));
+        }
+    }
+    other
+}
+
+/// The `i`th value of a template (a template names each one it uses).
+fn at<'p>(values: &[&'p str], i: usize) -> &'p str {
+    values.get(i).copied().unwrap_or("")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
     Health,
     Metrics,
     Tf {
-        workspace: String,
+        workspace: WorkspaceName,
         action: TfAction,
     },
-    /// The cluster tfstate & lock API. `id` is the raw path segment: it is checked
-    /// (UUID, org) only after authentication, so a bad id answers like a missing one.
+    /// The cluster tfstate & lock API. An `id` that is not a UUID is judged only after
+    /// authentication, so it answers like a missing cluster.
     Cluster {
-        id: String,
+        id: ClusterId,
         action: ClusterAction,
     },
-    /// The operator API (`docs/admin-api.md`). Values are raw: they are checked only
-    /// after the operator token, so the check order is auth, then input, then state.
-    Admin(AdminAction),
-    /// The operator web UI under `/ui/` (`crate::ui`). Values are raw, judged after the
-    /// session like the admin API's are after the token.
+    /// The operator API (`docs/admin-api.md`). A value that did not parse is answered
+    /// only after the operator token: auth, then input, then state.
+    Admin(Parsed<AdminAction>),
+    /// The operator web UI under `/ui/` (`crate::ui`); a value that did not parse is
+    /// [`UiRoute::Invalid`], answered after the session.
     Ui(UiRoute),
     /// Not ours.
     Upstream,
 }
 
-/// A route of the admin API under `/api/v1/admin/`, with its raw path and query values.
+/// A route of the admin API under `/api/v1/admin/`, with its parsed values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminAction {
     /// `GET whoami`
@@ -47,61 +285,63 @@ pub enum AdminAction {
     /// `GET workspaces`
     Workspaces,
     /// `GET workspaces/{ws}`
-    Workspace { workspace: String },
+    Workspace { workspace: WorkspaceName },
     /// `GET workspaces/{ws}/versions[?limit=N]`
     Versions {
-        workspace: String,
-        limit: Option<String>,
+        workspace: WorkspaceName,
+        limit: Option<u32>,
     },
     /// `GET workspaces/{ws}/timeline[?address=A&limit=N]`: which versions changed which
     /// resource addresses, and who wrote them
     Timeline {
-        workspace: String,
+        workspace: WorkspaceName,
         address: Option<String>,
-        limit: Option<String>,
+        limit: Option<u32>,
     },
     /// `GET workspaces/{ws}/versions/{n|latest}[?masked=1]`
     Version {
-        workspace: String,
-        version: String,
-        masked: Option<String>,
+        workspace: WorkspaceName,
+        version: VersionRef,
+        masked: bool,
     },
     /// `GET workspaces/{ws}/diff?from=A&to=B`
     Diff {
-        workspace: String,
-        from: Option<String>,
-        to: Option<String>,
+        workspace: WorkspaceName,
+        from: i64,
+        to: i64,
     },
     /// `GET workspaces/{ws}/rollback?to=N`: what the rollback would change
-    RollbackPreview {
-        workspace: String,
-        to: Option<String>,
-    },
+    RollbackPreview { workspace: WorkspaceName, to: i64 },
     /// `POST workspaces/{ws}/rollback` with `{"to": N[, "from": M]}`
-    Rollback { workspace: String },
+    Rollback { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/unlock` with an optional `{"lock_id": "…"}`
-    Unlock { workspace: String },
+    Unlock { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/restore`
-    Restore { workspace: String },
+    Restore { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/allow-write` with `{"reason": "…"[, "minutes": N]}`: one
     /// write the write guard would refuse may go through
-    AllowWrite { workspace: String },
+    AllowWrite { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/freeze` with `{"reason": "…"[, "until": T | "for": "2h"]}`
-    Freeze { workspace: String },
+    Freeze { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/unfreeze`
-    Unfreeze { workspace: String },
+    Unfreeze { workspace: WorkspaceName },
     /// `GET freezes`: every freeze in force
     Freezes,
     /// `POST workspaces/{src}/move/{dst}` with `{"addresses": ["…", …]}`: move
     /// resources from one workspace's state to another's
-    Move { workspace: String, to: String },
-    /// `GET audit[?scope=&event=&since=&until=&limit=]`
+    Move {
+        workspace: WorkspaceName,
+        to: WorkspaceName,
+    },
+    /// `GET audit[?scope=&event=&since=&until=&limit=]`: the filters are text the
+    /// audit listing reads (no permission is decided on them; the listing is filtered
+    /// by the operator's grant)
     Audit {
         scope: Option<String>,
         event: Option<String>,
         since: Option<String>,
         until: Option<String>,
-        limit: Option<String>,
+        limit: Option<u32>,
     },
     /// `GET clusters`
     Clusters,
@@ -109,21 +349,21 @@ pub enum AdminAction {
     Search { q: Option<String> },
     /// `GET drift[?workspace=&limit=]`: configured checks and recent runs
     Drift {
-        workspace: Option<String>,
-        limit: Option<String>,
+        workspace: Option<WorkspaceName>,
+        limit: Option<u32>,
     },
     /// `GET drift/{run}`: one run with its plan output
-    DriftRun { run: String },
+    DriftRun { run: RunId },
     /// `POST drift/{ws}/run`: start a check now
-    DriftCheck { workspace: String },
+    DriftCheck { workspace: WorkspaceName },
     /// `POST drift/{run}/apply`: approve a drifted check's kept plan
-    DriftApply { run: String },
+    DriftApply { run: RunId },
     /// `POST workspaces/{ws}/credential/rotate`: a new derived credential
-    RotateCredential { workspace: String },
+    RotateCredential { workspace: WorkspaceName },
     /// `GET workspaces/{ws}/consumers`
-    Consumers { workspace: String },
+    Consumers { workspace: WorkspaceName },
     /// `PUT workspaces/{ws}/consumers` with `{"consumers": ["app-a", …]}`
-    SetConsumers { workspace: String },
+    SetConsumers { workspace: WorkspaceName },
     /// `GET workspace-tokens`
     WorkspaceTokens,
     /// `POST workspace-tokens` with `{"name", "workspaces", "scope"[, "expires",
@@ -218,13 +458,13 @@ impl AdminAction {
             | AdminAction::DriftCheck { workspace }
             | AdminAction::RotateCredential { workspace }
             | AdminAction::Consumers { workspace }
-            | AdminAction::SetConsumers { workspace } => Some(workspace),
+            | AdminAction::SetConsumers { workspace } => Some(workspace.as_str()),
             _ => None,
         }
     }
 }
 
-/// A page or form of the web UI under `/ui/`, with its raw path and query values.
+/// A page or form of the web UI under `/ui/`, with its parsed values.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UiRoute {
     /// `GET static/app.css` (public)
@@ -238,7 +478,7 @@ pub enum UiRoute {
     /// `GET login/oidc` (public): start a single sign-on (303 to the provider)
     SsoStart,
     /// `GET login/oidc/callback?state=&code=` or `?state=&error=` (public): the
-    /// provider's answer
+    /// provider's answer (opaque values, read by `ui::oidc` alone)
     SsoCallback {
         state: Option<String>,
         code: Option<String>,
@@ -248,52 +488,56 @@ pub enum UiRoute {
     },
     /// `POST logout` with `csrf`
     Logout,
-    /// `GET /ui`, `GET /ui/`, `GET workspaces[?q=]`
+    /// `GET /ui`, `GET /ui/`, `GET workspaces[?q=]` (`q`: text the names are searched for)
     Workspaces { filter: Option<String> },
     /// `GET workspaces/{ws}[?page=N]`; `rolled_back`/`unlocked`/`write_allowed` report
-    /// a finished action.
+    /// a finished action (a value that does not parse shows no report).
     Workspace {
-        workspace: String,
-        page: Option<String>,
-        rolled_back: Option<String>,
-        unlocked: Option<String>,
-        write_allowed: Option<String>,
+        workspace: WorkspaceName,
+        page: Option<i64>,
+        rolled_back: Option<i64>,
+        unlocked: Option<bool>,
+        write_allowed: bool,
     },
     /// `GET workspaces/{ws}/versions/{n}[?reveal=<ticket>]`: sensitive values masked,
     /// or shown once with a ticket the reveal form's POST redirected with
     /// (`crate::ui::reveal`)
     Version {
-        workspace: String,
-        version: String,
+        workspace: WorkspaceName,
+        version: i64,
         reveal: Option<String>,
     },
     /// `POST workspaces/{ws}/versions/{n}/reveal` with `csrf`: unmasked, audited
-    Reveal { workspace: String, version: String },
+    Reveal {
+        workspace: WorkspaceName,
+        version: i64,
+    },
     /// `POST workspaces/{ws}/versions/{n}/download` with `csrf`: the raw state, audited
-    Download { workspace: String, version: String },
+    Download {
+        workspace: WorkspaceName,
+        version: i64,
+    },
     /// `GET workspaces/{ws}/diff?from=A&to=B`
     Diff {
-        workspace: String,
-        from: Option<String>,
-        to: Option<String>,
+        workspace: WorkspaceName,
+        from: i64,
+        to: i64,
     },
     /// `GET workspaces/{ws}/rollback?to=N`: the diff and the confirmation form
-    RollbackPreview {
-        workspace: String,
-        to: Option<String>,
-    },
+    RollbackPreview { workspace: WorkspaceName, to: i64 },
     /// `POST workspaces/{ws}/rollback` with `csrf`, `to`, `from`, `confirm`
-    Rollback { workspace: String },
+    Rollback { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/unlock` with `csrf`, `lock_id`, `confirm`
-    Unlock { workspace: String },
+    Unlock { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/allow-write` with `csrf`, `reason`, `minutes`, `confirm`:
     /// one write the write guard would refuse may go through
-    AllowWrite { workspace: String },
+    AllowWrite { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/freeze` with `csrf`, `reason`, `for`, `confirm`
-    Freeze { workspace: String },
+    Freeze { workspace: WorkspaceName },
     /// `POST workspaces/{ws}/unfreeze` with `csrf`
-    Unfreeze { workspace: String },
-    /// `GET audit[?scope=&event=&since=&until=&logins=&before=]`
+    Unfreeze { workspace: WorkspaceName },
+    /// `GET audit[?scope=&event=&since=&until=&logins=&before=]`: the filter form's
+    /// text, as the admin API's audit filters
     Audit {
         scope: Option<String>,
         event: Option<String>,
@@ -301,7 +545,7 @@ pub enum UiRoute {
         until: Option<String>,
         /// `1`: show `ui.login*` rows too (hidden by default).
         logins: Option<String>,
-        before: Option<String>,
+        before: Option<i64>,
     },
     /// `GET clusters`
     Clusters,
@@ -309,15 +553,15 @@ pub enum UiRoute {
     Search { q: Option<String> },
     /// `GET drift[?workspace=&limit=]`: the configured checks and the newest runs
     Drift {
-        workspace: Option<String>,
-        limit: Option<String>,
+        workspace: Option<WorkspaceName>,
+        limit: Option<u32>,
     },
     /// `GET drift/{run}`: one run and its plan text
-    DriftRun { run: String },
+    DriftRun { run: RunId },
     /// `POST drift/{ws}/run` with `csrf`: start a check now
-    DriftCheck { workspace: String },
+    DriftCheck { workspace: WorkspaceName },
     /// `POST drift/{run}/apply` with `csrf`, `confirm`: approve a drifted check's plan
-    DriftApply { run: String },
+    DriftApply { run: RunId },
     /// `POST workspace-tokens/{id}/revoke` with `csrf`, `workspace` (the page to return
     /// to), `confirm`: revoke an issued workspace token
     RevokeWorkspaceToken { token: String },
@@ -328,6 +572,8 @@ pub enum UiRoute {
     NotFound,
     /// A page asked for with the wrong method.
     NotAllowed { allowed: &'static str },
+    /// A page whose path or query value did not parse: 400, after the session check.
+    Invalid(BadParam),
 }
 
 impl UiRoute {
@@ -361,7 +607,7 @@ impl UiRoute {
             UiRoute::DriftCheck { .. } => "ui.drift_check",
             UiRoute::DriftApply { .. } => "ui.drift_apply",
             UiRoute::RevokeWorkspaceToken { .. } => "ui.revoke_workspace_token",
-            UiRoute::NotFound | UiRoute::NotAllowed { .. } => "ui.invalid",
+            UiRoute::NotFound | UiRoute::NotAllowed { .. } | UiRoute::Invalid(_) => "ui.invalid",
         }
     }
 
@@ -411,7 +657,7 @@ impl UiRoute {
             | UiRoute::AllowWrite { workspace }
             | UiRoute::Freeze { workspace }
             | UiRoute::Unfreeze { workspace }
-            | UiRoute::DriftCheck { workspace } => Some(workspace),
+            | UiRoute::DriftCheck { workspace } => Some(workspace.as_str()),
             _ => None,
         }
     }
@@ -478,7 +724,8 @@ impl Endpoint {
             Endpoint::Metrics => "metrics",
             Endpoint::Tf { action, .. } => action.name(),
             Endpoint::Cluster { action, .. } => action.name(),
-            Endpoint::Admin(action) => action.name(),
+            Endpoint::Admin(Ok(action)) => action.name(),
+            Endpoint::Admin(Err(_)) => "admin.invalid",
             Endpoint::Ui(route) => route.name(),
             Endpoint::Upstream => "upstream",
         }
@@ -504,36 +751,33 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
             _ => Err(not_allowed(method, "GET")),
         };
     }
-    if let Some(rest) = path.strip_prefix(CLUSTER_PREFIX) {
-        return route_cluster(method, rest, query);
+    if path.starts_with(CLUSTER_PREFIX) {
+        return route_cluster(method, path, query);
     }
-    if let Some(rest) = path.strip_prefix(ADMIN_PREFIX) {
-        return route_admin(method, rest, query).map(Endpoint::Admin);
+    if path.starts_with(ADMIN_PREFIX) {
+        return route_admin(method, path, query).map(Endpoint::Admin);
     }
     // Browsers ask every site for its icon; a plain GET of it is ours, not a
     // ListObjects of an S3 bucket named `favicon.ico` (any query still goes upstream).
     if path == "/favicon.ico" && query.is_none() && matches!(method, "GET" | "HEAD") {
         return Ok(Endpoint::Ui(UiRoute::Favicon));
     }
-    if path == "/ui" {
-        return Ok(Endpoint::Ui(route_ui(method, "", query)));
+    if path == "/ui" || path.starts_with(UI_PREFIX) {
+        return Ok(Endpoint::Ui(route_ui(method, path, query)));
     }
-    if let Some(rest) = path.strip_prefix(UI_PREFIX) {
-        return Ok(Endpoint::Ui(route_ui(method, rest, query)));
-    }
-    if let Some(workspace) = path.strip_prefix(TF_OUTPUTS_PREFIX) {
-        if workspace.contains('/') {
+    if let Some(rest) = path.strip_prefix(TF_OUTPUTS_PREFIX) {
+        if rest.contains('/') {
             return Err(Error::NotFound(
                 "no such route; the outputs address is /api/v1/tf/outputs/<workspace>".into(),
             )
             .into());
         }
-        validate_workspace(workspace)?;
+        let workspace = WorkspaceName::parse(rest).map_err(Error::from)?;
         if method != "GET" {
             return Err(not_allowed(method, "GET"));
         }
         return Ok(Endpoint::Tf {
-            workspace: workspace.to_string(),
+            workspace,
             action: TfAction::Outputs,
         });
     }
@@ -550,7 +794,8 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
             .into())
         }
     };
-    validate_workspace(workspace)?;
+    // The backend's name check has always come first: a name reveals nothing.
+    let workspace = WorkspaceName::parse(workspace).map_err(Error::from)?;
     let action = match (is_lock_path, method) {
         (false, "GET") => TfAction::Get,
         (false, "POST") => TfAction::Write {
@@ -565,309 +810,294 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
         (true, "DELETE" | "UNLOCK") => TfAction::Unlock,
         (true, _) => return Err(not_allowed(method, "POST, DELETE, LOCK, UNLOCK")),
     };
-    Ok(Endpoint::Tf {
-        workspace: workspace.to_string(),
-        action,
-    })
+    Ok(Endpoint::Tf { workspace, action })
 }
 
 /// `{id}/tfstate`, `{id}/lock`, `{id}/lock/heartbeat` under `/v1/clusters/`.
-fn route_cluster(method: &str, rest: &str, query: Option<&str>) -> Result<Endpoint, EdgeError> {
-    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
-    let action = match (tail, method) {
-        ("tfstate", "GET") => ClusterAction::GetState,
-        ("tfstate", "PUT") => ClusterAction::PutState,
-        ("tfstate", _) => return Err(not_allowed(method, "GET, PUT")),
-        ("lock", "POST") => ClusterAction::Lock,
-        ("lock", "DELETE") => ClusterAction::Unlock {
+fn route_cluster(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, EdgeError> {
+    let Some((route, values)) = lookup(Surface::Cluster, method, path) else {
+        return Err(Error::NotFound(
+            "no such route; cluster routes are /v1/clusters/<id>/tfstate, /v1/clusters/<id>/lock and /v1/clusters/<id>/lock/heartbeat".into(),
+        ).into());
+    };
+    let action = match (route.path, method) {
+        ("/v1/clusters/{id}/tfstate", "GET") => ClusterAction::GetState,
+        ("/v1/clusters/{id}/tfstate", "PUT") => ClusterAction::PutState,
+        ("/v1/clusters/{id}/tfstate", _) => return Err(not_allowed(method, "GET, PUT")),
+        ("/v1/clusters/{id}/lock", "POST") => ClusterAction::Lock,
+        ("/v1/clusters/{id}/lock", "DELETE") => ClusterAction::Unlock {
             force: match query_param(query, "force").as_deref() {
                 None | Some("" | "0" | "false") => false,
                 Some("1" | "true") => true,
                 Some(_) => {
                     return Err(Error::Invalid(
                         "force must be 1 (or true) to break another admin's lock".into(),
-                    ).into())
+                    )
+                    .into())
                 }
             },
         },
-        ("lock", _) => return Err(not_allowed(method, "POST, DELETE")),
-        ("lock/heartbeat", "POST") => ClusterAction::Heartbeat,
-        ("lock/heartbeat", _) => return Err(not_allowed(method, "POST")),
-        _ => {
-            return Err(Error::NotFound(
-                "no such route; cluster routes are /v1/clusters/<id>/tfstate, /v1/clusters/<id>/lock and /v1/clusters/<id>/lock/heartbeat".into(),
-            ).into())
-        }
+        ("/v1/clusters/{id}/lock", _) => return Err(not_allowed(method, "POST, DELETE")),
+        ("/v1/clusters/{id}/lock/heartbeat", "POST") => ClusterAction::Heartbeat,
+        _ => return Err(not_allowed(method, "POST")),
     };
     Ok(Endpoint::Cluster {
-        id: id.to_string(),
+        id: ClusterId::parse(at(&values, 0)),
         action,
     })
 }
 
-/// The admin routes (see [`AdminAction`]); names and numbers are judged by the handler.
-fn route_admin(method: &str, rest: &str, query: Option<&str>) -> Result<AdminAction, EdgeError> {
+fn no_admin_route() -> EdgeError {
+    Error::NotFound("no such admin route; see docs/admin-api.md".into()).into()
+}
+
+/// The admin routes (see [`AdminAction`]): the route by its path and method (404,
+/// 405 before authentication: routes are public knowledge), its values parsed.
+fn route_admin(
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+) -> Result<Parsed<AdminAction>, EdgeError> {
+    let Some((route, values)) = lookup(Surface::Admin, method, path) else {
+        return Err(no_admin_route());
+    };
+    if route.method != method {
+        return Err(not_allowed(method, route.method));
+    }
+    admin_action(route, &values, query).ok_or_else(no_admin_route)
+}
+
+/// The action of an admin route of [`ROUTES`]; `None` for a route it does not know (a
+/// test holds every listed route to one).
+fn admin_action(route: &Route, v: &[&str], query: Option<&str>) -> Option<Parsed<AdminAction>> {
+    use AdminAction as Do;
     let q = |name| query_param(query, name);
-    let segments: Vec<&str> = rest.split('/').collect();
-    let ws = |w: &str| w.to_string();
-    let (action, allowed) = match segments.as_slice() {
-        ["whoami"] => (AdminAction::WhoAmI, "GET"),
-        ["workspaces"] => (AdminAction::Workspaces, "GET"),
-        ["clusters"] => (AdminAction::Clusters, "GET"),
-        ["search"] => (AdminAction::Search { q: q("q") }, "GET"),
-        ["audit"] => (
-            AdminAction::Audit {
+    let ws = |i| WorkspaceName::parse(at(v, i));
+    let count = |name, max| params::count(name, q(name).as_deref(), max);
+    let required = |name| params::required(name, q(name).as_deref());
+    let run = || RunId::parse(at(v, 0));
+    let build = || -> Parsed<Option<AdminAction>> {
+        Ok(Some(match (route.method, route.path) {
+            ("GET", "/api/v1/admin/whoami") => Do::WhoAmI,
+            ("GET", "/api/v1/admin/workspaces") => Do::Workspaces,
+            ("GET", "/api/v1/admin/clusters") => Do::Clusters,
+            ("GET", "/api/v1/admin/search") => Do::Search { q: q("q") },
+            ("GET", "/api/v1/admin/audit") => Do::Audit {
                 scope: q("scope"),
                 event: q("event"),
                 since: q("since"),
                 until: q("until"),
-                limit: q("limit"),
+                limit: count("limit", crate::operator::MAX_AUDIT_LIMIT)?,
             },
-            "GET",
-        ),
-        ["workspaces", w] => (AdminAction::Workspace { workspace: ws(w) }, "GET"),
-        ["workspaces", w, "versions"] => (
-            AdminAction::Versions {
-                workspace: ws(w),
-                limit: q("limit"),
+            ("GET", "/api/v1/admin/freezes") => Do::Freezes,
+            ("GET", "/api/v1/admin/workspaces/{ws}") => Do::Workspace { workspace: ws(0)? },
+            ("GET", "/api/v1/admin/workspaces/{ws}/versions") => Do::Versions {
+                workspace: ws(0)?,
+                limit: count("limit", u32::MAX)?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "timeline"] => (
-            AdminAction::Timeline {
-                workspace: ws(w),
+            ("GET", "/api/v1/admin/workspaces/{ws}/timeline") => Do::Timeline {
+                workspace: ws(0)?,
                 address: q("address"),
-                limit: q("limit"),
+                limit: count("limit", u32::MAX)?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "versions", v] => (
-            AdminAction::Version {
-                workspace: ws(w),
-                version: v.to_string(),
-                masked: q("masked"),
+            ("GET", "/api/v1/admin/workspaces/{ws}/versions/{version}") => Do::Version {
+                workspace: ws(0)?,
+                version: VersionRef::parse(at(v, 1))?,
+                masked: params::flag("masked", q("masked").as_deref())?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "diff"] => (
-            AdminAction::Diff {
-                workspace: ws(w),
-                from: q("from"),
-                to: q("to"),
+            ("GET", "/api/v1/admin/workspaces/{ws}/diff") => Do::Diff {
+                workspace: ws(0)?,
+                from: required("from")?,
+                to: required("to")?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "rollback"] if method == "GET" => (
-            AdminAction::RollbackPreview {
-                workspace: ws(w),
-                to: q("to"),
+            ("GET", "/api/v1/admin/workspaces/{ws}/rollback") => Do::RollbackPreview {
+                workspace: ws(0)?,
+                to: required("to")?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "rollback"] => (AdminAction::Rollback { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "unlock"] => (AdminAction::Unlock { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "restore"] => (AdminAction::Restore { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "allow-write"] => (AdminAction::AllowWrite { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "freeze"] => (AdminAction::Freeze { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "unfreeze"] => (AdminAction::Unfreeze { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "move", to] => (
-            AdminAction::Move {
-                workspace: ws(w),
-                to: ws(to),
+            ("POST", "/api/v1/admin/workspaces/{ws}/rollback") => {
+                Do::Rollback { workspace: ws(0)? }
+            }
+            ("POST", "/api/v1/admin/workspaces/{ws}/unlock") => Do::Unlock { workspace: ws(0)? },
+            ("POST", "/api/v1/admin/workspaces/{ws}/restore") => Do::Restore { workspace: ws(0)? },
+            ("POST", "/api/v1/admin/workspaces/{ws}/allow-write") => {
+                Do::AllowWrite { workspace: ws(0)? }
+            }
+            ("POST", "/api/v1/admin/workspaces/{ws}/freeze") => Do::Freeze { workspace: ws(0)? },
+            ("POST", "/api/v1/admin/workspaces/{ws}/unfreeze") => {
+                Do::Unfreeze { workspace: ws(0)? }
+            }
+            ("POST", "/api/v1/admin/workspaces/{ws}/move/{to}") => Do::Move {
+                workspace: ws(0)?,
+                to: ws(1)?,
             },
-            "POST",
-        ),
-        ["freezes"] => (AdminAction::Freezes, "GET"),
-        ["workspaces", w, "credential", "rotate"] => {
-            (AdminAction::RotateCredential { workspace: ws(w) }, "POST")
-        }
-        ["workspaces", w, "consumers"] if method == "GET" => {
-            (AdminAction::Consumers { workspace: ws(w) }, "GET")
-        }
-        ["workspaces", w, "consumers"] => (AdminAction::SetConsumers { workspace: ws(w) }, "PUT"),
-        ["workspace-tokens"] if method == "GET" => (AdminAction::WorkspaceTokens, "GET"),
-        ["workspace-tokens"] => (AdminAction::CreateWorkspaceToken, "POST"),
-        ["workspace-tokens", t, "revoke"] => (
-            AdminAction::RevokeWorkspaceToken {
-                token: t.to_string(),
+            ("POST", "/api/v1/admin/workspaces/{ws}/credential/rotate") => {
+                Do::RotateCredential { workspace: ws(0)? }
+            }
+            ("GET", "/api/v1/admin/workspaces/{ws}/consumers") => {
+                Do::Consumers { workspace: ws(0)? }
+            }
+            ("PUT", "/api/v1/admin/workspaces/{ws}/consumers") => {
+                Do::SetConsumers { workspace: ws(0)? }
+            }
+            ("GET", "/api/v1/admin/workspace-tokens") => Do::WorkspaceTokens,
+            ("POST", "/api/v1/admin/workspace-tokens") => Do::CreateWorkspaceToken,
+            ("POST", "/api/v1/admin/workspace-tokens/{token}/revoke") => Do::RevokeWorkspaceToken {
+                token: params::token_ref(at(v, 0))?,
             },
-            "POST",
-        ),
-        ["drift"] => (
-            AdminAction::Drift {
-                workspace: q("workspace"),
-                limit: q("limit"),
+            ("GET", "/api/v1/admin/drift") => Do::Drift {
+                workspace: params::workspace_filter(q("workspace").as_deref())?,
+                limit: count("limit", crate::drift::MAX_LIST)?,
             },
-            "GET",
-        ),
-        ["drift", run] => (
-            AdminAction::DriftRun {
-                run: run.to_string(),
-            },
-            "GET",
-        ),
-        ["drift", w, "run"] => (AdminAction::DriftCheck { workspace: ws(w) }, "POST"),
-        ["drift", run, "apply"] => (
-            AdminAction::DriftApply {
-                run: run.to_string(),
-            },
-            "POST",
-        ),
-        ["keys"] => (AdminAction::Keys, "GET"),
-        ["keys", "rotate"] => (AdminAction::RotateKey, "POST"),
-        ["keys", "retire"] => (AdminAction::RetireKey, "POST"),
-        _ => {
-            return Err(Error::NotFound("no such admin route; see docs/admin-api.md".into()).into())
-        }
+            ("GET", "/api/v1/admin/drift/{run}") => Do::DriftRun { run: run()? },
+            ("POST", "/api/v1/admin/drift/{ws}/run") => Do::DriftCheck { workspace: ws(0)? },
+            ("POST", "/api/v1/admin/drift/{run}/apply") => Do::DriftApply { run: run()? },
+            ("GET", "/api/v1/admin/keys") => Do::Keys,
+            ("POST", "/api/v1/admin/keys/rotate") => Do::RotateKey,
+            ("POST", "/api/v1/admin/keys/retire") => Do::RetireKey,
+            _ => return Ok(None),
+        }))
     };
-    if method != allowed {
-        return Err(not_allowed(method, allowed));
-    }
-    Ok(action)
+    build().transpose()
 }
 
-/// The web UI's routes (see [`UiRoute`]); names and numbers are judged by the handler.
-fn route_ui(method: &str, rest: &str, query: Option<&str>) -> UiRoute {
+/// The web UI's routes (see [`UiRoute`]): a path that is no page is [`UiRoute::NotFound`],
+/// a wrong method [`UiRoute::NotAllowed`] (or, for a GET of a form,
+/// [`UiRoute::PostOnly`]), a value that does not parse [`UiRoute::Invalid`]; all
+/// answered after the session check, so none reveals anything.
+fn route_ui(method: &str, path: &str, query: Option<&str>) -> UiRoute {
+    let Some((route, values)) = lookup(Surface::Ui, method, path) else {
+        return UiRoute::NotFound;
+    };
+    let parsed = match ui_route(route, &values, query) {
+        None => return UiRoute::NotFound,
+        Some(parsed) => parsed,
+    };
+    if route.method != method {
+        if route.method == "POST" && matches!(method, "GET" | "HEAD") {
+            return match parsed {
+                Ok(form) => match form_page(&form) {
+                    Some(page) => UiRoute::PostOnly {
+                        page: Box::new(page),
+                    },
+                    None => UiRoute::NotAllowed {
+                        allowed: route.method,
+                    },
+                },
+                Err(bad) => UiRoute::Invalid(bad),
+            };
+        }
+        return UiRoute::NotAllowed {
+            allowed: route.method,
+        };
+    }
+    parsed.unwrap_or_else(UiRoute::Invalid)
+}
+
+/// The page or form of a UI route of [`ROUTES`]; `None` for a route it does not know
+/// (a test holds every listed route to one).
+fn ui_route(route: &Route, v: &[&str], query: Option<&str>) -> Option<Parsed<UiRoute>> {
+    use UiRoute as Ui;
     let q = |name| query_param(query, name);
-    let segments: Vec<&str> = rest.split('/').collect();
-    let ws = |w: &str| w.to_string();
-    let (route, allowed) = match segments.as_slice() {
-        ["static", "app.css"] => (UiRoute::Stylesheet, "GET"),
-        ["login"] if method == "POST" => (UiRoute::Login, "POST"),
-        ["login"] => (UiRoute::LoginForm, "GET"),
-        ["login", "oidc"] => (UiRoute::SsoStart, "GET"),
-        ["login", "oidc", "callback"] => (
-            UiRoute::SsoCallback {
+    let ws = |i| WorkspaceName::parse(at(v, i));
+    let number = |name| params::number(name, q(name).as_deref());
+    let required = |name| params::required(name, q(name).as_deref());
+    let version = || params::positive("version", at(v, 1));
+    let run = || RunId::parse(at(v, 0));
+    let build = || -> Parsed<Option<UiRoute>> {
+        Ok(Some(match (route.method, route.path) {
+            ("GET", "/favicon.ico") | ("HEAD", "/favicon.ico") => Ui::Favicon,
+            ("GET", "/ui/static/app.css") => Ui::Stylesheet,
+            ("POST", "/ui/login") => Ui::Login,
+            ("GET", "/ui/login") => Ui::LoginForm,
+            ("GET", "/ui/login/oidc") => Ui::SsoStart,
+            ("GET", "/ui/login/oidc/callback") => Ui::SsoCallback {
                 state: q("state"),
                 code: q("code"),
                 error: q("error"),
                 iss: q("iss"),
             },
-            "GET",
-        ),
-        ["logout"] => (UiRoute::Logout, "POST"),
-        [""] | ["workspaces"] => (UiRoute::Workspaces { filter: q("q") }, "GET"),
-        ["audit"] => (
-            UiRoute::Audit {
+            ("POST", "/ui/logout") => Ui::Logout,
+            ("GET", "/ui" | "/ui/" | "/ui/workspaces") => Ui::Workspaces { filter: q("q") },
+            ("GET", "/ui/audit") => Ui::Audit {
                 scope: q("scope"),
                 event: q("event"),
                 since: q("since"),
                 until: q("until"),
                 logins: q("logins"),
-                before: q("before"),
+                before: number("before")?,
             },
-            "GET",
-        ),
-        ["clusters"] => (UiRoute::Clusters, "GET"),
-        ["search"] => (UiRoute::Search { q: q("q") }, "GET"),
-        ["drift"] => (
-            UiRoute::Drift {
-                workspace: q("workspace"),
-                limit: q("limit"),
+            ("GET", "/ui/clusters") => Ui::Clusters,
+            ("GET", "/ui/search") => Ui::Search { q: q("q") },
+            ("GET", "/ui/drift") => Ui::Drift {
+                workspace: params::workspace_filter(q("workspace").as_deref())?,
+                limit: params::count("limit", q("limit").as_deref(), crate::drift::MAX_LIST)?,
             },
-            "GET",
-        ),
-        ["drift", run] => (
-            UiRoute::DriftRun {
-                run: run.to_string(),
+            ("GET", "/ui/drift/{run}") => Ui::DriftRun { run: run()? },
+            ("POST", "/ui/drift/{ws}/run") => Ui::DriftCheck { workspace: ws(0)? },
+            ("POST", "/ui/drift/{run}/apply") => Ui::DriftApply { run: run()? },
+            ("GET", "/ui/workspaces/{ws}") => Ui::Workspace {
+                workspace: ws(0)?,
+                page: number("page")?,
+                // Reports of a finished action: a value that does not parse shows none.
+                rolled_back: number("rolled_back").ok().flatten(),
+                unlocked: match q("unlocked").as_deref() {
+                    Some("1") => Some(true),
+                    Some("0") => Some(false),
+                    _ => None,
+                },
+                write_allowed: q("write_allowed").as_deref() == Some("1"),
             },
-            "GET",
-        ),
-        ["drift", w, "run"] => (UiRoute::DriftCheck { workspace: ws(w) }, "POST"),
-        ["drift", run, "apply"] => (
-            UiRoute::DriftApply {
-                run: run.to_string(),
-            },
-            "POST",
-        ),
-        ["workspaces", w] => (
-            UiRoute::Workspace {
-                workspace: ws(w),
-                page: q("page"),
-                rolled_back: q("rolled_back"),
-                unlocked: q("unlocked"),
-                write_allowed: q("write_allowed"),
-            },
-            "GET",
-        ),
-        ["workspaces", w, "versions", v] => (
-            UiRoute::Version {
-                workspace: ws(w),
-                version: v.to_string(),
+            ("GET", "/ui/workspaces/{ws}/versions/{version}") => Ui::Version {
+                workspace: ws(0)?,
+                version: version()?,
                 reveal: q("reveal"),
             },
-            "GET",
-        ),
-        ["workspaces", w, "versions", v, "reveal"] => (
-            UiRoute::Reveal {
-                workspace: ws(w),
-                version: v.to_string(),
+            ("POST", "/ui/workspaces/{ws}/versions/{version}/reveal") => Ui::Reveal {
+                workspace: ws(0)?,
+                version: version()?,
             },
-            "POST",
-        ),
-        ["workspaces", w, "versions", v, "download"] => (
-            UiRoute::Download {
-                workspace: ws(w),
-                version: v.to_string(),
+            ("POST", "/ui/workspaces/{ws}/versions/{version}/download") => Ui::Download {
+                workspace: ws(0)?,
+                version: version()?,
             },
-            "POST",
-        ),
-        ["workspaces", w, "diff"] => (
-            UiRoute::Diff {
-                workspace: ws(w),
-                from: q("from"),
-                to: q("to"),
+            ("GET", "/ui/workspaces/{ws}/diff") => Ui::Diff {
+                workspace: ws(0)?,
+                from: required("from")?,
+                to: required("to")?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "rollback"] if method == "GET" => (
-            UiRoute::RollbackPreview {
-                workspace: ws(w),
-                to: q("to"),
+            ("GET", "/ui/workspaces/{ws}/rollback") => Ui::RollbackPreview {
+                workspace: ws(0)?,
+                to: required("to")?,
             },
-            "GET",
-        ),
-        ["workspaces", w, "rollback"] => (UiRoute::Rollback { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "unlock"] => (UiRoute::Unlock { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "allow-write"] => (UiRoute::AllowWrite { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "freeze"] => (UiRoute::Freeze { workspace: ws(w) }, "POST"),
-        ["workspaces", w, "unfreeze"] => (UiRoute::Unfreeze { workspace: ws(w) }, "POST"),
-        ["workspace-tokens", t, "revoke"] => (
-            UiRoute::RevokeWorkspaceToken {
-                token: t.to_string(),
+            ("POST", "/ui/workspaces/{ws}/rollback") => Ui::Rollback { workspace: ws(0)? },
+            ("POST", "/ui/workspaces/{ws}/unlock") => Ui::Unlock { workspace: ws(0)? },
+            ("POST", "/ui/workspaces/{ws}/allow-write") => Ui::AllowWrite { workspace: ws(0)? },
+            ("POST", "/ui/workspaces/{ws}/freeze") => Ui::Freeze { workspace: ws(0)? },
+            ("POST", "/ui/workspaces/{ws}/unfreeze") => Ui::Unfreeze { workspace: ws(0)? },
+            ("POST", "/ui/workspace-tokens/{token}/revoke") => Ui::RevokeWorkspaceToken {
+                token: params::token_ref(at(v, 0))?,
             },
-            "POST",
-        ),
-        _ => return UiRoute::NotFound,
+            _ => return Ok(None),
+        }))
     };
-    if method != allowed {
-        if allowed == "POST" && matches!(method, "GET" | "HEAD") {
-            if let Some(page) = form_page(&route) {
-                return UiRoute::PostOnly {
-                    page: Box::new(page),
-                };
-            }
-        }
-        return UiRoute::NotAllowed { allowed };
-    }
-    route
+    build().transpose()
 }
 
 /// The page a form route's form is on (where a GET of the form's URL is sent).
 fn form_page(form: &UiRoute) -> Option<UiRoute> {
-    let workspace_page = |w: &String| UiRoute::Workspace {
+    let workspace_page = |w: &WorkspaceName| UiRoute::Workspace {
         workspace: w.clone(),
         page: None,
         rolled_back: None,
         unlocked: None,
-        write_allowed: None,
+        write_allowed: false,
     };
     Some(match form {
         UiRoute::Logout => UiRoute::Workspaces { filter: None },
         UiRoute::Reveal { workspace, version } | UiRoute::Download { workspace, version } => {
             UiRoute::Version {
                 workspace: workspace.clone(),
-                version: version.clone(),
+                version: *version,
                 reveal: None,
             }
         }
@@ -878,7 +1108,7 @@ fn form_page(form: &UiRoute) -> Option<UiRoute> {
             workspace: Some(workspace.clone()),
             limit: None,
         },
-        UiRoute::DriftApply { run } => UiRoute::DriftRun { run: run.clone() },
+        UiRoute::DriftApply { run } => UiRoute::DriftRun { run: *run },
         _ => return None,
     })
 }
@@ -1133,8 +1363,8 @@ mod tests {
 
     #[test]
     fn admin_routes() {
-        let admin = |a| Endpoint::Admin(a);
-        let w = || "prod".to_string();
+        let admin = |a| Endpoint::Admin(Ok(a));
+        let w = || WorkspaceName::from("prod");
         let table: Vec<(&str, &str, Option<&str>, Endpoint)> = vec![
             (
                 "GET",
@@ -1163,7 +1393,7 @@ mod tests {
                     event: None,
                     since: Some("2026-03-01".into()),
                     until: None,
-                    limit: Some("5".into()),
+                    limit: Some(5),
                 }),
             ),
             (
@@ -1178,7 +1408,7 @@ mod tests {
                 Some("limit=2"),
                 admin(AdminAction::Versions {
                     workspace: w(),
-                    limit: Some("2".into()),
+                    limit: Some(2),
                 }),
             ),
             (
@@ -1188,7 +1418,7 @@ mod tests {
                 admin(AdminAction::Version {
                     workspace: w(),
                     version: "latest".into(),
-                    masked: Some("1".into()),
+                    masked: true,
                 }),
             ),
             (
@@ -1197,8 +1427,8 @@ mod tests {
                 Some("from=1&to=2"),
                 admin(AdminAction::Diff {
                     workspace: w(),
-                    from: Some("1".into()),
-                    to: Some("2".into()),
+                    from: 1,
+                    to: 2,
                 }),
             ),
             (
@@ -1213,7 +1443,7 @@ mod tests {
                 Some("to=2"),
                 admin(AdminAction::RollbackPreview {
                     workspace: w(),
-                    to: Some("2".into()),
+                    to: 2,
                 }),
             ),
             (
@@ -1275,7 +1505,7 @@ mod tests {
                 Some("workspace=prod&limit=5"),
                 admin(AdminAction::Drift {
                     workspace: Some("prod".into()),
-                    limit: Some("5".into()),
+                    limit: Some(5),
                 }),
             ),
             (
@@ -1309,14 +1539,12 @@ mod tests {
                 None,
                 admin(AdminAction::RetireKey),
             ),
-            // Names are judged after the operator token, not here.
+            // Names are parsed here but answered only after the operator token.
             (
                 "GET",
                 "/api/v1/admin/workspaces/..",
                 None,
-                admin(AdminAction::Workspace {
-                    workspace: "..".into(),
-                }),
+                Endpoint::Admin(Err(WorkspaceName::parse("..").unwrap_err())),
             ),
         ];
         for (method, path, query, expected) in table {
@@ -1358,7 +1586,7 @@ mod tests {
 
     #[test]
     fn ui_routes() {
-        let w = || "prod".to_string();
+        let w = || WorkspaceName::from("prod");
         let table: Vec<(&str, &str, Option<&str>, UiRoute)> = vec![
             ("GET", "/ui", None, UiRoute::Workspaces { filter: None }),
             (
@@ -1418,10 +1646,10 @@ mod tests {
                 Some("page=2&rolled_back=7"),
                 UiRoute::Workspace {
                     workspace: w(),
-                    page: Some("2".into()),
-                    rolled_back: Some("7".into()),
+                    page: Some(2),
+                    rolled_back: Some(7),
                     unlocked: None,
-                    write_allowed: None,
+                    write_allowed: false,
                 },
             ),
             (
@@ -1430,7 +1658,7 @@ mod tests {
                 Some("reveal=1"),
                 UiRoute::Version {
                     workspace: w(),
-                    version: "3".into(),
+                    version: 3,
                     reveal: Some("1".into()),
                 },
             ),
@@ -1440,7 +1668,7 @@ mod tests {
                 None,
                 UiRoute::Reveal {
                     workspace: w(),
-                    version: "3".into(),
+                    version: 3,
                 },
             ),
             (
@@ -1450,7 +1678,7 @@ mod tests {
                 UiRoute::PostOnly {
                     page: Box::new(UiRoute::Version {
                         workspace: w(),
-                        version: "3".into(),
+                        version: 3,
                         reveal: None,
                     }),
                 },
@@ -1461,7 +1689,7 @@ mod tests {
                 None,
                 UiRoute::Download {
                     workspace: w(),
-                    version: "3".into(),
+                    version: 3,
                 },
             ),
             (
@@ -1471,7 +1699,7 @@ mod tests {
                 UiRoute::PostOnly {
                     page: Box::new(UiRoute::Version {
                         workspace: w(),
-                        version: "3".into(),
+                        version: 3,
                         reveal: None,
                     }),
                 },
@@ -1490,8 +1718,8 @@ mod tests {
                 Some("from=1&to=2"),
                 UiRoute::Diff {
                     workspace: w(),
-                    from: Some("1".into()),
-                    to: Some("2".into()),
+                    from: 1,
+                    to: 2,
                 },
             ),
             (
@@ -1506,7 +1734,7 @@ mod tests {
                 Some("to=2"),
                 UiRoute::RollbackPreview {
                     workspace: w(),
-                    to: Some("2".into()),
+                    to: 2,
                 },
             ),
             (
@@ -1549,7 +1777,7 @@ mod tests {
                     since: None,
                     until: None,
                     logins: None,
-                    before: Some("9".into()),
+                    before: Some(9),
                 },
             ),
             ("GET", "/ui/clusters", None, UiRoute::Clusters),
@@ -1565,7 +1793,7 @@ mod tests {
                 Some("workspace=prod&limit=100"),
                 UiRoute::Drift {
                     workspace: Some(w()),
-                    limit: Some("100".into()),
+                    limit: Some(100),
                 },
             ),
             (
@@ -1622,7 +1850,7 @@ mod tests {
                         page: None,
                         rolled_back: None,
                         unlocked: None,
-                        write_allowed: None,
+                        write_allowed: false,
                     }),
                 },
             ),
@@ -1650,6 +1878,196 @@ mod tests {
                 route(method, path, query).unwrap(),
                 Endpoint::Upstream,
                 "{method} {path}"
+            );
+        }
+    }
+
+    /// A sample value for each `{…}` of a template.
+    fn sample(name: &str) -> String {
+        match name {
+            "ws" | "to" | "token" => "prod".into(),
+            "run" | "version" => "12".into(),
+            "from" => "1".into(),
+            "id" => "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b".into(),
+            other => panic!("no sample for {{{other}}}"),
+        }
+    }
+
+    /// Every route of the table is routed, to its own surface and with its method
+    /// accepted, and none is shadowed by another one.
+    #[test]
+    fn every_listed_route_routes() {
+        let mut names = std::collections::HashSet::new();
+        for route in ROUTES {
+            let path = route.fill(sample);
+            let query = route.fill_query(sample);
+            let endpoint = super::route(route.method, &path, query.as_deref())
+                .unwrap_or_else(|e| panic!("{route:?}: {e}"));
+            let surface = match &endpoint {
+                Endpoint::Health => Surface::Health,
+                Endpoint::Metrics => Surface::Metrics,
+                Endpoint::Tf { .. } => Surface::Tf,
+                Endpoint::Cluster { .. } => Surface::Cluster,
+                Endpoint::Admin(Ok(_)) => Surface::Admin,
+                Endpoint::Ui(
+                    UiRoute::NotFound
+                    | UiRoute::NotAllowed { .. }
+                    | UiRoute::Invalid(_)
+                    | UiRoute::PostOnly { .. },
+                ) => panic!("{route:?}: {endpoint:?}"),
+                Endpoint::Ui(_) => Surface::Ui,
+                Endpoint::Admin(Err(_)) | Endpoint::Upstream => {
+                    panic!("{route:?}: {endpoint:?}")
+                }
+            };
+            assert_eq!(surface, route.surface, "{route:?}");
+            // Each admin and UI route is its own action (the Terraform backend's two
+            // lock addresses are one action each).
+            if matches!(surface, Surface::Admin | Surface::Ui)
+                && !matches!(route.path, "/ui" | "/ui/" | "/favicon.ico")
+            {
+                assert!(
+                    names.insert(endpoint.name()),
+                    "{route:?} routes to {} as another route does",
+                    endpoint.name()
+                );
+            }
+        }
+    }
+
+    /// Paths of the Terraform backend and the cluster API are matched by hand: every
+    /// one they accept is in the table (probed with every method and path shape).
+    #[test]
+    fn the_table_lists_every_backend_and_cluster_route() {
+        let methods = [
+            "GET", "HEAD", "PUT", "POST", "DELETE", "LOCK", "UNLOCK", "PATCH", "OPTIONS",
+        ];
+        let id = sample("id");
+        let probes = [
+            "/api/v1/tf/state/prod".to_string(),
+            "/api/v1/tf/state/prod/lock".into(),
+            "/api/v1/tf/state/prod/unlock".into(),
+            "/api/v1/tf/outputs/prod".into(),
+            "/api/v1/tf/outputs/prod/lock".into(),
+            format!("/v1/clusters/{id}/tfstate"),
+            format!("/v1/clusters/{id}/lock"),
+            format!("/v1/clusters/{id}/lock/heartbeat"),
+            format!("/v1/clusters/{id}/unlock"),
+            format!("/v1/clusters/{id}"),
+            "/healthz".into(),
+            "/metrics".into(),
+        ];
+        for path in &probes {
+            for method in methods {
+                if let Ok(
+                    Endpoint::Tf { .. }
+                    | Endpoint::Cluster { .. }
+                    | Endpoint::Health
+                    | Endpoint::Metrics,
+                ) = super::route(method, path, None)
+                {
+                    assert!(
+                        ROUTES
+                            .iter()
+                            .any(|r| r.method == method && r.fill(sample) == *path),
+                        "{method} {path} is routed but not listed in ROUTES"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every other spelling of a value is refused where it is parsed: a run id, a
+    /// version, a name, a count, a flag (finding 1 of the security review: a run id
+    /// with a Unicode space before it reached another workspace's run).
+    #[test]
+    fn values_have_one_spelling() {
+        let mutations = |good: &str| {
+            vec![
+                format!("\u{3000}{good}"),
+                format!("{good}\u{3000}"),
+                format!("\u{a0}{good}"),
+                format!("\u{2003}{good}"),
+                format!("{good}\u{85}"),
+                format!(" {good}"),
+                format!("+{good}"),
+                format!("0{good}"),
+                format!("{good}\0"),
+                format!("%{:02X}{}", good.as_bytes()[0], &good[1..]),
+                good.chars()
+                    .map(|c| match c {
+                        '0'..='9' => char::from_u32(c as u32 - '0' as u32 + 0xFF10).unwrap_or(c),
+                        c => c,
+                    })
+                    .collect(),
+                good.repeat(200),
+            ]
+        };
+        for route in ROUTES.iter().filter(|r| r.path.contains('{')) {
+            for (placeholder, good) in [
+                ("ws", "prod"),
+                ("to", "prod"),
+                ("token", "prod"),
+                ("run", "12"),
+                ("version", "12"),
+            ] {
+                if !route.path.contains(&format!("{{{placeholder}}}")) {
+                    continue;
+                }
+                for bad in mutations(good).into_iter().filter(|bad| bad != good) {
+                    let path = route.fill(|name| {
+                        if name == placeholder {
+                            bad.clone()
+                        } else {
+                            sample(name)
+                        }
+                    });
+                    let query = route.fill_query(sample);
+                    let routed = super::route(route.method, &path, query.as_deref());
+                    let refused = match &routed {
+                        Err(e) => e.http_status() == 400,
+                        Ok(Endpoint::Admin(Err(_))) | Ok(Endpoint::Ui(UiRoute::Invalid(_))) => true,
+                        // `0prod` and `prodprod…` are names too (the name rule's own);
+                        // numbers have no second spelling.
+                        Ok(_) => {
+                            matches!(placeholder, "ws" | "to" | "token")
+                                && bad == format!("0{good}")
+                        }
+                    };
+                    assert!(refused, "{} {path:?}: {routed:?}", route.method);
+                }
+            }
+        }
+        // Query values too.
+        for (path, query) in [
+            ("/api/v1/admin/workspaces/prod/versions", "limit=%E3%80%805"),
+            ("/api/v1/admin/workspaces/prod/versions", "limit=+5"),
+            ("/api/v1/admin/workspaces/prod/versions", "limit=05"),
+            ("/api/v1/admin/workspaces/prod/diff", "from=1&to=%EF%BC%92"),
+            ("/api/v1/admin/workspaces/prod/versions/1", "masked=yes"),
+            ("/api/v1/admin/drift", "workspace=%E3%80%80prod"),
+            ("/api/v1/admin/drift", "workspace=prod%00"),
+            ("/api/v1/admin/drift", "limit=1001"),
+        ] {
+            assert!(
+                matches!(
+                    super::route("GET", path, Some(query)),
+                    Ok(Endpoint::Admin(Err(_)))
+                ),
+                "{path}?{query}"
+            );
+        }
+        for (path, query) in [
+            ("/ui/drift", "workspace=%C2%A0prod"),
+            ("/ui/workspaces/prod/rollback", "to=%202"),
+            ("/ui/workspaces/prod", "page=-1"),
+        ] {
+            assert!(
+                matches!(
+                    super::route("GET", path, Some(query)),
+                    Ok(Endpoint::Ui(UiRoute::Invalid(_)))
+                ),
+                "{path}?{query}"
             );
         }
     }

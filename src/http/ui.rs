@@ -13,7 +13,7 @@ use pingora::proxy::Session;
 use super::body::{read_body, Handled, Reply};
 use super::error::{EdgeError, HttpError};
 use super::login_guard::{self, LoginRequest, Refusal};
-use super::params::{number, required, workspace};
+use super::params::{form_number, form_required, WorkspaceName};
 use super::router::UiRoute;
 use super::App;
 use crate::drift::MAX_LIST;
@@ -683,7 +683,7 @@ async fn page(
             unlocked,
             write_allowed,
         } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let summary = match ops.workspace(w).await {
                 Ok(summary) => summary,
                 // A name nothing wrote to yet: how to connect Terraform (still a 404).
@@ -695,7 +695,7 @@ async fn page(
                 }
                 Err(e) => return Err(e.into()),
             };
-            let page = number("page", page.as_deref())?
+            let page = page
                 .and_then(|p| u32::try_from(p).ok())
                 .unwrap_or(1)
                 .min(100_000);
@@ -711,11 +711,11 @@ async fn page(
                 .skip(skip as usize)
                 .take(VERSIONS_PER_PAGE as usize)
                 .collect();
-            let shown = match (number("rolled_back", rolled_back.as_deref()), unlocked) {
-                (Ok(Some(v)), _) => Some(Notice::RolledBack(v)),
-                (_, Some(u)) if u == "1" => Some(Notice::Unlocked),
-                (_, Some(u)) if u == "0" => Some(Notice::WasNotLocked),
-                _ if write_allowed.as_deref() == Some("1") => Some(Notice::WriteAllowed),
+            let shown = match (rolled_back, unlocked) {
+                (Some(v), _) => Some(Notice::RolledBack(v)),
+                (_, Some(true)) => Some(Notice::Unlocked),
+                (_, Some(false)) => Some(Notice::WasNotLocked),
+                _ if write_allowed => Some(Notice::WriteAllowed),
                 _ => None,
             };
             let timeline = match ops.timeline(w, None, TIMELINE_ROWS).await {
@@ -761,11 +761,11 @@ async fn page(
             version,
             reveal,
         } => {
-            let w = workspace(&w)?;
-            let v = required("version", Some(&version))?;
+            let v = version;
             if let Some(ticket) = reveal.filter(|t| !t.is_empty()) {
-                return version_with_ticket(app, chrome, me, w, v, &ticket).await;
+                return version_with_ticket(app, chrome, me, &w, v, &ticket).await;
             }
+            let w = w.as_str();
             let (row, body) = ops.show(w, Some(v)).await?;
             let content = json_content(mask_state(&body, row.version).ok());
             ok(pages::version(
@@ -778,10 +778,8 @@ async fn page(
         }
         UiRoute::PostOnly { page } => Ok(redirect(&page_href(&page)?)),
         UiRoute::RollbackPreview { workspace: w, to } => {
-            let w = workspace(&w)?;
-            let to = required("to", to.as_deref())?;
-            let preview = ops.rollback_preview(w, to).await?;
-            ok(pages::rollback_preview(chrome, w, &preview))
+            let preview = ops.rollback_preview(&w, to).await?;
+            ok(pages::rollback_preview(chrome, &w, &preview))
         }
         UiRoute::Search { q } => {
             let query = q.unwrap_or_default();
@@ -796,13 +794,8 @@ async fn page(
             from,
             to,
         } => {
-            let w = workspace(&w)?;
-            let (from, to) = (
-                required("from", from.as_deref())?,
-                required("to", to.as_deref())?,
-            );
-            let d = ops.diff(w, from, to).await?;
-            ok(pages::diff(chrome, w, from, to, &d))
+            let d = ops.diff(&w, from, to).await?;
+            ok(pages::diff(chrome, &w, from, to, &d))
         }
         UiRoute::Audit {
             scope,
@@ -831,7 +824,7 @@ async fn page(
                 event: text(Some(form.event.clone())),
                 since: instant("since", &form.since)?,
                 until: instant("until", &form.until)?,
-                before_id: number("before", before.as_deref())?,
+                before_id: before,
                 // Logins flood the log: hidden unless asked for, by the box or by
                 // filtering on their event.
                 exclude: (!form.logins && form.event.is_empty()).then(|| LOGIN_EVENTS.into()),
@@ -855,19 +848,10 @@ async fn page(
             workspace: filter,
             limit,
         } => {
-            let filter = text(filter);
-            if let Some(w) = &filter {
-                workspace(w)?;
-            }
-            let limit = number("limit", limit.as_deref())?.map_or(Ok(DRIFT_RUNS), |n| {
-                u32::try_from(n)
-                    .ok()
-                    .filter(|n| (1..=MAX_LIST).contains(n))
-                    .ok_or_else(|| Error::Invalid(format!("limit must be 1-{MAX_LIST}")))
-            })?;
+            let limit = limit.unwrap_or(DRIFT_RUNS);
             let (checks, runs) =
-                super::guard::visible_drift(app, chrome.grant, filter.clone(), limit).await?;
-            let shown = filter.unwrap_or_default();
+                super::guard::visible_drift(app, chrome.grant, filter.as_ref(), limit).await?;
+            let shown = filter.map(|w| w.to_string()).unwrap_or_default();
             let more = (runs.len() == limit as usize && limit < MAX_LIST)
                 .then(|| drift_more_href(&shown, (limit * 2).min(MAX_LIST)));
             let view = RunsView {
@@ -878,10 +862,11 @@ async fn page(
             ok(drift_pages::drift(chrome, &checks, &runs, &view))
         }
         UiRoute::DriftRun { run } => {
-            let (run, output) = app.drift.show(required("run", Some(&run))?).await?;
+            let (run, output) = app.drift.show(run.get()).await?;
             ok(drift_pages::run(chrome, &run, &output))
         }
         UiRoute::NotFound => Err(Error::NotFound("no such page".into()).into()),
+        UiRoute::Invalid(bad) => Err(Error::from(bad).into()),
         UiRoute::NotAllowed { allowed } => Err(EdgeError::MethodNotAllowed {
             method: "this method".into(),
             allowed,
@@ -975,12 +960,11 @@ async fn action(
         }
         UiRoute::Reveal {
             workspace: w,
-            version,
+            version: v,
         } => {
             // POST-redirect-GET: the values are shown (and audited) by the GET this
             // ticket lets through once, so the address bar holds a reloadable page.
-            let w = workspace(&w)?;
-            let v = required("version", Some(&version))?;
+            let w = w.as_str();
             // An unknown, pruned or unreadable version is refused here, as before.
             ops.show(w, Some(v)).await?;
             let (session, ws) = (me.sha256.clone(), w.to_string());
@@ -999,10 +983,9 @@ async fn action(
         }
         UiRoute::Download {
             workspace: w,
-            version,
+            version: v,
         } => {
-            let w = workspace(&w)?;
-            let v = required("version", Some(&version))?;
+            let w = w.as_str();
             let (row, body) = ops.reveal(w, Some(v), &actor, Reveal::UiDownload).await?;
             Ok(Answer::File {
                 name: format!("{w}-v{}.tfstate", row.version),
@@ -1010,9 +993,9 @@ async fn action(
             })
         }
         UiRoute::Rollback { workspace: w } => {
-            let w = workspace(&w)?;
-            let to = required("to", form.get("to"))?;
-            let from = number("from", form.get("from"))?;
+            let w = w.as_str();
+            let to = form_required("to", form.get("to"))?;
+            let from = form_number("from", form.get("from"))?;
             if form.get("confirm").map(str::trim) != Some(w) {
                 return Err(Error::Invalid(
                     "type the workspace name exactly to confirm the rollback; nothing was changed"
@@ -1027,7 +1010,7 @@ async fn action(
             )))
         }
         UiRoute::Unlock { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             if form.get("confirm") != Some("yes") {
                 return Err(Error::Invalid(
                     "tick the confirmation to break the lock; nothing was changed".into(),
@@ -1049,13 +1032,13 @@ async fn action(
         }
         // The same call as the admin API's and the CLI's allow-write.
         UiRoute::AllowWrite { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             if form.get("confirm") != Some("yes") {
                 return Err(Error::Invalid(
                     "tick the confirmation to allow the write; nothing was changed".into(),
                 ));
             }
-            let minutes = match number("minutes", form.get("minutes").filter(|m| !m.is_empty()))? {
+            let minutes = match form_number("minutes", form.get("minutes"))? {
                 None => crate::tofu::guard::DEFAULT_OVERRIDE_MINUTES,
                 Some(n) => u32::try_from(n).map_err(|_| {
                     Error::Invalid(crate::tofu::guard::BadOverride::Minutes.to_string())
@@ -1067,7 +1050,7 @@ async fn action(
         }
         // The same calls as the admin API's and the CLI's freeze and unfreeze.
         UiRoute::Freeze { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             if form.get("confirm") != Some("yes") {
                 return Err(Error::Invalid(
                     "tick the confirmation to freeze the workspace; nothing was changed".into(),
@@ -1084,18 +1067,18 @@ async fn action(
             Ok(redirect(&format!("/ui/workspaces/{w}#freeze")))
         }
         UiRoute::Unfreeze { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             ops.unfreeze(w, &actor).await?;
             Ok(redirect(&format!("/ui/workspaces/{w}#freeze")))
         }
         // The same two calls as the admin API's `drift/{ws}/run` and `drift/{run}/apply`.
         UiRoute::DriftCheck { workspace: w } => {
-            let w = workspace(&w)?;
+            let w = w.as_str();
             let started = app.drift.start_check(w, &actor).await?;
             Ok(redirect(&drift_pages::run_href(app.drift.spawn(started))))
         }
         UiRoute::DriftApply { run } => {
-            let id = required("run", Some(&run))?;
+            let id = run.get();
             let check = app.drift.run(id).await?;
             if form.get("confirm").map(str::trim) != Some(check.workspace.as_str()) {
                 return Err(Error::Invalid(
@@ -1108,7 +1091,7 @@ async fn action(
         }
         // The same call as the admin API's and the CLI's `token revoke`.
         UiRoute::RevokeWorkspaceToken { token } => {
-            let w = workspace(form.get("workspace").unwrap_or(""))?;
+            let w = WorkspaceName::parse(form.get("workspace").unwrap_or(""))?;
             if form.get("confirm") != Some("yes") {
                 return Err(Error::Invalid(
                     "tick the confirmation to revoke the token; nothing was changed".into(),
@@ -1128,10 +1111,11 @@ async fn version_with_ticket(
     app: &App,
     chrome: &Chrome<'_>,
     me: &UiSession,
-    w: &str,
+    name: &WorkspaceName,
     v: i64,
     ticket: &str,
 ) -> Result<Answer, EdgeError> {
+    let w = name.as_str();
     let ops = &app.operator;
     let (ticket, session, ws) = (ticket.to_string(), me.sha256.clone(), w.to_string());
     let taken = ops
@@ -1148,7 +1132,7 @@ async fn version_with_ticket(
         .await?;
     let need = Some((
         crate::operator::roles::Action::Reveal,
-        super::guard::On::Workspace(w),
+        super::guard::On::Workspace(name),
     ));
     if taken {
         super::guard::permit(app, &me.operator, "ui.reveal", need).await?;
@@ -1176,20 +1160,20 @@ async fn version_with_ticket(
 /// carries text that is not a UI path).
 fn page_href(page: &UiRoute) -> Result<String, EdgeError> {
     Ok(match page {
-        UiRoute::Workspace { workspace: w, .. } => crate::ui::layout::ws_href(workspace(w)?),
+        UiRoute::Workspace { workspace: w, .. } => crate::ui::layout::ws_href(w),
         UiRoute::Version {
             workspace: w,
             version,
             ..
-        } => pages::version_href(workspace(w)?, required("version", Some(version))?),
+        } => pages::version_href(w, *version),
         UiRoute::Drift {
             workspace: Some(w), ..
         } => {
             let mut q = form_urlencoded::Serializer::new(String::new());
-            q.append_pair("workspace", workspace(w)?);
+            q.append_pair("workspace", w);
             format!("/ui/drift?{}", q.finish())
         }
-        UiRoute::DriftRun { run } => drift_pages::run_href(required("run", Some(run))?),
+        UiRoute::DriftRun { run } => drift_pages::run_href(run.get()),
         _ => "/ui/".into(),
     })
 }

@@ -59,8 +59,9 @@ impl Drop for InflightGuard {
     }
 }
 
-/// Exits the process once pingora's shutdown has begun and the last request is done.
-pub struct ExitWhenDrained(pub Inflight);
+/// Exits the process once pingora's shutdown has begun and the last request is done,
+/// running the second field first (the server checkpoints its index there).
+pub struct ExitWhenDrained(pub Inflight, pub Box<dyn Fn() + Send + Sync>);
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for ExitWhenDrained {
@@ -78,6 +79,7 @@ impl pingora::services::background::BackgroundService for ExitWhenDrained {
             );
         }
         self.0.drained().await;
+        (self.1)();
         tracing::info!("stopped: no request in flight");
         crate::log::flush();
         // pingora would only exit after its fixed grace-period sleep; nothing is left

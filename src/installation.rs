@@ -4,8 +4,8 @@
 //! database with every schema, and the blob store proven reachable and writable.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
-//! shared for its whole life, and a command that writes a new index straight into the
-//! data dir (a restore after a lost disk) takes it exclusively first, so it never
+//! for its whole life (one server per data dir), and a command that writes a new index
+//! straight into the data dir (a restore after a lost disk) takes it first, so it never
 //! writes under a running server.
 
 use std::os::fd::AsRawFd;
@@ -61,7 +61,13 @@ pub fn read_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     if let Some(dir) = path.parent() {
         create_private_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let (key, created) = RootKey::load_or_create(&path)?;
+    let (key, created) = RootKey::load_or_create(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot use the key file {}: {e}; restore it from your backup of the key, or point \
+             dek_file / STATEGATE_DEK_FILE (or STATEGATE_DEK) at this installation's key",
+            path.display()
+        )
+    })?;
     if created {
         tracing::warn!(
             path = %path.display(),
@@ -73,6 +79,19 @@ pub fn read_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
         );
     }
     Ok(key)
+}
+
+/// Whether this installation has a root key to read (`dek`, or the key file — the
+/// wrapped one with `key.service = "pkcs11"`); a path that cannot even be looked at
+/// counts as there, so reading it names the problem.
+pub fn has_root_key(config: &Config) -> bool {
+    let there = |path: std::path::PathBuf| path.try_exists().unwrap_or(true);
+    match config.key.service {
+        _ if config.dek.is_some() => true,
+        // A plain key file alone is refused with its own message (`key wrap` first).
+        KeyServiceKind::Pkcs11 => there(config.wrapped_key_path()) || there(config.dek_path()),
+        KeyServiceKind::File => there(config.dek_path()),
+    }
 }
 
 /// Largest PIN file read (a PIN is a few dozen characters at most).
@@ -349,6 +368,21 @@ pub async fn rewrap(
     crate::store::keyring::opens_under(store, &new)
         .await
         .context("a generation does not open under the new key file (a rotation raced the rewrap?); run `stategate key rewrap` again")?;
+    // The records name the new key before it replaces the old one (until then a
+    // process accepts either, see `accepted_fingerprints`).
+    let fp = next.fingerprint();
+    store
+        .index_handle()
+        .write({
+            let fp = fp.clone();
+            move |c| {
+                crate::store::keyring::set_fingerprint(c, &fp).map_err(crate::store::DbError::from)
+            }
+        })
+        .await?;
+    crate::store::keyring::store_fingerprint(store.blobs().as_ref(), &fp)
+        .await
+        .context("cannot record the new key's fingerprint in the store")?;
     std::fs::rename(&next_path, &path).with_context(|| {
         format!(
             "cannot move {} over {}",
@@ -424,7 +458,272 @@ pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyh
         crate::store::keyring::load(&conn, &copies, service.as_ref())
     }))
     .with_context(|| format!("cannot open the keyring with {describe}"))?;
+    check_recorded_key(config, root)?;
     root.watch(RING_RELOAD);
+    Ok(())
+}
+
+/// Where this process's root key came from, for messages.
+fn key_origin(config: &Config) -> String {
+    match config.key.service {
+        _ if config.dek.is_some() => "STATEGATE_DEK / dek".into(),
+        KeyServiceKind::Pkcs11 => format!(
+            "the wrapped key file {} opened by the PKCS#11 token",
+            config.wrapped_key_path().display()
+        ),
+        KeyServiceKind::File => format!("the key file {}", config.dek_path().display()),
+    }
+}
+
+/// The fingerprints a record may hold for `root` to be this installation's key: its
+/// own; the key a `key rewrap` under way is moving to (`<key file>.next`); and the
+/// first DEK, which the ring keeps as generation 0 after a rewrap (an index from before
+/// it records that one).
+fn accepted_fingerprints(config: &Config, root: &RootKey) -> Vec<String> {
+    let mut out = vec![root.fingerprint()];
+    out.extend(root.first_fingerprint());
+    if config.dek.is_none() && config.key.service == KeyServiceKind::File {
+        let next = std::fs::read_to_string(next_key_path(&config.dek_path()))
+            .ok()
+            .and_then(|t| RootKey::from_base64(&t).ok());
+        out.extend(next.map(|k| k.fingerprint()));
+    }
+    out
+}
+
+/// The refusal of a key whose fingerprint is not the one `place` recorded.
+fn foreign_key(config: &Config, root: &RootKey, place: &str, recorded: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "this installation was made with another root key: {place} records key fingerprint \
+         {recorded}, and {} holds a key with fingerprint {}; nothing was changed. Give \
+         stategate the installation's key: dek_file / STATEGATE_DEK_FILE, STATEGATE_DEK, or \
+         the [key.pkcs11] token (docs/keys.md)",
+        key_origin(config),
+        root.fingerprint()
+    )
+}
+
+/// Runs `f` on a connection of its own to the index, if there is one (a SQLite file
+/// opened read-only, or the PostgreSQL database on a thread of its own).
+fn read_index<T: Send>(
+    config: &Config,
+    f: impl FnOnce(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error> + Send,
+) -> anyhow::Result<Option<T>> {
+    use crate::store::sql::Connection;
+    if let Some(url) = postgres_url(config) {
+        let ca_file = config.index.ca_file.clone();
+        return std::thread::scope(|s| {
+            s.spawn(move || {
+                let conn = Connection::connect_postgres(url, ca_file.as_deref())
+                    .map_err(anyhow::Error::msg)?;
+                Ok(Some(f(&conn)?))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the index panicked")))
+        })
+        .context("cannot read the index on PostgreSQL (index.url)");
+    }
+    let path = config.db_path();
+    if !path.exists() {
+        return Ok(None);
+    }
+    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .with_context(|| format!("cannot open the index {}", path.display()))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(Some(f(&conn).with_context(|| {
+        format!("cannot read the index {}", path.display())
+    })?))
+}
+
+/// Refuses a root key other than the one the index recorded (every command and
+/// `serve`, through [`attach_ring`]); an index with no record passes.
+fn check_recorded_key(config: &Config, root: &RootKey) -> anyhow::Result<()> {
+    let recorded = read_index(config, crate::store::keyring::recorded_fingerprint)?.flatten();
+    match recorded {
+        Some(fp) if !accepted_fingerprints(config, root).contains(&fp) => {
+            Err(foreign_key(config, root, "its index", &fp))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The store's record of the key's fingerprint, refused when it names another key.
+pub async fn check_store_key(
+    config: &Config,
+    root: &RootKey,
+    blobs: &dyn BlobStore,
+) -> anyhow::Result<Option<String>> {
+    let stored = crate::store::keyring::stored_fingerprint(blobs)
+        .await
+        .context("cannot read the key's fingerprint in the store")?;
+    match stored {
+        Some(fp) if !accepted_fingerprints(config, root).contains(&fp) => Err(foreign_key(
+            config,
+            root,
+            &format!("the store ({})", blobs.describe()),
+            &fp,
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Before `serve` makes a new root key, and before it creates or opens anything:
+/// refused unless the installation holds no data at all (no versions, tokens, keyring
+/// rows or fingerprint in the index; no versions and no fingerprint in the store). A
+/// lost key file beside existing data is a missing key, never a new installation.
+pub async fn require_no_data(config: &Config) -> anyhow::Result<()> {
+    use crate::store::keyring::{index_has_data, recorded_fingerprint, stored_fingerprint};
+    let in_index = read_index(config, index_has_data)?.unwrap_or(false);
+    let recorded = read_index(config, recorded_fingerprint)?.flatten();
+    let (in_store, stored, described) =
+        if config.store.kind == StoreKind::Local && !config.local_store_path().exists() {
+            (false, None, String::new())
+        } else {
+            let blobs = open_blob_store(config)?;
+            let listed = blobs.list(crate::store::STATES_PREFIX).await;
+            let listed = listed.with_context(|| {
+                format!(
+                    "the blob store ({}) is not reachable; check endpoint, bucket and credentials",
+                    blobs.describe()
+                )
+            })?;
+            let stored = stored_fingerprint(blobs.as_ref())
+                .await
+                .context("cannot read the key's fingerprint in the store")?;
+            (!listed.is_empty(), stored, blobs.describe())
+        };
+    if !in_index && !in_store && stored.is_none() && recorded.is_none() {
+        return Ok(());
+    }
+    let place = if in_index || recorded.is_some() {
+        "its index holds data".to_string()
+    } else {
+        format!("the store ({described}) holds its data")
+    };
+    anyhow::bail!(
+        "there is no root key ({}), but this installation is not new: {place}{}. A new key \
+         would open none of it, so none was made. Give stategate the installation's key: \
+         restore the key file from your backup, or set dek_file / STATEGATE_DEK_FILE or \
+         STATEGATE_DEK (docs/keys.md)",
+        key_origin(config),
+        recorded
+            .or(stored)
+            .map_or(String::new(), |fp| format!(" (key fingerprint {fp})"))
+    )
+}
+
+/// What proving a key against the data found.
+enum Proof {
+    /// It opened the newest workspace version.
+    Opened,
+    /// There is nothing to open: no versions in the index or the store.
+    Nothing,
+    /// Not proven either way (why).
+    Unproven(String),
+}
+
+/// Opens the newest workspace version with `root` (its header and first chunk).
+async fn prove_key(root: &RootKey, store: &StateStore) -> anyhow::Result<Proof> {
+    let newest = store
+        .index_handle()
+        .read(|c| crate::store::keyring::newest_sealed(c, crate::tofu::SCOPE_PREFIX))
+        .await?;
+    let Some(row) = newest else {
+        let in_store = !store
+            .blobs()
+            .list(crate::store::STATES_PREFIX)
+            .await?
+            .is_empty();
+        return Ok(if in_store {
+            Proof::Unproven(
+                "the index has no version but the store has some (rebuild the index: `stategate index rebuild`)".into(),
+            )
+        } else {
+            Proof::Nothing
+        });
+    };
+    let (scope, version) = (row.scope.clone(), row.version);
+    Ok(match store.stream_row(row, &root.blob_key(&scope)).await {
+        Ok(_) => Proof::Opened,
+        Err(e) => Proof::Unproven(format!("{scope} v{version} does not open with it: {e}")),
+    })
+}
+
+/// `serve`'s proof that `root` is this installation's key: refused when the index or
+/// the store recorded another key's fingerprint; where neither has a record yet (a
+/// new installation, or one of an earlier release), the fingerprint is recorded in
+/// both once the key opens the newest version, or when there is no version at all. An
+/// earlier release's data that the key does not open is never refused (it may be a
+/// damaged blob): the log says so, and nothing is recorded.
+pub async fn verify_root_key(
+    config: &Config,
+    root: &RootKey,
+    store: &StateStore,
+) -> anyhow::Result<()> {
+    use crate::store::keyring::{record_fingerprint, recorded_fingerprint, store_fingerprint};
+    let ours = root.fingerprint();
+    let index = store.index_handle();
+    let recorded = index.read(recorded_fingerprint).await?;
+    if let Some(fp) = &recorded {
+        if !accepted_fingerprints(config, root).contains(fp) {
+            return Err(foreign_key(config, root, "its index", fp));
+        }
+    }
+    let stored = check_store_key(config, root, store.blobs().as_ref()).await?;
+    if recorded.is_none() && stored.is_none() {
+        match prove_key(root, store).await? {
+            Proof::Opened | Proof::Nothing => {}
+            Proof::Unproven(why) => {
+                tracing::warn!(
+                    fingerprint = %ours,
+                    "the root key is not recorded for this installation yet and could not be proven against its data ({why}); \
+                     it is recorded once it opens a version. If this is not the installation's key, stop now and give it the right one"
+                );
+                return Ok(());
+            }
+        }
+    }
+    if recorded.is_none() {
+        let fp = stored.clone().unwrap_or_else(|| ours.clone());
+        let held = index
+            .write(move |c| record_fingerprint(c, &fp).map_err(crate::store::DbError::from))
+            .await?;
+        if !accepted_fingerprints(config, root).contains(&held) {
+            return Err(foreign_key(config, root, "its index", &held));
+        }
+        tracing::info!(fingerprint = %held, "recorded the root key's fingerprint in the index");
+    }
+    if stored.is_none() {
+        let fp = recorded.unwrap_or(ours);
+        store_fingerprint(store.blobs().as_ref(), &fp)
+            .await
+            .context("cannot record the key's fingerprint in the store")?;
+    }
+    Ok(())
+}
+
+/// After a new index was written at `into` with `root` proven against the data (a
+/// rebuild that opened versions with it): records its fingerprint there, and in the
+/// store when the store has none.
+pub async fn record_key_in(
+    into: &Path,
+    root: &RootKey,
+    blobs: &dyn BlobStore,
+) -> anyhow::Result<()> {
+    let fp = root.fingerprint();
+    let conn = crate::store::sql::Connection::open(into)
+        .with_context(|| format!("cannot open the new index {}", into.display()))?;
+    crate::store::keyring::set_fingerprint(&conn, &fp)
+        .with_context(|| format!("cannot record the key's fingerprint in {}", into.display()))?;
+    drop(conn);
+    if crate::store::keyring::stored_fingerprint(blobs)
+        .await?
+        .is_none()
+    {
+        crate::store::keyring::store_fingerprint(blobs, &fp)
+            .await
+            .context("cannot record the key's fingerprint in the store")?;
+    }
     Ok(())
 }
 
@@ -662,59 +961,114 @@ pub struct DataDirLock {
     _file: std::fs::File,
 }
 
-/// Which lock a caller wants.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Servers: many may hold it at once (stategate never refused a second server).
-    Shared,
-    /// A command writing the index: only when no server holds the data dir.
-    Exclusive,
+/// Who holds the data dir, written into the lock file under the lock so that a refused
+/// process can say who is in its way.
+#[derive(Clone, Copy)]
+enum Holder {
+    /// `stategate serve`, for its whole life: one server per data dir (a second one
+    /// would rewrite the recorded address and share the SQLite index behind its back).
+    Server,
+    /// A command writing a new index into the live path (restore, rebuild, migrate).
+    Writer,
 }
 
 fn lock_path(config: &Config) -> std::path::PathBuf {
     config.data_dir.join("serve.lock")
 }
 
-/// `Ok(None)`: someone holds a conflicting lock right now (never waits).
-fn try_lock(config: &Config, mode: Mode) -> anyhow::Result<Option<DataDirLock>> {
+/// `Ok(None)`: someone holds the lock right now (never waits).
+fn try_lock(config: &Config, holder: Holder) -> anyhow::Result<Option<DataDirLock>> {
+    use std::io::Write;
     create_private_dir(&config.data_dir)
         .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
     let path = lock_path(config);
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
-    let op = match mode {
-        Mode::Shared => libc::LOCK_SH,
-        Mode::Exclusive => libc::LOCK_EX,
-    } | libc::LOCK_NB;
     // SAFETY: `flock` on a file descriptor this function owns for as long as the call.
-    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-        return Ok(Some(DataDirLock { _file: file }));
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        return Err(err).with_context(|| format!("cannot lock {}", path.display()));
     }
-    let err = std::io::Error::last_os_error();
-    if err.kind() == std::io::ErrorKind::WouldBlock {
-        return Ok(None);
-    }
-    Err(err).with_context(|| format!("cannot lock {}", path.display()))
+    let role = match holder {
+        Holder::Server => "serve",
+        Holder::Writer => "index-writer",
+    };
+    // Best effort: the lock itself is what excludes; the text only names the holder.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| writeln!(file, "{role} {}", std::process::id()));
+    Ok(Some(DataDirLock { _file: file }))
 }
 
-/// The lock `serve` holds for its whole life. Refused while a restore writes the index.
+/// Who holds the lock, from what it wrote there: `(role, pid)`.
+fn lock_holder(config: &Config) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(lock_path(config)).ok()?;
+    let (role, pid) = text.trim().split_once(' ')?;
+    Some((role.to_string(), pid.to_string()))
+}
+
+/// The lock `serve` holds for its whole life: refused while another server runs on the
+/// same data dir, or a restore writes the index there.
 pub fn hold_for_serving(config: &Config) -> anyhow::Result<DataDirLock> {
-    try_lock(config, Mode::Shared)?.with_context(|| {
-        format!(
-            "a restore is writing a new index into {}; start stategate when it has finished",
-            config.data_dir.display()
-        )
-    })
+    if let Some(lock) = try_lock(config, Holder::Server)? {
+        return Ok(lock);
+    }
+    let dir = config.data_dir.display();
+    match lock_holder(config) {
+        Some((role, pid)) if role == "index-writer" => anyhow::bail!(
+            "a restore or rebuild (pid {pid}) is writing a new index into {dir}; start stategate when it has finished"
+        ),
+        Some((_, pid)) => anyhow::bail!(
+            "another stategate server (pid {pid}) is running on the data dir {dir}; stop it, or give this one its own data_dir / STATEGATE_DATA_DIR"
+        ),
+        None => anyhow::bail!(
+            "another stategate process holds the data dir {dir} ({}); stop it first",
+            lock_path(config).display()
+        ),
+    }
 }
 
 /// The data dir, proven free of servers: `None` while any `stategate serve` holds it.
 pub fn hold_without_server(config: &Config) -> anyhow::Result<Option<DataDirLock>> {
-    try_lock(config, Mode::Exclusive)
+    try_lock(config, Holder::Writer)
+}
+
+/// At a clean stop, once no request is left: copies the whole write-ahead log of a
+/// SQLite index into the database file and empties it (`wal_checkpoint(TRUNCATE)`), so
+/// the database file alone is the index (a lost `stategate.db` can be restored in place
+/// next to an empty log). Nothing to do on PostgreSQL; a failure is logged.
+pub fn checkpoint_at_stop(config: &Config) {
+    if postgres_url(config).is_some() {
+        return;
+    }
+    let path = config.db_path();
+    let done = (|| -> anyhow::Result<bool> {
+        let conn = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(2))?;
+        // (busy, log frames, checkpointed frames): busy = 1 when a reader held it back.
+        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+        Ok(busy == 0)
+    })();
+    match done {
+        Ok(true) => tracing::info!(index = %path.display(), "index checkpointed"),
+        Ok(false) => {
+            tracing::warn!(index = %path.display(), "the index's write-ahead log could not be emptied at stop (a reader held it); it is replayed at the next start")
+        }
+        Err(e) => {
+            tracing::warn!(index = %path.display(), error = %e, "cannot checkpoint the index at stop; its write-ahead log is replayed at the next start")
+        }
+    }
 }
 
 /// The index files SQLite keeps beside `db` (its write-ahead log and shared memory):
@@ -733,23 +1087,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn servers_share_the_data_dir_and_shut_out_a_writer() {
+    fn one_server_per_data_dir_and_no_writer_beside_it() {
         let dir = tempfile::tempdir().unwrap();
         let config = Config {
             data_dir: dir.path().join("data"),
             ..Config::default()
         };
         let first = hold_for_serving(&config).unwrap();
-        let second = hold_for_serving(&config).unwrap();
+        let err = hold_for_serving(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("another stategate server")
+                && err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
         assert!(hold_without_server(&config).unwrap().is_none());
         drop(first);
-        assert!(hold_without_server(&config).unwrap().is_none());
-        drop(second);
         let writer = hold_without_server(&config)
             .unwrap()
             .expect("no server left");
         let err = hold_for_serving(&config).unwrap_err().to_string();
-        assert!(err.contains("a restore is writing"), "{err}");
+        assert!(err.contains("is writing a new index"), "{err}");
         assert!(hold_without_server(&config).unwrap().is_none());
         drop(writer);
         hold_for_serving(&config).unwrap();

@@ -85,6 +85,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("resource_summary_heads", "1"),
     ("resource_instance_digests", "1"),
     ("key_generations", "1"),
+    ("key_fingerprint", "1"),
     ("tf_locks", "1"),
     ("tf_run_credentials", "1"),
     ("tf_write_overrides", "1"),

@@ -52,8 +52,20 @@ async fn build(
             |path| std::fs::read_to_string(path),
         )?),
     };
-    // The store is checked first (it also creates the data dir): a misconfigured store
-    // must not leave a fresh DEK behind.
+    // A key that is there is read before anything is opened: one that cannot be used
+    // stops startup with nothing touched.
+    let root = match root {
+        Some(root) => Some(root),
+        None if crate::installation::has_root_key(config) => Some(read_root_key(config, false)?),
+        None => {
+            // A new key only for an installation with no data at all; checked before
+            // anything is created, so a refused start leaves nothing behind.
+            crate::installation::require_no_data(config).await?;
+            None
+        }
+    };
+    // The store is checked before a key is made (it also creates the data dir): a
+    // misconfigured store must not leave a fresh DEK behind.
     let metrics = Metrics::new();
     let store = open_state_store(config).await?;
     let store = store.with_blobs(crate::store::metered::MeteredStore::wrap(
@@ -65,8 +77,10 @@ async fn build(
         None => read_root_key(config, true)?,
     };
     // The keyring's generations (and its copies in the store): a generation that does
-    // not unwrap stops startup here, before anything is written.
+    // not unwrap stops startup here, before anything is written; so does a key whose
+    // fingerprint is not the one the index or the store recorded.
     crate::installation::open_keyring(config, &root, &store, true).await?;
+    crate::installation::verify_root_key(config, &root, &store).await?;
     let cluster_key = load_cluster_key(config)?;
     let cluster =
         crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
@@ -244,6 +258,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // The listener's certificate, key and client CA are read before the installation
     // is touched: a file that cannot be used refuses startup, naming its key.
     let tls = listener_tls(&config.tls)?;
+    // The address is proven free before anything is opened: pingora binds only when its
+    // services start, and on a busy port retries for 30 s and then panics, leaving a
+    // process that serves nothing.
+    check_listen(config.listen)?;
     // A key service that cannot give the key stops startup before the data dir is
     // created or touched.
     // The key it unwrapped (if any) is the one every part of this process uses: the
@@ -284,7 +302,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     server.bootstrap();
     server.add_service(pingora::services::background::background_service(
         "drain",
-        crate::drain::ExitWhenDrained(app.inflight.clone()),
+        crate::drain::ExitWhenDrained(app.inflight.clone(), {
+            let config = config.clone();
+            Box::new(move || crate::installation::checkpoint_at_stop(&config))
+        }),
     ));
     // Every node measures its clock against a shared index, not one node for all.
     server.add_service(pingora::services::background::background_service(
@@ -350,12 +371,126 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         None => service.add_tcp(&listen),
     }
     server.add_service(service);
-    tracing::info!(listen = %config.listen, url = %config.base_url(), "stategate serving");
+    server.add_service(pingora::services::background::background_service(
+        "listening",
+        AnnounceWhenListening {
+            listen: config.listen,
+            url: config.base_url(),
+        },
+    ));
     // `run_forever`, with the log's queue written out before the exit (a fast shutdown
     // on SIGINT does not pass through the drain, which flushes too).
     server.run(pingora::server::RunArgs::default());
+    crate::installation::checkpoint_at_stop(&config);
     crate::log::flush();
     std::process::exit(0)
+}
+
+/// Binds `listen` once and lets it go: a busy address (another stategate, another
+/// program) or one this host does not have refuses startup with one line naming the
+/// setting.
+fn check_listen(listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    match std::net::TcpListener::bind(listen) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "cannot listen on {listen}: the address is already in use (another stategate server, \
+             or another program); stop it, or set listen / STATEGATE_LISTEN to a free address"
+        ),
+        Err(e) => Err(e).with_context(|| {
+            format!("cannot listen on {listen}; set listen / STATEGATE_LISTEN to an address of this host")
+        }),
+    }
+}
+
+/// How long pingora may take to bind the listener after the check above proved the
+/// address free; past it someone took the address in between, and the process ends.
+const BIND_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Logs "stategate serving" once this process has a listening socket on the port
+/// (pingora binds when its services start, after everything else was said), with the
+/// port it got when `listen` asked for port 0. A listener that is not there within
+/// [`BIND_DEADLINE`] ends the process with one error line rather than leaving one that
+/// serves nothing.
+struct AnnounceWhenListening {
+    listen: std::net::SocketAddr,
+    url: String,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for AnnounceWhenListening {
+    async fn start(&self, _shutdown: ShutdownWatch) {
+        let since = std::time::Instant::now();
+        loop {
+            let ports = tokio::task::spawn_blocking(own_listening_ports)
+                .await
+                .unwrap_or_default();
+            let port = match self.listen.port() {
+                0 => ports.first().copied(),
+                wanted => ports.contains(&wanted).then_some(wanted),
+            };
+            if let Some(port) = port {
+                let listen = std::net::SocketAddr::new(self.listen.ip(), port);
+                // Port 0 asked for any port: the address names the one it got.
+                let url = match self.url.strip_suffix(":0") {
+                    Some(base) if self.listen.port() == 0 => format!("{base}:{port}"),
+                    _ => self.url.clone(),
+                };
+                tracing::info!(listen = %listen, url = %url, "stategate serving");
+                return;
+            }
+            if since.elapsed() > BIND_DEADLINE {
+                tracing::error!(
+                    listen = %self.listen,
+                    "cannot listen on {}: another process took the address during startup; stop it, or set listen / STATEGATE_LISTEN to a free address",
+                    self.listen
+                );
+                crate::log::flush();
+                std::process::exit(1);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The TCP ports this process listens on (Linux: its socket descriptors matched against
+/// `/proc/net/tcp{,6}` rows in state LISTEN); empty when they cannot be read.
+fn own_listening_ports() -> Vec<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let link = std::fs::read_link(entry.ok()?.path()).ok()?;
+            let link = link.to_str()?;
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if !inodes.contains(*inode) {
+                continue;
+            }
+            if let Some(port) = local
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+            {
+                ports.push(port);
+            }
+        }
+    }
+    ports
 }
 
 /// The TLS settings of the listener, or `None` for plain HTTP. The certificate and key

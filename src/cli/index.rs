@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Subcommand;
 
 use stategate::config::Config;
@@ -17,7 +17,7 @@ use stategate::store::{backup, rebuild};
 use stategate::tokens;
 
 use super::output::{
-    advance, json_line, listing, progress_bar, require_db, runtime, spinner, when,
+    advance, json_line, listing, operator, progress_bar, require_db, runtime, spinner, when,
 };
 
 #[derive(Subcommand)]
@@ -200,7 +200,7 @@ fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
     if !is_live(config, into) {
         return Ok(());
     }
-    if let Some(file) = installation::index_files(into).iter().find(|f| f.exists()) {
+    if let Some(file) = leftover_index(into) {
         bail!(
             "--into {} is the live index and {} exists; {what} into a new file and swap it in",
             into.display(),
@@ -208,6 +208,19 @@ fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What of an index is still at `db`: the database file, or a write-ahead log with
+/// frames in it. A clean stop empties the log (`installation::checkpoint_at_stop`), and
+/// an empty log and its shared memory belong to no database: [`claim_into`] removes them.
+fn leftover_index(db: &Path) -> Option<PathBuf> {
+    let [db, wal, _] = installation::index_files(db);
+    if db.exists() {
+        return Some(db);
+    }
+    std::fs::metadata(&wal)
+        .map_or(false, |m| m.len() > 0)
+        .then_some(wal)
 }
 
 /// For the live index's path: the data dir's lock, proving no server runs there and
@@ -230,6 +243,16 @@ fn claim_into(
     };
     // Again under the lock: a server that ran meanwhile may have created the index.
     check_into(config, into, what)?;
+    // An empty log left by a clean stop, and its shared memory: a new index must not
+    // meet them.
+    for file in installation::index_files(into).iter().skip(1) {
+        match std::fs::remove_file(file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", file.display()))
+            }
+            _ => {}
+        }
+    }
     Ok(Some(lock))
 }
 
@@ -269,7 +292,8 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     check_into(config, into, "rebuild")?;
     let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
-    let (_, keys) = roots_with_ring(config, &*blobs, &rt)?;
+    let (dek, keys) = roots_with_ring(config, &*blobs, &rt)?;
+    rt.block_on(installation::check_store_key(config, &dek, &*blobs))?;
     let claimed = claim_into(config, into, "rebuild")?;
     let bar = progress_bar("verifying blobs");
     let report = rt.block_on(rebuild::rebuild_index_with_progress(
@@ -289,6 +313,15 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
         &keys,
         &report.rows,
     ))?;
+    // The key opened what it rebuilt (or there was nothing to open): the new index
+    // records it, so `serve` refuses any other.
+    let opened = report
+        .rows
+        .iter()
+        .any(|r| r.scope.starts_with(stategate::tofu::SCOPE_PREFIX));
+    if opened || (report.rows.is_empty() && report.skipped.is_empty()) {
+        rt.block_on(installation::record_key_in(into, &dek, &*blobs))?;
+    }
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
@@ -392,6 +425,7 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
     let (dek, keys) = roots_with_ring(config, &*blobs, &rt)?;
+    let stored_key = rt.block_on(installation::check_store_key(config, &dek, &*blobs))?;
     let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
     let generation = rt
         .block_on(stategate::store::reseal::blob_generation(
@@ -415,12 +449,40 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         stategate::schema::ALL,
         &advance(&bar),
         &mut |c| {
+            // The backup opened with this key: the restored index records it.
+            stategate::store::keyring::set_fingerprint(c, &dek.fingerprint())?;
             reapplied = tokens::after_restore(c, &revocations, &restored_at)?;
-            Ok(())
+            // The restore itself, with what it re-applied, in the new index's audit log.
+            let revoked: Vec<_> = reapplied
+                .revoked
+                .iter()
+                .map(|(kind, id)| serde_json::json!({ "kind": kind, "token": id }))
+                .collect();
+            stategate::store::audit::insert_audit(
+                c,
+                &stategate::store::audit::AuditEntry {
+                    actor: operator(),
+                    org: None,
+                    scope: "index".into(),
+                    event: "index.restored",
+                    payload: serde_json::json!({
+                        "backup": chosen.id,
+                        "taken_at": chosen.taken_at,
+                        "revocations_reapplied": revoked,
+                        "sessions_ended": reapplied.sessions_ended,
+                    }),
+                },
+            )
         },
     ));
     bar.finish_and_clear();
     let report = report?;
+    if stored_key.is_none() {
+        rt.block_on(stategate::store::keyring::store_fingerprint(
+            &*blobs,
+            &dek.fingerprint(),
+        ))?;
+    }
     // The versions added after the backup: their encryption posture, from their content.
     let postures = rt.block_on(stategate::tofu::posture::recompute(
         into,

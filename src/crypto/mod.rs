@@ -48,6 +48,7 @@ const LABEL_DRIFT_PLAN: &[u8] = b"stategate-drift-plan-aead-v1";
 const LABEL_SSO: &[u8] = b"stategate-sso-aead-v1";
 const LABEL_WEBHOOK: &[u8] = b"stategate-drift-webhook-hmac-v1";
 const LABEL_RESOURCE_DIGEST: &[u8] = b"stategate-resource-digest-hmac-v1";
+const LABEL_FINGERPRINT: &[u8] = b"stategate-root-key-fingerprint-v1";
 
 const NONCE_LEN: usize = 12;
 /// Magic of a [`SealKey::seal`] message under a data generation above 0:
@@ -84,6 +85,10 @@ pub enum KeyError {
     Unwrap { label: String, service: String },
     #[error("the keyring cannot be read: {0}")]
     Ring(String),
+}
+
+fn fingerprint_of(key: &[u8; 32]) -> String {
+    hex::encode(&derive_from(key, LABEL_FINGERPRINT, b"")[..8])
 }
 
 fn derive_from(ikm: &[u8; 32], label: &[u8], context: &[u8]) -> [u8; 32] {
@@ -353,6 +358,20 @@ impl RootKey {
     /// The DEK itself (generation 0), as the key file holds it.
     pub fn to_base64(&self) -> String {
         BASE64.encode(self.0.original.key)
+    }
+
+    /// What names this key without revealing it: the first 8 bytes of
+    /// `HKDF-SHA256(DEK, info = "stategate-root-key-fingerprint-v1")`, in hex. The index
+    /// and the store record it, so a process given another key refuses to run.
+    pub fn fingerprint(&self) -> String {
+        fingerprint_of(&self.0.original.key)
+    }
+
+    /// The fingerprint of this installation's first DEK as the ring holds it after a
+    /// `key rewrap` (generation 0 of the data root), when it differs from the key file's.
+    pub fn first_fingerprint(&self) -> Option<String> {
+        self.generation_zero(Purpose::Data)
+            .map(|g| fingerprint_of(&g.key))
     }
 
     /// The key service of the key file itself: wraps generations under a key derived

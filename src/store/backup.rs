@@ -357,7 +357,8 @@ pub async fn restore(
         _ => PathBuf::from("."),
     };
     let scratch = Scratch(scratch_path(&dir, "restore"));
-    std::fs::write(&scratch.0, &db)
+    // Owner-only from its first byte: the index holds token hashes, emails and the audit log.
+    crate::crypto::write_secret_file(&scratch.0, &db)
         .map_err(|e| BackupError::Io(format!("cannot write {}: {e}", scratch.0.display())))?;
     let (added, dropped, resealed) = complete(
         &scratch.0,

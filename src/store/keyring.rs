@@ -36,7 +36,113 @@ CREATE TABLE IF NOT EXISTS key_generations (
     PRIMARY KEY (purpose, generation),
     CHECK (wrapped IS NOT NULL OR retired_at IS NOT NULL)
 );
+CREATE TABLE IF NOT EXISTS key_fingerprint (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    fingerprint TEXT NOT NULL,   -- crypto::RootKey::fingerprint of the root key
+    recorded_at TEXT NOT NULL
+);
 "#;
+
+/// The store's record of the root key's fingerprint (beside the ring's copies, never
+/// listed by the rebuild or the sweep): what an index rebuild or a start on a lost data
+/// dir checks the key against.
+pub const FINGERPRINT_COPY: &str = "keyring/root-key.fingerprint";
+
+/// The root key's fingerprint the index recorded; `None` for an index that has none
+/// yet (new, or of an earlier release).
+pub fn recorded_fingerprint(conn: &Connection) -> Result<Option<String>, crate::store::sql::Error> {
+    if !conn.table_exists("key_fingerprint")? {
+        return Ok(None);
+    }
+    conn.query_row(
+        "SELECT fingerprint FROM key_fingerprint WHERE id = 1",
+        [],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// Records `fingerprint` unless the index has one; returns the one it holds after
+/// (nodes starting together on one PostgreSQL index: the first one wins).
+pub fn record_fingerprint(
+    conn: &Connection,
+    fingerprint: &str,
+) -> Result<String, crate::store::sql::Error> {
+    conn.execute(
+        "INSERT INTO key_fingerprint (id, fingerprint, recorded_at) VALUES (1, ?1, ?2)
+         ON CONFLICT (id) DO NOTHING",
+        params![fingerprint, crate::store::now_rfc3339()],
+    )?;
+    conn.query_row(
+        "SELECT fingerprint FROM key_fingerprint WHERE id = 1",
+        [],
+        |r| r.get(0),
+    )
+}
+
+/// Replaces the index's record: a new index written with a proven key (restore,
+/// rebuild), or `key rewrap` replacing the key file.
+pub fn set_fingerprint(
+    conn: &Connection,
+    fingerprint: &str,
+) -> Result<(), crate::store::sql::Error> {
+    conn.execute(
+        "INSERT INTO key_fingerprint (id, fingerprint, recorded_at) VALUES (1, ?1, ?2)
+         ON CONFLICT (id) DO UPDATE SET fingerprint = excluded.fingerprint,
+                                        recorded_at = excluded.recorded_at",
+        params![fingerprint, crate::store::now_rfc3339()],
+    )?;
+    Ok(())
+}
+
+/// Whether the index holds anything a root key made or opens: versions, keyring
+/// generations, issued tokens, a recorded fingerprint.
+pub fn index_has_data(conn: &Connection) -> Result<bool, crate::store::sql::Error> {
+    for table in ["versions", "key_generations", "tokens", "key_fingerprint"] {
+        if conn.table_exists(table)?
+            && conn
+                .query_row(&format!("SELECT 1 FROM {table} LIMIT 1"), [], |_| Ok(()))
+                .optional()?
+                .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The newest version of a scope under `prefix` that has a blob (what proves a key
+/// against an index of an earlier release, which recorded no fingerprint).
+pub fn newest_sealed(
+    conn: &Connection,
+    prefix: &str,
+) -> Result<Option<super::VersionRow>, crate::store::sql::Error> {
+    conn.query_row(
+        &format!(
+            "SELECT {} FROM versions WHERE blob_key IS NOT NULL AND substr(scope, 1, ?2) = ?1
+             ORDER BY created_at DESC LIMIT 1",
+            super::VERSION_COLUMNS
+        ),
+        params![prefix, prefix.len() as i64],
+        super::row_to_version,
+    )
+    .optional()
+}
+
+/// The fingerprint the store recorded ([`FINGERPRINT_COPY`]), if any.
+pub async fn stored_fingerprint(blobs: &dyn BlobStore) -> Result<Option<String>, BlobError> {
+    Ok(blobs
+        .get(FINGERPRINT_COPY)
+        .await?
+        .map(|body| String::from_utf8_lossy(&body).trim().to_string()))
+}
+
+/// Writes the store's record of the fingerprint.
+pub async fn store_fingerprint(blobs: &dyn BlobStore, fingerprint: &str) -> Result<(), BlobError> {
+    blobs
+        .put(FINGERPRINT_COPY, Bytes::from(format!("{fingerprint}\n")))
+        .await
+}
 
 /// How long after a rotation a retire is refused: every process re-reads the ring
 /// within `installation::RING_RELOAD` (1 s), so after this none writes under an older one.

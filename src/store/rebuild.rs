@@ -273,9 +273,12 @@ pub(crate) fn row_of(claim: Claim) -> VersionRow {
 /// transaction, in rollback-journal mode: the result is a single self-contained file
 /// (no `-wal` beside it) that can be moved into place.
 pub fn write_index(into: &Path, schemas: &[&str], rows: &[VersionRow]) -> Result<(), RebuildError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Owner-only from the start: an index holds what the versions say about each state.
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(into)
     {
         Ok(_) => {}

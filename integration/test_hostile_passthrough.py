@@ -572,7 +572,10 @@ def test_upstream_named_differently_is_still_the_store(gw, tmp_path):
     recognizes its own store (state bucket still reserved) or refuses to start with a
     message — it never silently drops the protection."""
     env = gw.env
+    # The same store is the same installation: it opens only with the first server's key.
+    key = (gw.srv.data_dir / "dek").read_text().strip()
     srv = Server(data_dir=tmp_path / "data", store="s3", s3_env=env, extra_env={
+        "STATEGATE_DEK": key,
         "STATEGATE_S3_PREFIX": PREFIX,
         "STATEGATE_UPSTREAM_ENDPOINT": env["STATEGATE_S3_ENDPOINT"].replace("127.0.0.1", "localhost"),
         "STATEGATE_RETENTION_INTERVAL_SECONDS": "0",

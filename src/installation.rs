@@ -568,30 +568,35 @@ pub async fn check_store_key(
 }
 
 /// Before `serve` makes a new root key, and before it creates or opens anything:
-/// refused unless the installation holds no data at all (no versions, tokens, keyring
-/// rows or fingerprint in the index; no versions and no fingerprint in the store). A
+/// refused unless the installation holds no data at all (no versions, keyring rows or
+/// fingerprint in the index; no versions and no fingerprint in the store). A
 /// lost key file beside existing data is a missing key, never a new installation.
 pub async fn require_no_data(config: &Config) -> anyhow::Result<()> {
     use crate::store::keyring::{index_has_data, recorded_fingerprint, stored_fingerprint};
     let in_index = read_index(config, index_has_data)?.unwrap_or(false);
     let recorded = read_index(config, recorded_fingerprint)?.flatten();
-    let (in_store, stored, described) =
-        if config.store.kind == StoreKind::Local && !config.local_store_path().exists() {
-            (false, None, String::new())
-        } else {
-            let blobs = open_blob_store(config)?;
-            let listed = blobs.list(crate::store::STATES_PREFIX).await;
-            let listed = listed.with_context(|| {
+    let (in_store, stored, described) = if config.store.kind == StoreKind::Local
+        && !config.local_store_path().exists()
+    {
+        (false, None, String::new())
+    } else {
+        let blobs = open_blob_store(config)?;
+        // The check `open_state_store` makes, with its message, before anything else.
+        blobs.check().await.with_context(|| {
                 format!(
-                    "the blob store ({}) is not reachable; check endpoint, bucket and credentials",
+                    "the blob store ({}) is not reachable and writable; check endpoint, bucket and credentials",
                     blobs.describe()
                 )
             })?;
-            let stored = stored_fingerprint(blobs.as_ref())
-                .await
-                .context("cannot read the key's fingerprint in the store")?;
-            (!listed.is_empty(), stored, blobs.describe())
-        };
+        let listed = blobs
+            .list(crate::store::STATES_PREFIX)
+            .await
+            .context("cannot list the blob store")?;
+        let stored = stored_fingerprint(blobs.as_ref())
+            .await
+            .context("cannot read the key's fingerprint in the store")?;
+        (!listed.is_empty(), stored, blobs.describe())
+    };
     if !in_index && !in_store && stored.is_none() && recorded.is_none() {
         return Ok(());
     }
@@ -1068,6 +1073,55 @@ pub fn checkpoint_at_stop(config: &Config) {
         Err(e) => {
             tracing::warn!(index = %path.display(), error = %e, "cannot checkpoint the index at stop; its write-ahead log is replayed at the next start")
         }
+    }
+}
+
+/// What a command resolved as its installation, for a person to check before it acts
+/// (`stategate --show-installation …`): the data dir, the index, the blob store, the
+/// address clients are told, and whether a server runs on the data dir. Opens and
+/// creates nothing; shows no secret (a PostgreSQL URL by host and database only).
+pub fn describe(config: &Config) -> Vec<(&'static str, String)> {
+    let index = match postgres_url(config) {
+        Some(url) => {
+            let rest = url.split_once("://").map_or(url, |(_, r)| r);
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+            format!("PostgreSQL {}", rest.split('?').next().unwrap_or(rest))
+        }
+        None => format!("SQLite {}", config.db_path().display()),
+    };
+    let store = match config.store.kind {
+        StoreKind::Local => format!("local directory {}", config.local_store_path().display()),
+        StoreKind::S3 => format!(
+            "s3 bucket {:?} at {} (prefix {:?})",
+            config.store.s3.bucket, config.store.s3.endpoint, config.store.s3.prefix
+        ),
+    };
+    let server = match running_server(config) {
+        Some(pid) => format!("running (pid {pid})"),
+        None => "not running on this data dir".into(),
+    };
+    vec![
+        ("data dir", config.data_dir.display().to_string()),
+        ("index", index),
+        ("store", store),
+        ("address", crate::address::for_clients(config)),
+        ("key", key_origin(config)),
+        ("server", server),
+    ]
+}
+
+/// The pid of the `stategate serve` holding the data dir right now, if one does (the
+/// lock file is only read, never created).
+fn running_server(config: &Config) -> Option<String> {
+    let file = std::fs::File::open(lock_path(config)).ok()?;
+    // SAFETY: `flock` on a file descriptor this function owns for as long as the call.
+    let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    if free {
+        return None;
+    }
+    match lock_holder(config) {
+        Some((role, pid)) if role == "serve" => Some(pid),
+        _ => None,
     }
 }
 

@@ -545,3 +545,56 @@ async fn a_whole_table_is_read_through_a_cursor() {
         c.execute_batch("COMMIT").unwrap();
     });
 }
+
+/// Issue 38, item 1: a node joining a PostgreSQL index with another key, or with none,
+/// used to start (the latter making a fresh key) and answer 401 and 500. The index
+/// records the first node's key fingerprint: both are refused before serving, naming
+/// it, and no key is made; a node with the nodes' key joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_key_or_none_is_refused_by_the_shared_index() {
+    let Some(url) = new_database() else { return };
+    let a = node(&url).await;
+    let (code, body) = status(a.tf("POST", "w").body(state(1, "l", ""))).await;
+    assert_eq!(code, 200, "{body}");
+    let fingerprint = a.root.fingerprint();
+
+    let third = |dek: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let config = stategate::config::Config {
+            data_dir: dir.path().join("data"),
+            dek: dek.map(Into::into),
+            index: stategate::config::IndexConfig {
+                kind: IndexKind::Postgres,
+                url: Some(url.clone().into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        (dir, config)
+    };
+    const OTHER: &str = "HxwdHhkaGxwdHh8ICQoLDA0ODxAREhMUFRYXGBkaGxw=";
+    let (_dir, config) = third(Some(OTHER));
+    let err = format!(
+        "{:#}",
+        stategate::server::build_app(&config).await.err().unwrap()
+    );
+    assert!(
+        err.contains("another root key")
+            && err.contains(&format!("its index records key fingerprint {fingerprint}")),
+        "{err}"
+    );
+    let (_dir, config) = third(None);
+    let err = format!(
+        "{:#}",
+        stategate::server::build_app(&config).await.err().unwrap()
+    );
+    assert!(
+        err.contains("there is no root key") && err.contains(&fingerprint),
+        "{err}"
+    );
+    assert!(!config.dek_path().exists(), "a new key was made");
+    // The nodes' key joins and reads what the first node wrote.
+    let b = node(&url).await;
+    let (code, body) = status(b.tf("GET", "w")).await;
+    assert_eq!(code, 200, "{body}");
+}

@@ -812,8 +812,14 @@ fn big_state(serial: u64, lineage: &str, bytes: usize) -> String {
     )
 }
 
-/// Objects under the test's prefix and multipart uploads still open there.
+/// Objects under the test's prefix (but the installation's own records under
+/// `keyring/`, which every start writes) and multipart uploads still open there.
 async fn leftovers(client: &aws_sdk_s3::Client, cfg: &S3Config) -> (Vec<String>, Vec<String>) {
+    let keyring = format!(
+        "{}{}",
+        cfg.prefix,
+        stategate::store::keyring::KEYRING_PREFIX
+    );
     let objects = client
         .list_objects_v2()
         .bucket(&cfg.bucket)
@@ -824,6 +830,7 @@ async fn leftovers(client: &aws_sdk_s3::Client, cfg: &S3Config) -> (Vec<String>,
         .contents()
         .iter()
         .filter_map(|o| o.key().map(str::to_string))
+        .filter(|k| !k.starts_with(&keyring))
         .collect();
     let uploads = client
         .list_multipart_uploads()

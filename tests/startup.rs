@@ -377,3 +377,58 @@ fn a_restore_in_place_after_a_clean_stop_is_audited_and_keeps_the_key() {
     std::fs::rename(dir.path().join("dek.saved"), data.join("dek")).unwrap();
     let _server = serve_with(installation(&data, &blobs, None, &listen), port);
 }
+
+/// Issue 38, item 4: forgetting `--config` made a command work on the default data dir,
+/// creating a new empty installation there. Now a command refuses a default data dir
+/// that does not exist (only `serve` makes an installation), and `--show-installation`
+/// prints what a command resolved before it runs.
+#[test]
+fn a_command_says_which_installation_it_works_on_and_makes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let default = home.join(".local/share/stategate");
+    let bare = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stategate"));
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &home);
+        command
+    };
+    for args in [
+        &["admin", "org", "create", "acme"][..],
+        &["workspace", "list"][..],
+    ] {
+        let (code, stderr, took) = failed(&mut bare(args));
+        let line = one_error_line(code, &stderr, took);
+        assert!(
+            line.contains(&format!(
+                "there is no stategate installation at {}",
+                default.display()
+            )) && line.contains("--config"),
+            "{args:?}: {line}"
+        );
+        assert!(!default.exists(), "{args:?} made a data dir");
+    }
+
+    // Named, it works, and says where.
+    let data = dir.path().join("data");
+    let out = bare(&["--show-installation", "admin", "org", "create", "acme"])
+        .env("STATEGATE_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    for line in [
+        "config: none (defaults and STATEGATE_* variables)".to_string(),
+        format!("data dir: {}", data.display()),
+        format!("index: SQLite {}", data.join("stategate.db").display()),
+        format!("store: local directory {}", data.join("blobs").display()),
+        "address: http://127.0.0.1:8080".to_string(),
+        "server: not running on this data dir".to_string(),
+    ] {
+        assert!(stderr.lines().any(|l| l == line), "{line:?} in {stderr}");
+    }
+}

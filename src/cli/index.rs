@@ -219,7 +219,7 @@ fn leftover_index(db: &Path) -> Option<PathBuf> {
         return Some(db);
     }
     std::fs::metadata(&wal)
-        .map_or(false, |m| m.len() > 0)
+        .is_ok_and(|m| m.len() > 0)
         .then_some(wal)
 }
 

@@ -29,6 +29,10 @@ struct Cli {
     /// TOML config file; every key can also be set by a STATEGATE_* variable.
     #[arg(long, short, global = true, env = "STATEGATE_CONFIG")]
     config: Option<PathBuf>,
+    /// Print the installation this command works on (config file, data dir, index,
+    /// store, address, key, server) to stderr before it runs.
+    #[arg(long, global = true)]
+    show_installation: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -130,6 +134,37 @@ pub fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
+    // Named: by a config file, or by STATEGATE_DATA_DIR. Otherwise it is the per-user
+    // default, which is where a forgotten --config lands.
+    let named = cli.config.is_some() || std::env::var_os("STATEGATE_DATA_DIR").is_some();
+    if cli.show_installation {
+        eprintln!(
+            "config: {}",
+            cli.config.as_deref().map_or_else(
+                || "none (defaults and STATEGATE_* variables)".to_string(),
+                |p| p.display().to_string()
+            )
+        );
+        for (what, value) in stategate::installation::describe(&config) {
+            let default = if what == "data dir" && !named {
+                " (the default: no --config, STATEGATE_CONFIG or STATEGATE_DATA_DIR)"
+            } else {
+                ""
+            };
+            eprintln!("{what}: {value}{default}");
+        }
+    }
+    // Only `serve` makes a new installation: an operator command on a data dir that
+    // does not exist, which nothing named, is a forgotten --config.
+    let makes_installation = matches!(cli.command, Command::Serve | Command::Health { .. });
+    if !makes_installation && !named && !config.data_dir.exists() {
+        anyhow::bail!(
+            "there is no stategate installation at {} (the default data dir: neither --config, \
+             STATEGATE_CONFIG nor STATEGATE_DATA_DIR names one); pass the installation's \
+             --config, or start a new one with `stategate serve`",
+            config.data_dir.display()
+        );
+    }
     match cli.command {
         Command::Serve => server::run(config),
         Command::Health { url } => server::probe_health(&config, url.as_deref()),

@@ -95,10 +95,11 @@ pub fn set_fingerprint(
     Ok(())
 }
 
-/// Whether the index holds anything a root key made or opens: versions, keyring
-/// generations, issued tokens, a recorded fingerprint.
+/// Whether the index holds anything a root key sealed or wraps: versions, keyring
+/// generations, a recorded fingerprint (tokens are plain hashes: an operator made
+/// before the first start is no reason to refuse a new key).
 pub fn index_has_data(conn: &Connection) -> Result<bool, crate::store::sql::Error> {
-    for table in ["versions", "key_generations", "tokens", "key_fingerprint"] {
+    for table in ["versions", "key_generations", "key_fingerprint"] {
         if conn.table_exists(table)?
             && conn
                 .query_row(&format!("SELECT 1 FROM {table} LIMIT 1"), [], |_| Ok(()))

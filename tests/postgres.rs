@@ -593,8 +593,11 @@ async fn a_node_with_another_key_or_none_is_refused_by_the_shared_index() {
         "{err}"
     );
     assert!(!config.dek_path().exists(), "a new key was made");
-    // The nodes' key joins and reads what the first node wrote.
+    // The nodes' key joins (each test node has a blob store of its own: it writes and
+    // reads a workspace of its own).
     let b = node(&url).await;
-    let (code, body) = status(b.tf("GET", "w")).await;
+    let (code, body) = status(b.tf("POST", "w2").body(state(1, "l2", ""))).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = status(b.tf("GET", "w2")).await;
     assert_eq!(code, 200, "{body}");
 }

@@ -1,0 +1,608 @@
+//! The authorization property, generated from the router's own table
+//! (`stategate::http::router::ROUTES`): for every route × principal (operators of each
+//! role, limited to `dev-*` and not; issued workspace tokens of each scope; a
+//! workspace's own credential; no credential) × target (inside and outside the
+//! patterns, existing and missing), the answer lets the request through exactly when the
+//! permission rules (`operator::roles::may`, `tofu::access::permits`) say so, every
+//! refusal is the same bytes, and a refusal changes nothing. Then every path value of
+//! every route is sent spelled otherwise (Unicode spaces before and after, full-width
+//! digits, a leading zero, `+`, overlong, percent-encoded, NUL), raw in the request
+//! line: never let through, the same answer for every principal, nothing changed.
+//!
+//! What each route needs is written out here, not read from `http::guard`; a route of
+//! the table without an entry fails the test, so a new route gets a stated rule.
+
+mod common;
+
+use common::roles::{role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
+use common::{lock_info, raw_request, state, TestServer};
+use stategate::http::error::HttpError;
+use stategate::http::router::{Route, Surface, ROUTES};
+use stategate::operator::roles::{Action, Grant, Target};
+
+/// Everything a request could change (`common::roles::snapshot`'s counts), read in one
+/// statement on one connection: the tests read it thousands of times.
+fn snapshot(db: &stategate::store::sql::Connection) -> Vec<i64> {
+    const COUNTS: [&str; 18] = [
+        "SELECT count(*) FROM versions",
+        "SELECT count(*) FROM tf_locks",
+        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
+        "SELECT coalesce(max(id), 0) FROM audit",
+        "SELECT count(*) FROM tokens",
+        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
+        "SELECT count(*) FROM drift_runs",
+        "SELECT count(*) FROM operators",
+        "SELECT count(*) FROM tf_write_overrides",
+        "SELECT count(*) FROM tf_freezes",
+        "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
+        "SELECT count(*) FROM tf_consumers",
+        "SELECT count(*) FROM tf_token_grants",
+        "SELECT count(*) FROM resource_changes",
+        "SELECT count(*) FROM resource_summary_heads",
+        "SELECT count(*) FROM resource_instance_digests",
+        "SELECT count(*) FROM key_generations",
+        "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
+    ];
+    let sql = format!("SELECT {}", COUNTS.map(|c| format!("({c})")).join(", "));
+    db.query_row(&sql, [], |r| (0..COUNTS.len()).map(|i| r.get(i)).collect())
+        .unwrap()
+}
+
+/// What a route is aimed at.
+#[derive(Clone, Copy, Debug)]
+enum Aim {
+    /// Nothing beyond a live operator (whoami, logout).
+    Nothing,
+    Listing,
+    Site,
+    /// The `{ws}` value.
+    Ws,
+    /// The `{ws}` and `{to}` values (a move).
+    Both,
+    /// The `{run}` value's workspace.
+    Run,
+}
+
+/// What the Terraform backend's routes do (`tofu::access::Use`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Use {
+    ReadOutputs,
+    ReadState,
+    Write,
+    Delete,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Need {
+    /// Served to anyone (health, the login page, the stylesheet).
+    Public,
+    /// An operator (admin API, UI) with this action on this aim.
+    Operator(Option<Action>, Aim),
+    /// A workspace credential for this use of the `{ws}` value.
+    Backend(Use),
+    /// An org admin of the cluster API (a separate identity: only spellings are tested).
+    Cluster,
+}
+
+/// The rule each route of the table is held to.
+fn need(route: &Route) -> Need {
+    use Action::*;
+    use Aim::*;
+    let op = |a, aim| Need::Operator(Some(a), aim);
+    match (route.surface, route.method, route.path) {
+        (Surface::Health | Surface::Metrics, _, _) => Need::Public,
+        (Surface::Cluster, _, _) => Need::Cluster,
+        (Surface::Tf, "GET", "/api/v1/tf/outputs/{ws}") => Need::Backend(Use::ReadOutputs),
+        (Surface::Tf, "GET", _) => Need::Backend(Use::ReadState),
+        (Surface::Tf, "DELETE", "/api/v1/tf/state/{ws}") => Need::Backend(Use::Delete),
+        (Surface::Tf, _, _) => Need::Backend(Use::Write),
+        (_, _, p) => match p
+            .trim_start_matches("/api/v1/admin")
+            .trim_start_matches("/ui")
+        {
+            "/favicon.ico"
+            | "/static/app.css"
+            | "/login"
+            | "/login/oidc"
+            | "/login/oidc/callback" => Need::Public,
+            "/whoami" | "/logout" => Need::Operator(None, Nothing),
+            "" | "/" | "/workspaces" | "/audit" | "/search" | "/freezes" | "/drift" => {
+                op(Read, Listing)
+            }
+            "/clusters" => op(Read, Site),
+            "/workspace-tokens"
+            | "/workspace-tokens/{token}/revoke"
+            | "/keys"
+            | "/keys/rotate"
+            | "/keys/retire" => op(Administer, Site),
+            "/workspaces/{ws}/credential/rotate" | "/workspaces/{ws}/consumers" => {
+                op(Administer, Ws)
+            }
+            // Without `masked=1` the admin API hands out the real values.
+            "/workspaces/{ws}/versions/{version}" if route.surface == Surface::Admin => {
+                op(Reveal, Ws)
+            }
+            "/workspaces/{ws}/versions/{version}/reveal"
+            | "/workspaces/{ws}/versions/{version}/download" => op(Reveal, Ws),
+            "/workspaces/{ws}"
+            | "/workspaces/{ws}/versions"
+            | "/workspaces/{ws}/timeline"
+            | "/workspaces/{ws}/versions/{version}"
+            | "/workspaces/{ws}/diff" => op(Read, Ws),
+            "/workspaces/{ws}/rollback" if route.method == "GET" => op(Read, Ws),
+            "/workspaces/{ws}/rollback"
+            | "/workspaces/{ws}/unlock"
+            | "/workspaces/{ws}/restore"
+            | "/workspaces/{ws}/allow-write"
+            | "/workspaces/{ws}/freeze"
+            | "/workspaces/{ws}/unfreeze"
+            | "/drift/{ws}/run" => op(Operate, Ws),
+            "/workspaces/{ws}/move/{to}" => op(Operate, Both),
+            "/drift/{run}" => op(Read, Run),
+            "/drift/{run}/apply" => op(Operate, Run),
+            _ => panic!("{route:?}: no rule stated in tests/authorization.rs"),
+        },
+    }
+}
+
+/// Who sends a request.
+#[derive(Clone, Debug)]
+enum Principal {
+    None,
+    /// An operator: its grant, its API token and its UI session cookie.
+    Operator {
+        email: &'static str,
+        grant: Grant,
+        token: String,
+        cookie: String,
+    },
+    /// An issued workspace token limited to `dev-*`, of this scope.
+    Token {
+        scope: Use,
+        secret: String,
+    },
+    /// `dev-a`'s own derived credential.
+    Workspace {
+        secret: String,
+    },
+}
+
+impl Principal {
+    fn label(&self) -> String {
+        match self {
+            Principal::None => "nobody".into(),
+            Principal::Operator { email, .. } => (*email).into(),
+            Principal::Token { scope, .. } => format!("token({scope:?}, dev-*)"),
+            Principal::Workspace { .. } => "dev-a's credential".into(),
+        }
+    }
+
+    /// The request head's credential lines for `surface`.
+    fn headers(&self, surface: Surface) -> String {
+        match (self, surface) {
+            (Principal::Operator { cookie, .. }, Surface::Ui) => {
+                format!("Cookie: sg_session={cookie}\r\n")
+            }
+            (Principal::Operator { token, .. }, _) => format!("Authorization: Bearer {token}\r\n"),
+            (Principal::Token { secret, .. } | Principal::Workspace { secret }, _) => {
+                format!("Authorization: Bearer {secret}\r\n")
+            }
+            (Principal::None, _) => String::new(),
+        }
+    }
+}
+
+struct Answer {
+    status: u16,
+    /// The body, with the UI session's own CSRF token and email left in (compared per
+    /// principal only).
+    body: String,
+    location: Option<String>,
+}
+
+async fn send(
+    server: &TestServer,
+    p: &Principal,
+    route: &Route,
+    path: &str,
+    query: Option<&str>,
+) -> Answer {
+    let target = match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    // A body no route accepts, so a request let through stops at its input and the
+    // fixture stays as it was (a UI form has no CSRF token either).
+    let body = (route.method != "GET" && route.method != "HEAD").then(|| b"x".to_vec());
+    let length = body.as_ref().map_or(0, Vec::len);
+    let head = format!(
+        "{} {target} HTTP/1.1\r\nHost: localhost\r\n{}Content-Length: {length}\r\nConnection: close\r\n\r\n",
+        route.method,
+        p.headers(route.surface),
+    );
+    let (status, text) = raw_request(&server.base, &head, body).await;
+    let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let location = headers
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("location: ")
+                .or_else(|| l.strip_prefix("Location: "))
+        })
+        .map(str::to_string);
+    Answer {
+        status,
+        body: body.to_string(),
+        location,
+    }
+}
+
+/// Was the request let through the credential and permission checks?
+fn let_through(route: &Route, a: &Answer) -> bool {
+    match route.surface {
+        Surface::Ui => {
+            !(a.status == 403 && a.body.contains("not permitted"))
+                && a.location.as_deref() != Some("/ui/login")
+                && a.status != 401
+        }
+        _ => a.status != 401 && a.status != 403,
+    }
+}
+
+/// The run fixture: dev-a's run is 2, prod-x's 1; 999 names none.
+fn run_workspace(run: &str) -> Option<&'static str> {
+    match run {
+        "1" => Some("prod-x"),
+        "2" => Some("dev-a"),
+        _ => None,
+    }
+}
+
+/// Is `p` expected through `route` aimed at these values?
+fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool {
+    match (need(route), p) {
+        (Need::Public, _) => true,
+        (Need::Cluster, _) => false,
+        (Need::Operator(action, aim), Principal::Operator { grant, .. }) => {
+            let Some(action) = action else {
+                return true;
+            };
+            match aim {
+                Aim::Nothing => true,
+                Aim::Listing => grant.may(action, Target::Listing),
+                Aim::Site => grant.may(action, Target::Site),
+                Aim::Ws => grant.may(action, Target::Workspace(ws)),
+                Aim::Both => {
+                    grant.may(action, Target::Workspace(ws))
+                        && grant.may(action, Target::Workspace(to))
+                }
+                Aim::Run => {
+                    grant.may(action, Target::Listing)
+                        && run_workspace(run)
+                            .is_none_or(|w| grant.may(action, Target::Workspace(w)))
+                }
+            }
+        }
+        (Need::Operator(..), _) => false,
+        (Need::Backend(use_), Principal::Token { scope, .. }) => {
+            ws.starts_with("dev-")
+                && use_ != Use::Delete
+                && (use_ == Use::ReadOutputs || use_ <= *scope)
+        }
+        (Need::Backend(_), Principal::Workspace { .. }) => ws == "dev-a",
+        (Need::Backend(_), _) => false,
+    }
+}
+
+/// The values each route is aimed at: (ws, to, run) for every combination its template
+/// uses, inside and outside `dev-*`, existing and missing.
+fn targets(route: &Route) -> Vec<(&'static str, &'static str, &'static str)> {
+    let p = route.path;
+    if p.contains("{to}") {
+        return vec![
+            ("dev-a", "dev-b", "2"),
+            ("dev-a", "prod-x", "2"),
+            ("prod-x", "dev-a", "2"),
+        ];
+    }
+    if p.contains("{ws}") {
+        return ["dev-a", "dev-nope", "prod-x", "prod-nope"]
+            .map(|w| (w, "dev-b", "2"))
+            .to_vec();
+    }
+    if p.contains("{run}") {
+        return ["2", "1", "999"].map(|r| ("dev-a", "dev-b", r)).to_vec();
+    }
+    vec![("dev-a", "dev-b", "2")]
+}
+
+fn fill(route: &Route, ws: &str, to: &str, run: &str) -> (String, Option<String>) {
+    let value = |name: &str| match name {
+        "ws" => ws.to_string(),
+        "to" => to.to_string(),
+        "run" => run.to_string(),
+        "version" => "1".into(),
+        "from" => "2".into(),
+        "token" => "nobody".into(),
+        "id" => "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b".into(),
+        other => panic!("no value for {{{other}}}"),
+    };
+    (route.fill(value), route.fill_query(value))
+}
+
+/// Other spellings of `good`, each as raw request-line text.
+fn spellings(good: &str) -> Vec<String> {
+    let full_width: String = good
+        .chars()
+        .map(|c| match c {
+            '0'..='9' => char::from_u32(c as u32 - '0' as u32 + 0xFF10).unwrap_or(c),
+            'a'..='z' => char::from_u32(c as u32 - 'a' as u32 + 0xFF41).unwrap_or(c),
+            c => c,
+        })
+        .collect();
+    let encoded: String = good.bytes().map(|b| format!("%{b:02X}")).collect();
+    vec![
+        format!("\u{3000}{good}"),
+        format!("{good}\u{3000}"),
+        format!("\u{a0}{good}"),
+        format!("\u{2003}{good}"),
+        format!("\u{85}{good}"),
+        format!("{good}\u{a0}"),
+        full_width,
+        format!("0{good}"),
+        format!("+{good}"),
+        format!("{good}{}", "9".repeat(200)),
+        encoded,
+        format!("%20{good}"),
+        format!("{good}%00"),
+    ]
+}
+
+/// Does `text` name something a route would take as the same value kind (then it is a
+/// different value, not another spelling: `0dev-a` is a name of its own)?
+fn also_valid(placeholder: &str, text: &str) -> bool {
+    use stategate::http::params::{RunId, WorkspaceName};
+    match placeholder {
+        "run" | "version" => RunId::parse(text).is_ok(),
+        _ => WorkspaceName::parse(text).is_ok(),
+    }
+}
+
+async fn fixture() -> (TestServer, Vec<Principal>) {
+    let server = TestServer::start().await;
+    let http = reqwest::Client::new();
+    for ws in ["prod-x", "dev-a"] {
+        for serial in 1..=2 {
+            let resources = format!(
+                r#"{{"mode":"managed","type":"null_resource","name":"one","provider":"p","instances":[{{"attributes":{{"password":"{SECRET}","n":{serial}}}}}]}}"#
+            );
+            let (code, text) = common::status(
+                server
+                    .tf("POST", ws)
+                    .body(state(serial, "lin-1", &resources)),
+            )
+            .await;
+            assert_eq!(code, 200, "{text}");
+        }
+        // Held locks: a force-unlock or rollback let through still stops at them.
+        let (code, _) =
+            common::status(server.tf("LOCK", ws).body(lock_info(&format!("L-{ws}")))).await;
+        assert_eq!(code, 200);
+    }
+    unfinished_runs(&server, &["prod-x", "dev-a"]);
+    let tokens = role_operators(&server).await;
+    let mut principals = vec![Principal::None];
+    let now = stategate::tokens::now();
+    for ((email, role, patterns), token) in ROLE_OPERATORS.iter().zip(tokens) {
+        let secret = token.clone().into_bytes();
+        let opened = server
+            .app
+            .operator
+            .admin_write(move |c| stategate::ui::session::open(c, &secret, now))
+            .await
+            .unwrap()
+            .expect("a session");
+        principals.push(Principal::Operator {
+            email,
+            grant: Grant::parse(role, *patterns).unwrap(),
+            token,
+            cookie: opened.cookie_value,
+        });
+    }
+    let admin = match principals.last() {
+        Some(Principal::Operator { token, .. }) => token.clone(),
+        _ => unreachable!(),
+    };
+    for (scope, name) in [
+        (Use::ReadOutputs, "outputs"),
+        (Use::ReadState, "read"),
+        (Use::Write, "write"),
+    ] {
+        let resp = http
+            .post(format!("{}/api/v1/admin/workspace-tokens", server.base))
+            .bearer_auth(&admin)
+            .body(serde_json::json!({"name": format!("t-{name}"), "workspaces": "dev-*", "scope": name}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 201);
+        let made: serde_json::Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+        principals.push(Principal::Token {
+            scope,
+            secret: made["secret"].as_str().unwrap().to_string(),
+        });
+    }
+    principals.push(Principal::Workspace {
+        secret: server.bearer("dev-a"),
+    });
+    (server, principals)
+}
+
+#[tokio::test]
+async fn every_route_answers_as_the_permission_rules_say() {
+    let (server, principals) = fixture().await;
+    let started = std::time::Instant::now();
+    // Each rule is stated (a route without one panics here, before any request).
+    for route in ROUTES {
+        need(route);
+    }
+    let admin_refusal =
+        String::from_utf8(stategate::error::Error::NotPermitted.body().to_vec()).unwrap();
+    let (mut through, mut refused) = (0, 0);
+    let mut ui_refusals: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
+    // The backend first: the admin API's (refused) changes never reach its credentials.
+    let mut order: Vec<&Route> = ROUTES.iter().filter(|r| r.surface == Surface::Tf).collect();
+    order.extend(ROUTES.iter().filter(|r| r.surface != Surface::Tf));
+    let db = server.db();
+    let mut baseline = snapshot(&db);
+    for route in order {
+        if matches!(need(route), Need::Public | Need::Cluster) {
+            continue;
+        }
+        // Operators and one token at the admin API and the UI; the workspace
+        // credentials, one operator and nobody at the backend.
+        let asking: Vec<&Principal> = principals
+            .iter()
+            .filter(|p| match (route.surface, p) {
+                (Surface::Tf, Principal::Operator { email, .. }) => *email == "admin@x.io",
+                (Surface::Tf, _) => true,
+                (_, Principal::Token { scope, .. }) => *scope == Use::Write,
+                (_, Principal::Workspace { .. }) => false,
+                _ => true,
+            })
+            .collect();
+        for (ws, to, run) in targets(route) {
+            let (path, query) = fill(route, ws, to, run);
+            for p in &asking {
+                let a = send(&server, p, route, &path, query.as_deref()).await;
+                let what = format!(
+                    "{} {} {path} {query:?} as {}",
+                    route.method,
+                    route.path,
+                    p.label()
+                );
+                let want = expected(route, p, ws, to, run);
+                let got = let_through(route, &a);
+                assert_eq!(got, want, "{what}: {} {}", a.status, a.body);
+                assert!(
+                    !a.body.contains(SECRET) || want,
+                    "{what}: a secret in a refusal"
+                );
+                if got {
+                    through += 1;
+                    baseline = snapshot(&db);
+                    continue;
+                }
+                refused += 1;
+                assert_eq!(
+                    snapshot(&db),
+                    baseline,
+                    "{what}: a refusal changed something"
+                );
+                match (route.surface, a.status) {
+                    (Surface::Admin, 403) => assert_eq!(a.body, admin_refusal, "{what}"),
+                    (Surface::Ui, 403) => {
+                        ui_refusals.entry(p.label()).or_default().insert(a.body);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    for (who, bodies) in &ui_refusals {
+        assert_eq!(bodies.len(), 1, "{who}: UI refusals differ: {bodies:#?}");
+    }
+    assert!(
+        through > 200 && refused > 200,
+        "{through} let through, {refused} refused"
+    );
+    eprintln!(
+        "{through} let through, {refused} refused in {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn no_other_spelling_of_a_value_is_let_through() {
+    let (server, principals) = fixture().await;
+    let started = std::time::Instant::now();
+    // A limited operator and the unlimited admin at the admin API and the UI; a
+    // `dev-*` write token and dev-a's own credential at the backend.
+    let asking = |surface: Surface| -> Vec<&Principal> {
+        principals
+            .iter()
+            .filter(|p| match (surface, p) {
+                (Surface::Tf, Principal::Token { scope, .. }) => *scope == Use::Write,
+                (Surface::Tf, Principal::Workspace { .. }) => true,
+                (Surface::Tf, _) => false,
+                (_, Principal::Operator { email, .. }) => {
+                    ["operator-dev@x.io", "admin@x.io"].contains(email)
+                }
+                _ => false,
+            })
+            .collect()
+    };
+    let db = server.db();
+    let mut sent = 0;
+    for route in ROUTES {
+        let before = snapshot(&db);
+        for placeholder in ["ws", "to", "run", "version", "token", "id"] {
+            if !route.path.contains(&format!("{{{placeholder}}}")) {
+                continue;
+            }
+            // Aimed outside `dev-*`: prod-x, its run, its version 1.
+            let good = match placeholder {
+                "run" | "version" => "1",
+                "token" => "nobody",
+                "id" => "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b",
+                _ => "prod-x",
+            };
+            for bad in spellings(good) {
+                let value = |name: &str| {
+                    if name == placeholder {
+                        return bad.clone();
+                    }
+                    match name {
+                        "ws" | "to" => "prod-x".to_string(),
+                        "run" | "version" => "1".into(),
+                        "from" => "2".into(),
+                        "token" => "nobody".into(),
+                        _ => "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b".into(),
+                    }
+                };
+                let (path, query) = (route.fill(value), route.fill_query(value));
+                let mut answers = std::collections::BTreeSet::new();
+                for p in asking(route.surface) {
+                    let a = send(&server, p, route, &path, query.as_deref()).await;
+                    sent += 1;
+                    let what = format!("{} {path:?} as {}", route.method, p.label());
+                    assert!(!a.body.contains(SECRET), "{what}: {}", a.body);
+                    if also_valid(placeholder, &bad) || placeholder == "id" {
+                        // A value of its own (`0prod-x`), or a cluster id (answered
+                        // like a missing cluster): judged as that value is.
+                        continue;
+                    }
+                    // Another spelling: never through. The admin API and the backend
+                    // answer one 400 whoever asks, the UI its 400 page.
+                    assert_eq!(a.status, 400, "{what}: {}", a.body);
+                    if route.surface != Surface::Ui {
+                        answers.insert(a.body);
+                    }
+                }
+                assert!(
+                    answers.len() <= 1,
+                    "{} {path:?}: answers differ: {answers:#?}",
+                    route.method
+                );
+            }
+        }
+        assert_eq!(
+            snapshot(&db),
+            before,
+            "{} {}: changed something",
+            route.method,
+            route.path
+        );
+    }
+    eprintln!("{sent} requests in {:?}", started.elapsed());
+}

@@ -731,6 +731,12 @@ fn lock_text(lock: &LockState) -> String {
     )
 }
 
+/// Shared plan holders: how many, and each holder as [`lock_text`] shows one.
+fn plans_text(plans: &[LockState]) -> String {
+    let each: Vec<String> = plans.iter().map(lock_text).collect();
+    format!("{} plans (shared): {}", plans.len(), each.join("; "))
+}
+
 pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
     let opt = |v: Option<i64>| v.map_or("-".to_string(), |n| n.to_string());
     let cells: Vec<Vec<String>> = rows
@@ -743,7 +749,11 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.size),
                 when_opt(w.updated_at.as_deref()),
                 w.encryption.as_ref().map_or("-".into(), |p| p.label()),
-                w.lock.as_ref().map_or("-".into(), lock_text),
+                match (w.lock.as_ref(), w.plans.as_slice()) {
+                    (Some(lock), []) => lock_text(lock),
+                    (_, plans) if !plans.is_empty() => plans_text(plans),
+                    _ => "-".into(),
+                },
             ]
         })
         .collect();
@@ -1071,6 +1081,7 @@ mod tests {
                 updated_at: Some("t".into()),
                 deleted: false,
                 lock: Some(lock),
+                plans: Vec::new(),
                 frozen: None,
                 encryption: Some(stategate::tofu::posture::posture_unknown()),
             },
@@ -1082,6 +1093,7 @@ mod tests {
                 updated_at: Some("t".into()),
                 deleted: true,
                 lock: None,
+                plans: Vec::new(),
                 frozen: None,
                 encryption: None,
             },

@@ -413,14 +413,20 @@ impl DriftService {
     /// (audited as `tf.lock_forced` by `drift:run-<run>`). Any other lock is left for
     /// an operator and reported ([`LockCleanup::left`]). `None`: no lock is held.
     pub(super) async fn clear_lock_of(&self, workspace: &str, run: i64) -> Option<LockCleanup> {
-        let (holder, credential) = match self.inner.tofu.lock_holder_credential(workspace).await {
+        let ours = run_credential::name_of_run(run);
+        // Its own lock first: a plan lock may be shared with others' plans.
+        let held = match self.inner.tofu.lock_taken_by(workspace, &ours).await {
+            Ok(Some(own)) => Ok(Some((own, Some(ours.clone())))),
+            Ok(None) => self.inner.tofu.lock_holder_credential(workspace).await,
+            Err(e) => Err(e),
+        };
+        let (holder, credential) = match held {
             Ok(held) => held?,
             Err(e) => {
                 tracing::error!(workspace = %workspace, error = %e, "cannot read the lock a drift run may have left");
                 return None;
             }
         };
-        let ours = run_credential::name_of_run(run);
         if credential.as_deref() != Some(ours.as_str()) {
             let taker = credential.unwrap_or_else(|| "an unrecorded credential".into());
             tracing::warn!(workspace = %workspace, run, lock_id = %holder.id, taken_by = %taker, "the workspace lock is not this drift run's child's; left alone for an operator");

@@ -31,7 +31,7 @@ use crate::store::history::RolledBack;
 use crate::store::timeline::{TimelineRow, MAX_ADDRESS_LEN, MAX_TIMELINE_ROWS};
 use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
 use crate::tofu::freeze::{all_freezes, Freeze};
-use crate::tofu::lock::{all_locks, held_lock_since, HeldLock};
+use crate::tofu::lock::{all_locks, all_plan_rows, held_lock_since, HeldLock, PlanRow};
 use crate::tofu::{MoveDone, TofuBackend};
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
@@ -133,7 +133,11 @@ pub struct WorkspaceSummary {
     pub size: Option<i64>,
     pub updated_at: Option<String>,
     pub deleted: bool,
+    /// The exclusive holder, or (while plans share the lock) one entry standing for
+    /// them all: the oldest plan's, its `Info` naming every holder.
     pub lock: Option<LockState>,
+    /// Every shared plan holder, oldest first (empty under an exclusive lock).
+    pub plans: Vec<LockState>,
     /// The maintenance freeze in force, if any (`workspace freeze`).
     pub frozen: Option<Freeze>,
     /// Client-side encryption of its recent versions (`tofu::posture`); `None`
@@ -333,6 +337,7 @@ pub fn workspace_rows(
                 updated_at: Some(row.created_at.clone()),
                 deleted: row.is_tombstone(),
                 lock: None,
+                plans: Vec::new(),
                 frozen: None,
                 encryption: None,
             },
@@ -349,10 +354,42 @@ pub fn workspace_rows(
                 updated_at: None,
                 deleted: false,
                 lock: None,
+                plans: Vec::new(),
                 frozen: None,
                 encryption: None,
             })
             .lock = Some(state);
+    }
+    let mut plans = std::collections::BTreeMap::<String, Vec<PlanRow>>::new();
+    for (name, row) in all_plan_rows(conn)? {
+        plans.entry(name).or_default().push(row);
+    }
+    for (name, rows) in plans {
+        let locks: Vec<HeldLock> = rows.iter().map(|r| r.lock.clone()).collect();
+        let ws = out.entry(name.clone()).or_insert_with(|| WorkspaceSummary {
+            name,
+            version: None,
+            serial: None,
+            size: None,
+            updated_at: None,
+            deleted: false,
+            lock: None,
+            plans: Vec::new(),
+            frozen: None,
+            encryption: None,
+        });
+        ws.plans = rows
+            .iter()
+            .map(|r| lock_state(&r.lock, &r.created_at, now, stale_after))
+            .collect();
+        if ws.lock.is_none() {
+            ws.lock = Some(lock_state(
+                &crate::tofu::lock::plans_summary(&locks),
+                &rows[0].created_at,
+                now,
+                stale_after,
+            ));
+        }
     }
     for f in all_freezes(conn)?.into_iter().filter(|f| f.in_force(now)) {
         if let Some(ws) = out.get_mut(&f.workspace) {
@@ -965,7 +1002,18 @@ impl Operations {
             .list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
-            .filter_map(|w| w.lock.filter(|l| l.stale).map(|l| (w.name, l)))
+            .flat_map(|w| {
+                // Each plan holder on its own; else the exclusive holder.
+                let held = if w.plans.is_empty() {
+                    w.lock.into_iter().collect()
+                } else {
+                    w.plans
+                };
+                let name = w.name;
+                held.into_iter()
+                    .filter(|l| l.stale)
+                    .map(move |l| (name.clone(), l))
+            })
             .collect())
     }
 }

@@ -906,6 +906,7 @@ mod tests {
             "SELECT * FROM versions WHERE scope = ?1 ORDER BY version DESC LIMIT ?2",
             "SELECT * FROM versions WHERE scope = ?1 AND version = ?2",
             "SELECT * FROM tf_locks WHERE workspace = ?1",
+            "SELECT * FROM tf_plan_locks WHERE workspace = ?1",
             // every LOCK and every unlocked write (tofu::freeze)
             "SELECT * FROM tf_freezes WHERE workspace = ?1",
             "SELECT * FROM audit WHERE scope = ?1 AND (?2 IS NULL OR event = ?2) ORDER BY id DESC LIMIT ?3",

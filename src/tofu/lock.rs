@@ -1,7 +1,13 @@
-//! Workspace locks: at most one row per workspace in `tf_locks`, holding the
-//! holder's LockInfo exactly as the client sent it.
+//! Workspace locks: at most one exclusive holder per workspace in `tf_locks`, or up to
+//! [`MAX_PLAN_HOLDERS`] shared plan holders in `tf_plan_locks`, never both; each row
+//! holds the holder's LockInfo exactly as the client sent it.
 //!
-//! The rules are pure functions over the current holder and the request, like the
+//! A LOCK whose `Operation` is exactly [`PLAN_OPERATION`] is shared: a plan never
+//! writes state, it only needs the state not to change under it. Every other
+//! operation (apply, import, refresh, state commands, any other spelling) is
+//! exclusive. A plan holder may not write ([`Write::PlanOnly`]).
+//!
+//! The rules are pure functions over the current holders and the request, like the
 //! cluster API's leases (`cluster::lease`); the SQL around them always runs inside one
 //! write transaction (and the writer check again inside each version commit).
 
@@ -20,7 +26,114 @@ CREATE TABLE IF NOT EXISTS tf_locks (
     -- (`drift:run-N`, `run_credential`); NULL for locks taken before it was recorded
     credential  TEXT
 ) WITHOUT ROWID;
+-- The shared holders of plan locks (`Operation` exactly `OperationTypePlan`): a
+-- workspace has rows here or one row in tf_locks, never both.
+CREATE TABLE IF NOT EXISTS tf_plan_locks (
+    workspace   TEXT NOT NULL,
+    lock_id     TEXT NOT NULL,
+    info        TEXT NOT NULL,
+    created_at  TEXT NOT NULL,
+    credential  TEXT,
+    PRIMARY KEY (workspace, lock_id)
+) WITHOUT ROWID;
 "#;
+
+/// The one `Operation` that shares the lock: what Terraform and OpenTofu send for
+/// `plan`. Matched exactly (another case, spaces: exclusive).
+pub const PLAN_OPERATION: &str = "OperationTypePlan";
+
+/// Most plan holders of one workspace at once; one more is refused (423).
+pub const MAX_PLAN_HOLDERS: usize = 64;
+
+/// Whether a LockInfo asks for a shared plan lock: its `Operation` is exactly
+/// [`PLAN_OPERATION`].
+pub fn is_plan(info: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        #[serde(rename = "Operation")]
+        operation: Option<String>,
+    }
+    serde_json::from_str::<Probe>(info)
+        .ok()
+        .and_then(|p| p.operation)
+        .is_some_and(|op| op == PLAN_OPERATION)
+}
+
+/// Everyone holding a workspace's lock: one exclusive holder, or plan holders (oldest
+/// first), or nobody.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    pub exclusive: Option<HeldLock>,
+    pub plans: Vec<HeldLock>,
+}
+
+impl Holders {
+    pub fn is_empty(&self) -> bool {
+        self.exclusive.is_none() && self.plans.is_empty()
+    }
+
+    /// The lock as a contender is shown it: the exclusive holder's LockInfo, or one
+    /// naming every plan holder (see [`plans_summary`]).
+    pub fn shown(&self) -> Option<HeldLock> {
+        match (&self.exclusive, self.plans.as_slice()) {
+            (Some(holder), _) => Some(holder.clone()),
+            (None, []) => None,
+            (None, plans) => Some(plans_summary(plans)),
+        }
+    }
+
+    fn plan(&self, id: &str) -> Option<&HeldLock> {
+        self.plans.iter().find(|p| p.id == id)
+    }
+}
+
+/// One LockInfo standing for several plan holders: the oldest one's fields (its `ID`,
+/// so a contender's `-lock-timeout` keeps retrying) with `Info` naming every holder
+/// (at most the first 8, then how many more).
+pub fn plans_summary(plans: &[HeldLock]) -> HeldLock {
+    let first = &plans[0];
+    let parsed: serde_json::Value = serde_json::from_str(&first.info).unwrap_or_default();
+    let field = |name: &str| -> String {
+        parsed[name]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(256)
+            .collect()
+    };
+    let named: Vec<String> = plans
+        .iter()
+        .take(8)
+        .map(|p| {
+            let info: serde_json::Value = serde_json::from_str(&p.info).unwrap_or_default();
+            let who: String = info["Who"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(64)
+                .collect();
+            format!("{} ({who})", p.id)
+        })
+        .collect();
+    let more = plans.len().saturating_sub(8);
+    let mut text = format!("shared by {} plan(s): {}", plans.len(), named.join(", "));
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    let info = serde_json::json!({
+        "ID": first.id,
+        "Operation": PLAN_OPERATION,
+        "Info": text,
+        "Who": field("Who"),
+        "Version": field("Version"),
+        "Created": field("Created"),
+        "Path": field("Path"),
+    });
+    HeldLock {
+        id: first.id.clone(),
+        info: info.to_string(),
+    }
+}
 
 /// Brings a `tf_locks` table of an earlier release up to [`SCHEMA`] (the `credential`
 /// column; its existing locks record none). Nothing when the table is new or current.
@@ -45,85 +158,245 @@ pub struct HeldLock {
     pub info: String,
 }
 
-/// What a LOCK does, given the current holder.
+/// What a LOCK does, given the current holders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lock {
-    /// Nobody holds it.
+    /// Nobody holds it: take it alone.
     Take,
+    /// A plan, and only plans hold it (or nobody): join them.
+    Share,
     /// The caller already holds it (a retry after a lost response): nothing to do.
     AlreadyHeld,
     /// Someone else holds it: 423 with their LockInfo.
     Refuse,
+    /// A plan, but [`MAX_PLAN_HOLDERS`] plans hold it already: 423.
+    TooMany,
 }
 
-pub fn decide_lock(held: Option<&HeldLock>, lock_id: &str) -> Lock {
-    match held {
-        None => Lock::Take,
-        Some(holder) if holder.id == lock_id => Lock::AlreadyHeld,
-        Some(_) => Lock::Refuse,
+/// A LOCK with `lock_id`, a plan when `plan` ([`is_plan`]).
+pub fn decide_lock(held: &Holders, lock_id: &str, plan: bool) -> Lock {
+    match (&held.exclusive, plan) {
+        (Some(holder), _) if holder.id == lock_id => Lock::AlreadyHeld,
+        (Some(_), _) => Lock::Refuse,
+        (None, true) if held.plan(lock_id).is_some() => Lock::AlreadyHeld,
+        (None, true) if held.plans.len() >= MAX_PLAN_HOLDERS => Lock::TooMany,
+        (None, true) => Lock::Share,
+        (None, false) if held.plans.is_empty() => Lock::Take,
+        // Also an exclusive LOCK reusing a plan holder's ID: it never upgrades.
+        (None, false) => Lock::Refuse,
     }
 }
 
-/// What an UNLOCK does, given the current holder.
+/// What an UNLOCK does, given the current holders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unlock {
-    /// Nothing held: nothing to do (idempotent).
+    /// Nothing held, or a plan's own unlock again: nothing to do (idempotent).
     Nothing,
-    /// The holder's own ID, or Terraform's force-unlock (no ID): delete the lock.
+    /// The exclusive holder's own ID, or Terraform's force-unlock (no ID): delete the
+    /// lock, and every plan holder (each audited).
     Release,
-    /// Another ID than the holder's: 423 with the holder's LockInfo.
+    /// One plan holder's: its own unlock (its LockInfo sent again) or a force-unlock
+    /// naming it (a body with its ID and no `Operation`, OpenTofu's).
+    ReleasePlan,
+    /// Another ID than any holder's, or a plan holder's ID under another LockInfo (a
+    /// holder unlocking someone else): 423 with the holders' LockInfo.
     Refuse,
 }
 
-pub fn decide_unlock(held: Option<&HeldLock>, request: &UnlockRequest) -> Unlock {
-    match (held, request) {
-        (None, _) => Unlock::Nothing,
-        (Some(_), UnlockRequest::Force) => Unlock::Release,
-        (Some(holder), UnlockRequest::Id(id)) if &holder.id == id => Unlock::Release,
-        (Some(_), UnlockRequest::Id(_)) => Unlock::Refuse,
+/// An UNLOCK `request`, whose body was `sent` (the LockInfo, when it had one).
+pub fn decide_unlock(held: &Holders, request: &UnlockRequest, sent: Option<&str>) -> Unlock {
+    if held.is_empty() {
+        return Unlock::Nothing;
     }
+    let UnlockRequest::Id(id) = request else {
+        return Unlock::Release;
+    };
+    if held.exclusive.as_ref().is_some_and(|h| &h.id == id) {
+        return Unlock::Release;
+    }
+    match held.plan(id) {
+        Some(holder) if sent.is_some_and(|sent| unlocks_plan(holder, sent)) => Unlock::ReleasePlan,
+        // A plan that already unlocked (a retry after a lost answer) while other
+        // plans still hold: nothing to do, as when nobody holds.
+        None if held.exclusive.is_none() && sent.is_some_and(is_plan) => Unlock::Nothing,
+        _ => Unlock::Refuse,
+    }
+}
+
+/// Whether an UNLOCK body `sent` frees the plan `holder`: the holder's own LockInfo
+/// (what Terraform and OpenTofu send again on unlock, compared as JSON) or a
+/// force-unlock naming only its ID (no `Operation`).
+fn unlocks_plan(holder: &HeldLock, sent: &str) -> bool {
+    let Ok(sent) = serde_json::from_str::<serde_json::Value>(sent) else {
+        return false;
+    };
+    let operation = sent["Operation"].as_str().unwrap_or("");
+    if operation.is_empty() {
+        return true;
+    }
+    serde_json::from_str::<serde_json::Value>(&holder.info).is_ok_and(|stored| stored == sent)
 }
 
 /// May a state write (or delete, or rollback) carrying `lock_id` (`?ID=`) proceed?
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Write {
-    /// Unlocked and no ID, or the holder's ID.
+    /// Unlocked and no ID, or the exclusive holder's ID.
     Allow,
     /// An ID, but nobody holds the lock (released or force-unlocked meanwhile): 409.
     NotHeld,
+    /// A plan holder's ID: a plan lock never writes (409, nothing written).
+    PlanOnly,
     /// Someone holds it and the write is not theirs: 423 with their LockInfo.
     Refuse,
 }
 
-pub fn decide_write(held: Option<&HeldLock>, lock_id: Option<&str>) -> Write {
-    match (held, lock_id) {
-        (None, None) => Write::Allow,
-        (None, Some(_)) => Write::NotHeld,
+pub fn decide_write(held: &Holders, lock_id: Option<&str>) -> Write {
+    match (&held.exclusive, lock_id) {
         (Some(holder), Some(id)) if holder.id == id => Write::Allow,
         (Some(_), _) => Write::Refuse,
+        (None, Some(id)) if held.plan(id).is_some() => Write::PlanOnly,
+        (None, _) if !held.plans.is_empty() => Write::Refuse,
+        (None, None) => Write::Allow,
+        (None, Some(_)) => Write::NotHeld,
     }
 }
 
-pub fn held_lock(
-    conn: &Connection,
-    workspace: &str,
-) -> Result<Option<HeldLock>, crate::store::sql::Error> {
-    conn.prepare_cached("SELECT lock_id, info FROM tf_locks WHERE workspace = ?1")?
+/// Every holder of `workspace`'s lock.
+pub fn holders(conn: &Connection, workspace: &str) -> Result<Holders, crate::store::sql::Error> {
+    let exclusive = conn
+        .prepare_cached("SELECT lock_id, info FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             Ok(HeldLock {
                 id: r.get(0)?,
                 info: r.get(1)?,
             })
         })
-        .optional()
+        .optional()?;
+    let plans = if exclusive.is_some() {
+        Vec::new()
+    } else {
+        plan_rows(conn, workspace)?
+            .into_iter()
+            .map(|p| p.lock)
+            .collect()
+    };
+    Ok(Holders { exclusive, plans })
 }
 
-/// A workspace's lock and when it was taken (`created_at`, RFC 3339).
+/// One plan holder's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRow {
+    pub lock: HeldLock,
+    pub created_at: String,
+    pub credential: Option<String>,
+}
+
+/// The plan holders of `workspace`, oldest first.
+pub fn plan_rows(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Vec<PlanRow>, crate::store::sql::Error> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT lock_id, info, created_at, credential FROM tf_plan_locks WHERE workspace = ?1",
+        )?
+        .query_map([workspace], |r| {
+            Ok(PlanRow {
+                lock: HeldLock {
+                    id: r.get(0)?,
+                    info: r.get(1)?,
+                },
+                created_at: r.get(2)?,
+                credential: r.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<PlanRow>, _>>();
+    // Sorted here, not by SQL: at most MAX_PLAN_HOLDERS rows, and the query stays a
+    // pure index search.
+    rows.map(|mut rows| {
+        rows.sort_by(|a, b| (&a.created_at, &a.lock.id).cmp(&(&b.created_at, &b.lock.id)));
+        rows
+    })
+}
+
+/// Every plan holder: (workspace, row), by workspace then age.
+pub fn all_plan_rows(
+    conn: &Connection,
+) -> Result<Vec<(String, PlanRow)>, crate::store::sql::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT workspace, lock_id, info, created_at, credential FROM tf_plan_locks ORDER BY workspace, created_at, lock_id",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                PlanRow {
+                    lock: HeldLock {
+                        id: r.get(1)?,
+                        info: r.get(2)?,
+                    },
+                    created_at: r.get(3)?,
+                    credential: r.get(4)?,
+                },
+            ))
+        })?
+        .collect();
+    rows
+}
+
+/// Adds `lock` to `workspace`'s plan holders, recording the `credential` that took it.
+pub fn put_plan_lock(
+    conn: &Connection,
+    workspace: &str,
+    lock: &HeldLock,
+    credential: &str,
+) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached(
+        "INSERT INTO tf_plan_locks (workspace, lock_id, info, created_at, credential) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        workspace,
+        lock.id,
+        lock.info,
+        crate::store::now_rfc3339(),
+        credential
+    ])?;
+    Ok(())
+}
+
+/// Removes one plan holder (`None`: every one) of `workspace`.
+pub fn delete_plan_lock(
+    conn: &Connection,
+    workspace: &str,
+    lock_id: Option<&str>,
+) -> Result<(), crate::store::sql::Error> {
+    match lock_id {
+        Some(id) => conn
+            .prepare_cached("DELETE FROM tf_plan_locks WHERE workspace = ?1 AND lock_id = ?2")?
+            .execute([workspace, id])?,
+        None => conn
+            .prepare_cached("DELETE FROM tf_plan_locks WHERE workspace = ?1")?
+            .execute([workspace])?,
+    };
+    Ok(())
+}
+
+/// The lock of a workspace as a contender is shown it ([`Holders::shown`]).
+pub fn held_lock(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<HeldLock>, crate::store::sql::Error> {
+    Ok(holders(conn, workspace)?.shown())
+}
+
+/// A workspace's lock as shown ([`Holders::shown`]) and when it was taken
+/// (`created_at`, RFC 3339; the oldest plan holder's).
 pub fn held_lock_since(
     conn: &Connection,
     workspace: &str,
 ) -> Result<Option<(HeldLock, String)>, crate::store::sql::Error> {
-    conn.prepare_cached("SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1")?
+    let exclusive = conn
+        .prepare_cached("SELECT lock_id, info, created_at FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             let lock = HeldLock {
                 id: r.get(0)?,
@@ -131,16 +404,26 @@ pub fn held_lock_since(
             };
             Ok((lock, r.get(2)?))
         })
-        .optional()
+        .optional()?;
+    if exclusive.is_some() {
+        return Ok(exclusive);
+    }
+    let plans = plan_rows(conn, workspace)?;
+    let Some(oldest) = plans.first() else {
+        return Ok(None);
+    };
+    let locks: Vec<HeldLock> = plans.iter().map(|p| p.lock.clone()).collect();
+    Ok(Some((plans_summary(&locks), oldest.created_at.clone())))
 }
 
 /// The lock of a workspace with the name of the credential that took it (`None`
-/// for a lock of an earlier release).
+/// for a lock of an earlier release): the exclusive holder, or the oldest plan holder.
 pub fn held_lock_credential(
     conn: &Connection,
     workspace: &str,
 ) -> Result<Option<(HeldLock, Option<String>)>, crate::store::sql::Error> {
-    conn.prepare_cached("SELECT lock_id, info, credential FROM tf_locks WHERE workspace = ?1")?
+    let exclusive = conn
+        .prepare_cached("SELECT lock_id, info, credential FROM tf_locks WHERE workspace = ?1")?
         .query_row([workspace], |r| {
             Ok((
                 HeldLock {
@@ -150,10 +433,36 @@ pub fn held_lock_credential(
                 r.get(2)?,
             ))
         })
-        .optional()
+        .optional()?;
+    if exclusive.is_some() {
+        return Ok(exclusive);
+    }
+    Ok(plan_rows(conn, workspace)?
+        .into_iter()
+        .next()
+        .map(|p| (p.lock, p.credential)))
 }
 
-/// Every held lock: (workspace, lock, when it was taken).
+/// A lock of `workspace` the credential `credential` took, exclusive or plan (the
+/// oldest), if any.
+pub fn lock_taken_by(
+    conn: &Connection,
+    workspace: &str,
+    credential: &str,
+) -> Result<Option<HeldLock>, crate::store::sql::Error> {
+    if let Some((lock, Some(taker))) = held_lock_credential(conn, workspace)? {
+        if taker == credential {
+            return Ok(Some(lock));
+        }
+    }
+    Ok(plan_rows(conn, workspace)?
+        .into_iter()
+        .find(|p| p.credential.as_deref() == Some(credential))
+        .map(|p| p.lock))
+}
+
+/// Every exclusive lock: (workspace, lock, when it was taken); plan holders are
+/// [`all_plan_rows`].
 pub fn all_locks(
     conn: &Connection,
 ) -> Result<Vec<(String, HeldLock, String)>, crate::store::sql::Error> {
@@ -207,20 +516,74 @@ mod tests {
         }
     }
 
+    fn exclusive(id: &str) -> Holders {
+        Holders {
+            exclusive: Some(held(id)),
+            plans: Vec::new(),
+        }
+    }
+
+    fn plans(ids: &[&str]) -> Holders {
+        Holders {
+            exclusive: None,
+            plans: ids.iter().map(|id| plan_held(id)).collect(),
+        }
+    }
+
+    fn plan_held(id: &str) -> HeldLock {
+        HeldLock {
+            id: id.into(),
+            info: format!(r#"{{"ID":"{id}","Operation":"OperationTypePlan","Who":"w-{id}"}}"#),
+        }
+    }
+
+    #[test]
+    fn only_the_exact_plan_operation_shares() {
+        let op = |op: &str| format!(r#"{{"ID":"a","Operation":{op}}}"#);
+        let table = [
+            (op(r#""OperationTypePlan""#), true),
+            (op(r#""OperationTypeApply""#), false),
+            (op(r#""operationtypeplan""#), false),
+            (op(r#""OPERATIONTYPEPLAN""#), false),
+            (op(r#"" OperationTypePlan""#), false),
+            (op(r#""OperationTypePlan ""#), false),
+            (op(r#""OperationTypeRefresh""#), false),
+            (op(r#""OperationTypeInvalid""#), false),
+            (op(r#""migration destination state""#), false),
+            (op("null"), false),
+            (op("1"), false),
+            (op(r#"["OperationTypePlan"]"#), false),
+            (r#"{"ID":"a"}"#.to_string(), false),
+        ];
+        for (info, shared) in table {
+            assert_eq!(is_plan(&info), shared, "{info}");
+        }
+    }
+
     #[test]
     fn lock_decisions() {
-        // (holder, LOCK with ID, expected)
-        let table: &[(Option<&str>, &str, Lock)] = &[
-            (None, "a", Lock::Take),
-            (Some("a"), "a", Lock::AlreadyHeld),
-            (Some("a"), "b", Lock::Refuse),
+        let many: Vec<String> = (0..MAX_PLAN_HOLDERS).map(|i| format!("p{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        // (holders, LOCK with ID, a plan?, expected)
+        let table: Vec<(Holders, &str, bool, Lock)> = vec![
+            (Holders::default(), "a", false, Lock::Take),
+            (Holders::default(), "a", true, Lock::Share),
+            (exclusive("a"), "a", false, Lock::AlreadyHeld),
+            (exclusive("a"), "b", false, Lock::Refuse),
+            (exclusive("a"), "b", true, Lock::Refuse),
+            (plans(&["p"]), "q", true, Lock::Share),
+            (plans(&["p", "q"]), "q", true, Lock::AlreadyHeld),
+            (plans(&["p"]), "a", false, Lock::Refuse),
+            // an exclusive LOCK under a plan holder's own ID never upgrades it
+            (plans(&["p"]), "p", false, Lock::Refuse),
+            (plans(&many), "new", true, Lock::TooMany),
+            (plans(&many), "p3", true, Lock::AlreadyHeld),
         ];
-        for (holder, id, expected) in table {
-            let current = holder.map(held);
+        for (holders, id, plan, expected) in table {
             assert_eq!(
-                decide_lock(current.as_ref(), id),
-                *expected,
-                "{holder:?} <- {id}"
+                decide_lock(&holders, id, plan),
+                expected,
+                "{holders:?} <- {id} (plan {plan})"
             );
         }
     }
@@ -228,42 +591,146 @@ mod tests {
     #[test]
     fn unlock_decisions() {
         let id = |id: &str| UnlockRequest::Id(id.into());
-        // (holder, UNLOCK request, expected)
-        let table: &[(Option<&str>, UnlockRequest, Unlock)] = &[
-            (None, UnlockRequest::Force, Unlock::Nothing),
-            (None, id("a"), Unlock::Nothing),
-            (Some("a"), id("a"), Unlock::Release),
-            (Some("a"), UnlockRequest::Force, Unlock::Release),
-            (Some("a"), id("b"), Unlock::Refuse),
+        let own = plan_held("p").info;
+        let other_info = plan_held("q").info.replace(r#""ID":"q""#, r#""ID":"p""#);
+        // (holders, UNLOCK request, body sent, expected)
+        let table: Vec<(Holders, UnlockRequest, Option<&str>, Unlock)> = vec![
+            (
+                Holders::default(),
+                UnlockRequest::Force,
+                None,
+                Unlock::Nothing,
+            ),
+            (
+                Holders::default(),
+                id("a"),
+                Some(r#"{"ID":"a"}"#),
+                Unlock::Nothing,
+            ),
+            (
+                exclusive("a"),
+                id("a"),
+                Some(r#"{"ID":"a"}"#),
+                Unlock::Release,
+            ),
+            (exclusive("a"), UnlockRequest::Force, None, Unlock::Release),
+            (
+                exclusive("a"),
+                id("b"),
+                Some(r#"{"ID":"b"}"#),
+                Unlock::Refuse,
+            ),
+            (plans(&["p", "q"]), id("p"), Some(&own), Unlock::ReleasePlan),
+            // OpenTofu's force-unlock: the ID alone
+            (
+                plans(&["p", "q"]),
+                id("p"),
+                Some(r#"{"ID":"p"}"#),
+                Unlock::ReleasePlan,
+            ),
+            (
+                plans(&["p", "q"]),
+                id("p"),
+                Some(r#"{"ID":"p","Operation":""}"#),
+                Unlock::ReleasePlan,
+            ),
+            // q's LockInfo naming p: one holder unlocking another
+            (
+                plans(&["p", "q"]),
+                id("p"),
+                Some(&other_info),
+                Unlock::Refuse,
+            ),
+            (
+                plans(&["p", "q"]),
+                id("x"),
+                Some(r#"{"ID":"x"}"#),
+                Unlock::Refuse,
+            ),
+            (plans(&["q"]), id("p"), Some(&own), Unlock::Nothing),
+            (exclusive("a"), id("p"), Some(&own), Unlock::Refuse),
+            (
+                plans(&["p", "q"]),
+                UnlockRequest::Force,
+                None,
+                Unlock::Release,
+            ),
         ];
-        for (holder, request, expected) in table {
-            let current = holder.map(held);
+        for (holders, request, sent, expected) in table {
             assert_eq!(
-                decide_unlock(current.as_ref(), request),
-                *expected,
-                "{holder:?} <- {request:?}"
+                decide_unlock(&holders, &request, sent),
+                expected,
+                "{holders:?} <- {request:?} {sent:?}"
             );
         }
     }
 
     #[test]
     fn write_decisions() {
-        // (holder, ?ID= of the write, expected)
-        let table: &[(Option<&str>, Option<&str>, Write)] = &[
-            (None, None, Write::Allow),
-            (None, Some("a"), Write::NotHeld),
-            (Some("a"), Some("a"), Write::Allow),
-            (Some("a"), Some("b"), Write::Refuse),
-            (Some("a"), None, Write::Refuse),
+        // (holders, ?ID= of the write, expected)
+        let table: Vec<(Holders, Option<&str>, Write)> = vec![
+            (Holders::default(), None, Write::Allow),
+            (Holders::default(), Some("a"), Write::NotHeld),
+            (exclusive("a"), Some("a"), Write::Allow),
+            (exclusive("a"), Some("b"), Write::Refuse),
+            (exclusive("a"), None, Write::Refuse),
+            (plans(&["p"]), Some("p"), Write::PlanOnly),
+            (plans(&["p"]), Some("x"), Write::Refuse),
+            (plans(&["p"]), None, Write::Refuse),
         ];
-        for (holder, id, expected) in table {
-            let current = holder.map(held);
+        for (holders, id, expected) in table {
             assert_eq!(
-                decide_write(current.as_ref(), *id),
-                *expected,
-                "holder {holder:?}, write with {id:?}"
+                decide_write(&holders, id),
+                expected,
+                "holders {holders:?}, write with {id:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_shown_lock_of_plan_holders_is_a_lock_info_naming_them() {
+        let shown = plans(&["p", "q"]).shown().unwrap();
+        assert_eq!(shown.id, "p");
+        let info: serde_json::Value = serde_json::from_str(&shown.info).unwrap();
+        assert_eq!(info["ID"], "p");
+        assert_eq!(info["Operation"], PLAN_OPERATION);
+        let text = info["Info"].as_str().unwrap();
+        assert!(
+            text.contains("2 plan") && text.contains("q (w-q)"),
+            "{text}"
+        );
+        let ids: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let shown = plans(&ids).shown().unwrap();
+        assert!(shown.info.contains("and 12 more"), "{}", shown.info);
+        assert_eq!(exclusive("a").shown(), Some(held("a")));
+        assert_eq!(Holders::default().shown(), None);
+    }
+
+    #[test]
+    fn plan_rows_are_shared() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        put_plan_lock(&conn, "ws", &plan_held("p"), "tf:ws").unwrap();
+        put_plan_lock(&conn, "ws", &plan_held("q"), "drift:run-2").unwrap();
+        assert!(put_plan_lock(&conn, "ws", &plan_held("q"), "tf:ws").is_err());
+        let h = holders(&conn, "ws").unwrap();
+        assert_eq!(h.exclusive, None);
+        let mut ids: Vec<&str> = h.plans.iter().map(|p| p.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(ids, ["p", "q"]);
+        assert_eq!(held_lock(&conn, "ws").unwrap().map(|l| l.id.len()), Some(1));
+        assert_eq!(
+            lock_taken_by(&conn, "ws", "drift:run-2").unwrap(),
+            Some(plan_held("q"))
+        );
+        assert_eq!(lock_taken_by(&conn, "ws", "drift:run-9").unwrap(), None);
+        assert_eq!(all_plan_rows(&conn).unwrap().len(), 2);
+        delete_plan_lock(&conn, "ws", Some("p")).unwrap();
+        assert_eq!(holders(&conn, "ws").unwrap().plans, [plan_held("q")]);
+        delete_plan_lock(&conn, "ws", None).unwrap();
+        assert!(holders(&conn, "ws").unwrap().is_empty());
+        assert_eq!(held_lock_since(&conn, "ws").unwrap(), None);
     }
 
     #[test]

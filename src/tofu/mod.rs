@@ -41,7 +41,9 @@ pub use access::Credential;
 use freeze::Freeze;
 use guard::{decide_successor, Override, Refusal, Sent, Successor};
 pub use lock::SCHEMA;
-use lock::{decide_lock, decide_unlock, decide_write, held_lock, HeldLock, Lock, Unlock};
+use lock::{
+    decide_lock, decide_unlock, decide_write, held_lock, holders, HeldLock, Holders, Lock, Unlock,
+};
 use protocol::{parse_lock_info, UnlockRequest};
 
 /// Largest LockInfo body accepted.
@@ -148,26 +150,48 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
 /// a freeze (for anyone but the holder retrying: the holder's retry stays theirs,
 /// nobody else takes a frozen lock) or of another holder, else whether it takes the
 /// lock or already holds it. An expired freeze met here is ended (`freeze_in_force`).
-fn judge_lock(conn: &Connection, workspace: &str, lock_id: &str) -> Result<Lock, Error> {
-    let held = held_lock(conn, workspace).map_err(DbError::from)?;
-    judge_lock_on(held, || freeze_in_force(conn, workspace), lock_id)
+fn judge_lock(
+    conn: &Connection,
+    workspace: &str,
+    lock_id: &str,
+    plan: bool,
+) -> Result<Lock, Error> {
+    let held = holders(conn, workspace).map_err(DbError::from)?;
+    judge_lock_on(held, || freeze_in_force(conn, workspace), lock_id, plan)
 }
 
-/// [`judge_lock`]'s rule over the lock row `held` and the freeze `freeze` finds.
+/// [`judge_lock`]'s rule over the lock rows `held` and the freeze `freeze` finds.
 fn judge_lock_on(
-    held: Option<HeldLock>,
+    held: Holders,
     freeze: impl FnOnce() -> Result<Option<Freeze>, Error>,
     lock_id: &str,
+    plan: bool,
 ) -> Result<Lock, Error> {
-    let decision = decide_lock(held.as_ref(), lock_id);
+    let decision = decide_lock(&held, lock_id, plan);
     if decision != Lock::AlreadyHeld {
         if let Some(f) = freeze()? {
             return Err(frozen(&f));
         }
     }
-    match (decision, held) {
+    match (decision, held.shown()) {
         (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
+        (Lock::TooMany, Some(holder)) => Err(too_many_plans(holder)),
         (decision, _) => Ok(decision),
+    }
+}
+
+/// The 423 of a plan LOCK while [`lock::MAX_PLAN_HOLDERS`] plans hold the workspace:
+/// the holders' LockInfo (so `-lock-timeout` retries), its `Info` saying why.
+fn too_many_plans(shown: HeldLock) -> Error {
+    let mut info: serde_json::Value = serde_json::from_str(&shown.info).unwrap_or_default();
+    let named = info["Info"].as_str().unwrap_or("").to_string();
+    info["Info"] = format!(
+        "too many plans: at most {} share a workspace lock; {named}",
+        lock::MAX_PLAN_HOLDERS
+    )
+    .into();
+    Error::Locked {
+        holder_info: Bytes::from(info.to_string()),
     }
 }
 
@@ -179,13 +203,16 @@ fn judge_lock_on(
 /// ends a freeze that expired.
 #[derive(Debug, Clone)]
 pub struct LockSeen {
-    held: Option<HeldLock>,
+    held: Holders,
     freeze: Option<Freeze>,
 }
 
 impl crate::store::db::Weigh for LockSeen {
     fn weight(&self) -> usize {
-        let held = self.held.as_ref().map_or(0, |h| h.id.len() + h.info.len());
+        let held: usize = (self.held.exclusive.iter())
+            .chain(&self.held.plans)
+            .map(|h| h.id.len() + h.info.len())
+            .sum();
         let freeze = self.freeze.as_ref().map_or(0, |f| {
             f.workspace.len() + f.frozen_by.len() + f.reason.len() + f.created_at.len()
         });
@@ -195,15 +222,15 @@ impl crate::store::db::Weigh for LockSeen {
 
 impl LockSeen {
     fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, crate::store::sql::Error> {
-        let held = held_lock(conn, workspace)?;
+        let held = holders(conn, workspace)?;
         let freeze = freeze::freeze_of(conn, workspace)?;
         Ok(LockSeen { held, freeze })
     }
 
-    fn judge(self, lock_id: &str) -> Result<Lock, Error> {
+    fn judge(self, lock_id: &str, plan: bool) -> Result<Lock, Error> {
         // An expired freeze is simply not in force here (the writer ends it).
         let in_force = self.freeze.filter(|f| f.in_force(unix_now()));
-        judge_lock_on(self.held, || Ok(in_force), lock_id)
+        judge_lock_on(self.held, || Ok(in_force), lock_id, plan)
     }
 }
 
@@ -542,15 +569,44 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
             return Err(frozen(&f));
         }
     }
-    let held = held_lock(conn, workspace).map_err(DbError::from)?;
-    match (decide_write(held.as_ref(), lock_id), held) {
+    let held = holders(conn, workspace).map_err(DbError::from)?;
+    match (decide_write(&held, lock_id), held.shown()) {
         (lock::Write::Allow, _) => Ok(()),
         (lock::Write::Refuse, Some(holder)) => Err(locked_by(holder)),
+        (lock::Write::PlanOnly, _) => Err(Error::Conflict(format!(
+            "lock {} is a plan lock (shared with other plans): a plan never writes state; nothing was written. Run apply (an exclusive lock) to write",
+            lock_id.unwrap_or_default()
+        ))),
         (lock::Write::NotHeld | lock::Write::Refuse, _) => Err(Error::Conflict(format!(
             "lock {} is not held on this workspace (it was released or force-unlocked); nothing was written",
             lock_id.unwrap_or_default()
         ))),
     }
+}
+
+/// Deletes the holders `freed` of `ws` (the exclusive one, or plan holders one by
+/// one), each audited as `event` by `actor`.
+fn release(
+    conn: &Connection,
+    ws: &str,
+    held: &Holders,
+    freed: &[HeldLock],
+    actor: &str,
+    event: &'static str,
+) -> Result<(), Error> {
+    for holder in freed {
+        if held.exclusive.as_ref() == Some(holder) {
+            lock::delete_lock(conn, ws).map_err(DbError::from)?;
+        } else {
+            lock::delete_plan_lock(conn, ws, Some(&holder.id)).map_err(DbError::from)?;
+        }
+        let mut payload = lock_summary(holder);
+        if held.exclusive.is_none() {
+            payload["shared"] = true.into();
+        }
+        insert_audit(conn, &audit(actor, ws, event, payload)).map_err(DbError::from)?;
+    }
+    Ok(())
 }
 
 /// Operator writes (rollback, restore) wait for nobody: refused (423 + holder's
@@ -672,19 +728,32 @@ impl TofuBackend {
         let actor = actor.to_string();
         self.db
             .write(move |conn| -> Result<Option<HeldLock>, Error> {
-                let Some(holder) = held_lock(conn, &ws).map_err(DbError::from)? else {
+                let held = holders(conn, &ws).map_err(DbError::from)?;
+                let Some(shown) = held.shown() else {
                     return Ok(None);
                 };
-                if expected.as_ref().is_some_and(|id| id != &holder.id) {
+                // One plan holder by its ID, or the exclusive holder, or (no ID
+                // expected) everyone.
+                let freed: Vec<HeldLock> = match &expected {
+                    None => held.exclusive.iter().chain(&held.plans).cloned().collect(),
+                    Some(id) => (held.exclusive.iter())
+                        .chain(&held.plans)
+                        .filter(|h| &h.id == id)
+                        .cloned()
+                        .collect(),
+                };
+                if freed.is_empty() {
                     return Err(Error::Conflict(format!(
                         "the lock of {ws} changed (now held as {}); nothing was unlocked, look again",
-                        holder.id
+                        shown.id
                     )));
                 }
-                lock::delete_lock(conn, &ws).map_err(DbError::from)?;
-                let entry = audit(&actor, &ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
-                insert_audit(conn, &entry).map_err(DbError::from)?;
-                Ok(Some(holder))
+                release(conn, &ws, &held, &freed, &actor, EVENT_FORCE_UNLOCKED)?;
+                Ok(Some(if held.plans.len() > 1 && expected.is_none() {
+                    shown
+                } else {
+                    freed[0].clone()
+                }))
             })
             .await
     }
@@ -706,19 +775,24 @@ impl TofuBackend {
         );
         self.db
             .write(move |conn| -> Result<Option<HeldLock>, Error> {
-                let Some((holder, credential)) =
-                    lock::held_lock_credential(conn, &ws).map_err(DbError::from)?
-                else {
+                let held = holders(conn, &ws).map_err(DbError::from)?;
+                if held.is_empty() {
                     return Ok(None);
-                };
-                if holder.id != id || credential.as_deref() != Some(who.as_str()) {
+                }
+                let ours = lock::lock_taken_by(conn, &ws, &who).map_err(DbError::from)?;
+                let Some(holder) = ours.filter(|h| h.id == id) else {
                     return Err(Error::Conflict(format!(
                         "the lock of {ws} is not the one {who} took; nothing was unlocked"
                     )));
-                }
-                lock::delete_lock(conn, &ws).map_err(DbError::from)?;
-                let entry = audit(&who, &ws, EVENT_FORCE_UNLOCKED, lock_summary(&holder));
-                insert_audit(conn, &entry).map_err(DbError::from)?;
+                };
+                release(
+                    conn,
+                    &ws,
+                    &held,
+                    std::slice::from_ref(&holder),
+                    &who,
+                    EVENT_FORCE_UNLOCKED,
+                )?;
                 Ok(Some(holder))
             })
             .await
@@ -916,6 +990,20 @@ impl TofuBackend {
         Ok(self
             .db
             .read(move |c| lock::held_lock_credential(c, &ws))
+            .await?)
+    }
+
+    /// A lock of `workspace` (exclusive, or one of the plan holders) the credential
+    /// named `credential` took, if any.
+    pub async fn lock_taken_by(
+        &self,
+        workspace: &str,
+        credential: &str,
+    ) -> Result<Option<HeldLock>, Error> {
+        let (ws, who) = (workspace.to_string(), credential.to_string());
+        Ok(self
+            .db
+            .read(move |c| lock::lock_taken_by(c, &ws, &who))
             .await?)
     }
 
@@ -1523,6 +1611,7 @@ impl TofuBackend {
         // LOCKs that may take it, not dozens of refusals queued before the holder's
         // POST and UNLOCK. Such a refusal is what the same LOCK sent a moment earlier
         // gets.
+        let plan = lock::is_plan(&wanted.info);
         let seen = match seen {
             Some(seen) => seen,
             None => {
@@ -1532,19 +1621,24 @@ impl TofuBackend {
                     .await?
             }
         };
-        seen.judge(&wanted.id)?;
+        seen.judge(&wanted.id, plan)?;
         self.db
             .write(move |conn| -> Result<(), Error> {
-                match judge_lock(conn, &ws, &wanted.id)? {
+                let decision = judge_lock(conn, &ws, &wanted.id, plan)?;
+                match decision {
                     Lock::Take => {
-                        lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
-                        let entry = audit(&credential, &ws, EVENT_LOCKED, lock_summary(&wanted));
-                        insert_audit(conn, &entry).map_err(DbError::from)?;
-                        Ok(())
+                        lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?
                     }
+                    Lock::Share => lock::put_plan_lock(conn, &ws, &wanted, &credential)
+                        .map_err(DbError::from)?,
                     // The holder retrying after a lost response: already theirs.
-                    Lock::AlreadyHeld | Lock::Refuse => Ok(()),
+                    Lock::AlreadyHeld | Lock::Refuse | Lock::TooMany => return Ok(()),
                 }
+                let mut payload = lock_summary(&wanted);
+                payload["shared"] = (decision == Lock::Share).into();
+                let entry = audit(&credential, &ws, EVENT_LOCKED, payload);
+                insert_audit(conn, &entry).map_err(DbError::from)?;
+                Ok(())
             })
             .await
     }
@@ -1557,23 +1651,46 @@ impl TofuBackend {
         who: &Credential,
     ) -> Result<(), Error> {
         let request = UnlockRequest::parse(body)?;
+        // The LockInfo sent, when there is one: a plan holder is freed by its own
+        // (or by a force-unlock naming only its ID), never by another holder's.
+        let sent = match request {
+            UnlockRequest::Force => None,
+            UnlockRequest::Id(_) => Some(parse_lock_info(body)?.raw),
+        };
         let ws = workspace.to_string();
         let actor = who.name(workspace);
         self.db
             .write(move |conn| -> Result<(), Error> {
-                let held = held_lock(conn, &ws).map_err(DbError::from)?;
-                match (decide_unlock(held.as_ref(), &request), held) {
+                let held = holders(conn, &ws).map_err(DbError::from)?;
+                let event = match request {
+                    UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
+                    UnlockRequest::Id(_) => EVENT_UNLOCKED,
+                };
+                match (
+                    decide_unlock(&held, &request, sent.as_deref()),
+                    held.shown(),
+                ) {
                     (Unlock::Nothing, _) | (_, None) => Ok(()), // idempotent
-                    (Unlock::Refuse, Some(holder)) => Err(locked_by(holder)),
-                    (Unlock::Release, Some(holder)) => {
-                        lock::delete_lock(conn, &ws).map_err(DbError::from)?;
-                        let event = match request {
-                            UnlockRequest::Force => EVENT_FORCE_UNLOCKED,
-                            UnlockRequest::Id(_) => EVENT_UNLOCKED,
+                    (Unlock::Refuse, Some(shown)) => Err(locked_by(shown)),
+                    (Unlock::Release, Some(_)) => {
+                        let all: Vec<HeldLock> =
+                            held.exclusive.iter().chain(&held.plans).cloned().collect();
+                        release(conn, &ws, &held, &all, &actor, event)
+                    }
+                    (Unlock::ReleasePlan, Some(_)) => {
+                        let UnlockRequest::Id(id) = &request else {
+                            return Ok(());
                         };
-                        let entry = audit(&actor, &ws, event, lock_summary(&holder));
-                        insert_audit(conn, &entry).map_err(DbError::from)?;
-                        Ok(())
+                        let freed: Vec<HeldLock> =
+                            held.plans.iter().filter(|p| &p.id == id).cloned().collect();
+                        // A body with no Operation is a force-unlock naming the holder.
+                        let by_force = sent.as_deref().is_some_and(|s| !lock::is_plan(s));
+                        let event = if by_force {
+                            EVENT_FORCE_UNLOCKED
+                        } else {
+                            event
+                        };
+                        release(conn, &ws, &held, &freed, &actor, event)
                     }
                 }
             })

@@ -211,6 +211,12 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                         @if let Some(p) = &w.encryption { (encryption_badge(p)) }
                     }
                     td data-label="Lock" { @match &w.lock {
+                        Some(lock) if w.plans.len() > 1 => {
+                            span.badge.locked { "shared" }
+                            @if w.plans.iter().any(|p| p.stale) { span.badge.stale { "STALE" } }
+                            " " (w.plans.len()) " plans · oldest "
+                            (when(&lock.created_at, chrome.now))
+                        },
                         Some(lock) => (lock_summary(lock, chrome.now)),
                         None => span.muted { "unlocked" },
                     } }
@@ -249,7 +255,39 @@ fn notice(n: Notice) -> Markup {
     }
 }
 
+/// Shared plan holders: each with its own force-unlock form (a plan holder is freed
+/// alone; the others keep planning).
+fn plans_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
+    html! {
+        section.card #lock {
+            h2 { "Lock: shared by " (ws.plans.len()) " plans" }
+            p.muted { "Plans share the lock (they never write state); an apply waits until every plan has unlocked." }
+            table { thead { tr { th { "Who" } th { "Held since" } th { "Lock ID" } th { "" } } }
+                tbody { @for lock in &ws.plans { tr {
+                    td data-label="Who" { (lock.who) @if lock.stale { " " span.badge.stale { "STALE" } } }
+                    td data-label="Held since" { (when(&lock.created_at, chrome.now)) }
+                    td data-label="Lock ID" { code { (lock.id) } }
+                    td { @if chrome.may(Action::Operate, &ws.name) {
+                        form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
+                            input type="hidden" name="csrf" value=(chrome.csrf);
+                            input type="hidden" name="lock_id" value=(lock.id);
+                            label.check {
+                                input type="checkbox" name="confirm" value="yes" required;
+                                " break this plan’s lock"
+                            }
+                            button.danger type="submit" { "Force unlock" }
+                        }
+                    } }
+                } } }
+            }
+        }
+    }
+}
+
 fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
+    if !ws.plans.is_empty() {
+        return plans_panel(chrome, ws);
+    }
     let Some(lock) = &ws.lock else {
         return html! { section.card { h2 { "Lock" } p.muted { "Not locked." } } };
     };
@@ -1292,6 +1330,7 @@ mod tests {
             updated_at: Some(evil.into()),
             deleted: false,
             lock: Some(lock),
+            plans: Vec::new(),
             frozen: None,
             encryption: None,
         };

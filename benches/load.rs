@@ -1240,6 +1240,149 @@ async fn cycle_phase(
     }
 }
 
+/// What the shared-plan cell measured: plan cycles (LOCK → GET → UNLOCK) by the plan
+/// holders, apply cycles (LOCK → POST → UNLOCK) by the one applier.
+#[derive(Default)]
+struct SharedStats {
+    plans: CycleStats,
+    apply: CycleStats,
+}
+
+/// `holders` plan clients (LOCK with `OperationTypePlan` → GET → UNLOCK, again and
+/// again) and one applier (LOCK → POST → UNLOCK, its refused LOCKs retried after
+/// `retry`) on one workspace for `cell`: shared holders' lock cost, and whether an
+/// apply still gets in between plans.
+async fn shared_cycles(
+    api: &Api,
+    ws: &str,
+    holders: usize,
+    cell: Duration,
+    retry: Duration,
+) -> SharedStats {
+    let lineage = format!("lineage-{ws}");
+    api.post(ws, state(10 * KIB, 1, &lineage)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let lock_info = |op: &str| {
+        let id = uuid::Uuid::new_v4().to_string();
+        Bytes::from(format!(
+            r#"{{"ID":"{id}","Operation":"{op}","Info":"","Who":"bench@load","Version":"1.15.0","Created":"2026-01-01T00:00:00Z","Path":""}}"#
+        ))
+    };
+    let mut plans = Vec::new();
+    for _ in 0..holders {
+        let (api, stop, ws) = (api.clone(), stop.clone(), ws.to_string());
+        plans.push(tokio::spawn(async move {
+            let mut st = CycleStats::default();
+            while !stop.load(Relaxed) {
+                let info = lock_info("OperationTypePlan");
+                let t = Instant::now();
+                let (status, text) = api.send("LOCK", &ws, "", info.clone()).await;
+                match status {
+                    StatusCode::OK => st.lock.push(t.elapsed()),
+                    StatusCode::LOCKED => {
+                        st.refused += 1;
+                        tokio::time::sleep(retry).await;
+                        continue;
+                    }
+                    other => panic!("plan LOCK {ws}: {other} {text:?}"),
+                }
+                let t = Instant::now();
+                api.get(&ws).await;
+                st.post.push(t.elapsed());
+                let t = Instant::now();
+                let (status, text) = api.send("UNLOCK", &ws, "", info).await;
+                assert_eq!(status, StatusCode::OK, "plan UNLOCK {ws}: {text:?}");
+                st.unlock.push(t.elapsed());
+                st.cycles += 1;
+            }
+            st
+        }));
+    }
+    let applier = {
+        let (api, stop, ws) = (api.clone(), stop.clone(), ws.to_string());
+        tokio::spawn(async move {
+            let mut st = CycleStats::default();
+            let mut serial = 1;
+            while !stop.load(Relaxed) {
+                let id_info = lock_info("OperationTypeApply");
+                let id = serde_json::from_slice::<serde_json::Value>(&id_info).unwrap()["ID"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let t = Instant::now();
+                let (status, text) = api.send("LOCK", &ws, "", id_info.clone()).await;
+                match status {
+                    StatusCode::OK => st.lock.push(t.elapsed()),
+                    StatusCode::LOCKED => {
+                        st.refused += 1;
+                        tokio::time::sleep(retry).await;
+                        continue;
+                    }
+                    other => panic!("apply LOCK {ws}: {other} {text:?}"),
+                }
+                serial += 1;
+                let body = state(10 * KIB, serial, &lineage);
+                let md5 = content_md5(&body);
+                let t = Instant::now();
+                let (status, text) = api.send_state(&ws, &format!("?ID={id}"), body, md5).await;
+                assert_eq!(status, StatusCode::OK, "POST {ws}: {text:?}");
+                st.post.push(t.elapsed());
+                let t = Instant::now();
+                let (status, text) = api.send("UNLOCK", &ws, "", id_info).await;
+                assert_eq!(status, StatusCode::OK, "UNLOCK {ws}: {text:?}");
+                st.unlock.push(t.elapsed());
+                st.cycles += 1;
+            }
+            st
+        })
+    };
+    tokio::time::sleep(cell).await;
+    stop.store(true, Relaxed);
+    let mut all = SharedStats::default();
+    for t in plans {
+        let st = t.await.expect("plan task");
+        all.plans.cycles += st.cycles;
+        all.plans.refused += st.refused;
+        all.plans.lock.extend(st.lock);
+        all.plans.post.extend(st.post);
+        all.plans.unlock.extend(st.unlock);
+    }
+    all.apply = applier.await.expect("apply task");
+    let elapsed = started.elapsed().as_secs_f64();
+    all.plans.elapsed = elapsed;
+    all.apply.elapsed = elapsed;
+    all
+}
+
+/// The cell of 8 concurrent plan holders and one apply on one workspace (`--cells 8p+1`).
+async fn shared_plan_phase(opts: &Opts, server: &Server, run: &str, report: &mut Report) {
+    if opts.cells.as_ref().is_some_and(|c| !c.iter().any(|c| c == "8p+1")) {
+        return;
+    }
+    println!("\n== shared plan locks: 8 plans (LOCK → GET → UNLOCK) and 1 apply (LOCK → POST → UNLOCK)");
+    let api = Api::new(&server.url);
+    let st = shared_cycles(&api, &format!("{run}-shared"), 8, opts.cell(), Duration::from_micros(500)).await;
+    report.row(
+        "shared plan locks: 8 plan holders + 1 apply, 1 workspace",
+        format!(
+            "plans {:.0}/s (LOCK {}; GET {}; UNLOCK {}; {} refused); apply {:.0}/s (LOCK {}; POST 10 KiB {}; UNLOCK {}; {} LOCKs refused)",
+            st.plans.cycles as f64 / st.plans.elapsed,
+            st.plans.lock.ms(),
+            st.plans.post.ms(),
+            st.plans.unlock.ms(),
+            st.plans.refused,
+            st.apply.cycles as f64 / st.apply.elapsed,
+            st.apply.lock.ms(),
+            st.apply.post.ms(),
+            st.apply.unlock.ms(),
+            st.apply.refused,
+        ),
+        String::new(),
+        String::new(),
+    );
+}
+
 async fn get_phase(
     opts: &Opts,
     api: &Api,
@@ -1999,6 +2142,7 @@ async fn main() {
         let api = Api::new(&server.url);
         if opts.runs("cycles") {
             cycle_phase(&opts, &server, &run, floors.as_ref(), &mut report).await;
+            shared_plan_phase(&opts, &server, &run, &mut report).await;
         }
         if opts.runs("get") {
             get_phase(&opts, &api, &run, floors.as_ref(), &mut report).await;

@@ -1357,12 +1357,25 @@ async fn shared_cycles(
 
 /// The cell of 8 concurrent plan holders and one apply on one workspace (`--cells 8p+1`).
 async fn shared_plan_phase(opts: &Opts, server: &Server, run: &str, report: &mut Report) {
-    if opts.cells.as_ref().is_some_and(|c| !c.iter().any(|c| c == "8p+1")) {
+    if opts
+        .cells
+        .as_ref()
+        .is_some_and(|c| !c.iter().any(|c| c == "8p+1"))
+    {
         return;
     }
-    println!("\n== shared plan locks: 8 plans (LOCK → GET → UNLOCK) and 1 apply (LOCK → POST → UNLOCK)");
+    println!(
+        "\n== shared plan locks: 8 plans (LOCK → GET → UNLOCK) and 1 apply (LOCK → POST → UNLOCK)"
+    );
     let api = Api::new(&server.url);
-    let st = shared_cycles(&api, &format!("{run}-shared"), 8, opts.cell(), Duration::from_micros(500)).await;
+    let st = shared_cycles(
+        &api,
+        &format!("{run}-shared"),
+        8,
+        opts.cell(),
+        Duration::from_micros(500),
+    )
+    .await;
     report.row(
         "shared plan locks: 8 plan holders + 1 apply, 1 workspace",
         format!(

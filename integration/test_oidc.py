@@ -25,6 +25,8 @@ confidential client that must use PKCE, test users and their groups.
   role or loses the session at the next request (revoked, audited); the session's
   provider tokens are sealed rows of the index, so a restart keeps it, and a session
   whose row is gone ends. Groups can come from userinfo alone.
+- `admin operator set-role` on a single sign-on operator is a cap: re-checks at the
+  provider never give more, in the UI or through the operator's API token.
 
 Nothing is skipped: without node, the package, chromium or chromedriver the test fails.
 """
@@ -40,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from browser_support import Page, browser  # noqa: F401 (a fixture)
-from harness import BACKEND_HTTP, Server, cli, data_resource, free_port
+from harness import BACKEND_HTTP, Server, cli, data_resource, free_port, json_lines
 from oidc_support import CALLBACK, CLIENT_SECRET, REFUSED, Provider, request, sign_in_at_provider
 
 class Setup:
@@ -461,3 +463,89 @@ def test_a_callback_naming_another_issuer_is_refused(sso):
     # The genuine callback, iss and all, signs in.
     url, jar = callback_url(s, "tess")
     assert request("GET", url, jar)[0] == 200
+
+
+def test_set_role_caps_a_single_sign_on_operator_whatever_its_groups_give(tmp_path, check_binary):
+    """Issue 37, finding 3: `admin operator set-role` on a single sign-on operator sets a
+    cap its groups at the provider never exceed. An admin (`platform-admins`) demoted to
+    viewer stays a viewer after forced re-checks at the provider (sessions re-checked
+    after 1 s), in the UI and through its API token (never re-checked at the provider);
+    a re-grant from changed groups is audited and held under the cap; a cap with
+    workspace patterns narrows them too."""
+    s = start(tmp_path, oidc="revalidate_seconds = 1\n")
+    try:
+        url, jar = callback_url(s, "alice")
+        assert request("GET", url, jar)[0] == 200
+        token = cli(s.server, "admin", "operator", "token", "create", "--email",
+                    "alice@example.com").stdout.strip()
+        assert token.startswith("sgo_"), token
+        bearer = {"Authorization": f"Bearer {token}"}
+
+        def api(path: str) -> int:
+            return request("GET", s.server.url + "/api/v1/admin/" + path, {}, headers=bearer)[0]
+
+        def checked() -> int:
+            (ms,), = s.db("SELECT checked_ms FROM sso_sessions")
+            return ms
+
+        def rechecked_ui() -> str:
+            """The UI after a re-check at the provider (forced: older than 1 s)."""
+            was = checked()
+            time.sleep(1.2)
+            status, _, body = request("GET", s.server.url + "/ui/", jar)
+            assert status == 200, (status, body[:300])
+            assert checked() > was, "the session was re-checked at the provider"
+            return body
+
+        assert api("keys") == 200
+        role = 'title="your operator role">{}<'.format
+        assert role("admin") in rechecked_ui()
+
+        p = cli(s.server, "admin", "operator", "set-role", "--email", "alice@example.com",
+                "--role", "viewer")
+        assert "set its cap" in p.stderr and "viewer" in p.stderr, p.stderr
+        assert api("keys") == 403 and api("workspaces") == 200
+        body = rechecked_ui()
+        assert role("viewer") in body, body[:2000]
+        assert api("keys") == 403, "the API token follows the cap after a re-grant"
+        listed = json_lines(cli(s.server, "admin", "operator", "list", "--json").stdout)
+        assert [(r["email"], r["role"], r["sso"], r["cap"]) for r in listed] == [
+            ("alice@example.com", "viewer", True, {"role": "viewer", "workspaces": ""})], listed
+        # A posted reveal of the UI session is the viewer's 403.
+        session = jar[s.server.port]["sg_session"]
+        status, _, _ = request("POST", s.server.url + "/ui/workspaces/prod/versions/1/reveal", {},
+                               form={"csrf": "x"}, headers={"Cookie": f"sg_session={session}",
+                                                            "Origin": s.server.url})
+        assert status == 403, status
+
+        # Groups change at the provider: the re-grant is audited, and held under the cap.
+        s.provider.set_groups("alice", ["team-a"])
+        rechecked_ui()
+        s.provider.set_groups("alice", ["platform-admins"])
+        rechecked_ui()
+        assert api("keys") == 403
+        regrants = [json.loads(p) for (p,) in s.db(
+            "SELECT payload FROM audit WHERE event = 'ui.sso_regrant' ORDER BY id")]
+        assert regrants[-1] == {"method": "oidc", "from": {"role": "viewer", "workspaces": "team-a-*"},
+                                "role": "viewer", "workspaces": "",
+                                "groups": {"role": "admin", "workspaces": ""}}, regrants
+
+        # A cap with patterns: an operator of team-a-* only, whatever the groups say.
+        cli(s.server, "admin", "operator", "set-role", "--email", "alice@example.com",
+            "--role", "operator", "--workspaces", "team-a-*")
+        rechecked_ui()
+        assert (api("keys"), api("workspaces/prod"), api("workspaces/team-a-1")) == (403, 403, 404)
+        status, _, body = request("GET", s.server.url + "/ui/workspaces/prod", jar)
+        assert status == 403, (status, body[:300])
+
+        # Lifting the cap (admin of everything) gives back what the groups give.
+        cli(s.server, "admin", "operator", "set-role", "--email", "alice@example.com", "--role", "admin")
+        assert api("keys") == 200
+        caps = [json.loads(p) for (p,) in s.db(
+            "SELECT payload FROM audit WHERE event = 'admin.operator_role_set' ORDER BY id")]
+        assert [c["cap"]["to"]["role"] for c in caps] == ["viewer", "operator", "admin"], caps
+        assert caps[0]["from"] == {"role": "admin", "workspaces": ""} and caps[0]["cap"]["from"] is None
+        assert caps[0]["to"] == {"role": "viewer", "workspaces": ""}
+    finally:
+        s.server.stop()
+        s.provider.stop()

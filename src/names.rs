@@ -81,6 +81,14 @@ impl Pattern {
         Pattern(String::new())
     }
 
+    /// Does every name `other` matches match this pattern too? Decided by matching
+    /// `other`'s text, its `*` taken as a character this pattern's `*` absorbs: when
+    /// that matches, so does every name `other` matches (sound; it may say no to a
+    /// few patterns that are in fact covered, which only ever narrows).
+    pub fn covers(&self, other: &Pattern) -> bool {
+        glob_match(self.0.as_bytes(), other.0.as_bytes())
+    }
+
     /// Does `workspace` match? `*` matches any run of characters, everything else itself.
     pub fn matches(&self, workspace: &str) -> bool {
         glob_match(self.0.as_bytes(), workspace.as_bytes())

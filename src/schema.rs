@@ -104,6 +104,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("operators", "id"),
     ("operator_grants", "1"),
     ("operator_sso", "1"),
+    ("operator_sso_caps", "1"),
     // A session's parent is an operator token, which has none.
     ("tokens", "parent IS NOT NULL, sha256"),
     // An apply run refers to the check run before it.

@@ -669,6 +669,147 @@ impl RevocationLog {
     }
 }
 
+/// A narrowing (or any change of what someone may do that the index alone holds: an
+/// operator's grant or single sign-on cap, a workspace's consumers) as kept in the
+/// store, so a restore from an older backup re-applies it like a revocation. The
+/// owner of the rule writes `subject`, `from` and `to` and re-applies them
+/// (`operator::identity`, `tofu::credentials`); this module only seals and reads.
+/// One record per (kind, subject): the newest change replaces the one before.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Narrowing {
+    /// Whose rule: [`NARROWING_GRANT`] or [`NARROWING_CONSUMERS`].
+    pub kind: String,
+    /// What it is about: an operator, a workspace (the owner's words).
+    pub subject: String,
+    /// What held before the change and after it (the owner's words).
+    pub from: serde_json::Value,
+    pub to: serde_json::Value,
+    /// When it was recorded (unix milliseconds), just before its commit.
+    pub at_ms: i64,
+    /// Who made it (the audit log's actor).
+    pub actor: String,
+}
+
+/// An operator's grant or single sign-on cap (`operator::identity`).
+pub const NARROWING_GRANT: &str = "operator_grant";
+/// A workspace's consumers (`tofu::credentials`).
+pub const NARROWING_CONSUMERS: &str = "consumers";
+
+impl Narrowing {
+    /// Does a restored database whose value is `current` (from a snapshot taken at
+    /// `taken_unix`) need this change again? Not when it holds it already; yes when
+    /// it holds what the change replaced (the snapshot was taken before it
+    /// committed), or when the change was recorded after the snapshot was taken.
+    /// Otherwise the snapshot holds a later change than this record: it stays.
+    pub fn needed(&self, current: &serde_json::Value, taken_unix: i64) -> bool {
+        current != &self.to
+            && (current == &self.from || self.at_ms >= taken_unix.saturating_mul(1000))
+    }
+
+    /// When it was recorded, as RFC 3339 (for the audit row and the report).
+    pub fn recorded_at(&self) -> String {
+        time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(self.at_ms) * 1_000_000)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The name a narrowing is kept under: a hash of its kind and subject, so the newest
+/// change of one subject replaces the one before. Under [`REVOCATIONS_PREFIX`] (and
+/// scope `revocation/…`) so `key reseal` and `key status` treat it as a revocation
+/// record; [`RevocationLog::load`] skips it (not a token hash).
+fn narrowing_name(kind: &str, subject: &str) -> String {
+    let mut joined = kind.as_bytes().to_vec();
+    joined.push(0);
+    joined.extend_from_slice(subject.as_bytes());
+    format!("narrowing-{}", hash(&joined))
+}
+
+/// Where narrowings are recorded so a restore cannot undo them: beside the
+/// revocations, under the DEK. [`Self::record`] runs before the change's commit.
+#[derive(Clone)]
+pub struct NarrowingLog {
+    blobs: std::sync::Arc<dyn BlobStore>,
+    root: RootKey,
+}
+
+impl NarrowingLog {
+    pub fn new(blobs: std::sync::Arc<dyn BlobStore>, root: RootKey) -> Self {
+        NarrowingLog { blobs, root }
+    }
+
+    /// Seals and puts `change` (durable when this returns), replacing the record of
+    /// the subject's change before.
+    pub async fn record(&self, change: &Narrowing) -> Result<(), RecordError> {
+        let name = narrowing_name(&change.kind, &change.subject);
+        let key = format!("{REVOCATIONS_PREFIX}{name}.sgr");
+        let body = serde_json::to_vec(change).map_err(|e| RecordError::Unreadable {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let scope = format!("revocation/{name}");
+        let header = BlobHeader {
+            scope: scope.clone(),
+            version: RECORD_VERSION,
+            serial: None,
+            lineage: None,
+            sha256: hex::encode(format::sha2_digest(&body)),
+            size: body.len() as i64,
+            created_at: change.recorded_at(),
+            actor: "stategate narrowing".into(),
+            parent: None,
+            facts: Default::default(),
+        };
+        let sealed = format::encode(&self.root.blob_key(&scope), &header, &body)?;
+        self.blobs.put(&key, Bytes::from(sealed)).await?;
+        Ok(())
+    }
+
+    /// Every narrowing recorded in the store. One that does not open under this DEK,
+    /// or is kept under another subject's name, is an error (as for revocations).
+    pub async fn load(&self) -> Result<Vec<Narrowing>, RecordError> {
+        let mut out = Vec::new();
+        for key in self.blobs.list(REVOCATIONS_PREFIX).await? {
+            let Some(name) = key
+                .strip_prefix(REVOCATIONS_PREFIX)
+                .and_then(|k| k.strip_suffix(".sgr"))
+                .filter(|n| n.strip_prefix("narrowing-").is_some_and(is_token_hash))
+            else {
+                continue; // a revocation, or not ours
+            };
+            let Some(sealed) = self.blobs.get(&key).await? else {
+                continue;
+            };
+            let unreadable = |reason: String| RecordError::Unreadable {
+                key: key.clone(),
+                reason,
+            };
+            let scope = format!("revocation/{name}");
+            let header = format::read_header(&sealed).map_err(|e| unreadable(e.to_string()))?;
+            let body = format::decode(
+                &self.root.blob_key(&scope),
+                &sealed,
+                &scope,
+                RECORD_VERSION,
+                Some(&header.sha256),
+            )
+            .map_err(|e| unreadable(e.to_string()))?;
+            let change: Narrowing =
+                serde_json::from_slice(&body).map_err(|e| unreadable(e.to_string()))?;
+            if narrowing_name(&change.kind, &change.subject) != name {
+                return Err(unreadable("the record names another subject".into()));
+            }
+            out.push(change);
+        }
+        out.sort_by_key(|c| c.at_ms);
+        Ok(out)
+    }
+}
+
 /// What [`after_restore`] changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Reapplied {
@@ -1042,6 +1183,75 @@ mod tests {
         assert!(other.load().await.is_err(), "another DEK");
         let sealed = blobs.get(&record_key(&op.sha256)).await.unwrap().unwrap();
         blobs.put(&record_key(&kept.sha256), sealed).await.unwrap();
+        assert!(log.load().await.is_err(), "renamed");
+    }
+
+    /// Narrowings are kept beside revocations, the newest per subject, sealed like
+    /// them; the revocation log does not read them; `needed` is the re-apply rule.
+    #[tokio::test]
+    async fn narrowings_are_kept_newest_per_subject_and_reapplied_only_when_needed() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs: std::sync::Arc<dyn BlobStore> =
+            std::sync::Arc::new(crate::store::LocalStore::open(store_dir.path()).unwrap());
+        let root = RootKey::from_bytes([3; 32]);
+        let log = NarrowingLog::new(blobs.clone(), root.clone());
+        let change = |subject: &str, from: &[&str], to: &[&str], at_ms| Narrowing {
+            kind: NARROWING_CONSUMERS.into(),
+            subject: subject.into(),
+            from: serde_json::json!(from),
+            to: serde_json::json!(to),
+            at_ms,
+            actor: "cli:root".into(),
+        };
+        log.record(&change("prod", &["a", "b"], &["a"], 1_000))
+            .await
+            .unwrap();
+        log.record(&change("prod", &["a"], &["c"], 2_000))
+            .await
+            .unwrap();
+        log.record(&change("dev", &["x"], &[], 1_500))
+            .await
+            .unwrap();
+        let loaded = log.load().await.unwrap();
+        assert_eq!(
+            loaded
+                .iter()
+                .map(|c| (c.subject.as_str(), c.at_ms))
+                .collect::<Vec<_>>(),
+            [("dev", 1_500), ("prod", 2_000)]
+        );
+        assert_eq!(
+            RevocationLog::new(blobs.clone(), root.clone())
+                .load()
+                .await
+                .unwrap(),
+            vec![]
+        );
+        // (current value in the snapshot, snapshot taken at (s), needed)
+        let c = change("prod", &["a"], &["c"], 2_000);
+        for (current, taken, want) in [
+            (serde_json::json!(["c"]), 0, false),  // holds it already
+            (serde_json::json!(["a"]), 10, true),  // holds what it replaced
+            (serde_json::json!(["z"]), 1, true),   // recorded after the snapshot
+            (serde_json::json!(["z"]), 10, false), // a later change than the record
+        ] {
+            assert_eq!(c.needed(&current, taken), want, "{current} {taken}");
+        }
+        // Another DEK, or a record moved under another subject's name: an error.
+        assert!(
+            NarrowingLog::new(blobs.clone(), RootKey::from_bytes([4; 32]))
+                .load()
+                .await
+                .is_err()
+        );
+        let name = |s| {
+            format!(
+                "{REVOCATIONS_PREFIX}{}.sgr",
+                narrowing_name(NARROWING_CONSUMERS, s)
+            )
+        };
+        let sealed = blobs.get(&name("prod")).await.unwrap().unwrap();
+        blobs.put(&name("dev"), sealed).await.unwrap();
         assert!(log.load().await.is_err(), "renamed");
     }
 }

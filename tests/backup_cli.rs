@@ -227,6 +227,18 @@ impl Serving {
         r.status().as_u16()
     }
 
+    /// The admin API's answer to an operator token at `path` (under `/api/v1/admin/`).
+    async fn admin_at(&self, token: &str, path: &str) -> u16 {
+        let url = format!("{}/api/v1/admin/{path}", self.base);
+        let r = Self::http()
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        r.status().as_u16()
+    }
+
     /// The cluster API's answer to a user token.
     async fn cluster(&self, cluster: &str, token: &str) -> u16 {
         let url = format!("{}/v1/clusters/{cluster}/tfstate", self.base);
@@ -357,6 +369,167 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
         .collect();
     assert_eq!(revoked.len(), 1, "{listed}");
     assert_eq!(revoked[0]["id"], id(&revoked_op));
+    after.stop.send(true).unwrap();
+}
+
+/// Issue 37: a narrowing made after the newest backup survives a restore, like a
+/// revocation. Backup → `set-role` an admin to viewer, narrow a limited operator's
+/// patterns, cap a single sign-on operator, remove a consumer → restore → swap in:
+/// each still holds (the tokens get 403 where they got 200/404), audited as
+/// re-applied by the restore; an operator nobody narrowed keeps what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let demoted = cli(&data, &["admin", "operator", "create", "--email", "d@x"]);
+    let kept = cli(&data, &["admin", "operator", "create", "--email", "k@x"]);
+    let limited = cli(
+        &data,
+        &[
+            "admin",
+            "operator",
+            "create",
+            "--email",
+            "l@x",
+            "--role",
+            "operator",
+            "--workspaces",
+            "team-*",
+        ],
+    );
+    let sso = cli(&data, &["admin", "operator", "create", "--email", "s@x"]);
+    cli(
+        &data,
+        &["workspace", "consumers", "set", "prod", "app-a,app-b"],
+    );
+    // Linked as a single sign-on would have linked it (its grant follows its groups).
+    let db = data.join("stategate.db");
+    stategate::store::sql::Connection::open(&db)
+        .unwrap()
+        .execute(
+            "INSERT INTO operator_sso (operator_id, issuer, subject, last_login_at)
+             SELECT id, 'https://id.example.com', 's1', 'then' FROM operators WHERE email = 's@x'",
+            [],
+        )
+        .unwrap();
+
+    let before = serve(&data).await;
+    cli(&data, &["backup"]);
+    // (token, path, status before the narrowing)
+    let checks = [
+        (&demoted, "keys", 200, 403),
+        (&kept, "keys", 200, 200),
+        (&limited, "workspaces/team-b-1", 404, 403),
+        (&limited, "workspaces/team-a-1", 404, 404),
+        (&sso, "keys", 200, 403),
+    ];
+    for (token, path, was, _) in &checks {
+        assert_eq!(before.admin_at(token, path).await, *was, "{path} before");
+    }
+    cli(
+        &data,
+        &[
+            "admin", "operator", "set-role", "--email", "d@x", "--role", "viewer",
+        ],
+    );
+    cli(
+        &data,
+        &[
+            "admin",
+            "operator",
+            "set-role",
+            "--email",
+            "l@x",
+            "--role",
+            "operator",
+            "--workspaces",
+            "team-a-*",
+        ],
+    );
+    let capped = stategate(
+        &data,
+        DEK,
+        &[
+            "admin", "operator", "set-role", "--email", "s@x", "--role", "viewer",
+        ],
+    );
+    ok(&capped, "set-role on a single sign-on operator");
+    assert!(capped.stderr.contains("set its cap"), "{}", capped.stderr);
+    cli(&data, &["workspace", "consumers", "set", "prod", "app-a"]);
+    for (token, path, _, now) in &checks {
+        assert_eq!(before.admin_at(token, path).await, *now, "{path} narrowed");
+    }
+
+    let restored = dir.path().join("restored.db");
+    let out = cli(&data, &["restore", "--into", restored.to_str().unwrap()]);
+    assert!(
+        out.contains("Re-applied 4 role, cap or consumers change(s)"),
+        "{out}"
+    );
+    before.stop.send(true).unwrap();
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = data.join(format!("stategate.db{suffix}"));
+        if from.exists() {
+            std::fs::rename(&from, aside.join(format!("stategate.db{suffix}"))).unwrap();
+        }
+    }
+    std::fs::rename(&restored, &db).unwrap();
+
+    let after = serve(&data).await;
+    for (token, path, _, now) in &checks {
+        assert_eq!(
+            after.admin_at(token, path).await,
+            *now,
+            "{path} after the restore"
+        );
+    }
+    assert_eq!(
+        cli(&data, &["workspace", "consumers", "list", "prod"]),
+        "app-a"
+    );
+    let listed = cli(&data, &["admin", "operator", "list", "--json"]);
+    let s_row = listed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["email"] == "s@x")
+        .unwrap();
+    assert_eq!(
+        (&s_row["role"], &s_row["cap"]["role"]),
+        (&serde_json::json!("viewer"), &serde_json::json!("viewer")),
+        "{listed}"
+    );
+    // Audited as the restore's: the operators' three, the workspace's one.
+    let audit = cli(&data, &["admin", "audit", "list", "--json"]);
+    let reapplied: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["actor"] == "stategate restore")
+        .collect();
+    assert_eq!(
+        reapplied
+            .iter()
+            .filter(|r| r["event"] == "admin.operator_role_reapplied")
+            .count(),
+        3,
+        "{audit}"
+    );
+    assert_eq!(
+        reapplied
+            .iter()
+            .filter(|r| r["event"] == "tf.consumers_set")
+            .count(),
+        1,
+        "{audit}"
+    );
+    // A second restore from the same backup re-applies the same, no more.
+    let again = dir.path().join("again.db");
+    let out = cli(&data, &["restore", "--into", again.to_str().unwrap()]);
+    assert!(
+        out.contains("Re-applied 4 role, cap or consumers change(s)"),
+        "{out}"
+    );
     after.stop.send(true).unwrap();
 }
 

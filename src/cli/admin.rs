@@ -78,7 +78,10 @@ pub enum OperatorCommand {
         json: bool,
     },
     /// Change an operator's role and workspace patterns (holds at once, also for
-    /// open UI sessions).
+    /// open UI sessions and its tokens). For a single sign-on operator this sets its
+    /// cap: its groups at the provider never give it more (`--role admin` without
+    /// `--workspaces` lifts the cap). Recorded in the blob store first, so a restore
+    /// from an older backup re-applies it.
     SetRole {
         /// The operator's email.
         #[arg(long)]
@@ -385,6 +388,26 @@ impl AdminDb {
     }
 }
 
+impl AdminDb {
+    /// Records `change` in the blob store before it commits; when that cannot be done
+    /// the change still goes ahead (a narrowing must hold now), with a warning.
+    fn record_narrowing(&self, config: &Config, change: &tokens::Narrowing) {
+        let recorded = (|| -> anyhow::Result<()> {
+            let root = installation::load_root_key(config, false)?;
+            let log = tokens::NarrowingLog::new(installation::open_blob_store(config)?, root);
+            self.rt.block_on(log.record(change))?;
+            Ok(())
+        })();
+        if let Err(e) = recorded {
+            eprintln!(
+                "warning: the change is in force but could not be recorded in the blob store \
+                 ({e:#}); a restore from a backup taken before now would undo it: take a backup \
+                 (`stategate backup`) once the store is reachable"
+            );
+        }
+    }
+}
+
 /// The message only: `AdminError`s are written for the operator already.
 fn admin_error(e: AdminError) -> anyhow::Error {
     anyhow::anyhow!("{e}")
@@ -568,8 +591,43 @@ pub fn set_operator_role(
     workspaces: Option<&str>,
 ) -> anyhow::Result<()> {
     let grant = Grant::parse(role, workspaces)?;
-    AdminDb::open(config)?
-        .write(move |c| operators::set_operator_grant(c, &email, &grant, &operator()))
+    let db = AdminDb::open(config)?;
+    let named = email.clone();
+    let before = db.read(move |c| operators::standing(c, &named))?;
+    db.record_narrowing(
+        config,
+        &operators::grant_narrowing(&before, &grant, &operator()),
+    );
+    let set = db.write(move |c| operators::set_operator_grant(c, &email, &grant, &operator()))?;
+    let grant = db.read({
+        let email = before.email.clone();
+        move |c| operators::standing(c, &email)
+    })?;
+    match set {
+        operators::RoleSet::Grant => eprintln!(
+            "{}: {} of {}",
+            before.email,
+            grant.holds.role,
+            shown(&grant.holds.workspaces())
+        ),
+        operators::RoleSet::SsoCap => eprintln!(
+            "{} signs in through single sign-on: set its cap (its groups at the provider \
+             never give it more); it holds {} of {} now",
+            before.email,
+            grant.holds.role,
+            shown(&grant.holds.workspaces())
+        ),
+    }
+    Ok(())
+}
+
+/// Patterns as the operator listing shows them.
+fn shown(workspaces: &str) -> String {
+    if workspaces.is_empty() {
+        "(all)".into()
+    } else {
+        workspaces.to_string()
+    }
 }
 
 pub fn list_operators(config: &Config, json: bool) -> anyhow::Result<()> {
@@ -582,12 +640,11 @@ pub fn list_operators(config: &Config, json: bool) -> anyhow::Result<()> {
         |o| {
             vec![
                 o.email.clone(),
-                o.role.clone(),
-                if o.workspaces.is_empty() {
-                    "(all)".into()
-                } else {
-                    o.workspaces.clone()
+                match &o.cap {
+                    Some(_) => format!("{}(capped)", o.role),
+                    None => o.role.clone(),
                 },
+                shown(&o.workspaces),
                 when(&o.created_at),
             ]
         },

@@ -412,6 +412,39 @@ pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
     )
 }
 
+/// Applies again, in the restore's transaction, each recorded change the snapshot
+/// predates (audited by `stategate restore`, through the rule's owner); what was
+/// re-applied, for the report.
+fn reapply_narrowings(
+    conn: &stategate::store::sql::Connection,
+    changes: &[tokens::Narrowing],
+    taken_unix: i64,
+) -> Result<Vec<String>, stategate::store::sql::Error> {
+    const ACTOR: &str = "stategate restore";
+    let failed = |e: String| stategate::store::sql::Error::Value(e);
+    let mut out = Vec::new();
+    for change in changes {
+        match change.kind.as_str() {
+            tokens::NARROWING_GRANT => {
+                let applied = stategate::operator::identity::reapply_grant(conn, change, taken_unix, ACTOR)
+                    .map_err(|e| failed(e.to_string()))?;
+                if let Some(email) = applied {
+                    out.push(format!("the role of operator {email} (set {} by {})", change.recorded_at(), change.actor));
+                }
+            }
+            tokens::NARROWING_CONSUMERS => {
+                let applied = stategate::tofu::credentials::reapply_consumers(conn, change, taken_unix, ACTOR)
+                    .map_err(|e| failed(e.to_string()))?;
+                if applied {
+                    out.push(format!("the consumers of workspace {} (set {} by {})", change.subject, change.recorded_at(), change.actor));
+                }
+            }
+            other => return Err(failed(format!("a recorded change of an unknown kind ({other:?}): this stategate is older than the one that recorded it"))),
+        }
+    }
+    Ok(out)
+}
+
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     installation::require_sqlite_index(config, "stategate restore")?;
@@ -436,8 +469,13 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
     let claimed = claim_into(config, into, "restore")?;
     // Every revocation ever recorded, so none made after the snapshot is undone.
     let revocations = rt.block_on(tokens::RevocationLog::new(blobs.clone(), dek.clone()).load())?;
+    // And every recorded role, cap and consumers change: one made after the snapshot
+    // is applied again, as a revocation is.
+    let narrowings = rt.block_on(tokens::NarrowingLog::new(blobs.clone(), dek.clone()).load())?;
+    let taken_unix = chosen.unix_seconds();
     let restored_at = stategate::store::now_rfc3339();
     let mut reapplied = tokens::Reapplied::default();
+    let mut narrowed: Vec<String> = Vec::new();
     let bar = progress_bar("adding versions written after the backup");
     let report = rt.block_on(backup::restore(
         &*blobs,
@@ -452,6 +490,7 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
             // The backup opened with this key: the restored index records it.
             stategate::store::keyring::set_fingerprint(c, &dek.fingerprint())?;
             reapplied = tokens::after_restore(c, &revocations, &restored_at)?;
+            narrowed = reapply_narrowings(c, &narrowings, taken_unix)?;
             // The restore itself, with what it re-applied, in the new index's audit log.
             let revoked: Vec<_> = reapplied
                 .revoked
@@ -470,6 +509,7 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
                         "taken_at": chosen.taken_at,
                         "revocations_reapplied": revoked,
                         "sessions_ended": reapplied.sessions_ended,
+                        "changes_reapplied": narrowed.len(),
                     }),
                 },
             )
@@ -537,9 +577,16 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         println!("revoked {kind} token {id} again");
     }
     println!(
+        "Re-applied {} role, cap or consumers change(s) recorded in the store after the backup.",
+        narrowed.len()
+    );
+    for what in &narrowed {
+        println!("re-applied {what}");
+    }
+    println!(
         "Not in blobs, so as of the backup: orgs, users, tokens created since, clusters, \
          leases, locks, tombstones and the audit log (changes to them after {} are not \
-         restored; revocations are).",
+         restored; revocations, role, cap and consumers changes are).",
         chosen.taken_at
     );
     print_swap(config, into, claimed.is_some());

@@ -4,6 +4,11 @@
 //! a revoked token keeps its row (`revoked_at`), so listings show what was revoked.
 //! Each operator has a [`Grant`] (a role and optional workspace patterns, `roles`),
 //! kept in `operator_grants`; operators from before roles existed become `admin`.
+//!
+//! A single sign-on operator's grant is rewritten from its groups at every sign-in and
+//! re-check, so `set-role` on one sets its **cap** instead (`operator_sso_caps`): what
+//! it holds is its groups' grant held under the cap ([`Grant::capped`]), read at every
+//! request, for its UI sessions and its API tokens alike, so no re-grant exceeds it.
 
 use crate::store::sql::{params, Connection, OptionalExtension};
 
@@ -39,6 +44,15 @@ CREATE TABLE IF NOT EXISTS operator_sso (
     subject       TEXT NOT NULL,
     last_login_at TEXT NOT NULL,
     UNIQUE (issuer, subject)
+);
+
+-- The most a single sign-on operator may hold, whatever its groups give (`set-role`
+-- on such an operator sets it): what it holds is its grant held under this one.
+CREATE TABLE IF NOT EXISTS operator_sso_caps (
+    operator_id INTEGER PRIMARY KEY REFERENCES operators(id),
+    role        TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+    workspaces  TEXT NOT NULL DEFAULT '',
+    set_at      TEXT NOT NULL
 );
 "#;
 
@@ -102,14 +116,29 @@ fn stored_grant(role: Option<String>, workspaces: Option<String>) -> Grant {
     }
 }
 
-const SELECT_OPERATOR: &str = "SELECT o.id, o.email, g.role, g.workspaces, o.created_at
-       FROM operators o LEFT JOIN operator_grants g ON g.operator_id = o.id";
+const SELECT_OPERATOR: &str = "SELECT o.id, o.email, g.role, g.workspaces, o.created_at,
+            c.role, c.workspaces, s.operator_id IS NOT NULL
+       FROM operators o LEFT JOIN operator_grants g ON g.operator_id = o.id
+       LEFT JOIN operator_sso_caps c ON c.operator_id = o.id
+       LEFT JOIN operator_sso s ON s.operator_id = o.id";
+
+/// The cap of a row read with [`SELECT_OPERATOR`], if it has one (one that does not
+/// read caps everything: [`stored_grant`]).
+fn cap_of(r: &crate::store::sql::Row<'_>) -> crate::store::sql::Result<Option<Grant>> {
+    let role: Option<String> = r.get(5)?;
+    let workspaces: Option<String> = r.get(6)?;
+    Ok(role.map(|role| stored_grant(Some(role), workspaces)))
+}
 
 fn operator_row(r: &crate::store::sql::Row<'_>) -> crate::store::sql::Result<Operator> {
+    let granted = stored_grant(r.get(2)?, r.get(3)?);
     Ok(Operator {
         id: r.get(0)?,
         email: r.get(1)?,
-        grant: stored_grant(r.get(2)?, r.get(3)?),
+        grant: match cap_of(r)? {
+            Some(cap) => granted.capped(&cap),
+            None => granted,
+        },
     })
 }
 
@@ -127,10 +156,22 @@ pub fn operator_by_id(
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct OperatorRow {
     pub email: String,
+    /// What the operator holds now (under its cap, if it has one).
     pub role: String,
     /// Comma-separated patterns; empty when not limited.
     pub workspaces: String,
     pub created_at: String,
+    /// Signs in through single sign-on (its grant follows its groups).
+    pub sso: bool,
+    /// A single sign-on operator's cap (`set-role`), if set.
+    pub cap: Option<CapRow>,
+}
+
+/// A cap as listed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CapRow {
+    pub role: String,
+    pub workspaces: String,
 }
 
 /// Every operator with its role, by email.
@@ -144,6 +185,11 @@ pub fn list_operators(conn: &Connection) -> Result<Vec<OperatorRow>, AdminError>
                 role: op.grant.role.as_str().into(),
                 workspaces: op.grant.workspaces(),
                 created_at: r.get(4)?,
+                sso: r.get(7)?,
+                cap: cap_of(r)?.map(|cap| CapRow {
+                    role: cap.role.as_str().into(),
+                    workspaces: cap.workspaces(),
+                }),
             })
         })?
         .collect::<Result<_, _>>()?;
@@ -225,39 +271,217 @@ pub fn create_operator_with(
     Ok(token.secret)
 }
 
+/// What `set-role` changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleSet {
+    /// The operator's grant.
+    Grant,
+    /// A single sign-on operator's cap: its groups never give it more.
+    SsoCap,
+}
+
+/// Where an operator stands before a `set-role`: read first, so the change can be
+/// recorded (`tokens::NarrowingLog`) before it commits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    pub email: String,
+    /// What it holds now (under its cap, if any).
+    pub holds: Grant,
+    /// Its single sign-on link, if it signs in that way: `set-role` sets its cap.
+    pub sso: Option<(String, String)>,
+    /// Its cap now, if it has one.
+    pub cap: Option<Grant>,
+}
+
+/// The operator `email` names, as [`set_operator_grant`] would find it.
+pub fn standing(conn: &Connection, email: &str) -> Result<Standing, AdminError> {
+    let email = normalize_email(email)?;
+    let (found, cap) = conn
+        .query_row(
+            &format!("{SELECT_OPERATOR} WHERE o.email = ?1"),
+            [&email],
+            |r| Ok((operator_row(r)?, cap_of(r)?)),
+        )
+        .optional()?
+        .ok_or_else(|| AdminError::NotFound(format!("no operator with email {email:?}")))?;
+    let sso = conn
+        .prepare_cached("SELECT issuer, subject FROM operator_sso WHERE operator_id = ?1")?
+        .query_row([found.id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(Standing {
+        email,
+        holds: found.grant,
+        sso,
+        cap,
+    })
+}
+
 /// Changes an existing operator's role and patterns. It holds at once, also for the
-/// operator's open UI sessions (every request reads the grant). Audited as
-/// `admin.operator_role_set` with the old and the new grant.
+/// operator's open UI sessions and API tokens (every request reads the grant). For a
+/// single sign-on operator it sets the cap its groups can never exceed
+/// ([`RoleSet::SsoCap`]; a grant set directly would last only until the next re-check
+/// at the provider). Audited as `admin.operator_role_set` with what the operator held
+/// before and holds now (and, for a cap, the cap before and now).
 pub fn set_operator_grant(
     conn: &Connection,
     email: &str,
     grant: &Grant,
     actor: &str,
-) -> Result<(), AdminError> {
-    let email = normalize_email(email)?;
-    let found = conn
-        .query_row(
-            &format!("{SELECT_OPERATOR} WHERE o.email = ?1"),
-            [&email],
-            operator_row,
-        )
-        .optional()?
-        .ok_or_else(|| AdminError::NotFound(format!("no operator with email {email:?}")))?;
-    conn.execute(
-        "INSERT INTO operator_grants (operator_id, role, workspaces) VALUES (?1, ?2, ?3)
-         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role, workspaces = excluded.workspaces",
-        params![found.id, grant.role.as_str(), grant.workspaces()],
+) -> Result<RoleSet, AdminError> {
+    let before = standing(conn, email)?;
+    let id: i64 = conn.query_row(
+        "SELECT id FROM operators WHERE email = ?1",
+        [&before.email],
+        |r| r.get(0),
     )?;
-    audit(
-        conn,
-        actor,
-        "admin.operator_role_set",
-        serde_json::json!({
-            "email": email,
-            "from": { "role": found.grant.role.as_str(), "workspaces": found.grant.workspaces() },
-            "to": { "role": grant.role.as_str(), "workspaces": grant.workspaces() },
-        }),
+    let mut payload = serde_json::json!({
+        "email": before.email,
+        "from": grant_json(Some(&before.holds)),
+    });
+    let set = if before.sso.is_some() {
+        set_cap(conn, id, grant)?;
+        payload["cap"] = serde_json::json!({
+            "from": grant_json(before.cap.as_ref()),
+            "to": grant_json(Some(grant)),
+        });
+        RoleSet::SsoCap
+    } else {
+        set_grant(conn, id, grant)?;
+        RoleSet::Grant
+    };
+    let now = operator_by_id(conn, id)?.map_or_else(|| grant.clone(), |o| o.grant);
+    payload["to"] = grant_json(Some(&now));
+    audit(conn, actor, "admin.operator_role_set", payload)?;
+    Ok(set)
+}
+
+/// A grant (or cap) as a narrowing record and the `admin.operator_role_*` audit rows
+/// show it; `null` for no cap.
+fn grant_json(grant: Option<&Grant>) -> serde_json::Value {
+    grant.map_or(
+        serde_json::Value::Null,
+        |g| serde_json::json!({ "role": g.role.as_str(), "workspaces": g.workspaces() }),
     )
+}
+
+/// The record of a `set-role` to `grant` on the operator `before` describes, kept in
+/// the store before it commits (`tokens::NarrowingLog`) so a restore re-applies it
+/// ([`reapply_grant`]). A single sign-on operator is named by its link (its email may
+/// change at sign-in) and the record is of its cap.
+pub fn grant_narrowing(before: &Standing, grant: &Grant, actor: &str) -> tokens::Narrowing {
+    let (subject, from) = match &before.sso {
+        Some((issuer, subject)) => (
+            format!("sso:{issuer}\n{subject}"),
+            grant_json(before.cap.as_ref()),
+        ),
+        None => (
+            format!("email:{}", before.email),
+            grant_json(Some(&before.holds)),
+        ),
+    };
+    tokens::Narrowing {
+        kind: tokens::NARROWING_GRANT.into(),
+        subject,
+        from,
+        to: grant_json(Some(grant)),
+        at_ms: tokens::now_ms(),
+        actor: actor.to_string(),
+    }
+}
+
+/// Brings a restored database up to a recorded `set-role` ([`grant_narrowing`]) when
+/// the snapshot (taken at `taken_unix`) predates it (`tokens::Narrowing::needed`).
+/// Audited as `admin.operator_role_reapplied` by `actor`. The operator's email when
+/// applied; `None` when not needed, or when the operator is not in the snapshot
+/// (created after it: created again by hand, as the restore says).
+pub fn reapply_grant(
+    conn: &Connection,
+    change: &tokens::Narrowing,
+    taken_unix: i64,
+    actor: &str,
+) -> Result<Option<String>, AdminError> {
+    let bad = || AdminError::Invalid("a recorded role change does not read".into());
+    let to = change
+        .to
+        .get("role")
+        .and_then(|r| r.as_str())
+        .zip(change.to.get("workspaces").and_then(|w| w.as_str()))
+        .and_then(|(role, workspaces)| Grant::parse(role, Some(workspaces)).ok())
+        .ok_or_else(bad)?;
+    let (id, sso): (Option<i64>, bool) = match change.subject.split_once(':') {
+        Some(("sso", link)) => {
+            let (issuer, subject) = link.split_once('\n').ok_or_else(bad)?;
+            let id = conn
+                .prepare_cached(
+                    "SELECT operator_id FROM operator_sso WHERE issuer = ?1 AND subject = ?2",
+                )?
+                .query_row(params![issuer, subject], |r| r.get(0))
+                .optional()?;
+            (id, true)
+        }
+        Some(("email", email)) => {
+            let id = conn
+                .prepare_cached("SELECT id FROM operators WHERE email = ?1")?
+                .query_row([email], |r| r.get(0))
+                .optional()?;
+            (id, false)
+        }
+        _ => return Err(bad()),
+    };
+    let Some(before) = id.map(|id| operator_by_id(conn, id)).transpose()?.flatten() else {
+        return Ok(None);
+    };
+    let current = if sso {
+        let cap: Option<Grant> = conn
+            .prepare_cached(
+                "SELECT role, workspaces FROM operator_sso_caps WHERE operator_id = ?1",
+            )?
+            .query_row([before.id], |r| Ok(stored_grant(r.get(0)?, r.get(1)?)))
+            .optional()?;
+        grant_json(cap.as_ref())
+    } else {
+        grant_json(granted(conn, before.id)?.as_ref())
+    };
+    if !change.needed(&current, taken_unix) {
+        return Ok(None);
+    }
+    if sso {
+        set_cap(conn, before.id, &to)?;
+    } else {
+        set_grant(conn, before.id, &to)?;
+    }
+    let now = operator_by_id(conn, before.id)?.map_or_else(|| to.clone(), |o| o.grant);
+    let mut payload = serde_json::json!({
+        "email": before.email,
+        "from": grant_json(Some(&before.grant)),
+        "to": grant_json(Some(&now)),
+        "recorded_at": change.recorded_at(),
+        "recorded_by": change.actor,
+    });
+    if sso {
+        payload["cap"] = serde_json::json!({ "from": current, "to": grant_json(Some(&to)) });
+    }
+    audit(conn, actor, "admin.operator_role_reapplied", payload)?;
+    Ok(Some(before.email))
+}
+
+/// Sets single sign-on operator `id`'s cap.
+fn set_cap(conn: &Connection, id: i64, cap: &Grant) -> Result<(), crate::store::sql::Error> {
+    conn.execute(
+        "INSERT INTO operator_sso_caps (operator_id, role, workspaces, set_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (operator_id) DO UPDATE SET role = excluded.role,
+             workspaces = excluded.workspaces, set_at = excluded.set_at",
+        params![id, cap.role.as_str(), cap.workspaces(), crate::store::now_rfc3339()],
+    )?;
+    Ok(())
+}
+
+/// The grant stored for operator `id` before any cap: for a single sign-on operator,
+/// what its groups gave at the last sign-in or re-check.
+pub fn granted(conn: &Connection, id: i64) -> Result<Option<Grant>, crate::store::sql::Error> {
+    conn.prepare_cached("SELECT role, workspaces FROM operator_grants WHERE operator_id = ?1")?
+        .query_row([id], |r| Ok(stored_grant(r.get(0)?, r.get(1)?)))
+        .optional()
 }
 
 /// A user the identity provider vouched for, with the grant its groups map to.
@@ -547,6 +771,137 @@ mod tests {
                 ("operator:a@x.io".to_string(), serde_json::json!("u1")),
                 ("operator:b@x.io".to_string(), serde_json::json!("u1")),
             ]
+        );
+    }
+
+    /// Finding 3 of issue 37: `set-role` on a single sign-on operator is a cap its
+    /// groups never exceed, at sign-in or re-grant, for its tokens too; audited.
+    #[test]
+    fn a_single_sign_on_operators_cap_holds_whatever_its_groups_give() {
+        let (_dir, conn) = test_db();
+        let user = |grant| SsoUser {
+            issuer: "https://id.example.com",
+            subject: "u1",
+            name: "a@x.io",
+            grant,
+        };
+        let admin = Grant::ROOT;
+        let first = sso_operator(&conn, user(&admin)).unwrap().unwrap();
+        assert_eq!(first.grant, admin);
+        let token = create_operator_token(&conn, "a@x.io", "cli:root").unwrap();
+        let holds = |conn: &Connection| {
+            operator_by_token(conn, token.as_bytes())
+                .unwrap()
+                .unwrap()
+                .grant
+        };
+        let viewer = Grant::parse("viewer", None).unwrap();
+        let before = standing(&conn, "a@x.io").unwrap();
+        assert_eq!(
+            set_operator_grant(&conn, "a@x.io", &viewer, "cli:root").unwrap(),
+            RoleSet::SsoCap
+        );
+        assert_eq!(holds(&conn), viewer);
+        // The next sign-in (or re-check) writes the groups' admin back: still a viewer.
+        let again = sso_operator(&conn, user(&admin)).unwrap().unwrap();
+        assert_eq!(
+            (again.grant.clone(), holds(&conn)),
+            (viewer.clone(), viewer.clone())
+        );
+        assert_eq!(granted(&conn, first.id).unwrap(), Some(admin.clone()));
+        // A cap with patterns narrows them too; groups giving less give less.
+        let team = Grant::parse("operator", Some("team-a-*")).unwrap();
+        set_operator_grant(&conn, "a@x.io", &team, "cli:root").unwrap();
+        assert_eq!(holds(&conn), team);
+        let dev = Grant::parse("viewer", Some("team-*")).unwrap();
+        sso_operator(&conn, user(&dev)).unwrap().unwrap();
+        assert_eq!(
+            holds(&conn),
+            Grant::parse("viewer", Some("team-a-*")).unwrap()
+        );
+        let row = list_operators(&conn).unwrap().remove(0);
+        assert_eq!(
+            (
+                row.role.as_str(),
+                row.workspaces.as_str(),
+                row.sso,
+                row.cap.map(|c| c.role)
+            ),
+            ("viewer", "team-a-*", true, Some("operator".to_string()))
+        );
+        // Audited: who set the cap, from what to what.
+        let set: Vec<_> = list_audit(&conn, Some("operators"), None, 20)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.event == "admin.operator_role_set")
+            .collect();
+        assert_eq!(set.len(), 2);
+        assert_eq!(set[0].actor, "cli:root");
+        assert_eq!(
+            set[0].payload,
+            serde_json::json!({
+                "email": "a@x.io",
+                "from": { "role": "admin", "workspaces": "" },
+                "to": { "role": "viewer", "workspaces": "" },
+                "cap": { "from": null, "to": { "role": "viewer", "workspaces": "" } },
+            })
+        );
+        // The record a restore re-applies names the link, not the email.
+        let record = grant_narrowing(&before, &viewer, "cli:root");
+        assert_eq!(record.subject, "sso:https://id.example.com\nu1");
+        assert_eq!(record.from, serde_json::Value::Null);
+    }
+
+    /// A recorded `set-role` is applied again to a database that predates it, once.
+    #[test]
+    fn recorded_role_changes_are_reapplied_to_an_older_snapshot() {
+        let (_dir, conn) = test_db();
+        let token = create_operator(&conn, "o@x.io", "cli:root").unwrap();
+        let viewer = Grant::parse("viewer", Some("dev-*")).unwrap();
+        let before = standing(&conn, "o@x.io").unwrap();
+        let record = grant_narrowing(&before, &viewer, "cli:root");
+        // The snapshot (this database) predates the change: applied, audited.
+        assert_eq!(
+            reapply_grant(&conn, &record, 0, "stategate restore").unwrap(),
+            Some("o@x.io".to_string())
+        );
+        let me = operator_by_token(&conn, token.as_bytes()).unwrap().unwrap();
+        assert_eq!(me.grant, viewer);
+        let rows = list_audit(&conn, Some("operators"), None, 20).unwrap();
+        let last = rows.last().unwrap();
+        assert_eq!(
+            (
+                last.event.as_str(),
+                last.actor.as_str(),
+                &last.payload["to"]["role"]
+            ),
+            (
+                "admin.operator_role_reapplied",
+                "stategate restore",
+                &serde_json::json!("viewer")
+            )
+        );
+        // Holding it already: nothing more.
+        assert_eq!(
+            reapply_grant(&conn, &record, 0, "stategate restore").unwrap(),
+            None
+        );
+        // A snapshot with a later change than the record (taken after it): kept.
+        let operator = Grant::parse("operator", None).unwrap();
+        set_operator_grant(&conn, "o@x.io", &operator, "cli:root").unwrap();
+        let later = record.at_ms / 1000 + 60;
+        assert_eq!(
+            reapply_grant(&conn, &record, later, "stategate restore").unwrap(),
+            None
+        );
+        // An operator the snapshot does not have: skipped.
+        let elsewhere = tokens::Narrowing {
+            subject: "email:new@x.io".into(),
+            ..record
+        };
+        assert_eq!(
+            reapply_grant(&conn, &elsewhere, 0, "stategate restore").unwrap(),
+            None
         );
     }
 

@@ -131,11 +131,16 @@ impl Grant {
         Ok(Grant { role, patterns })
     }
 
-    /// The patterns as stored and shown (`a,b`; empty when not limited).
+    /// The patterns as stored and shown (`a,b`; empty when not limited). The pattern
+    /// nothing matches is `(none)`, which would not read back as a pattern, so such a
+    /// grant could never be stored as "not limited".
     pub fn workspaces(&self) -> String {
         self.patterns
             .iter()
-            .map(Pattern::as_str)
+            .map(|p| match p.as_str() {
+                "" => "(none)",
+                p => p,
+            })
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -151,6 +156,38 @@ impl Grant {
 
     pub fn may(&self, action: Action, target: Target<'_>) -> bool {
         may(self.role, &self.patterns, action, target)
+    }
+
+    /// This grant held under `cap` (a single sign-on operator's local cap, which the
+    /// provider's groups never exceed): the lower role, and only workspaces both
+    /// allow. Where both are limited, a pattern is kept when the other side has one
+    /// that covers it ([`Pattern::covers`]): never more than both allow, perhaps less
+    /// (nothing at all when no pattern of one lies inside the other's).
+    pub fn capped(&self, cap: &Grant) -> Grant {
+        let role = self.role.min(cap.role);
+        let patterns = match (self.is_limited(), cap.is_limited()) {
+            (_, false) => self.patterns.clone(),
+            (false, true) => cap.patterns.clone(),
+            (true, true) => {
+                let inside = |p: &&Pattern, of: &[Pattern]| of.iter().any(|o| o.covers(p));
+                let mut kept: Vec<Pattern> = Vec::new();
+                for p in self
+                    .patterns
+                    .iter()
+                    .filter(|p| inside(p, &cap.patterns))
+                    .chain(cap.patterns.iter().filter(|p| inside(p, &self.patterns)))
+                {
+                    if !kept.contains(p) {
+                        kept.push(p.clone());
+                    }
+                }
+                if kept.is_empty() {
+                    kept.push(Pattern::nothing());
+                }
+                kept
+            }
+        };
+        Grant { role, patterns }
     }
 }
 
@@ -292,6 +329,111 @@ mod tests {
         for p in &patterns {
             for t in &texts {
                 assert_eq!(glob_match(p, t), reference(p, t), "{p:?} {t:?}");
+            }
+        }
+    }
+
+    /// The effective grant of a capped single sign-on operator: never more than the
+    /// groups give, nor than the cap allows, whichever way round.
+    #[test]
+    fn a_cap_is_never_exceeded() {
+        let g = |role: &str, w: Option<&str>| Grant::parse(role, w).unwrap();
+        // (groups' grant, cap, effective role, effective patterns)
+        let table: &[(Grant, Grant, Role, &str)] = &[
+            (g("admin", None), g("viewer", None), Role::Viewer, ""),
+            (g("viewer", None), g("admin", None), Role::Viewer, ""),
+            (
+                g("admin", None),
+                g("operator", Some("team-a-*")),
+                Role::Operator,
+                "team-a-*",
+            ),
+            (
+                g("operator", Some("team-a-*")),
+                g("admin", None),
+                Role::Operator,
+                "team-a-*",
+            ),
+            (
+                g("admin", Some("team-*")),
+                g("admin", Some("team-a-*")),
+                Role::Admin,
+                "team-a-*",
+            ),
+            (
+                g("admin", Some("team-a-*")),
+                g("admin", Some("team-*")),
+                Role::Admin,
+                "team-a-*",
+            ),
+            (
+                g("admin", Some("team-a-*,prod")),
+                g("viewer", Some("*-*,dev")),
+                Role::Viewer,
+                "team-a-*",
+            ),
+            (
+                g("admin", Some("a*b")),
+                g("admin", Some("a*")),
+                Role::Admin,
+                "a*b",
+            ),
+        ];
+        for (groups, cap, role, patterns) in table {
+            let got = groups.capped(cap);
+            assert_eq!(
+                (got.role, got.workspaces().as_str()),
+                (*role, *patterns),
+                "{groups:?} {cap:?}"
+            );
+        }
+        // No pattern of one inside the other's: nothing at all, never everything.
+        let none = g("admin", Some("prod-*")).capped(&g("admin", Some("dev-*")));
+        assert!(none.is_limited());
+        for w in ["prod-x", "dev-x", "x", "prod-dev-x"] {
+            assert!(
+                !none.sees(w) && !none.may(Action::Read, Target::Workspace(w)),
+                "{w}"
+            );
+        }
+        assert!(!none.may(Action::Read, Target::Site));
+        // Whatever the two are, the effective grant allows nothing either refuses.
+        let grants = [
+            g("admin", None),
+            g("viewer", Some("team-*")),
+            g("operator", Some("team-a-*,prod")),
+            g("admin", Some("*-x,a*b")),
+            g("operator", Some("*")),
+        ];
+        let names = [
+            "team-a-x", "team-b", "prod", "prod-x", "a-x", "ab", "axb", "q",
+        ];
+        let actions = [
+            Action::Read,
+            Action::Operate,
+            Action::Reveal,
+            Action::Administer,
+        ];
+        for a in &grants {
+            for b in &grants {
+                let c = a.capped(b);
+                for action in actions {
+                    for target in names
+                        .iter()
+                        .map(|n| Target::Workspace(n))
+                        .chain([Target::Site, Target::Listing])
+                    {
+                        if c.may(action, target) {
+                            assert!(
+                                a.may(action, target) && b.may(action, target),
+                                "{a:?} {b:?} {action:?} {target:?}"
+                            );
+                        }
+                    }
+                }
+                for n in names {
+                    assert!(!c.sees(n) || (a.sees(n) && b.sees(n)), "{a:?} {b:?} {n}");
+                }
             }
         }
     }

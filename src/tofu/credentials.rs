@@ -310,6 +310,64 @@ pub fn set_consumers(
     Ok(())
 }
 
+/// The record of a change of `workspace`'s consumers from `before` to `after`, kept
+/// in the store before it commits so a restore re-applies it ([`reapply_consumers`]).
+pub fn consumers_narrowing(
+    workspace: &str,
+    before: &[String],
+    after: &[String],
+    actor: &str,
+) -> tokens::Narrowing {
+    let sorted = |list: &[String]| {
+        let mut list = list.to_vec();
+        list.sort();
+        serde_json::json!(list)
+    };
+    tokens::Narrowing {
+        kind: tokens::NARROWING_CONSUMERS.into(),
+        subject: workspace.to_string(),
+        from: sorted(before),
+        to: sorted(after),
+        at_ms: tokens::now_ms(),
+        actor: actor.to_string(),
+    }
+}
+
+/// Brings a restored database up to a recorded consumers change when the snapshot
+/// (taken at `taken_unix`) predates it (`tokens::Narrowing::needed`), audited as
+/// `tf.consumers_set` by `actor` with the record's time and author. Whether it was
+/// applied.
+pub fn reapply_consumers(
+    conn: &Connection,
+    change: &tokens::Narrowing,
+    taken_unix: i64,
+    actor: &str,
+) -> Result<bool, Error> {
+    let workspace = change.subject.as_str();
+    validate_workspace(workspace)?;
+    let names: Vec<String> = serde_json::from_value(change.to.clone())
+        .map_err(|_| Error::Invalid("a recorded consumers change does not read".into()))?;
+    let names =
+        parse_consumers(workspace, &names.join(",")).map_err(|e| Error::Invalid(e.to_string()))?;
+    let current = serde_json::json!(consumers(conn, workspace).map_err(db_error)?);
+    if !change.needed(&current, taken_unix) {
+        return Ok(false);
+    }
+    set_consumers(conn, workspace, &names).map_err(db_error)?;
+    let entry = AuditEntry {
+        actor: actor.to_string(),
+        org: None,
+        scope: super::scope(workspace),
+        event: EVENT_CONSUMERS_SET,
+        payload: serde_json::json!({
+            "consumers": names,
+            "reapplied": { "recorded_at": change.recorded_at(), "recorded_by": change.actor },
+        }),
+    };
+    insert_audit(conn, &entry).map_err(db_error)?;
+    Ok(true)
+}
+
 /// What one request's credential check reads, in one short lookup on a reader: the
 /// workspace's generation, the issued token the secret may be (found by its hash, live
 /// or not, so every refusal costs the same), and for an outputs read the consumers.
@@ -693,6 +751,15 @@ impl super::TofuBackend {
         validate_workspace(workspace)?;
         let names = parse_consumers(workspace, &names.join(","))
             .map_err(|e| Error::Invalid(e.to_string()))?;
+        // Recorded in the store before it commits (`tokens::NarrowingLog`), so a
+        // restore from an older backup does not give a removed consumer its read back.
+        let ws = workspace.to_string();
+        let before = self.db.read(move |c| consumers(c, &ws)).await?;
+        let change = consumers_narrowing(workspace, &before, &names, actor);
+        let log = tokens::NarrowingLog::new(self.store.blobs().clone(), self.root.clone());
+        if let Err(e) = log.record(&change).await {
+            tracing::warn!(error = %e, workspace, "the consumers change is in force but could not be recorded in the blob store; take a backup once the store is reachable");
+        }
         let ws = workspace.to_string();
         let actor = actor.to_string();
         let done = names.clone();

@@ -110,10 +110,12 @@ pub fn open_sso(
     .map(Some)
 }
 
-/// Gives the operator of a single sign-on session the grant its provider names today;
-/// a change from the grant it has now (read here, in the write transaction: a request
-/// racing this one through another node may have made the change already) is audited
-/// (`ui.sso_regrant`, old and new role). The operator as it is now.
+/// Gives the operator of a single sign-on session the grant its provider names today,
+/// held under the operator's cap if it has one (`operator::identity`: no re-grant
+/// exceeds it); a change from the grant stored now (read here, in the write
+/// transaction: a request racing this one through another node may have made the
+/// change already) is audited (`ui.sso_regrant`: what it held and holds now, and what
+/// its groups gave when a cap held them back). The operator as it is now.
 pub fn regrant(
     conn: &Connection,
     session: &UiSession,
@@ -122,21 +124,30 @@ pub fn regrant(
     let Some(current) = operator_by_id(conn, session.operator.id)? else {
         return Ok(None);
     };
-    if &current.grant == grant {
+    if crate::operator::identity::granted(conn, current.id)?.as_ref() == Some(grant) {
         return Ok(Some(current));
     }
     crate::operator::identity::set_grant(conn, current.id, grant)?;
-    let payload = serde_json::json!({
+    let Some(now) = operator_by_id(conn, current.id)? else {
+        return Ok(None);
+    };
+    let mut payload = serde_json::json!({
         "method": "oidc",
         "from": {
             "role": current.grant.role.as_str(),
             "workspaces": current.grant.workspaces(),
         },
-        "role": grant.role.as_str(),
-        "workspaces": grant.workspaces(),
+        "role": now.grant.role.as_str(),
+        "workspaces": now.grant.workspaces(),
     });
+    if &now.grant != grant {
+        payload["groups"] = serde_json::json!({
+            "role": grant.role.as_str(),
+            "workspaces": grant.workspaces(),
+        });
+    }
     audit(conn, &current, "ui.sso_regrant", payload)?;
-    Ok(operator_by_id(conn, current.id)?)
+    Ok(Some(now))
 }
 
 /// Ends a single sign-on session the provider no longer vouches for (revoked like a

@@ -165,7 +165,7 @@ fn every_command_line_in_the_docs_names_a_real_command_and_real_flags() {
                 continue;
             }
             // The first word must be a command (or a global flag).
-            if resolved.is_empty() && path.first().is_some() {
+            if resolved.is_empty() && !path.is_empty() {
                 problems.push(format!("{here}\n    no command `{}`", path[0]));
                 continue;
             }

@@ -44,6 +44,10 @@ def _audit(server, ws_name: str, event: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+def _newest_changes(server, ws: str) -> dict:
+    return json_lines(cli(server, "workspace", "history", ws, "--json", "--limit", "1").stdout)[0]["changes"]
+
+
 def _config(tf, *blocks: str, module: bool = False):
     tf.write(BACKEND_HTTP + "".join(blocks))
     if module:
@@ -74,6 +78,10 @@ def test_moving_resources_and_their_blocks_leaves_both_plans_empty(server, ws_na
     assert _versions(server, src, dst) == [before[0] + 1, before[1] + 1]
     payloads = _audit(server, src, "tf.resources_moved")
     assert len(payloads) == 1 and dst in payloads[0], payloads
+    # History tells the truth: the move's versions count only what moved (4 addresses),
+    # untouched records are not "changed" (the move keeps Terraform's bytes).
+    assert _newest_changes(server, src) == {"added": 0, "changed": 0, "removed": 4}
+    assert _newest_changes(server, dst) == {"added": 4, "changed": 0, "removed": 0}
 
     # The blocks move too: src keeps `keep`, dst gets the rest (and the module).
     _config(a, data_resource("keep", "k"))
@@ -88,6 +96,8 @@ def test_moving_resources_and_their_blocks_leaves_both_plans_empty(server, ws_na
     # Both keep working as usual.
     _config(b, data_resource("own", "changed"), data_resource("moved", "m"), COUNTED, MODULE_CALL, module=True)
     assert "1 changed" in b.apply().stdout
+    # Terraform's next write of the moved records reads as unchanged too.
+    assert _newest_changes(server, dst) == {"added": 0, "changed": 1, "removed": 0}
 
 
 def test_every_refused_move_exits_non_zero_and_changes_nothing(server, ws_name, make_tf):

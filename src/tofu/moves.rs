@@ -19,8 +19,15 @@
 //! its locks (`TofuBackend::release_abandoned_moves`). Releasing undoes nothing: the
 //! two new versions were committed together or not at all, and a commit re-checks that
 //! the move still holds both locks.
+//!
+//! The new states keep every byte Terraform wrote except the serial and the resource
+//! list's membership: each resource record is spliced in as it was ([`Layout`]). The
+//! resource timeline digests each instance's bytes, so a re-serialised record (serde
+//! sorts keys, Terraform does not) would read as "changed" in the move's version and
+//! again in the next apply's, although nothing changed.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
@@ -333,15 +340,169 @@ pub struct Moved {
     pub instances: usize,
 }
 
-/// A plain v4 state taken apart: its other top-level keys, serial and resources.
-struct Opened {
+/// A plain v4 state taken apart: its other top-level keys, serial and resources, and
+/// where those sit in its bytes (`None`: a shape the splice does not handle, such as
+/// no `resources` array; then the state is written back through serde).
+struct Opened<'a> {
     doc: Map<String, Value>,
     serial: i64,
     resources: Vec<Value>,
+    raw: Option<(&'a [u8], Layout)>,
+}
+
+/// Where a state's serial and resource records are in its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Layout {
+    serial: Range<usize>,
+    /// The whole `resources` array, brackets included.
+    resources: Range<usize>,
+    /// Each record, `{` to `}`.
+    records: Vec<Range<usize>>,
+}
+
+impl Layout {
+    /// The layout of `body`, a JSON object serde_json has already parsed (so only
+    /// well-formed JSON reaches this walk, and its nesting is within serde_json's limit).
+    fn of(body: &[u8]) -> Option<Layout> {
+        let mut serial = None;
+        let mut resources = None;
+        let mut i = skip_ws(body, 0);
+        if body.get(i) != Some(&b'{') {
+            return None;
+        }
+        i = skip_ws(body, i + 1);
+        while body.get(i) == Some(&b'"') {
+            let key_end = skip_string(body, i)?;
+            let key: String = serde_json::from_slice(&body[i..key_end]).ok()?;
+            i = skip_ws(body, key_end);
+            if body.get(i) != Some(&b':') {
+                return None;
+            }
+            let start = skip_ws(body, i + 1);
+            let end = skip_value(body, start, 0)?;
+            match key.as_str() {
+                "serial" => serial = Some(start..end),
+                "resources" => resources = Some(start..end),
+                _ => {}
+            }
+            i = skip_ws(body, end);
+            if body.get(i) == Some(&b',') {
+                i = skip_ws(body, i + 1);
+            }
+        }
+        let resources = resources?;
+        if body.get(resources.start) != Some(&b'[') {
+            return None;
+        }
+        let mut records = Vec::new();
+        let mut j = skip_ws(body, resources.start + 1);
+        while j < resources.end - 1 {
+            let end = skip_value(body, j, 0)?;
+            records.push(j..end);
+            j = skip_ws(body, end);
+            if body.get(j) == Some(&b',') {
+                j = skip_ws(body, j + 1);
+            }
+        }
+        Some(Layout {
+            serial: serial?,
+            resources,
+            records,
+        })
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Past the string that starts at `i` (its opening quote).
+fn skip_string(b: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// Past the value that starts at `i`. `depth` bounds the walk as serde_json bounds
+/// its parse (128), so no input can exhaust the stack.
+fn skip_value(b: &[u8], i: usize, depth: usize) -> Option<usize> {
+    let close = match b.get(i)? {
+        b'"' => return skip_string(b, i),
+        b'{' => b'}',
+        b'[' => b']',
+        _ => {
+            let mut j = i;
+            while !matches!(
+                b.get(j),
+                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                j += 1;
+            }
+            return Some(j);
+        }
+    };
+    if depth > 128 {
+        return None;
+    }
+    let mut j = skip_ws(b, i + 1);
+    if b.get(j) == Some(&close) {
+        return Some(j + 1);
+    }
+    loop {
+        if close == b'}' {
+            j = skip_ws(b, skip_string(b, j)?);
+            if b.get(j) != Some(&b':') {
+                return None;
+            }
+            j = skip_ws(b, j + 1);
+        }
+        j = skip_ws(b, skip_value(b, j, depth + 1)?);
+        match b.get(j)? {
+            b',' => j = skip_ws(b, j + 1),
+            c if *c == close => return Some(j + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// `body` with its serial replaced by `serial` and its resource list by `records`, laid
+/// out as Terraform lays out a state (two-space indent, a record per element).
+fn splice(body: &[u8], layout: &Layout, serial: i64, records: &[&[u8]]) -> Vec<u8> {
+    let mut list = Vec::new();
+    if records.is_empty() {
+        list.extend_from_slice(b"[]");
+    } else {
+        list.extend_from_slice(b"[\n    ");
+        list.extend_from_slice(&records.join(&b",\n    "[..]));
+        list.extend_from_slice(b"\n  ]");
+    }
+    let serial = serial.to_string().into_bytes();
+    let mut edits = [
+        (layout.serial.clone(), serial),
+        (layout.resources.clone(), list),
+    ];
+    edits.sort_by_key(|(range, _)| range.start);
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for (range, bytes) in edits {
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(&bytes);
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out
 }
 
 /// A plain v4 state: its top-level object, serial and resources.
-fn open_state(body: &[u8], side: Side) -> Result<Opened, Refusal> {
+fn open_state(body: &[u8], side: Side) -> Result<Opened<'_>, Refusal> {
     let not = |why| Refusal::NotAState(side, why);
     let doc: Value = serde_json::from_slice(body).map_err(|_| not("it is not JSON"))?;
     let Value::Object(mut doc) = doc else {
@@ -367,10 +528,14 @@ fn open_state(body: &[u8], side: Side) -> Result<Opened, Refusal> {
         Some(Value::Array(list)) => list,
         Some(_) => return Err(not("its resources are not a list")),
     };
+    let raw = Layout::of(body)
+        .filter(|l| l.records.len() == resources.len())
+        .map(|l| (body, l));
     Ok(Opened {
         doc,
         serial,
         resources,
+        raw,
     })
 }
 
@@ -390,19 +555,16 @@ fn address_of(resource: &Value) -> Option<String> {
 
 fn close_state(
     mut doc: Map<String, Value>,
-    serial: i64,
+    next: i64,
     resources: Vec<Value>,
     side: Side,
-) -> Result<(Vec<u8>, i64), Refusal> {
-    let next = serial
-        .checked_add(1)
-        .ok_or(Refusal::SerialExhausted(side))?;
+) -> Result<Vec<u8>, Refusal> {
     doc.insert("serial".into(), Value::from(next));
     doc.insert("resources".into(), Value::Array(resources));
     let mut body = serde_json::to_vec_pretty(&Value::Object(doc))
         .map_err(|_| Refusal::NotAState(side, "it cannot be written back"))?;
     body.push(b'\n');
-    Ok((body, next))
+    Ok(body)
 }
 
 /// Moves the resource records `addresses` (checked by [`check_addresses`]) from the
@@ -412,27 +574,27 @@ pub fn move_resources(
     destination: &[u8],
     addresses: &[String],
 ) -> Result<Moved, Refusal> {
-    let Opened {
-        doc: src_doc,
-        serial: src_serial,
-        resources: src_resources,
-    } = open_state(source, Side::Source)?;
-    let Opened {
-        doc: dst_doc,
-        serial: dst_serial,
-        resources: mut dst_resources,
-    } = open_state(destination, Side::Destination)?;
+    let src = open_state(source, Side::Source)?;
+    let dst = open_state(destination, Side::Destination)?;
     let wanted: BTreeSet<&str> = addresses.iter().map(String::as_str).collect();
-    let in_dst: BTreeSet<String> = dst_resources.iter().filter_map(address_of).collect();
+    let in_dst: BTreeSet<String> = dst.resources.iter().filter_map(address_of).collect();
     let present: Vec<String> = addresses
         .iter()
         .filter(|a| in_dst.contains(a.as_str()))
         .cloned()
         .collect();
-    let (moving, kept): (Vec<Value>, Vec<Value>) = src_resources
-        .into_iter()
-        .partition(|r| address_of(r).is_some_and(|a| wanted.contains(a.as_str())));
-    let found: BTreeSet<String> = moving.iter().filter_map(address_of).collect();
+    let moves: Vec<bool> = src
+        .resources
+        .iter()
+        .map(|r| address_of(r).is_some_and(|a| wanted.contains(a.as_str())))
+        .collect();
+    let found: BTreeSet<String> = src
+        .resources
+        .iter()
+        .zip(&moves)
+        .filter(|(_, moves)| **moves)
+        .filter_map(|(r, _)| address_of(r))
+        .collect();
     let missing: Vec<String> = addresses
         .iter()
         .filter(|a| !found.contains(a.as_str()))
@@ -444,18 +606,37 @@ pub fn move_resources(
     if !present.is_empty() {
         return Err(Refusal::Present(present));
     }
-    let instances = moving
+    let instances = src
+        .resources
         .iter()
-        .map(|r| {
+        .zip(&moves)
+        .filter(|(_, moves)| **moves)
+        .map(|(r, _)| {
             r.get("instances")
                 .and_then(Value::as_array)
                 .map_or(0, Vec::len)
         })
         .sum();
-    dst_resources.extend(moving);
-    let (source, source_serial) = close_state(src_doc, src_serial, kept, Side::Source)?;
-    let (destination, destination_serial) =
-        close_state(dst_doc, dst_serial, dst_resources, Side::Destination)?;
+    let source_serial = next_serial(src.serial, Side::Source)?;
+    let destination_serial = next_serial(dst.serial, Side::Destination)?;
+    let (source, destination) = match spliced(&src, &dst, &moves, source_serial, destination_serial)
+    {
+        Some(both) => both,
+        None => {
+            let (moving, kept): (Vec<(Value, bool)>, Vec<(Value, bool)>) = src
+                .resources
+                .into_iter()
+                .zip(moves)
+                .partition(|(_, moves)| *moves);
+            let mut joined = dst.resources;
+            joined.extend(moving.into_iter().map(|(r, _)| r));
+            let kept = kept.into_iter().map(|(r, _)| r).collect();
+            (
+                close_state(src.doc, source_serial, kept, Side::Source)?,
+                close_state(dst.doc, destination_serial, joined, Side::Destination)?,
+            )
+        }
+    };
     Ok(Moved {
         source,
         source_serial,
@@ -463,6 +644,45 @@ pub fn move_resources(
         destination_serial,
         instances,
     })
+}
+
+fn next_serial(serial: i64, side: Side) -> Result<i64, Refusal> {
+    serial.checked_add(1).ok_or(Refusal::SerialExhausted(side))
+}
+
+/// Both new states with every record's bytes kept ([`splice`]), or `None` when either
+/// state's shape is not one the splice handles or its result would not read back as
+/// the same records (then serde writes them).
+fn spliced(
+    src: &Opened<'_>,
+    dst: &Opened<'_>,
+    moves: &[bool],
+    source_serial: i64,
+    destination_serial: i64,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let ((src_body, src_layout), (dst_body, dst_layout)) = (src.raw.as_ref()?, dst.raw.as_ref()?);
+    let record = |k: usize| &src_body[src_layout.records[k].clone()];
+    let kept: Vec<&[u8]> = (0..moves.len())
+        .filter(|&k| !moves[k])
+        .map(record)
+        .collect();
+    let mut joined: Vec<&[u8]> = dst_layout
+        .records
+        .iter()
+        .map(|r| &dst_body[r.clone()])
+        .collect();
+    joined.extend((0..moves.len()).filter(|&k| moves[k]).map(record));
+    let source = splice(src_body, src_layout, source_serial, &kept);
+    let destination = splice(dst_body, dst_layout, destination_serial, &joined);
+    let reads_back = |body: &[u8], serial: i64, records: usize| {
+        serde_json::from_slice::<Value>(body).is_ok_and(|v| {
+            v["serial"].as_i64() == Some(serial)
+                && v["resources"].as_array().map(Vec::len) == Some(records)
+        })
+    };
+    (reads_back(&source, source_serial, kept.len())
+        && reads_back(&destination, destination_serial, joined.len()))
+    .then_some((source, destination))
 }
 
 #[cfg(test)]
@@ -563,6 +783,93 @@ mod tests {
             r["module"] = Value::from(m);
         }
         r
+    }
+
+    /// A state as Terraform writes it: its own key order (not sorted), two-space indent.
+    fn terraform_written(serial: i64, lineage: &str, records: &[&str]) -> Vec<u8> {
+        let list = if records.is_empty() {
+            "[]".to_string()
+        } else {
+            format!("[\n    {}\n  ]", records.join(",\n    "))
+        };
+        format!(
+            "{{\n  \"version\": 4,\n  \"terraform_version\": \"1.15.5\",\n  \"serial\": {serial},\n  \"lineage\": \"{lineage}\",\n  \"outputs\": {{}},\n  \"resources\": {list},\n  \"check_results\": null\n}}\n"
+        )
+        .into_bytes()
+    }
+
+    fn record(name: &str, value: &str) -> String {
+        format!(
+            "{{\n      \"mode\": \"managed\",\n      \"type\": \"terraform_data\",\n      \"name\": \"{name}\",\n      \"provider\": \"provider[\\\"terraform.io/builtin/terraform\\\"]\",\n      \"instances\": [\n        {{\n          \"schema_version\": 0,\n          \"attributes\": {{\n            \"id\": \"{value}\",\n            \"input\": {{\"value\": \"a \\\"quoted\\\" ]}} value\", \"type\": \"string\"}}\n          }},\n          \"sensitive_attributes\": [],\n          \"identity_schema_version\": 0\n        }}\n      ]\n    }}"
+        )
+    }
+
+    /// What a move did to a state's resource summary, as the timeline and the version's
+    /// counts see it.
+    fn changes(before: &[u8], after: &[u8]) -> Vec<(String, crate::store::timeline::Change)> {
+        let summary = |body: &[u8]| {
+            crate::store::timeline::summarize_whole(crate::tfstate::resource_scan([7; 32]), body)
+                .expect("a summary")
+        };
+        crate::store::timeline::diff(&summary(before), &summary(after))
+    }
+
+    #[test]
+    fn a_move_keeps_every_records_bytes_so_only_the_moved_resource_changes() {
+        use crate::store::timeline::Change;
+        let (a, b, c) = (record("a", "1"), record("b", "2"), record("c", "3"));
+        let src = terraform_written(5, "SRC", &[&a, &b]);
+        for dst in [
+            terraform_written(2, "DST", &[&c]),
+            terraform_written(1, "DST", &[]),
+        ] {
+            let moved = move_resources(&src, &dst, &list(&["terraform_data.a"])).unwrap();
+            assert_eq!(
+                moved.source,
+                terraform_written(6, "SRC", &[&b]),
+                "the source is Terraform's bytes less the record, with the next serial"
+            );
+            let mut joined: Vec<&str> = Vec::new();
+            let before: Value = serde_json::from_slice(&dst).unwrap();
+            if !before["resources"].as_array().unwrap().is_empty() {
+                joined.push(&c);
+            }
+            joined.push(&a);
+            let next = before["serial"].as_i64().unwrap() + 1;
+            assert_eq!(moved.destination, terraform_written(next, "DST", &joined));
+            assert_eq!(
+                changes(&src, &moved.source),
+                vec![("terraform_data.a".to_string(), Change::Removed)],
+                "b is untouched: not 'changed'"
+            );
+            assert_eq!(
+                changes(&dst, &moved.destination),
+                vec![("terraform_data.a".to_string(), Change::Added)]
+            );
+        }
+    }
+
+    #[test]
+    fn the_layout_walk_finds_records_in_any_json_and_refuses_what_it_cannot_splice() {
+        let body = br#"{"serial":3,"x":{"resources":[1]},"resources":[ {"a":"]\"}"} , [], "s" ],"y":[{}]}"#;
+        let l = Layout::of(body).unwrap();
+        assert_eq!(&body[l.serial.clone()], b"3");
+        let records: Vec<&[u8]> = l.records.iter().map(|r| &body[r.clone()]).collect();
+        assert_eq!(records, vec![&br#"{"a":"]\"}"}"#[..], b"[]", b"\"s\""]);
+        for unspliceable in [
+            &b"[]"[..],
+            b"{\"serial\":1}",
+            b"{\"serial\":1,\"resources\":null}",
+        ] {
+            assert_eq!(Layout::of(unspliceable), None);
+        }
+        // Nesting past serde_json's own limit is refused, not recursed into.
+        let deep = format!(
+            "{{\"serial\":1,\"resources\":[{}1{}]}}",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert_eq!(Layout::of(deep.as_bytes()), None);
     }
 
     #[test]

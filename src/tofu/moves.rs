@@ -623,14 +623,15 @@ pub fn move_resources(
     {
         Some(both) => both,
         None => {
-            let (moving, kept): (Vec<(Value, bool)>, Vec<(Value, bool)>) = src
-                .resources
-                .into_iter()
-                .zip(moves)
-                .partition(|(_, moves)| *moves);
             let mut joined = dst.resources;
-            joined.extend(moving.into_iter().map(|(r, _)| r));
-            let kept = kept.into_iter().map(|(r, _)| r).collect();
+            let mut kept = Vec::new();
+            for (record, moves) in src.resources.into_iter().zip(moves) {
+                if moves {
+                    joined.push(record);
+                } else {
+                    kept.push(record);
+                }
+            }
             (
                 close_state(src.doc, source_serial, kept, Side::Source)?,
                 close_state(dst.doc, destination_serial, joined, Side::Destination)?,

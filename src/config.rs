@@ -416,6 +416,10 @@ pub struct DriftSettings {
     pub keep_outputs: u64,
     /// What a check's child runs in (`crate::drift::sandbox`).
     pub sandbox: DriftSandbox,
+    /// An unprivileged user (name or uid) every child runs as, with its group: the
+    /// stronger boundary (`crate::drift::sandbox`). Refused at startup when it does not
+    /// exist or is root.
+    pub run_as: Option<String>,
 }
 
 /// `drift_settings.sandbox`: `"bubblewrap"` (the default: a check refuses to run when
@@ -440,6 +444,7 @@ impl Default for DriftSettings {
             webhook_timeout_seconds: 10,
             keep_outputs: 50,
             sandbox: DriftSandbox::Bubblewrap,
+            run_as: None,
         }
     }
 }
@@ -516,6 +521,11 @@ fn validate_drift(checks: &[DriftCheck], settings: &DriftSettings) -> Result<(),
         return invalid(
             "drift_settings.webhook_timeout_seconds and plan_expiry_seconds must be > 0".into(),
         );
+    }
+    if let Some(user) = &settings.run_as {
+        RunAs::resolve(user).map_err(|why| {
+            ConfigError::Invalid(format!("drift_settings.run_as = {user:?}: {why}"))
+        })?;
     }
     for (i, url) in settings.webhooks.iter().enumerate() {
         let ok = url.parse::<http::Uri>().ok().is_some_and(|u| {
@@ -1601,10 +1611,266 @@ impl Config {
     }
 }
 
+/// Whether a [`SecretPath`] is one file or a whole directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretKind {
+    File,
+    Dir,
+}
+
+/// A path on this host that holds or unlocks a secret of the server, as the
+/// configuration names it: what a drift child must never read
+/// ([`Config::secret_paths`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretPath {
+    pub path: PathBuf,
+    pub kind: SecretKind,
+    /// The configuration key (or the variable) that names it.
+    pub key: &'static str,
+    /// What it holds or unlocks.
+    pub why: &'static str,
+}
+
+/// SoftHSM2's configuration file when `SOFTHSM2_CONF` is unset, and its token
+/// directory when that file names none (Debian's build).
+const SOFTHSM_DEFAULT_CONF: &str = "/etc/softhsm/softhsm2.conf";
+const SOFTHSM_DEFAULT_TOKENS: &str = "/var/lib/softhsm/tokens";
+
+/// `directories.tokendir` of a SoftHSM2 configuration file's text.
+fn softhsm_tokendir(conf: &str) -> Option<PathBuf> {
+    conf.lines()
+        .map(|l| l.split('#').next().unwrap_or_default())
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == "directories.tokendir")
+        .map(|(_, v)| PathBuf::from(v.trim()))
+        .filter(|p| !p.as_os_str().is_empty())
+}
+
+impl Config {
+    /// Every path this configuration names that holds or unlocks a secret: the one
+    /// list the drift sandbox hides (`crate::drift::sandbox`). A new configured file
+    /// that holds a secret belongs here; the test
+    /// `every_configured_path_is_a_secret_or_reasoned_public` fails until it is placed
+    /// here or, with its reason, among the public ones.
+    pub fn secret_paths(&self) -> Vec<SecretPath> {
+        self.secret_paths_with(|name| std::env::var_os(name))
+    }
+
+    /// [`Config::secret_paths`] with the process environment given (`SOFTHSM2_CONF`).
+    pub fn secret_paths_with(
+        &self,
+        env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Vec<SecretPath> {
+        use SecretKind::{Dir, File};
+        let entry = |path: PathBuf, kind, key, why| SecretPath {
+            path,
+            kind,
+            key,
+            why,
+        };
+        let mut out = vec![
+            entry(
+                self.data_dir.clone(),
+                Dir,
+                "data_dir",
+                "the index, the default key files and drift work directories",
+            ),
+            entry(
+                self.local_store_path(),
+                Dir,
+                "store.path",
+                "sealed states, backups and kept plans",
+            ),
+            entry(self.dek_path(), File, "dek_file", "the root key in plain"),
+            entry(
+                self.wrapped_key_path(),
+                File,
+                "key.wrapped_file",
+                "the root key, wrapped by the PKCS#11 token",
+            ),
+        ];
+        let mut next = self.wrapped_key_path().into_os_string();
+        next.push(".next");
+        out.push(entry(
+            next.into(),
+            File,
+            "key.wrapped_file",
+            "the root key wrapped anew while `key rewrap` runs",
+        ));
+        if let Some(file) = &self.loaded_from {
+            out.push(entry(
+                file.clone(),
+                File,
+                "loaded_from",
+                "the configuration: secrets, the index URL, every path here",
+            ));
+        }
+        if let Some(file) = &self.tls.key_file {
+            out.push(entry(
+                file.clone(),
+                File,
+                "tls.key_file",
+                "the listener's TLS private key",
+            ));
+        }
+        if let Some(file) = self
+            .oidc
+            .as_ref()
+            .and_then(|o| o.client_secret_file.clone())
+        {
+            out.push(entry(
+                file,
+                File,
+                "oidc.client_secret_file",
+                "the single sign-on client's secret",
+            ));
+        }
+        let pkcs11 = self.key.pkcs11.as_ref();
+        if let Some(file) = pkcs11.and_then(|p| p.pin_file.clone()) {
+            out.push(entry(
+                file,
+                File,
+                "key.pkcs11.pin_file",
+                "the PKCS#11 user PIN, which opens the token that unwraps the root key",
+            ));
+        }
+        // SoftHSM keeps its tokens (the key that unwraps the root key) in files: its
+        // configuration and token directory go too, whenever its module is configured
+        // or its variable is set (a hardware token keeps them off this filesystem).
+        let softhsm = pkcs11.is_some_and(|p| {
+            p.module
+                .to_string_lossy()
+                .to_ascii_lowercase()
+                .contains("softhsm")
+        });
+        let conf = env("SOFTHSM2_CONF")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        if softhsm || conf.is_some() {
+            let confs: Vec<PathBuf> = conf
+                .into_iter()
+                .chain([PathBuf::from(SOFTHSM_DEFAULT_CONF)])
+                .collect();
+            let mut dirs = vec![PathBuf::from(SOFTHSM_DEFAULT_TOKENS)];
+            for conf in confs {
+                dirs.extend(
+                    std::fs::read_to_string(&conf)
+                        .ok()
+                        .and_then(|text| softhsm_tokendir(&text)),
+                );
+                out.push(entry(
+                    conf,
+                    File,
+                    "SOFTHSM2_CONF",
+                    "SoftHSM2's configuration: where its tokens are",
+                ));
+            }
+            dirs.dedup();
+            for dir in dirs {
+                out.push(entry(
+                    dir,
+                    Dir,
+                    "directories.tokendir",
+                    "SoftHSM2's tokens: the key that unwraps the root key",
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// `drift_settings.run_as` looked up on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+impl RunAs {
+    /// The user named `user` (a name, or a uid), with its primary group and home;
+    /// refused when this host has no such user, or it is root.
+    pub fn resolve(user: &str) -> Result<RunAs, String> {
+        let found = match user.parse::<u32>() {
+            Ok(uid) if user.bytes().all(|b| b.is_ascii_digit()) => {
+                passwd_entry(|pw, buf, len, out| {
+                    // SAFETY: getpwuid_r writes only into `pw` and `buf` (of `len` bytes),
+                    // both owned by the caller for the whole call.
+                    unsafe { libc::getpwuid_r(uid, pw, buf, len, out) }
+                })
+            }
+            _ => {
+                let name = std::ffi::CString::new(user)
+                    .map_err(|_| "a user name has no NUL byte".to_string())?;
+                passwd_entry(|pw, buf, len, out| {
+                    // SAFETY: as above; `name` is a NUL-terminated string alive for the call.
+                    unsafe { libc::getpwnam_r(name.as_ptr(), pw, buf, len, out) }
+                })
+            }
+        }?;
+        let run_as = found.ok_or_else(|| "no such user on this host".to_string())?;
+        if run_as.uid == 0 || run_as.gid == 0 {
+            return Err("must be an unprivileged user, not root or root's group".into());
+        }
+        Ok(run_as)
+    }
+}
+
+/// One passwd entry through a re-entrant lookup (`getpwnam_r`, `getpwuid_r`).
+fn passwd_entry(
+    lookup: impl Fn(
+        *mut libc::passwd,
+        *mut libc::c_char,
+        libc::size_t,
+        *mut *mut libc::passwd,
+    ) -> libc::c_int,
+) -> Result<Option<RunAs>, String> {
+    let mut len = 1024usize;
+    loop {
+        let mut buf = vec![0 as libc::c_char; len];
+        // SAFETY: an all-zero passwd is a valid value (null pointers, zero ids).
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        let rc = lookup(&mut pw, buf.as_mut_ptr(), len, &mut out);
+        if rc == libc::ERANGE && len < 1 << 20 {
+            len *= 4;
+            continue;
+        }
+        if rc != 0 {
+            return Err(format!(
+                "cannot look the user up: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+        }
+        if out.is_null() {
+            return Ok(None);
+        }
+        let text = |p: *const libc::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                // SAFETY: a non-null field of a found entry is a NUL-terminated string
+                // in `buf`, alive here.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        };
+        return Ok(Some(RunAs {
+            name: text(pw.pw_name),
+            uid: pw.pw_uid,
+            gid: pw.pw_gid,
+            home: PathBuf::from(text(pw.pw_dir)),
+        }));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::path::Path;
 
     fn with_env(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let env: HashMap<String, String> = pairs
@@ -2272,6 +2538,346 @@ mod tests {
             err.to_string()
                 .contains("STATEGATE_TLS_CLIENT_CERT_REQUIRED"),
             "{err}"
+        );
+    }
+
+    /// Every key set, every path absolute and distinct: what the secret-path test walks.
+    /// A new key goes here (the test refuses a `None`, an empty list or an empty string).
+    const FULL_CONFIG: &str = r#"
+listen = "127.0.0.1:9000"
+public_url = "https://sg.example"
+data_dir = "/cfg/data"
+dek = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+dek_file = "/cfg/dek"
+max_state_bytes = 1
+max_inflight_body_bytes = 1
+max_view_bytes = 1
+body_read_timeout_seconds = 1
+body_min_bytes_per_second = 1
+shutdown_grace_seconds = 1
+threads = 1
+metrics_token = "m"
+[store]
+kind = "local"
+path = "/cfg/blobs"
+[store.s3]
+endpoint = "http://s3"
+bucket = "b"
+region = "r"
+access_key_id = "a"
+secret_access_key = "s"
+prefix = "p"
+response_timeout_seconds = 1
+request_timeout_seconds = 1
+[upstream]
+endpoint = "http://up"
+connect_timeout_seconds = 1
+read_timeout_seconds = 1
+hosts = ["h"]
+root_domains = ["d"]
+share_state_bucket = true
+protect_state_prefix = true
+guard_conditional_writes = true
+conditional_turn_wait_seconds = 1
+conditional_turn_hold_seconds = 1
+[tls]
+cert_file = "/cfg/tls/cert.pem"
+key_file = "/cfg/tls/key.pem"
+client_ca = "/cfg/tls/client-ca.pem"
+client_crl = "/cfg/tls/client-crl.pem"
+client_cert_required = true
+[[tls.client_grants]]
+subject = "ci"
+workspaces = "prod-*"
+scope = "write"
+[cluster]
+state_enc_key = "k"
+lease_stale_seconds = 1
+heartbeat_seconds = 1
+[retention]
+keep_versions = 1
+keep_days = 1
+interval_seconds = 1
+[locks]
+stale_after_seconds = 1
+[backup]
+interval_seconds = 1
+keep = 1
+[index]
+kind = "postgres"
+url = "postgres://u:p@db/sg"
+ca_file = "/cfg/pg-ca.pem"
+[[drift]]
+workspace = "prod"
+dir = "/cfg/infra"
+binary = "/cfg/bin/tofu"
+var_files = ["/cfg/infra/prod.tfvars"]
+env = { AWS_PROFILE = "x" }
+interval_seconds = 1
+timeout_seconds = 1
+approve_apply = true
+opentofu_encryption = true
+[drift_settings]
+max_concurrent = 1
+webhooks = ["https://hook"]
+lock_timeout_seconds = 1
+plan_expiry_seconds = 1
+webhook_attempts = 1
+webhook_timeout_seconds = 1
+keep_outputs = 1
+sandbox = "bubblewrap"
+run_as = "nobody"
+[oidc]
+issuer_url = "https://idp"
+client_id = "c"
+client_secret = "s"
+client_secret_file = "/cfg/oidc-secret"
+groups_claim = "g"
+scopes = ["email"]
+display_name = "d"
+roles = { sre = "operator" }
+session_max_age_seconds = 1
+revalidate_seconds = 1
+groups_from_userinfo = true
+[key]
+service = "pkcs11"
+wrapped_file = "/cfg/keys/root.wrapped"
+[key.pkcs11]
+module = "/usr/lib/softhsm/libsofthsm2.so"
+token_label = "t"
+key_label = "k"
+pin_file = "/cfg/keys/pin"
+[tofu]
+refuse_plaintext_after_encrypted = ["prod-*"]
+"#;
+
+    /// Configured paths that hold no secret, each with why a drift child may see it.
+    const PUBLIC_PATHS: &[(&str, &str)] = &[
+        ("tls.cert_file", "the listener's certificate chain: public"),
+        ("tls.client_ca", "the CA client certificates chain to: public"),
+        ("tls.client_crl", "revocation lists: public"),
+        (
+            "index.ca_file",
+            "the roots PostgreSQL's certificate is checked against: public, and often the system bundle the child's own TLS needs",
+        ),
+        (
+            "key.pkcs11.module",
+            "the vendor's library: opens nothing without the PIN and the token store, both hidden",
+        ),
+        ("drift.dir", "the check's own configuration: the child works there"),
+        ("drift.binary", "the program the child is"),
+        ("drift.var_files", "the check's own variables, for its child"),
+    ];
+
+    /// (the field's dotted path, its string value) for every string in `debug` (a
+    /// struct's `{:?}`), and every field name seen.
+    fn debug_fields(debug: &str) -> (Vec<(String, String)>, Vec<String>) {
+        let (mut strings, mut names) = (Vec::new(), Vec::new());
+        let mut stack: Vec<String> = Vec::new();
+        let mut field: Option<String> = None;
+        let b = debug.as_bytes();
+        let mut i = 0;
+        let here = |stack: &[String], field: &Option<String>| {
+            stack
+                .iter()
+                .chain(field.iter())
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(".")
+        };
+        while i < b.len() {
+            match b[i] {
+                b'"' => {
+                    let mut j = i + 1;
+                    let mut text = String::new();
+                    while j < b.len() && b[j] != b'"' {
+                        if b[j] == b'\\' {
+                            j += 1;
+                        }
+                        text.push(b[j] as char);
+                        j += 1;
+                    }
+                    strings.push((here(&stack, &field), text));
+                    i = j + 1;
+                }
+                b'{' => {
+                    stack.push(field.take().unwrap_or_default());
+                    i += 1;
+                }
+                b'}' => {
+                    field = stack.pop();
+                    i += 1;
+                }
+                c if c.is_ascii_alphabetic() || c == b'_' => {
+                    let start = i;
+                    while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                        i += 1;
+                    }
+                    if debug[i..].starts_with(": ") {
+                        field = Some(debug[start..i].to_string());
+                        names.push(here(&stack, &field));
+                    }
+                }
+                _ => i += 1,
+            }
+        }
+        (strings, names)
+    }
+
+    /// Issue 37 finding 2: the sandbox hid a hand-kept list, and the PIN file, a
+    /// wrapped key outside the data dir and the OIDC client secret file were missing.
+    /// Every path the configuration can name is now either a secret path (hidden by
+    /// construction) or public with its reason; a new key fails here until it is one.
+    #[test]
+    fn every_configured_path_is_a_secret_or_reasoned_public() {
+        let mut config: Config = toml::from_str(FULL_CONFIG).unwrap();
+        config.loaded_from = Some("/cfg/stategate.toml".into());
+        config.key.pkcs11.as_mut().unwrap().pin = Some("1".into());
+        let debug = format!("{config:?}");
+        for unset in ["None", "[]", "{}", "\"\""] {
+            assert!(
+                !debug.contains(unset),
+                "FULL_CONFIG leaves a key unset ({unset}): set every new key there, so this test sees it\n{debug}"
+            );
+        }
+        let secrets = config.secret_paths_with(|_| None);
+        let (strings, names) = debug_fields(&debug);
+        assert!(
+            names.iter().any(|n| n == "key.pkcs11.pin_file"),
+            "{names:?}"
+        );
+        let pathlike = |name: &str| {
+            let last = name.rsplit('.').next().unwrap_or(name);
+            [
+                "_file", "_files", "_dir", "path", "_ca", "_crl", "module", "binary",
+            ]
+            .iter()
+            .any(|end| last.ends_with(end))
+                || last == "dir"
+        };
+        let mut seen = Vec::new();
+        for (name, value) in strings
+            .iter()
+            .filter(|(_, v)| v.starts_with('/'))
+            .map(|(n, v)| (n.clone(), Some(v.clone())))
+            .chain(
+                names
+                    .iter()
+                    .filter(|n| pathlike(n))
+                    .map(|n| (n.clone(), None)),
+            )
+        {
+            let public = PUBLIC_PATHS.iter().any(|(key, _)| *key == name);
+            let secret = secrets.iter().find(|s| s.key == name);
+            assert!(
+                public != secret.is_some(),
+                "{name}: a configured path must be in Config::secret_paths (it holds or unlocks a secret) or in PUBLIC_PATHS with a reason, and not both"
+            );
+            if let (Some(secret), Some(value)) = (secret, &value) {
+                assert!(
+                    secrets
+                        .iter()
+                        .any(|s| s.key == secret.key && s.path == PathBuf::from(value)),
+                    "{name} = {value} is not what secret_paths gives: {secrets:?}"
+                );
+            }
+            seen.push(name);
+        }
+        for (key, _) in PUBLIC_PATHS {
+            assert!(seen.iter().any(|s| s == key), "{key} is no configured path");
+        }
+        let expected = [
+            ("data_dir", "/cfg/data", SecretKind::Dir),
+            ("store.path", "/cfg/blobs", SecretKind::Dir),
+            ("dek_file", "/cfg/dek", SecretKind::File),
+            (
+                "key.wrapped_file",
+                "/cfg/keys/root.wrapped",
+                SecretKind::File,
+            ),
+            (
+                "key.wrapped_file",
+                "/cfg/keys/root.wrapped.next",
+                SecretKind::File,
+            ),
+            ("loaded_from", "/cfg/stategate.toml", SecretKind::File),
+            ("tls.key_file", "/cfg/tls/key.pem", SecretKind::File),
+            (
+                "oidc.client_secret_file",
+                "/cfg/oidc-secret",
+                SecretKind::File,
+            ),
+            ("key.pkcs11.pin_file", "/cfg/keys/pin", SecretKind::File),
+            ("SOFTHSM2_CONF", SOFTHSM_DEFAULT_CONF, SecretKind::File),
+            (
+                "directories.tokendir",
+                SOFTHSM_DEFAULT_TOKENS,
+                SecretKind::Dir,
+            ),
+        ];
+        for (key, path, kind) in expected {
+            assert!(
+                secrets
+                    .iter()
+                    .any(|s| (s.key, s.path.as_path(), s.kind) == (key, Path::new(path), kind)),
+                "{key} {path}: {secrets:?}"
+            );
+        }
+        assert!(secrets.iter().all(|s| !s.why.is_empty()));
+    }
+
+    /// SoftHSM's own configuration, from the server's `SOFTHSM2_CONF`, and the token
+    /// directory it names are secret paths; without SoftHSM, neither is listed.
+    #[test]
+    fn softhsm_configuration_and_token_directory_are_secret_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("softhsm2.conf");
+        let tokens = dir.path().join("tokens");
+        std::fs::write(
+            &conf,
+            format!(
+                "# tokens\ndirectories.tokendir = {} # here\nobjectstore.backend = file\n",
+                tokens.display()
+            ),
+        )
+        .unwrap();
+        let plain = Config::default();
+        let env = |name: &str| (name == "SOFTHSM2_CONF").then(|| conf.clone().into_os_string());
+        let secrets = plain.secret_paths_with(env);
+        let has = |key: &str, path: &Path| secrets.iter().any(|s| s.key == key && s.path == path);
+        assert!(has("SOFTHSM2_CONF", &conf), "{secrets:?}");
+        assert!(has("directories.tokendir", &tokens), "{secrets:?}");
+        let none = plain.secret_paths_with(|_| None);
+        assert!(
+            none.iter()
+                .all(|s| !s.key.contains("SOFTHSM") && s.key != "directories.tokendir"),
+            "{none:?}"
+        );
+    }
+
+    #[test]
+    fn run_as_must_be_an_existing_unprivileged_user() {
+        let nobody = RunAs::resolve("nobody").unwrap();
+        assert!(nobody.uid != 0 && nobody.gid != 0);
+        assert_eq!(RunAs::resolve(&nobody.uid.to_string()).unwrap(), nobody);
+        for (user, why) in [
+            ("no-such-user-xyz", "no such user"),
+            ("root", "unprivileged"),
+            ("0", "unprivileged"),
+            ("a\0b", "NUL"),
+        ] {
+            let err = RunAs::resolve(user).unwrap_err();
+            assert!(err.contains(why), "{user}: {err}");
+        }
+        let refused = toml::from_str::<Config>("[drift_settings]\nrun_as = \"no-such-user-xyz\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("drift_settings.run_as = \"no-such-user-xyz\": no such user"),
+            "{refused}"
         );
     }
 }

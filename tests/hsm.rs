@@ -397,3 +397,297 @@ fn wrapping_needs_the_pkcs11_service_and_a_plain_key() {
     assert!(run.stderr.contains("no wrapped key at"), "{}", run.stderr);
     assert!(!data.exists());
 }
+
+/// A `tofu` stand-in that, on `plan`, does what the drift child of issue 37 finding 2
+/// did: reads the PIN file, the wrapped key, the OIDC client secret, SoftHSM's
+/// configuration, the configuration file and a file only the server's user may read;
+/// lists the token directory; and logs into the token with the PIN it was told. It
+/// writes `report` (one line per target: `READ <target> <what>`, or `EMPTY <target>`)
+/// and `env-dump` in its directory, then plans a change (a kept plan) and, on
+/// `apply`, copies the plan it is given to `applied`.
+const ATTACKER_TOFU: &str = r#"#!/bin/sh
+cmd="$1"; shift
+case "$cmd" in
+init) mkdir -p .terraform; exit 0 ;;
+plan)
+  for a in "$@"; do case "$a" in -out=*) out="${a#-out=}" ;; esac; done
+  {
+  echo "UID $(id -u)"
+  for f in "$NOSY_PIN" "$NOSY_WRAPPED" "$NOSY_OIDC" "$NOSY_CONF" "$NOSY_CONFIG" "$NOSY_PRIVATE"; do
+    if got="$(cat "$f" 2>&1)" && [ -n "$got" ]; then echo "READ $f $got"; else echo "EMPTY $f $got"; fi
+  done
+  if got="$(ls -A "$NOSY_TOKENS" 2>/dev/null)" && [ -n "$got" ]; then echo "READ $NOSY_TOKENS $got"; else echo "EMPTY $NOSY_TOKENS"; fi
+  if SOFTHSM2_CONF="${SOFTHSM2_CONF:-$NOSY_CONF}" pkcs11-tool --module "$NOSY_MODULE" \
+       --token-label stategate --login --pin "$NOSY_PIN_VALUE" --list-objects 2>&1 | grep -q root-wrap; then
+    echo "READ token logged in, root-wrap listed"
+  else
+    echo "EMPTY token"
+  fi
+  } > report
+  env > env-dump
+  printf 'PLAN' > "$out"
+  echo '{"type":"planned_change","@message":"thing: Plan to update"}'
+  echo '{"type":"change_summary","@message":"Plan: 0 to add, 1 to change, 0 to destroy.","changes":{"add":0,"change":1,"remove":0}}'
+  exit 2 ;;
+show) echo "human text of the saved plan"; exit 0 ;;
+apply) for a in "$@"; do last="$a"; done; cat "$last" > applied; exit 0 ;;
+esac
+exit 1
+"#;
+
+/// What one attack by a drift child found: its report, its environment, and the
+/// outcomes of the check and of the approved apply of its kept plan.
+struct Attack {
+    report: String,
+    env: String,
+    checked: String,
+    applied: String,
+    applied_plan: String,
+    /// Every secret the child must not have seen.
+    secrets: Vec<String>,
+}
+
+/// A pkcs11 installation (SoftHSM2 through `SOFTHSM2_CONF`) whose PIN file, wrapped
+/// key and OIDC client secret file live outside the data dir, serving; a drift check
+/// whose child attacks (`ATTACKER_TOFU`) is run with `stategate drift run`, and its
+/// kept plan applied with `stategate drift apply`. `run_as`: `drift_settings.run_as`.
+fn drift_attack(run_as: Option<&str>) -> Attack {
+    use std::os::unix::fs::PermissionsExt;
+    // Not under /tmp: the sandbox's private /tmp would hide it all, proving nothing.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Reachable by an unprivileged `run_as` user (the check's dir must be).
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hsm = Hsm::new(&dir.path().join("hsm"));
+    hsm.token("stategate", "root-wrap");
+    let tokens = dir.path().join("hsm/tokens");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("dek"), format!("{DEK}\n")).unwrap();
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pin_file = secrets.join("pin");
+    std::fs::write(&pin_file, format!("{PIN}\n")).unwrap();
+    let wrapped = secrets.join("root.wrapped");
+    let oidc_secret = secrets.join("oidc-client-secret");
+    std::fs::write(&oidc_secret, "oidc-client-secret-value\n").unwrap();
+    // Not a configured path: only the server's user may read it (`run_as` keeps it out).
+    let private = secrets.join("private");
+    std::fs::write(&private, "private-to-the-server-user\n").unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for f in [&pin_file, &oidc_secret] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let check = dir.path().join("infra");
+    std::fs::create_dir_all(&check).unwrap();
+    std::fs::set_permissions(&check, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(check.join("main.tf"), "").unwrap();
+    let tofu = check.join("tofu");
+    std::fs::write(&tofu, ATTACKER_TOFU).unwrap();
+    std::fs::set_permissions(&tofu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("stategate.toml");
+    let run_as = run_as.map_or(String::new(), |u| format!("run_as = \"{u}\"\n"));
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen = "127.0.0.1:{port}"
+public_url = "http://127.0.0.1:{port}"
+data_dir = "{data}"
+[key]
+service = "pkcs11"
+wrapped_file = "{wrapped}"
+[key.pkcs11]
+module = "{MODULE}"
+token_label = "stategate"
+key_label = "root-wrap"
+pin_file = "{pin}"
+[oidc]
+issuer_url = "https://idp.example"
+client_id = "stategate"
+client_secret_file = "{oidc}"
+[oidc.roles]
+sre = "operator"
+[drift_settings]
+{run_as}[[drift]]
+workspace = "prod"
+dir = "{check}"
+binary = "{tofu}"
+interval_seconds = 0
+approve_apply = true
+[drift.env]
+NOSY_PIN = "{pin}"
+NOSY_WRAPPED = "{wrapped}"
+NOSY_OIDC = "{oidc}"
+NOSY_CONF = "{conf}"
+NOSY_CONFIG = "{config}"
+NOSY_PRIVATE = "{private}"
+NOSY_TOKENS = "{tokens}"
+NOSY_MODULE = "{MODULE}"
+NOSY_PIN_VALUE = "{PIN}"
+"#,
+            data = data.display(),
+            wrapped = wrapped.display(),
+            pin = pin_file.display(),
+            oidc = oidc_secret.display(),
+            check = check.display(),
+            tofu = tofu.display(),
+            conf = hsm.conf.display(),
+            config = config.display(),
+            private = private.display(),
+            tokens = tokens.display(),
+        ),
+    )
+    .unwrap();
+    // What reaches the server's environment and must not reach the child's.
+    let env: Vec<(&str, String)> = vec![
+        ("STATEGATE_CONFIG", config.display().to_string()),
+        ("SOFTHSM2_CONF", hsm.conf.display().to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "aws-secret-of-the-server".into()),
+        ("HOME", "/root".into()),
+    ];
+    let run = stategate(&env, &["key", "wrap", "--remove"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_stategate"))
+        .arg("serve")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = (0..300).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    if !up {
+        let _ = serve.kill();
+        let out = serve.wait_with_output().unwrap();
+        panic!("serve: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let json = |run: &Run| -> serde_json::Value {
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+    };
+    let checked = json(&stategate(&env, &["drift", "run", "prod", "--json"]));
+    assert_eq!(checked["outcome"], "drifted", "{checked}");
+    assert!(
+        checked.to_string().contains("plan kept for approval"),
+        "{checked}"
+    );
+    let id = checked["id"].as_i64().unwrap().to_string();
+    let applied = json(&stategate(
+        &env,
+        &["drift", "apply", &id, "--yes", "--json"],
+    ));
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    Attack {
+        report: read(check.join("report")),
+        env: read(check.join("env-dump")),
+        checked: checked["outcome"].as_str().unwrap_or_default().into(),
+        applied: applied["outcome"].as_str().unwrap_or_default().into(),
+        applied_plan: read(check.join("applied")),
+        secrets: vec![
+            PIN.into(),
+            read(wrapped),
+            "oidc-client-secret-value".into(),
+            "directories.tokendir".into(),
+            "private-to-the-server-user".into(),
+            "aws-secret-of-the-server".into(),
+            DEK.into(),
+        ],
+    }
+}
+
+/// Issue 37 finding 2: a drift child read the PIN file and the wrapped key (outside
+/// the data dir), found SoftHSM through the inherited `SOFTHSM2_CONF`, logged into the
+/// token and could unwrap the root key. Now every path `Config::secret_paths` lists is
+/// empty to it, its environment is an allow-list, and the same check still plans and
+/// its kept plan is still applied.
+#[test]
+fn a_drift_child_gets_nothing_of_the_token_and_its_check_still_plans_and_applies() {
+    let attack = drift_attack(None);
+    let Attack {
+        report,
+        env,
+        secrets,
+        ..
+    } = &attack;
+    assert_eq!(
+        (attack.checked.as_str(), attack.applied.as_str()),
+        ("drifted", "applied"),
+        "{report}"
+    );
+    assert_eq!(attack.applied_plan, "PLAN");
+    let read: Vec<&str> = report.lines().filter(|l| l.starts_with("READ")).collect();
+    // The one file left: not configured anywhere, readable by the server's own user
+    // (`run_as` is what keeps it out, below).
+    assert!(
+        read.iter().all(|l| l.contains("/secrets/private ")),
+        "the child read {read:?}\n{report}"
+    );
+    assert_eq!(report.matches("EMPTY").count(), 7, "{report}");
+    assert!(report.contains("EMPTY token"), "{report}");
+    for secret in secrets.iter().filter(|s| !s.contains("private")) {
+        assert!(!report.contains(secret.as_str()), "{secret:?}:\n{report}");
+        // The PIN is in the check's own `env` (NOSY_PIN_VALUE): the token stays shut
+        // even to a child that knows it.
+        if secret != PIN {
+            assert!(!env.contains(secret.as_str()), "{secret:?}:\n{env}");
+        }
+    }
+    for name in ["SOFTHSM2_CONF=", "AWS_", "STATEGATE_", "ADJ_STATE_ENC_KEY"] {
+        assert!(
+            !env.lines().any(|l| l.starts_with(name)),
+            "{name} reached the child:\n{env}"
+        );
+    }
+    assert!(
+        env.lines().any(|l| l.starts_with("TF_HTTP_PASSWORD=sgr_")),
+        "{env}"
+    );
+    assert!(env
+        .lines()
+        .any(|l| l == "NOSY_MODULE=/usr/lib/softhsm/libsofthsm2.so"));
+}
+
+/// With `drift_settings.run_as` the child is that user (a real uid, no capability):
+/// besides the hidden secrets, a file only the server's user may read is out of its
+/// reach too; the check still plans and applies.
+#[test]
+fn a_drift_child_run_as_an_unprivileged_user_reads_nothing_of_the_servers_user() {
+    // SAFETY: geteuid(2) only reads this process's credentials.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let attack = drift_attack(Some("nobody"));
+    let report = &attack.report;
+    assert_eq!(
+        (attack.checked.as_str(), attack.applied.as_str()),
+        ("drifted", "applied"),
+        "{report}"
+    );
+    assert_eq!(attack.applied_plan, "PLAN");
+    let nobody = stategate::config::RunAs::resolve("nobody").unwrap();
+    assert!(
+        report.contains(&format!("UID {}\n", nobody.uid)),
+        "{report}"
+    );
+    assert!(!report.contains("READ"), "{report}");
+    for secret in &attack.secrets {
+        assert!(!report.contains(secret.as_str()), "{secret:?}:\n{report}");
+    }
+    assert!(
+        attack.env.lines().any(|l| l == "USER=nobody"),
+        "{}",
+        attack.env
+    );
+}

@@ -142,6 +142,12 @@ impl DriftService {
         if !matches!(written, Ok(Ok(()))) {
             return fail("cannot write the plan for the apply".into());
         }
+        // Still 0600: readable by the user children run as (`run_as`) and no other.
+        if let Err(e) = self.inner.sandbox.hand_over(&planfile) {
+            return fail(format!(
+                "cannot give the plan to the user children run as: {e}"
+            ));
+        }
         if let Err(failed) = self
             .init_if_needed(check, &binary, &env, deadline, &work)
             .await

@@ -146,19 +146,22 @@ impl DriftService {
                 dir.display()
             ));
         }
-        let mut extra: Vec<(String, String)> = crate::tofu::client_vars(
-            &crate::address::for_clients(&self.inner.config),
-            &check.workspace,
-            &self.inner.root,
-            check.opentofu_encryption,
-        )
-        .into_iter()
-        .map(|(k, v)| match k {
-            // Not the workspace bearer: what the child locks is recorded as this run's.
-            "TF_HTTP_PASSWORD" => (k.to_string(), secret.to_string()),
-            _ => (k.to_string(), v),
-        })
-        .collect();
+        // Who the child is first (`run_as`): the check's own `env` may still say otherwise.
+        let mut extra: Vec<(String, String)> = self.inner.sandbox.identity_env();
+        extra.extend(
+            crate::tofu::client_vars(
+                &crate::address::for_clients(&self.inner.config),
+                &check.workspace,
+                &self.inner.root,
+                check.opentofu_encryption,
+            )
+            .into_iter()
+            .map(|(k, v)| match k {
+                // Not the workspace bearer: what the child locks is recorded as this run's.
+                "TF_HTTP_PASSWORD" => (k.to_string(), secret.to_string()),
+                _ => (k.to_string(), v),
+            }),
+        );
         extra.push(("TF_IN_AUTOMATION".into(), "1".into()));
         extra.push(("TF_INPUT".into(), "0".into()));
         extra.extend(
@@ -190,8 +193,15 @@ impl DriftService {
     /// Run `run`'s plaintext work directory, deleted when the returned value drops.
     pub(super) fn work_dir(&self, run: i64) -> Result<work::WorkDir, String> {
         let root = self.work_root();
-        work::WorkDir::create(&root, run)
-            .map_err(|e| format!("cannot create a work directory in {}: {e}", root.display()))
+        let work = work::WorkDir::create(&root, run)
+            .map_err(|e| format!("cannot create a work directory in {}: {e}", root.display()))?;
+        self.inner.sandbox.hand_over(work.path()).map_err(|e| {
+            format!(
+                "cannot give the work directory {} to the user children run as: {e}",
+                work.path().display()
+            )
+        })?;
+        Ok(work)
     }
 
     /// Runs the check's binary with `args` in its `dir`, in the sandbox (with `work`
@@ -211,13 +221,20 @@ impl DriftService {
             .filter(|f| f.is_absolute())
             .cloned()
             .collect();
-        let (program, argv) =
+        let launch =
             self.inner
                 .sandbox
                 .wrap(binary, args, &check.dir, Some(work.path()), &readable)?;
-        runner::run(&program, &argv, &check.dir, env, deadline)
-            .await
-            .map_err(|e| format!("cannot start {}: {e}", program.display()))
+        runner::run(
+            &launch.program,
+            &launch.args,
+            &check.dir,
+            env,
+            launch.user,
+            deadline,
+        )
+        .await
+        .map_err(|e| format!("cannot start {}: {e}", launch.program.display()))
     }
 
     /// `init` when the directory was never initialised.

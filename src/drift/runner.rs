@@ -1,7 +1,7 @@
 //! Running `tofu`/`terraform` as a child: its own process group (so a timeout kills
-//! it with every provider plugin and script it started), a cleaned environment (no
-//! `STATEGATE_*` secret of the server is inherited) plus the derived backend
-//! variables, bounded output capture, and a deadline.
+//! it with every provider plugin and script it started), an allow-listed environment
+//! (nothing of the server's but what Terraform needs from the host) plus the derived
+//! backend variables and the check's `env`, bounded output capture, and a deadline.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -76,27 +76,62 @@ pub fn resolve_binary(name: &str, path_var: Option<&std::ffi::OsStr>) -> Result<
         .ok_or_else(|| format!("binary {name:?} was not found on PATH"))
 }
 
-/// The environment a child starts with: the server's own minus everything stategate
-/// or the HTTP backend reads (secrets and addresses), then `extra`.
+/// The server's variables a child inherits: what `tofu`/`terraform` and their
+/// providers need from the host (the search path, home, locale, temporary directory,
+/// proxies, CA bundle, the CLI configuration and plugin cache). Nothing else: every
+/// other variable, whoever set it (`STATEGATE_*`, `ADJ_STATE_ENC_KEY`, `SOFTHSM2_CONF`,
+/// `AWS_*`, `TF_VAR_*`), stays with the server; a check gets more only through its
+/// own `env`.
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TERM",
+    "TMPDIR",
+    "http_proxy",
+    "HTTP_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "all_proxy",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "TF_CLI_CONFIG_FILE",
+    "TF_PLUGIN_CACHE_DIR",
+    "TF_PLUGIN_CACHE_MAY_BREAK_DEPENDENCY_LOCK_FILE",
+    "TF_REGISTRY_DISCOVERY_RETRY",
+    "TF_REGISTRY_CLIENT_TIMEOUT",
+    "CHECKPOINT_DISABLE",
+];
+
+/// Families of inherited variables (the locale's `LC_*`).
+const INHERITED_PREFIXES: &[&str] = &["LC_"];
+
+/// The environment a child starts with: the allowed part of the server's own
+/// ([`INHERITED_ENV`]), then `extra` (the derived backend variables and the check's
+/// `env`; a later entry of a name replaces an earlier one).
 pub fn child_env(
     inherited: impl Iterator<Item = (OsString, OsString)>,
     extra: &[(String, String)],
 ) -> Vec<(OsString, OsString)> {
-    let ours = |name: &str| {
-        name.starts_with("STATEGATE_")
-            || name.starts_with("TF_HTTP_")
-            || name == "TF_ENCRYPTION"
-            || crate::config::ENV_VARS.iter().any(|(var, _)| *var == name)
+    let allowed = |name: &str| {
+        INHERITED_ENV.contains(&name) || INHERITED_PREFIXES.iter().any(|p| name.starts_with(p))
     };
     let mut env: Vec<(OsString, OsString)> = inherited
-        .filter(|(k, _)| !ours(&k.to_string_lossy()))
+        .filter(|(k, _)| k.to_str().is_some_and(allowed))
         .filter(|(k, _)| !extra.iter().any(|(e, _)| k.to_string_lossy() == e.as_str()))
         .collect();
-    env.extend(
-        extra
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
+    for (i, (k, v)) in extra.iter().enumerate() {
+        if !extra[i + 1..].iter().any(|(later, _)| later == k) {
+            env.push((OsString::from(k), OsString::from(v)));
+        }
+    }
     env
 }
 
@@ -136,16 +171,23 @@ impl Drop for GroupGuard {
     }
 }
 
-/// Runs `program args…` in `dir` with exactly `env`, until it exits or `deadline`.
-/// At the deadline the child's whole process group is killed.
+/// Runs `program args…` in `dir` with exactly `env`, as `user` (uid, gid: switched
+/// with `setgid`/`setuid`, supplementary groups dropped, before `exec`) when given,
+/// until it exits or `deadline`. At the deadline the child's whole process group is
+/// killed.
 pub async fn run(
     program: &Path,
     args: &[impl AsRef<std::ffi::OsStr>],
     dir: &Path,
     env: &[(OsString, OsString)],
+    user: Option<(u32, u32)>,
     deadline: Instant,
 ) -> std::io::Result<ChildOutput> {
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    if let Some((uid, gid)) = user {
+        command.uid(uid).gid(gid);
+    }
+    let mut child = command
         .args(args)
         .current_dir(dir)
         .env_clear()
@@ -198,23 +240,41 @@ pub async fn run(
 mod tests {
     use super::*;
 
+    /// Issue 37 finding 2: the environment was a deny-list, so `SOFTHSM2_CONF` (and
+    /// anything else the server had) reached the child. It is an allow-list now.
     #[test]
-    fn the_child_never_inherits_stategate_secrets() {
-        let inherited = [
+    fn the_child_inherits_only_what_terraform_needs() {
+        use std::os::unix::ffi::OsStringExt;
+        let mut inherited: Vec<(OsString, OsString)> = [
             ("PATH", "/bin"),
+            ("HOME", "/root"),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C"),
+            ("TF_CLI_CONFIG_FILE", "/etc/tfrc"),
+            ("https_proxy", "http://proxy:3128"),
+            ("SSL_CERT_FILE", "/etc/ca.pem"),
             ("STATEGATE_DEK", "secret"),
             ("ADJ_STATE_ENC_KEY", "secret"),
             ("TF_HTTP_PASSWORD", "old"),
             ("TF_ENCRYPTION", "old"),
             ("AWS_PROFILE", "old"),
-            ("HOME", "/root"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("SOFTHSM2_CONF", "/etc/softhsm2.conf"),
+            ("TF_VAR_db_password", "secret"),
+            ("TF_LOG", "trace"),
+            ("PKCS11_PIN", "secret"),
+            ("LD_PRELOAD", "/tmp/evil.so"),
         ]
-        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+        .into();
+        inherited.push((OsString::from_vec(b"PATH\xff".to_vec()), "x".into()));
         let env = child_env(
             inherited.into_iter(),
             &[
+                ("HOME".into(), "/home/nobody".into()),
                 ("TF_HTTP_PASSWORD".into(), "derived".into()),
                 ("AWS_PROFILE".into(), "new".into()),
+                ("HOME".into(), "/srv/check-home".into()),
             ],
         );
         let get = |k: &str| {
@@ -223,13 +283,24 @@ mod tests {
                 .map(|(_, v)| v.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(get("PATH"), vec!["/bin"]);
-        assert_eq!(get("HOME"), vec!["/root"]);
-        assert!(get("STATEGATE_DEK").is_empty());
-        assert!(get("ADJ_STATE_ENC_KEY").is_empty());
-        assert!(get("TF_ENCRYPTION").is_empty());
-        assert_eq!(get("TF_HTTP_PASSWORD"), vec!["derived"]);
-        assert_eq!(get("AWS_PROFILE"), vec!["new"]);
+        for (kept, value) in [
+            ("PATH", "/bin"),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C"),
+            ("TF_CLI_CONFIG_FILE", "/etc/tfrc"),
+            ("https_proxy", "http://proxy:3128"),
+            ("SSL_CERT_FILE", "/etc/ca.pem"),
+            ("TF_HTTP_PASSWORD", "derived"),
+            ("AWS_PROFILE", "new"),
+            ("HOME", "/srv/check-home"),
+        ] {
+            assert_eq!(get(kept), vec![value], "{kept}");
+        }
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 9, "nothing else: {names:?}");
     }
 
     #[test]
@@ -278,6 +349,7 @@ mod tests {
             &["-c".into(), script],
             dir.path(),
             &child_env(std::env::vars_os(), &[]),
+            None,
             Instant::now() + Duration::from_millis(500),
         )
         .await
@@ -305,6 +377,7 @@ mod tests {
             &["-c", "echo out; echo err >&2; exit 2"],
             dir.path(),
             &child_env(std::env::vars_os(), &[]),
+            None,
             Instant::now() + Duration::from_secs(10),
         )
         .await

@@ -1,19 +1,25 @@
 //! What a drift check's child (`tofu`/`terraform`, its providers, anything the
 //! configuration runs) can see of this server: nothing but its own workspace.
 //!
-//! The scrubbed environment (`runner::child_env`) is no boundary on its own: a child
-//! running as the same user could read `/proc/<server>/environ` (the DEK,
-//! `ADJ_STATE_ENC_KEY`), `/proc/<server>/mem`, or simply `<data_dir>/dek`. So:
+//! The environment (`runner::child_env`, an allow-list) is no boundary on its own: a
+//! child running as the same user could read `/proc/<server>/environ`,
+//! `/proc/<server>/mem`, or simply `<data_dir>/dek`. So:
 //!
 //! - the server makes itself non-dumpable at startup ([`forbid_dumps`]): another
 //!   process of the same (non-root) user cannot open its `/proc` files or ptrace it;
 //! - the child runs under bubblewrap ([`Sandbox::wrap`]): a new PID namespace with a
 //!   fresh `/proc` (no server process is visible), every capability dropped (CI runs as
 //!   root, and root ignores non-dumpable: the sandbox is what protects there), killed
-//!   with its parent, a private `/tmp`, the data dir, the local blob store, the DEK
-//!   file, the config file and the TLS key hidden, the check's own `dir` and its run's
-//!   work directory writable and the rest of the filesystem read-only. The network is
-//!   kept: the child talks to stategate on loopback and to its providers' APIs.
+//!   with its parent, a private `/tmp`, every path of `Config::secret_paths` hidden (the
+//!   one list of what holds or unlocks a secret: key files, PIN, token store, TLS key,
+//!   client secret, configuration, data dir, blob store), the check's own `dir` and its
+//!   run's work directory writable and the rest of the filesystem read-only. The
+//!   network is kept: the child talks to stategate on loopback and to its providers;
+//! - with `drift_settings.run_as`, the child runs as that unprivileged user: bubblewrap
+//!   makes the mounts as root, then `setpriv` switches uid and gid (a real
+//!   `setresuid`, groups cleared, no capability left) before the program starts; with
+//!   `sandbox = "none"` the switch is made before `exec`. Then even a file the list
+//!   misses is out of reach when only the server's user may read it.
 //!
 //! `drift_settings.sandbox = "none"` runs the child directly (logged loudly); with the
 //! default `"bubblewrap"` a check whose sandbox cannot be made is an error outcome,
@@ -22,7 +28,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, DriftSandbox};
+use crate::config::{Config, DriftSandbox, RunAs, SecretKind};
 
 /// The sandbox program, looked up on the server's `PATH`.
 pub const BWRAP: &str = "bwrap";
@@ -55,6 +61,18 @@ pub struct Sandbox {
     hidden_dirs: Vec<PathBuf>,
     /// Files replaced by an empty one.
     hidden_files: Vec<PathBuf>,
+    /// `drift_settings.run_as` looked up (or why it could not be: then nothing runs).
+    run_as: Result<Option<RunAs>, String>,
+}
+
+/// How to start one sandboxed child: the program (`bwrap`, or the binary itself with
+/// `sandbox = "none"`), its arguments, and the user it is started as (`None`: the
+/// server's own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub user: Option<(u32, u32)>,
 }
 
 /// The filesystem a sandboxed child gets, every path absolute and resolved.
@@ -68,19 +86,39 @@ struct Mounts {
     readable: Vec<PathBuf>,
     hidden_dirs: Vec<PathBuf>,
     hidden_files: Vec<PathBuf>,
+    /// The child drops to this uid and gid (through `setpriv`, the program here) after
+    /// bubblewrap, still root, made every mount: as that user it could not reach the
+    /// work directory inside the server's data dir to bind it.
+    drop_to: Option<(PathBuf, u32, u32)>,
 }
 
+/// The program that drops the child to `drift_settings.run_as` inside the sandbox
+/// (util-linux), looked up on the server's `PATH`.
+pub const SETPRIV: &str = "setpriv";
+
 impl Sandbox {
-    /// The sandbox `config` asks for, hiding its data dir, local blob store, DEK file,
-    /// config file and TLS key.
+    /// The sandbox `config` asks for, hiding every path of
+    /// [`Config::secret_paths`](crate::config::Config::secret_paths): nothing is added
+    /// here by hand.
     pub fn from_config(config: &Config) -> Self {
-        let mut hidden_files = vec![config.dek_path()];
-        hidden_files.extend(config.loaded_from.clone());
-        hidden_files.extend(config.tls.key_file.clone());
+        let (mut hidden_dirs, mut hidden_files) = (Vec::new(), Vec::new());
+        for secret in config.secret_paths() {
+            match secret.kind {
+                SecretKind::Dir => hidden_dirs.push(secret.path),
+                SecretKind::File => hidden_files.push(secret.path),
+            }
+        }
+        let run_as = match &config.drift_settings.run_as {
+            None => Ok(None),
+            Some(user) => RunAs::resolve(user)
+                .map(Some)
+                .map_err(|why| format!("drift_settings.run_as = {user:?}: {why}")),
+        };
         Sandbox {
             kind: config.drift_settings.sandbox,
-            hidden_dirs: vec![config.data_dir.clone(), config.local_store_path()],
+            hidden_dirs,
             hidden_files,
+            run_as,
         }
     }
 
@@ -88,12 +126,41 @@ impl Sandbox {
         self.kind
     }
 
+    /// The user children run as (`drift_settings.run_as`), when one is set.
+    pub fn run_as(&self) -> Option<&RunAs> {
+        self.run_as.as_ref().ok().and_then(Option::as_ref)
+    }
+
     /// Why no sandbox can be made right now (`None`: it can, or none is wanted).
     pub fn unavailable(&self) -> Option<String> {
-        match self.kind {
+        let bwrap = match self.kind {
             DriftSandbox::None => None,
             DriftSandbox::Bubblewrap => self.bwrap().err(),
+        };
+        bwrap.or_else(|| self.switch().err())
+    }
+
+    /// The uid and gid children must be switched to, and the program that switches
+    /// inside bubblewrap; `None` when they run as the server's own user.
+    fn switch(&self) -> Result<Option<(u32, u32)>, String> {
+        let Some(user) = self.run_as.clone()? else {
+            return Ok(None);
+        };
+        // SAFETY: geteuid(2) only reads this process's credentials.
+        let euid = unsafe { libc::geteuid() };
+        if euid == user.uid {
+            return Ok(None);
         }
+        if euid != 0 {
+            return Err(format!(
+                "drift_settings.run_as = {:?}: only a server running as root can start children as another user",
+                user.name
+            ));
+        }
+        if self.kind == DriftSandbox::Bubblewrap {
+            self.setpriv()?;
+        }
+        Ok(Some((user.uid, user.gid)))
     }
 
     fn bwrap(&self) -> Result<PathBuf, String> {
@@ -104,9 +171,40 @@ impl Sandbox {
         })
     }
 
-    /// The program and arguments that run `program args…` in `dir` inside the sandbox,
-    /// with `dir` and `work` writable and `readable` visible (besides the read-only
-    /// rest of the filesystem). Refused when `dir` lies inside a hidden directory.
+    fn setpriv(&self) -> Result<PathBuf, String> {
+        super::runner::resolve_binary(SETPRIV, std::env::var_os("PATH").as_deref()).map_err(|why| {
+            format!("drift_settings.run_as needs {SETPRIV} (util-linux) in the sandbox: {why}")
+        })
+    }
+
+    /// Gives a run's work directory to the user children run as (the child writes its
+    /// plan there); nothing to do without `run_as`.
+    pub fn hand_over(&self, work: &Path) -> std::io::Result<()> {
+        match self.switch() {
+            Ok(Some((uid, gid))) => std::os::unix::fs::chown(work, Some(uid), Some(gid)),
+            Ok(None) => Ok(()),
+            Err(why) => Err(std::io::Error::other(why)),
+        }
+    }
+
+    /// The variables that name the user children run as (`HOME`, `USER`, `LOGNAME`),
+    /// for their environment; none without `run_as`.
+    pub fn identity_env(&self) -> Vec<(String, String)> {
+        self.run_as()
+            .map(|user| {
+                vec![
+                    ("HOME".into(), user.home.display().to_string()),
+                    ("USER".into(), user.name.clone()),
+                    ("LOGNAME".into(), user.name.clone()),
+                ]
+            })
+            .unwrap_or_default()
+    }
+
+    /// How to run `program args…` in `dir` inside the sandbox, with `dir` and `work`
+    /// writable and `readable` visible (besides the read-only rest of the filesystem),
+    /// as `drift_settings.run_as` when set. Refused when `dir` lies inside a hidden
+    /// directory.
     pub fn wrap(
         &self,
         program: &Path,
@@ -114,13 +212,14 @@ impl Sandbox {
         dir: &Path,
         work: Option<&Path>,
         readable: &[PathBuf],
-    ) -> Result<(PathBuf, Vec<OsString>), String> {
-        let direct = || {
-            let args = args.iter().map(OsString::from).collect();
-            Ok((program.to_path_buf(), args))
-        };
+    ) -> Result<Launch, String> {
+        let user = self.switch()?;
         if self.kind == DriftSandbox::None {
-            return direct();
+            return Ok(Launch {
+                program: program.to_path_buf(),
+                args: args.iter().map(OsString::from).collect(),
+                user,
+            });
         }
         let bwrap = self.bwrap()?;
         let resolve = |p: &Path| std::fs::canonicalize(p).ok();
@@ -135,6 +234,10 @@ impl Sandbox {
                 secret.display()
             ));
         }
+        let drop_to = match user {
+            Some((uid, gid)) => Some((self.setpriv()?, uid, gid)),
+            None => None,
+        };
         let mounts = Mounts {
             dir,
             work: work.and_then(resolve),
@@ -148,12 +251,31 @@ impl Sandbox {
                 .iter()
                 .filter_map(|f| resolve(f))
                 .collect(),
+            drop_to,
         };
         let mut argv = bwrap_args(&mounts);
         argv.push("--".into());
+        if let Some((setpriv, uid, gid)) = &mounts.drop_to {
+            argv.push(setpriv.into());
+            argv.extend(
+                [
+                    format!("--reuid={uid}"),
+                    format!("--regid={gid}"),
+                    "--clear-groups".into(),
+                    "--inh-caps=-all".into(),
+                    "--no-new-privs".into(),
+                    "--".into(),
+                ]
+                .map(OsString::from),
+            );
+        }
         argv.push(program.into());
         argv.extend(args.iter().map(OsString::from));
-        Ok((bwrap, argv))
+        Ok(Launch {
+            program: bwrap,
+            args: argv,
+            user: None,
+        })
     }
 }
 
@@ -170,6 +292,8 @@ fn bwrap_args(m: &Mounts) -> Vec<OsString> {
     opt("--ro-bind", &[Path::new("/"), Path::new("/")]);
     opt("--dev", &[Path::new("/dev")]);
     opt("--proc", &[Path::new("/proc")]);
+    // A private /tmp every user may write to, as the real one (the child may be run_as).
+    opt("--perms", &[Path::new("1777")]);
     opt("--tmpfs", &[Path::new("/tmp")]);
     opt("--bind", &[&m.dir, &m.dir]);
     for path in &m.readable {
@@ -179,6 +303,17 @@ fn bwrap_args(m: &Mounts) -> Vec<OsString> {
         opt("--tmpfs", &[dir]);
     }
     if let Some(work) = &m.work {
+        if m.drop_to.is_some() {
+            // bubblewrap makes the work directory's parents inside the hidden (tmpfs)
+            // data dir with the real ones' 0700: the user must be able to pass them.
+            let inside = |a: &&Path| m.hidden_dirs.iter().any(|h| a.starts_with(h) && *a != h);
+            let mut parents: Vec<&Path> = work.ancestors().skip(1).filter(inside).collect();
+            parents.reverse();
+            for parent in parents {
+                opt("--perms", &[Path::new("0755")]);
+                opt("--dir", &[parent]);
+            }
+        }
         opt("--bind", &[work, work]);
     }
     for file in &m.hidden_files {
@@ -195,6 +330,12 @@ fn bwrap_args(m: &Mounts) -> Vec<OsString> {
         opt(flag, &[]);
     }
     opt("--cap-drop", &[Path::new("ALL")]);
+    if m.drop_to.is_some() {
+        // Only what `setpriv` needs to become the user; switching from root to it
+        // clears them (and no_new_privs, which bubblewrap sets, keeps them cleared).
+        opt("--cap-add", &[Path::new("CAP_SETUID")]);
+        opt("--cap-add", &[Path::new("CAP_SETGID")]);
+    }
     opt("--chdir", &[&m.dir]);
     a
 }
@@ -218,6 +359,7 @@ mod tests {
             readable: vec![p("/tmp/x/tofu")],
             hidden_dirs: vec![p("/data"), p("/blobs")],
             hidden_files: vec![p("/etc/stategate.toml"), p("/keys/dek")],
+            drop_to: None,
         };
         let args: Vec<String> = bwrap_args(&mounts)
             .into_iter()
@@ -276,12 +418,16 @@ mod tests {
         }
         let mut config = config;
         config.drift_settings.sandbox = DriftSandbox::None;
-        let (program, args) = Sandbox::from_config(&config)
+        let launch = Sandbox::from_config(&config)
             .wrap(Path::new("/bin/sh"), &["-c".into()], &inside, None, &[])
             .unwrap();
         assert_eq!(
-            (program, args),
-            (PathBuf::from("/bin/sh"), vec![OsString::from("-c")])
+            launch,
+            Launch {
+                program: PathBuf::from("/bin/sh"),
+                args: vec![OsString::from("-c")],
+                user: None
+            }
         );
     }
 }

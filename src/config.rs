@@ -2778,7 +2778,7 @@ refuse_plaintext_after_encrypted = ["prod-*"]
                 assert!(
                     secrets
                         .iter()
-                        .any(|s| s.key == secret.key && s.path == PathBuf::from(value)),
+                        .any(|s| s.key == secret.key && s.path == Path::new(value)),
                     "{name} = {value} is not what secret_paths gives: {secrets:?}"
                 );
             }

@@ -140,8 +140,8 @@ impl Sandbox {
         bwrap.or_else(|| self.switch().err())
     }
 
-    /// The uid and gid children must be switched to, and the program that switches
-    /// inside bubblewrap; `None` when they run as the server's own user.
+    /// The uid and gid children must be switched to (`None`: they run as the server's
+    /// own user), or why they cannot be.
     fn switch(&self) -> Result<Option<(u32, u32)>, String> {
         let Some(user) = self.run_as.clone()? else {
             return Ok(None);
@@ -398,6 +398,47 @@ mod tests {
                 .any(|a| a == "--unshare-net" || a == "--share-net"),
             "the network is kept"
         );
+    }
+
+    /// With `run_as`, only what the switch needs is kept (and cleared by it), and the
+    /// work directory's parents inside the hidden data dir become passable.
+    #[test]
+    fn run_as_keeps_only_the_switch_and_opens_the_way_to_the_work_directory() {
+        let p = PathBuf::from;
+        let mut mounts = Mounts {
+            dir: p("/srv/infra"),
+            work: Some(p("/data/drift/work/7")),
+            hidden_dirs: vec![p("/data")],
+            ..Mounts::default()
+        };
+        let args = |m: &Mounts| -> Vec<String> {
+            bwrap_args(m)
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let plain = args(&mounts);
+        assert!(
+            !plain.iter().any(|a| a == "--cap-add" || a == "--dir"),
+            "{plain:?}"
+        );
+        mounts.drop_to = Some((p("/usr/bin/setpriv"), 990, 990));
+        let switched = args(&mounts);
+        let at = |needle: &[&str]| {
+            switched
+                .windows(needle.len())
+                .position(|w| w == needle)
+                .unwrap_or_else(|| panic!("{needle:?} in {switched:?}"))
+        };
+        let data = at(&["--tmpfs", "/data"]);
+        let drift = at(&["--perms", "0755", "--dir", "/data/drift"]);
+        let work = at(&["--perms", "0755", "--dir", "/data/drift/work"]);
+        let bind = at(&["--bind", "/data/drift/work/7", "/data/drift/work/7"]);
+        assert!(data < drift && drift < work && work < bind, "{switched:?}");
+        let drop = at(&["--cap-drop", "ALL"]);
+        assert!(drop < at(&["--cap-add", "CAP_SETUID"]));
+        assert!(drop < at(&["--cap-add", "CAP_SETGID"]));
+        assert_eq!(switched.iter().filter(|a| *a == "--cap-add").count(), 2);
     }
 
     #[test]

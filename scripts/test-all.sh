@@ -127,7 +127,7 @@ run_e2e() {
 # (What only a SQLite index has, its file's backups and rebuilds, is in other modules.)
 POSTGRES_E2E=(test_terraform_e2e test_hostile_tf test_hostile_cluster test_write_guards
               test_freeze test_move test_access test_timeline test_cluster_cli test_drift
-              test_operator_cli test_masking)
+              test_operator_cli test_masking test_plan_locks)
 run_e2e_postgres() {
     local rc=0 modules=()
     for m in "${POSTGRES_E2E[@]}"; do modules+=("integration/$m.py"); done

@@ -387,12 +387,16 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
         }
         AdminAction::Consumers { workspace: w } => {
             let w = w.as_str();
-            ok(serde_json::json!({ "workspace": w, "consumers": app.tofu.consumers(w).await? }))
+            ok(
+                serde_json::json!({ "workspace": w, "consumers": ops.consumers(w, &who.grant).await? }),
+            )
         }
         AdminAction::SetConsumers { workspace: w } => {
             let w = w.as_str();
             let parsed: ConsumersBody = json_body(body, r#"{"consumers": ["app-a", "app-b"]}"#)?;
-            let consumers = app.tofu.set_consumers(w, parsed.consumers, &actor).await?;
+            let consumers = ops
+                .set_consumers(w, parsed.consumers, &actor, &who.grant)
+                .await?;
             ok(serde_json::json!({ "workspace": w, "consumers": consumers }))
         }
         AdminAction::WorkspaceTokens => {

@@ -6,8 +6,9 @@
 //! operator's identity in the change's transaction, and so is every read that hands out
 //! unmasked state (`reveal`, event `state.revealed`). What an operator may do is its
 //! `roles::Grant` (a role and optional workspace patterns), checked by the HTTP edge
-//! before any of these runs; the listings (`list_workspaces`, `search`, `audit`) take
-//! the grant and return only what it sees. The CLI passes `Grant::ROOT`.
+//! before any of these runs; the listings (`list_workspaces`, `search`, `audit`,
+//! `consumers`) take the grant and return only what it sees, other workspaces' names
+//! redacted (`redact`). The CLI passes `Grant::ROOT`.
 //!
 //! Functions take plain values and return plain results or a typed `Error`; lock
 //! and lease staleness is judged here, against `locks.stale_after_seconds` and the
@@ -16,6 +17,7 @@
 pub mod diff;
 pub mod identity;
 pub mod paths;
+pub mod redact;
 pub mod roles;
 pub mod search;
 
@@ -817,6 +819,35 @@ impl Operations {
         Ok(all)
     }
 
+    /// The consumers `workspace` names, those `grant` does not see as
+    /// [`redact::HIDDEN_WORKSPACE`].
+    pub async fn consumers(&self, workspace: &str, grant: &Grant) -> Result<Vec<String>, Error> {
+        let all = self.tofu.consumers(workspace).await?;
+        Ok(redact::workspaces(all, grant))
+    }
+
+    /// Replaces the consumers of `workspace` with `names`, audited as
+    /// `tf.consumers_set` by `who`. The consumers `grant` does not see are kept (it
+    /// can neither see nor remove them; [`redact::HIDDEN_WORKSPACE`] in `names`, as a
+    /// listing showed them, is passed over); the answer is [`Self::consumers`]'.
+    pub async fn set_consumers(
+        &self,
+        workspace: &str,
+        names: Vec<String>,
+        who: &str,
+        grant: &Grant,
+    ) -> Result<Vec<String>, Error> {
+        // What a listing showed it, sent back as it was: the hidden ones are kept anyway.
+        let mut names = names;
+        names.retain(|n| n != redact::HIDDEN_WORKSPACE);
+        let limited = grant.clone();
+        let set = self
+            .tofu
+            .set_consumers_keeping(workspace, names, who, move |c| !limited.sees(c))
+            .await?;
+        Ok(redact::workspaces(set, grant))
+    }
+
     /// Moves resources (`addresses`, every instance of each) from `source`'s state to
     /// `destination`'s under both locks, in one commit, audited once as
     /// `tf.resources_moved` by `who`. Both states are read whole, each at most
@@ -863,10 +894,25 @@ impl Operations {
     }
 
     /// Audit rows, newest first. An operator limited to workspace patterns sees only
-    /// the rows of the workspaces it sees (`tf/<ws>`), nothing site-wide; the log is
-    /// read page by page until `limit` such rows are found or
-    /// [`MAX_AUDIT_SCANNED`] rows were read (then the page is short).
+    /// the rows of the workspaces it sees (`tf/<ws>`), nothing site-wide, and in them
+    /// no other workspace's name (`redact::audit_row`); the log is read page by page
+    /// until `limit` such rows are found or [`MAX_AUDIT_SCANNED`] rows were read (then
+    /// the page is short).
     pub async fn audit(
+        &self,
+        filter: AuditFilter,
+        limit: u32,
+        grant: &Grant,
+    ) -> Result<Vec<AuditRow>, Error> {
+        let mut rows = self.audit_rows(filter, limit, grant).await?;
+        for row in &mut rows {
+            redact::audit_row(row, grant);
+        }
+        Ok(rows)
+    }
+
+    /// [`Self::audit`]'s rows as stored.
+    async fn audit_rows(
         &self,
         filter: AuditFilter,
         limit: u32,

@@ -6,6 +6,13 @@
 //!
 //! Append-only is enforced by the database, not by convention: [`SCHEMA`] adds
 //! triggers that abort any UPDATE or DELETE on the table, whoever issues it.
+//!
+//! [`EVENTS`] is every event kind the code writes, each saying which payload fields
+//! name workspaces (or workspace patterns, or credentials that carry a workspace), so
+//! a listing can show a reader limited to workspace patterns only the names it may
+//! see (`operator::redact`). A kind missing from it is refused by [`insert_audit`] in
+//! debug builds (every test that writes it fails), and shown to a limited reader with
+//! its whole payload hidden.
 
 use crate::store::sql::{params, Connection, Dialect};
 
@@ -46,7 +53,118 @@ pub struct AuditEntry {
     pub payload: serde_json::Value,
 }
 
+/// What the text at a payload field names, for a reader limited to workspace patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    /// A workspace name, or an array of them.
+    Workspaces,
+    /// Workspace patterns: one comma-separated text or an array of them.
+    Patterns,
+    /// A credential's recorded name (`tofu::access::Credential::name`), which may carry
+    /// a workspace (`tf:<workspace>`, `consumer:<workspace>`).
+    Credential,
+}
+
+/// One kind of audit event and the payload fields (dotted paths into nested objects)
+/// that name workspaces. Every other field is metadata that names none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventKind {
+    pub name: &'static str,
+    pub names: &'static [(&'static str, Names)],
+}
+
+const fn kind(name: &'static str, names: &'static [(&'static str, Names)]) -> EventKind {
+    EventKind { name, names }
+}
+
+/// Every audit event kind the code writes. A new event is added here, with the fields
+/// that name workspaces, or [`insert_audit`] refuses it in debug builds.
+pub const EVENTS: &[EventKind] = &[
+    // Workspaces (`tf/<workspace>`), written by `tofu` and `store::history`.
+    kind("tf.state_written", &[]),
+    kind("tf.state_deleted", &[]),
+    kind("tf.lock_acquired", &[]),
+    kind("tf.lock_released", &[]),
+    kind("tf.lock_forced", &[]),
+    kind("tf.rollback", &[]),
+    kind("tf.restored", &[]),
+    kind("tf.write_allowed", &[]),
+    kind("tf.write_override_used", &[]),
+    kind("tf.frozen", &[]),
+    kind("tf.unfrozen", &[]),
+    kind("tf.freeze_expired", &[]),
+    kind(
+        "tf.resources_moved",
+        &[
+            ("from.workspace", Names::Workspaces),
+            ("to.workspace", Names::Workspaces),
+        ],
+    ),
+    kind("tf.credential_rotated", &[]),
+    kind("tf.consumers_set", &[("consumers", Names::Workspaces)]),
+    kind("tf.token_created", &[("workspaces", Names::Patterns)]),
+    kind("tf.token_revoked", &[]),
+    kind("state.revealed", &[]),
+    kind("store.pruned", &[]),
+    // Drift runs (`drift`).
+    kind("drift.apply_approved", &[]),
+    kind("drift.applied", &[]),
+    kind("drift.lock_left", &[("taken_by", Names::Credential)]),
+    // Clusters (`cluster`).
+    kind("cluster.state_pushed", &[]),
+    kind("cluster.state_lock_acquired", &[]),
+    kind("cluster.state_lock_released", &[]),
+    kind("cluster.state_lock_stolen", &[]),
+    kind("cluster.state_lock_broken", &[]),
+    // The keyring (`store::keyring`, `store::reseal`).
+    kind("key.rotated", &[]),
+    kind("key.retired", &[]),
+    kind("key.rewrapped", &[]),
+    kind("key.resealed", &[]),
+    // Orgs, users and operators (`cluster::identity`, `operator::identity`, `ui::session`).
+    kind("admin.org_created", &[]),
+    kind("admin.user_created", &[]),
+    kind("admin.token_created", &[]),
+    kind("admin.cluster_created", &[]),
+    kind("admin.user_role_changed", &[]),
+    kind("admin.user_disabled", &[]),
+    kind("admin.token_revoked", &[]),
+    kind("admin.operator_created", &[("workspaces", Names::Patterns)]),
+    kind(
+        "admin.operator_role_set",
+        &[
+            ("from.workspaces", Names::Patterns),
+            ("to.workspaces", Names::Patterns),
+        ],
+    ),
+    kind("admin.operator_token_created", &[]),
+    kind("admin.operator_token_revoked", &[]),
+    kind("ui.login", &[("workspaces", Names::Patterns)]),
+    kind(
+        "ui.sso_regrant",
+        &[
+            ("from.workspaces", Names::Patterns),
+            ("workspaces", Names::Patterns),
+        ],
+    ),
+    kind("ui.session_ended", &[]),
+];
+
+/// The declaration of the event kind `name`, if the code writes it.
+pub fn event_kind(name: &str) -> Option<&'static EventKind> {
+    EVENTS.iter().find(|k| k.name == name)
+}
+
 pub fn insert_audit(conn: &Connection, entry: &AuditEntry) -> Result<(), crate::store::sql::Error> {
+    // A kind [`EVENTS`] does not declare would be shown to limited readers with its
+    // whole payload hidden: refuse it where the tests run, so a new event must say.
+    #[cfg(debug_assertions)]
+    if event_kind(entry.event).is_none() {
+        return Err(crate::store::sql::Error::Value(format!(
+            "the audit event {:?} is not declared in store::audit::EVENTS",
+            entry.event
+        )));
+    }
     conn.prepare_cached(
         "INSERT INTO audit (at, actor, org, scope, event, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -396,8 +514,14 @@ mod tests {
             "state.revealed",
             "tf.locking*",
         ];
+        // Written around `insert_audit`: some of these names are no kind the code
+        // writes (the filters must take any name literally).
         for event in events {
-            insert_audit(&conn, &entry("tf/a", event)).unwrap();
+            conn.execute(
+                "INSERT INTO audit (at, actor, scope, event, payload) VALUES ('2026-03-01T10:00:00Z', 't', 'tf/a', ?1, '{}')",
+                params![event],
+            )
+            .unwrap();
         }
         // (event filter, left out, events listed oldest first)
         type Row<'a> = (Option<&'a str>, Option<&'a str>, &'a [&'a str]);
@@ -544,5 +668,20 @@ mod tests {
         let row = &list_audit(&conn, Some("tf/b"), None, 1).unwrap()[0];
         assert_eq!((row.actor.as_str(), row.org.as_deref()), ("tf:tf/b", None));
         assert!(!row.at.is_empty());
+    }
+
+    #[test]
+    fn an_undeclared_event_is_refused_where_tests_run_and_declared_ones_are_unique() {
+        let conn = audit_db();
+        let err = insert_audit(&conn, &entry("tf/a", "tf.never_declared")).unwrap_err();
+        assert!(err.to_string().contains("EVENTS"), "{err}");
+        assert!(list_audit(&conn, None, None, 10).unwrap().is_empty());
+        let mut names: Vec<&str> = EVENTS.iter().map(|k| k.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), EVENTS.len(), "an event kind is declared twice");
+        for k in EVENTS {
+            assert_eq!(event_kind(k.name), Some(k));
+        }
     }
 }

@@ -102,6 +102,17 @@ impl Credential {
     }
 }
 
+/// The prefixes of [`Credential::name`] that a workspace's name follows.
+pub const WORKSPACE_NAMED: [&str; 2] = ["tf:", "consumer:"];
+
+/// The workspace a recorded credential name carries, with the prefix before it
+/// (`tf:prod` → `("tf:", "prod")`); `None` for a token, a certificate or a run.
+pub fn named_workspace(name: &str) -> Option<(&'static str, &str)> {
+    WORKSPACE_NAMED
+        .into_iter()
+        .find_map(|p| name.strip_prefix(p).map(|w| (p, w)))
+}
+
 /// The rule: may `credential` do `what`?
 pub fn permits(credential: &Credential, what: Use) -> bool {
     let scoped = |scope: Scope| match what {

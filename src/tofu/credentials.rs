@@ -748,8 +748,22 @@ impl super::TofuBackend {
         names: Vec<String>,
         actor: &str,
     ) -> Result<Vec<String>, Error> {
+        self.set_consumers_keeping(workspace, names, actor, |_| false)
+            .await
+    }
+
+    /// [`Self::set_consumers`], keeping (after `names`, in the same transaction) the
+    /// consumers named now that `keep` says to: those an operator limited to workspace
+    /// patterns does not see, and so can neither name nor remove.
+    pub async fn set_consumers_keeping(
+        &self,
+        workspace: &str,
+        names: Vec<String>,
+        actor: &str,
+        keep: impl Fn(&str) -> bool + Send + 'static,
+    ) -> Result<Vec<String>, Error> {
         validate_workspace(workspace)?;
-        let names = parse_consumers(workspace, &names.join(","))
+        let given = parse_consumers(workspace, &names.join(","))
             .map_err(|e| Error::Invalid(e.to_string()))?;
         // Recorded in the store before it commits (`tokens::NarrowingLog`), so a
         // restore from an older backup does not give a removed consumer its read back.
@@ -762,9 +776,17 @@ impl super::TofuBackend {
         }
         let ws = workspace.to_string();
         let actor = actor.to_string();
-        let done = names.clone();
         self.db
-            .write(move |conn| -> Result<(), Error> {
+            .write(move |conn| -> Result<Vec<String>, Error> {
+                let mut names = given;
+                for kept in consumers(conn, &ws).map_err(db_error)? {
+                    if keep(&kept) && !names.contains(&kept) {
+                        names.push(kept);
+                    }
+                }
+                if names.len() > MAX_CONSUMERS {
+                    return Err(Error::Invalid(Invalid::Consumers.to_string()));
+                }
                 set_consumers(conn, &ws, &names).map_err(db_error)?;
                 let entry = AuditEntry {
                     actor,
@@ -774,10 +796,9 @@ impl super::TofuBackend {
                     payload: serde_json::json!({ "consumers": names }),
                 };
                 insert_audit(conn, &entry).map_err(db_error)?;
-                Ok(())
+                Ok(names)
             })
-            .await?;
-        Ok(done)
+            .await
     }
 
     /// Writes the last-used times gathered since the last flush (one transaction).

@@ -1084,7 +1084,8 @@ fn audit_workspace(scope: &str) -> Option<&str> {
         .filter(|w| crate::names::validate_workspace(w).is_ok())
 }
 
-/// Payload keys whose whole-number value is a version of the row's workspace.
+/// Payload keys whose whole-number value is a version of the row's workspace (or of
+/// the `workspace` beside it).
 const VERSION_KEYS: [&str; 7] = [
     "version",
     "from",
@@ -1094,16 +1095,23 @@ const VERSION_KEYS: [&str; 7] = [
     "restored_from",
     "new_version",
 ];
-/// Payload keys whose text values name workspaces.
-const WORKSPACE_KEYS: [&str; 5] = ["workspace", "workspaces", "source", "destination", "target"];
 
 /// An audit payload in words: `key value · key value`, nested keys joined with `.`,
-/// versions of the row's workspace and named workspaces linked. Text only (maud
+/// versions linked to their workspace (the row's, or the `workspace` beside them) and
+/// the fields the event kind declares as workspaces (`store::audit::EVENTS`) linked
+/// when they are names (a name hidden from the reader is not one). Text only (maud
 /// escapes every value).
 fn audit_details(row: &AuditRow) -> Markup {
     let ws = audit_workspace(&row.scope);
     let mut pairs = Vec::new();
     flatten_payload("", &row.payload, &mut pairs);
+    let names: Vec<&str> = crate::store::audit::event_kind(&row.event)
+        .map(|k| k.names)
+        .unwrap_or_default()
+        .iter()
+        .filter(|(_, n)| *n == crate::store::audit::Names::Workspaces)
+        .map(|(path, _)| *path)
+        .collect();
     html! {
         @if pairs.is_empty() {
             span.muted { "–" }
@@ -1112,9 +1120,28 @@ fn audit_details(row: &AuditRow) -> Markup {
             @if i > 0 { span.sep aria-hidden="true" { " · " } }
             span.detail {
                 @if !key.is_empty() { span.key { (key.replace('_', " ")) } " " }
-                (detail_value(key, value, ws))
+                (detail_value(key, value, version_workspace(&row.payload, key, ws), names.contains(&key.as_str())))
             }
         }
+    }
+}
+
+/// The workspace a version at `key` belongs to: the `workspace` beside it in the same
+/// object when there is one (a move's `to.version`), else the row's.
+fn version_workspace<'a>(payload: &'a Value, key: &str, row: Option<&'a str>) -> Option<&'a str> {
+    let Some((parent, _)) = key.rsplit_once('.') else {
+        return row;
+    };
+    let beside = parent
+        .split('.')
+        .try_fold(payload, |v, k| v.get(k))
+        .and_then(|v| v.get("workspace"));
+    match beside {
+        Some(Value::String(w)) => {
+            Some(w.as_str()).filter(|w| crate::names::validate_workspace(w).is_ok())
+        }
+        Some(_) => None,
+        None => row,
     }
 }
 
@@ -1136,10 +1163,11 @@ fn flatten_payload<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'
     }
 }
 
-fn detail_value(key: &str, value: &Value, ws: Option<&str>) -> Markup {
+/// One payload value; `names`: the event kind declares it as workspaces.
+fn detail_value(key: &str, value: &Value, ws: Option<&str>, names: bool) -> Markup {
     let leaf = key.rsplit('.').next().unwrap_or(key);
     let workspace_link = |name: &str| -> Markup {
-        if WORKSPACE_KEYS.contains(&leaf) && crate::names::validate_workspace(name).is_ok() {
+        if names && crate::names::validate_workspace(name).is_ok() {
             html! { a href=(ws_href(name)) { (name) } }
         } else {
             html! { (name) }
@@ -1245,19 +1273,20 @@ mod tests {
 
     #[test]
     fn audit_details_are_words_with_links() {
-        let row = |scope: &str, payload: Value| AuditRow {
+        let row = |scope: &str, event: &str, payload: Value| AuditRow {
             id: 1,
             at: "2026-12-01T21:03:07Z".into(),
             actor: "cli:ops".into(),
             org: None,
             scope: scope.into(),
-            event: "tf.rollback".into(),
+            event: event.into(),
             payload,
         };
-        // (scope, payload, html the details must hold, html they must not)
+        // (scope, event, payload, html the details must hold, html they must not)
         let table = [
             (
                 "tf/prod",
+                "tf.rollback",
                 serde_json::json!({"to_version": 2, "new_version": 5, "serial": 9}),
                 vec![
                     r#"<span class="key">to version</span> <a href="/ui/workspaces/prod/versions/2">v2</a>"#,
@@ -1268,16 +1297,40 @@ mod tests {
             ),
             (
                 "tf/prod",
-                serde_json::json!({"source": "prod", "destination": "dev", "addresses": ["a.b", "c.d"]}),
+                "tf.resources_moved",
+                serde_json::json!({"from": {"workspace": "prod", "version": 3}, "to": {"workspace": "dev", "version": 5}, "addresses": ["a.b", "c.d"]}),
                 vec![
                     r#"<a href="/ui/workspaces/prod">prod</a>"#,
                     r#"<a href="/ui/workspaces/dev">dev</a>"#,
+                    r#"<a href="/ui/workspaces/prod/versions/3">v3</a>"#,
+                    r#"<a href="/ui/workspaces/dev/versions/5">v5</a>"#,
                     "a.b, c.d",
                 ],
-                vec!["[", "&quot;"],
+                vec!["[", "&quot;", "prod/versions/5"],
+            ),
+            // A name the reader may not see is no name: never a link, and neither is
+            // the version beside it; a field the kind does not declare is not linked.
+            (
+                "tf/prod",
+                "tf.resources_moved",
+                serde_json::json!({"from": {"workspace": "prod", "version": 3}, "to": {"workspace": crate::operator::redact::HIDDEN_WORKSPACE, "version": 5}, "destination": "dev"}),
+                vec![
+                    r#"<a href="/ui/workspaces/prod">prod</a>"#,
+                    "&lt;hidden workspace&gt;",
+                    r#"<span class="key">to.version</span> 5"#,
+                ],
+                vec!["versions/5", "/ui/workspaces/dev"],
+            ),
+            (
+                "tf/prod",
+                "tf.consumers_set",
+                serde_json::json!({"consumers": ["app", crate::operator::redact::HIDDEN_WORKSPACE]}),
+                vec![r#"<a href="/ui/workspaces/app">app</a>, &lt;hidden workspace&gt;"#],
+                vec!["href=\"/ui/workspaces/&lt;"],
             ),
             (
                 "operators",
+                "admin.operator_created",
                 serde_json::json!({"email": "a@x.io", "grant": {"role": "viewer"}, "sso": false, "version": 3}),
                 vec![
                     "grant.role</span> viewer",
@@ -1286,16 +1339,23 @@ mod tests {
                 ],
                 vec!["href"],
             ),
-            ("tf/prod", serde_json::json!({}), vec!["–"], vec!["key"]),
             (
                 "tf/prod",
-                serde_json::json!({"workspace": "../../x"}),
+                "tf.rollback",
+                serde_json::json!({}),
+                vec!["–"],
+                vec!["key"],
+            ),
+            (
+                "tf/prod",
+                "tf.resources_moved",
+                serde_json::json!({"from": {"workspace": "../../x"}}),
                 vec!["../../x"],
                 vec!["href"],
             ),
         ];
-        for (scope, payload, has, lacks) in table {
-            let html = audit_details(&row(scope, payload.clone())).into_string();
+        for (scope, event, payload, has, lacks) in table {
+            let html = audit_details(&row(scope, event, payload.clone())).into_string();
             for want in has {
                 assert!(html.contains(want), "{payload}: {want} not in {html}");
             }

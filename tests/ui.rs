@@ -2994,6 +2994,7 @@ fn every_exported_audit_event_declares_what_names_workspaces() {
         tofu::EVENT_UNFROZEN,
         tofu::EVENT_FREEZE_EXPIRED,
         tofu::EVENT_RESOURCES_MOVED,
+        tofu::EVENT_MOVE_ABANDONED,
         tofu::credentials::EVENT_ROTATED,
         tofu::credentials::EVENT_TOKEN_CREATED,
         tofu::credentials::EVENT_TOKEN_REVOKED,

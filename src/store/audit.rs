@@ -100,6 +100,7 @@ pub const EVENTS: &[EventKind] = &[
             ("to.workspace", Names::Workspaces),
         ],
     ),
+    kind("tf.move_abandoned", &[("moved_by", Names::Credential)]),
     kind("tf.credential_rotated", &[]),
     kind("tf.consumers_set", &[("consumers", Names::Workspaces)]),
     kind("tf.token_created", &[("workspaces", Names::Patterns)]),

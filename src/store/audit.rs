@@ -122,6 +122,8 @@ pub const EVENTS: &[EventKind] = &[
     kind("key.retired", &[]),
     kind("key.rewrapped", &[]),
     kind("key.resealed", &[]),
+    // The index (`stategate index restore`).
+    kind("index.restored", &[]),
     // Orgs, users and operators (`cluster::identity`, `operator::identity`, `ui::session`).
     kind("admin.org_created", &[]),
     kind("admin.user_created", &[]),

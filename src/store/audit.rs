@@ -133,13 +133,8 @@ pub const EVENTS: &[EventKind] = &[
     kind("admin.user_disabled", &[]),
     kind("admin.token_revoked", &[]),
     kind("admin.operator_created", &[("workspaces", Names::Patterns)]),
-    kind(
-        "admin.operator_role_set",
-        &[
-            ("from.workspaces", Names::Patterns),
-            ("to.workspaces", Names::Patterns),
-        ],
-    ),
+    kind("admin.operator_role_set", GRANT_CHANGE),
+    kind("admin.operator_role_reapplied", GRANT_CHANGE),
     kind("admin.operator_token_created", &[]),
     kind("admin.operator_token_revoked", &[]),
     kind("ui.login", &[("workspaces", Names::Patterns)]),
@@ -151,6 +146,14 @@ pub const EVENTS: &[EventKind] = &[
         ],
     ),
     kind("ui.session_ended", &[]),
+];
+
+/// An operator's grant changed (`from`, `to`, and a single sign-on operator's `cap`).
+const GRANT_CHANGE: &[(&str, Names)] = &[
+    ("from.workspaces", Names::Patterns),
+    ("to.workspaces", Names::Patterns),
+    ("cap.from.workspaces", Names::Patterns),
+    ("cap.to.workspaces", Names::Patterns),
 ];
 
 /// The declaration of the event kind `name`, if the code writes it.

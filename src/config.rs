@@ -1015,6 +1015,73 @@ impl Config {
     }
 }
 
+/// One `[[ci_identity]]`: an OIDC issuer whose CI job tokens (GitHub Actions, GitLab
+/// CI, …) are workspace credentials, with the rules mapping their claims to grants.
+/// Read and refused (naming the key) by `tofu::ci_identity` when the server starts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CiIdentityConfig {
+    /// What the identity is recorded under: `ci:<name>:<identity>`.
+    pub name: String,
+    /// The issuer (`iss`) exactly, an `https://` URL; its discovery document and keys
+    /// are read from it.
+    pub issuer: String,
+    /// The accepted audience(s) (`aud`): one string or a list.
+    pub audience: OneOrMany,
+    /// PEM file of the CA(s) the issuer's certificate must chain to (a public
+    /// certificate, not a secret); unset: the built-in and system roots.
+    pub ca_file: Option<PathBuf>,
+    /// How a token's identity is written, from its claims (`{repository}@{ref}`).
+    #[serde(default = "default_ci_identity_template")]
+    pub identity: String,
+    /// A token first accepted within its validity stays accepted this long after it
+    /// was first seen, so a run that outlives its token finishes.
+    #[serde(default = "default_ci_max_run")]
+    pub max_run_seconds: u64,
+    /// Claims → grants (`[[ci_identity.rules]]`).
+    #[serde(default)]
+    pub rules: Vec<CiRuleConfig>,
+}
+
+/// One `[[ci_identity.rules]]`: when every claim condition holds, `scope` on the
+/// workspaces `workspaces` names.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CiRuleConfig {
+    /// Claim name → the value it must have (`*` matches any run of characters).
+    #[serde(default)]
+    pub claims: std::collections::BTreeMap<String, String>,
+    /// Comma-separated workspace patterns; `{claim}` puts a claim's value in.
+    pub workspaces: String,
+    /// `outputs`, `read` or `write`.
+    pub scope: String,
+}
+
+/// A key that takes one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(one) => vec![one.clone()],
+            OneOrMany::Many(many) => many.clone(),
+        }
+    }
+}
+
+fn default_ci_identity_template() -> String {
+    "{sub}".into()
+}
+
+fn default_ci_max_run() -> u64 {
+    2 * 3600
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -1066,6 +1133,9 @@ pub struct Config {
     pub key: KeyConfig,
     /// Backend policies (`[tofu]`).
     pub tofu: TofuConfig,
+    /// CI pipelines' own OIDC identity tokens accepted as workspace credentials
+    /// (`[[ci_identity]]`, read and checked whole by `tofu::ci_identity` at startup).
+    pub ci_identity: Vec<CiIdentityConfig>,
     /// The file this was loaded from (not a key): a drift child must not read it.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -1100,6 +1170,7 @@ impl Default for Config {
             oidc: None,
             key: KeyConfig::default(),
             tofu: TofuConfig::default(),
+            ci_identity: Vec::new(),
             loaded_from: None,
         }
     }

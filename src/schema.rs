@@ -2,7 +2,7 @@
 //!
 //! Each table is defined beside the rules that use it: `store` owns `versions` and
 //! `audit` (`store::db::SCHEMA`; `store::audit::SCHEMA` makes it append-only), `tofu`
-//! owns `tf_locks` and `tf_plan_locks` (`tofu::SCHEMA`) `tf_write_overrides` (`tofu::guard::SCHEMA`), `tf_state_encryption` (`tofu::posture::SCHEMA`), `tf_freezes` (`tofu::freeze::SCHEMA`) and `tf_moves` (`tofu::moves::SCHEMA`), `cluster` owns orgs, principals, clusters and
+//! owns `tf_locks` and `tf_plan_locks` (`tofu::SCHEMA`) `tf_write_overrides` (`tofu::guard::SCHEMA`), `tf_state_encryption` (`tofu::posture::SCHEMA`), `tf_freezes` (`tofu::freeze::SCHEMA`), `tf_moves` (`tofu::moves::SCHEMA`) and `tf_ci_tokens` (`tofu::ci_identity::SCHEMA`), `cluster` owns orgs, principals, clusters and
 //! leases (`cluster::SCHEMA`), `operator` owns operators (`operator::SCHEMA`), `tokens`
 //! owns every issued secret: cluster-API and operator tokens and UI sessions
 //! (`tokens::SCHEMA`, which also moves older databases' token tables into it), `drift`
@@ -31,6 +31,7 @@ pub const ALL: &[&str] = &[
     crate::tofu::freeze::SCHEMA,
     crate::tofu::credentials::SCHEMA,
     crate::tofu::moves::SCHEMA,
+    crate::tofu::ci_identity::SCHEMA,
     crate::cluster::SCHEMA,
     crate::operator::SCHEMA,
     crate::tokens::SCHEMA,
@@ -96,6 +97,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("tf_token_grants", "1"),
     ("tf_consumers", "1"),
     ("tf_moves", "1"),
+    ("tf_ci_tokens", "1"),
     ("orgs", "id"),
     ("principals", "id"),
     ("clusters", "1"),

@@ -43,6 +43,7 @@ async fn build(
 ) -> anyhow::Result<(Arc<App>, crate::crypto::RootKey)> {
     // Read before anything is opened: a grant that cannot be meant refuses startup.
     let client_grants = crate::tofu::certificate::Grants::from_config(&config.tls)?;
+    let ci_identities = crate::tofu::ci_identity::CiIdentities::from_config(&config.ci_identity)?;
     // `[oidc]` is checked whole before anything is opened.
     let sso_settings = match &config.oidc {
         None => None,
@@ -96,7 +97,9 @@ async fn build(
             root.sso_key(),
         )?),
     };
-    let tofu = TofuBackend::new(store, root.clone()).with_downgrade_policy(downgrade);
+    let tofu = TofuBackend::new(store, root.clone())
+        .with_downgrade_policy(downgrade)
+        .with_ci_identities(ci_identities);
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
     let keys = crate::installation::keyring(config, &root, tofu.store(), drift.clone());
     let operator = crate::operator::Operations::new(

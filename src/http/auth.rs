@@ -11,6 +11,9 @@ use crate::crypto::secrets_equal;
 
 /// Longest Authorization header we look at.
 const MAX_AUTH_HEADER: usize = 4096;
+/// Longest one carrying a CI job's identity token (`tofu::ci_identity`, at most
+/// `MAX_TOKEN_LEN` bytes), which may be Basic-encoded.
+const MAX_JWT_AUTH_HEADER: usize = 12 * 1024;
 
 /// The raw `Authorization` header of a request, if any.
 pub fn authorization(session: &pingora::proxy::Session) -> Option<&[u8]> {
@@ -24,9 +27,16 @@ pub fn authorization(session: &pingora::proxy::Session) -> Option<&[u8]> {
 /// The secret in an `Authorization` header, if it is a well-formed Basic or Bearer credential.
 pub fn presented_secret(header: Option<&[u8]>) -> Option<Vec<u8>> {
     let header = std::str::from_utf8(header?).ok()?;
-    if header.len() > MAX_AUTH_HEADER {
+    if header.len() > MAX_JWT_AUTH_HEADER {
         return None;
     }
+    let secret = secret_of(header)?;
+    let within =
+        header.len() <= MAX_AUTH_HEADER || crate::tofu::ci_identity::is_token_shaped(&secret);
+    within.then_some(secret)
+}
+
+fn secret_of(header: &str) -> Option<Vec<u8>> {
     let (scheme, value) = header.trim().split_once(' ')?;
     let value = value.trim();
     if scheme.eq_ignore_ascii_case("bearer") {

@@ -85,12 +85,16 @@ pub enum Credential {
     /// Another workspace's own credential, named by this workspace as a consumer of
     /// its outputs (remote-state sharing).
     Consumer { workspace: String },
+    /// A CI job's OIDC identity token (`tofu::ci_identity`), by the identity its
+    /// issuer's template wrote (`github:acme/infra@refs/heads/main#run 812`), limited to
+    /// the highest scope its rules give on this workspace.
+    Ci { identity: String, scope: Scope },
 }
 
 impl Credential {
     /// The name it is recorded under (lock rows, versions, audit actors):
-    /// `tf:<workspace>`, the run credential's name, `token:<name>`, `cert:<subject>`
-    /// or `consumer:<workspace>`.
+    /// `tf:<workspace>`, the run credential's name, `token:<name>`, `cert:<subject>`,
+    /// `consumer:<workspace>` or `ci:<issuer name>:<identity>`.
     pub fn name(&self, workspace: &str) -> String {
         match self {
             Credential::Workspace => format!("tf:{workspace}"),
@@ -98,6 +102,7 @@ impl Credential {
             Credential::Token { name, .. } => format!("token:{name}"),
             Credential::Certificate { subject, .. } => format!("cert:{subject}"),
             Credential::Consumer { workspace } => format!("consumer:{workspace}"),
+            Credential::Ci { identity, .. } => format!("ci:{identity}"),
         }
     }
 }
@@ -123,7 +128,9 @@ pub fn permits(credential: &Credential, what: Use) -> bool {
     };
     match credential {
         Credential::Workspace | Credential::Run(_) => true,
-        Credential::Token { scope, .. } | Credential::Certificate { scope, .. } => scoped(*scope),
+        Credential::Token { scope, .. }
+        | Credential::Certificate { scope, .. }
+        | Credential::Ci { scope, .. } => scoped(*scope),
         Credential::Consumer { .. } => what == Use::ReadOutputs,
     }
 }
@@ -156,6 +163,10 @@ mod tests {
         let consumer = Credential::Consumer {
             workspace: "app".into(),
         };
+        let ci = |scope| Credential::Ci {
+            identity: "github:acme/infra@refs/heads/main".into(),
+            scope,
+        };
         // (credential, outputs, read, write, delete)
         let table = [
             (Credential::Workspace, [true, true, true, true]),
@@ -167,6 +178,9 @@ mod tests {
             (token(Scope::Read), [true, true, false, false]),
             (token(Scope::Write), [true, true, true, false]),
             (consumer, [true, false, false, false]),
+            (ci(Scope::Outputs), [true, false, false, false]),
+            (ci(Scope::Read), [true, true, false, false]),
+            (ci(Scope::Write), [true, true, true, false]),
         ];
         let uses = [Use::ReadOutputs, Use::ReadState, Use::Write, Use::Delete];
         for (credential, expected) in table {

@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod certificate;
+pub mod ci_identity;
 pub mod credentials;
 pub mod freeze;
 pub mod guard;
@@ -59,6 +60,8 @@ pub struct TofuBackend {
     last_used: credentials::LastUsed,
     /// `tofu.refuse_plaintext_after_encrypted` (`posture`).
     downgrade: Arc<posture::DowngradePolicy>,
+    /// The CI issuers whose job tokens are credentials (`[[ci_identity]]`).
+    ci: Arc<ci_identity::CiIdentities>,
 }
 
 /// Audit event of an operator rollback (payload: versions and serial, never content).
@@ -624,7 +627,14 @@ impl TofuBackend {
             root,
             last_used: credentials::LastUsed::default(),
             downgrade: Arc::default(),
+            ci: Arc::default(),
         }
+    }
+
+    /// Accepts the job tokens of these CI issuers (`[[ci_identity]]`).
+    pub fn with_ci_identities(mut self, ci: ci_identity::CiIdentities) -> Self {
+        self.ci = Arc::new(ci);
+        self
     }
 
     /// Refuses plaintext writes onto encrypted current states of the workspaces
@@ -857,8 +867,11 @@ impl TofuBackend {
         let Some(secret) = presented else {
             return Ok(None);
         };
-        let outputs = what == access::Use::ReadOutputs;
         let now = unix_now();
+        if ci_identity::is_token_shaped(&secret) {
+            return self.authenticate_ci(workspace, &secret, what, now).await;
+        }
+        let outputs = what == access::Use::ReadOutputs;
         let found = self
             .look_up(workspace, &secret, outputs, now, "credential", |_| Ok(()))
             .await?;
@@ -876,12 +889,47 @@ impl TofuBackend {
     ) -> Result<(Option<Credential>, LockSeen), Error> {
         let ws = workspace.to_string();
         let now = unix_now();
+        if ci_identity::is_token_shaped(&secret) {
+            let who = self
+                .authenticate_ci(workspace, &secret, access::Use::Write, now)
+                .await?;
+            let seen = self
+                .db
+                .read_remembered(format!("ci-lock:{workspace}"), move |c| {
+                    LockSeen::read(c, &ws)
+                })
+                .await?;
+            return Ok((who, seen));
+        }
         let (found, seen) = self
             .look_up(workspace, &secret, false, now, "lock", move |c| {
                 LockSeen::read(c, &ws)
             })
             .await?;
         Ok((self.judge_credential(workspace, &secret, now, found), seen))
+    }
+
+    /// [`Self::authenticate`] of a CI job's identity token (`ci_identity`): verified
+    /// against its issuer's keys, mapped by its rules, and admitted inside its window
+    /// (which writes its first-seen record, so only for a request `what` is permitted).
+    async fn authenticate_ci(
+        &self,
+        workspace: &str,
+        token: &[u8],
+        what: access::Use,
+        now: i64,
+    ) -> Result<Option<Credential>, Error> {
+        let Some(verified) = self.ci.verify(token, now).await else {
+            return Ok(None);
+        };
+        let Some(who) = verified
+            .credential(workspace)
+            .filter(|who| access::permits(who, what))
+        else {
+            return Ok(None);
+        };
+        let admitted = self.ci.admit(&self.db, &verified, now).await?;
+        Ok(admitted.then_some(who))
     }
 
     /// What the credential check reads at `now`, in one short read transaction on an

@@ -2720,6 +2720,17 @@ key_label = "k"
 pin_file = "/cfg/keys/pin"
 [tofu]
 refuse_plaintext_after_encrypted = ["prod-*"]
+[[ci_identity]]
+name = "github"
+issuer = "https://ci.example"
+audience = ["sg"]
+ca_file = "/cfg/ci-ca.pem"
+identity = "{repository}"
+max_run_seconds = 1
+[[ci_identity.rules]]
+claims = { repository = "acme/infra" }
+workspaces = "prod-*"
+scope = "write"
 "#;
 
     /// Configured paths that hold no secret, each with why a drift child may see it.
@@ -2738,6 +2749,10 @@ refuse_plaintext_after_encrypted = ["prod-*"]
         ("drift.dir", "the check's own configuration: the child works there"),
         ("drift.binary", "the program the child is"),
         ("drift.var_files", "the check's own variables, for its child"),
+        (
+            "ci_identity.ca_file",
+            "the roots a CI issuer's certificate chains to: a public certificate",
+        ),
     ];
 
     /// (the field's dotted path, its string value) for every string in `debug` (a

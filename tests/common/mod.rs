@@ -145,8 +145,13 @@ impl TestServer {
 
     /// Every blob file in the local store. A directory's spare (the empty file the next
     /// write there claims) is not a blob; one with content fails the test.
+    /// The store's files that requests wrote: not the root key's fingerprint, which
+    /// the installation records when it is first opened.
     pub fn blob_files(&self) -> Vec<std::path::PathBuf> {
-        let mut files = files_under(&self.config.local_store_path());
+        let store = self.config.local_store_path();
+        let fingerprint = store.join(stategate::store::keyring::FINGERPRINT_COPY);
+        let mut files = files_under(&store);
+        files.retain(|f| *f != fingerprint);
         files.retain(|f| {
             let spare = f.file_name().is_some_and(|n| n == ".tmp-spare");
             assert!(

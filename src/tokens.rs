@@ -592,6 +592,38 @@ pub struct RevocationLog {
     root: RootKey,
 }
 
+/// Seals `record` as JSON under `scope`'s key and puts it at `key` (durable when this
+/// returns): the one shape of the store's revocation and narrowing records.
+async fn put_record<T: serde::Serialize>(
+    blobs: &dyn BlobStore,
+    root: &RootKey,
+    key: &str,
+    scope: &str,
+    record: &T,
+    at: &str,
+    actor: &str,
+) -> Result<(), RecordError> {
+    let body = serde_json::to_vec(record).map_err(|e| RecordError::Unreadable {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })?;
+    let header = BlobHeader {
+        scope: scope.to_string(),
+        version: RECORD_VERSION,
+        serial: None,
+        lineage: None,
+        sha256: hex::encode(format::sha2_digest(&body)),
+        size: body.len() as i64,
+        created_at: at.to_string(),
+        actor: actor.into(),
+        parent: None,
+        facts: Default::default(),
+    };
+    let sealed = format::encode(&root.blob_key(scope), &header, &body)?;
+    blobs.put(key, Bytes::from(sealed)).await?;
+    Ok(())
+}
+
 impl RevocationLog {
     pub fn new(blobs: std::sync::Arc<dyn BlobStore>, root: RootKey) -> Self {
         RevocationLog { blobs, root }
@@ -604,28 +636,18 @@ impl RevocationLog {
             sha256: found.sha256.clone(),
             revoked_at: at.to_string(),
         };
-        let body = serde_json::to_vec(&record).map_err(|e| RecordError::Unreadable {
-            key: record_key(&found.sha256),
-            reason: e.to_string(),
-        })?;
         let scope = record_scope(&found.sha256);
-        let header = BlobHeader {
-            scope: scope.clone(),
-            version: RECORD_VERSION,
-            serial: None,
-            lineage: None,
-            sha256: hex::encode(format::sha2_digest(&body)),
-            size: body.len() as i64,
-            created_at: at.to_string(),
-            actor: "stategate revocation".into(),
-            parent: None,
-            facts: Default::default(),
-        };
-        let sealed = format::encode(&self.root.blob_key(&scope), &header, &body)?;
-        self.blobs
-            .put(&record_key(&found.sha256), Bytes::from(sealed))
-            .await?;
-        Ok(())
+        let key = record_key(&found.sha256);
+        put_record(
+            &*self.blobs,
+            &self.root,
+            &key,
+            &scope,
+            &record,
+            at,
+            "stategate revocation",
+        )
+        .await
     }
 
     /// Every revocation recorded in the store. A record that does not open under this
@@ -747,26 +769,18 @@ impl NarrowingLog {
     pub async fn record(&self, change: &Narrowing) -> Result<(), RecordError> {
         let name = narrowing_name(&change.kind, &change.subject);
         let key = format!("{REVOCATIONS_PREFIX}{name}.sgr");
-        let body = serde_json::to_vec(change).map_err(|e| RecordError::Unreadable {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
         let scope = format!("revocation/{name}");
-        let header = BlobHeader {
-            scope: scope.clone(),
-            version: RECORD_VERSION,
-            serial: None,
-            lineage: None,
-            sha256: hex::encode(format::sha2_digest(&body)),
-            size: body.len() as i64,
-            created_at: change.recorded_at(),
-            actor: "stategate narrowing".into(),
-            parent: None,
-            facts: Default::default(),
-        };
-        let sealed = format::encode(&self.root.blob_key(&scope), &header, &body)?;
-        self.blobs.put(&key, Bytes::from(sealed)).await?;
-        Ok(())
+        let at = change.recorded_at();
+        put_record(
+            &*self.blobs,
+            &self.root,
+            &key,
+            &scope,
+            change,
+            &at,
+            "stategate narrowing",
+        )
+        .await
     }
 
     /// Every narrowing recorded in the store. One that does not open under this DEK,

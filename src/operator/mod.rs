@@ -147,6 +147,24 @@ pub struct WorkspaceSummary {
     pub encryption: Option<crate::tofu::posture::Posture>,
 }
 
+impl WorkspaceSummary {
+    /// A workspace known only by its lock (no version yet); the caller sets the lock.
+    fn only_locked(name: String) -> Self {
+        WorkspaceSummary {
+            name,
+            version: None,
+            serial: None,
+            size: None,
+            updated_at: None,
+            deleted: false,
+            lock: None,
+            plans: Vec::new(),
+            frozen: None,
+            encryption: None,
+        }
+    }
+}
+
 /// A cluster with its lease, for `GET /api/v1/admin/clusters`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ClusterSummary {
@@ -348,18 +366,7 @@ pub fn workspace_rows(
     for (name, lock, created_at) in all_locks(conn)? {
         let state = lock_state(&lock, &created_at, now, stale_after);
         out.entry(name.clone())
-            .or_insert_with(|| WorkspaceSummary {
-                name,
-                version: None,
-                serial: None,
-                size: None,
-                updated_at: None,
-                deleted: false,
-                lock: None,
-                plans: Vec::new(),
-                frozen: None,
-                encryption: None,
-            })
+            .or_insert_with(|| WorkspaceSummary::only_locked(name))
             .lock = Some(state);
     }
     let mut plans = std::collections::BTreeMap::<String, Vec<PlanRow>>::new();
@@ -368,18 +375,9 @@ pub fn workspace_rows(
     }
     for (name, rows) in plans {
         let locks: Vec<HeldLock> = rows.iter().map(|r| r.lock.clone()).collect();
-        let ws = out.entry(name.clone()).or_insert_with(|| WorkspaceSummary {
-            name,
-            version: None,
-            serial: None,
-            size: None,
-            updated_at: None,
-            deleted: false,
-            lock: None,
-            plans: Vec::new(),
-            frozen: None,
-            encryption: None,
-        });
+        let ws = out
+            .entry(name.clone())
+            .or_insert_with(|| WorkspaceSummary::only_locked(name));
         ws.plans = rows
             .iter()
             .map(|r| lock_state(&r.lock, &r.created_at, now, stale_after))

@@ -165,6 +165,10 @@ enum Principal {
     Workspace {
         secret: String,
     },
+    /// `dev-c`'s own derived credential; `dev-c` is a consumer of `dev-a`'s outputs.
+    Consumer {
+        secret: String,
+    },
 }
 
 impl Principal {
@@ -174,6 +178,7 @@ impl Principal {
             Principal::Operator { email, .. } => (*email).into(),
             Principal::Token { scope, .. } => format!("token({scope:?}, dev-*)"),
             Principal::Workspace { .. } => "dev-a's credential".into(),
+            Principal::Consumer { .. } => "dev-c's credential (a consumer of dev-a)".into(),
         }
     }
 
@@ -184,7 +189,12 @@ impl Principal {
                 format!("Cookie: sg_session={cookie}\r\n")
             }
             (Principal::Operator { token, .. }, _) => format!("Authorization: Bearer {token}\r\n"),
-            (Principal::Token { secret, .. } | Principal::Workspace { secret }, _) => {
+            (
+                Principal::Token { secret, .. }
+                | Principal::Workspace { secret }
+                | Principal::Consumer { secret },
+                _,
+            ) => {
                 format!("Authorization: Bearer {secret}\r\n")
             }
             (Principal::None, _) => String::new(),
@@ -289,6 +299,10 @@ fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool
                 && (use_ == Use::ReadOutputs || use_ <= *scope)
         }
         (Need::Backend(_), Principal::Workspace { .. }) => ws == "dev-a",
+        // A consumer reads the outputs of what it consumes, nothing else of it.
+        (Need::Backend(use_), Principal::Consumer { .. }) => {
+            use_ == Use::ReadOutputs && ws == "dev-a"
+        }
         (Need::Backend(_), _) => false,
     }
 }
@@ -442,6 +456,20 @@ async fn fixture() -> (TestServer, Vec<Principal>) {
     principals.push(Principal::Workspace {
         secret: server.bearer("dev-a"),
     });
+    let resp = http
+        .put(format!(
+            "{}/api/v1/admin/workspaces/dev-a/consumers",
+            server.base
+        ))
+        .bearer_auth(&admin)
+        .body(serde_json::json!({"consumers": ["dev-c"]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "consumers of dev-a");
+    principals.push(Principal::Consumer {
+        secret: server.bearer("dev-c"),
+    });
     (server, principals)
 }
 
@@ -475,7 +503,7 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 (Surface::Tf, Principal::Operator { email, .. }) => *email == "admin@x.io",
                 (Surface::Tf, _) => true,
                 (_, Principal::Token { scope, .. }) => *scope == Use::Write,
-                (_, Principal::Workspace { .. }) => false,
+                (_, Principal::Workspace { .. } | Principal::Consumer { .. }) => false,
                 _ => true,
             })
             .collect();

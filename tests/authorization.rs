@@ -169,6 +169,13 @@ enum Principal {
     Consumer {
         secret: String,
     },
+    /// A drift run's credential for `dev-a`: `live`, or expired or revoked (the run
+    /// finished), which must open nothing.
+    Run {
+        live: bool,
+        what: &'static str,
+        secret: String,
+    },
 }
 
 impl Principal {
@@ -179,6 +186,7 @@ impl Principal {
             Principal::Token { scope, .. } => format!("token({scope:?}, dev-*)"),
             Principal::Workspace { .. } => "dev-a's credential".into(),
             Principal::Consumer { .. } => "dev-c's credential (a consumer of dev-a)".into(),
+            Principal::Run { what, .. } => format!("{what} drift run credential of dev-a"),
         }
     }
 
@@ -192,7 +200,8 @@ impl Principal {
             (
                 Principal::Token { secret, .. }
                 | Principal::Workspace { secret }
-                | Principal::Consumer { secret },
+                | Principal::Consumer { secret }
+                | Principal::Run { secret, .. },
                 _,
             ) => {
                 format!("Authorization: Bearer {secret}\r\n")
@@ -299,6 +308,8 @@ fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool
                 && (use_ == Use::ReadOutputs || use_ <= *scope)
         }
         (Need::Backend(_), Principal::Workspace { .. }) => ws == "dev-a",
+        // A run's credential is its workspace's while the run lives, then nothing.
+        (Need::Backend(_), Principal::Run { live, .. }) => *live && ws == "dev-a",
         // A consumer reads the outputs of what it consumes, nothing else of it.
         (Need::Backend(use_), Principal::Consumer { .. }) => {
             use_ == Use::ReadOutputs && ws == "dev-a"
@@ -470,6 +481,18 @@ async fn fixture() -> (TestServer, Vec<Principal>) {
     principals.push(Principal::Consumer {
         secret: server.bearer("dev-c"),
     });
+    let far = 4_000_000_000;
+    for (what, live, name, expires) in [
+        ("a live", true, "drift:run-801", far),
+        ("an expired", false, "drift:run-802", 1),
+        ("a revoked", false, "drift:run-803", far),
+    ] {
+        let (secret, hash) = stategate::tofu::run_credential::new_secret().unwrap();
+        stategate::tofu::run_credential::insert(&server.db(), &hash, "dev-a", name, expires)
+            .unwrap();
+        principals.push(Principal::Run { live, what, secret });
+    }
+    stategate::tofu::run_credential::revoke(&server.db(), "drift:run-803").unwrap();
     (server, principals)
 }
 
@@ -503,7 +526,12 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 (Surface::Tf, Principal::Operator { email, .. }) => *email == "admin@x.io",
                 (Surface::Tf, _) => true,
                 (_, Principal::Token { scope, .. }) => *scope == Use::Write,
-                (_, Principal::Workspace { .. } | Principal::Consumer { .. }) => false,
+                (
+                    _,
+                    Principal::Workspace { .. }
+                    | Principal::Consumer { .. }
+                    | Principal::Run { .. },
+                ) => false,
                 _ => true,
             })
             .collect();

@@ -828,6 +828,13 @@ struct Bound {
     unit: Unit,
 }
 
+/// `<key file>.next`: where `key rewrap` writes the new key file beside `dek`.
+pub fn next_key_path(dek: &std::path::Path) -> PathBuf {
+    let mut name = dek.file_name().unwrap_or_default().to_os_string();
+    name.push(".next");
+    dek.with_file_name(name)
+}
+
 impl Config {
     /// Every bounded number of this configuration, with its key as the file spells it.
     fn bounds(&self) -> Vec<Bound> {
@@ -1639,6 +1646,12 @@ impl Config {
             .unwrap_or_else(|| self.data_dir.join("dek"))
     }
 
+    /// Where `key rewrap` writes the new key file (in plain) before it replaces
+    /// [`Config::dek_path`]: `<dek file>.next`.
+    pub fn next_dek_path(&self) -> PathBuf {
+        next_key_path(&self.dek_path())
+    }
+
     /// The wrapped root key's file (`key.service = "pkcs11"`).
     pub fn wrapped_key_path(&self) -> PathBuf {
         self.key
@@ -1760,13 +1773,11 @@ impl Config {
                 "the root key, wrapped by the PKCS#11 token",
             ),
         ];
-        let mut next = self.wrapped_key_path().into_os_string();
-        next.push(".next");
         out.push(entry(
-            next.into(),
+            self.next_dek_path(),
             File,
-            "key.wrapped_file",
-            "the root key wrapped anew while `key rewrap` runs",
+            "dek_file",
+            "the new root key in plain while `key rewrap` runs (or after it was interrupted)",
         ));
         if let Some(file) = &self.loaded_from {
             out.push(entry(
@@ -2882,11 +2893,7 @@ scope = "write"
                 "/cfg/keys/root.wrapped",
                 SecretKind::File,
             ),
-            (
-                "key.wrapped_file",
-                "/cfg/keys/root.wrapped.next",
-                SecretKind::File,
-            ),
+            ("dek_file", "/cfg/dek.next", SecretKind::File),
             ("loaded_from", "/cfg/stategate.toml", SecretKind::File),
             ("tls.key_file", "/cfg/tls/key.pem", SecretKind::File),
             (

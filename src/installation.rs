@@ -298,17 +298,10 @@ fn file_service(path: &Path) -> Option<crate::crypto::service::FileKeyService> {
             .map(|k| k.file_service(Some(path.to_path_buf())))
     };
     let service = read(path)?;
-    Some(match read(&next_key_path(path)) {
+    Some(match read(&crate::config::next_key_path(path)) {
         Some(next) => service.with_next(next),
         None => service,
     })
-}
-
-/// Where `key rewrap` writes the new key file before it replaces the old one.
-pub fn next_key_path(dek: &Path) -> std::path::PathBuf {
-    let mut name = dek.file_name().unwrap_or_default().to_os_string();
-    name.push(".next");
-    dek.with_file_name(name)
 }
 
 /// `stategate key rewrap`: a new random key file replaces the current one, and the
@@ -339,7 +332,7 @@ pub async fn rewrap(
         );
     }
     let path = config.dek_path();
-    let next_path = next_key_path(&path);
+    let next_path = config.next_dek_path();
     let next = match std::fs::read_to_string(&next_path) {
         Ok(text) => RootKey::from_base64(&text).with_context(|| {
             format!("{} (an interrupted rewrap) is invalid", next_path.display())
@@ -483,7 +476,7 @@ fn accepted_fingerprints(config: &Config, root: &RootKey) -> Vec<String> {
     let mut out = vec![root.fingerprint()];
     out.extend(root.first_fingerprint());
     if config.dek.is_none() && config.key.service == KeyServiceKind::File {
-        let next = std::fs::read_to_string(next_key_path(&config.dek_path()))
+        let next = std::fs::read_to_string(config.next_dek_path())
             .ok()
             .and_then(|t| RootKey::from_base64(&t).ok());
         out.extend(next.map(|k| k.fingerprint()));

@@ -693,7 +693,7 @@ async fn after_rewrap_reseal_retire_and_rotate_credentials_nothing_opens_with_th
         assert_eq!(post(&server, "prod", serial).await, 200);
     }
     let key_file = server.config.dek_path();
-    let next = installation::next_key_path(&key_file);
+    let next = server.config.next_dek_path();
     let op = cli(&server).await;
     // Rotated before the leak was known: data/1 is wrapped under the leaked key.
     keyring::rotate(&op.store, &op.service, Purpose::Data, "test")

@@ -765,11 +765,28 @@ impl super::TofuBackend {
         validate_workspace(workspace)?;
         let given = parse_consumers(workspace, &names.join(","))
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        // Recorded in the store before it commits (`tokens::NarrowingLog`), so a
-        // restore from an older backup does not give a removed consumer its read back.
+        // What the list becomes: the given names and, of those there now, the ones the
+        // caller keeps (a limited admin's hidden consumers). The same rule in the
+        // transaction, over the list it reads there.
+        let ending = |given: &[String], now: Vec<String>, keep: &dyn Fn(&str) -> bool| {
+            let mut names = given.to_vec();
+            for kept in now {
+                if keep(&kept) && !names.contains(&kept) {
+                    names.push(kept);
+                }
+            }
+            if names.len() > MAX_CONSUMERS {
+                return Err(Error::Invalid(Invalid::Consumers.to_string()));
+            }
+            Ok(names)
+        };
         let ws = workspace.to_string();
         let before = self.db.read(move |c| consumers(c, &ws)).await?;
-        let change = consumers_narrowing(workspace, &before, &names, actor);
+        // Recorded in the store before it commits (`tokens::NarrowingLog`), so a
+        // restore from an older backup does not give a removed consumer its read back;
+        // the record is the list that will be saved, and a refused change records nothing.
+        let after = ending(&given, before.clone(), &keep)?;
+        let change = consumers_narrowing(workspace, &before, &after, actor);
         let log = tokens::NarrowingLog::new(self.store.blobs().clone(), self.root.clone());
         if let Err(e) = log.record(&change).await {
             tracing::warn!(error = %e, workspace, "the consumers change is in force but could not be recorded in the blob store; take a backup once the store is reachable");
@@ -778,15 +795,7 @@ impl super::TofuBackend {
         let actor = actor.to_string();
         self.db
             .write(move |conn| -> Result<Vec<String>, Error> {
-                let mut names = given;
-                for kept in consumers(conn, &ws).map_err(db_error)? {
-                    if keep(&kept) && !names.contains(&kept) {
-                        names.push(kept);
-                    }
-                }
-                if names.len() > MAX_CONSUMERS {
-                    return Err(Error::Invalid(Invalid::Consumers.to_string()));
-                }
+                let names = ending(&given, consumers(conn, &ws).map_err(db_error)?, &keep)?;
                 set_consumers(conn, &ws, &names).map_err(db_error)?;
                 let entry = AuditEntry {
                     actor,

@@ -546,6 +546,10 @@ impl RootKey {
     }
 }
 
+/// The length of every derived workspace bearer (base64 of 32 bytes, padded): a
+/// presented secret of another length is no bearer, with no derivation needed.
+pub const BEARER_LEN: usize = 44;
+
 /// Constant-time comparison of a presented secret with the expected one.
 pub fn secrets_equal(presented: &[u8], expected: &[u8]) -> bool {
     presented.len() == expected.len() && bool::from(presented.ct_eq(expected))
@@ -767,6 +771,12 @@ mod tests {
         let mut out = [0u8; 32];
         hk.expand(b"tf-backendprod", &mut out).unwrap();
         assert_eq!(key().workspace_bearer("prod"), BASE64.encode(out));
+        for generation in [0, 1, 7] {
+            assert_eq!(
+                key().workspace_bearer_at("prod", generation).len(),
+                BEARER_LEN
+            );
+        }
     }
 
     #[test]

@@ -176,7 +176,13 @@ fn judge_lock_on(
             return Err(frozen(&f));
         }
     }
-    match (decision, held.shown()) {
+    // The holder is shown only to a refused contender (for plan holders it is a
+    // summary built from their LockInfos): a granted LOCK builds none.
+    let shown = match decision {
+        Lock::Refuse | Lock::TooMany => held.shown(),
+        _ => None,
+    };
+    match (decision, shown) {
         (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
         (Lock::TooMany, Some(holder)) => Err(too_many_plans(holder)),
         (decision, _) => Ok(decision),
@@ -573,7 +579,13 @@ fn check_writer(conn: &Connection, workspace: &str, lock_id: Option<&str>) -> Re
         }
     }
     let held = holders(conn, workspace).map_err(DbError::from)?;
-    match (decide_write(&held, lock_id), held.shown()) {
+    let decision = decide_write(&held, lock_id);
+    // Shown only to a refused writer (see `judge_lock_on`).
+    let shown = match decision {
+        lock::Write::Refuse => held.shown(),
+        _ => None,
+    };
+    match (decision, shown) {
         (lock::Write::Allow, _) => Ok(()),
         (lock::Write::Refuse, Some(holder)) => Err(locked_by(holder)),
         (lock::Write::PlanOnly, _) => Err(Error::Conflict(format!(
@@ -1008,7 +1020,9 @@ impl TofuBackend {
             }
             return None;
         }
-        if !found.outputs {
+        // A secret no bearer could be needs no derivation: the test depends on the
+        // secret alone, never on the workspace.
+        if !found.outputs || secret.len() != crate::crypto::BEARER_LEN {
             return None;
         }
         // Exactly MAX_CONSUMERS bearers are derived and compared, whatever the number
@@ -1413,9 +1427,13 @@ impl TofuBackend {
                 Ok(())
             })
             .await?;
-        let beating = {
+        // In a JoinSet, which aborts the heartbeat when dropped: it stops with this
+        // move however the move ends (returned, cancelled with its request, panicked),
+        // so no node keeps a dead move looking alive.
+        let mut beating = tokio::task::JoinSet::new();
+        {
             let (db, id) = (self.db.clone(), move_id.clone());
-            tokio::spawn(async move {
+            beating.spawn(async move {
                 loop {
                     tokio::time::sleep(moves::HEARTBEAT).await;
                     let id = id.clone();
@@ -1428,8 +1446,8 @@ impl TofuBackend {
                         tracing::warn!(error = %e, "a move cannot renew its heartbeat");
                     }
                 }
-            })
-        };
+            });
+        }
         moves::pause_point("locked").await;
         let done = self
             .move_locked(source, destination, &addresses, actor, max_bytes, &move_id)
@@ -1437,7 +1455,7 @@ impl TofuBackend {
         if done.is_ok() {
             moves::pause_point("committed").await;
         }
-        beating.abort();
+        drop(beating);
         let (held, id) = (order, move_id);
         let released = self
             .db

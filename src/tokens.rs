@@ -561,12 +561,13 @@ pub struct Revocation {
     pub revoked_at: String,
 }
 
-fn record_scope(sha256: &str) -> String {
-    format!("revocation/{sha256}")
+/// A record's scope and key from its name (a token hash, or a narrowing's name).
+fn record_scope(name: &str) -> String {
+    format!("revocation/{name}")
 }
 
-fn record_key(sha256: &str) -> String {
-    format!("{REVOCATIONS_PREFIX}{sha256}.sgr")
+fn record_key(name: &str) -> String {
+    format!("{REVOCATIONS_PREFIX}{name}.sgr")
 }
 
 /// A record's scope and key are made from a token hash: 64 lowercase hex digits.
@@ -624,6 +625,51 @@ async fn put_record<T: serde::Serialize>(
     Ok(())
 }
 
+/// Every record in the store whose name (its key less prefix and `.sgr`) `ours`
+/// accepts, opened under `root`. A record that does not open, or whose content
+/// `names_another` finds does not match its name, is an error: a restore must not go
+/// on believing less was recorded than was.
+async fn open_records<T: serde::de::DeserializeOwned>(
+    blobs: &dyn BlobStore,
+    root: &RootKey,
+    ours: impl Fn(&str) -> bool,
+    names_another: impl Fn(&str, &T) -> Option<&'static str>,
+) -> Result<Vec<T>, RecordError> {
+    let mut out = Vec::new();
+    for key in blobs.list(REVOCATIONS_PREFIX).await? {
+        let Some(name) = key
+            .strip_prefix(REVOCATIONS_PREFIX)
+            .and_then(|k| k.strip_suffix(".sgr"))
+            .filter(|n| ours(n))
+        else {
+            continue; // another kind of record, or not ours
+        };
+        let Some(sealed) = blobs.get(&key).await? else {
+            continue; // deleted since the listing
+        };
+        let unreadable = |reason: String| RecordError::Unreadable {
+            key: key.clone(),
+            reason,
+        };
+        let scope = record_scope(name);
+        let header = format::read_header(&sealed).map_err(|e| unreadable(e.to_string()))?;
+        let body = format::decode(
+            &root.blob_key(&scope),
+            &sealed,
+            &scope,
+            RECORD_VERSION,
+            Some(&header.sha256),
+        )
+        .map_err(|e| unreadable(e.to_string()))?;
+        let record: T = serde_json::from_slice(&body).map_err(|e| unreadable(e.to_string()))?;
+        if let Some(why) = names_another(name, &record) {
+            return Err(unreadable(why.into()));
+        }
+        out.push(record);
+    }
+    Ok(out)
+}
+
 impl RevocationLog {
     pub fn new(blobs: std::sync::Arc<dyn BlobStore>, root: RootKey) -> Self {
         RevocationLog { blobs, root }
@@ -654,40 +700,16 @@ impl RevocationLog {
     /// DEK, or whose content does not name the token its key names, is an error: a
     /// restore must not go on believing fewer tokens are revoked than were.
     pub async fn load(&self) -> Result<Vec<Revocation>, RecordError> {
-        let mut out = Vec::new();
-        for key in self.blobs.list(REVOCATIONS_PREFIX).await? {
-            let Some(sha256) = key
-                .strip_prefix(REVOCATIONS_PREFIX)
-                .and_then(|k| k.strip_suffix(".sgr"))
-                .filter(|h| is_token_hash(h))
-            else {
-                continue; // not ours
-            };
-            let Some(sealed) = self.blobs.get(&key).await? else {
-                continue; // deleted since the listing
-            };
-            let unreadable = |reason: String| RecordError::Unreadable {
-                key: key.clone(),
-                reason,
-            };
-            let scope = record_scope(sha256);
-            let header = format::read_header(&sealed).map_err(|e| unreadable(e.to_string()))?;
-            let body = format::decode(
-                &self.root.blob_key(&scope),
-                &sealed,
-                &scope,
-                RECORD_VERSION,
-                Some(&header.sha256),
-            )
-            .map_err(|e| unreadable(e.to_string()))?;
-            let record: Revocation =
-                serde_json::from_slice(&body).map_err(|e| unreadable(e.to_string()))?;
-            if record.sha256 != sha256 || Kind::parse(&record.kind).is_none() {
-                return Err(unreadable("the record names another token".into()));
-            }
-            out.push(record);
-        }
-        Ok(out)
+        open_records(
+            &*self.blobs,
+            &self.root,
+            is_token_hash,
+            |name, r: &Revocation| {
+                (r.sha256 != name || Kind::parse(&r.kind).is_none())
+                    .then_some("the record names another token")
+            },
+        )
+        .await
     }
 }
 
@@ -768,8 +790,8 @@ impl NarrowingLog {
     /// the subject's change before.
     pub async fn record(&self, change: &Narrowing) -> Result<(), RecordError> {
         let name = narrowing_name(&change.kind, &change.subject);
-        let key = format!("{REVOCATIONS_PREFIX}{name}.sgr");
-        let scope = format!("revocation/{name}");
+        let key = record_key(&name);
+        let scope = record_scope(&name);
         let at = change.recorded_at();
         put_record(
             &*self.blobs,
@@ -786,39 +808,12 @@ impl NarrowingLog {
     /// Every narrowing recorded in the store. One that does not open under this DEK,
     /// or is kept under another subject's name, is an error (as for revocations).
     pub async fn load(&self) -> Result<Vec<Narrowing>, RecordError> {
-        let mut out = Vec::new();
-        for key in self.blobs.list(REVOCATIONS_PREFIX).await? {
-            let Some(name) = key
-                .strip_prefix(REVOCATIONS_PREFIX)
-                .and_then(|k| k.strip_suffix(".sgr"))
-                .filter(|n| n.strip_prefix("narrowing-").is_some_and(is_token_hash))
-            else {
-                continue; // a revocation, or not ours
-            };
-            let Some(sealed) = self.blobs.get(&key).await? else {
-                continue;
-            };
-            let unreadable = |reason: String| RecordError::Unreadable {
-                key: key.clone(),
-                reason,
-            };
-            let scope = format!("revocation/{name}");
-            let header = format::read_header(&sealed).map_err(|e| unreadable(e.to_string()))?;
-            let body = format::decode(
-                &self.root.blob_key(&scope),
-                &sealed,
-                &scope,
-                RECORD_VERSION,
-                Some(&header.sha256),
-            )
-            .map_err(|e| unreadable(e.to_string()))?;
-            let change: Narrowing =
-                serde_json::from_slice(&body).map_err(|e| unreadable(e.to_string()))?;
-            if narrowing_name(&change.kind, &change.subject) != name {
-                return Err(unreadable("the record names another subject".into()));
-            }
-            out.push(change);
-        }
+        let ours = |name: &str| name.strip_prefix("narrowing-").is_some_and(is_token_hash);
+        let mut out = open_records(&*self.blobs, &self.root, ours, |name, c: &Narrowing| {
+            (narrowing_name(&c.kind, &c.subject) != name)
+                .then_some("the record names another subject")
+        })
+        .await?;
         out.sort_by_key(|c| c.at_ms);
         Ok(out)
     }

@@ -20,34 +20,6 @@ use stategate::http::error::HttpError;
 use stategate::http::router::{Route, Surface, ROUTES};
 use stategate::operator::roles::{Action, Grant, Target};
 
-/// Everything a request could change (`common::roles::snapshot`'s counts), read in one
-/// statement on one connection: the tests read it thousands of times.
-fn snapshot(db: &stategate::store::sql::Connection) -> Vec<i64> {
-    const COUNTS: [&str; 18] = [
-        "SELECT count(*) FROM versions",
-        "SELECT count(*) FROM tf_locks",
-        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
-        "SELECT coalesce(max(id), 0) FROM audit",
-        "SELECT count(*) FROM tokens",
-        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
-        "SELECT count(*) FROM drift_runs",
-        "SELECT count(*) FROM operators",
-        "SELECT count(*) FROM tf_write_overrides",
-        "SELECT count(*) FROM tf_freezes",
-        "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
-        "SELECT count(*) FROM tf_consumers",
-        "SELECT count(*) FROM tf_token_grants",
-        "SELECT count(*) FROM resource_changes",
-        "SELECT count(*) FROM resource_summary_heads",
-        "SELECT count(*) FROM resource_instance_digests",
-        "SELECT count(*) FROM key_generations",
-        "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
-    ];
-    let sql = format!("SELECT {}", COUNTS.map(|c| format!("({c})")).join(", "));
-    db.query_row(&sql, [], |r| (0..COUNTS.len()).map(|i| r.get(i)).collect())
-        .unwrap()
-}
-
 /// What a route is aimed at.
 #[derive(Clone, Copy, Debug)]
 enum Aim {
@@ -513,7 +485,7 @@ async fn every_route_answers_as_the_permission_rules_say() {
     let mut order: Vec<&Route> = ROUTES.iter().filter(|r| r.surface == Surface::Tf).collect();
     order.extend(ROUTES.iter().filter(|r| r.surface != Surface::Tf));
     let db = server.db();
-    let mut baseline = snapshot(&db);
+    let mut baseline = common::roles::snapshot_of(&db);
     for route in order {
         if matches!(need(route), Need::Public | Need::Cluster) {
             continue;
@@ -554,12 +526,12 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 );
                 if got {
                     through += 1;
-                    baseline = snapshot(&db);
+                    baseline = common::roles::snapshot_of(&db);
                     continue;
                 }
                 refused += 1;
                 assert_eq!(
-                    snapshot(&db),
+                    common::roles::snapshot_of(&db),
                     baseline,
                     "{what}: a refusal changed something"
                 );
@@ -609,7 +581,7 @@ async fn no_other_spelling_of_a_value_is_let_through() {
     let db = server.db();
     let mut sent = 0;
     for route in ROUTES {
-        let before = snapshot(&db);
+        let before = common::roles::snapshot_of(&db);
         for placeholder in ["ws", "to", "run", "version", "token", "id"] {
             if !route.path.contains(&format!("{{{placeholder}}}")) {
                 continue;
@@ -661,7 +633,7 @@ async fn no_other_spelling_of_a_value_is_let_through() {
             }
         }
         assert_eq!(
-            snapshot(&db),
+            common::roles::snapshot_of(&db),
             before,
             "{} {}: changed something",
             route.method,

@@ -29,32 +29,52 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
         }
 }
 
-/// Everything a request could change: versions, the fixture's locks, audit rows,
-/// tokens, runs, operators, write overrides, freezes, the resource timeline, the keyring.
+/// Everything a request could change: versions, the fixture's locks (exclusive and
+/// shared plan holders), moves in progress, audit rows, tokens (issued, CI identity, run
+/// credentials), runs, operators and their SSO caps, write overrides, freezes, consumers,
+/// the resource timeline, the keyring. One count per query.
+pub const CHANGE_COUNTS: [&str; 23] = [
+    "SELECT count(*) FROM versions",
+    "SELECT count(*) FROM tf_locks",
+    "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
+    "SELECT count(*) FROM tf_plan_locks",
+    "SELECT count(*) FROM tf_moves",
+    "SELECT coalesce(max(id), 0) FROM audit",
+    "SELECT count(*) FROM tokens",
+    "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
+    "SELECT count(*) FROM tf_ci_tokens",
+    "SELECT count(*) FROM tf_run_credentials",
+    "SELECT count(*) FROM drift_runs",
+    "SELECT count(*) FROM operators",
+    "SELECT count(*) FROM operator_sso_caps",
+    "SELECT count(*) FROM tf_write_overrides",
+    "SELECT count(*) FROM tf_freezes",
+    "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
+    "SELECT count(*) FROM tf_consumers",
+    "SELECT count(*) FROM tf_token_grants",
+    "SELECT count(*) FROM resource_changes",
+    "SELECT count(*) FROM resource_summary_heads",
+    "SELECT count(*) FROM resource_instance_digests",
+    "SELECT count(*) FROM key_generations",
+    "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
+];
+
+/// [`CHANGE_COUNTS`], read in one statement on `db` (the authorization property reads
+/// it thousands of times).
+pub fn snapshot_of(db: &stategate::store::sql::Connection) -> Vec<i64> {
+    let sql = format!(
+        "SELECT {}",
+        CHANGE_COUNTS.map(|c| format!("({c})")).join(", ")
+    );
+    db.query_row(&sql, [], |r| {
+        (0..CHANGE_COUNTS.len()).map(|i| r.get(i)).collect()
+    })
+    .unwrap()
+}
+
+/// [`CHANGE_COUNTS`] on `server`'s index.
 pub fn snapshot(server: &TestServer) -> Vec<i64> {
-    [
-        "SELECT count(*) FROM versions",
-        "SELECT count(*) FROM tf_locks",
-        "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
-        "SELECT coalesce(max(id), 0) FROM audit",
-        "SELECT count(*) FROM tokens",
-        "SELECT count(*) FROM tokens WHERE revoked_at IS NOT NULL",
-        "SELECT count(*) FROM drift_runs",
-        "SELECT count(*) FROM operators",
-        "SELECT count(*) FROM tf_write_overrides",
-        "SELECT count(*) FROM tf_freezes",
-        "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
-        "SELECT count(*) FROM tf_consumers",
-        "SELECT count(*) FROM tf_token_grants",
-        "SELECT count(*) FROM resource_changes",
-        "SELECT count(*) FROM resource_summary_heads",
-        "SELECT count(*) FROM resource_instance_digests",
-        "SELECT count(*) FROM key_generations",
-        "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
-    ]
-    .iter()
-    .map(|sql| server.count(sql))
-    .collect()
+    snapshot_of(&server.db())
 }
 
 /// (email, role, workspace patterns). Viewers and limited operators come first, so

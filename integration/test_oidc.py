@@ -34,6 +34,7 @@ Nothing is skipped: without node, the package, chromium or chromedriver the test
 from __future__ import annotations
 
 import json
+import re
 import time
 import sqlite3
 import urllib.parse
@@ -511,12 +512,15 @@ def test_set_role_caps_a_single_sign_on_operator_whatever_its_groups_give(tmp_pa
         listed = json_lines(cli(s.server, "admin", "operator", "list", "--json").stdout)
         assert [(r["email"], r["role"], r["sso"], r["cap"]) for r in listed] == [
             ("alice@example.com", "viewer", True, {"role": "viewer", "workspaces": ""})], listed
-        # A posted reveal of the UI session is the viewer's 403.
+        # A posted reveal of the UI session, with the session's own CSRF token, is the
+        # viewer's 403, and nothing is revealed.
         session = jar[s.server.port]["sg_session"]
+        csrf = re.search(r'name="csrf" value="([^"]+)"', body).group(1)
         status, _, _ = request("POST", s.server.url + "/ui/workspaces/prod/versions/1/reveal", {},
-                               form={"csrf": "x"}, headers={"Cookie": f"sg_session={session}",
-                                                            "Origin": s.server.url})
+                               form={"csrf": csrf}, headers={"Cookie": f"sg_session={session}",
+                                                             "Origin": s.server.url})
         assert status == 403, status
+        assert s.db("SELECT count(*) FROM audit WHERE event = 'state.revealed'") == [(0,)]
 
         # Groups change at the provider: the re-grant is audited, and held under the cap.
         s.provider.set_groups("alice", ["team-a"])

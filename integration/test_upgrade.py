@@ -26,25 +26,30 @@ from harness import REPO, Server, Tf, cli, data_resource, http, lock_info, tf_ba
 FIXTURES = sorted(p for p in (REPO / "tests" / "fixtures" / "upgrade").iterdir() if p.is_dir())
 
 
-def _postgres_url(tmp: Path) -> str:
-    root = os.environ.get("STATEGATE_E2E_POSTGRES_DIR") or os.environ.get("STATEGATE_UPGRADE_POSTGRES_DIR")
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    """A PostgreSQL for the PostgreSQL fixtures: the run's own (STATEGATE_E2E_POSTGRES_DIR,
+    left running), or one started here and stopped after this module."""
+    shared = os.environ.get("STATEGATE_E2E_POSTGRES_DIR")
+    pg = postgres_harness.Postgres(Path(shared) if shared else tmp_path_factory.mktemp("pg"))
     try:
-        pg = postgres_harness.Postgres(Path(root) if root else tmp / "pg")
         pg.start()
     except postgres_harness.PostgresError as e:
         if os.environ.get("STATEGATE_TEST_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"no PostgreSQL for the upgrade fixture: {e}")
         pytest.skip(f"no PostgreSQL: {e}")
-    return pg.new_database()
+    yield pg
+    if not shared:
+        pg.stop()
 
 
-def _open(fixture: Path, tmp: Path) -> tuple[Server, dict]:
+def _open(fixture: Path, tmp: Path, request) -> tuple[Server, dict]:
     manifest = json.loads((fixture / "manifest.json").read_text())
     with tarfile.open(fixture / "data.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
     extra = {}
     if manifest["index"] == "postgres":
-        url = _postgres_url(tmp)
+        url = request.getfixturevalue("postgres").new_database()
         subprocess.run([postgres_harness.find_bin("psql"), "--quiet", "-v", "ON_ERROR_STOP=1",
                         "-f", str(fixture / "index.sql"), url],
                        check=True, capture_output=True, text=True)
@@ -53,8 +58,8 @@ def _open(fixture: Path, tmp: Path) -> tuple[Server, dict]:
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.name for f in FIXTURES])
-def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixture, tmp_path):
-    server, m = _open(fixture, tmp_path)
+def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixture, tmp_path, request):
+    server, m = _open(fixture, tmp_path, request)
     server.start()
     try:
         # Every version, byte for byte, under the credential derived from the same key.

@@ -189,6 +189,19 @@ struct Serving {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
+/// Puts the restored index `restored` in place of `data`'s (stopped) one, as
+/// docs/operating.md says: the old file and its `-wal`/`-shm` moved into `aside`.
+fn swap_in(data: &Path, restored: &Path, aside: &Path) {
+    std::fs::create_dir(aside).unwrap();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = data.join(format!("stategate.db{suffix}"));
+        if from.exists() {
+            std::fs::rename(&from, aside.join(format!("stategate.db{suffix}"))).unwrap();
+        }
+    }
+    std::fs::rename(restored, data.join("stategate.db")).unwrap();
+}
+
 async fn serve(data: &Path) -> Serving {
     let config = stategate::config::Config {
         data_dir: data.to_path_buf(),
@@ -320,16 +333,7 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
     let out = cli(&data, &["restore", "--into", restored.to_str().unwrap()]);
     assert!(out.contains("Re-applied 2 revocation(s)"), "{out}");
     before.stop.send(true).unwrap();
-    let live = data.join("stategate.db");
-    let aside = dir.path().join("aside");
-    std::fs::create_dir(&aside).unwrap();
-    for suffix in ["", "-wal", "-shm"] {
-        let from = data.join(format!("stategate.db{suffix}"));
-        if from.exists() {
-            std::fs::rename(&from, aside.join(format!("stategate.db{suffix}"))).unwrap();
-        }
-    }
-    std::fs::rename(&restored, &live).unwrap();
+    swap_in(&data, &restored, &dir.path().join("aside"));
 
     let after = serve(&data).await;
     // (case, status, expected)
@@ -467,15 +471,7 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
         "{out}"
     );
     before.stop.send(true).unwrap();
-    let aside = dir.path().join("aside");
-    std::fs::create_dir(&aside).unwrap();
-    for suffix in ["", "-wal", "-shm"] {
-        let from = data.join(format!("stategate.db{suffix}"));
-        if from.exists() {
-            std::fs::rename(&from, aside.join(format!("stategate.db{suffix}"))).unwrap();
-        }
-    }
-    std::fs::rename(&restored, &db).unwrap();
+    swap_in(&data, &restored, &dir.path().join("aside"));
 
     let after = serve(&data).await;
     for (token, path, _, now) in &checks {

@@ -212,6 +212,25 @@ fn succeeds(command: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Every file below `root` with its content, sorted.
+fn files_with_content(root: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let content = std::fs::read(&path).unwrap();
+                out.push((path, content));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -293,6 +312,7 @@ fn a_lost_data_dir_rebuilt_from_the_store_refuses_a_new_or_foreign_key() {
     let other = stategate::crypto::RootKey::from_base64(OTHER_DEK)
         .unwrap()
         .fingerprint();
+    let store_before = files_with_content(&blobs);
     for args in [&["serve"][..], &["workspace", "env", "w"][..]] {
         let (code, stderr, took) =
             failed(installation(&data, &blobs, Some(OTHER_DEK), &listen).args(args));
@@ -304,6 +324,11 @@ fn a_lost_data_dir_rebuilt_from_the_store_refuses_a_new_or_foreign_key() {
             "{args:?}: {line}"
         );
     }
+    assert_eq!(
+        files_with_content(&blobs),
+        store_before,
+        "a refused key changed the store"
+    );
 
     // The right key serves what was written before the loss.
     let _server = serve_with(installation(&data, &blobs, Some(&key), &listen), port);

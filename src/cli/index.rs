@@ -281,7 +281,9 @@ fn roots_with_ring(
     blobs: &dyn stategate::store::BlobStore,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<(stategate::crypto::RootKey, rebuild::ScopeKeys)> {
-    let dek = installation::load_root_key(config, false)?;
+    // The ring is attached once, with the store's copies (`load_root_key` would
+    // attach it from the index alone first).
+    let dek = installation::read_root_key(config, false)?;
     let copies = rt.block_on(stategate::store::keyring::copies(blobs))?;
     installation::attach_ring(config, &dek, copies)?;
     let keys = stategate::schema::scope_keys(dek.clone(), installation::load_cluster_key(config)?);

@@ -206,12 +206,12 @@ pub fn confirmed(name: &str, action: &str) -> anyhow::Result<bool> {
     Ok(answer.trim() == name)
 }
 
-/// A secret shown once: the token on stdout, the warning on stderr.
 /// `1 resource`, `3 resources`.
 pub fn count(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// A secret shown once: the token on stdout, the warning on stderr.
 pub fn print_token(token: &str) {
     eprintln!("The token below is shown once and stored only as a hash. Keep it now:");
     println!("{token}");

@@ -279,7 +279,7 @@ pub enum ConsumersCommand {
     },
     /// The consumers of WORKSPACE, one per line.
     List {
-        /// Only the runs of this workspace.
+        /// The workspace (its name in the backend address).
         workspace: String,
     },
     /// Remove every consumer of WORKSPACE.

@@ -54,7 +54,7 @@ pub fn read_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
     let path = config.dek_path();
     if !create && !path.exists() {
         anyhow::bail!(
-            "no DEK at {} (run `stategate serve` once to create it, or set STATEGATE_DEK / STATEGATE_DATA_DIR)",
+            "no root key at {}: give stategate this installation's key (restore the key file from your backup, or set dek_file / STATEGATE_DEK_FILE or STATEGATE_DEK; docs/keys.md). Only a new installation gets a new key, on its first `stategate serve`",
             path.display()
         );
     }

@@ -307,6 +307,14 @@ fn a_lost_data_dir_rebuilt_from_the_store_refuses_a_new_or_foreign_key() {
         "{line}"
     );
     assert!(!data.join("dek").exists(), "a new key was made");
+    // A command without the key says to give it back, never to make one.
+    let (code, stderr, took) =
+        failed(installation(&data, &blobs, None, &listen).args(["workspace", "list"]));
+    let line = one_error_line(code, &stderr, took);
+    assert!(
+        line.contains("no root key") && line.contains("restore the key file"),
+        "{line}"
+    );
 
     // With another key: `serve` and a command are refused, naming both fingerprints.
     let other = stategate::crypto::RootKey::from_base64(OTHER_DEK)

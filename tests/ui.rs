@@ -3016,3 +3016,105 @@ fn every_exported_audit_event_declares_what_names_workspaces() {
         );
     }
 }
+
+/// The per-holder force-unlock of shared plan locks: each holder has its own form
+/// (with its `Who` escaped); a viewer, a post without the session's CSRF token and a
+/// holder's ID sent to another workspace's path free nothing and audit nothing; an
+/// operator frees exactly the holder it names, audited once.
+#[tokio::test]
+async fn a_plan_holder_is_force_unlocked_alone_and_only_by_an_operator() {
+    let (env, sessions) = role_env().await;
+    let session = |email: &str| {
+        let s = sessions.iter().find(|s| s.0 == email).unwrap();
+        (s.3.clone(), s.4.clone())
+    };
+    env.write("dev-p", state(1, "lin-1", &resource("one", "x")))
+        .await;
+    for (id, who) in [("P1", "<b>plan-one</b>"), ("P2", "plan-two")] {
+        let info = serde_json::json!({
+            "ID": id, "Operation": "OperationTypePlan", "Info": "", "Who": who,
+            "Version": "1.15.0", "Created": "2026-11-30T00:00:00Z", "Path": ""
+        });
+        let (code, text) = status(env.server.tf("LOCK", "dev-p").body(info.to_string())).await;
+        assert_eq!(code, 200, "{text}");
+    }
+    let holders = || {
+        env.server
+            .count("SELECT count(*) FROM tf_plan_locks WHERE workspace = 'dev-p'")
+    };
+    let forced = || {
+        env.audit("tf/dev-p")
+            .iter()
+            .filter(|(event, _)| event == "tf.lock_forced")
+            .count()
+    };
+    let (operator, operator_csrf) = session("operator-dev@x.io");
+    let page = env.page("/ui/workspaces/dev-p", &operator).await;
+    assert_eq!(page.matches("Force unlock").count(), 2, "{page}");
+    assert!(
+        page.contains("&lt;b&gt;plan-one&lt;/b&gt;") && !page.contains("<b>plan-one"),
+        "{page}"
+    );
+
+    let (viewer, viewer_csrf) = session("viewer@x.io");
+    let refused = [
+        (
+            "a viewer",
+            "/ui/workspaces/dev-p/unlock",
+            viewer.clone(),
+            viewer_csrf.clone(),
+        ),
+        (
+            "another session's CSRF token",
+            "/ui/workspaces/dev-p/unlock",
+            operator.clone(),
+            viewer_csrf.clone(),
+        ),
+        (
+            "another workspace's path",
+            "/ui/workspaces/dev-a/unlock",
+            operator.clone(),
+            operator_csrf.clone(),
+        ),
+    ];
+    for (who, path, cookie, csrf) in refused {
+        let r = env
+            .post(
+                path,
+                &cookie,
+                &[("csrf", &csrf), ("lock_id", "P1"), ("confirm", "yes")],
+            )
+            .await;
+        assert!(
+            r.status >= 400,
+            "{who}: {} {:?} {}",
+            r.status,
+            r.location(),
+            r.body
+        );
+        assert_eq!(holders(), 2, "{who}: a plan holder was freed");
+        assert_eq!(forced(), 0, "{who}: audited");
+        assert!(env.locked("dev-a"), "{who}: dev-a's lock was freed");
+    }
+
+    let r = env
+        .post(
+            "/ui/workspaces/dev-p/unlock",
+            &operator,
+            &[
+                ("csrf", &operator_csrf),
+                ("lock_id", "P1"),
+                ("confirm", "yes"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(holders(), 1, "exactly the named holder is freed");
+    assert_eq!(
+        env.server.count(
+            "SELECT count(*) FROM tf_plan_locks WHERE workspace = 'dev-p' AND lock_id = 'P2'"
+        ),
+        1
+    );
+    assert_eq!(forced(), 1);
+}

@@ -9,7 +9,7 @@ use pingora::proxy::Session;
 use serde::Deserialize;
 
 use super::body::{read_body, Failure, Handled, Reply};
-use super::params::{number, required, Parsed};
+use super::params::{self, number, required, Parsed};
 use super::router::AdminAction;
 use super::{auth, App};
 use crate::crypto::Purpose;
@@ -17,7 +17,7 @@ use crate::drift::{DriftService, Started};
 use crate::error::Error;
 use crate::keys;
 use crate::operator::{diff, rolled_back_json, timeline_json, version_json, Operator, Reveal};
-use crate::store::audit::{parse_instant, AuditFilter};
+use crate::store::audit::AuditFilter;
 
 /// Largest admin request body (a version number or a lock ID).
 const MAX_ADMIN_BODY: u64 = 4096;
@@ -333,17 +333,11 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             until,
             limit,
         } => {
-            let instant = |name: &str, text: Option<String>| {
-                text.map(|t| {
-                    parse_instant(&t).map_err(|why| Error::Invalid(format!("{name}: {why}")))
-                })
-                .transpose()
-            };
             let filter = AuditFilter {
                 scope,
                 event,
-                since: instant("since", since)?,
-                until: instant("until", until)?,
+                since: params::instant("since", since.as_deref())?,
+                until: params::instant("until", until.as_deref())?,
                 before_id: None,
                 exclude: None,
             };

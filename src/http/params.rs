@@ -205,6 +205,16 @@ pub fn form_required(name: &str, value: Option<&str>) -> Result<i64, Error> {
     form_number(name, value)?.ok_or_else(|| Error::Invalid(format!("{name} is required")))
 }
 
+/// An audit filter's instant (`since`, `until`) as `store::audit::parse_instant` reads
+/// it; a value that does not read is a 400 naming the filter.
+pub fn instant(name: &str, text: Option<&str>) -> Result<Option<time::OffsetDateTime>, Error> {
+    text.map(|t| {
+        crate::store::audit::parse_instant(t)
+            .map_err(|why| Error::Invalid(format!("{name}: {why}")))
+    })
+    .transpose()
+}
+
 /// Typed values from literal text in tests (a literal that does not parse fails the test).
 #[cfg(test)]
 mod literals {

@@ -13,14 +13,14 @@ use pingora::proxy::Session;
 use super::body::{read_body, Handled, Reply};
 use super::error::{EdgeError, HttpError};
 use super::login_guard::{self, LoginRequest, Refusal};
-use super::params::{form_number, form_required, WorkspaceName};
+use super::params::{self, form_number, form_required, WorkspaceName};
 use super::router::UiRoute;
 use super::App;
 use crate::drift::MAX_LIST;
 use crate::error::Error;
 use crate::operator::diff::mask_state;
 use crate::operator::Reveal;
-use crate::store::audit::{parse_instant, AuditFilter};
+use crate::store::audit::AuditFilter;
 use crate::store::WriteOutcome;
 use crate::tokens::now;
 use crate::ui::drift_pages::{self, RunsView};
@@ -812,13 +812,8 @@ async fn page(
                 until: text(until).unwrap_or_default(),
                 logins: text(logins).is_some(),
             };
-            let instant = |name: &str, t: &str| {
-                (!t.is_empty())
-                    .then(|| {
-                        parse_instant(t).map_err(|why| Error::Invalid(format!("{name}: {why}")))
-                    })
-                    .transpose()
-            };
+            // A field left blank is no filter.
+            let instant = |name: &str, t: &str| params::instant(name, (!t.is_empty()).then_some(t));
             let filter = AuditFilter {
                 scope: text(Some(form.scope.clone())),
                 event: text(Some(form.event.clone())),

@@ -357,7 +357,8 @@ pub fn set_operator_grant(
 
 /// A grant (or cap) as a narrowing record and the `admin.operator_role_*` audit rows
 /// show it; `null` for no cap.
-fn grant_json(grant: Option<&Grant>) -> serde_json::Value {
+/// A grant as audit payloads write it: `{"role", "workspaces"}`, or null.
+pub(crate) fn grant_json(grant: Option<&Grant>) -> serde_json::Value {
     grant.map_or(
         serde_json::Value::Null,
         |g| serde_json::json!({ "role": g.role.as_str(), "workspaces": g.workspaces() }),

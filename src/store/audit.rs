@@ -143,6 +143,7 @@ pub const EVENTS: &[EventKind] = &[
         &[
             ("from.workspaces", Names::Patterns),
             ("workspaces", Names::Patterns),
+            ("groups.workspaces", Names::Patterns),
         ],
     ),
     kind("ui.session_ended", &[]),

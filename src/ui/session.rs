@@ -131,20 +131,12 @@ pub fn regrant(
     let Some(now) = operator_by_id(conn, current.id)? else {
         return Ok(None);
     };
-    let mut payload = serde_json::json!({
-        "method": "oidc",
-        "from": {
-            "role": current.grant.role.as_str(),
-            "workspaces": current.grant.workspaces(),
-        },
-        "role": now.grant.role.as_str(),
-        "workspaces": now.grant.workspaces(),
-    });
+    use crate::operator::identity::grant_json;
+    let mut payload = grant_json(Some(&now.grant));
+    payload["method"] = "oidc".into();
+    payload["from"] = grant_json(Some(&current.grant));
     if &now.grant != grant {
-        payload["groups"] = serde_json::json!({
-            "role": grant.role.as_str(),
-            "workspaces": grant.workspaces(),
-        });
+        payload["groups"] = grant_json(Some(grant));
     }
     audit(conn, &current, "ui.sso_regrant", payload)?;
     Ok(Some(now))

@@ -284,6 +284,7 @@ pub enum RoleSet {
 /// recorded (`tokens::NarrowingLog`) before it commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Standing {
+    pub id: i64,
     pub email: String,
     /// What it holds now (under its cap, if any).
     pub holds: Grant,
@@ -309,6 +310,7 @@ pub fn standing(conn: &Connection, email: &str) -> Result<Standing, AdminError> 
         .query_row([found.id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(Standing {
+        id: found.id,
         email,
         holds: found.grant,
         sso,
@@ -329,35 +331,52 @@ pub fn set_operator_grant(
     actor: &str,
 ) -> Result<RoleSet, AdminError> {
     let before = standing(conn, email)?;
-    let id: i64 = conn.query_row(
-        "SELECT id FROM operators WHERE email = ?1",
-        [&before.email],
-        |r| r.get(0),
-    )?;
-    let mut payload = serde_json::json!({
+    let payload = serde_json::json!({
         "email": before.email,
         "from": grant_json(Some(&before.holds)),
     });
-    let set = if before.sso.is_some() {
-        set_cap(conn, id, grant)?;
-        payload["cap"] = serde_json::json!({
-            "from": grant_json(before.cap.as_ref()),
-            "to": grant_json(Some(grant)),
-        });
-        RoleSet::SsoCap
+    let sso = before.sso.is_some();
+    let cap_before = grant_json(before.cap.as_ref());
+    apply_grant(
+        conn,
+        actor,
+        "admin.operator_role_set",
+        before.id,
+        sso,
+        grant,
+        cap_before,
+        payload,
+    )?;
+    Ok(if sso { RoleSet::SsoCap } else { RoleSet::Grant })
+}
+
+/// Sets `to` as operator `id`'s cap (`sso`: a single sign-on operator, whose groups'
+/// grant can never exceed it) or as its grant, then audits `event` with `payload`, the
+/// grant the operator now holds (`to`) and, for a cap, the cap before and now.
+#[allow(clippy::too_many_arguments)]
+fn apply_grant(
+    conn: &Connection,
+    actor: &str,
+    event: &'static str,
+    id: i64,
+    sso: bool,
+    to: &Grant,
+    cap_before: serde_json::Value,
+    mut payload: serde_json::Value,
+) -> Result<(), AdminError> {
+    if sso {
+        set_cap(conn, id, to)?;
+        payload["cap"] = serde_json::json!({ "from": cap_before, "to": grant_json(Some(to)) });
     } else {
-        set_grant(conn, id, grant)?;
-        RoleSet::Grant
-    };
-    let now = operator_by_id(conn, id)?.map_or_else(|| grant.clone(), |o| o.grant);
+        set_grant(conn, id, to)?;
+    }
+    let now = operator_by_id(conn, id)?.map_or_else(|| to.clone(), |o| o.grant);
     payload["to"] = grant_json(Some(&now));
-    audit(conn, actor, "admin.operator_role_set", payload)?;
-    Ok(set)
+    audit(conn, actor, event, payload)
 }
 
 /// A grant (or cap) as a narrowing record and the `admin.operator_role_*` audit rows
 /// show it; `null` for no cap.
-/// A grant as audit payloads write it: `{"role", "workspaces"}`, or null.
 pub(crate) fn grant_json(grant: Option<&Grant>) -> serde_json::Value {
     grant.map_or(
         serde_json::Value::Null,
@@ -446,23 +465,14 @@ pub fn reapply_grant(
     if !change.needed(&current, taken_unix) {
         return Ok(None);
     }
-    if sso {
-        set_cap(conn, before.id, &to)?;
-    } else {
-        set_grant(conn, before.id, &to)?;
-    }
-    let now = operator_by_id(conn, before.id)?.map_or_else(|| to.clone(), |o| o.grant);
-    let mut payload = serde_json::json!({
+    let payload = serde_json::json!({
         "email": before.email,
         "from": grant_json(Some(&before.grant)),
-        "to": grant_json(Some(&now)),
         "recorded_at": change.recorded_at(),
         "recorded_by": change.actor,
     });
-    if sso {
-        payload["cap"] = serde_json::json!({ "from": current, "to": grant_json(Some(&to)) });
-    }
-    audit(conn, actor, "admin.operator_role_reapplied", payload)?;
+    let event = "admin.operator_role_reapplied";
+    apply_grant(conn, actor, event, before.id, sso, &to, current, payload)?;
     Ok(Some(before.email))
 }
 

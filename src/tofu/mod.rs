@@ -1485,12 +1485,26 @@ impl TofuBackend {
     /// committed together or not at all. Housekeeping runs it at start and on every
     /// pass.
     pub async fn release_abandoned_moves(&self) -> Result<Vec<String>, Error> {
+        // Judged on a reader first: a pass with no abandoned move (nearly every pass, on
+        // every node) takes no write lock; the writer judges its candidates again.
+        let now = unix_now();
+        let recorded = self.db.read(moves::recorded).await?;
+        let abandoned: Vec<String> = recorded
+            .into_iter()
+            .filter(|m| moves::gone(&m.process, m.heartbeat_unix, now))
+            .map(|m| m.move_id)
+            .collect();
+        if abandoned.is_empty() {
+            return Ok(Vec::new());
+        }
         self.db
             .write(move |conn| -> Result<Vec<String>, Error> {
                 let now = unix_now();
                 let mut released = Vec::new();
                 for m in moves::recorded(conn).map_err(DbError::from)? {
-                    if !moves::gone(&m.process, m.heartbeat_unix, now) {
+                    if !abandoned.contains(&m.move_id)
+                        || !moves::gone(&m.process, m.heartbeat_unix, now)
+                    {
                         continue;
                     }
                     for ws in [&m.source, &m.destination] {

@@ -22,6 +22,9 @@ pub struct Reply {
     /// An `Err` piece aborts the response (the connection closes short of the declared
     /// length, so the client sees an error, never a short body that looks whole).
     pub stream: Option<(u64, BodyStream)>,
+    /// Why the request was refused, for the request's log line (the text the body
+    /// carries: public, never a secret). Set by [`error_reply`].
+    pub refusal: Option<String>,
 }
 
 pub type BodyStream = tokio::sync::mpsc::Receiver<Result<Bytes, crate::store::StoreError>>;
@@ -34,6 +37,7 @@ impl Reply {
             content_type: "application/json",
             headers: Vec::new(),
             stream: None,
+            refusal: None,
         }
     }
 
@@ -129,13 +133,16 @@ impl From<Failure> for Handled {
 }
 
 /// The JSON error reply for `e`; server-side failures are logged here, once.
-pub fn error_reply(e: &impl HttpError) -> Reply {
+pub fn error_reply(e: &(impl HttpError + std::fmt::Display)) -> Reply {
     let status = e.http_status();
     match e.log_detail() {
         Some(detail) if status >= 500 => tracing::error!(status, error = detail, "request failed"),
         _ => {}
     }
-    Reply::json(status, e.body())
+    Reply {
+        refusal: Some(e.to_string()),
+        ..Reply::json(status, e.body())
+    }
 }
 
 /// Bounds the memory that bodies take at once, all requests together: a request body

@@ -50,6 +50,7 @@ pub(super) async fn handle(
                     .map_err(Failure::after_body(read))?;
                 Reply {
                     stream: None,
+                    refusal: None,
                     status: 200,
                     headers: state.headers(),
                     body: state.body.into(),

@@ -183,6 +183,10 @@ impl ProxyHttp for Gateway {
         edge::finish_local(&mut reply.headers, self.app.tls);
         let bytes_out = reply.body.len();
         let status = reply.status;
+        // A refusal's reason in the log as in the body: a client such as Terraform shows
+        // only the status ("Unexpected HTTP response code 400"), so the operator reads
+        // the why here.
+        let refusal = reply.refusal.take();
         write_reply(session, reply, keepalive).await?;
         drop(held);
         let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -195,6 +199,7 @@ impl ProxyHttp for Gateway {
             bytes_in,
             bytes_out,
             ms = format_args!("{ms:.1}"),
+            refusal = refusal.as_deref(),
             "request"
         );
         Ok(true)
@@ -371,6 +376,7 @@ impl Gateway {
             Endpoint::Metrics => Handled::done(
                 Reply {
                     stream: None,
+                    refusal: None,
                     status: 200,
                     body: self.metrics_text().await.into(),
                     content_type: "text/plain; version=0.0.4",

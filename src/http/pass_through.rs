@@ -156,6 +156,7 @@ pub fn no_upstream() -> Error {
 pub fn s3_reply(status: u16, code: &str, message: &str, path: &str) -> Reply {
     Reply {
         stream: None,
+        refusal: None,
         status,
         body: upstream::s3_error(code, message, path),
         content_type: "application/xml",

@@ -72,3 +72,112 @@ def test_use_lockfile_is_enforced_through_stategate(own_garage, server_factory, 
     # After the (re-written, then removed) lock file is gone, stategate lets Terraform in again.
     direct.delete_object(Bucket=bucket, Key=f"{key}.tflock")
     via.apply()
+
+
+# --- a user's own key, its own bucket ---------------------------------------------
+
+def user_key_and_bucket(garage, name: str) -> dict:
+    """A key and a bucket of a user's own, as the docs' Garage commands make them:
+    stategate's key has no grant on the bucket."""
+    key = garage.api("CreateKey", {"name": f"{name}-key"})
+    bucket = garage.api("CreateBucket", {"globalAlias": f"{name}-bucket"})
+    garage.api("AllowBucketKey", {"bucketId": bucket["id"], "accessKeyId": key["accessKeyId"],
+                                  "permissions": {"read": True, "write": True, "owner": False}})
+    return {"bucket": f"{name}-bucket", "STATEGATE_S3_REGION": garage_region(garage),
+            "STATEGATE_S3_ACCESS_KEY_ID": key["accessKeyId"],
+            "STATEGATE_S3_SECRET_ACCESS_KEY": key["secretAccessKey"]}
+
+
+def garage_region(garage) -> str:
+    return garage.env()["STATEGATE_S3_REGION"]
+
+
+def key_reading_token(garage, tmp_path) -> str:
+    """An admin API token scoped to GetKeyInfo, in a 0600 file, as the docs make it."""
+    token = garage.api("CreateAdminToken", {"name": "stategate-keys", "scope": ["GetKeyInfo"]})
+    path = tmp_path / "garage-admin-token"
+    path.write_text(token["secretToken"] + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_use_lockfile_with_the_users_own_key_gets_terraforms_lock_error(own_garage, server_factory,
+                                                                       tmp_path):
+    env = own_garage.env()
+    user = user_key_and_bucket(own_garage, "alice")
+    token_file = key_reading_token(own_garage, tmp_path)
+    srv = server_factory.new(env, STATEGATE_UPSTREAM_GARAGE_ADMIN_ENDPOINT=env["GARAGE_ADMIN_ENDPOINT"],
+                             STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE=token_file)
+    direct = boto3_s3(env["STATEGATE_S3_ENDPOINT"], user)
+    key = f"lockfile/{uuid.uuid4().hex[:8]}/terraform.tfstate"
+
+    # The first apply takes and releases its lock file through stategate: the object is
+    # checked as alice's key (stategate's own key may not read her bucket).
+    via = make_tf(tmp_path, "alice", srv.url, user, user["bucket"], key)
+    via.init()
+    via.apply()
+    assert direct.head_object(Bucket=user["bucket"], Key=key)["ContentLength"] > 0
+
+    # A racing second Terraform while the lock is held: Terraform's ordinary lock error
+    # naming the holder (a 412), not a permissions error.
+    holder = held_lock(direct, user["bucket"], key)
+    refused = via.plan("-lock-timeout=0s", check=False)
+    assert refused.returncode != 0, refused
+    assert "Error acquiring the state lock" in refused.output and holder in refused.output, refused
+    assert "AccessDenied" not in refused.output and "403" not in refused.output, refused
+    body = json.loads(direct.get_object(Bucket=user["bucket"], Key=f"{key}.tflock")["Body"].read())
+    assert body["ID"] == holder
+
+    # Hostile rows, each refused with the same 403 and the lock file untouched: a known
+    # key id with a wrong secret, a key id the store does not know.
+    for label, creds in [
+        ("wrong secret", {**user, "STATEGATE_S3_SECRET_ACCESS_KEY": "0" * 64}),
+        ("unknown key", {**user, "STATEGATE_S3_ACCESS_KEY_ID": "GK" + "0" * 24}),
+    ]:
+        client = boto3_s3(srv.url, creds)
+        with pytest.raises(Exception) as err:
+            client.put_object(Bucket=user["bucket"], Key=f"{key}.tflock", Body=b"{}", IfNoneMatch="*")
+        code = err.value.response["ResponseMetadata"]["HTTPStatusCode"]
+        assert code == 403, f"{label}: {err.value}"
+        body = json.loads(direct.get_object(Bucket=user["bucket"], Key=f"{key}.tflock")["Body"].read())
+        assert body["ID"] == holder, label
+
+    # The admin token and alice's secret never reach the log.
+    log = srv.log_text()
+    assert open(token_file).read().strip() not in log
+    assert user["STATEGATE_S3_SECRET_ACCESS_KEY"] not in log
+
+    direct.delete_object(Bucket=user["bucket"], Key=f"{key}.tflock")
+    via.apply()
+
+
+def test_without_the_admin_api_a_users_key_is_refused_with_the_fix_in_the_log(own_garage,
+                                                                             server_factory,
+                                                                             tmp_path):
+    """The contrast, and what an operator reads: without upstream.garage_admin_*, a
+    failed precondition signed with a user's key is a 403 (stategate cannot verify it),
+    and the log names the setting; an admin API that refuses the token is the same 403,
+    never a 5xx."""
+    env = own_garage.env()
+    user = user_key_and_bucket(own_garage, "bob")
+    bad_token = tmp_path / "wrong-token"
+    bad_token.write_text("not-a-token\n")
+    direct = boto3_s3(env["STATEGATE_S3_ENDPOINT"], user)
+    key = f"lockfile/{uuid.uuid4().hex[:8]}/terraform.tfstate"
+    # Garage ignores If-None-Match: the lock file is simply put.
+    holder = held_lock(direct, user["bucket"], key)
+    for extra, fix in [
+        ({}, "upstream.garage_admin_endpoint"),
+        ({"STATEGATE_UPSTREAM_GARAGE_ADMIN_ENDPOINT": env["GARAGE_ADMIN_ENDPOINT"],
+          "STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE": str(bad_token)}, "GetKeyInfo"),
+    ]:
+        srv = server_factory.new(env, **extra)
+        client = boto3_s3(srv.url, user)
+        with pytest.raises(Exception) as err:
+            client.put_object(Bucket=user["bucket"], Key=f"{key}.tflock", Body=b"{}", IfNoneMatch="*")
+        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403, err.value
+        body = json.loads(direct.get_object(Bucket=user["bucket"], Key=f"{key}.tflock")["Body"].read())
+        assert body["ID"] == holder
+        log = srv.log_text()
+        assert fix in log, log[-3000:]
+        assert "not-a-token" not in log

@@ -286,6 +286,14 @@ pub struct UpstreamConfig {
     /// Longest time a forwarded conditional PUT may take to deliver its body while it
     /// holds the key's turn (then it is aborted and the turn passed on).
     pub conditional_turn_hold_seconds: u64,
+    /// Garage's admin API (`http://garage:3903`): with a token, stategate looks up the
+    /// secret of the key a conditional PUT is signed with, so a client signing with its
+    /// own key gets `412` for a failed precondition and the object is checked as that
+    /// key (see docs/s3-front-door.md).
+    pub garage_admin_endpoint: Option<String>,
+    /// A file holding an admin API token allowed `GetKeyInfo` (only that: Garage's
+    /// `admin-token create --scope GetKeyInfo`).
+    pub garage_admin_token_file: Option<PathBuf>,
 }
 
 impl Default for UpstreamConfig {
@@ -301,6 +309,8 @@ impl Default for UpstreamConfig {
             guard_conditional_writes: true,
             conditional_turn_wait_seconds: 10,
             conditional_turn_hold_seconds: 30,
+            garage_admin_endpoint: None,
+            garage_admin_token_file: None,
         }
     }
 }
@@ -340,6 +350,28 @@ impl UpstreamConfig {
                         "{name}: {host:?} is not a host name (no scheme, path or spaces; e.g. s3.example.com)"
                     )));
                 }
+            }
+        }
+        match (&self.garage_admin_endpoint, &self.garage_admin_token_file) {
+            (None, None) => {}
+            (Some(url), Some(_)) => {
+                let parsed = reqwest::Url::parse(url).ok().filter(|u| {
+                    matches!(u.scheme(), "http" | "https")
+                        && u.host().is_some()
+                        && u.query().is_none()
+                        && u.username().is_empty()
+                });
+                if parsed.is_none() {
+                    // The value is not repeated: a URL with a password in it is a secret.
+                    return Err(ConfigError::Invalid(
+                        "upstream.garage_admin_endpoint is not an http(s) URL of Garage's admin API without credentials or query (e.g. http://garage:3903)".into(),
+                    ));
+                }
+            }
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "upstream.garage_admin_endpoint and upstream.garage_admin_token_file go together: set both or neither".into(),
+                ))
             }
         }
         Ok(())
@@ -1281,6 +1313,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "STATEGATE_UPSTREAM_CONDITIONAL_TURN_HOLD_SECONDS",
         "upstream.conditional_turn_hold_seconds",
     ),
+    (
+        "STATEGATE_UPSTREAM_GARAGE_ADMIN_ENDPOINT",
+        "upstream.garage_admin_endpoint",
+    ),
+    (
+        "STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE",
+        "upstream.garage_admin_token_file",
+    ),
     ("STATEGATE_TLS_CERT_FILE", "tls.cert_file"),
     ("STATEGATE_TLS_KEY_FILE", "tls.key_file"),
     ("STATEGATE_TLS_CLIENT_CA", "tls.client_ca"),
@@ -1540,6 +1580,10 @@ impl Config {
             "upstream.guard_conditional_writes" => {
                 self.upstream.guard_conditional_writes = flag(value)?
             }
+            "upstream.garage_admin_endpoint" => self.upstream.garage_admin_endpoint = opt(value),
+            "upstream.garage_admin_token_file" => {
+                self.upstream.garage_admin_token_file = opt(value).map(PathBuf::from)
+            }
             "tls.cert_file" => self.tls.cert_file = Some(PathBuf::from(value)),
             "tls.key_file" => self.tls.key_file = Some(PathBuf::from(value)),
             "tls.client_ca" => self.tls.client_ca = Some(PathBuf::from(value)),
@@ -1785,6 +1829,14 @@ impl Config {
                 File,
                 "loaded_from",
                 "the configuration: secrets, the index URL, every path here",
+            ));
+        }
+        if let Some(file) = &self.upstream.garage_admin_token_file {
+            out.push(entry(
+                file.clone(),
+                File,
+                "upstream.garage_admin_token_file",
+                "a Garage admin API token, which reads the secret of every key of the store",
             ));
         }
         if let Some(file) = &self.tls.key_file {
@@ -2336,6 +2388,46 @@ mod tests {
     }
 
     #[test]
+    fn garage_admin_settings_go_together_and_the_token_file_is_a_secret_path() {
+        const URL: &str = "STATEGATE_UPSTREAM_GARAGE_ADMIN_ENDPOINT";
+        const FILE: &str = "STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE";
+        let c = with_env(&[(URL, "http://garage:3903"), (FILE, "/etc/sg/garage-token")]).unwrap();
+        assert_eq!(
+            c.upstream.garage_admin_endpoint.as_deref(),
+            Some("http://garage:3903")
+        );
+        assert!(c
+            .secret_paths_with(|_| None)
+            .iter()
+            .any(|p| p.path == Path::new("/etc/sg/garage-token")
+                && p.key == "upstream.garage_admin_token_file"));
+        for (env, needle) in [
+            (vec![(URL, "http://garage:3903")], "go together"),
+            (vec![(FILE, "/t")], "go together"),
+            (
+                vec![(URL, "garage:3903"), (FILE, "/t")],
+                "not an http(s) URL",
+            ),
+            (
+                vec![(URL, "ftp://garage"), (FILE, "/t")],
+                "not an http(s) URL",
+            ),
+            (
+                vec![(URL, "http://u:p@garage:3903"), (FILE, "/t")],
+                "not an http(s) URL",
+            ),
+            (
+                vec![(URL, "http://garage:3903/?x=1"), (FILE, "/t")],
+                "not an http(s) URL",
+            ),
+        ] {
+            let err = with_env(&env).unwrap_err().to_string();
+            assert!(err.contains(needle), "{env:?}: {err}");
+            assert!(!err.contains("u:p@"), "{err}");
+        }
+    }
+
+    #[test]
     fn drift_checks_parse_with_defaults_and_bad_ones_are_refused() {
         let ok: Config = toml::from_str(
             r#"
@@ -2662,6 +2754,8 @@ protect_state_prefix = true
 guard_conditional_writes = true
 conditional_turn_wait_seconds = 1
 conditional_turn_hold_seconds = 1
+garage_admin_endpoint = "http://garage:3903"
+garage_admin_token_file = "/cfg/garage-admin-token"
 [tls]
 cert_file = "/cfg/tls/cert.pem"
 key_file = "/cfg/tls/key.pem"

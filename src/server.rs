@@ -122,7 +122,7 @@ async fn build(
         },
         metrics,
         upstream: upstream_for(config)?,
-        conditional: conditional_guard_for(config).await,
+        conditional: conditional_guard_for(config).await?,
         inflight: crate::drain::Inflight::default(),
         tls: config.tls.cert_file.is_some(),
         metrics_token: config.metrics_token.clone(),
@@ -168,26 +168,59 @@ async fn upstream_is_state_store(config: &Config) -> Result<(), String> {
 
 /// Conditional writes can only be checked with credentials for the upstream; when
 /// that is not proven, they are forwarded as they are, and the log says so once.
-async fn conditional_guard_for(config: &Config) -> Option<ConditionalGuard> {
-    config.upstream_endpoint()?;
+async fn conditional_guard_for(config: &Config) -> anyhow::Result<Option<ConditionalGuard>> {
+    if config.upstream_endpoint().is_none() {
+        return Ok(None);
+    }
     if !config.upstream.guard_conditional_writes {
         tracing::warn!(
             "conditional writes (If-None-Match/If-Match PUTs) through the pass-through are forwarded unguarded: upstream.guard_conditional_writes is false"
         );
-        return None;
+        return Ok(None);
     }
     if let Err(why) = upstream_is_state_store(config).await {
         tracing::warn!(
             "conditional writes (If-None-Match/If-Match PUTs) through the pass-through are forwarded unguarded, atomic only if the upstream enforces them: {why}"
         );
-        return None;
+        return Ok(None);
     }
     let seconds = std::time::Duration::from_secs;
-    Some(ConditionalGuard::new(
+    Ok(Some(ConditionalGuard::new(
         &config.store.s3,
+        garage_admin_for(config)?,
         seconds(config.upstream.conditional_turn_wait_seconds),
         seconds(config.upstream.conditional_turn_hold_seconds),
-    ))
+    )))
+}
+
+/// Garage's admin API and its token, when configured (both or neither: the
+/// configuration checked that). An unreadable or empty token file stops the start.
+fn garage_admin_for(
+    config: &Config,
+) -> anyhow::Result<Option<crate::http::store_keys::GarageAdmin>> {
+    let (Some(endpoint), Some(file)) = (
+        &config.upstream.garage_admin_endpoint,
+        &config.upstream.garage_admin_token_file,
+    ) else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(file).map_err(|e| {
+        anyhow::anyhow!(
+            "upstream.garage_admin_token_file: cannot read {}: {e}",
+            file.display()
+        )
+    })?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!(
+            "upstream.garage_admin_token_file: {} is empty",
+            file.display()
+        );
+    }
+    Ok(Some(crate::http::store_keys::GarageAdmin {
+        endpoint: endpoint.clone(),
+        token: token.into(),
+    }))
 }
 
 /// Protection follows the state bucket's name whenever the store is S3, whatever
@@ -1070,7 +1103,7 @@ mod tests {
         local.upstream.endpoint = Some("http://127.0.0.1:3900".into());
         let why = upstream_is_state_store(&local).await.unwrap_err();
         assert!(why.contains("not S3"), "{why}");
-        assert!(conditional_guard_for(&local).await.is_none());
+        assert!(conditional_guard_for(&local).await.unwrap().is_none());
     }
 
     #[test]

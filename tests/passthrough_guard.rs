@@ -176,6 +176,7 @@ async fn guarded(upstream: &Upstream, wait_seconds: u64, hold_seconds: u64) -> T
         move |app| {
             app.conditional = Some(ConditionalGuard::new(
                 &store,
+                None,
                 Duration::from_secs(wait_seconds),
                 Duration::from_secs(hold_seconds),
             ))

@@ -4,7 +4,8 @@
 //! `<key>.tflock` with `If-None-Match: *`. Garage ignores that header (a second
 //! writer silently wins), so two applies can both "hold" the lock and lose updates.
 //! For a PUT carrying `If-None-Match: *` or `If-Match`, stategate takes a per-key
-//! turn, checks the object itself (HEAD with its own credentials), answers
+//! turn, checks the object itself (HEAD as the key that signed the request when
+//! stategate knows it — see `store_keys` — else as its own key), answers
 //! `412 PreconditionFailed` when the condition fails, and otherwise forwards the PUT
 //! while still holding the turn, so no two conditional writes to one key interleave.
 //! This is atomic for every client that goes through stategate.
@@ -22,8 +23,8 @@ use std::time::Duration;
 use pingora::http::RequestHeader;
 
 use super::sigv4;
-use crate::config::{S3Config, Secret};
-use crate::store::s3::S3Store;
+use super::store_keys::{GarageAdmin, KnownKey, StoreKeys};
+use crate::config::S3Config;
 use crate::store::BlobError;
 use crate::turns::{KeyedTurns, Turn};
 
@@ -71,9 +72,9 @@ pub enum Refusal {
 }
 
 pub struct ConditionalGuard {
-    store: Arc<S3Store>,
-    /// The store's key: a failed condition is only revealed to requests it signed.
-    key: StoreKey,
+    /// The keys a signature is checked with: a failed condition is only revealed to
+    /// requests signed by one of them.
+    keys: StoreKeys,
     turns: KeyedTurns<(String, String)>,
     wait: Duration,
     hold: Duration,
@@ -82,30 +83,36 @@ pub struct ConditionalGuard {
 impl ConditionalGuard {
     /// `wait`: longest wait for a key's turn. `hold`: longest time a forwarded PUT may
     /// take to deliver its body while holding the turn.
-    pub fn new(store: &S3Config, wait: Duration, hold: Duration) -> Self {
+    /// `garage`: where to look up the store's other keys (none: only stategate's own
+    /// key's signatures are checked).
+    pub fn new(
+        store: &S3Config,
+        garage: Option<GarageAdmin>,
+        wait: Duration,
+        hold: Duration,
+    ) -> Self {
         ConditionalGuard {
-            store: Arc::new(S3Store::new(store)),
-            key: StoreKey {
-                access_key_id: store.access_key_id.clone(),
-                secret: store.secret_access_key.clone(),
-                region: store.region.clone(),
-            },
+            keys: StoreKeys::new(store, garage),
             turns: KeyedTurns::new(),
             wait,
             hold,
         }
     }
 
-    /// Waits for the key's turn and checks the condition. On success the returned turn
-    /// must be kept until the forwarded PUT has completed, and told about its body.
+    /// Waits for the key's turn and checks the condition, looking at the object as
+    /// `signer` (the key that signed the request, when stategate verified it) or else
+    /// as stategate's own key. On success the returned turn must be kept until the
+    /// forwarded PUT has completed, and told about its body.
     pub async fn enter(
         &self,
         bucket: &str,
         key: &str,
         condition: &Precondition,
+        signer: Option<&KnownKey>,
     ) -> Result<HeldTurn, Refusal> {
         let turn = self.take_turn(bucket, key).await?;
-        let current = self
+        let current = signer
+            .unwrap_or(self.keys.own())
             .store
             .head_etag(bucket, key)
             .await
@@ -127,15 +134,18 @@ impl ConditionalGuard {
         }
     }
 
-    /// May this request learn that its condition failed (412)? Only when stategate has
-    /// verified its SigV4 signature with the store's key and the signature covers the
-    /// condition header: otherwise the answer would tell whoever sent it, with
-    /// stategate's credentials, whether an object exists.
-    pub fn may_reveal_failure(&self, request: &RequestHeader) -> bool {
+    /// The key that signed this request, when stategate knows its secret (its own
+    /// key, or one looked up at the store) and the SigV4 signature verifies with it and
+    /// covers the condition header. Only such a request may learn that its condition
+    /// failed (412): otherwise the answer would tell whoever sent it, with stategate's
+    /// authority, whether an object exists.
+    pub async fn signer(&self, request: &RequestHeader) -> Option<KnownKey> {
+        let (claimed, _) = sigv4::claimed_key(request.uri.query(), &request.headers)?;
+        let known = self.keys.find(&claimed).await?;
         let key = sigv4::Credentials {
-            access_key_id: &self.key.access_key_id,
-            secret: self.key.secret.expose(),
-            region: &self.key.region,
+            access_key_id: &known.access_key_id,
+            secret: known.secret.expose(),
+            region: self.keys.region(),
         };
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         sigv4::verify_covering(
@@ -148,6 +158,12 @@ impl ConditionalGuard {
             &["if-none-match", "if-match"],
         )
         .is_verified()
+        .then_some(known)
+    }
+
+    /// Whether keys other than stategate's own are looked up at the store.
+    pub fn looks_up_other_keys(&self) -> bool {
+        self.keys.looks_up_others()
     }
 
     async fn take_turn(&self, bucket: &str, key: &str) -> Result<KeyTurn, Refusal> {
@@ -156,13 +172,6 @@ impl ConditionalGuard {
             .await
             .map_err(|_| Refusal::Busy)
     }
-}
-
-/// The store's S3 key, to verify signatures with.
-struct StoreKey {
-    access_key_id: String,
-    secret: Secret,
-    region: String,
 }
 
 /// A key's turn held by a forwarded conditional PUT, for at most the hold time
@@ -302,7 +311,7 @@ mod tests {
             secret_access_key: "s".into(),
             ..Default::default()
         };
-        ConditionalGuard::new(&config, wait, hold)
+        ConditionalGuard::new(&config, None, wait, hold)
     }
 
     #[tokio::test(start_paused = true)]

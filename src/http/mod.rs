@@ -25,6 +25,7 @@ pub mod pass_through;
 pub mod router;
 pub mod s3_target;
 pub mod sigv4;
+pub mod store_keys;
 mod tofu;
 mod ui;
 pub mod upstream;

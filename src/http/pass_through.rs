@@ -88,24 +88,37 @@ pub async fn decide(
             path,
         ));
     };
-    match guard.enter(bucket, key, &condition).await {
+    // Verified before the object is looked at: the look is made as the key that
+    // signed (its own read permission), and only such a request may learn a 412.
+    let signer = guard.signer(request).await;
+    match guard.enter(bucket, key, &condition, signer.as_ref()).await {
         Ok(turn) => Decision::Forward { turn: Some(turn) },
-        Err(conditional::Refusal::Failed) if guard.may_reveal_failure(request) => {
+        Err(conditional::Refusal::Failed) if signer.is_some() => Decision::Answer(s3_reply(
+            412,
+            "PreconditionFailed",
+            "At least one of the pre-conditions you specified did not hold",
+            path,
+        )),
+        // Signed with a key stategate cannot check (or not validly): the same answer
+        // as a bad signature, so the reply says nothing about the object.
+        Err(conditional::Refusal::Failed) => {
+            let fix = if guard.looks_up_other_keys() {
+                "the key is not one the store's admin API knows, or the signature is not valid"
+            } else {
+                "set upstream.garage_admin_endpoint and upstream.garage_admin_token_file to let stategate check signatures made with the store's other keys"
+            };
+            tracing::warn!(
+                bucket,
+                fix,
+                "a conditional write failed its precondition, but its signature could not be verified: answered 403, not 412"
+            );
             Decision::Answer(s3_reply(
-                412,
-                "PreconditionFailed",
-                "At least one of the pre-conditions you specified did not hold",
+                403,
+                "AccessDenied",
+                "stategate could not verify this request's signature with a key it knows; only such requests learn that a precondition failed",
                 path,
             ))
         }
-        // Signed with a key stategate cannot check (or not validly): the same answer
-        // as a bad signature, so the reply says nothing about the object.
-        Err(conditional::Refusal::Failed) => Decision::Answer(s3_reply(
-            403,
-            "AccessDenied",
-            "stategate could not verify this request's signature with its own key; only such requests learn that a precondition failed",
-            path,
-        )),
         Err(conditional::Refusal::Busy) => Decision::Answer(s3_reply(
             503,
             "SlowDown",
@@ -113,7 +126,16 @@ pub async fn decide(
             path,
         )),
         Err(conditional::Refusal::Unverifiable(detail)) => {
-            tracing::warn!(error = %detail, "cannot check a conditional write");
+            let as_key = match &signer {
+                Some(key) => key.access_key_id.as_str(),
+                None => "stategate's own store key",
+            };
+            tracing::warn!(
+                error = %detail,
+                bucket,
+                key = as_key,
+                "cannot check a conditional write: the object could not be read as this key; give it read access to the bucket (garage bucket allow --read <bucket> --key <key>), or let stategate look up the client's own key (upstream.garage_admin_endpoint)"
+            );
             Decision::Answer(s3_reply(
                 503,
                 "ServiceUnavailable",
@@ -128,8 +150,8 @@ pub async fn decide(
 /// stategate finds out with the store's own credentials? The single call site for
 /// that decision up front: the request carries an AWS SigV4 signature (header or
 /// presigned query); the upstream still verifies it when the write is forwarded. A
-/// failed condition is revealed (412) only after `ConditionalGuard::may_reveal_failure`
-/// verified the signature itself.
+/// failed condition is revealed (412) only after `ConditionalGuard::signer` verified the
+/// signature itself.
 pub fn may_learn_precondition(request: &RequestHeader) -> bool {
     let signed_header = request
         .headers

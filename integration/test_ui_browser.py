@@ -238,13 +238,16 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     text = page.wait_text("No audit rows match.", "No event in the log begins with “no-such-event”")
     page.check("07b-audit-no-match")
 
-    # The other pages: clusters, drift (none configured), and errors in words.
+    # The other pages: clusters, drift (none configured), errors in words, and the
+    # admin's tokens and keys pages.
     for name, path, needle in (("08a-clusters", "/ui/clusters", "No clusters"),
                                ("08b-drift", "/ui/drift", "Drift"),
                                ("08c-error-no-version", f"/ui/workspaces/{ws_name}/versions/99", "Error 404"),
                                ("08d-error-no-page", "/ui/no-such-page", "Error 404"),
                                ("08e-error-post-only", f"/ui/workspaces/{ws_name}/versions/1/nope", "Error"),
-                               ("08f-empty-workspace", "/ui/workspaces/never-written", "never-written")):
+                               ("08f-empty-workspace", "/ui/workspaces/never-written", "never-written"),
+                               ("08g-tokens", "/ui/workspace-tokens", "No live token"),
+                               ("08h-keys", "/ui/keys", "data key generation")):
         page.open(path)
         page.wait_text(OPERATOR, needle)
         page.check(name)

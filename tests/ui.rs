@@ -2492,6 +2492,89 @@ async fn the_token_card_lists_and_revokes_workspace_tokens() {
     assert!(!page.contains("ci-prod"), "a revoked token leaves the card");
 }
 
+/// The tokens page (admin): every issued token, live ones first and revoked ones
+/// apart, each live one revoked from there by a confirmed POST that returns to it; the
+/// keys page: the key service and each generation with what it seals. Both linked from
+/// the header for an admin only (who may read them: the authorization property test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tokens_and_keys_pages_show_what_the_cli_does() {
+    use stategate::tofu::credentials::{Grant, NewWorkspaceToken};
+    let env = Env::start().await;
+    env.write("prod", common::state(1, "lin", "")).await;
+    let new = |name: &str, pattern: &str| NewWorkspaceToken {
+        name: name.into(),
+        grant: Grant {
+            patterns: vec![stategate::names::Pattern::parse(pattern).unwrap()],
+            scope: stategate::tofu::access::Scope::Write,
+            include_sensitive: false,
+        },
+        expires_in: None,
+    };
+    let tofu = &env.server.app.tofu;
+    let (secret, ci) = tofu
+        .create_token(new("ci-prod", "prod*"), "t")
+        .await
+        .unwrap();
+    let (_, old) = tofu
+        .create_token(new("ci-old", "dev-*"), "t")
+        .await
+        .unwrap();
+    tofu.revoke_token(&old.id, "t").await.unwrap();
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+
+    let home = env.page("/ui/", &cookie).await;
+    assert!(
+        home.contains(r#"href="/ui/workspace-tokens""#) && home.contains(r#"href="/ui/keys""#),
+        "{home}"
+    );
+    let page = env.page("/ui/workspace-tokens", &cookie).await;
+    let (live, ended) = page.split_once("Revoked or expired").expect("two sections");
+    assert!(live.contains("ci-prod") && live.contains("prod*"), "{page}");
+    assert!(
+        ended.contains("ci-old") && ended.contains("revoked"),
+        "{page}"
+    );
+    assert!(!page.contains(&secret));
+    // Revoked from the tokens page: back to it, and the credential is refused.
+    let done = env
+        .post(
+            &format!("/ui/workspace-tokens/{}/revoke", ci.id),
+            &cookie,
+            &[("csrf", &csrf), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(
+        (done.status, done.location()),
+        (303, Some("/ui/workspace-tokens?token_revoked=1"))
+    );
+    let url = env.server.url("prod");
+    let (code, _) = status(
+        reqwest::Client::new()
+            .get(&url)
+            .basic_auth("x", Some(&secret)),
+    )
+    .await;
+    assert_eq!(code, 401);
+    let page = env
+        .page("/ui/workspace-tokens?token_revoked=1", &cookie)
+        .await;
+    assert!(page.contains("The token was revoked"), "{page}");
+    let (live, ended) = page.split_once("Revoked or expired").expect("two sections");
+    assert!(
+        live.contains("No live token.") && ended.contains("ci-prod"),
+        "{page}"
+    );
+
+    let keys = env.page("/ui/keys", &cookie).await;
+    assert!(
+        keys.contains("New writes are sealed under data key generation")
+            && keys.contains("new writes")
+            && keys.contains(r#"data-label="Versions">1<"#),
+        "{keys}"
+    );
+}
+
 #[tokio::test]
 async fn a_get_of_any_form_address_goes_to_its_page_and_changes_nothing() {
     let env = seeded().await;

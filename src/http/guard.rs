@@ -151,8 +151,10 @@ pub(super) fn ui_need(route: &UiRoute) -> Need<'_> {
         UiRoute::Clusters => (Action::Read, Site),
         UiRoute::DriftRun { run } => (Action::Read, Run(*run)),
         UiRoute::DriftApply { run } => (Action::Operate, Run(*run)),
-        // As the admin API's revoke: an admin not limited to patterns.
-        UiRoute::RevokeWorkspaceToken { .. } => (Action::Administer, Site),
+        // As the admin API's tokens and keys: an admin not limited to patterns.
+        UiRoute::WorkspaceTokens { .. } | UiRoute::RevokeWorkspaceToken { .. } | UiRoute::Keys => {
+            (Action::Administer, Site)
+        }
     })
 }
 

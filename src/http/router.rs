@@ -212,7 +212,9 @@ pub const ROUTES: &[Route] = &[
     r(U, "POST", "/ui/workspaces/{ws}/allow-write"),
     r(U, "POST", "/ui/workspaces/{ws}/freeze"),
     r(U, "POST", "/ui/workspaces/{ws}/unfreeze"),
+    r(U, "GET", "/ui/workspace-tokens"),
     r(U, "POST", "/ui/workspace-tokens/{token}/revoke"),
+    r(U, "GET", "/ui/keys"),
 ];
 
 /// The values of `path` in `template`'s `{…}` segments, if `path` has its shape.
@@ -562,9 +564,13 @@ pub enum UiRoute {
     DriftCheck { workspace: WorkspaceName },
     /// `POST drift/{run}/apply` with `csrf`, `confirm`: approve a drifted check's plan
     DriftApply { run: RunId },
-    /// `POST workspace-tokens/{id}/revoke` with `csrf`, `workspace` (the page to return
-    /// to), `confirm`: revoke an issued workspace token
+    /// `GET workspace-tokens`: every issued workspace token
+    WorkspaceTokens { revoked: bool },
+    /// `POST workspace-tokens/{id}/revoke` with `csrf`, `workspace` (the workspace page
+    /// to return to; none: the tokens page), `confirm`: revoke an issued workspace token
     RevokeWorkspaceToken { token: String },
+    /// `GET keys`: the key service, generations and what each seals
+    Keys,
     /// A GET (or HEAD) of a form's URL (a reload, a bookmark, a restored tab): 303 to
     /// the page the form belongs to, never a 405 page.
     PostOnly { page: Box<UiRoute> },
@@ -606,7 +612,9 @@ impl UiRoute {
             UiRoute::DriftRun { .. } => "ui.drift_run",
             UiRoute::DriftCheck { .. } => "ui.drift_check",
             UiRoute::DriftApply { .. } => "ui.drift_apply",
+            UiRoute::WorkspaceTokens { .. } => "ui.workspace_tokens",
             UiRoute::RevokeWorkspaceToken { .. } => "ui.revoke_workspace_token",
+            UiRoute::Keys => "ui.keys",
             UiRoute::NotFound | UiRoute::NotAllowed { .. } | UiRoute::Invalid(_) => "ui.invalid",
         }
     }
@@ -1027,6 +1035,10 @@ fn ui_route(route: &Route, v: &[&str], query: Option<&str>) -> Option<Parsed<UiR
                 before: number("before")?,
             },
             ("GET", "/ui/clusters") => Ui::Clusters,
+            ("GET", "/ui/workspace-tokens") => Ui::WorkspaceTokens {
+                revoked: q("token_revoked").as_deref() == Some("1"),
+            },
+            ("GET", "/ui/keys") => Ui::Keys,
             ("GET", "/ui/search") => Ui::Search { q: q("q") },
             ("GET", "/ui/drift") => Ui::Drift {
                 workspace: params::workspace_filter(q("workspace").as_deref())?,
@@ -1781,6 +1793,25 @@ mod tests {
                 },
             ),
             ("GET", "/ui/clusters", None, UiRoute::Clusters),
+            (
+                "GET",
+                "/ui/workspace-tokens",
+                Some("token_revoked=1"),
+                UiRoute::WorkspaceTokens { revoked: true },
+            ),
+            (
+                "GET",
+                "/ui/workspace-tokens",
+                None,
+                UiRoute::WorkspaceTokens { revoked: false },
+            ),
+            ("GET", "/ui/keys", None, UiRoute::Keys),
+            (
+                "POST",
+                "/ui/keys",
+                None,
+                UiRoute::NotAllowed { allowed: "GET" },
+            ),
             (
                 "POST",
                 "/ui/clusters",

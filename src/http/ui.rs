@@ -23,6 +23,7 @@ use crate::operator::Reveal;
 use crate::store::audit::AuditFilter;
 use crate::store::WriteOutcome;
 use crate::tokens::now;
+use crate::ui::access_pages;
 use crate::ui::drift_pages::{self, RunsView};
 use crate::ui::layout::Chrome;
 use crate::ui::pages::{self, AuditForm, Content, Notice, VersionsPage};
@@ -839,6 +840,15 @@ async fn page(
             ok(pages::audit(chrome, &view))
         }
         UiRoute::Clusters => ok(pages::clusters(chrome, &ops.clusters().await?)),
+        UiRoute::WorkspaceTokens { revoked } => ok(access_pages::tokens(
+            chrome,
+            &app.tofu.list_tokens().await?,
+            revoked,
+        )),
+        UiRoute::Keys => ok(access_pages::keys(
+            chrome,
+            &app.keys.status(&crate::keys::quietly).await?,
+        )),
         UiRoute::Drift {
             workspace: filter,
             limit,
@@ -1086,14 +1096,21 @@ async fn action(
         }
         // The same call as the admin API's and the CLI's `token revoke`.
         UiRoute::RevokeWorkspaceToken { token } => {
-            let w = WorkspaceName::parse(form.get("workspace").unwrap_or(""))?;
+            // The page to return to: a workspace's, or (none) the tokens page.
+            let back = match form.get("workspace") {
+                None | Some("") => None,
+                Some(w) => Some(WorkspaceName::parse(w)?),
+            };
             if form.get("confirm") != Some("yes") {
                 return Err(Error::Invalid(
                     "tick the confirmation to revoke the token; nothing was changed".into(),
                 ));
             }
             app.tofu.revoke_token(&token, &actor).await?;
-            Ok(redirect(&format!("/ui/workspaces/{w}?token_revoked=1")))
+            Ok(redirect(&match back {
+                Some(w) => format!("/ui/workspaces/{w}?token_revoked=1"),
+                None => "/ui/workspace-tokens?token_revoked=1".into(),
+            }))
         }
         _ => Err(Error::NotFound("no such form".into())),
     }

@@ -71,6 +71,10 @@ pub fn layout_refreshing(
                             }
                             a href="/ui/drift" { "Drift" }
                             a href="/ui/search" { "Search" }
+                            @if c.grant.may(Action::Administer, Target::Site) {
+                                a href="/ui/workspace-tokens" { "Tokens" }
+                                a href="/ui/keys" { "Keys" }
+                            }
                         }
                         form method="post" action="/ui/logout" {
                             span.who { (c.email) }

@@ -10,12 +10,13 @@
 //! `oidc` is single sign-on (OpenID Connect code flow with PKCE; the group → role
 //! rule), over `sso_rows` (its started sign-ins and followed sessions, index rows every
 //! node shares); `session` keeps logins server-side (as `crate::tokens` of kind
-//! `session`; no SQL here); `pages` and `drift_pages` turn plain values into HTML (maud
+//! `session`; no SQL here); `pages`, `drift_pages` and `access_pages` (tokens, keys) turn plain values into HTML (maud
 //! escapes every value it is given), over `layout` (chrome, page layout, time and size
 //! formatting), which imports neither; `reveal` keeps the one-time tickets (index rows)
 //! that carry an audited reveal across its POST-redirect-GET; `http::ui` is the
 //! pingora glue (cookies, forms, CSRF, security headers).
 
+pub mod access_pages;
 pub mod drift_pages;
 pub mod layout;
 pub mod oidc;

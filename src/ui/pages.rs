@@ -614,7 +614,7 @@ pub fn workspace(
     layout(&ws.name, Some(chrome), body)
 }
 
-fn unix_when(at: Option<i64>, now: i64) -> Markup {
+pub(super) fn unix_when(at: Option<i64>, now: i64) -> Markup {
     let text = at
         .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
         .and_then(|t| {
@@ -639,36 +639,13 @@ fn token_card(
             h2 { "Workspace tokens" }
             p.muted {
                 "Issued tokens whose patterns cover this workspace. Create them with "
-                code { "stategate workspace token create" } " or the admin API; see Teams and access."
+                code { "stategate workspace token create" } " or the admin API (the access model: "
+                code { "docs/access.md" } "). " a href="/ui/workspace-tokens" { "All workspace tokens" } "."
             }
             @if tokens.is_empty() {
                 p { "No live token covers this workspace." }
             } @else {
-                div.table-wrap { table #tokens {
-                    thead { tr { th { "Name" } th { "Scope" } th { "Workspaces" } th { "Expires" } th { "Last used" } th { span.sr-only { "Actions" } } } }
-                    tbody {
-                        @for t in tokens {
-                            tr {
-                                td data-label="Name" { (t.name) br; span.muted { (t.id) } }
-                                td data-label="Scope" { (t.scope) @if t.include_sensitive { " + sensitive outputs" } }
-                                td data-label="Workspaces" { (t.workspaces.join(", ")) }
-                                td data-label="Expires" { (unix_when(t.expires_at, chrome.now)) }
-                                td data-label="Last used" { (unix_when(t.last_used, chrome.now)) }
-                                td data-label="Revoke" {
-                                    form.inline method="post" action=(format!("/ui/workspace-tokens/{}/revoke", t.id)) {
-                                        input type="hidden" name="csrf" value=(chrome.csrf);
-                                        input type="hidden" name="workspace" value=(ws);
-                                        label.check {
-                                            input type="checkbox" name="confirm" value="yes" required;
-                                            " confirm"
-                                        }
-                                        button.danger type="submit" { "Revoke" }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                } }
+                (super::access_pages::token_table(chrome, tokens, Some(ws)))
             }
         }
     }

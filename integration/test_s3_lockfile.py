@@ -154,10 +154,12 @@ def test_use_lockfile_with_the_users_own_key_gets_terraforms_lock_error(own_gara
 def test_without_the_admin_api_a_users_key_is_refused_with_the_fix_in_the_log(own_garage,
                                                                              server_factory,
                                                                              tmp_path):
-    """The contrast, and what an operator reads: without upstream.garage_admin_*, a
-    failed precondition signed with a user's key is a 403 (stategate cannot verify it),
-    and the log names the setting; an admin API that refuses the token is the same 403,
-    never a 5xx."""
+    """What an operator meets without upstream.garage_admin_*, and reads in the log: a
+    conditional PUT signed with a user's key is checked as stategate's own key — which
+    may not read the user's bucket (503, the log names the grant and the setting); once
+    it may, a failed precondition is a 403 (stategate cannot verify the user's
+    signature), the log naming the setting. An admin API that refuses the token is the
+    same, never a 5xx of its own, and the token never reaches the log."""
     env = own_garage.env()
     user = user_key_and_bucket(own_garage, "bob")
     bad_token = tmp_path / "wrong-token"
@@ -166,18 +168,35 @@ def test_without_the_admin_api_a_users_key_is_refused_with_the_fix_in_the_log(ow
     key = f"lockfile/{uuid.uuid4().hex[:8]}/terraform.tfstate"
     # Garage ignores If-None-Match: the lock file is simply put.
     holder = held_lock(direct, user["bucket"], key)
+
+    def attempt(srv) -> int:
+        with pytest.raises(Exception) as err:
+            boto3_s3(srv.url, user).put_object(Bucket=user["bucket"], Key=f"{key}.tflock", Body=b"{}",
+                                               IfNoneMatch="*")
+        body = json.loads(direct.get_object(Bucket=user["bucket"], Key=f"{key}.tflock")["Body"].read())
+        assert body["ID"] == holder
+        return err.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+    plain = server_factory.new(env)
+    assert attempt(plain) == 503
+    log = plain.log_text()
+    assert 'bucket="bob-bucket"' in log and "garage bucket allow --read" in log, log[-3000:]
+
+    own_garage.api("AllowBucketKey", {"bucketId": bucket_id(own_garage, user["bucket"]),
+                                      "accessKeyId": env["STATEGATE_S3_ACCESS_KEY_ID"],
+                                      "permissions": {"read": True, "write": False, "owner": False}})
     for extra, fix in [
         ({}, "upstream.garage_admin_endpoint"),
         ({"STATEGATE_UPSTREAM_GARAGE_ADMIN_ENDPOINT": env["GARAGE_ADMIN_ENDPOINT"],
           "STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE": str(bad_token)}, "GetKeyInfo"),
     ]:
         srv = server_factory.new(env, **extra)
-        client = boto3_s3(srv.url, user)
-        with pytest.raises(Exception) as err:
-            client.put_object(Bucket=user["bucket"], Key=f"{key}.tflock", Body=b"{}", IfNoneMatch="*")
-        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403, err.value
-        body = json.loads(direct.get_object(Bucket=user["bucket"], Key=f"{key}.tflock")["Body"].read())
-        assert body["ID"] == holder
+        assert attempt(srv) == 403, extra
         log = srv.log_text()
         assert fix in log, log[-3000:]
         assert "not-a-token" not in log
+
+
+def bucket_id(garage, alias: str) -> str:
+    out = garage.cli("json-api", "GetBucketInfo", json.dumps({"globalAlias": alias})).stdout
+    return json.loads(out)["id"]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use pingora::http::RequestHeader;
 
 use super::sigv4;
-use super::store_keys::{GarageAdmin, KnownKey, StoreKeys};
+use super::store_keys::{Found, GarageAdmin, KnownKey, StoreKeys};
 use crate::config::S3Config;
 use crate::store::BlobError;
 use crate::turns::{KeyedTurns, Turn};
@@ -134,21 +134,28 @@ impl ConditionalGuard {
         }
     }
 
-    /// The key that signed this request, when stategate knows its secret (its own
-    /// key, or one looked up at the store) and the SigV4 signature verifies with it and
-    /// covers the condition header. Only such a request may learn that its condition
-    /// failed (412): otherwise the answer would tell whoever sent it, with stategate's
+    /// Who signed this request, as far as stategate can tell: a key it knows the secret
+    /// of (its own, or one looked up at the store) whose SigV4 signature verifies and
+    /// covers the condition header; a known key whose signature does not; or a key it
+    /// does not know. Only a verified request may learn that its condition failed
+    /// (412): otherwise the answer would tell whoever sent it, with stategate's
     /// authority, whether an object exists.
-    pub async fn signer(&self, request: &RequestHeader) -> Option<KnownKey> {
-        let (claimed, _) = sigv4::claimed_key(request.uri.query(), &request.headers)?;
-        let known = self.keys.find(&claimed).await?;
+    pub async fn signer(&self, request: &RequestHeader) -> Signer {
+        let Some((claimed, _)) = sigv4::claimed_key(request.uri.query(), &request.headers) else {
+            return Signer::Unknown;
+        };
+        let known = match self.keys.find(&claimed).await {
+            Found::Key(known) => known,
+            Found::NoSuchKey => return Signer::BadSignature,
+            Found::CannotTell => return Signer::Unknown,
+        };
         let key = sigv4::Credentials {
             access_key_id: &known.access_key_id,
             secret: known.secret.expose(),
             region: self.keys.region(),
         };
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        sigv4::verify_covering(
+        let verdict = sigv4::verify_covering(
             request.method.as_str(),
             request.uri.path(),
             request.uri.query(),
@@ -156,9 +163,12 @@ impl ConditionalGuard {
             &[key],
             now,
             &["if-none-match", "if-match"],
-        )
-        .is_verified()
-        .then_some(known)
+        );
+        if verdict.is_verified() {
+            Signer::Verified(known)
+        } else {
+            Signer::BadSignature
+        }
     }
 
     /// Whether keys other than stategate's own are looked up at the store.
@@ -172,6 +182,18 @@ impl ConditionalGuard {
             .await
             .map_err(|_| Refusal::Busy)
     }
+}
+
+/// What [`ConditionalGuard::signer`] found.
+pub enum Signer {
+    /// Signed by this key, verified.
+    Verified(KnownKey),
+    /// Claims a key stategate knows, but the signature does not verify (or does not
+    /// cover the condition header), or a key the store's admin API says does not exist:
+    /// refused like any bad signature, nothing looked at.
+    BadSignature,
+    /// A key stategate does not know the secret of (or no signature it can parse).
+    Unknown,
 }
 
 /// A key's turn held by a forwarded conditional PUT, for at most the hold time

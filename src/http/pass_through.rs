@@ -90,7 +90,19 @@ pub async fn decide(
     };
     // Verified before the object is looked at: the look is made as the key that
     // signed (its own read permission), and only such a request may learn a 412.
-    let signer = guard.signer(request).await;
+    let signer = match guard.signer(request).await {
+        conditional::Signer::Verified(key) => Some(key),
+        conditional::Signer::Unknown => None,
+        // The answer a bad signature gets, before the object is looked at.
+        conditional::Signer::BadSignature => {
+            return Decision::Answer(s3_reply(
+                403,
+                "AccessDenied",
+                "the request is not signed by a key of the store, or its signature does not verify (or does not cover its condition header)",
+                path,
+            ))
+        }
+    };
     match guard.enter(bucket, key, &condition, signer.as_ref()).await {
         Ok(turn) => Decision::Forward { turn: Some(turn) },
         Err(conditional::Refusal::Failed) if signer.is_some() => Decision::Answer(s3_reply(

@@ -46,6 +46,17 @@ pub struct KnownKey {
     pub store: Arc<S3Store>,
 }
 
+/// What a lookup of an access key id found.
+pub enum Found {
+    Key(KnownKey),
+    /// The store has no such live key (Garage's admin API said so, or the id cannot be
+    /// one): a request signed with it is not valid at the store either.
+    NoSuchKey,
+    /// stategate cannot tell: no admin API configured, the lookup failed, or the rate
+    /// limit was reached.
+    CannotTell,
+}
+
 /// Where Garage's admin API is and the token that may read keys with it.
 pub struct GarageAdmin {
     pub endpoint: String,
@@ -112,14 +123,16 @@ impl StoreKeys {
         self.garage.is_some()
     }
 
-    /// The key `access_key_id` names, if stategate holds or can learn its secret.
-    pub async fn find(&self, access_key_id: &str) -> Option<KnownKey> {
+    /// The key `access_key_id` names, when stategate holds or can learn its secret.
+    pub async fn find(&self, access_key_id: &str) -> Found {
         if access_key_id == self.own.access_key_id {
-            return Some(self.own.clone());
+            return Found::Key(self.own.clone());
         }
-        let lookup = self.garage.as_ref()?;
+        let Some(lookup) = self.garage.as_ref() else {
+            return Found::CannotTell;
+        };
         if !plausible_key_id(access_key_id) {
-            return None;
+            return Found::NoSuchKey;
         }
         let now = Instant::now();
         {
@@ -131,11 +144,11 @@ impl StoreKeys {
                     UNKNOWN_FOR
                 };
                 if now.duration_since(*at) < fresh_for {
-                    return known.clone();
+                    return Found::from(known.clone());
                 }
             }
             if !cache.may_look_up(now) {
-                return None;
+                return Found::CannotTell;
             }
         }
         let found = match lookup.fetch(access_key_id).await {
@@ -145,9 +158,9 @@ impl StoreKeys {
                 tracing::warn!(
                     key = access_key_id,
                     error = why,
-                    "cannot look up an S3 key through Garage's admin API (upstream.garage_admin_endpoint); a conditional write signed with it is answered as unverifiable"
+                    "cannot look up an S3 key through Garage's admin API (upstream.garage_admin_endpoint); a conditional write signed with it is checked as stategate's own key"
                 );
-                return None;
+                return Found::CannotTell;
             }
         };
         let known = found.map(|secret| {
@@ -163,7 +176,13 @@ impl StoreKeys {
             }
         });
         lock(&lookup.cache).remember(access_key_id, now, known.clone());
-        known
+        Found::from(known)
+    }
+}
+
+impl From<Option<KnownKey>> for Found {
+    fn from(known: Option<KnownKey>) -> Found {
+        known.map_or(Found::NoSuchKey, Found::Key)
     }
 }
 

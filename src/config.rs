@@ -820,6 +820,95 @@ impl TofuConfig {
     }
 }
 
+/// One `[[lock_policy]]`: the workspaces (patterns) whose locks taken by a credential
+/// that is provably gone (a revoked or expired workspace token, a finished drift run, a
+/// CI identity token past its run window) are released by housekeeping once idle for
+/// `lease` (`tofu::lock::decide_lease`). Opt-in: a workspace no policy names keeps
+/// every lock until it is unlocked.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockPolicyConfig {
+    /// Workspace patterns (`ci-*`); the first policy in file order naming a workspace
+    /// is its policy.
+    pub workspaces: Vec<String>,
+    /// How long a gone credential's lock must be idle before it is released: a
+    /// duration such as `90s`, `30m`, `2h` or `1d`.
+    pub lease: String,
+}
+
+/// Most `[[lock_policy]]` entries, and most patterns in one.
+pub const MAX_LOCK_POLICIES: usize = 64;
+pub const MAX_LOCK_POLICY_PATTERNS: usize = 32;
+/// Shortest and longest `lease` of a `[[lock_policy]]`, in seconds.
+pub const MIN_LEASE_SECONDS: u64 = 1;
+pub const MAX_LEASE_SECONDS: u64 = 30 * DAY;
+
+impl LockPolicyConfig {
+    /// The lease in seconds, or why it is not one (naming the entry `at`).
+    pub fn lease_seconds(&self, at: usize) -> Result<u64, ConfigError> {
+        parse_duration(&self.lease)
+            .filter(|s| (MIN_LEASE_SECONDS..=MAX_LEASE_SECONDS).contains(s))
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "lock_policy[{at}].lease must be a duration such as 90s, 30m, 2h or 1d, from {MIN_LEASE_SECONDS} second to {} days",
+                    MAX_LEASE_SECONDS / DAY
+                ))
+            })
+    }
+
+    /// The workspace patterns, or why one is not a pattern (naming the entry `at`).
+    pub fn patterns(&self, at: usize) -> Result<Vec<crate::names::Pattern>, ConfigError> {
+        if self.workspaces.is_empty() || self.workspaces.len() > MAX_LOCK_POLICY_PATTERNS {
+            return Err(ConfigError::Invalid(format!(
+                "lock_policy[{at}].workspaces must list 1 to {MAX_LOCK_POLICY_PATTERNS} workspace patterns"
+            )));
+        }
+        self.workspaces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                crate::names::Pattern::parse(p).map_err(|e| {
+                    ConfigError::Invalid(format!("lock_policy[{at}].workspaces[{i}]: {e}"))
+                })
+            })
+            .collect()
+    }
+}
+
+fn validate_lock_policies(policies: &[LockPolicyConfig]) -> Result<(), ConfigError> {
+    if policies.len() > MAX_LOCK_POLICIES {
+        return Err(ConfigError::Invalid(format!(
+            "at most {MAX_LOCK_POLICIES} [[lock_policy]] entries, not {}",
+            policies.len()
+        )));
+    }
+    for (at, policy) in policies.iter().enumerate() {
+        policy.patterns(at)?;
+        policy.lease_seconds(at)?;
+    }
+    Ok(())
+}
+
+/// A duration as people write one: digits (at most 9) and one unit, `s`, `m`, `h` or
+/// `d` (`90s`, `30m`, `2h`, `3d`), in seconds. The one reading of such durations, for
+/// the configuration and the operator's freezes alike.
+pub fn parse_duration(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() || digits.len() > 9 {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => HOUR,
+        "d" => DAY,
+        _ => return None,
+    };
+    n.checked_mul(per)
+}
+
 /// Most request threads `threads` may ask for.
 const MAX_THREADS: usize = 1024;
 
@@ -1175,6 +1264,8 @@ pub struct Config {
     /// CI pipelines' own OIDC identity tokens accepted as workspace credentials
     /// (`[[ci_identity]]`, read and checked whole by `tofu::ci_identity` at startup).
     pub ci_identity: Vec<CiIdentityConfig>,
+    /// Leases on the locks of gone credentials, per workspace pattern (`[[lock_policy]]`).
+    pub lock_policy: Vec<LockPolicyConfig>,
     /// The file this was loaded from (not a key): a drift child must not read it.
     #[serde(skip)]
     pub loaded_from: Option<PathBuf>,
@@ -1210,6 +1301,7 @@ impl Default for Config {
             key: KeyConfig::default(),
             tofu: TofuConfig::default(),
             ci_identity: Vec::new(),
+            lock_policy: Vec::new(),
             loaded_from: None,
         }
     }
@@ -1641,6 +1733,7 @@ impl Config {
         self.tofu.validate()?;
         self.upstream.validate()?;
         validate_drift(&self.drift, &self.drift_settings)?;
+        validate_lock_policies(&self.lock_policy)?;
         self.check_bounds()?;
         if self.backup.keep == 0 {
             return Err(ConfigError::Invalid(
@@ -2231,6 +2324,98 @@ mod tests {
         );
         let c: Config = toml::from_str("[retention]\nkeep_days = 7\n").unwrap();
         assert_eq!((c.retention.keep_days, c.retention.keep_versions), (7, 100));
+    }
+
+    #[test]
+    fn lock_policies_are_checked_whole_at_load() {
+        let policy = |workspaces: &str, lease: &str| {
+            format!("[[lock_policy]]\nworkspaces = {workspaces}\nlease = {lease:?}\n")
+        };
+        let c: Config = toml::from_str(&policy(r#"["ci-*", "build"]"#, "30m")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.lock_policy[0].lease_seconds(0).unwrap(), 1800);
+        assert_eq!(c.lock_policy[0].patterns(0).unwrap().len(), 2);
+        for (lease, seconds) in [("1s", 1), ("90s", 90), ("2h", 7200), ("30d", 30 * DAY)] {
+            let c: Config = toml::from_str(&policy(r#"["ci-*"]"#, lease)).unwrap();
+            assert_eq!(
+                c.lock_policy[0].lease_seconds(0).unwrap(),
+                seconds,
+                "{lease}"
+            );
+        }
+        // (workspaces, lease, what the refusal names)
+        let too_many = format!(
+            "[{}]",
+            vec!["\"a\""; MAX_LOCK_POLICY_PATTERNS + 1].join(",")
+        );
+        let table: &[(&str, &str, &str)] = &[
+            (r#"["ci-*"]"#, "", "lock_policy[0].lease must be a duration"),
+            (r#"["ci-*"]"#, "0s", "from 1 second to 30 days"),
+            (r#"["ci-*"]"#, "31d", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "30", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "-5m", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "1.5h", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "2h30m", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "9999999999d", "lock_policy[0].lease"),
+            (r#"["ci-*"]"#, "30 m", "lock_policy[0].lease"),
+            ("[]", "30m", "lock_policy[0].workspaces must list 1 to 32"),
+            (&too_many, "30m", "lock_policy[0].workspaces must list"),
+            (r#"["ci/*"]"#, "30m", "lock_policy[0].workspaces[0]"),
+            (r#"["ok", "../x"]"#, "30m", "lock_policy[0].workspaces[1]"),
+            (r#"[""]"#, "30m", "lock_policy[0].workspaces[0]"),
+        ];
+        for (workspaces, lease, names) in table {
+            let c: Config = toml::from_str(&policy(workspaces, lease)).unwrap();
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(names), "{workspaces} {lease:?}: {err}");
+        }
+        // The second entry is named as such.
+        let two = format!("{}{}", policy(r#"["a"]"#, "1m"), policy(r#"["b"]"#, "1y"));
+        let err = toml::from_str::<Config>(&two)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("lock_policy[1].lease"), "{err}");
+        let many = policy(r#"["a"]"#, "1m").repeat(MAX_LOCK_POLICIES + 1);
+        let err = toml::from_str::<Config>(&many)
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("at most 64 [[lock_policy]]"),
+            "{err}"
+        );
+        // Unknown keys and a missing lease are refused by the parser.
+        for bad in [
+            "[[lock_policy]]\nworkspaces = [\"a\"]\n",
+            "[[lock_policy]]\nworkspaces = [\"a\"]\nlease = \"1m\"\nidle = \"1m\"\n",
+            "[[lock_policy]]\nworkspaces = \"a\"\nlease = \"1m\"\n",
+        ] {
+            assert!(toml::from_str::<Config>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        for (text, want) in [
+            ("90s", Some(90)),
+            ("30m", Some(1800)),
+            ("2h", Some(7200)),
+            ("3d", Some(3 * DAY)),
+            ("0m", Some(0)),
+            ("999999999d", Some(999_999_999 * DAY)),
+            ("", None),
+            ("m", None),
+            ("5", None),
+            ("5w", None),
+            ("5M", None),
+            (" 5m", None),
+            ("5m ", None),
+            ("+5m", None),
+            ("1234567890s", None),
+        ] {
+            assert_eq!(parse_duration(text), want, "{text:?}");
+        }
     }
 
     #[test]
@@ -2836,6 +3021,9 @@ max_run_seconds = 1
 claims = { repository = "acme/infra" }
 workspaces = "prod-*"
 scope = "write"
+[[lock_policy]]
+workspaces = ["ci-*"]
+lease = "30m"
 "#;
 
     /// Configured paths that hold no secret, each with why a drift child may see it.

@@ -158,22 +158,9 @@ fn parse_instant(text: &str) -> Result<i64, BadFreeze> {
 }
 
 fn parse_duration(text: &str) -> Result<i64, BadFreeze> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or(BadFreeze::For)?;
-    let (digits, unit) = text.split_at(split);
-    if digits.is_empty() || digits.len() > 9 {
-        return Err(BadFreeze::For);
-    }
-    let n: i64 = digits.parse().map_err(|_| BadFreeze::For)?;
-    let per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(BadFreeze::For),
-    };
-    Ok(n * per)
+    crate::config::parse_duration(text)
+        .and_then(|s| i64::try_from(s).ok())
+        .ok_or(BadFreeze::For)
 }
 
 /// What a workspace's freeze row means at `now`.

@@ -19,6 +19,7 @@ pub struct Metrics {
     duration: HistogramVec,
     lock_held: IntGaugeVec,
     lease_held: IntGaugeVec,
+    locks_expired: IntCounterVec,
     drift_status: IntGaugeVec,
     drift_checked: IntGaugeVec,
     store: StoreMetrics,
@@ -208,6 +209,17 @@ impl Metrics {
                 .register(Box::new(gauge.clone()))
                 .expect("register once");
         }
+        let locks_expired = register(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "stategate_locks_expired_total",
+                    "Workspace locks released by a [[lock_policy]] lease, by why their credential is gone",
+                ),
+                &["why"],
+            )
+            .expect("valid metric"),
+        );
         let store = StoreMetrics::new(&registry);
         Metrics {
             registry,
@@ -215,6 +227,7 @@ impl Metrics {
             duration,
             lock_held,
             lease_held,
+            locks_expired,
             drift_status,
             drift_checked,
             store,
@@ -276,6 +289,11 @@ impl Metrics {
                 gauge.with_label_values(&[name]).set(*seconds);
             }
         }
+    }
+
+    /// A lease released a lock (`why`: a fixed label, `tofu::lock::Gone::label`).
+    pub fn lock_expired(&self, why: &str) {
+        self.locks_expired.with_label_values(&[why]).inc();
     }
 
     /// Replaces the drift gauges: (workspace, status 0/1/2, when found in Unix time).

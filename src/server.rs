@@ -97,9 +97,11 @@ async fn build(
             root.sso_key(),
         )?),
     };
+    let leases = crate::tofu::lock::LeasePolicies::from_config(&config.lock_policy)?;
     let tofu = TofuBackend::new(store, root.clone())
         .with_downgrade_policy(downgrade)
-        .with_ci_identities(ci_identities);
+        .with_ci_identities(ci_identities)
+        .with_lease_policies(leases);
     let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
     let keys = crate::installation::keyring(config, &root, tofu.store(), drift.clone());
     let operator = crate::operator::Operations::new(
@@ -386,6 +388,17 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             claims: claims.clone(),
         },
     ));
+    if let Some(every) = LeaseService::every(app.tofu.lease_policies()) {
+        server.add_service(pingora::services::background::background_service(
+            "lock-leases",
+            LeaseService {
+                tofu: app.tofu.clone(),
+                metrics: app.metrics.clone(),
+                every,
+                claims: claims.clone(),
+            },
+        ));
+    }
     server.add_service(pingora::services::background::background_service(
         "token-last-used",
         LastUsedService {
@@ -816,6 +829,67 @@ impl StaleLockService {
             // Housekeeping notices freezes whose `until` passed (removed, audited).
             if let Err(e) = self.ops.freezes(&crate::operator::roles::Grant::ROOT).await {
                 tracing::warn!(error = %e, "cannot expire ended freezes");
+            }
+        }
+    }
+}
+
+/// Releases the idle locks of gone credentials on the workspaces a `[[lock_policy]]`
+/// names (`TofuBackend::expire_leased_locks`, audited as `tf.lock_expired`), every half
+/// of the shortest lease (at least every second, at most every minute), on the node
+/// holding the job's claim. Only when a policy is configured.
+struct LeaseService {
+    tofu: TofuBackend,
+    metrics: Metrics,
+    every: std::time::Duration,
+    claims: crate::jobs::Claims,
+}
+
+impl LeaseService {
+    fn every(policies: &crate::tofu::lock::LeasePolicies) -> Option<std::time::Duration> {
+        let half = u64::try_from(policies.shortest()? / 2).unwrap_or(0);
+        Some(std::time::Duration::from_secs(half.clamp(1, 60)))
+    }
+
+    async fn pass(&self) {
+        if crate::tokens::clock_distrusted().is_some() {
+            // Idle time and expiry are judged by this node's clock.
+            return;
+        }
+        match self.tofu.expire_leased_locks().await {
+            Ok(expired) => {
+                for lock in expired {
+                    self.metrics.lock_expired(lock.why.label());
+                    tracing::warn!(
+                        workspace = %lock.workspace,
+                        lock_id = %lock.lock_id,
+                        taken_by = %lock.taken_by,
+                        why = lock.why.as_str(),
+                        idle_seconds = lock.idle_seconds,
+                        shared = lock.shared,
+                        "released the idle lock of a credential that is gone (audited as tf.lock_expired)"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot release the expired leases of locks"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for LeaseService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            if self
+                .claims
+                .take("lock-leases", claim_time(Some(self.every)))
+                .await
+            {
+                self.pass().await;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.every) => {}
+                _ = shutdown.changed() => return,
             }
         }
     }

@@ -365,6 +365,29 @@ impl Stored {
     }
 }
 
+/// Every token of `kind` named `name` (as it was issued), revoked or expired ones too.
+pub fn named(
+    conn: &Connection,
+    kind: Kind,
+    name: &str,
+) -> Result<Vec<Stored>, crate::store::sql::Error> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT sha256, name, expires_at, revoked_at IS NOT NULL FROM tokens
+              WHERE kind = ?1 AND name = ?2",
+        )?
+        .query_map(params![kind.as_str(), name], |r| {
+            Ok(Stored {
+                sha256: r.get(0)?,
+                name: r.get(1)?,
+                expires_at: r.get(2)?,
+                revoked: r.get(3)?,
+            })
+        })?
+        .collect();
+    rows
+}
+
 /// The unrevoked token of `kind` named `name` (as it was issued), if exactly one is.
 pub fn find_unrevoked_by_name(
     conn: &Connection,

@@ -101,6 +101,7 @@ pub const EVENTS: &[EventKind] = &[
         ],
     ),
     kind("tf.move_abandoned", &[("moved_by", Names::Credential)]),
+    kind("tf.lock_expired", &[("taken_by", Names::Credential)]),
     kind("tf.credential_rotated", &[]),
     kind("tf.consumers_set", &[("consumers", Names::Workspaces)]),
     kind("tf.token_created", &[("workspaces", Names::Patterns)]),

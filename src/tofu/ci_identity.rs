@@ -21,9 +21,10 @@
 //!
 //! How long: a token is accepted between its `nbf`/`iat` and its `exp` (with
 //! [`LEEWAY`] for clocks). The first request a token is accepted for, while valid,
-//! records its SHA-256 in `tf_ci_tokens` (owned here) with `max_run_seconds` from then:
-//! until that time it is still accepted after its `exp`, so an apply that outlives its
-//! token finishes. A token first presented after it expired was never recorded and is
+//! records its SHA-256 in `tf_ci_tokens` (owned here) with `max_run_seconds` from then
+//! (or its `exp`, if later): until that time it is still accepted after its `exp`, so an
+//! apply that outlives its token finishes, and after it the token is accepted no more
+//! (what a lease on its locks relies on, `tofu::lock::Gone::IdentityWindowEnded`). A token first presented after it expired was never recorded and is
 //! refused; so is one replayed after its window. The record is written once per token,
 //! by an accepted request only (a refusal changes nothing).
 //!
@@ -56,6 +57,8 @@ CREATE TABLE IF NOT EXISTS tf_ci_tokens (
     first_seen_unix  INTEGER NOT NULL,
     until_unix       INTEGER NOT NULL   -- accepted after its exp until then, never later
 ) WITHOUT ROWID;
+-- Whether an identity still has a token accepted (a lease on its locks, `tofu::lock`).
+CREATE INDEX IF NOT EXISTS tf_ci_tokens_by_identity ON tf_ci_tokens (identity, until_unix);
 "#;
 
 /// Longest token looked at (GitHub's and GitLab's are 1-2 KiB).
@@ -716,7 +719,11 @@ impl CiIdentities {
         let hash = token.hash.clone();
         let until = if token.fresh {
             let identity = token.identity.clone();
-            let until = now.saturating_add(token.issuer.max_run);
+            // Never before the token's own expiry: a fresh token is accepted whatever
+            // its record says, so the record's end is when it is accepted no more.
+            let expires =
+                claim_time(&token.claims, "exp").map_or(now, |exp| exp.saturating_add(LEEWAY));
+            let until = now.saturating_add(token.issuer.max_run).max(expires);
             db.write(move |c| record(c, &hash, &identity, now, until))
                 .await?
         } else {
@@ -769,6 +776,18 @@ pub fn record(
     )?
     .execute(params![hash, identity, now, until])?;
     Ok(recorded_until(conn, hash)?.unwrap_or(until))
+}
+
+/// The latest end of the windows of `identity`'s recorded tokens (`<issuer>:<identity>`,
+/// as `ci:` credentials name it), if any is recorded: after it, no token of the
+/// identity is accepted. Records are swept once their window is over, so none left
+/// means none is accepted either.
+pub fn identity_accepted_until(
+    conn: &Connection,
+    identity: &str,
+) -> Result<Option<i64>, crate::store::sql::Error> {
+    conn.prepare_cached("SELECT max(until_unix) FROM tf_ci_tokens WHERE identity = ?1")?
+        .query_row([identity], |r| r.get(0))
 }
 
 /// The end of a recorded token's window.
@@ -959,8 +978,17 @@ mod tests {
         // Presented again later (another node, a retry): the first window stands.
         assert_eq!(record(&conn, "h", "gh:a", 150, 250).unwrap(), 200);
         assert_eq!(recorded_until(&conn, "h").unwrap(), Some(200));
+        assert_eq!(identity_accepted_until(&conn, "gh:a").unwrap(), Some(200));
+        assert_eq!(record(&conn, "h2", "gh:a", 160, 180).unwrap(), 180);
+        assert_eq!(
+            identity_accepted_until(&conn, "gh:a").unwrap(),
+            Some(200),
+            "the latest window of the identity's tokens"
+        );
+        assert_eq!(identity_accepted_until(&conn, "gh:other").unwrap(), None);
         // Swept once its window is over.
         assert_eq!(record(&conn, "g", "gh:b", 201, 300).unwrap(), 300);
         assert_eq!(recorded_until(&conn, "h").unwrap(), None);
+        assert_eq!(identity_accepted_until(&conn, "gh:a").unwrap(), None);
     }
 }

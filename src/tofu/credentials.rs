@@ -250,6 +250,32 @@ pub fn grant_of(
     .optional()
 }
 
+/// Whether the issued workspace token named `name` is provably gone at `now` — every
+/// token ever issued under the name revoked or expired (a name reissued to a live token
+/// is not gone) — and the last time any of them was used (as written; the pending times
+/// of this node are flushed first by the caller). `None`: not gone, or no such token.
+pub fn token_end(
+    conn: &Connection,
+    name: &str,
+    now: i64,
+) -> Result<Option<(super::lock::Gone, Option<i64>)>, crate::store::sql::Error> {
+    let named = tokens::named(conn, tokens::Kind::Workspace, name)?;
+    if named.is_empty() || named.iter().any(|t| t.is_live(now)) {
+        return Ok(None);
+    }
+    let why = if named.iter().any(|t| t.revoked) {
+        super::lock::Gone::TokenRevoked
+    } else {
+        super::lock::Gone::TokenExpired
+    };
+    let mut last_used = None;
+    for t in &named {
+        let used = grant_of(conn, &t.sha256)?.and_then(|(_, used)| used);
+        last_used = last_used.max(used);
+    }
+    Ok(Some((why, last_used)))
+}
+
 /// Writes a batch of last-used times (never moving one back).
 pub fn record_last_used(
     conn: &Connection,

@@ -505,6 +505,208 @@ pub fn delete_lock(conn: &Connection, workspace: &str) -> Result<(), crate::stor
     Ok(())
 }
 
+/// Why the credential that took a lock is provably gone: it can make no request any
+/// more, so nothing of the run that held the lock can still be going through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gone {
+    /// An issued workspace token (`token:<name>`) every copy of which is revoked (or
+    /// revoked or expired).
+    TokenRevoked,
+    /// An issued workspace token whose every copy expired (none revoked).
+    TokenExpired,
+    /// A drift run's credential (`drift:run-N`), ended when its run finished (or its
+    /// expiry passed).
+    RunFinished,
+    /// A CI identity (`ci:<issuer>:<identity>`) none of whose tokens is accepted any
+    /// more: each past its run window and its own expiry.
+    IdentityWindowEnded,
+}
+
+impl Gone {
+    /// As the audit row and the log say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gone::TokenRevoked => "token revoked",
+            Gone::TokenExpired => "token expired",
+            Gone::RunFinished => "run finished",
+            Gone::IdentityWindowEnded => "identity window ended",
+        }
+    }
+
+    /// A fixed metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Gone::TokenRevoked => "token_revoked",
+            Gone::TokenExpired => "token_expired",
+            Gone::RunFinished => "run_finished",
+            Gone::IdentityWindowEnded => "identity_window_ended",
+        }
+    }
+}
+
+/// The kind of credential a lock records, as far as a lease goes: only these three can
+/// be proved gone. A workspace's derived credential (`tf:`), a consumer, a client
+/// certificate, a person, an operator's move, a lock of an earlier release (no
+/// credential recorded) are none of them: a lease never releases their locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leasable<'a> {
+    /// `token:<name>`.
+    Token(&'a str),
+    /// `drift:run-N`, the whole recorded name.
+    Run(&'a str),
+    /// `ci:<issuer>:<identity>`, without the `ci:`.
+    Ci(&'a str),
+}
+
+/// What [`Leasable`] a recorded credential name is, if any.
+pub fn leasable(credential: Option<&str>) -> Option<Leasable<'_>> {
+    let name = credential?;
+    if let Some(token) = name.strip_prefix("token:").filter(|n| !n.is_empty()) {
+        return Some(Leasable::Token(token));
+    }
+    if let Some(identity) = name.strip_prefix("ci:").filter(|n| !n.is_empty()) {
+        return Some(Leasable::Ci(identity));
+    }
+    let run = name.strip_prefix("drift:run-")?;
+    (!run.is_empty() && run.bytes().all(|b| b.is_ascii_digit())).then_some(Leasable::Run(name))
+}
+
+/// The `[[lock_policy]]` entries: per workspace pattern, the lease of gone
+/// credentials' locks. The first entry naming a workspace is its policy; a workspace
+/// none names has no lease (its locks are only ever flagged stale).
+#[derive(Debug, Clone, Default)]
+pub struct LeasePolicies(Vec<(Vec<crate::names::Pattern>, i64)>);
+
+impl LeasePolicies {
+    pub fn from_config(
+        policies: &[crate::config::LockPolicyConfig],
+    ) -> Result<LeasePolicies, crate::config::ConfigError> {
+        policies
+            .iter()
+            .enumerate()
+            .map(|(at, p)| {
+                let lease = i64::try_from(p.lease_seconds(at)?).unwrap_or(i64::MAX);
+                Ok((p.patterns(at)?, lease))
+            })
+            .collect::<Result<_, _>>()
+            .map(LeasePolicies)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The lease (seconds) of `workspace`'s locks, if a policy names it.
+    pub fn lease_of(&self, workspace: &str) -> Option<i64> {
+        self.0
+            .iter()
+            .find(|(patterns, _)| patterns.iter().any(|p| p.matches(workspace)))
+            .map(|(_, lease)| *lease)
+    }
+
+    /// The shortest lease of any policy (how often housekeeping looks).
+    pub fn shortest(&self) -> Option<i64> {
+        self.0.iter().map(|(_, lease)| *lease).min()
+    }
+}
+
+/// What a lease does to one lock holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// Left alone: no policy names the workspace, its credential is not provably
+    /// gone, or it has not been idle for the whole lease.
+    Keep,
+    /// Released: its credential is gone (`why`) and it has been idle `idle_seconds`,
+    /// longer than the lease.
+    Expire { why: Gone, idle_seconds: i64 },
+}
+
+/// The lease rule for one holder. `lease`: the policy's, `None` when no policy names
+/// the workspace. `gone`: why its credential is provably gone, `None` when it is not
+/// (or it is not a [`Leasable`] credential). `taken`: when the lock was taken (unix
+/// seconds; `None`, unreadable: never released). `last_use`: the credential's last
+/// known use. Idle time runs from the later of the two; both conditions must hold:
+/// Terraform writes state during a long apply, but a resource can take an hour
+/// without a write, so an idle lock alone does not mean a dead run, and a gone
+/// credential alone does not mean its last run is not still finishing.
+pub fn decide_lease(
+    lease: Option<i64>,
+    gone: Option<Gone>,
+    taken: Option<i64>,
+    last_use: Option<i64>,
+    now: i64,
+) -> Lease {
+    let (Some(lease), Some(why), Some(taken)) = (lease, gone, taken) else {
+        return Lease::Keep;
+    };
+    let since = last_use.map_or(taken, |used| used.max(taken));
+    let idle_seconds = now.saturating_sub(since);
+    if idle_seconds > lease {
+        Lease::Expire { why, idle_seconds }
+    } else {
+        Lease::Keep
+    }
+}
+
+/// One holder a lease may release: the exclusive one or one plan holder, with the
+/// credential that took it and when (unix seconds; `None` when unreadable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCandidate {
+    pub workspace: String,
+    pub lock: HeldLock,
+    pub shared: bool,
+    pub credential: String,
+    pub taken: Option<i64>,
+}
+
+/// Every holder of a workspace `policies` names whose recorded credential is
+/// [`leasable`]: the only locks a lease may release.
+pub fn lease_candidates(
+    conn: &Connection,
+    policies: &LeasePolicies,
+) -> Result<Vec<LeaseCandidate>, crate::store::sql::Error> {
+    let unix = |at: &str| crate::store::retention::parse_time(at).map(|t| t.unix_timestamp());
+    let mut out = Vec::new();
+    let mut stmt = conn.prepare(
+        "SELECT workspace, lock_id, info, created_at, credential FROM tf_locks WHERE credential IS NOT NULL",
+    )?;
+    let exclusive = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                HeldLock {
+                    id: r.get(1)?,
+                    info: r.get(2)?,
+                },
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let plans = all_plan_rows(conn)?
+        .into_iter()
+        .map(|(ws, p)| (ws, p.lock, p.created_at, p.credential, true));
+    let exclusive = exclusive
+        .into_iter()
+        .map(|(ws, lock, at, credential)| (ws, lock, at, credential, false));
+    for (workspace, lock, at, credential, shared) in exclusive.chain(plans) {
+        if policies.lease_of(&workspace).is_none() || leasable(credential.as_deref()).is_none() {
+            continue;
+        }
+        let Some(credential) = credential else {
+            continue;
+        };
+        out.push(LeaseCandidate {
+            taken: unix(&at),
+            workspace,
+            lock,
+            shared,
+            credential,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -685,6 +887,143 @@ mod tests {
                 "holders {holders:?}, write with {id:?}"
             );
         }
+    }
+
+    #[test]
+    fn only_provably_ending_credentials_are_leasable() {
+        let table: &[(Option<&str>, Option<Leasable>)] = &[
+            (Some("token:ci"), Some(Leasable::Token("ci"))),
+            (Some("drift:run-12"), Some(Leasable::Run("drift:run-12"))),
+            (
+                Some("ci:gh:acme/infra@main"),
+                Some(Leasable::Ci("gh:acme/infra@main")),
+            ),
+            // The derived credential, a consumer, a certificate, an operator, a lock
+            // of an earlier release, and names that only look alike.
+            (Some("tf:ci-a"), None),
+            (Some("consumer:ci-a"), None),
+            (Some("cert:build.example"), None),
+            (Some("operator:alice"), None),
+            (Some("stategate"), None),
+            (None, None),
+            (Some("token:"), None),
+            (Some("ci:"), None),
+            (Some("drift:run-"), None),
+            (Some("drift:run-1x"), None),
+            (Some("Token:ci"), None),
+            (Some(" token:ci"), None),
+        ];
+        for (credential, expected) in table {
+            assert_eq!(leasable(*credential), *expected, "{credential:?}");
+        }
+    }
+
+    #[test]
+    fn a_lease_ends_only_a_gone_credential_idle_for_longer_than_it() {
+        let gone = Some(Gone::TokenRevoked);
+        let expire = |idle| Lease::Expire {
+            why: Gone::TokenRevoked,
+            idle_seconds: idle,
+        };
+        // (lease, gone, taken, last use, now) → lease decision
+        type Row = (
+            Option<i64>,
+            Option<Gone>,
+            Option<i64>,
+            Option<i64>,
+            i64,
+            Lease,
+        );
+        let table: &[Row] = &[
+            (Some(60), gone, Some(1000), None, 1061, expire(61)),
+            (Some(60), gone, Some(1000), None, 1060, Lease::Keep),
+            (Some(60), gone, Some(1000), None, 1000, Lease::Keep),
+            // Idle from the later of taken and last use.
+            (Some(60), gone, Some(1000), Some(1050), 1100, Lease::Keep),
+            (Some(60), gone, Some(1000), Some(1050), 1111, expire(61)),
+            (Some(60), gone, Some(1000), Some(500), 1061, expire(61)),
+            // Not gone (a live credential, a derived one), no policy, unknown time.
+            (Some(60), None, Some(1000), None, 99_999, Lease::Keep),
+            (None, gone, Some(1000), None, 99_999, Lease::Keep),
+            (Some(60), gone, None, None, 99_999, Lease::Keep),
+            // A clock that went back makes nothing idle.
+            (Some(60), gone, Some(1000), None, 10, Lease::Keep),
+            (
+                Some(60),
+                gone,
+                Some(i64::MIN),
+                None,
+                i64::MAX,
+                expire(i64::MAX),
+            ),
+        ];
+        for (lease, gone, taken, last_use, now, expected) in table {
+            assert_eq!(
+                decide_lease(*lease, *gone, *taken, *last_use, *now),
+                *expected,
+                "{lease:?} {gone:?} {taken:?} {last_use:?} {now}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_policy_naming_a_workspace_is_its_lease() {
+        let policy = |w: &[&str], lease: &str| crate::config::LockPolicyConfig {
+            workspaces: w.iter().map(|s| s.to_string()).collect(),
+            lease: lease.into(),
+        };
+        let policies = LeasePolicies::from_config(&[
+            policy(&["ci-prod-*"], "2h"),
+            policy(&["ci-*", "build"], "30m"),
+        ])
+        .unwrap();
+        assert_eq!(policies.lease_of("ci-prod-web"), Some(7200));
+        assert_eq!(policies.lease_of("ci-dev"), Some(1800));
+        assert_eq!(policies.lease_of("build"), Some(1800));
+        assert_eq!(policies.lease_of("prod"), None);
+        assert_eq!(policies.lease_of("xci-dev"), None);
+        assert_eq!(policies.shortest(), Some(1800));
+        assert!(LeasePolicies::default().is_empty());
+        assert_eq!(LeasePolicies::default().shortest(), None);
+        let err = LeasePolicies::from_config(&[policy(&["ci-*"], "soon")]).unwrap_err();
+        assert!(err.to_string().contains("lock_policy[0].lease"), "{err}");
+    }
+
+    #[test]
+    fn lease_candidates_are_leasable_holders_of_named_workspaces() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let policies = LeasePolicies::from_config(&[crate::config::LockPolicyConfig {
+            workspaces: vec!["ci-*".into()],
+            lease: "1m".into(),
+        }])
+        .unwrap();
+        put_lock(&conn, "ci-a", &held("a"), "token:ci").unwrap();
+        put_lock(&conn, "ci-b", &held("b"), "tf:ci-b").unwrap();
+        put_lock(&conn, "prod", &held("c"), "token:ci").unwrap();
+        put_plan_lock(&conn, "ci-p", &plan_held("p"), "token:ci").unwrap();
+        put_plan_lock(&conn, "ci-p", &plan_held("q"), "cert:me").unwrap();
+        put_plan_lock(&conn, "ci-p", &plan_held("r"), "drift:run-3").unwrap();
+        let mut found: Vec<(String, String, bool, String)> = lease_candidates(&conn, &policies)
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                assert!(c.taken.is_some(), "{c:?}");
+                (c.workspace, c.lock.id, c.shared, c.credential)
+            })
+            .collect();
+        found.sort();
+        let want = |ws: &str, id: &str, shared, by: &str| {
+            (ws.to_string(), id.to_string(), shared, by.to_string())
+        };
+        assert_eq!(
+            found,
+            [
+                want("ci-a", "a", false, "token:ci"),
+                want("ci-p", "p", true, "token:ci"),
+                want("ci-p", "r", true, "drift:run-3"),
+            ]
+        );
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct TofuBackend {
     downgrade: Arc<posture::DowngradePolicy>,
     /// The CI issuers whose job tokens are credentials (`[[ci_identity]]`).
     ci: Arc<ci_identity::CiIdentities>,
+    /// Leases on the locks of gone credentials (`[[lock_policy]]`).
+    leases: Arc<lock::LeasePolicies>,
 }
 
 /// Audit event of an operator rollback (payload: versions and serial, never content).
@@ -104,6 +106,9 @@ pub const EVENT_RESOURCES_MOVED: &str = "tf.resources_moved";
 pub const HOUSEKEEPING: &str = "stategate";
 /// The locks of a move whose process is gone were released (actor [`HOUSEKEEPING`]).
 pub const EVENT_MOVE_ABANDONED: &str = "tf.move_abandoned";
+/// A lease released the idle lock of a gone credential (actor [`HOUSEKEEPING`];
+/// payload: the holder, the credential that took it, why it is gone, idle time, lease).
+pub const EVENT_LOCK_EXPIRED: &str = "tf.lock_expired";
 
 /// An audit row of `workspace` by `actor`, the name of the credential that acted
 /// ([`Credential::name`]) or the operator.
@@ -610,18 +615,103 @@ fn release(
     event: &'static str,
 ) -> Result<(), Error> {
     for holder in freed {
-        if held.exclusive.as_ref() == Some(holder) {
-            lock::delete_lock(conn, ws).map_err(DbError::from)?;
-        } else {
-            lock::delete_plan_lock(conn, ws, Some(&holder.id)).map_err(DbError::from)?;
-        }
-        let mut payload = lock_summary(holder);
-        if held.exclusive.is_none() {
-            payload["shared"] = true.into();
-        }
-        insert_audit(conn, &audit(actor, ws, event, payload)).map_err(DbError::from)?;
+        let exclusive = held.exclusive.as_ref() == Some(holder);
+        release_one(
+            conn,
+            ws,
+            holder,
+            exclusive,
+            actor,
+            event,
+            serde_json::Map::new(),
+        )?;
     }
     Ok(())
+}
+
+/// Deletes one holder's row (the exclusive one, or one plan holder) and audits it:
+/// its ID, Who and Operation, `shared` for a plan holder, and `more`.
+fn release_one(
+    conn: &Connection,
+    ws: &str,
+    holder: &HeldLock,
+    exclusive: bool,
+    actor: &str,
+    event: &'static str,
+    more: serde_json::Map<String, serde_json::Value>,
+) -> Result<(), Error> {
+    if exclusive {
+        lock::delete_lock(conn, ws).map_err(DbError::from)?;
+    } else {
+        lock::delete_plan_lock(conn, ws, Some(&holder.id)).map_err(DbError::from)?;
+    }
+    let mut payload = lock_summary(holder);
+    if !exclusive {
+        payload["shared"] = true.into();
+    }
+    if let serde_json::Value::Object(fields) = &mut payload {
+        fields.extend(more);
+    }
+    insert_audit(conn, &audit(actor, ws, event, payload)).map_err(DbError::from)?;
+    Ok(())
+}
+
+/// A lock a lease released ([`TofuBackend::expire_leased_locks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredLock {
+    pub workspace: String,
+    pub lock_id: String,
+    /// The credential that took it (`token:<name>`, `drift:run-N`, `ci:…`).
+    pub taken_by: String,
+    pub why: lock::Gone,
+    pub idle_seconds: i64,
+    pub shared: bool,
+}
+
+/// What the lease rule says of `candidate` at `now`: whether its credential is gone,
+/// from its owner's table, and its last known use (its owner's record, and the newest
+/// version of the workspace when that credential wrote it).
+fn judge_lease(
+    conn: &Connection,
+    policies: &lock::LeasePolicies,
+    candidate: &lock::LeaseCandidate,
+    now: i64,
+) -> Result<lock::Lease, crate::store::sql::Error> {
+    use lock::{Gone, Leasable};
+    let lease = policies.lease_of(&candidate.workspace);
+    let (gone, mut last_use) = match lock::leasable(Some(&candidate.credential)) {
+        None => (None, None),
+        Some(Leasable::Token(name)) => match credentials::token_end(conn, name, now)? {
+            Some((why, used)) => (Some(why), used),
+            None => (None, None),
+        },
+        Some(Leasable::Run(name)) => {
+            let gone = !run_credential::is_live(conn, name, now)?;
+            (gone.then_some(Gone::RunFinished), None)
+        }
+        Some(Leasable::Ci(identity)) => {
+            let until = ci_identity::identity_accepted_until(conn, identity)?;
+            let gone = until.is_none_or(|until| until <= now);
+            (gone.then_some(Gone::IdentityWindowEnded), None)
+        }
+    };
+    if gone.is_none() || lease.is_none() {
+        return Ok(lock::Lease::Keep);
+    }
+    if let Some(row) = crate::store::latest_row(conn, &scope(&candidate.workspace))? {
+        if row.actor == candidate.credential {
+            let written =
+                crate::store::retention::parse_time(&row.created_at).map(|t| t.unix_timestamp());
+            last_use = last_use.max(written);
+        }
+    }
+    Ok(lock::decide_lease(
+        lease,
+        gone,
+        candidate.taken,
+        last_use,
+        now,
+    ))
 }
 
 /// Operator writes (rollback, restore) wait for nobody: refused (423 + holder's
@@ -640,7 +730,20 @@ impl TofuBackend {
             last_used: credentials::LastUsed::default(),
             downgrade: Arc::default(),
             ci: Arc::default(),
+            leases: Arc::default(),
         }
+    }
+
+    /// Releases, in housekeeping, the idle locks of gone credentials on the
+    /// workspaces `policies` names (`[[lock_policy]]`, [`Self::expire_leased_locks`]).
+    pub fn with_lease_policies(mut self, policies: lock::LeasePolicies) -> Self {
+        self.leases = Arc::new(policies);
+        self
+    }
+
+    /// The lease policies in force.
+    pub fn lease_policies(&self) -> &lock::LeasePolicies {
+        &self.leases
     }
 
     /// Accepts the job tokens of these CI issuers (`[[ci_identity]]`).
@@ -1532,6 +1635,80 @@ impl TofuBackend {
                     released.push(m.move_id);
                 }
                 Ok(released)
+            })
+            .await
+    }
+
+    /// Releases every lock a lease ends (`[[lock_policy]]`, [`lock::decide_lease`]):
+    /// on a workspace a policy names, taken by a credential that is provably gone (a
+    /// revoked or expired workspace token, a finished drift run, a CI identity past its
+    /// run window), idle longer than the lease since it was taken or its credential was
+    /// last used. Each holder (exclusive, or each plan holder on its own) is audited as
+    /// `tf.lock_expired` by [`HOUSEKEEPING`]. Judged on a reader first (most passes find
+    /// nothing and take no write lock), then again in the writer's transaction. This
+    /// node's pending token uses are written first, so its last uses count.
+    pub async fn expire_leased_locks(&self) -> Result<Vec<ExpiredLock>, Error> {
+        if self.leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.flush_last_used().await?;
+        let policies = Arc::clone(&self.leases);
+        let now = unix_now();
+        let judged = self
+            .db
+            .read(move |conn| {
+                let mut due = Vec::new();
+                for c in lock::lease_candidates(conn, &policies)? {
+                    if judge_lease(conn, &policies, &c, now)? != lock::Lease::Keep {
+                        due.push((c.workspace, c.lock.id));
+                    }
+                }
+                Ok(due)
+            })
+            .await?;
+        if judged.is_empty() {
+            return Ok(Vec::new());
+        }
+        let policies = Arc::clone(&self.leases);
+        self.db
+            .write(move |conn| -> Result<Vec<ExpiredLock>, Error> {
+                let now = unix_now();
+                let mut expired = Vec::new();
+                let candidates = lock::lease_candidates(conn, &policies).map_err(DbError::from)?;
+                for c in candidates {
+                    if !judged.contains(&(c.workspace.clone(), c.lock.id.clone())) {
+                        continue;
+                    }
+                    let lock::Lease::Expire { why, idle_seconds } =
+                        judge_lease(conn, &policies, &c, now).map_err(DbError::from)?
+                    else {
+                        continue;
+                    };
+                    let mut more = serde_json::Map::new();
+                    more.insert("taken_by".into(), c.credential.clone().into());
+                    more.insert("why".into(), why.as_str().into());
+                    more.insert("idle_seconds".into(), idle_seconds.into());
+                    let lease = policies.lease_of(&c.workspace).unwrap_or_default();
+                    more.insert("lease_seconds".into(), lease.into());
+                    release_one(
+                        conn,
+                        &c.workspace,
+                        &c.lock,
+                        !c.shared,
+                        HOUSEKEEPING,
+                        EVENT_LOCK_EXPIRED,
+                        more,
+                    )?;
+                    expired.push(ExpiredLock {
+                        workspace: c.workspace,
+                        lock_id: c.lock.id,
+                        taken_by: c.credential,
+                        why,
+                        idle_seconds,
+                        shared: c.shared,
+                    });
+                }
+                Ok(expired)
             })
             .await
     }

@@ -85,6 +85,20 @@ pub fn lookup(
     .optional()
 }
 
+/// Whether the run credential `name` (`drift:run-N`) can still be used at `now`: its
+/// row is there (a finished or closed run's is deleted) and not expired.
+pub fn is_live(
+    conn: &Connection,
+    name: &str,
+    now_unix: i64,
+) -> Result<bool, crate::store::sql::Error> {
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT expires_unix FROM tf_run_credentials WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?;
+    Ok(found.is_some_and(|expires| expires > now_unix))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,7 +133,14 @@ mod tests {
             "re-issued: the old secret is gone"
         );
         assert_eq!(found("prod", &again, 0).as_deref(), Some("drift:run-7"));
+        assert!(is_live(&conn, &name_of_run(7), 999).unwrap());
+        assert!(!is_live(&conn, &name_of_run(7), 1000).unwrap(), "expired");
+        assert!(!is_live(&conn, &name_of_run(8), 0).unwrap(), "never issued");
         revoke(&conn, &name_of_run(7)).unwrap();
         assert_eq!(found("prod", &again, 0), None);
+        assert!(
+            !is_live(&conn, &name_of_run(7), 0).unwrap(),
+            "its run finished"
+        );
     }
 }

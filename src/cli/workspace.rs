@@ -95,11 +95,20 @@ pub enum WorkspaceCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Force-unlock (audited as tf.lock_forced): prints the holder and asks for the
-    /// workspace name back unless --yes. An unlocked workspace: says so, exit 0.
+    /// Force-unlock (audited as tf.lock_forced, once per holder freed): prints the
+    /// holders and asks for the workspace name back unless --yes. While several plans
+    /// share the lock, name one with --lock-id or free them all with --all. An
+    /// unlocked workspace: says so, exit 0.
     Unlock {
         /// The workspace (its name in the backend address).
         workspace: String,
+        /// Free only the holder with this lock ID (one plan holder, or the exclusive
+        /// holder); another ID changes nothing.
+        #[arg(long, conflicts_with = "all")]
+        lock_id: Option<String>,
+        /// Free every holder: every plan sharing the lock, or the exclusive holder.
+        #[arg(long)]
+        all: bool,
         /// Do not ask for the typed confirmation.
         #[arg(long)]
         yes: bool,
@@ -321,9 +330,11 @@ pub fn run(config: &Config, command: WorkspaceCommand) -> anyhow::Result<()> {
         } => diff(config, &workspace, from, to, json),
         WorkspaceCommand::Unlock {
             workspace,
+            lock_id,
+            all,
             yes,
             json,
-        } => unlock(config, &workspace, yes, json),
+        } => unlock(config, &workspace, lock_id, all, yes, json),
         WorkspaceCommand::Restore { workspace, json } => restore(config, &workspace, json),
         WorkspaceCommand::AllowWrite {
             workspace,
@@ -883,31 +894,63 @@ pub fn diff(
     Ok(())
 }
 
-pub fn unlock(config: &Config, workspace: &str, yes: bool, json: bool) -> anyhow::Result<()> {
+pub fn unlock(
+    config: &Config,
+    workspace: &str,
+    lock_id: Option<String>,
+    all: bool,
+    yes: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
-    let Some(holder) = o.run(o.ops.lock(workspace))? else {
+    let Some(shown) = o.run(o.ops.lock(workspace))? else {
         if json {
             json_line(&serde_json::json!({ "unlocked": false, "holder": null }))?;
         }
         eprintln!("workspace {workspace} is not locked; nothing to do");
         return Ok(());
     };
-    eprintln!(
-        "workspace {workspace} is locked by {:?} ({}, lock {}, held {}{}).",
-        holder.who,
-        holder.operation,
-        holder.id,
-        age(holder.age_seconds),
-        if holder.stale { ", STALE" } else { "" }
-    );
+    // Every holder: the plans sharing the lock, or the exclusive one.
+    let plans = o.run(o.ops.workspace(workspace))?.plans;
+    let holders = if plans.is_empty() { vec![shown] } else { plans };
+    let describe = |h: &stategate::operator::LockState| {
+        format!(
+            "{:?} ({}, lock {}, held {}{})",
+            h.who,
+            h.operation,
+            h.id,
+            age(h.age_seconds),
+            if h.stale { ", STALE" } else { "" }
+        )
+    };
+    if let [holder] = holders.as_slice() {
+        eprintln!("workspace {workspace} is locked by {}.", describe(holder));
+    } else {
+        eprintln!(
+            "workspace {workspace} is locked by {} plans sharing it:",
+            holders.len()
+        );
+        for h in &holders {
+            eprintln!("  {}", describe(h));
+        }
+    }
+    // `None`: every holder.
+    let expected: Option<String> = match (&lock_id, all, holders.as_slice()) {
+        (Some(id), _, _) if !holders.iter().any(|h| &h.id == id) => {
+            bail!("no holder of {workspace}'s lock has the lock ID {id:?}; nothing was changed")
+        }
+        (Some(id), _, _) => Some(id.clone()),
+        (None, true, _) => None,
+        (None, false, [holder]) => Some(holder.id.clone()),
+        (None, false, _) => bail!(
+            "several plans share {workspace}'s lock: choose one with --lock-id ID, or free them all with --all; nothing was changed"
+        ),
+    };
     eprintln!("Unlocking lets another run write while that run may still be going.");
     if !yes && !confirmed(workspace, "force-unlock it")? {
         bail!("aborted: the name did not match; nothing was changed");
     }
-    let done = o.run(
-        o.ops
-            .unlock(workspace, Some(holder.id.clone()), &operator()),
-    )?;
+    let done = o.run(o.ops.unlock(workspace, expected, &operator()))?;
     if json {
         json_line(&done)?;
     }

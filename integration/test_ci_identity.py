@@ -299,7 +299,9 @@ def test_a_token_replayed_after_its_window_is_refused(server, issuer):
     assert http("GET", _url(server, ws), bearer=token).status == 200
     seen = server.query("SELECT identity, until_unix - first_seen_unix FROM tf_ci_tokens WHERE identity LIKE ?",
                         ("gitlab:acme/infra@main#pipeline 574",))
-    assert seen and all(r[1] == 30 for r in seen), seen
+    # max_run_seconds after first seen, or the token's own exp (+ leeway) when later: an
+    # earlier test's 5-minute token of the same identity is accepted until its exp.
+    assert seen and any(r[1] == 30 for r in seen) and all(r[1] >= 30 for r in seen), seen
     time.sleep(max(0, t0 + 19 - time.time()))
     assert http("GET", _url(server, ws), bearer=token).status == 200, "inside its window"
     # First seen after its expiry: never.

@@ -10,6 +10,11 @@
 //! digits, a leading zero, `+`, overlong, percent-encoded, NUL), raw in the request
 //! line: never let through, the same answer for every principal, nothing changed.
 //!
+//! The cluster API's routes are held to the same property with its own identities: an
+//! admin and a member of the org that owns a cluster and an admin of another org, beside
+//! every other credential; only the owning org's admin gets through, and another org's
+//! cluster answers the same bytes as a missing one.
+//!
 //! What each route needs is written out here, not read from `http::guard`; a route of
 //! the table without an entry fails the test, so a new route gets a stated rule.
 
@@ -53,7 +58,7 @@ enum Need {
     Operator(Option<Action>, Aim),
     /// A workspace credential for this use of the `{ws}` value.
     Backend(Use),
-    /// An org admin of the cluster API (a separate identity: only spellings are tested).
+    /// An admin of the org that owns the `{id}` cluster (the cluster API's identities).
     Cluster,
 }
 
@@ -151,6 +156,12 @@ enum Principal {
         what: &'static str,
         secret: String,
     },
+    /// A cluster API principal: `admin` of `org`, or a member.
+    OrgMember {
+        org: &'static str,
+        admin: bool,
+        token: String,
+    },
 }
 
 impl Principal {
@@ -162,6 +173,9 @@ impl Principal {
             Principal::Workspace { .. } => "dev-a's credential".into(),
             Principal::Consumer { .. } => "dev-c's credential (a consumer of dev-a)".into(),
             Principal::Run { what, .. } => format!("{what} drift run credential of dev-a"),
+            Principal::OrgMember { org, admin, .. } => {
+                format!("{} of org {org}", if *admin { "admin" } else { "member" })
+            }
         }
     }
 
@@ -176,7 +190,8 @@ impl Principal {
                 Principal::Token { secret, .. }
                 | Principal::Workspace { secret }
                 | Principal::Consumer { secret }
-                | Principal::Run { secret, .. },
+                | Principal::Run { secret, .. }
+                | Principal::OrgMember { token: secret, .. },
                 _,
             ) => {
                 format!("Authorization: Bearer {secret}\r\n")
@@ -238,6 +253,12 @@ fn let_through(route: &Route, a: &Answer) -> bool {
                 && a.location.as_deref() != Some("/ui/login")
                 && a.status != 401
         }
+        // Another org's cluster answers exactly like a missing one (the contract).
+        Surface::Cluster => {
+            a.status != 401
+                && a.status != 403
+                && !(a.status == 404 && a.body.contains("cluster not found"))
+        }
         _ => a.status != 401 && a.status != 403,
     }
 }
@@ -277,6 +298,16 @@ fn operator_may(role: &str, patterns: Option<&str>, action: Action, target: Targ
 fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool {
     match (need(route), p) {
         (Need::Public, _) => true,
+        // Only an admin of the org that owns the cluster; another org's cluster answers
+        // like a missing one.
+        (Need::Cluster, Principal::OrgMember { org, admin, .. }) => {
+            let owner = match ws {
+                ACME_CLUSTER => Some("acme"),
+                GLOBEX_CLUSTER => Some("globex"),
+                _ => None,
+            };
+            *admin && owner == Some(*org)
+        }
         (Need::Cluster, _) => false,
         (Need::Operator(action, aim), Principal::Operator { role, patterns, .. }) => {
             let Some(action) = action else {
@@ -331,18 +362,30 @@ fn targets(route: &Route) -> Vec<(&'static str, &'static str, &'static str)> {
     if p.contains("{run}") {
         return ["2", "1", "999"].map(|r| ("dev-a", "dev-b", r)).to_vec();
     }
+    if p.contains("{id}") {
+        // acme's, globex's, one nobody made, and a value that is no cluster id (the
+        // cluster id is carried in the `ws` slot).
+        return [
+            ACME_CLUSTER,
+            GLOBEX_CLUSTER,
+            MISSING_CLUSTER,
+            "not-a-cluster",
+        ]
+        .map(|id| (id, "dev-b", "2"))
+        .to_vec();
+    }
     vec![("dev-a", "dev-b", "2")]
 }
 
 fn fill(route: &Route, ws: &str, to: &str, run: &str) -> (String, Option<String>) {
     let value = |name: &str| match name {
+        "id" => ws.to_string(),
         "ws" => ws.to_string(),
         "to" => to.to_string(),
         "run" => run.to_string(),
         "version" => "1".into(),
         "from" => "2".into(),
         "token" => "nobody".into(),
-        "id" => "3f2b8c1e-8d4a-4c55-9a53-0c1d2e3f4a5b".into(),
         other => panic!("no value for {{{other}}}"),
     };
     (route.fill(value), route.fill_query(value))
@@ -403,8 +446,17 @@ fn also_valid(placeholder: &str, text: &str) -> bool {
     }
 }
 
+/// The cluster API's fixture: acme's cluster (with a pushed state), globex's, and an id
+/// nobody made.
+const ACME_CLUSTER: &str = "0a0a0a0a-0000-4000-8000-00000000a0a0";
+const GLOBEX_CLUSTER: &str = "0b0b0b0b-0000-4000-8000-00000000b0b0";
+const MISSING_CLUSTER: &str = "0c0c0c0c-0000-4000-8000-00000000c0c0";
+
 async fn fixture() -> (TestServer, Vec<Principal>) {
-    let server = TestServer::start().await;
+    let server = TestServer::start_with(|config| {
+        config.cluster.state_enc_key = Some("ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=".into());
+    })
+    .await;
     let http = reqwest::Client::new();
     for ws in ["prod-x", "dev-a"] {
         for serial in 1..=2 {
@@ -497,7 +549,51 @@ async fn fixture() -> (TestServer, Vec<Principal>) {
         principals.push(Principal::Run { live, what, secret });
     }
     stategate::tofu::run_credential::revoke(&server.db(), "drift:run-803").unwrap();
+    principals.extend(cluster_principals(&server).await);
     (server, principals)
+}
+
+/// acme's admin (who pushes acme's state here) and member, globex's admin; the two
+/// orgs' clusters.
+async fn cluster_principals(server: &TestServer) -> Vec<Principal> {
+    use stategate::cluster::identity::{self, Role};
+    let conn = server.db();
+    let mut out = Vec::new();
+    for (org, cluster) in [("acme", ACME_CLUSTER), ("globex", GLOBEX_CLUSTER)] {
+        identity::create_org(&conn, org).unwrap();
+        identity::create_cluster(&conn, org, None, Some(cluster)).unwrap();
+    }
+    for (org, email, admin) in [
+        ("acme", "a@acme.example", true),
+        ("acme", "m@acme.example", false),
+        ("globex", "g@globex.example", true),
+    ] {
+        let role = if admin { Role::Admin } else { Role::Member };
+        let token = identity::create_principal(&conn, org, email, role).unwrap();
+        out.push(Principal::OrgMember { org, admin, token });
+    }
+    let Principal::OrgMember { token, .. } = &out[0] else {
+        unreachable!()
+    };
+    let http = reqwest::Client::new();
+    let url = |tail: &str| format!("{}/v1/clusters/{ACME_CLUSTER}/{tail}", server.base);
+    let lock = http
+        .post(url("lock"))
+        .bearer_auth(token)
+        .body(r#"{"operation": "provision", "host": "ci"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lock.status(), 200);
+    let push = http
+        .put(url("tfstate"))
+        .bearer_auth(token)
+        .body(state(1, "cluster-lin", ""))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(push.status(), 200, "{:?}", push.text().await);
+    out
 }
 
 #[tokio::test]
@@ -513,13 +609,14 @@ async fn every_route_answers_as_the_permission_rules_say() {
     let (mut through, mut refused) = (0, 0);
     let mut ui_refusals: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
         Default::default();
+    let mut cluster_misses = std::collections::BTreeSet::new();
     // The backend first: the admin API's (refused) changes never reach its credentials.
     let mut order: Vec<&Route> = ROUTES.iter().filter(|r| r.surface == Surface::Tf).collect();
     order.extend(ROUTES.iter().filter(|r| r.surface != Surface::Tf));
     let db = server.db();
     let mut baseline = common::roles::snapshot_of(&db);
     for route in order {
-        if matches!(need(route), Need::Public | Need::Cluster) {
+        if matches!(need(route), Need::Public) {
             continue;
         }
         // Operators and one token at the admin API and the UI; the workspace
@@ -527,6 +624,8 @@ async fn every_route_answers_as_the_permission_rules_say() {
         let asking: Vec<&Principal> = principals
             .iter()
             .filter(|p| match (route.surface, p) {
+                // Every credential of every kind at the cluster API.
+                (Surface::Cluster, _) => true,
                 (Surface::Tf, Principal::Operator { email, .. }) => *email == "admin@x.io",
                 (Surface::Tf, _) => true,
                 (_, Principal::Token { scope, .. }) => *scope == Use::Write,
@@ -572,6 +671,10 @@ async fn every_route_answers_as_the_permission_rules_say() {
                     (Surface::Ui, 403) => {
                         ui_refusals.entry(p.label()).or_default().insert(a.body);
                     }
+                    // Another org's cluster and a missing one: the same bytes.
+                    (Surface::Cluster, 404) => {
+                        cluster_misses.insert(a.body);
+                    }
                     _ => {}
                 }
             }
@@ -580,6 +683,11 @@ async fn every_route_answers_as_the_permission_rules_say() {
     for (who, bodies) in &ui_refusals {
         assert_eq!(bodies.len(), 1, "{who}: UI refusals differ: {bodies:#?}");
     }
+    assert_eq!(
+        cluster_misses.len(),
+        1,
+        "another org's cluster and a missing one answer differently: {cluster_misses:#?}"
+    );
     assert!(
         through > 200 && refused > 200,
         "{through} let through, {refused} refused"

@@ -33,7 +33,7 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 /// shared plan holders), moves in progress, audit rows, tokens (issued, CI identity, run
 /// credentials), runs, operators and their SSO caps, write overrides, freezes, consumers,
 /// the resource timeline, the keyring. One count per query.
-pub const CHANGE_COUNTS: [&str; 23] = [
+pub const CHANGE_COUNTS: [&str; 25] = [
     "SELECT count(*) FROM versions",
     "SELECT count(*) FROM tf_locks",
     "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
@@ -57,6 +57,8 @@ pub const CHANGE_COUNTS: [&str; 23] = [
     "SELECT count(*) FROM resource_instance_digests",
     "SELECT count(*) FROM key_generations",
     "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
+    "SELECT count(*) FROM cluster_leases",
+    "SELECT coalesce(sum(heartbeat_at), 0) FROM cluster_leases",
 ];
 
 /// [`CHANGE_COUNTS`], read in one statement on `db` (the authorization property reads

@@ -787,6 +787,26 @@ impl pingora::services::background::BackgroundService for StaleLockService {
     }
 }
 
+/// Runs `pass` now and then every `every`, on the node that holds job `name`'s claim
+/// (one node of several does each pass), until shutdown.
+async fn every_claimed<F: std::future::Future<Output = ()>>(
+    claims: &crate::jobs::Claims,
+    name: &'static str,
+    every: std::time::Duration,
+    shutdown: &mut ShutdownWatch,
+    pass: impl Fn() -> F,
+) {
+    loop {
+        if claims.take(name, claim_time(Some(every))).await {
+            pass().await;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 /// How long a node holds a job's claim: past the next pass, so the node that runs them
 /// keeps them, and short enough that another takes over soon after it dies.
 fn claim_time(every: Option<std::time::Duration>) -> std::time::Duration {
@@ -879,19 +899,14 @@ impl LeaseService {
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for LeaseService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            if self
-                .claims
-                .take("lock-leases", claim_time(Some(self.every)))
-                .await
-            {
-                self.pass().await;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.every) => {}
-                _ = shutdown.changed() => return,
-            }
-        }
+        every_claimed(
+            &self.claims,
+            "lock-leases",
+            self.every,
+            &mut shutdown,
+            || self.pass(),
+        )
+        .await
     }
 }
 
@@ -969,19 +984,10 @@ struct RetentionService {
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for RetentionService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            if self
-                .claims
-                .take("retention", claim_time(Some(self.every)))
-                .await
-            {
-                self.pass().await;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(self.every) => {}
-                _ = shutdown.changed() => return,
-            }
-        }
+        every_claimed(&self.claims, "retention", self.every, &mut shutdown, || {
+            self.pass()
+        })
+        .await
     }
 }
 

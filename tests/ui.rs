@@ -2423,22 +2423,31 @@ async fn pages_offer_only_what_the_role_allows_and_show_it() {
     assert!(env.locked("dev-a"));
 }
 
+/// A workspace token to issue: `name`, one `pattern`, `scope`, no expiry.
+fn new_token(
+    name: &str,
+    pattern: &str,
+    scope: stategate::tofu::access::Scope,
+) -> stategate::tofu::credentials::NewWorkspaceToken {
+    stategate::tofu::credentials::NewWorkspaceToken {
+        name: name.into(),
+        grant: stategate::tofu::credentials::Grant {
+            patterns: vec![stategate::names::Pattern::parse(pattern).unwrap()],
+            scope,
+            include_sensitive: false,
+        },
+        expires_in: None,
+    }
+}
+
 /// The workspace page's token card (admin): the live tokens covering the workspace,
 /// each revoked by a confirmed POST carrying the CSRF token (the same call as the CLI's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_card_lists_and_revokes_workspace_tokens() {
-    use stategate::tofu::credentials::{Grant, NewWorkspaceToken};
+    use stategate::tofu::access::Scope;
     let env = Env::start().await;
     env.write("prod", common::state(1, "lin", "")).await;
-    let new = |name: &str, pattern: &str| NewWorkspaceToken {
-        name: name.into(),
-        grant: Grant {
-            patterns: vec![stategate::names::Pattern::parse(pattern).unwrap()],
-            scope: stategate::tofu::access::Scope::Read,
-            include_sensitive: false,
-        },
-        expires_in: None,
-    };
+    let new = |name: &str, pattern: &str| new_token(name, pattern, Scope::Read);
     let tofu = &env.server.app.tofu;
     let (secret, ci) = tofu
         .create_token(new("ci-prod", "prod*"), "t")
@@ -2498,18 +2507,10 @@ async fn the_token_card_lists_and_revokes_workspace_tokens() {
 /// the header for an admin only (who may read them: the authorization property test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tokens_and_keys_pages_show_what_the_cli_does() {
-    use stategate::tofu::credentials::{Grant, NewWorkspaceToken};
+    use stategate::tofu::access::Scope;
     let env = Env::start().await;
     env.write("prod", common::state(1, "lin", "")).await;
-    let new = |name: &str, pattern: &str| NewWorkspaceToken {
-        name: name.into(),
-        grant: Grant {
-            patterns: vec![stategate::names::Pattern::parse(pattern).unwrap()],
-            scope: stategate::tofu::access::Scope::Write,
-            include_sensitive: false,
-        },
-        expires_in: None,
-    };
+    let new = |name: &str, pattern: &str| new_token(name, pattern, Scope::Write);
     let tofu = &env.server.app.tofu;
     let (secret, ci) = tofu
         .create_token(new("ci-prod", "prod*"), "t")

@@ -373,3 +373,155 @@ async fn write_versions_commits_all_or_nothing() {
     );
     assert_eq!(blobs(), before + 2);
 }
+
+impl Env {
+    async fn admin_get(&self, path: &str) -> Value {
+        let (code, text) = status(
+            reqwest::Client::new()
+                .get(format!("{}/api/v1/admin/{path}", self.server.base))
+                .bearer_auth(&self.token),
+        )
+        .await;
+        assert_eq!(code, 200, "{path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// A UI session of the operator: a client that sends its cookie.
+    async fn ui(&self) -> reqwest::Client {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let r = http
+            .post(format!("{}/ui/login", self.server.base))
+            .form(&[("token", self.token.as_str())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 303);
+        let cookie = r.headers()["set-cookie"].to_str().unwrap();
+        let session = cookie.split(';').next().unwrap().to_string();
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("cookie", session.parse().unwrap());
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    }
+
+    async fn page(&self, ui: &reqwest::Client, path: &str) -> (u16, String) {
+        status(ui.get(format!("{}{path}", self.server.base))).await
+    }
+}
+
+/// Issue 38, item 9: a move's versions count only what moved, as "moved to/from
+/// <workspace>" and never as added or destroyed, in the version counts (admin API and
+/// UI), the diff (admin API and UI), the timeline (admin API and UI); untouched
+/// resources are not "changed"; and the audit row links each version to its own
+/// workspace (the two have different version numbers here, so a link to the wrong
+/// workspace would be a 404).
+#[tokio::test]
+async fn a_moves_versions_read_as_moved_everywhere_and_the_audit_links_both() {
+    let env = Env::start_with(|_| {}).await;
+    let net = [resource("a", 2), resource("b", 1), resource("keep", 1)];
+    env.put("net", 5, "lin-net", &net).await;
+    env.put("net", 6, "lin-net", &net).await;
+    env.put("app", 2, "lin-app", &[resource("x", 1)]).await;
+    let (code, text) = env
+        .moves(
+            "net",
+            "app",
+            json!({"addresses": ["terraform_data.a", "terraform_data.b"]}),
+        )
+        .await;
+    assert_eq!(code, 200, "{text}");
+    // net v3 lost three instances to app, app v2 got them from net.
+    let from = env.admin_get("workspaces/net/versions").await["versions"][0].clone();
+    let to = env.admin_get("workspaces/app/versions").await["versions"][0].clone();
+    assert_eq!(from["version"], 3);
+    assert_eq!(
+        from["changes"],
+        json!({"added": 0, "changed": 0, "removed": 0, "moved": 3})
+    );
+    assert_eq!(from["moved"], json!({"to": "app"}));
+    assert_eq!(to["version"], 2);
+    assert_eq!(
+        to["changes"],
+        json!({"added": 0, "changed": 0, "removed": 0, "moved": 3})
+    );
+    assert_eq!(to["moved"], json!({"from": "net"}));
+    // The version before the move is an ordinary one.
+    let before = env.admin_get("workspaces/net/versions").await["versions"][1].clone();
+    assert_eq!(before["moved"], Value::Null);
+    assert_eq!(before["changes"]["moved"], 0);
+
+    // The timeline: every address of the move's version moved; nothing "changed".
+    for (ws, version, moved) in [
+        ("net", 3, json!({"to": "app"})),
+        ("app", 2, json!({"from": "net"})),
+    ] {
+        let timeline = env.admin_get(&format!("workspaces/{ws}/timeline")).await;
+        let rows: Vec<&Value> = timeline["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["version"] == version)
+            .collect();
+        assert_eq!(rows.len(), 3, "{ws}: {timeline}");
+        for r in rows {
+            assert_eq!(
+                (&r["change"], &r["moved"]),
+                (&json!("moved"), &moved),
+                "{r}"
+            );
+        }
+    }
+
+    // The diff of the move's version against the one before it says so; a wider one
+    // does not pretend the move covered its other changes.
+    let d = env.admin_get("workspaces/net/diff?from=2&to=3").await;
+    assert_eq!(d["moved"], json!({"to": "app"}), "{d}");
+    let wide = env.admin_get("workspaces/net/diff?from=1&to=3").await;
+    assert!(wide.get("moved").is_none(), "{wide}");
+
+    // The UI: counts in the versions table, the timeline, the diff page.
+    let ui = env.ui().await;
+    let (code, page) = env.page(&ui, "/ui/workspaces/net").await;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("3 moved to app"), "{page}");
+    assert!(
+        page.contains(r#"<span class="badge">moved to app</span>"#),
+        "{page}"
+    );
+    assert!(!page.contains("−3"), "{page}");
+    let (_, page) = env.page(&ui, "/ui/workspaces/app").await;
+    assert!(page.contains("3 moved from net"), "{page}");
+    let (code, page) = env.page(&ui, "/ui/workspaces/net/diff?from=2&to=3").await;
+    assert_eq!(code, 200, "{page}");
+    assert!(page.contains("−0 to destroy"), "{page}");
+    assert!(page.contains(">3 moved to app</span>"), "{page}");
+    assert!(
+        page.contains(r#"<span class="badge moved">moved to app</span>"#),
+        "{page}"
+    );
+
+    // The audit row links net's v3 and app's v2, and both pages exist.
+    let (_, audit) = env.page(&ui, "/ui/audit?event=tf.resources_moved").await;
+    for link in [
+        "/ui/workspaces/net/versions/3",
+        "/ui/workspaces/app/versions/2",
+    ] {
+        assert!(
+            audit.contains(&format!(r#"href="{link}""#)),
+            "{link}: {audit}"
+        );
+        assert_eq!(env.page(&ui, link).await.0, 200, "{link}");
+    }
+    for wrong in [
+        "/ui/workspaces/net/versions/2\"",
+        "/ui/workspaces/app/versions/3",
+    ] {
+        assert!(!audit.contains(wrong), "{wrong}: {audit}");
+    }
+}

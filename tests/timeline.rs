@@ -365,10 +365,10 @@ async fn the_timeline_names_what_each_version_changed() {
     assert_eq!(
         counts,
         vec![
-            json!({"added": 1, "changed": 0, "removed": 0}),
-            json!({"added": 0, "changed": 0, "removed": 1}),
-            json!({"added": 1, "changed": 1, "removed": 0}),
-            json!({"added": 4, "changed": 0, "removed": 0}),
+            json!({"added": 1, "changed": 0, "removed": 0, "moved": 0}),
+            json!({"added": 0, "changed": 0, "removed": 1, "moved": 0}),
+            json!({"added": 1, "changed": 1, "removed": 0, "moved": 0}),
+            json!({"added": 4, "changed": 0, "removed": 0, "moved": 0}),
         ]
     );
     let v = env
@@ -416,10 +416,10 @@ async fn an_unreadable_state_records_no_timeline() {
     assert_eq!(
         counts,
         vec![
-            json!({"added": 0, "changed": 0, "removed": 1}),
+            json!({"added": 0, "changed": 0, "removed": 1, "moved": 0}),
             Value::Null,
             Value::Null,
-            json!({"added": 1, "changed": 0, "removed": 0}),
+            json!({"added": 1, "changed": 0, "removed": 0, "moved": 0}),
         ]
     );
 }

@@ -590,7 +590,7 @@ pub fn history(
             } else {
                 (
                     row.serial.map_or("-".into(), |s| s.to_string()),
-                    stategate::operator::change_summary(row.changes.as_ref()),
+                    stategate::operator::change_summary(row),
                 )
             };
             vec![
@@ -650,17 +650,12 @@ pub fn timeline(
         &empty,
         &["VERSION", "WRITTEN", "CHANGE", "ADDRESS", "WRITER"],
         |row| {
-            let facts = stategate::store::WriteFacts {
-                lock_who: row.lock_who.clone(),
-                lock_operation: row.lock_operation.clone(),
-                restored_from: row.restored_from,
-            };
             vec![
                 format!("v{}", row.version),
                 when(&row.created_at),
-                row.change.as_str().to_string(),
+                stategate::operator::timeline_change(row),
                 row.address.clone(),
-                stategate::operator::written_by(&row.writer, &facts),
+                stategate::operator::written_by(&row.writer, &row.facts()),
             ]
         },
     )
@@ -836,6 +831,8 @@ fn value_text(v: &Option<serde_json::Value>) -> String {
     v.as_ref().map_or("(absent)".into(), |v| v.to_string())
 }
 
+/// A diff as text: `+`/`-`/`~` per resource, and `>` with `(moved to app)` (or
+/// `from`) for what a move's version moved.
 pub fn diff_text(d: &StateDiff) -> String {
     let sign = |c: &Change| match c {
         Change::Added => '+',
@@ -844,7 +841,10 @@ pub fn diff_text(d: &StateDiff) -> String {
     };
     let mut out = String::new();
     for r in &d.resources {
-        out.push_str(&format!("{} {}\n", sign(&r.change), r.address));
+        match d.moved.as_ref().filter(|m| m.covers_change(&r.change)) {
+            Some(m) => out.push_str(&format!("> {} ({})\n", r.address, m.label())),
+            None => out.push_str(&format!("{} {}\n", sign(&r.change), r.address)),
+        }
         for a in &r.attributes {
             out.push_str(&format!(
                 "    {}: {} -> {}\n",
@@ -877,9 +877,9 @@ pub fn diff(
     let d = o.run(o.ops.diff(workspace, from, to))?;
     if json {
         for r in &d.resources {
-            json_line(
-                &serde_json::json!({ "kind": "resource", "address": r.address, "change": r.change, "attributes": r.attributes }),
-            )?;
+            let mut line = stategate::operator::resource_change_json(&d, r);
+            line["kind"] = "resource".into();
+            json_line(&line)?;
         }
         for out in &d.outputs {
             json_line(

@@ -241,9 +241,16 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             to,
         } => {
             let d = ops.diff(&w, from, to).await?;
-            ok(
-                serde_json::json!({ "from": from, "to": to, "resources": d.resources, "outputs": d.outputs }),
-            )
+            let resources: Vec<serde_json::Value> = d
+                .resources
+                .iter()
+                .map(|r| crate::operator::resource_change_json(&d, r))
+                .collect();
+            let mut out = serde_json::json!({ "from": from, "to": to, "resources": resources, "outputs": d.outputs });
+            if let Some(m) = &d.moved {
+                out["moved"] = serde_json::to_value(m).unwrap_or_default();
+            }
+            ok(out)
         }
         AdminAction::RollbackPreview { workspace: w, to } => {
             ok(serde_json::to_value(ops.rollback_preview(&w, to).await?).unwrap_or_default())

@@ -87,6 +87,65 @@ pub struct OutputChange {
 pub struct StateDiff {
     pub resources: Vec<ResourceChange>,
     pub outputs: Vec<OutputChange>,
+    /// Set when the diff is of a move's version against the version just before it
+    /// (`Operations::diff`): the resources it removed (or added) are the ones that moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved: Option<Moved>,
+}
+
+/// A move's version (`workspace move`): its source's lost the moved resources to the
+/// other workspace (`{"to": "app"}`), its destination's got them from it
+/// (`{"from": "net"}`). Every listing counts and labels them as moved, never as added
+/// or destroyed, through this one type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Moved {
+    To(String),
+    From(String),
+}
+
+impl Moved {
+    /// The move a version's writer facts record, if it is a move's version.
+    pub fn of(facts: &crate::store::WriteFacts) -> Option<Moved> {
+        match (&facts.moved_to, &facts.moved_from) {
+            (Some(to), _) => Some(Moved::To(to.clone())),
+            (None, Some(from)) => Some(Moved::From(from.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// `moved to app` / `moved from net`.
+    pub fn label(&self) -> String {
+        match self {
+            Moved::To(ws) => format!("moved to {ws}"),
+            Moved::From(ws) => format!("moved from {ws}"),
+        }
+    }
+
+    /// The workspace at the other end of the move.
+    pub fn workspace(&self) -> &str {
+        match self {
+            Moved::To(ws) | Moved::From(ws) => ws,
+        }
+    }
+
+    /// Whether a resource the move's version `removed` (else: added) is one that moved:
+    /// the source's version only removes what moved, the destination's only adds it.
+    pub fn covers(&self, removed: bool) -> bool {
+        matches!(
+            (self, removed),
+            (Moved::To(_), true) | (Moved::From(_), false)
+        )
+    }
+
+    /// [`Self::covers`] for a diff's change (a change in place never is a move).
+    pub fn covers_change(&self, change: &Change) -> bool {
+        match change {
+            Change::Added => self.covers(false),
+            Change::Removed => self.covers(true),
+            Change::Changed => false,
+        }
+    }
 }
 
 impl StateDiff {
@@ -285,6 +344,7 @@ pub fn diff_states(a: &[u8], va: i64, b: &[u8], vb: i64) -> Result<StateDiff, Di
     }
     resources.sort_by(|x, y| x.address.cmp(&y.address));
     Ok(StateDiff {
+        moved: None,
         resources,
         outputs: diff_outputs(&outputs(&a, &ma), &outputs(&b, &mb)),
     })

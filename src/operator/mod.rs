@@ -229,9 +229,51 @@ pub fn version_json(row: &VersionRow) -> serde_json::Value {
         "lock_who": row.facts.lock_who,
         "lock_operation": row.facts.lock_operation,
         "restored_from": row.facts.restored_from,
-        "changes": row.changes,
+        "changes": version_changes(row),
+        "moved": diff::Moved::of(&row.facts),
         "written_by": written_by(&row.actor, &row.facts),
     })
+}
+
+/// One resource of a diff as the admin API and the CLI's `--json` show it: address,
+/// change and changed attributes; what a move's version moved is `"change": "moved"`
+/// with `"moved": {"to": "app"}` (or `{"from": …}`).
+pub fn resource_change_json(d: &StateDiff, r: &diff::ResourceChange) -> serde_json::Value {
+    let mut line =
+        serde_json::json!({ "address": r.address, "change": r.change, "attributes": r.attributes });
+    if let Some(m) = d.moved.as_ref().filter(|m| m.covers_change(&r.change)) {
+        line["change"] = "moved".into();
+        line["moved"] = serde_json::to_value(m).unwrap_or_default();
+    }
+    line
+}
+
+/// What a version did to resources, as every listing counts it: `moved` counts the
+/// resources a move's version moved (to or from the workspace its `moved` names), which
+/// are then neither `added` nor `removed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct VersionChanges {
+    pub added: i64,
+    pub changed: i64,
+    pub removed: i64,
+    pub moved: i64,
+}
+
+/// [`VersionChanges`] of a version row (`None`: not known).
+pub fn version_changes(row: &VersionRow) -> Option<VersionChanges> {
+    let c = row.changes?;
+    let mut out = VersionChanges {
+        added: c.added,
+        changed: c.changed,
+        removed: c.removed,
+        moved: 0,
+    };
+    match diff::Moved::of(&row.facts) {
+        Some(m) if m.covers(true) => (out.moved, out.removed) = (c.removed, 0),
+        Some(_) => (out.moved, out.added) = (c.added, 0),
+        None => {}
+    }
+    Some(out)
 }
 
 /// Terraform's `OperationTypeApply` as a person says it (`apply`); anything else as sent.
@@ -261,23 +303,53 @@ pub fn written_by(writer: &str, facts: &crate::store::WriteFacts) -> String {
     out
 }
 
-/// `+2 ~1 -0` (added, changed, removed resources), or `-` when not known.
-pub fn change_summary(changes: Option<&crate::store::timeline::ChangeCounts>) -> String {
-    match changes {
-        Some(c) => format!("+{} ~{} -{}", c.added, c.changed, c.removed),
-        None => "-".to_string(),
+/// `+2 ~1 -0` (added, changed, removed resources), a move's version as
+/// `3 moved to app` (`+0 ~0 -0 · 3 moved to app` if it did anything else too), or `-`
+/// when not known.
+pub fn change_summary(row: &VersionRow) -> String {
+    let Some(c) = version_changes(row) else {
+        return "-".to_string();
+    };
+    let counts = format!("+{} ~{} -{}", c.added, c.changed, c.removed);
+    match diff::Moved::of(&row.facts) {
+        Some(m) if c.added == 0 && c.changed == 0 && c.removed == 0 => {
+            format!("{} {}", c.moved, m.label())
+        }
+        Some(m) => format!("{counts} · {} {}", c.moved, m.label()),
+        None => counts,
     }
 }
 
-/// One timeline row as listings show it (with `written_by` in words).
-pub fn timeline_json(row: &TimelineRow) -> serde_json::Value {
-    let facts = crate::store::WriteFacts {
-        lock_who: row.lock_who.clone(),
-        lock_operation: row.lock_operation.clone(),
-        restored_from: row.restored_from,
+/// What a timeline row's version did to its address, in words: `added`, `changed`,
+/// `removed`, or `moved to app` / `moved from net` for what a move moved.
+pub fn timeline_change(row: &TimelineRow) -> String {
+    match timeline_moved(row) {
+        Some(m) => m.label(),
+        None => row.change.as_str().to_string(),
+    }
+}
+
+/// The move that moved a timeline row's address, if its version is a move's and the
+/// address is one it moved.
+pub fn timeline_moved(row: &TimelineRow) -> Option<diff::Moved> {
+    use crate::store::timeline::Change;
+    let removed = match row.change {
+        Change::Added => false,
+        Change::Removed => true,
+        Change::Changed => return None,
     };
+    diff::Moved::of(&row.facts()).filter(|m| m.covers(removed))
+}
+
+/// One timeline row as listings show it (with `written_by` in words); an address a move
+/// moved is `"change": "moved"` with `"moved": {"to": "app"}` (or `{"from": …}`).
+pub fn timeline_json(row: &TimelineRow) -> serde_json::Value {
     let mut value = serde_json::to_value(row).unwrap_or_default();
-    value["written_by"] = written_by(&row.writer, &facts).into();
+    if let Some(m) = timeline_moved(row) {
+        value["change"] = "moved".into();
+        value["moved"] = serde_json::to_value(&m).unwrap_or_default();
+    }
+    value["written_by"] = written_by(&row.writer, &row.facts()).into();
     value
 }
 
@@ -627,8 +699,13 @@ impl Operations {
             .tofu
             .read_version(workspace, to, self.max_view_bytes)
             .await?;
-        diff::diff_states(&a_body, a.version, &b_body, b.version)
-            .map_err(|e| Error::Conflict(e.to_string()))
+        let mut d = diff::diff_states(&a_body, a.version, &b_body, b.version)
+            .map_err(|e| Error::Conflict(e.to_string()))?;
+        // What a move's version did, against the version just before it: only moves.
+        if a.version.checked_add(1) == Some(b.version) {
+            d.moved = diff::Moved::of(&b.facts);
+        }
+        Ok(d)
     }
 
     /// Rolls back to version `to`. `expected_from`: the current version the operator

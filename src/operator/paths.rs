@@ -37,6 +37,8 @@ pub struct Item {
     pub more: usize,
     /// A changed value Terraform marked sensitive: it differs, but both sides are masked.
     pub hidden: bool,
+    /// Added or removed by a move (the view's `moved` says where to or from).
+    pub moved: bool,
 }
 
 /// `+add ~change −destroy` of resource instances.
@@ -45,6 +47,8 @@ pub struct Counts {
     pub add: usize,
     pub change: usize,
     pub destroy: usize,
+    /// Resource instances a move's version moved (neither added nor destroyed).
+    pub moved: usize,
 }
 
 /// A diff by path: counts, resources, outputs.
@@ -53,13 +57,20 @@ pub struct DiffView {
     pub counts: Counts,
     pub resources: Vec<Item>,
     pub outputs: Vec<Item>,
+    /// The diff is a move's version against the version before it.
+    pub moved: Option<super::diff::Moved>,
 }
 
 impl DiffView {
     pub fn of(d: &StateDiff) -> DiffView {
-        let mut view = DiffView::default();
+        let mut view = DiffView {
+            moved: d.moved.clone(),
+            ..DiffView::default()
+        };
         for r in &d.resources {
+            let moved = d.moved.as_ref().is_some_and(|m| m.covers_change(&r.change));
             match r.change {
+                _ if moved => view.counts.moved += 1,
                 Change::Added => view.counts.add += 1,
                 Change::Removed => view.counts.destroy += 1,
                 Change::Changed => view.counts.change += 1,
@@ -95,13 +106,16 @@ impl DiffView {
                         }),
                 ),
             }
-            view.resources.push(item(
-                &r.address,
-                anchor(&r.address),
-                r.change.clone(),
-                rows,
-                hidden,
-            ));
+            view.resources.push(Item {
+                moved,
+                ..item(
+                    &r.address,
+                    anchor(&r.address),
+                    r.change.clone(),
+                    rows,
+                    hidden,
+                )
+            });
         }
         for o in &d.outputs {
             let name = format!("output.{}", o.name);
@@ -133,6 +147,7 @@ fn item(
         rows,
         more,
         hidden,
+        moved: false,
     }
 }
 
@@ -408,7 +423,8 @@ mod tests {
             Counts {
                 add: 1,
                 change: 1,
-                destroy: 1
+                destroy: 1,
+                moved: 0,
             }
         );
         let by: BTreeMap<&str, &Item> = view
@@ -439,6 +455,54 @@ mod tests {
         assert_eq!(
             view.outputs[0].rows,
             [row("output.o.x", Some("1"), Some("2"))]
+        );
+    }
+
+    /// A move's version against the one before it counts what moved as moved, on the
+    /// side the move took (removed from its source, added to its destination), never
+    /// as added or destroyed; anything else it did is counted as before.
+    #[test]
+    fn a_moves_version_counts_what_moved_as_moved() {
+        use crate::operator::diff::Moved;
+        let r = |name: &str| json!({"mode": "managed", "type": "t", "name": name, "instances": [{"attributes": {"id": name}}]});
+        let full = state(json!([r("a"), r("b"), r("keep")]), json!({}));
+        let less = state(json!([r("keep")]), json!({}));
+        let mut out = diff_states(&full, 1, &less, 2).unwrap();
+        out.moved = Some(Moved::To("app".into()));
+        let view = DiffView::of(&out);
+        assert_eq!(
+            view.counts,
+            Counts {
+                moved: 2,
+                ..Counts::default()
+            }
+        );
+        assert!(view.resources.iter().all(|i| i.moved), "{view:?}");
+        let mut back = diff_states(&less, 1, &full, 2).unwrap();
+        back.moved = Some(Moved::From("net".into()));
+        assert_eq!(
+            DiffView::of(&back).counts,
+            Counts {
+                moved: 2,
+                ..Counts::default()
+            }
+        );
+        // The source's move does not cover additions (nor a change in place).
+        back.moved = Some(Moved::To("app".into()));
+        let view = DiffView::of(&back);
+        assert_eq!(
+            view.counts,
+            Counts {
+                add: 2,
+                ..Counts::default()
+            }
+        );
+        assert!(view.resources.iter().all(|i| !i.moved));
+        assert_eq!(Moved::To("app".into()).label(), "moved to app");
+        assert_eq!(Moved::From("net".into()).label(), "moved from net");
+        assert_eq!(
+            serde_json::to_value(Moved::To("app".into())).unwrap(),
+            json!({"to": "app"})
         );
     }
 

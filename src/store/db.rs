@@ -57,6 +57,10 @@ CREATE TABLE IF NOT EXISTS versions (
     lock_who       TEXT,
     lock_operation TEXT,
     restored_from  INTEGER,
+    -- A move's versions: the workspace the resources went to (source) or came from
+    -- (destination).
+    moved_to       TEXT,
+    moved_from     TEXT,
     -- What it did to resources (`store::timeline`); NULL: not known.
     res_added      INTEGER,
     res_changed    INTEGER,
@@ -89,6 +93,8 @@ const ADDED_VERSION_COLUMNS: &[(&str, &str)] = &[
     ("res_added", "INTEGER"),
     ("res_changed", "INTEGER"),
     ("res_removed", "INTEGER"),
+    ("moved_to", "TEXT"),
+    ("moved_from", "TEXT"),
 ];
 
 /// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_VERSION_COLUMNS`] that an

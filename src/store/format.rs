@@ -64,6 +64,12 @@ pub struct WriteFacts {
     pub lock_operation: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<i64>,
+    /// A move's version of its source: the workspace its resources went to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// A move's version of its destination: the workspace its new resources came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<String>,
 }
 
 /// Longest lock `Who` / `Operation` kept (characters), as the audit log keeps them.
@@ -85,7 +91,7 @@ impl WriteFacts {
         WriteFacts {
             lock_who: clean(who),
             lock_operation: clean(operation),
-            restored_from: None,
+            ..WriteFacts::default()
         }
     }
 }
@@ -871,6 +877,8 @@ mod tests {
                 lock_who: Some("ci@runner-3".into()),
                 lock_operation: Some("OperationTypeApply".into()),
                 restored_from: Some(1),
+                moved_to: Some("dev".into()),
+                moved_from: None,
             },
         };
         let blob = encode(&key(), &header, &plain).unwrap();

@@ -115,7 +115,8 @@ pub fn now_rfc3339() -> String {
 
 const VERSION_COLUMNS: &str =
     "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor, \
-     lock_who, lock_operation, restored_from, res_added, res_changed, res_removed";
+     lock_who, lock_operation, restored_from, res_added, res_changed, res_removed, \
+     moved_to, moved_from";
 
 fn row_to_version(
     row: &crate::store::sql::Row<'_>,
@@ -139,6 +140,8 @@ fn row_to_version(
             lock_who: row.get(9)?,
             lock_operation: row.get(10)?,
             restored_from: row.get(11)?,
+            moved_to: row.get(15)?,
+            moved_from: row.get(16)?,
         },
         changes: match counts {
             (Some(added), Some(changed), Some(removed)) => Some(ChangeCounts {
@@ -1054,7 +1057,7 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::stor
     let known = row.changes.is_some();
     conn.prepare_cached(&format!(
         "INSERT INTO versions ({VERSION_COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
     ))?
     .execute(params![
         row.scope,
@@ -1072,6 +1075,8 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::stor
         known.then_some(counts.added),
         known.then_some(counts.changed),
         known.then_some(counts.removed),
+        row.facts.moved_to,
+        row.facts.moved_from,
     ])?;
     Ok(())
 }

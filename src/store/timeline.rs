@@ -639,6 +639,22 @@ pub struct TimelineRow {
     pub lock_who: Option<String>,
     pub lock_operation: Option<String>,
     pub restored_from: Option<i64>,
+    /// The version is a move's (`WriteFacts::moved_to` / `moved_from`).
+    pub moved_to: Option<String>,
+    pub moved_from: Option<String>,
+}
+
+impl TimelineRow {
+    /// Who else wrote the version, as its row records it.
+    pub fn facts(&self) -> crate::store::WriteFacts {
+        crate::store::WriteFacts {
+            lock_who: self.lock_who.clone(),
+            lock_operation: self.lock_operation.clone(),
+            restored_from: self.restored_from,
+            moved_to: self.moved_to.clone(),
+            moved_from: self.moved_from.clone(),
+        }
+    }
 }
 
 /// One address's changes: the address itself, its instances (`[`) and what a module
@@ -648,7 +664,7 @@ pub struct TimelineRow {
 /// the planner walked the whole scope in version order instead, which on a workspace
 /// with a long history is a walk over all of its changes. Public for the load
 /// harness's query-plan check on a 1M-version index.
-pub const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+pub const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from, v.moved_to, v.moved_from
      FROM (SELECT * FROM (SELECT version, address, change FROM resource_changes INDEXED BY resource_changes_by_address
                            WHERE scope = ?1 AND address = ?2 ORDER BY version DESC LIMIT ?3) exact
            UNION ALL
@@ -663,7 +679,7 @@ pub const BY_ADDRESS_SQL: &str = "SELECT c.version, c.address, c.change, v.creat
     ORDER BY c.version DESC LIMIT ?3";
 
 /// Every address's changes, newest version first.
-pub const ALL_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from
+pub const ALL_SQL: &str = "SELECT c.version, c.address, c.change, v.created_at, v.actor, v.lock_who, v.lock_operation, v.restored_from, v.moved_to, v.moved_from
      FROM resource_changes c JOIN versions v ON v.scope = c.scope AND v.version = c.version
     WHERE c.scope = ?1
     ORDER BY c.version DESC, c.address DESC LIMIT ?2";
@@ -691,6 +707,8 @@ pub fn timeline_rows(
             lock_who: r.get(5)?,
             lock_operation: r.get(6)?,
             restored_from: r.get(7)?,
+            moved_to: r.get(8)?,
+            moved_from: r.get(9)?,
         })
     };
     let mut rows: Vec<TimelineRow> = match address {

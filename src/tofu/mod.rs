@@ -1759,7 +1759,7 @@ impl TofuBackend {
         };
         let moved = moves::move_resources(&read[0].1, &read[1].1, addresses).map_err(refusal)?;
         let seen: Vec<i64> = read.iter().map(|(row, _)| row.version).collect();
-        let new = |ws: &str, body: Vec<u8>, serial: i64, lineage: Option<String>| {
+        let new = |ws: &str, body: Vec<u8>, serial: i64, lineage: Option<String>, facts| {
             let key = self.root.blob_key(&scope(ws));
             // The new state's resources, for the timeline (held whole anyway).
             let resources = crate::store::timeline::summarize_whole(
@@ -1772,7 +1772,7 @@ impl TofuBackend {
                 serial: Some(serial),
                 lineage,
                 actor: actor.to_string(),
-                facts: Default::default(),
+                facts,
                 audit: None,
                 resources,
             };
@@ -1784,12 +1784,22 @@ impl TofuBackend {
                 moved.source,
                 moved.source_serial,
                 read[0].0.lineage.clone(),
+                // Each version says where its resources went or came from: listings
+                // count them as moved, not as added or destroyed.
+                WriteFacts {
+                    moved_to: Some(destination.to_string()),
+                    ..Default::default()
+                },
             ),
             new(
                 destination,
                 moved.destination,
                 moved.destination_serial,
                 read[1].0.lineage.clone(),
+                WriteFacts {
+                    moved_from: Some(source.to_string()),
+                    ..Default::default()
+                },
             ),
         ];
         let names = [source.to_string(), destination.to_string()];

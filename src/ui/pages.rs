@@ -390,14 +390,15 @@ fn allow_write_form(chrome: &Chrome, ws: &str) -> Markup {
 }
 
 /// Who wrote a version and what it did to resources: the lock's Who and operation,
-/// the credential, "rollback of vN", and `+added ~changed -removed`.
+/// the credential, "rollback of vN", and `+added ~changed -removed` (a move's version:
+/// `3 moved to app`, `operator::change_summary`).
 fn writer_cell(v: &VersionRow) -> Markup {
     let written_by = crate::operator::written_by(&v.actor, &v.facts);
     html! {
         span.writer { (written_by) }
-        @if let Some(c) = &v.changes {
-            " " span.changes title="resources added, changed, removed against the version before" {
-                "+" (c.added) " ~" (c.changed) " −" (c.removed)
+        @if v.changes.is_some() {
+            " " span.changes title="resources added, changed, removed (or moved) against the version before" {
+                (crate::operator::change_summary(v).replace(" -", " −"))
             }
         }
     }
@@ -421,13 +422,9 @@ fn timeline_section(
                 } }
                 tbody { @for r in rows { tr {
                     td.num data-label="Version" { a href=(version_href(ws, r.version)) { (r.version) } }
-                    td data-label="Change" { span.badge { (r.change.as_str()) } }
+                    td data-label="Change" { span.badge { (crate::operator::timeline_change(r)) } }
                     td data-label="Address" { code { (r.address) } }
-                    td data-label="Written by" { (crate::operator::written_by(&r.writer, &crate::store::WriteFacts {
-                        lock_who: r.lock_who.clone(),
-                        lock_operation: r.lock_operation.clone(),
-                        restored_from: r.restored_from,
-                    })) }
+                    td data-label="Written by" { (crate::operator::written_by(&r.writer, &r.facts())) }
                     td data-label="When" { (when(&r.created_at, chrome.now)) }
                 } } }
             } }
@@ -774,6 +771,14 @@ fn encryption_badge(p: &crate::tofu::posture::Posture) -> Markup {
     }
 }
 
+/// An item's badge: `moved to app` for what a move moved, else its change.
+fn item_badge(item: &paths::Item, view: &DiffView) -> Markup {
+    match view.moved.as_ref().filter(|_| item.moved) {
+        Some(m) => html! { span.badge.moved { (m.label()) } },
+        None => change_badge(&item.change),
+    }
+}
+
 fn change_badge(change: &Change) -> Markup {
     match change {
         Change::Added => html! { span.badge.added { "added" } },
@@ -800,6 +805,11 @@ fn diff_counts(view: &DiffView) -> Markup {
             span.add title="resource instances added" { "+" (c.add) " to add" }
             span.change title="resource instances changed" { "~" (c.change) " to change" }
             span.destroy title="resource instances removed" { "−" (c.destroy) " to destroy" }
+            @if let Some(m) = &view.moved {
+                span.moved #moved title="resource instances a move took between workspaces: neither added nor destroyed" {
+                    (c.moved) " " (m.label())
+                }
+            }
             @if !view.outputs.is_empty() {
                 span.muted { (view.outputs.len()) " output" @if view.outputs.len() != 1 { "s" } " changed" }
             }
@@ -845,7 +855,7 @@ fn diff_sections(workspace: &str, from: i64, to: i64, d: &StateDiff) -> Markup {
                 @let shown_in = if r.change == Change::Removed { from } else { to };
                 section.card.resource id=(r.anchor) {
                     h3 {
-                        code { (r.address) } (change_badge(&r.change))
+                        code { (r.address) } (item_badge(r, &view))
                         " " a.small href=(format!("{}#{}", version_href(workspace, shown_in), r.anchor)) { "in v" (shown_in) }
                     }
                     (path_rows(r))
@@ -1385,6 +1395,8 @@ mod tests {
                 lock_who: Some(evil.into()),
                 lock_operation: Some(evil.into()),
                 restored_from: Some(1),
+                moved_to: Some(evil.into()),
+                moved_from: None,
             },
             changes: Some(Default::default()),
         };
@@ -1398,6 +1410,8 @@ mod tests {
             lock_who: Some(evil.into()),
             lock_operation: Some(evil.into()),
             restored_from: None,
+            moved_to: None,
+            moved_from: Some(evil.into()),
         }];
         let page = VersionsPage {
             rows: &rows,
@@ -1435,6 +1449,7 @@ mod tests {
                     }],
                 }],
                 outputs: Vec::new(),
+                moved: Some(crate::operator::diff::Moved::To(evil.into())),
             }),
             diff_unavailable: None,
             lock: ws.lock.clone(),

@@ -402,3 +402,98 @@ async fn a_freeze_never_answers_before_authentication() {
     }
     assert_eq!(env.snapshot(), before, "a refusal changed something");
 }
+
+/// Issue 38, item 10: a freeze is visible wherever a lock is — the admin API listing,
+/// the web UI's workspace list and page (its end formatted like every time, and no
+/// claim that every Terraform prints the reason) — the rollback preview warns and
+/// offers no rollback, the refused rollback says in words that the workspace is
+/// frozen and changes nothing, and the audit page shows the end as a time, not as
+/// Unix seconds.
+#[tokio::test]
+async fn a_freeze_is_shown_wherever_a_lock_is_and_a_rollback_says_so() {
+    let env = Env::start().await;
+    assert_eq!(env.write("prod", 1, None).await.0, 200);
+    assert_eq!(env.write("prod", 2, None).await.0, 200);
+    let done = env
+        .freeze("prod", json!({"reason": "incident 42", "for": "3h"}))
+        .await;
+    let until = done["freeze"]["until"].as_i64().unwrap();
+
+    // The admin API's listing (the CLI's `workspace list --json` is the same value).
+    let (code, text) = env.admin("GET", "workspaces", None).await;
+    assert_eq!(code, 200, "{text}");
+    let listed: Value = serde_json::from_str(&text).unwrap();
+    let prod = &listed["workspaces"][0];
+    assert_eq!(prod["frozen"]["reason"], "incident 42", "{prod}");
+    assert_eq!(prod["frozen"]["until"], until);
+    // The admin API's preview carries the freeze.
+    let (code, text) = env
+        .admin("GET", "workspaces/prod/rollback?to=1", None)
+        .await;
+    assert_eq!(code, 200, "{text}");
+    let preview: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(preview["frozen"]["reason"], "incident 42", "{preview}");
+
+    let ui = common::ui_session(&env.server.base, &env.token).await;
+    let page = |path: &'static str| {
+        let ui = ui.clone();
+        let base = env.server.base.clone();
+        async move { status(ui.get(format!("{base}{path}"))).await }
+    };
+    // The list: a frozen badge, the reason and the end, not "unlocked".
+    let (code, list) = page("/ui/workspaces").await;
+    assert_eq!(code, 200, "{list}");
+    let row = &list[list.find("<tbody>").unwrap()..];
+    assert!(row.contains(">frozen</span>"), "{row}");
+    assert!(row.contains("incident 42"), "{row}");
+    assert!(row.contains("UTC</span> · in "), "{row}");
+    assert!(!row.contains("unlocked"), "{row}");
+    // The card: the end as every time is shown; no promise every client prints it.
+    let (_, ws) = page("/ui/workspaces/prod").await;
+    let card = &ws[ws.find(r#"id="freeze""#).unwrap()..];
+    let card = &card[..card.find("</section>").unwrap()];
+    assert!(card.contains("UTC</span> · in "), "{card}");
+    assert!(!card.contains("Z</dd>"), "raw RFC 3339: {card}");
+    assert!(!card.contains("Terraform prints the reason"), "{card}");
+    assert!(card.contains("Terraform 1.11"), "{card}");
+    // The rollback preview warns and offers no rollback.
+    let (code, preview) = page("/ui/workspaces/prod/rollback?to=1").await;
+    assert_eq!(code, 200, "{preview}");
+    assert!(preview.contains(r#"id="frozen-refusal""#), "{preview}");
+    assert!(preview.contains("incident 42"), "{preview}");
+    let button = &preview[preview.find(r#"<button class="danger""#).unwrap()..];
+    assert!(
+        button[..button.find('>').unwrap()].contains("disabled"),
+        "{button}"
+    );
+    // Sent anyway: refused in words, nothing changed.
+    let before = env.snapshot();
+    let (_, ws_page) = page("/ui/workspaces").await;
+    let at = ws_page.find(r#"name="csrf" value=""#).unwrap() + 19;
+    let csrf = ws_page[at..].split('"').next().unwrap().to_string();
+    let r = ui
+        .post(format!("{}/ui/workspaces/prod/rollback", env.server.base))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("to", "1"),
+            ("from", "2"),
+            ("confirm", "prod"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 423);
+    let refused = r.text().await.unwrap();
+    assert!(refused.contains("workspace prod is frozen"), "{refused}");
+    assert!(refused.contains("incident 42"), "{refused}");
+    assert!(refused.contains("unfreeze"), "{refused}");
+    assert!(!refused.contains("locked by"), "{refused}");
+    assert_eq!(env.snapshot(), before);
+    // The audit page: the end as a time.
+    let (_, audit) = page("/ui/audit?event=tf.frozen").await;
+    assert!(!audit.contains(&until.to_string()), "{audit}");
+    assert!(
+        audit.contains("<span class=\"key\">until</span> <time"),
+        "{audit}"
+    );
+}

@@ -386,28 +386,8 @@ impl Env {
         serde_json::from_str(&text).unwrap()
     }
 
-    /// A UI session of the operator: a client that sends its cookie.
     async fn ui(&self) -> reqwest::Client {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        let r = http
-            .post(format!("{}/ui/login", self.server.base))
-            .form(&[("token", self.token.as_str())])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 303);
-        let cookie = r.headers()["set-cookie"].to_str().unwrap();
-        let session = cookie.split(';').next().unwrap().to_string();
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert("cookie", session.parse().unwrap());
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .default_headers(headers)
-            .build()
-            .unwrap()
+        common::ui_session(&self.server.base, &self.token).await
     }
 
     async fn page(&self, ui: &reqwest::Client, path: &str) -> (u16, String) {

@@ -77,15 +77,18 @@ pub fn require_db(config: &Config) -> anyhow::Result<()> {
 
 /// The operator-facing message of an engine error (the detail a server would only log).
 pub fn cli_error(e: Error) -> anyhow::Error {
+    let frozen = match &e {
+        Error::Locked { holder_info } => stategate::tofu::freeze::refusal(holder_info),
+        _ => None,
+    };
+    if let Some(frozen) = frozen {
+        return anyhow::anyhow!(
+            "{} ({}); nothing was written. Wait for the freeze to end, or lift it with `stategate workspace unfreeze`",
+            frozen.info,
+            frozen.who
+        );
+    }
     match e {
-        Error::Locked { holder_info }
-            if holder_info.starts_with(b"{") && frozen_info(&holder_info).is_some() =>
-        {
-            anyhow::anyhow!(
-                "the workspace is frozen, nothing was written: {}",
-                frozen_info(&holder_info).unwrap_or_default()
-            )
-        }
         Error::Locked { holder_info } => anyhow::anyhow!(
             "the workspace is locked, nothing was written; wait for the run to finish (or force-unlock it). Lock holder: {}",
             String::from_utf8_lossy(&holder_info)
@@ -93,16 +96,6 @@ pub fn cli_error(e: Error) -> anyhow::Error {
         Error::Internal { detail, .. } => anyhow::anyhow!("{detail}"),
         other => anyhow::anyhow!("{other}"),
     }
-}
-
-/// The `Info` of a LockInfo that a freeze answered with (`tofu::freeze`), if it is one.
-fn frozen_info(holder_info: &[u8]) -> Option<String> {
-    let info: serde_json::Value = serde_json::from_slice(holder_info).ok()?;
-    let id = info["ID"].as_str()?;
-    if !id.starts_with(stategate::tofu::freeze::LOCK_ID_PREFIX) {
-        return None;
-    }
-    Some(info["Info"].as_str()?.to_string())
 }
 
 /// The error and its causes on one line ("outer: inner: root").
@@ -307,5 +300,32 @@ mod actor_tests {
         }
         let long = "x".repeat(500);
         assert_eq!(cli_actor(Some(&long), None, passwd, None).len(), 4 + 64);
+    }
+
+    /// A freeze's refusal reads as a freeze (what, why, until when, what to do), a lock
+    /// holder's as a lock: never the freeze's LockInfo as a "lock holder".
+    #[test]
+    fn a_freeze_refusal_is_not_a_lock_holder() {
+        use super::{cli_error, one_line};
+        use stategate::error::Error;
+        let f = stategate::tofu::freeze::Freeze {
+            workspace: "prod".into(),
+            frozen_by: "cli:alice".into(),
+            reason: "incident 42".into(),
+            created_at: "2026-12-02T08:00:00Z".into(),
+            until: None,
+        };
+        let frozen = one_line(&cli_error(Error::Locked {
+            holder_info: f.lock_info().into(),
+        }));
+        assert_eq!(
+            frozen,
+            "workspace prod is frozen (until unfrozen): incident 42 (frozen by cli:alice); nothing was written. \
+             Wait for the freeze to end, or lift it with `stategate workspace unfreeze`"
+        );
+        let locked = one_line(&cli_error(Error::Locked {
+            holder_info: r#"{"ID":"L1","Operation":"OperationTypeApply","Who":"me@box"}"#.into(),
+        }));
+        assert!(locked.starts_with("the workspace is locked"), "{locked}");
     }
 }

@@ -743,6 +743,20 @@ fn plans_text(plans: &[LockState]) -> String {
     format!("{} plans (shared): {}", plans.len(), each.join("; "))
 }
 
+/// A freeze as the tables show it: `frozen until 2026-12-02 10:00 UTC (reason)`, or
+/// `frozen until unfrozen (reason)`.
+fn freeze_text(f: &stategate::tofu::freeze::Freeze) -> String {
+    format!("frozen {} ({})", freeze_end(f), f.reason)
+}
+
+/// When a freeze ends, as every time in a table: `until 2026-12-02 10:00 UTC`.
+fn freeze_end(f: &stategate::tofu::freeze::Freeze) -> String {
+    match f.ends_at() {
+        Some(t) => format!("until {}", when(&t)),
+        None => "until unfrozen".into(),
+    }
+}
+
 pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
     let opt = |v: Option<i64>| v.map_or("-".to_string(), |n| n.to_string());
     let cells: Vec<Vec<String>> = rows
@@ -755,10 +769,19 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.size),
                 when_opt(w.updated_at.as_deref()),
                 w.encryption.as_ref().map_or("-".into(), |p| p.label()),
-                match (w.lock.as_ref(), w.plans.as_slice()) {
-                    (Some(lock), []) => lock_text(lock),
-                    (_, plans) if !plans.is_empty() => plans_text(plans),
-                    _ => "-".into(),
+                {
+                    let lock = match (w.lock.as_ref(), w.plans.as_slice()) {
+                        (Some(lock), []) => Some(lock_text(lock)),
+                        (_, plans) if !plans.is_empty() => Some(plans_text(plans)),
+                        _ => None,
+                    };
+                    // A freeze is shown where a lock is: it refuses the same things.
+                    match (w.frozen.as_ref().map(freeze_text), lock) {
+                        (Some(f), Some(l)) => format!("{f}; {l}"),
+                        (Some(f), None) => f,
+                        (None, Some(l)) => l,
+                        (None, None) => "-".into(),
+                    }
                 },
             ]
         })
@@ -1020,8 +1043,9 @@ pub fn freeze(
         json_line(&done)?;
     }
     eprintln!(
-        "workspace {workspace} frozen ({}; audited as tf.frozen by {}): every lock and every write without a lock is refused with the reason",
-        done.until_text, done.freeze.frozen_by
+        "workspace {workspace} frozen {} (audited as tf.frozen by {}): every lock and every write without a lock is refused with the reason",
+        freeze_end(&done.freeze),
+        done.freeze.frozen_by
     );
     if let Some(lock) = &done.lock_held {
         eprintln!(
@@ -1061,7 +1085,7 @@ pub fn freezes(config: &Config, json: bool) -> anyhow::Result<()> {
                 vec![
                     f.workspace.clone(),
                     f.frozen_by.clone(),
-                    f.until_text(),
+                    f.ends_at().map_or_else(|| "unfrozen".into(), |t| when(&t)),
                     f.reason.clone(),
                 ]
             })
@@ -1160,5 +1184,51 @@ mod tests {
             known: 3,
         });
         assert!(workspace_table(&[encrypted]).contains(" encrypted (pbkdf2.main) "));
+    }
+
+    /// Issue 38, item 10: a frozen workspace is not "-" in the LOCK column: the freeze,
+    /// its end as every time in a table and its reason, beside a lock still held.
+    #[test]
+    fn workspace_listing_shows_freezes_where_locks_are() {
+        let freeze = |until| stategate::tofu::freeze::Freeze {
+            workspace: "prod".into(),
+            frozen_by: "cli:alice".into(),
+            reason: "incident 42".into(),
+            created_at: "2026-12-02T08:00:00Z".into(),
+            until,
+        };
+        let mut row = WorkspaceSummary {
+            name: "prod".into(),
+            version: Some(3),
+            serial: Some(2),
+            size: Some(10),
+            updated_at: Some("t".into()),
+            deleted: false,
+            lock: None,
+            plans: Vec::new(),
+            frozen: Some(freeze(Some(1_796_205_600))),
+            encryption: None,
+        };
+        let text = workspace_table(std::slice::from_ref(&row));
+        assert!(
+            text.lines()
+                .nth(1)
+                .is_some_and(|l| l.ends_with("frozen until 2026-12-02 10:00 UTC (incident 42)")),
+            "{text}"
+        );
+        row.frozen = Some(freeze(None));
+        row.lock = Some(LockState {
+            id: "L".into(),
+            who: "me@box".into(),
+            operation: "OperationTypeApply".into(),
+            created_at: "t".into(),
+            age_seconds: 60,
+            stale: false,
+        });
+        let text = workspace_table(&[row]);
+        assert!(
+            text.contains("frozen until unfrozen (incident 42); me@box OperationTypeApply 60s"),
+            "{text}"
+        );
     }
 }

@@ -211,8 +211,22 @@ fn error_page(chrome: Option<&Chrome>, e: impl Into<EdgeError>) -> Answer {
     if let Some(detail) = e.log_detail().filter(|_| status >= 500) {
         tracing::error!(status, error = detail, "ui request failed");
     }
-    let (message, holder) = match &e {
+    let frozen = match &e {
         EdgeError::Domain(Error::Locked { holder_info }) => {
+            crate::tofu::freeze::refusal(holder_info)
+        }
+        _ => None,
+    };
+    let (message, holder) = match (&e, frozen) {
+        // A freeze's refusal is no lock holder's: say what it is and what to do.
+        (_, Some(f)) => (
+            format!(
+                "The {} ({}). Nothing was changed: wait for the freeze to end, or unfreeze the workspace on its page.",
+                f.info, f.who
+            ),
+            None,
+        ),
+        (EdgeError::Domain(Error::Locked { holder_info }), None) => {
             let info: serde_json::Value = serde_json::from_slice(holder_info).unwrap_or_default();
             let field = |k: &str| info[k].as_str().unwrap_or("?").chars().take(256).collect();
             let operation: String = field("Operation");
@@ -221,7 +235,7 @@ fn error_page(chrome: Option<&Chrome>, e: impl Into<EdgeError>) -> Answer {
                 Some((field("Who"), pages::operation_name(&operation).to_string())),
             )
         }
-        other => (operator_words(other), None),
+        (other, None) => (operator_words(other), None),
     };
     let holder = holder
         .as_ref()

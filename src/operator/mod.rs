@@ -111,6 +111,9 @@ pub struct RollbackPreview {
     pub diff_unavailable: Option<String>,
     /// The holder while locked: the rollback would be refused (423).
     pub lock: Option<LockState>,
+    /// The freeze in force: the rollback would be refused (423) until it ends or is
+    /// lifted.
+    pub frozen: Option<Freeze>,
 }
 
 /// A workspace lock as operators see it.
@@ -742,8 +745,8 @@ impl Operations {
         }
     }
 
-    /// What rolling back to `to` would change (current → `to`), and the lock that would
-    /// refuse it. Reads only; nothing is audited.
+    /// What rolling back to `to` would change (current → `to`), and the lock or freeze
+    /// that would refuse it. Reads only; nothing is audited.
     pub async fn rollback_preview(
         &self,
         workspace: &str,
@@ -792,6 +795,7 @@ impl Operations {
             diff,
             diff_unavailable,
             lock: self.lock(workspace).await?,
+            frozen: self.tofu.freeze_of(workspace).await?,
         })
     }
 

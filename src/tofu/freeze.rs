@@ -57,14 +57,20 @@ impl Freeze {
         self.until.is_none_or(|until| now < until)
     }
 
-    /// `until` as RFC 3339, for people.
-    pub fn until_text(&self) -> String {
+    /// `until` as RFC 3339 (`None`: until unfrozen); the UI and the CLI show it as
+    /// they show every time.
+    pub fn ends_at(&self) -> Option<String> {
         self.until
             .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
             .and_then(|t| {
                 t.format(&time::format_description::well_known::Rfc3339)
                     .ok()
             })
+    }
+
+    /// `until` as RFC 3339, or "until unfrozen" (the LockInfo's words).
+    pub fn until_text(&self) -> String {
+        self.ends_at()
             .unwrap_or_else(|| "until unfrozen".to_string())
     }
 
@@ -86,6 +92,31 @@ impl Freeze {
         })
         .to_string()
     }
+}
+
+/// A refusal's LockInfo as a freeze wrote it ([`Freeze::lock_info`]): who froze the
+/// workspace and the `Info` (the workspace, the end and the reason). `None` for the
+/// LockInfo of a lock holder, or anything that is not a freeze's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `frozen by op@site`.
+    pub who: String,
+    /// `workspace prod is frozen (until …): reason`.
+    pub info: String,
+}
+
+/// [`Refusal`] of a LockInfo, if a freeze wrote it: the one reading of a freeze's
+/// refusal, for the CLI's and the UI's error texts.
+pub fn refusal(holder_info: &[u8]) -> Option<Refusal> {
+    let info: serde_json::Value = serde_json::from_slice(holder_info).ok()?;
+    let frozen = info["ID"].as_str()?.starts_with(LOCK_ID_PREFIX)
+        && info["Operation"].as_str() == Some(OPERATION);
+    let field = |k: &str| info[k].as_str().map(|s| s.chars().take(1024).collect());
+    frozen.then_some(())?;
+    Some(Refusal {
+        who: field("Who")?,
+        info: field("Info")?,
+    })
 }
 
 /// Why a freeze request is refused (before anything is written).
@@ -332,6 +363,31 @@ mod tests {
             info["Info"],
             "workspace prod is frozen (until 2026-12-02T10:00:00Z): incident 42"
         );
+    }
+
+    /// The CLI and the UI tell a freeze's refusal from a lock holder's by this one
+    /// reading: a freeze's LockInfo reads back as who and why; a holder's (even one whose
+    /// ID mimics a freeze's, but not its operation) or a body that is not JSON does not.
+    #[test]
+    fn a_freezes_refusal_reads_back_and_nothing_else_does() {
+        let f = freeze(Some(1_796_205_600));
+        assert_eq!(
+            refusal(f.lock_info().as_bytes()),
+            Some(Refusal {
+                who: "frozen by op@site".into(),
+                info: "workspace prod is frozen (until 2026-12-02T10:00:00Z): incident 42".into(),
+            })
+        );
+        for other in [
+            &br#"{"ID":"L1","Operation":"OperationTypeApply","Who":"me","Info":""}"#[..],
+            br#"{"ID":"stategate-freeze-prod","Operation":"OperationTypeApply","Who":"me","Info":"x"}"#,
+            b"not json",
+            b"",
+        ] {
+            assert_eq!(refusal(other), None, "{}", String::from_utf8_lossy(other));
+        }
+        assert_eq!(f.ends_at().as_deref(), Some("2026-12-02T10:00:00Z"));
+        assert_eq!(freeze(None).ends_at(), None);
     }
 
     #[test]

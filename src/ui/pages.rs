@@ -210,7 +210,11 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                         @if w.deleted { span.badge.deleted { "deleted" } }
                         @if let Some(p) = &w.encryption { (encryption_badge(p)) }
                     }
-                    td data-label="Lock" { @match &w.lock {
+                    td data-label="Lock" {
+                        @if let Some(f) = &w.frozen {
+                            div.frozen { (freeze_summary(f, chrome.now)) }
+                        }
+                        @match &w.lock {
                         Some(lock) if w.plans.len() > 1 => {
                             span.badge.locked { "shared" }
                             @if w.plans.iter().any(|p| p.stale) { span.badge.stale { "STALE" } }
@@ -218,6 +222,7 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                             (when(&lock.created_at, chrome.now))
                         },
                         Some(lock) => (lock_summary(lock, chrome.now)),
+                        None if w.frozen.is_some() => "",
                         None => span.muted { "unlocked" },
                     } }
                     td.num data-label="Version" { (dash(w.version)) }
@@ -335,9 +340,11 @@ fn freeze_card(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
                     dt { "Frozen by" } dd { (f.frozen_by) }
                     dt { "Reason" } dd { (f.reason) }
                     dt { "Since" } dd { (when(&f.created_at, chrome.now)) }
-                    dt { "Until" } dd { (f.until_text()) }
+                    dt { "Until" } dd { @match f.until { Some(_) => (unix_when(f.until, chrome.now)), None => "unfrozen" } }
                 }
-                p.muted { "Every lock and every write without a lock is refused; Terraform prints the reason. A lock held before the freeze keeps working until it is released." }
+                p.muted {
+                    "Every lock and every write without a lock is refused with a lock record that names who froze the workspace, the reason and the end. OpenTofu and Terraform 1.15 or later print it under “Lock Info”; Terraform 1.11 prints the lock it tried to take instead, so its users see only that the state is locked (docs/terraform.md, “Freezes”). A lock held before the freeze keeps working until it is released."
+                }
                 @if operate {
                     form.inline method="post" action=(format!("{}/unfreeze", ws_href(&ws.name))) {
                         input type="hidden" name="csrf" value=(chrome.csrf);
@@ -547,6 +554,37 @@ fn locked_refusal(lock: &LockState) -> Markup {
             "Rollback is refused while the workspace is locked by " strong { (lock.who) }
             " (" (operation_name(&lock.operation)) ", " (ago(lock.age_seconds)) ")."
         }
+    }
+}
+
+/// The warning of a preview whose change a freeze would refuse.
+fn frozen_refusal(chrome: &Chrome, f: &crate::tofu::freeze::Freeze) -> Markup {
+    html! {
+        p.notice.warn #frozen-refusal {
+            "Rollback is refused while the workspace is frozen by " strong { (f.frozen_by) }
+            " (" (f.reason) "), " (freeze_end(f, chrome.now)) ". Unfreeze it on "
+            a href=(format!("{}#freeze", ws_href(&f.workspace))) { "the workspace page" }
+            " first, or wait."
+        }
+    }
+}
+
+/// When a freeze ends, as every time is shown: `until 2026-12-02 10:00 UTC · in 3 h`,
+/// or `until unfrozen`.
+fn freeze_end(f: &crate::tofu::freeze::Freeze, now: i64) -> Markup {
+    html! {
+        @match f.until {
+            Some(_) => { "until " (unix_when(f.until, now)) },
+            None => "until unfrozen",
+        }
+    }
+}
+
+/// A frozen workspace in the list: the badge, the reason and the end.
+fn freeze_summary(f: &crate::tofu::freeze::Freeze, now: i64) -> Markup {
+    html! {
+        span.badge.warn title=(format!("frozen by {}", f.frozen_by)) { "frozen" }
+        " " span { (f.reason) } " · " (freeze_end(f, now))
     }
 }
 
@@ -895,6 +933,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
         @if chrome.may(Action::Operate, name) {
             h2 { "Confirm" }
             @if let Some(lock) = &p.lock { (locked_refusal(lock)) }
+            @if let Some(f) = &p.frozen { (frozen_refusal(chrome, f)) }
             @if let Some(why) = &p.refused { p.notice.warn #rollback-refused { "This rollback would be refused: " (why) } }
             form.inline #confirm-rollback method="post" action=(format!("{}/rollback", ws_href(name))) {
                 input type="hidden" name="csrf" value=(chrome.csrf);
@@ -905,7 +944,7 @@ pub fn rollback_preview(chrome: &Chrome, name: &str, p: &RollbackPreview) -> Mar
                     input type="text" name="confirm" required autocomplete="off"
                         pattern=(exact_pattern(name));
                 }
-                button.danger type="submit" disabled[p.lock.is_some() || p.refused.is_some()] { "Roll back to version " (p.to_version) }
+                button.danger type="submit" disabled[p.lock.is_some() || p.frozen.is_some() || p.refused.is_some()] { "Roll back to version " (p.to_version) }
                 a href=(ws_href(name)) { "Cancel" }
             }
             p.muted { "If anything writes to the workspace before you confirm, the rollback is refused and nothing changes; look again." }
@@ -1052,7 +1091,7 @@ pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
                         }
                         @if let Some(org) = &r.org { " " span.muted { "(" (org) ")" } }
                     }
-                    td.details data-label="Details" { (audit_details(r)) }
+                    td.details data-label="Details" { (audit_details(r, chrome.now)) }
                 } } }
             } }
         }
@@ -1088,7 +1127,7 @@ const VERSION_KEYS: [&str; 7] = [
 /// the fields the event kind declares as workspaces (`store::audit::EVENTS`) linked
 /// when they are names (a name hidden from the reader is not one). Text only (maud
 /// escapes every value).
-fn audit_details(row: &AuditRow) -> Markup {
+fn audit_details(row: &AuditRow, now: i64) -> Markup {
     let ws = audit_workspace(&row.scope);
     let mut pairs = Vec::new();
     flatten_payload("", &row.payload, &mut pairs);
@@ -1107,7 +1146,7 @@ fn audit_details(row: &AuditRow) -> Markup {
             @if i > 0 { span.sep aria-hidden="true" { " · " } }
             span.detail {
                 @if !key.is_empty() { span.key { (key.replace('_', " ")) } " " }
-                (detail_value(key, value, version_workspace(&row.payload, key, ws), names.contains(&key.as_str())))
+                (detail_value(key, value, version_workspace(&row.payload, key, ws), names.contains(&key.as_str()), now))
             }
         }
     }
@@ -1150,8 +1189,12 @@ fn flatten_payload<'a>(prefix: &str, value: &'a Value, out: &mut Vec<(String, &'
     }
 }
 
+/// Payload keys whose whole-number value is a Unix time (a freeze's end), shown as
+/// every time is.
+const UNIX_TIME_KEYS: [&str; 1] = ["until"];
+
 /// One payload value; `names`: the event kind declares it as workspaces.
-fn detail_value(key: &str, value: &Value, ws: Option<&str>, names: bool) -> Markup {
+fn detail_value(key: &str, value: &Value, ws: Option<&str>, names: bool, now: i64) -> Markup {
     let leaf = key.rsplit('.').next().unwrap_or(key);
     let workspace_link = |name: &str| -> Markup {
         if names && crate::names::validate_workspace(name).is_ok() {
@@ -1162,6 +1205,7 @@ fn detail_value(key: &str, value: &Value, ws: Option<&str>, names: bool) -> Mark
     };
     match value {
         Value::Number(n) => match (n.as_i64(), ws) {
+            (Some(t), _) if UNIX_TIME_KEYS.contains(&leaf) => unix_when(Some(t), now),
             (Some(v), Some(ws)) if v > 0 && VERSION_KEYS.contains(&leaf) => {
                 html! { a href=(version_href(ws, v)) { "v" (v) } }
             }
@@ -1333,6 +1377,17 @@ mod tests {
                 vec!["–"],
                 vec!["key"],
             ),
+            // A freeze's end reads as every time does, not as Unix seconds.
+            (
+                "tf/prod",
+                "tf.frozen",
+                serde_json::json!({"reason": "window", "until": 1_796_205_600, "replaced": {"until": null}}),
+                vec![
+                    r#"<time datetime="2026-12-02T10:00:00Z"><span class="abs">2026-12-02 10:00 UTC</span> · in 93 min</time>"#,
+                    "replaced.until</span> <span class=\"muted\">none</span>",
+                ],
+                vec!["1796205600"],
+            ),
             (
                 "tf/prod",
                 "tf.resources_moved",
@@ -1342,7 +1397,8 @@ mod tests {
             ),
         ];
         for (scope, event, payload, has, lacks) in table {
-            let html = audit_details(&row(scope, event, payload.clone())).into_string();
+            let html =
+                audit_details(&row(scope, event, payload.clone()), 1_796_200_000).into_string();
             for want in has {
                 assert!(html.contains(want), "{payload}: {want} not in {html}");
             }
@@ -1437,6 +1493,13 @@ mod tests {
             to_version: 1,
             to_serial: Some(1),
             refused: None,
+            frozen: Some(crate::tofu::freeze::Freeze {
+                workspace: evil.into(),
+                frozen_by: evil.into(),
+                reason: evil.into(),
+                created_at: evil.into(),
+                until: Some(1_796_205_600),
+            }),
             diff: Some(StateDiff {
                 resources: vec![crate::operator::diff::ResourceChange {
                     address: evil.into(),

@@ -335,3 +335,28 @@ impl AdminEnv {
         status(req).await
     }
 }
+
+/// A web UI session of the operator whose token is `token`: a client that sends the
+/// session's cookie and follows no redirect.
+pub async fn ui_session(base: &str, token: &str) -> reqwest::Client {
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = plain
+        .post(format!("{base}/ui/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303, "the login is refused");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_string();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("cookie", session.parse().unwrap());
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}

@@ -2971,6 +2971,8 @@ async fn a_limited_reader_never_reads_a_hidden_workspace_in_audit_or_any_listing
         "workspaces/team-a-1",
         "workspaces/team-a-1/versions",
         "workspaces/team-a-1/timeline",
+        // A move's versions name the other workspace (issue 38, item 9): hidden too.
+        "workspaces/team-a-1/diff?from=1&to=2",
         "search?q=terraform_data",
         "freezes",
         "drift",
@@ -3032,6 +3034,7 @@ async fn a_limited_reader_never_reads_a_hidden_workspace_in_audit_or_any_listing
         "/ui/workspaces",
         "/ui/workspaces/team-a-1",
         "/ui/workspaces/team-a-1/versions/2",
+        "/ui/workspaces/team-a-1/diff?from=1&to=2",
         "/ui/search?q=terraform_data",
         "/ui/drift",
     ];
@@ -3201,4 +3204,59 @@ async fn a_plan_holder_is_force_unlocked_alone_and_only_by_an_operator() {
         1
     );
     assert_eq!(forced(), 1);
+}
+
+/// Issue 38, item 11: the encryption column says what it means: every workspace is
+/// encrypted at rest (AES-256-GCM, with the key generation on its page, the admin API
+/// has it too), and separately whether OpenTofu encrypts it client-side, with where to
+/// read how to turn that on; no "plaintext" badge that reads as "stored unencrypted".
+#[tokio::test]
+async fn the_encryption_column_says_at_rest_and_client_side_apart() {
+    let env = Env::start().await;
+    env.write("prod", state(1, "lin-p", "")).await;
+    let envelope = r#"{"serial":1,"lineage":"lin-e","meta":{"key_provider.pbkdf2.main":"eyJzYWx0IjoiIn0="},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}"#;
+    env.write("tofu", envelope.to_string()).await;
+    let cookie = env.login().await;
+    let list = env.page("/ui/workspaces", &cookie).await;
+    assert!(!list.contains("plaintext"), "{list}");
+    let row = |name: &str| {
+        let at = list
+            .find(&format!(r#"<a href="/ui/workspaces/{name}">{name}</a>"#))
+            .unwrap();
+        list[at..at + list[at..].find("</tr>").unwrap()].to_string()
+    };
+    let prod = row("prod");
+    assert!(prod.contains("At rest: AES-256-GCM"), "{prod}");
+    assert!(prod.contains("OpenTofu encryption: no"), "{prod}");
+    assert!(
+        prod.contains(
+            r##"<a href="/ui/workspaces/prod#opentofu-encryption">how to turn it on</a>"##
+        ),
+        "{prod}"
+    );
+    let tofu = row("tofu");
+    assert!(
+        tofu.contains("OpenTofu encryption: yes (pbkdf2.main)"),
+        "{tofu}"
+    );
+    assert!(!tofu.contains("how to turn it on"), "{tofu}");
+    // The workspace page names the key generation its newest version is sealed under,
+    // and the link lands on how to turn client-side encryption on.
+    let page = env.page("/ui/workspaces/prod", &cookie).await;
+    assert!(
+        page.contains("At rest: AES-256-GCM, key generation 0"),
+        "{page}"
+    );
+    assert!(page.contains(r#"id="opentofu-encryption""#), "{page}");
+    assert!(page.contains("--opentofu-encryption"), "{page}");
+    assert!(!page.contains("plaintext"), "{page}");
+    let (code, text) = status(
+        reqwest::Client::new()
+            .get(format!("{}/api/v1/admin/workspaces/prod", env.server.base))
+            .bearer_auth(&env.token),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let one: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(one["key_generation"], 0, "{one}");
 }

@@ -768,7 +768,14 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.serial),
                 opt(w.size),
                 when_opt(w.updated_at.as_deref()),
-                w.encryption.as_ref().map_or("-".into(), |p| p.label()),
+                // At rest every version is sealed; the client may encrypt it too.
+                match w.encryption {
+                    Some(_) => stategate::operator::at_rest(w.key_generation),
+                    None => "-".into(),
+                },
+                w.encryption
+                    .as_ref()
+                    .map_or("-".into(), |p| p.client_side()),
                 {
                     let lock = match (w.lock.as_ref(), w.plans.as_slice()) {
                         (Some(lock), []) => Some(lock_text(lock)),
@@ -793,7 +800,8 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
             "SERIAL",
             "SIZE",
             "UPDATED",
-            "ENCRYPTION",
+            "AT REST",
+            "OPENTOFU ENCRYPTION",
             "LOCK",
         ],
         &cells,
@@ -897,11 +905,13 @@ pub fn diff(
     json: bool,
 ) -> anyhow::Result<()> {
     let o = Ops::open(config)?;
-    let d = o.run(o.ops.diff(workspace, from, to))?;
+    let root = stategate::operator::roles::Grant::ROOT;
+    let d = o.run(o.ops.diff(workspace, from, to, &root))?;
     if json {
         for r in &d.resources {
             let mut line = stategate::operator::resource_change_json(&d, r);
             line["kind"] = "resource".into();
+            line["attributes"] = serde_json::to_value(&r.attributes)?;
             json_line(&line)?;
         }
         for out in &d.outputs {
@@ -1151,6 +1161,7 @@ mod tests {
                 plans: Vec::new(),
                 frozen: None,
                 encryption: Some(stategate::tofu::posture::posture_unknown()),
+                key_generation: None,
             },
             WorkspaceSummary {
                 name: "gone".into(),
@@ -1163,6 +1174,7 @@ mod tests {
                 plans: Vec::new(),
                 frozen: None,
                 encryption: None,
+                key_generation: None,
             },
         ];
         let text = workspace_table(&rows);
@@ -1173,9 +1185,14 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("4 (deleted)"), "{text}");
-        // The encryption posture sits before the lock; a deleted state has none.
-        assert!(lines[0].contains("ENCRYPTION  LOCK"), "{text}");
-        assert!(lines[1].contains(" unknown "), "{text}");
+        // Encryption sits before the lock, at rest and client-side apart (issue 38,
+        // item 11: "plaintext" read as "stored unencrypted"); a deleted state has none.
+        assert!(
+            lines[0].contains("AT REST      OPENTOFU ENCRYPTION  LOCK"),
+            "{text}"
+        );
+        assert!(lines[1].contains(" AES-256-GCM  unknown "), "{text}");
+        assert!(!text.contains("plaintext"), "{text}");
         let mut encrypted = rows[0].clone();
         encrypted.encryption = Some(stategate::tofu::posture::Posture {
             state: "encrypted",
@@ -1183,7 +1200,23 @@ mod tests {
             key_providers: vec!["pbkdf2.main".into()],
             known: 3,
         });
-        assert!(workspace_table(&[encrypted]).contains(" encrypted (pbkdf2.main) "));
+        encrypted.key_generation = Some(2);
+        let text = workspace_table(&[encrypted.clone()]);
+        assert!(
+            text.contains(" AES-256-GCM, key generation 2  yes (pbkdf2.main) "),
+            "{text}"
+        );
+        encrypted.encryption = Some(stategate::tofu::posture::Posture {
+            state: "plaintext",
+            current: "plaintext",
+            key_providers: Vec::new(),
+            known: 3,
+        });
+        let text = workspace_table(&[encrypted]);
+        assert!(
+            text.contains(" AES-256-GCM, key generation 2  no "),
+            "{text}"
+        );
     }
 
     /// Issue 38, item 10: a frozen workspace is not "-" in the LOCK column: the freeze,
@@ -1208,6 +1241,7 @@ mod tests {
             plans: Vec::new(),
             frozen: Some(freeze(Some(1_796_205_600))),
             encryption: None,
+            key_generation: None,
         };
         let text = workspace_table(std::slice::from_ref(&row));
         assert!(

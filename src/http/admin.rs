@@ -202,7 +202,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             limit,
         } => {
             let limit = limit.unwrap_or(DEFAULT_VERSIONS);
-            let rows = ops.history(&w, Some(limit)).await?;
+            let rows = ops.history(&w, Some(limit), &who.grant).await?;
             ok(serde_json::json!({ "versions": rows.iter().map(version_json).collect::<Vec<_>>() }))
         }
         AdminAction::Timeline {
@@ -211,7 +211,9 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             limit,
         } => {
             let limit = limit.unwrap_or(DEFAULT_TIMELINE);
-            let rows = ops.timeline(&w, address.as_deref(), limit).await?;
+            let rows = ops
+                .timeline(&w, address.as_deref(), limit, &who.grant)
+                .await?;
             ok(serde_json::json!({ "changes": rows.iter().map(timeline_json).collect::<Vec<_>>() }))
         }
         AdminAction::Version {
@@ -240,7 +242,7 @@ async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Res
             from,
             to,
         } => {
-            let d = ops.diff(&w, from, to).await?;
+            let d = ops.diff(&w, from, to, &who.grant).await?;
             let resources: Vec<serde_json::Value> = d
                 .resources
                 .iter()

@@ -715,7 +715,10 @@ async fn page(
                 .unwrap_or(1)
                 .min(100_000);
             let skip = (page - 1) * VERSIONS_PER_PAGE;
-            let rows = match ops.history(w, Some(skip + VERSIONS_PER_PAGE + 1)).await {
+            let rows = match ops
+                .history(w, Some(skip + VERSIONS_PER_PAGE + 1), chrome.grant)
+                .await
+            {
                 Ok(rows) => rows,
                 Err(Error::NotFound(_)) => Vec::new(), // only a lock so far
                 Err(e) => return Err(e.into()),
@@ -733,7 +736,7 @@ async fn page(
                 _ if write_allowed => Some(Notice::WriteAllowed),
                 _ => None,
             };
-            let timeline = match ops.timeline(w, None, TIMELINE_ROWS).await {
+            let timeline = match ops.timeline(w, None, TIMELINE_ROWS, chrome.grant).await {
                 Ok(rows) => rows,
                 Err(Error::NotFound(_)) => Vec::new(),
                 Err(e) => return Err(e.into()),
@@ -809,7 +812,7 @@ async fn page(
             from,
             to,
         } => {
-            let d = ops.diff(&w, from, to).await?;
+            let d = ops.diff(&w, from, to, chrome.grant).await?;
             ok(pages::diff(chrome, &w, from, to, &d))
         }
         UiRoute::Audit {

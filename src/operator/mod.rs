@@ -148,6 +148,24 @@ pub struct WorkspaceSummary {
     /// Client-side encryption of its recent versions (`tofu::posture`); `None`
     /// without a live state.
     pub encryption: Option<crate::tofu::posture::Posture>,
+    /// The data key generation its newest version is sealed under at rest (AES-256-GCM,
+    /// [`at_rest`]), read from that blob's header: only for one workspace
+    /// ([`Operations::workspace`]), never in a listing (one read per workspace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_generation: Option<u32>,
+}
+
+/// The cipher every version is sealed with at rest (`store::format`, whatever the client
+/// did).
+pub const AT_REST_CIPHER: &str = "AES-256-GCM";
+
+/// At-rest encryption in words, for the UI and the CLI: `AES-256-GCM, key generation 2`,
+/// or the cipher alone where the generation was not read.
+pub fn at_rest(generation: Option<u32>) -> String {
+    match generation {
+        Some(g) => format!("{AT_REST_CIPHER}, key generation {g}"),
+        None => AT_REST_CIPHER.to_string(),
+    }
 }
 
 impl WorkspaceSummary {
@@ -164,6 +182,7 @@ impl WorkspaceSummary {
             plans: Vec::new(),
             frozen: None,
             encryption: None,
+            key_generation: None,
         }
     }
 }
@@ -242,8 +261,8 @@ pub fn version_json(row: &VersionRow) -> serde_json::Value {
 /// change and changed attributes; what a move's version moved is `"change": "moved"`
 /// with `"moved": {"to": "app"}` (or `{"from": …}`).
 pub fn resource_change_json(d: &StateDiff, r: &diff::ResourceChange) -> serde_json::Value {
-    let mut line =
-        serde_json::json!({ "address": r.address, "change": r.change, "attributes": r.attributes });
+    // `attributes` only for a change in place, as `ResourceChange` serializes.
+    let mut line = serde_json::to_value(r).unwrap_or_default();
     if let Some(m) = d.moved.as_ref().filter(|m| m.covers_change(&r.change)) {
         line["change"] = "moved".into();
         line["moved"] = serde_json::to_value(m).unwrap_or_default();
@@ -435,6 +454,7 @@ pub fn workspace_rows(
                 plans: Vec::new(),
                 frozen: None,
                 encryption: None,
+                key_generation: None,
             },
         );
     }
@@ -577,24 +597,40 @@ impl Operations {
     }
 
     /// One workspace's summary (404 when it has neither versions nor a lock).
+    /// With the data key generation of its newest version (best effort: a blob whose
+    /// header cannot be read is logged and leaves it unknown; reading the version says
+    /// what is wrong).
     pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, Error> {
         validate_workspace(workspace)?;
-        self.list_workspaces(&Grant::ROOT)
+        let mut found = self
+            .list_workspaces(&Grant::ROOT)
             .await?
             .into_iter()
             .find(|w| w.name == workspace)
-            .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))
+            .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))?;
+        if !found.deleted && found.version.is_some() {
+            let scope = crate::tofu::scope(workspace);
+            match self.tofu.store().current_key_generation(&scope).await {
+                Ok(g) => found.key_generation = g,
+                Err(e) => {
+                    tracing::warn!(workspace, error = %e, "cannot read the key generation of the newest version")
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// The resource timeline of `workspace`: which versions added, changed or removed
     /// `address` (its instances and, for a module, what it holds) or any address, newest
     /// first, at most `limit` rows, with who wrote each. An address that is empty,
     /// longer than any stored one or not printable is refused (400).
+    /// The workspaces moves moved to or from are named as `grant` sees them.
     pub async fn timeline(
         &self,
         workspace: &str,
         address: Option<&str>,
         limit: u32,
+        grant: &Grant,
     ) -> Result<Vec<TimelineRow>, Error> {
         validate_workspace(workspace)?;
         if let Some(address) = address {
@@ -612,16 +648,23 @@ impl Operations {
                 "workspace {workspace:?} has no versions"
             )));
         }
-        Ok(store.timeline(&scope, address, limit).await?)
+        let mut rows = store.timeline(&scope, address, limit).await?;
+        for row in &mut rows {
+            redact::timeline_row(row, grant);
+        }
+        Ok(rows)
     }
 
+    /// The versions of `workspace`, newest first; the workspaces moves moved to or from
+    /// are named as `grant` sees them.
     pub async fn history(
         &self,
         workspace: &str,
         limit: Option<u32>,
+        grant: &Grant,
     ) -> Result<Vec<VersionRow>, Error> {
         validate_workspace(workspace)?;
-        let rows = self
+        let mut rows = self
             .tofu
             .store()
             .history(&crate::tofu::scope(workspace), limit)
@@ -630,6 +673,9 @@ impl Operations {
             return Err(Error::NotFound(format!(
                 "workspace {workspace:?} has no versions"
             )));
+        }
+        for row in &mut rows {
+            redact::write_facts(&mut row.facts, grant);
         }
         Ok(rows)
     }
@@ -691,8 +737,15 @@ impl Operations {
         Ok((row, body))
     }
 
-    /// What changed from version `from` to version `to`.
-    pub async fn diff(&self, workspace: &str, from: i64, to: i64) -> Result<StateDiff, Error> {
+    /// What changed from version `from` to version `to` (a move's other workspace named
+    /// as `grant` sees it).
+    pub async fn diff(
+        &self,
+        workspace: &str,
+        from: i64,
+        to: i64,
+        grant: &Grant,
+    ) -> Result<StateDiff, Error> {
         validate_workspace(workspace)?;
         let (a, a_body) = self
             .tofu
@@ -708,6 +761,7 @@ impl Operations {
         if a.version.checked_add(1) == Some(b.version) {
             d.moved = diff::Moved::of(&b.facts);
         }
+        redact::diff(&mut d, grant);
         Ok(d)
     }
 

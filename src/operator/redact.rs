@@ -51,6 +51,41 @@ pub fn workspaces(names: Vec<String>, grant: &Grant) -> Vec<String> {
     shown
 }
 
+/// A version's writer facts as `grant` may see them: the workspace a move's version
+/// names (where its resources went or came from) replaced when `grant` does not see it.
+pub fn write_facts(facts: &mut crate::store::WriteFacts, grant: &Grant) {
+    for name in [&mut facts.moved_to, &mut facts.moved_from]
+        .into_iter()
+        .flatten()
+    {
+        if !grant.sees(name) {
+            *name = HIDDEN_WORKSPACE.to_string();
+        }
+    }
+}
+
+/// [`write_facts`] of a timeline row.
+pub fn timeline_row(row: &mut crate::store::timeline::TimelineRow, grant: &Grant) {
+    for name in [&mut row.moved_to, &mut row.moved_from]
+        .into_iter()
+        .flatten()
+    {
+        if !grant.sees(name) {
+            *name = HIDDEN_WORKSPACE.to_string();
+        }
+    }
+}
+
+/// A diff's move as `grant` may see it (the other workspace's name).
+pub fn diff(d: &mut super::diff::StateDiff, grant: &Grant) {
+    use super::diff::Moved;
+    if let Some(Moved::To(name) | Moved::From(name)) = &mut d.moved {
+        if !grant.sees(name) {
+            *name = HIDDEN_WORKSPACE.to_string();
+        }
+    }
+}
+
 /// The value at a dotted path into nested objects, if there is one.
 fn field<'a>(payload: &'a mut Value, path: &str) -> Option<&'a mut Value> {
     path.split('.')

@@ -117,6 +117,27 @@ pub async fn blob_generation(blobs: &dyn BlobStore, key: &str) -> Result<Option<
     Err("the header is cut short".into())
 }
 
+impl StateStore {
+    /// The data key generation the newest version of `scope` is sealed under, read from
+    /// its blob's first bytes without decrypting (`None`: no version, or a tombstone).
+    /// A blob that is missing or whose header is cut short is an error naming why.
+    pub async fn current_key_generation(&self, scope: &str) -> Result<Option<u32>, String> {
+        let Some(row) = self.latest(scope).await.map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let Some(key) = row.blob_key else {
+            return Ok(None);
+        };
+        match blob_generation(self.blobs().as_ref(), &key).await? {
+            Some(g) => Ok(Some(g)),
+            None => Err(format!(
+                "the blob of version {} of {scope} is missing",
+                row.version
+            )),
+        }
+    }
+}
+
 /// Counts every version's blob by the generation it names (scopes not starting with
 /// `data_scopes` are under another root and only counted), plus the backups and the
 /// whole objects under `records` (revocation records).

@@ -243,12 +243,16 @@ impl Posture {
         }
     }
 
-    /// One short word for a table or a badge: `encrypted (pbkdf2.main)`, `plaintext`,
-    /// `mixed`, `unknown`.
-    pub fn label(&self) -> String {
-        match (self.state, self.key_providers.is_empty()) {
-            ("encrypted", false) => format!("encrypted ({})", self.key_providers.join(", ")),
-            (state, _) => state.to_string(),
+    /// Whether OpenTofu encrypts the state client-side, in the words the UI and the CLI
+    /// both use: `yes (pbkdf2.main)`, `no`, `mixed (recent versions)`, `unknown`. ("no"
+    /// is not "stored unencrypted": every version is sealed at rest all the same.)
+    pub fn client_side(&self) -> String {
+        match self.state {
+            "encrypted" if self.key_providers.is_empty() => "yes".to_string(),
+            "encrypted" => format!("yes ({})", self.key_providers.join(", ")),
+            "plaintext" => "no".to_string(),
+            "mixed" => "mixed (recent versions)".to_string(),
+            _ => "unknown".to_string(),
         }
     }
 }
@@ -534,7 +538,7 @@ mod tests {
         assert_eq!(all["b2"].current, "unknown");
         assert_eq!(posture(&c, "zzz", Some(4)).unwrap().state, "unknown");
         assert_eq!(posture(&c, "a", None).unwrap().state, "unknown");
-        assert_eq!(all["a"].label(), "encrypted (pbkdf2.k)");
+        assert_eq!(all["a"].client_side(), "yes (pbkdf2.k)");
         assert_eq!(of_version(&c, "d", 2).unwrap(), Some(false));
         assert_eq!(of_version(&c, "d", 9).unwrap(), None);
     }

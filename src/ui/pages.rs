@@ -201,15 +201,18 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
         } @else {
             div.table-wrap { table {
                 thead { tr {
-                    th { "Workspace" } th { "Lock" } th.num { "Version" } th.num.hide-narrow { "Serial" }
+                    th { "Workspace" } th { "Encryption" } th { "Lock" } th.num { "Version" } th.num.hide-narrow { "Serial" }
                     th.num.hide-narrow { "Size" } th { "Updated" }
                 } }
                 tbody { @for w in rows { tr {
                     td data-label="Workspace" {
                         a href=(ws_href(&w.name)) { (w.name) }
                         @if w.deleted { span.badge.deleted { "deleted" } }
-                        @if let Some(p) = &w.encryption { (encryption_badge(p)) }
                     }
+                    td data-label="Encryption" { @match &w.encryption {
+                        Some(p) => (encryption_cell(&w.name, p, None)),
+                        None => span.muted { "–" },
+                    } }
                     td data-label="Lock" {
                         @if let Some(f) = &w.frozen {
                             div.frozen { (freeze_summary(f, chrome.now)) }
@@ -520,6 +523,14 @@ pub fn connect_panel(ws: &str, base_url: &str, open: bool) -> Markup {
                 }
                 li { "an issued token for this workspace as " code { "TF_HTTP_PASSWORD" } " (see docs/access.md)." }
             }
+            p #opentofu-encryption {
+                strong { "OpenTofu client-side encryption" } " (on top of the " (crate::operator::AT_REST_CIPHER)
+                " every version is sealed with at rest): run " code { "stategate workspace env " (ws) " --opentofu-encryption" }
+                ", which also exports " code { "TF_ENCRYPTION" } " (a pbkdf2 key provider and " code { "aes_gcm" } " with a passphrase derived for this workspace), and use "
+                code { "tofu" } " (a state OpenTofu has not encrypted yet takes its migration step first: an "
+                code { "unencrypted" } " method as the " code { "fallback" } "). docs/terraform.md (“OpenTofu state encryption”) has the details; the server then sees only "
+                code { "serial" } " and " code { "lineage" } ", so it cannot diff or search that state."
+            }
         }
     }
 }
@@ -618,8 +629,7 @@ pub fn workspace(
         .collect();
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
-        h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } }
-            @if let Some(p) = &ws.encryption { (encryption_badge(p)) } }
+        h1 { (ws.name) @if ws.deleted { span.badge.deleted { "deleted" } } }
         @if let Some(n) = shown { (notice(n)) }
         @if let Some(check) = drift { (super::drift_pages::status_line(chrome, check)) }
         section.card {
@@ -628,6 +638,9 @@ pub fn workspace(
                 dt { "Serial" } dd { (dash(ws.serial)) }
                 dt { "Size" } dd { (dash(ws.size.map(size))) }
                 dt { "Updated" } dd { @match &ws.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
+                @if let Some(p) = &ws.encryption {
+                    dt { "Encryption" } dd #encryption { (encryption_cell(&ws.name, p, ws.key_generation)) }
+                }
             }
         }
         (lock_panel(chrome, ws))
@@ -693,6 +706,10 @@ pub fn version(
     content: &Content,
     shown: Shown,
 ) -> Markup {
+    // A move's other workspace as the reader may see it (`operator::redact`).
+    let mut row = row.clone();
+    crate::operator::redact::write_facts(&mut row.facts, chrome.grant);
+    let row = &row;
     let revealed = shown == Shown::Revealed;
     let base = version_href(workspace, row.version);
     let body = html! {
@@ -797,15 +814,19 @@ fn outline_body(outline: &Outline) -> Markup {
     }
 }
 
-/// The state's client-side encryption (`tofu::posture`): a badge, with the key
-/// providers as its title; nothing while unknown.
-fn encryption_badge(p: &crate::tofu::posture::Posture) -> Markup {
-    let providers = p.key_providers.join(", ");
-    match p.state {
-        "encrypted" => html! { span.badge.ok title=(providers) { "encrypted" } },
-        "mixed" => html! { span.badge.warn title=(providers) { "mixed encryption" } },
-        "plaintext" => html! { span.badge.quiet { "plaintext" } },
-        _ => html! {},
+/// A workspace's encryption in the words the CLI uses too: at rest (always; with the
+/// key generation where it was read) and OpenTofu's client-side encryption
+/// (`tofu::posture`), with where to read how to turn it on when it is not on.
+fn encryption_cell(ws: &str, p: &crate::tofu::posture::Posture, generation: Option<u32>) -> Markup {
+    html! {
+        span.at-rest { "At rest: " (crate::operator::at_rest(generation)) }
+        br;
+        span.client-side {
+            "OpenTofu encryption: " (p.client_side())
+            @if p.state != "encrypted" {
+                " · " a href=(format!("{}#opentofu-encryption", ws_href(ws))) { "how to turn it on" }
+            }
+        }
     }
 }
 
@@ -1436,6 +1457,7 @@ mod tests {
             plans: Vec::new(),
             frozen: None,
             encryption: None,
+            key_generation: None,
         };
         let row = VersionRow {
             scope: "tf/prod".into(),

@@ -1201,6 +1201,103 @@ impl Operations {
 mod tests {
     use super::*;
 
+    /// Issue 38, item 9: the words and counts every listing (the CLI's history and
+    /// timeline, their `--json`, the admin API, the UI) takes from these functions: a
+    /// move's version counts what moved as moved, to or from the other workspace.
+    #[test]
+    fn a_moves_versions_count_and_read_as_moved() {
+        use crate::store::timeline::{Change, ChangeCounts};
+        let row = |added, removed, facts: crate::store::WriteFacts| VersionRow {
+            scope: "tf/net".into(),
+            version: 3,
+            serial: Some(4),
+            lineage: None,
+            sha256: None,
+            size: 1,
+            blob_key: Some("k".into()),
+            created_at: "t".into(),
+            actor: "operator:ops".into(),
+            facts,
+            changes: Some(ChangeCounts {
+                added,
+                changed: 0,
+                removed,
+            }),
+        };
+        let to = |ws: &str| crate::store::WriteFacts {
+            moved_to: Some(ws.into()),
+            ..Default::default()
+        };
+        let from = |ws: &str| crate::store::WriteFacts {
+            moved_from: Some(ws.into()),
+            ..Default::default()
+        };
+        let source = row(0, 3, to("app"));
+        assert_eq!(change_summary(&source), "3 moved to app");
+        assert_eq!(
+            serde_json::to_value(version_changes(&source)).unwrap(),
+            serde_json::json!({"added": 0, "changed": 0, "removed": 0, "moved": 3})
+        );
+        assert_eq!(
+            version_json(&source)["moved"],
+            serde_json::json!({"to": "app"})
+        );
+        let destination = row(2, 0, from("net"));
+        assert_eq!(change_summary(&destination), "2 moved from net");
+        // Anything a move's version did besides is still counted as it was.
+        assert_eq!(
+            change_summary(&row(1, 3, to("app"))),
+            "+1 ~0 -0 · 3 moved to app"
+        );
+        let plain = row(1, 2, Default::default());
+        assert_eq!(change_summary(&plain), "+1 ~0 -2");
+        assert_eq!(version_json(&plain)["moved"], serde_json::Value::Null);
+        assert_eq!(
+            change_summary(&VersionRow {
+                changes: None,
+                ..plain
+            }),
+            "-"
+        );
+
+        let entry = |change, facts: crate::store::WriteFacts| TimelineRow {
+            version: 3,
+            address: "t.a[0]".into(),
+            change,
+            created_at: "t".into(),
+            writer: "operator:ops".into(),
+            lock_who: None,
+            lock_operation: None,
+            restored_from: None,
+            moved_to: facts.moved_to,
+            moved_from: facts.moved_from,
+        };
+        let moved = entry(Change::Removed, to("app"));
+        assert_eq!(timeline_change(&moved), "moved to app");
+        let json = timeline_json(&moved);
+        assert_eq!(
+            (&json["change"], &json["moved"]),
+            (
+                &serde_json::json!("moved"),
+                &serde_json::json!({"to": "app"})
+            )
+        );
+        assert_eq!(
+            timeline_change(&entry(Change::Added, from("net"))),
+            "moved from net"
+        );
+        // Not what the move moved: a source never gains, nothing moves in place.
+        assert_eq!(timeline_change(&entry(Change::Added, to("app"))), "added");
+        assert_eq!(
+            timeline_change(&entry(Change::Changed, to("app"))),
+            "changed"
+        );
+        assert_eq!(
+            timeline_json(&entry(Change::Changed, to("app")))["change"],
+            "changed"
+        );
+    }
+
     #[test]
     fn a_bare_workspace_name_is_its_audit_scope() {
         for (typed, want) in [

@@ -80,8 +80,10 @@ def test_moving_resources_and_their_blocks_leaves_both_plans_empty(server, ws_na
     assert len(payloads) == 1 and dst in payloads[0], payloads
     # History tells the truth: the move's versions count only what moved (4 addresses),
     # untouched records are not "changed" (the move keeps Terraform's bytes).
-    assert _newest_changes(server, src) == {"added": 0, "changed": 0, "removed": 4}
-    assert _newest_changes(server, dst) == {"added": 4, "changed": 0, "removed": 0}
+    assert _newest_changes(server, src) == {"added": 0, "changed": 0, "removed": 0, "moved": 4}
+    assert _newest_changes(server, dst) == {"added": 0, "changed": 0, "removed": 0, "moved": 4}
+    history = cli(server, "workspace", "history", src, "--limit", "1").stdout
+    assert f"4 moved to {dst}" in history, history
 
     # The blocks move too: src keeps `keep`, dst gets the rest (and the module).
     _config(a, data_resource("keep", "k"))
@@ -97,7 +99,7 @@ def test_moving_resources_and_their_blocks_leaves_both_plans_empty(server, ws_na
     _config(b, data_resource("own", "changed"), data_resource("moved", "m"), COUNTED, MODULE_CALL, module=True)
     assert "1 changed" in b.apply().stdout
     # Terraform's next write of the moved records reads as unchanged too.
-    assert _newest_changes(server, dst) == {"added": 0, "changed": 1, "removed": 0}
+    assert _newest_changes(server, dst) == {"added": 0, "changed": 1, "removed": 0, "moved": 0}
 
 
 def test_every_refused_move_exits_non_zero_and_changes_nothing(server, ws_name, make_tf):

@@ -175,10 +175,9 @@ pub fn age(seconds: i64) -> String {
 /// exact instant stays in `--json`). Anything that is not a time is shown as it is.
 pub fn when(rfc3339: &str) -> String {
     use time::format_description::well_known::Rfc3339;
-    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
     time::OffsetDateTime::parse(rfc3339, &Rfc3339)
         .ok()
-        .and_then(|t| t.to_offset(time::UtcOffset::UTC).format(&format).ok())
+        .and_then(|t| stategate::store::utc_minutes(t.unix_timestamp()))
         .unwrap_or_else(|| rfc3339.to_string())
 }
 

@@ -746,15 +746,7 @@ fn plans_text(plans: &[LockState]) -> String {
 /// A freeze as the tables show it: `frozen until 2026-12-02 10:00 UTC (reason)`, or
 /// `frozen until unfrozen (reason)`.
 fn freeze_text(f: &stategate::tofu::freeze::Freeze) -> String {
-    format!("frozen {} ({})", freeze_end(f), f.reason)
-}
-
-/// When a freeze ends, as every time in a table: `until 2026-12-02 10:00 UTC`.
-fn freeze_end(f: &stategate::tofu::freeze::Freeze) -> String {
-    match f.ends_at() {
-        Some(t) => format!("until {}", when(&t)),
-        None => "until unfrozen".into(),
-    }
+    format!("frozen {} ({})", f.until_text(), f.reason)
 }
 
 pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
@@ -1054,7 +1046,7 @@ pub fn freeze(
     }
     eprintln!(
         "workspace {workspace} frozen {} (audited as tf.frozen by {}): every lock and every write without a lock is refused with the reason",
-        freeze_end(&done.freeze),
+        done.freeze.until_text(),
         done.freeze.frozen_by
     );
     if let Some(lock) = &done.lock_held {
@@ -1095,7 +1087,7 @@ pub fn freezes(config: &Config, json: bool) -> anyhow::Result<()> {
                 vec![
                     f.workspace.clone(),
                     f.frozen_by.clone(),
-                    f.ends_at().map_or_else(|| "unfrozen".into(), |t| when(&t)),
+                    f.until_text(),
                     f.reason.clone(),
                 ]
             })

@@ -203,7 +203,7 @@ pub struct ClusterSummary {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FreezeDone {
     pub freeze: Freeze,
-    /// `until` for people (RFC 3339, or "until unfrozen").
+    /// `until` for people (`until 2026-12-02 10:00 UTC`, or `until unfrozen`).
     pub until_text: String,
     /// The lock held when the freeze was made: left alone, the freeze applies once it
     /// is released.

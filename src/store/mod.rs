@@ -113,6 +113,17 @@ pub fn now_rfc3339() -> String {
         .expect("current time formats")
 }
 
+/// A Unix time as every page, table and message shows it: `2026-12-01 21:03 UTC`
+/// (UTC, to the minute; the exact instant stays in JSON). The UI, the CLI and a
+/// freeze's LockInfo all write times through this one format.
+pub fn utc_minutes(unix: i64) -> Option<String> {
+    let format = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()?
+        .format(&format)
+        .ok()
+}
+
 const VERSION_COLUMNS: &str =
     "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor, \
      lock_who, lock_operation, restored_from, res_added, res_changed, res_removed, \

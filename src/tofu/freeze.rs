@@ -57,30 +57,19 @@ impl Freeze {
         self.until.is_none_or(|until| now < until)
     }
 
-    /// `until` as RFC 3339 (`None`: until unfrozen); the UI and the CLI show it as
-    /// they show every time.
-    pub fn ends_at(&self) -> Option<String> {
-        self.until
-            .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc3339)
-                    .ok()
-            })
-    }
-
-    /// `until` as RFC 3339, or "until unfrozen" (the LockInfo's words).
+    /// When it ends, for people, as every time is shown (`store::utc_minutes`):
+    /// `until 2026-12-02 10:00 UTC`, or `until unfrozen`.
     pub fn until_text(&self) -> String {
-        self.ends_at()
-            .unwrap_or_else(|| "until unfrozen".to_string())
+        match self.until.and_then(crate::store::utc_minutes) {
+            Some(t) => format!("until {t}"),
+            None => "until unfrozen".to_string(),
+        }
     }
 
     /// The LockInfo a refused LOCK (or unlocked write) carries: Terraform prints every
     /// field of it under "Lock Info:".
     pub fn lock_info(&self) -> String {
-        let until = match self.until {
-            Some(_) => format!("until {}", self.until_text()),
-            None => "until unfrozen".to_string(),
-        };
+        let until = self.until_text();
         serde_json::json!({
             "ID": format!("{LOCK_ID_PREFIX}{}", self.workspace),
             "Operation": OPERATION,
@@ -361,7 +350,7 @@ mod tests {
         assert_eq!(info["Operation"], OPERATION);
         assert_eq!(
             info["Info"],
-            "workspace prod is frozen (until 2026-12-02T10:00:00Z): incident 42"
+            "workspace prod is frozen (until 2026-12-02 10:00 UTC): incident 42"
         );
     }
 
@@ -375,7 +364,7 @@ mod tests {
             refusal(f.lock_info().as_bytes()),
             Some(Refusal {
                 who: "frozen by op@site".into(),
-                info: "workspace prod is frozen (until 2026-12-02T10:00:00Z): incident 42".into(),
+                info: "workspace prod is frozen (until 2026-12-02 10:00 UTC): incident 42".into(),
             })
         );
         for other in [
@@ -386,8 +375,8 @@ mod tests {
         ] {
             assert_eq!(refusal(other), None, "{}", String::from_utf8_lossy(other));
         }
-        assert_eq!(f.ends_at().as_deref(), Some("2026-12-02T10:00:00Z"));
-        assert_eq!(freeze(None).ends_at(), None);
+        assert_eq!(f.until_text(), "until 2026-12-02 10:00 UTC");
+        assert_eq!(freeze(None).until_text(), "until unfrozen");
     }
 
     #[test]

@@ -126,8 +126,7 @@ fn span(s: i64) -> String {
 pub fn utc(unix: i64) -> Option<(String, String)> {
     let t = time::OffsetDateTime::from_unix_timestamp(unix).ok()?;
     let iso = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
-    let shown = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
-    Some((t.format(&iso).ok()?, t.format(&shown).ok()?))
+    Some((t.format(&iso).ok()?, crate::store::utc_minutes(unix)?))
 }
 
 /// A time as `2026-12-01 21:03 UTC · 2 min ago`: absolute (UTC, no fractions, also

@@ -492,10 +492,19 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
         Some(json!({"to": 1, "from": 2})),
     )
     .await;
+    // A move out of prod: its version names where the resource went (issue 38, item 9),
+    // in the sealed header too, so the rebuild brings it back.
+    env.apply("app", "ci@runner-5", state(1, "lin-app", "")).await;
+    env.json(
+        "POST",
+        "workspaces/prod/move/app",
+        Some(json!({"addresses": ["null_resource.a"]})),
+    )
+    .await;
     let read = |conn: &stategate::store::sql::Connection| {
         // Each row's columns as SQL literals (NULL included), compared whole.
         let versions: Vec<String> = conn
-            .prepare("SELECT quote(version) || ' ' || quote(actor) || ' ' || quote(lock_who) || ' ' || quote(lock_operation) || ' ' || quote(restored_from) || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) FROM versions WHERE scope = 'tf/prod' ORDER BY version")
+            .prepare("SELECT quote(version) || ' ' || quote(actor) || ' ' || quote(lock_who) || ' ' || quote(lock_operation) || ' ' || quote(restored_from) || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) || ' ' || quote(moved_to) || ' ' || quote(moved_from) FROM versions WHERE scope IN ('tf/prod', 'tf/app') ORDER BY scope DESC, version")
             .unwrap()
             .query_map([], |r| r.get(0))
             .unwrap()
@@ -521,12 +530,15 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
     assert_eq!(
         live.0,
         vec![
-            "1 'tf:prod' 'ci@runner-3' 'OperationTypeApply' NULL 1 0 0",
-            "2 'tf:prod' 'ci@runner-4' 'OperationTypeApply' NULL 1 1 0",
-            "3 'operator:ops@example.com' NULL NULL 1 0 1 1",
+            "1 'tf:prod' 'ci@runner-3' 'OperationTypeApply' NULL 1 0 0 NULL NULL",
+            "2 'tf:prod' 'ci@runner-4' 'OperationTypeApply' NULL 1 1 0 NULL NULL",
+            "3 'operator:ops@example.com' NULL NULL 1 0 1 1 NULL NULL",
+            "4 'operator:ops@example.com' NULL NULL NULL 0 0 1 'app' NULL",
+            "1 'tf:app' 'ci@runner-5' 'OperationTypeApply' NULL 0 0 0 NULL NULL",
+            "2 'operator:ops@example.com' NULL NULL NULL 1 0 0 NULL 'prod'",
         ]
     );
-    assert_eq!(live.1.len(), 5, "{:?}", live.1);
+    assert_eq!(live.1.len(), 6, "{:?}", live.1);
     let dir = tempfile::tempdir().unwrap();
     let into = dir.path().join("rebuilt.db");
     let keys = stategate::schema::scope_keys(s.root.clone(), None);

@@ -45,6 +45,7 @@ pub const ALL: &[&str] = &[
 /// differently there); every other one is [`ALL`]'s, spelled by
 /// `store::sql::postgres_ddl`.
 const POSTGRES_WRITTEN: &[(&str, PostgresDdl)] = &[
+    (crate::store::db::SCHEMA, crate::store::db::postgres_schema),
     (crate::store::audit::SCHEMA, || {
         Ok(crate::store::audit::POSTGRES_SCHEMA.into())
     }),
@@ -70,8 +71,9 @@ pub fn postgres() -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// Opens the index on PostgreSQL at `url` with every schema applied (no migration:
-/// PostgreSQL holds no earlier release's tables).
+/// Opens the index on PostgreSQL at `url` with every schema applied (no migration but
+/// the columns an owner's PostgreSQL schema adds where they are missing, e.g.
+/// `store::db::postgres_schema`).
 pub fn open_postgres(url: &str, ca_file: Option<&Path>) -> Result<Db, DbError> {
     Db::open_postgres(url, ca_file, &postgres().map_err(DbError::Task)?)
 }

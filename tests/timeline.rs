@@ -494,7 +494,8 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
     .await;
     // A move out of prod: its version names where the resource went (issue 38, item 9),
     // in the sealed header too, so the rebuild brings it back.
-    env.apply("app", "ci@runner-5", state(1, "lin-app", "")).await;
+    env.apply("app", "ci@runner-5", state(1, "lin-app", ""))
+        .await;
     env.json(
         "POST",
         "workspaces/prod/move/app",

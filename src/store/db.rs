@@ -97,6 +97,19 @@ const ADDED_VERSION_COLUMNS: &[(&str, &str)] = &[
     ("moved_from", "TEXT"),
 ];
 
+/// [`SCHEMA`] for PostgreSQL (`crate::schema::postgres`): the same tables, and the
+/// columns added since the first release that had a PostgreSQL index (a move's
+/// `moved_to`/`moved_from`), which an index an earlier release made lacks. PostgreSQL
+/// adds a column only where it is missing (`IF NOT EXISTS`), so this is idempotent.
+pub fn postgres_schema() -> Result<String, String> {
+    Ok(crate::store::sql::postgres_ddl(SCHEMA)? + POSTGRES_ADDED_COLUMNS)
+}
+
+const POSTGRES_ADDED_COLUMNS: &str = r#"
+ALTER TABLE versions ADD COLUMN IF NOT EXISTS moved_to TEXT COLLATE "C";
+ALTER TABLE versions ADD COLUMN IF NOT EXISTS moved_from TEXT COLLATE "C";
+"#;
+
 /// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_VERSION_COLUMNS`] that an
 /// earlier release's `versions` lacks. Idempotent; a database without the table is
 /// left to [`SCHEMA`].

@@ -601,3 +601,79 @@ async fn a_node_with_another_key_or_none_is_refused_by_the_shared_index() {
     let (code, body) = status(b.tf("GET", "w2")).await;
     assert_eq!(code, 200, "{body}");
 }
+
+/// The audit event filter's SQL on PostgreSQL finds what `event_matches` says, the
+/// words rule (`moved`, `freeze`) included: both spellings of the rule agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
+    use stategate::store::audit::{event_matches, list_audit_filtered, AuditFilter};
+    let Some(url) = new_database() else { return };
+    let _server = node(&url).await;
+    let events = [
+        "tf.lock_acquired",
+        "tf.resources_moved",
+        "tf.move_abandoned",
+        "tf.frozen",
+        "tf.unfrozen",
+        "tf.freeze_expired",
+        "cluster.state_lock_broken",
+        "tf.locking*",
+    ];
+    let filters = [
+        "move",
+        "moved",
+        "moves",
+        "freeze",
+        "frozen",
+        "unfreeze",
+        "lock",
+        "tf.lock",
+        "mo",
+        "tf.lock%",
+        "move*",
+        "MOVE",
+        "expired",
+        "tf.locking*",
+    ];
+    let got = with_conn(&url, move |c| {
+        for event in events {
+            c.execute(
+                "INSERT INTO audit (at, actor, scope, event, payload) VALUES ('2026-03-01T10:00:00Z', 't', 'tf/a', ?1, '{}')",
+                stategate::store::sql::params![event],
+            )
+            .unwrap();
+        }
+        filters
+            .iter()
+            .map(|f| {
+                let filter = AuditFilter {
+                    event: Some(f.to_string()),
+                    scope: Some("tf/a".into()),
+                    ..AuditFilter::default()
+                };
+                let rows = list_audit_filtered(c, &filter, 100).unwrap();
+                (*f, rows.into_iter().map(|r| r.event).collect::<Vec<_>>())
+            })
+            .collect::<Vec<_>>()
+    });
+    for (filter, found) in got {
+        let want: Vec<String> = events
+            .iter()
+            .filter(|e| event_matches(e, filter))
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(found, want, "{filter}");
+    }
+    let find = |f: &str| -> Vec<&str> {
+        events
+            .iter()
+            .copied()
+            .filter(|e| event_matches(e, f))
+            .collect()
+    };
+    assert_eq!(find("moved"), ["tf.resources_moved", "tf.move_abandoned"]);
+    assert_eq!(
+        find("freeze"),
+        ["tf.frozen", "tf.unfrozen", "tf.freeze_expired"]
+    );
+}

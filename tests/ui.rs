@@ -880,7 +880,15 @@ async fn audit_filters_read_a_workspace_name_a_prefix_and_hide_logins() {
             &["tf.lock_acquired"],
             &[],
         ),
-        ("event=written", &[], &[], &["No audit rows match."]),
+        // A word of the name (split on `.` and `_`), in any of its forms.
+        (
+            "event=written",
+            &["tf.state_written"],
+            &["tf.lock_acquired"],
+            &[],
+        ),
+        ("event=writes", &["tf.state_written"], &[], &[]),
+        ("event=writ", &[], &[], &["No audit rows match."]),
         (
             "event=tf.state_*",
             &[],
@@ -3259,4 +3267,86 @@ async fn the_encryption_column_says_at_rest_and_client_side_apart() {
     assert_eq!(code, 200, "{text}");
     let one: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(one["key_generation"], 0, "{one}");
+
+#[tokio::test]
+async fn the_audit_filter_finds_freezes_by_their_words_and_a_bad_time_keeps_the_form() {
+    let env = seeded().await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let r = env
+        .post(
+            "/ui/workspaces/prod/freeze",
+            &cookie,
+            &[
+                ("csrf", csrf.as_str()),
+                ("reason", "incident"),
+                ("for", "2h"),
+                ("confirm", "yes"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let r = env
+        .post(
+            "/ui/workspaces/prod/unfreeze",
+            &cookie,
+            &[("csrf", csrf.as_str())],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    // (event filter, in the rows, not in the rows): the words in another form, on
+    // whichever index the suite runs on.
+    type Row<'a> = (&'a str, &'a [&'a str], &'a [&'a str]);
+    let table: &[Row] = &[
+        (
+            "freeze",
+            &["tf.frozen", "tf.unfrozen"],
+            &["tf.state_written"],
+        ),
+        (
+            "frozen",
+            &["tf.frozen", "tf.unfrozen"],
+            &["tf.lock_acquired"],
+        ),
+        ("unfreeze", &["tf.unfrozen"], &["tf.frozen<"]),
+        ("tf.unfrozen", &["tf.unfrozen"], &["tf.frozen<"]),
+        ("moved", &[], &["tf.frozen"]),
+    ];
+    for (event, has, lacks) in table {
+        let page = env.page(&format!("/ui/audit?event={event}"), &cookie).await;
+        let rows = audit_rows(&page);
+        for want in *has {
+            assert!(rows.contains(want), "{event}: {want} not in {rows}");
+        }
+        for not in *lacks {
+            assert!(!rows.contains(not), "{event}: {not} in {rows}");
+        }
+    }
+    // A time that is not one: the page again, the form as typed, the field named
+    // with the forms it takes, and no rows.
+    for (query, field, typed) in [
+        (
+            "since=yesterday&event=freeze&scope=prod",
+            "Since",
+            "yesterday",
+        ),
+        ("until=2026-02-30&scope=prod", "Until", "2026-02-30"),
+    ] {
+        let r = env.get(&format!("/ui/audit?{query}"), &cookie).await;
+        assert_eq!(r.status, 400, "{query}: {}", r.body);
+        let page = &r.body;
+        for want in [
+            r#"id="audit-filter""#,
+            &format!(r#"value="{typed}""#),
+            r#"value="prod""#,
+            r#"aria-invalid="true""#,
+            &format!("<strong>{field}</strong> “{typed}” is not a time."),
+            "<code>2026-03-01</code>",
+            "RFC 3339",
+            r#"<option value="tf.state_written">"#,
+        ] {
+            assert!(page.contains(want), "{query}: {want} not on {page}");
+        }
+        assert!(!page.contains("<table"), "{query}: rows on {page}");
+    }
 }

@@ -13,7 +13,7 @@ use pingora::proxy::Session;
 use super::body::{read_body, Handled, Reply};
 use super::error::{EdgeError, HttpError};
 use super::login_guard::{self, LoginRequest, Refusal};
-use super::params::{self, form_number, form_required, WorkspaceName};
+use super::params::{form_number, form_required, WorkspaceName};
 use super::router::UiRoute;
 use super::App;
 use crate::drift::MAX_LIST;
@@ -830,13 +830,37 @@ async fn page(
                 until: text(until).unwrap_or_default(),
                 logins: text(logins).is_some(),
             };
-            // A field left blank is no filter.
-            let instant = |name: &str, t: &str| params::instant(name, (!t.is_empty()).then_some(t));
+            // A field left blank is no filter; one that does not read as a time is the
+            // page again, as typed, saying which field and what it takes (400).
+            let instant = |t: &str| {
+                (!t.is_empty())
+                    .then(|| crate::store::audit::parse_instant(t))
+                    .transpose()
+            };
+            let (since, until) = match (instant(&form.since), instant(&form.until)) {
+                (Ok(since), Ok(until)) => (since, until),
+                (since, until) => {
+                    let invalid: Vec<pages::InvalidField> = [("since", since), ("until", until)]
+                        .into_iter()
+                        .filter(|(_, parsed)| parsed.is_err())
+                        .map(|(field, _)| pages::InvalidField { field })
+                        .collect();
+                    let kinds = ops.audit_event_kinds().await?;
+                    let view = pages::AuditView {
+                        form: &form,
+                        rows: &[],
+                        kinds: &kinds,
+                        older: None,
+                        invalid: &invalid,
+                    };
+                    return Ok(Answer::Page(400, pages::audit(chrome, &view)));
+                }
+            };
             let filter = AuditFilter {
                 scope: text(Some(form.scope.clone())),
                 event: text(Some(form.event.clone())),
-                since: instant("since", &form.since)?,
-                until: instant("until", &form.until)?,
+                since,
+                until,
                 before_id: before,
                 // Logins flood the log: hidden unless asked for, by the box or by
                 // filtering on their event.
@@ -853,6 +877,7 @@ async fn page(
                 rows: &rows,
                 kinds: &kinds,
                 older: older.as_deref(),
+                invalid: &[],
             };
             ok(pages::audit(chrome, &view))
         }

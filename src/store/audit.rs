@@ -220,9 +220,11 @@ pub struct AuditFilter {
     /// Exactly this scope (`tf/prod`, `operators`); `operator::audit_scope` reads a
     /// bare workspace name as its scope first.
     pub scope: Option<String>,
-    /// Events this text begins, or one of whose dot-separated parts it begins:
-    /// `tf.lock` finds `tf.lock_acquired` and `tf.lock_forced`, `rollback` finds
-    /// `tf.rollback`, `tf.rollback` only itself. Taken literally (no wildcards).
+    /// Events this text finds by [`event_matches`]: names it begins, or whose part
+    /// after a dot it begins (`tf.lock` finds `tf.lock_acquired`, `rollback` finds
+    /// `tf.rollback`), and names each of whose words (split on `.` and `_`) is a word
+    /// of the name in another form (`move` finds `tf.resources_moved`, `freeze` finds
+    /// `tf.frozen` and `tf.unfrozen`). Taken literally (no wildcards).
     pub event: Option<String>,
     /// Rows whose event begins with this text are left out (the UI hides `ui.login`).
     pub exclude: Option<String>,
@@ -266,17 +268,21 @@ fn glob_literal(text: &str) -> String {
 }
 
 /// The event filter's conditions: `?2` begins the event or one of its parts after a
-/// dot; `?7` begins no event shown. Case-sensitive as event names are, and `_` is
-/// literal: SQLite's GLOB (the filters bracketed by [`glob_literal`]), PostgreSQL's
-/// `starts_with` and `strpos` (the filters as they are). `?2` and `?7` are text.
+/// dot, or the event is one of the names in `?8` (a JSON array of text: the names
+/// [`word_matches`] finds, resolved in Rust by [`names_by_words`]); `?7` begins no
+/// event shown. Case-sensitive as event names are, and `_` is literal: SQLite's GLOB
+/// (the filters bracketed by [`glob_literal`]), PostgreSQL's `starts_with` and
+/// `strpos` (the filters as they are). `?2`, `?7` and `?8` are text.
 fn event_conditions(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => {
-            "(CAST(?2 AS TEXT) IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*')
+            "(CAST(?2 AS TEXT) IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*'
+              OR event IN (SELECT value FROM json_each(?8)))
             AND (CAST(?7 AS TEXT) IS NULL OR event NOT GLOB ?7 || '*')"
         }
         Dialect::Postgres => {
-            "(CAST(?2 AS TEXT) IS NULL OR starts_with(event, ?2) OR strpos(event, '.' || ?2) > 0)
+            "(CAST(?2 AS TEXT) IS NULL OR starts_with(event, ?2) OR strpos(event, '.' || ?2) > 0
+              OR event IN (SELECT jsonb_array_elements_text(CAST(CAST(?8 AS TEXT) AS JSONB))))
             AND (CAST(?7 AS TEXT) IS NULL OR NOT starts_with(event, ?7))"
         }
     }
@@ -315,13 +321,94 @@ fn listing_sql(with_scope: bool, dialect: Dialect) -> String {
 }
 
 /// Does the event filter `filter` find `event`? The rule [`list_audit_filtered`]'s SQL
-/// applies: it begins the name, or one of its parts after a dot.
+/// applies: it begins the name, or one of its parts after a dot (as typed: `tf.lock`,
+/// `rollb`), or [`word_matches`] (the words in another form: `moved`, `freeze`).
 pub fn event_matches(event: &str, filter: &str) -> bool {
     event.starts_with(filter)
         || event
             .match_indices('.')
             .any(|(i, _)| event[i + 1..].starts_with(filter))
+        || word_matches(event, filter)
 }
+
+/// A filter longer than this, or of more words, finds nothing by its words (it still
+/// finds what it begins): the rule's work stays bounded whatever is typed.
+const MAX_FILTER_WORDS: usize = 8;
+const MAX_FILTER_LEN: usize = 100;
+
+/// Irregular forms of the words event names use, read as the form the names spell.
+const IRREGULAR: &[(&str, &str)] = &[
+    ("frozen", "freeze"),
+    ("unfrozen", "unfreeze"),
+    ("written", "write"),
+];
+
+/// The forms a word may be the inflection of: itself, its irregular base, and itself
+/// without `s`, `es`, `d`, `ed`, `ing` (and `ing` read as `e`): `moved` may be `move`
+/// or `mov`, `moves` `move` or `mov`, `moving` `mov` or `move`.
+fn stems(word: &str) -> Vec<String> {
+    let mut out = vec![word.to_string()];
+    if let Some((_, base)) = IRREGULAR.iter().find(|(w, _)| *w == word) {
+        out.push((*base).to_string());
+    }
+    for suffix in ["s", "es", "d", "ed", "ing"] {
+        if let Some(root) = word.strip_suffix(suffix).filter(|r| r.len() >= 3) {
+            out.push(root.to_string());
+            if suffix == "ing" {
+                out.push(format!("{root}e"));
+            }
+        }
+    }
+    out
+}
+
+/// Is `wanted` a word of the name in another form? The same word, inflected (see
+/// [`stems`]), or its undoing with `un` (`freeze` finds `unfrozen`).
+fn same_word(wanted: &str, part: &str) -> bool {
+    let wanted = stems(wanted);
+    let found = |part: &str| stems(part).iter().any(|s| wanted.contains(s));
+    found(part) || part.strip_prefix("un").is_some_and(found)
+}
+
+/// The filter's words rule: split on `.` and `_`, every word (ASCII letters and digits
+/// only; a filter with any other character has no words) is, in some form, one of the
+/// event's parts split the same way. `moved` finds `tf.resources_moved` and
+/// `tf.move_abandoned`; `tf.frozen` finds `tf.frozen`, `tf.unfrozen` and
+/// `tf.freeze_expired`; `lock` finds `cluster.state_lock_broken`.
+pub fn word_matches(event: &str, filter: &str) -> bool {
+    if filter.len() > MAX_FILTER_LEN {
+        return false;
+    }
+    let words: Vec<&str> = filter.split(['.', '_']).filter(|w| !w.is_empty()).collect();
+    if words.is_empty()
+        || words.len() > MAX_FILTER_WORDS
+        || words
+            .iter()
+            .any(|w| !w.bytes().all(|b| b.is_ascii_alphanumeric()))
+    {
+        return false;
+    }
+    let parts: Vec<&str> = event.split(['.', '_']).filter(|p| !p.is_empty()).collect();
+    words.iter().all(|w| parts.iter().any(|p| same_word(w, p)))
+}
+
+/// The names among the declared kinds ([`EVENTS`]) and `logged` (the kinds in the log)
+/// that `filter` finds by [`word_matches`], as the JSON array the listing's SQL reads.
+fn names_by_words(filter: &str, logged: &[String]) -> String {
+    let mut names: Vec<&str> = EVENTS
+        .iter()
+        .map(|k| k.name)
+        .chain(logged.iter().map(String::as_str))
+        .filter(|name| word_matches(name, filter))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    serde_json::Value::from(names).to_string()
+}
+
+/// How many kinds in the log [`list_audit_filtered`] resolves a filter's words against
+/// besides the declared ones (the log holds only those, and earlier releases' few).
+const LOGGED_KINDS: u32 = 500;
 
 /// Every event kind in the log, in name order, at most `limit` of them (the audit
 /// page's list to choose from). A skip scan over `audit_by_event`: one index seek
@@ -356,6 +443,12 @@ pub fn list_audit_filtered(
     };
     let event = filter.event.as_deref().map(literal);
     let exclude = filter.exclude.as_deref().map(literal);
+    // The words rule over every name the log may hold, resolved here so the SQL
+    // compares names only (one skip scan of `audit_by_event`, one seek per kind).
+    let by_words = match filter.event.as_deref() {
+        Some(f) => names_by_words(f, &event_kinds(conn, LOGGED_KINDS)?),
+        None => "[]".to_string(),
+    };
     let params = params![
         filter.scope,
         event,
@@ -364,6 +457,7 @@ pub fn list_audit_filtered(
         epoch(filter.until),
         filter.before_id,
         exclude,
+        by_words,
     ];
     let mut rows = stmt
         .query_map(params, |r| {
@@ -521,6 +615,11 @@ mod tests {
             "ui.logout",
             "state.revealed",
             "tf.locking*",
+            "tf.resources_moved",
+            "tf.move_abandoned",
+            "tf.frozen",
+            "tf.unfrozen",
+            "tf.freeze_expired",
         ];
         // Written around `insert_audit`: some of these names are no kind the code
         // writes (the filters must take any name literally).
@@ -541,11 +640,59 @@ mod tests {
             ),
             (Some("rollback"), None, &["tf.rollback"]),
             (Some("tf.rollback"), None, &["tf.rollback"]),
+            // By prefix, and by its word in `cluster.state_lock_broken`.
             (
                 Some("lock"),
                 None,
-                &["tf.lock_acquired", "tf.lock_forced", "tf.locking*"],
+                &[
+                    "tf.lock_acquired",
+                    "tf.lock_forced",
+                    "cluster.state_lock_broken",
+                    "tf.locking*",
+                ],
             ),
+            // Words in another form: moves and freezes.
+            (
+                Some("move"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (
+                Some("moved"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (
+                Some("moves"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (
+                Some("tf.moving"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (Some("resources_move"), None, &["tf.resources_moved"]),
+            (Some("move_abandon"), None, &["tf.move_abandoned"]),
+            (
+                Some("freeze"),
+                None,
+                &["tf.frozen", "tf.unfrozen", "tf.freeze_expired"],
+            ),
+            (
+                Some("frozen"),
+                None,
+                &["tf.frozen", "tf.unfrozen", "tf.freeze_expired"],
+            ),
+            (Some("unfreeze"), None, &["tf.unfrozen"]),
+            (Some("unfrozen"), None, &["tf.unfrozen"]),
+            (Some("freeze_expire"), None, &["tf.freeze_expired"]),
+            (Some("expired"), None, &["tf.freeze_expired"]),
+            (Some("mo"), None, &["tf.move_abandoned"]),
+            (Some("movement"), None, &[]),
+            (Some("MOVE"), None, &[]),
+            (Some("move*"), None, &[]),
+            (Some("lock%"), None, &[]),
             (
                 Some("state"),
                 None,
@@ -571,6 +718,11 @@ mod tests {
                     "ui.logout",
                     "state.revealed",
                     "tf.locking*",
+                    "tf.resources_moved",
+                    "tf.move_abandoned",
+                    "tf.frozen",
+                    "tf.unfrozen",
+                    "tf.freeze_expired",
                 ],
             ),
             (Some("ui.login"), None, &["ui.login"]),

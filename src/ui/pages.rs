@@ -1043,6 +1043,22 @@ pub struct AuditView<'a> {
     pub rows: &'a [AuditRow],
     pub kinds: &'a [String],
     pub older: Option<&'a str>,
+    /// The time fields that did not read as a time (the page then lists no rows).
+    pub invalid: &'a [InvalidField],
+}
+
+/// A field of the audit form whose text is not a time (`since`, `until`).
+pub struct InvalidField {
+    pub field: &'static str,
+}
+
+impl InvalidField {
+    fn label(&self) -> &'static str {
+        match self.field {
+            "since" => "Since",
+            _ => "Until",
+        }
+    }
 }
 
 pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
@@ -1053,6 +1069,7 @@ pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
         .iter()
         .filter(|k| !form.event.is_empty() && event_matches(k, &form.event))
         .collect();
+    let bad = |field: &str| view.invalid.iter().any(|f| f.field == field);
     let filtered = !(form.scope.is_empty()
         && form.event.is_empty()
         && form.since.is_empty()
@@ -1063,19 +1080,31 @@ pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
             label { "Scope" input type="text" name="scope" value=(form.scope) placeholder="prod or tf/prod" aria-describedby="audit-help"; }
             label { "Event" input type="text" name="event" value=(form.event) placeholder="rollback, tf.lock" list="event-kinds" aria-describedby="audit-help"; }
             datalist #event-kinds { @for k in view.kinds { option value=(k) {} } }
-            label { "Since" input type="text" name="since" value=(form.since) placeholder="2026-03-01"; }
-            label { "Until" input type="text" name="until" value=(form.until) placeholder="2026-03-02T10:00:00Z"; }
+            label { "Since" input type="text" name="since" value=(form.since) placeholder="2026-03-01" aria-invalid=[bad("since").then_some("true")] aria-describedby=[bad("since").then_some("audit-invalid")]; }
+            label { "Until" input type="text" name="until" value=(form.until) placeholder="2026-03-02T10:00:00Z" aria-invalid=[bad("until").then_some("true")] aria-describedby=[bad("until").then_some("audit-invalid")]; }
             label.check { input type="checkbox" name="logins" value="1" checked[form.logins]; " Show logins" }
             button type="submit" { "Filter" }
             a href="/ui/audit" { "Clear" }
         }
         p.muted.small #audit-help {
             "Event finds the names it begins, or whose part after a dot it begins: "
-            code { "rollback" } " finds " code { "tf.rollback" } ", " code { "tf.lock" } " every " code { "tf.lock…" } ". "
+            code { "rollback" } " finds " code { "tf.rollback" } ", " code { "tf.lock" } " every " code { "tf.lock…" } "; "
+            "and names with its words in another form: " code { "moved" } " finds " code { "tf.resources_moved" } ", "
+            code { "freeze" } " finds " code { "tf.unfrozen" } ". "
             "Scope is a workspace name (" code { "prod" } " is " code { "tf/prod" } ") or a scope such as " code { "operators" } ". "
             @if !form.logins && form.event.is_empty() { "Logins (" code { "ui.login" } ") are hidden." }
         }
-        @if view.rows.is_empty() {
+        @if !view.invalid.is_empty() {
+            div.notice.error #audit-invalid role="alert" {
+                @for f in view.invalid {
+                    p {
+                        strong { (f.label()) } " “" (field_text(form, f.field)) "” is not a time. "
+                        "Give a date such as " code { "2026-03-01" } " (midnight UTC) or an RFC 3339 time such as "
+                        code { "2026-03-01T10:00:00Z" } ", or leave it blank."
+                    }
+                }
+            }
+        } @else if view.rows.is_empty() {
             div.card.empty #no-match role="status" {
                 p { "No audit rows match." }
                 @if filtered || !form.logins {
@@ -1085,7 +1114,7 @@ pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
                         }
                         @if !form.event.is_empty() {
                             @if matched.is_empty() {
-                                li { "No event in the log begins with “" (form.event) "” (nor any part of one after a dot). Pick one from the Event list." }
+                                li { "No event in the log begins with “" (form.event) "” (nor any part of one after a dot), nor has its words. Pick one from the Event list." }
                             } @else {
                                 li { "“" (form.event) "” finds " @for (i, k) in matched.iter().enumerate() { @if i > 0 { ", " } code { (k) } } "; none of those is in the rows the other filters leave." }
                             }
@@ -1122,6 +1151,14 @@ pub fn audit(chrome: &Chrome, view: &AuditView) -> Markup {
         }
     };
     layout("Audit", Some(chrome), body)
+}
+
+/// The text typed in the audit form's time field `field`.
+fn field_text<'f>(form: &'f AuditForm, field: &str) -> &'f str {
+    match field {
+        "since" => &form.since,
+        _ => &form.until,
+    }
 }
 
 /// The workspace an audit scope is (`tf/<name>`), if it is a readable name.
@@ -1314,8 +1351,15 @@ mod tests {
             ("tf.rollback", "tf.roll", true),
             ("tf.lock_forced", "tf.lock", true),
             ("tf.lock_forced", "lock", true),
-            ("tf.lock_forced", "forced", false),
-            ("cluster.state_lock_broken", "lock", false),
+            ("tf.lock_forced", "forced", true),
+            ("cluster.state_lock_broken", "lock", true),
+            ("cluster.state_lock_broken", "forced", false),
+            ("tf.resources_moved", "move", true),
+            ("tf.move_abandoned", "moved", true),
+            ("tf.frozen", "freeze", true),
+            ("tf.unfrozen", "freeze", true),
+            ("tf.freeze_expired", "frozen", true),
+            ("tf.frozen", "unfreeze", false),
             ("ui.login", "ui.login", true),
             ("ui.login", "UI", false),
         ] {
@@ -1508,6 +1552,8 @@ mod tests {
         };
         let form = AuditForm {
             scope: evil.into(),
+            since: evil.into(),
+            until: evil.into(),
             ..AuditForm::default()
         };
         let preview = RollbackPreview {
@@ -1594,6 +1640,20 @@ mod tests {
                     rows: std::slice::from_ref(&audit_row),
                     kinds: &[evil.to_string()],
                     older: Some(evil),
+                    invalid: &[],
+                },
+            ),
+            audit(
+                &chrome,
+                &AuditView {
+                    form: &form,
+                    rows: &[],
+                    kinds: &[],
+                    older: None,
+                    invalid: &[
+                        InvalidField { field: "since" },
+                        InvalidField { field: "until" },
+                    ],
                 },
             ),
             error(Some(&chrome), 423, evil, Some((evil, evil))),

@@ -7,8 +7,9 @@ confidential client that must use PKCE, test users and their groups.
   page, signs in through the provider's own login form and lands on the page asked
   for with the role its groups map to: an admin (`platform-admins`) sees and uses the
   reveal form; a viewer (`dev`) is offered none and a reveal it posts anyway is a 403.
-  A user whose groups map to no role sees the same refusal as a wrong token, and no
-  operator, session or login row is made for it. The `ui.login` audit row names the
+  A user whose groups map to no role is told to ask an admin to map one of their
+  groups (naming the groups claim), not about tokens, and no operator, session or
+  login row is made for it. The `ui.login` audit row names the
   subject, issuer and email, never a code or token.
 - Over plain HTTP (the same provider, its login form posted by the test): a forged
   `state`, a replayed callback (the same code again), a code of another sign-in
@@ -209,12 +210,14 @@ def test_sign_in_through_the_provider_gives_the_mapped_role(sso, browser, make_t
     assert status == 403 and "pw-sso-secret" not in body, (status, body[:300])
     assert not sso.db("SELECT id FROM audit WHERE event = 'state.revealed' AND actor = 'operator:vic@example.com'")
 
-    # A user whose groups map to no role: the wrong-token refusal, nothing created.
+    # A user whose groups map to no role: told what to ask for, nothing created.
     browser.delete_all_cookies()
     before = sso.snapshot()
     page.open("/ui/login")
     sign_in(page, "nora")
-    page.wait_text(REFUSED)
+    page.wait_text("Ask a stategate admin to map one of your groups to a role")
+    assert "groups" in browser.find_element(page.By.ID, "sso-no-role").text
+    assert REFUSED not in browser.page_source
     page.shot("no-role-refused")
     assert browser.get_cookie("sg_session") is None
     assert sso.snapshot() == before

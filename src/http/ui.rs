@@ -616,6 +616,14 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
         Ok(signed) => signed,
         Err(why) => {
             tracing::info!(reason = %why, "single sign-on refused");
+            // The provider signed the user in; only the role is missing: say what to do.
+            if matches!(why, crate::ui::oidc::Refused::NoRole) {
+                return Answer::PageCookies(
+                    403,
+                    pages::sso_no_role(sso.display_name(), sso.groups_claim()),
+                    vec![clear],
+                );
+            }
             return refused_login(app, vec![clear]);
         }
     };

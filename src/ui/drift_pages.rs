@@ -39,6 +39,31 @@ fn outcome_badge(outcome: Option<Outcome>) -> Markup {
     html! { span class=(format!("badge outcome {class}")) { (o.as_str()) } }
 }
 
+/// Who held the lock a `skipped_locked` run met, when its message names them (the
+/// drift service writes `the workspace is locked by "<who>" (…)`); `None` when it
+/// does not (the child's `-lock-timeout` ran out) or the name is empty.
+fn locked_by(message: &str) -> Option<String> {
+    let quoted = message.split_once("locked by ")?.1;
+    let rest = quoted.strip_prefix('"')?;
+    // The name as `{:?}` wrote it: up to the first unescaped quote.
+    let mut end = None;
+    let mut escaped = false;
+    for (i, c) in rest.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => {
+                end = Some(i);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let who: String = serde_json::from_str(&format!("\"{}\"", &rest[..end?])).ok()?;
+    let who = who.trim().to_string();
+    (!who.is_empty()).then_some(who)
+}
+
 fn changes_text(c: Option<Changes>) -> String {
     c.map_or_else(
         || "–".into(),
@@ -310,6 +335,10 @@ fn approve_form(chrome: &Chrome, run: &Run) -> Markup {
 pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
     let now = chrome.now;
     let running = run.finished_at.is_none();
+    let skipped = matches!(
+        run.outcome,
+        Some(Outcome::SkippedLocked | Outcome::SkippedFrozen)
+    );
     let body = html! {
         p.muted {
             a href="/ui/drift" { "Drift" } " / " a href=(drift_href(&run.workspace)) { (run.workspace) } " /"
@@ -320,7 +349,7 @@ pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
         }
         @if let Some(apply) = run.applied_by {
             p.notice.ok #applied { "This plan was approved and applied by " a href=(run_href(apply)) { "apply run #" (apply) } "; the next check shows whether the drift is gone." }
-        } @else if run.state_moved && !run.approvable {
+        } @else if run.state_moved && !run.approvable && !skipped {
             p.notice.warn { "The workspace’s state changed since this check planned; its finding may no longer hold." }
         }
         section.card { dl.facts #run-facts {
@@ -332,8 +361,22 @@ pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
             dt { "Finished" } dd { @match &run.finished_at { Some(t) => (when(t, now)), None => "–" } }
             dt { "Exit code" } dd { (dash(run.exit_code)) }
             dt { "Changes" } dd { (changes_text(run.changes)) }
-            dt { "Planned against" } dd {
-                "serial " (dash(run.serial)) ", lineage " code { (run.lineage.as_deref().unwrap_or("–")) }
+            @match run.outcome {
+                Some(Outcome::SkippedLocked) => {
+                    dt { "Not planned" } dd #skipped {
+                        "Skipped because the workspace was locked"
+                        @if let Some(who) = run.message.as_deref().and_then(locked_by) { " by " strong { (who) } }
+                        "; nothing was disturbed. The next check runs as scheduled, or run one now."
+                    }
+                }
+                Some(Outcome::SkippedFrozen) => {
+                    dt { "Not planned" } dd #skipped { "Skipped because the workspace was frozen; nothing was disturbed." }
+                }
+                _ => {
+                    dt { "Planned against" } dd {
+                        "serial " (dash(run.serial)) ", lineage " code { (run.lineage.as_deref().unwrap_or("–")) }
+                    }
+                }
             }
             @if let Some(check) = run.applies {
                 dt { "Applies" } dd { a href=(run_href(check)) { "check #" (check) } }
@@ -410,6 +453,65 @@ mod tests {
             applied_by: None,
             approvable: true,
             state_moved: true,
+        }
+    }
+
+    #[test]
+    fn a_skipped_run_says_why_and_who_held_the_lock_not_what_it_planned_against() {
+        let chrome = Chrome {
+            email: "e",
+            csrf: "c",
+            grant: &crate::operator::roles::Grant::ROOT,
+            now: 0,
+        };
+        let by_service = r#"the workspace is locked by "ana@box \"<b>\"" (OperationTypeApply, lock L1); nothing was disturbed"#;
+        let by_child =
+            "the workspace lock is held (the child's -lock-timeout ran out); nothing was disturbed";
+        // (outcome, message, on the page, not on the page)
+        type Row<'a> = (Outcome, &'a str, &'a [&'a str], &'a [&'a str]);
+        let table: &[Row] = &[
+            (
+                Outcome::SkippedLocked,
+                by_service,
+                &["Skipped because the workspace was locked by <strong>ana@box &quot;&lt;b&gt;&quot;</strong>;"],
+                &["Planned against", "serial 4", "state changed since"],
+            ),
+            (
+                Outcome::SkippedLocked,
+                by_child,
+                &["Skipped because the workspace was locked; nothing was disturbed."],
+                &["Planned against", " by <strong>"],
+            ),
+            (
+                Outcome::SkippedFrozen,
+                "frozen",
+                &["Skipped because the workspace was frozen"],
+                &["Planned against"],
+            ),
+            (Outcome::InSync, "no changes", &["Planned against", "serial 4"], &["Skipped"]),
+        ];
+        for (outcome, message, has, lacks) in table {
+            let r = Run {
+                message: Some((*message).into()),
+                approvable: false,
+                ..run_with(Some(*outcome), "x")
+            };
+            let page = run(&chrome, &r, &RunOutput::Absent).into_string();
+            for want in *has {
+                assert!(page.contains(want), "{outcome:?}: {want} not on {page}");
+            }
+            for not in *lacks {
+                assert!(!page.contains(not), "{outcome:?}: {not} on {page}");
+            }
+        }
+        for (message, want) in [
+            (by_service, Some(r#"ana@box "<b>""#)),
+            (by_child, None),
+            (r#"locked by "" (x)"#, None),
+            (r#"locked by "unterminated"#, None),
+            ("locked by nobody", None),
+        ] {
+            assert_eq!(locked_by(message).as_deref(), want, "{message}");
         }
     }
 

@@ -35,8 +35,10 @@
 //! - RFC 9207: when the provider's metadata says it sends `iss` on authorization
 //!   responses, a callback without it or naming another issuer is refused (mix-up).
 //!
-//! What a refused sign-in looks like to the browser is the same whatever the reason;
-//! the reason ([`Refused`]) goes to the log, never a code or token.
+//! What a refused sign-in looks like to the browser is the same whatever the reason,
+//! but one: a user the provider signed in whose groups map to no role is told so and
+//! what to do (ask an admin to map a group, naming the groups claim). The reason
+//! ([`Refused`]) goes to the log, never a code or token.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -731,6 +733,12 @@ impl Sso {
     /// The provider's name for the login page's button.
     pub fn display_name(&self) -> &str {
         &self.settings.display_name
+    }
+
+    /// The claim the user's groups are read from (`oidc.groups_claim`), which a user
+    /// whose groups map to no role is told to ask about.
+    pub fn groups_claim(&self) -> &str {
+        &self.settings.groups_claim
     }
 
     /// How long a single sign-on session lasts from sign-in, in seconds.

@@ -109,6 +109,26 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
 }
 
 /// The login page; `sso`: the single sign-on provider's name, for its button.
+/// A user the single sign-on provider (`provider`) signed in whose groups (read from
+/// the claim `groups_claim`) map to no role: what to ask an admin for. Nothing opened.
+pub fn sso_no_role(provider: &str, groups_claim: &str) -> Markup {
+    let body = html! {
+        section.card.login #sso-no-role {
+            h1 { "No role for you yet" }
+            p.notice.error role="alert" {
+                "You signed in with " (provider) ", but none of your groups is given a role in stategate, so there is nothing it may show you. Nothing was changed."
+            }
+            p {
+                "Ask a stategate admin to map one of your groups to a role (under "
+                code { "[oidc.roles]" } " in stategate's configuration). Your groups are the "
+                code { (groups_claim) } " claim your provider sends; once one is mapped, sign in again."
+            }
+            p { a href="/ui/login" { "Back to the login page" } }
+        }
+    };
+    layout("No role", None, body)
+}
+
 pub fn login(error: Option<&str>, sso: Option<&str>) -> Markup {
     let body = html! {
         section.card.login {
@@ -1343,6 +1363,21 @@ pub fn error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_sso_user_without_a_role_is_told_to_ask_for_a_group_mapping_not_a_token() {
+        let page = sso_no_role("Corp <SSO>", "roles&groups").into_string();
+        for want in [
+            "Corp &lt;SSO&gt;",
+            "<code>roles&amp;groups</code> claim",
+            "Ask a stategate admin to map one of your groups to a role",
+            "<code>[oidc.roles]</code>",
+            r#"href="/ui/login""#,
+        ] {
+            assert!(page.contains(want), "{want} not on {page}");
+        }
+        assert!(!page.to_lowercase().contains("token"), "{page}");
+    }
 
     #[test]
     fn audit_event_filters_match_a_name_or_a_part() {

@@ -3350,3 +3350,40 @@ async fn the_audit_filter_finds_freezes_by_their_words_and_a_bad_time_keeps_the_
         assert!(!page.contains("<table"), "{query}: rows on {page}");
     }
 }
+
+#[tokio::test]
+async fn a_mistyped_workspace_suggests_only_close_names_the_reader_may_see() {
+    let (env, sessions) = role_env().await;
+    // Close to `dev-b` but outside `dev-*`: never shown to a reader limited to it.
+    env.write("dex-b", state(1, "lin-1", &resource("one", "x")))
+        .await;
+    let cookie = |email: &str| sessions.iter().find(|s| s.0 == email).unwrap().3.clone();
+    // (reader, typed, suggested, never on the page)
+    type Row<'a> = (&'a str, &'a str, &'a [&'a str], &'a [&'a str]);
+    let table: &[Row] = &[
+        ("viewer@x.io", "dev-b", &["dev-a", "dex-b"], &[]),
+        ("viewer-dev@x.io", "dev-b", &["dev-a"], &["dex-b"]),
+        ("viewer@x.io", "prdo-x", &["prod-x"], &[]),
+        ("viewer@x.io", "unrelated-name", &[], &["Did you mean"]),
+    ];
+    for (reader, typed, suggested, never) in table {
+        let r = env
+            .get(&format!("/ui/workspaces/{typed}"), &cookie(reader))
+            .await;
+        assert_eq!(r.status, 404, "{reader} {typed}: {}", r.body);
+        let page = &r.body;
+        assert!(page.contains("has no state yet"), "{page}");
+        if !suggested.is_empty() {
+            assert!(page.contains("Did you mean"), "{reader} {typed}: {page}");
+        }
+        for name in *suggested {
+            assert!(
+                page.contains(&format!(r#"<a href="/ui/workspaces/{name}">{name}</a>"#)),
+                "{reader} {typed}: {name} not on {page}"
+            );
+        }
+        for not in *never {
+            assert!(!page.contains(not), "{reader} {typed}: {not} on {page}");
+        }
+    }
+}

@@ -710,11 +710,14 @@ async fn page(
             let summary = match ops.workspace(w).await {
                 Ok(summary) => summary,
                 // A name nothing wrote to yet: how to connect Terraform (still a 404).
+                // With names close to it the reader may see, "Did you mean".
                 Err(Error::NotFound(_)) => {
+                    let visible = ops.list_workspaces(chrome.grant).await?;
+                    let close = pages::close_names(w, visible.iter().map(|s| s.name.as_str()));
                     return Ok(Answer::Page(
                         404,
-                        pages::empty_workspace(chrome, w, &app.client_url),
-                    ))
+                        pages::empty_workspace(chrome, w, &app.client_url, &close),
+                    ));
                 }
                 Err(e) => return Err(e.into()),
             };

@@ -555,11 +555,81 @@ pub fn connect_panel(ws: &str, base_url: &str, open: bool) -> Markup {
     }
 }
 
-/// A workspace nothing has been written to yet (or only locked): how to start.
-pub fn empty_workspace(chrome: &Chrome, ws: &str, base_url: &str) -> Markup {
+/// At most this many "Did you mean" names, and the most names compared.
+const CLOSE_NAMES: usize = 3;
+const CLOSE_NAMES_SCANNED: usize = 10_000;
+
+/// The names among `visible` (the ones the reader may see) a few edits from `name`
+/// (a mistyped workspace): at most 1 edit for a name of up to 4 characters, 2 up to 9,
+/// 3 beyond; an edit is a character inserted, deleted, replaced or two neighbours
+/// swapped. Nearest first, then by name; at most [`CLOSE_NAMES`], from the first
+/// [`CLOSE_NAMES_SCANNED`] names; never `name` itself.
+pub fn close_names<'a>(name: &str, visible: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let wanted: Vec<char> = name.chars().collect();
+    let most = match wanted.len() {
+        0..=4 => 1,
+        5..=9 => 2,
+        _ => 3,
+    };
+    let mut close: Vec<(usize, &str)> = visible
+        .take(CLOSE_NAMES_SCANNED)
+        .filter(|v| *v != name && v.chars().count().abs_diff(wanted.len()) <= most)
+        .filter_map(|v| {
+            let d = edits(&wanted, &v.chars().collect::<Vec<_>>());
+            (d <= most).then_some((d, v))
+        })
+        .collect();
+    close.sort_unstable();
+    close.dedup();
+    close
+        .into_iter()
+        .take(CLOSE_NAMES)
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// The optimal string alignment distance between `a` and `b` (Levenshtein with
+/// neighbours swapped as one edit). Workspace names are short (`names`' bound).
+fn edits(a: &[char], b: &[char]) -> usize {
+    let width = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * width];
+    for (i, row) in d.chunks_mut(width).enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d.iter_mut().take(width).enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[(i - 1) * width + j] + 1)
+                .min(d[i * width + j - 1] + 1)
+                .min(d[(i - 1) * width + j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[(i - 2) * width + j - 2] + 1);
+            }
+            d[i * width + j] = best;
+        }
+    }
+    d[a.len() * width + b.len()]
+}
+
+/// A workspace nothing has been written to yet (or only locked): how to start, and the
+/// visible names close to it when it may be a typo (`close`, from [`close_names`]).
+pub fn empty_workspace(chrome: &Chrome, ws: &str, base_url: &str, close: &[&str]) -> Markup {
     let body = html! {
         p.muted { a href="/ui/workspaces" { "Workspaces" } " /" }
         h1 { (ws) }
+        @if !close.is_empty() {
+            p.notice.warn #did-you-mean role="status" {
+                "No workspace is called " strong { (ws) } ". Did you mean "
+                @for (i, name) in close.iter().enumerate() {
+                    @if i > 0 { @if i + 1 == close.len() { " or " } @else { ", " } }
+                    a href=(ws_href(name)) { (name) }
+                }
+                "?"
+            }
+        }
         div.card.empty #no-versions {
             "Workspace " strong { (ws) } " has no state yet. Connect Terraform to it and run "
             code { "terraform apply" } " (or " code { "terraform state push" } " an existing state); it appears here with its first write."
@@ -1363,6 +1433,70 @@ pub fn error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn close_names_are_a_few_edits_away_nearest_first_and_bounded() {
+        let visible = [
+            "prod-network",
+            "prod-networks",
+            "prod-compute",
+            "staging-network",
+            "dev",
+            "dew",
+            "devs",
+            "prod-netwrok",
+        ];
+        // (typed, suggested)
+        let table: &[(&str, &[&str])] = &[
+            // A swap is one edit; the name itself is never suggested.
+            ("prod-netwrok", &["prod-network", "prod-networks"]),
+            ("prod-network", &["prod-networks", "prod-netwrok"]),
+            (
+                "prd-network",
+                &["prod-network", "prod-networks", "prod-netwrok"],
+            ),
+            ("dve", &["dev"]),
+            ("de", &["dev", "dew"]),
+            ("dvs", &["devs"]),
+            ("prod-unrelated", &[]),
+            ("staging-networx", &["staging-network"]),
+            ("", &[]),
+        ];
+        for (typed, want) in table {
+            assert_eq!(
+                &close_names(typed, visible.iter().copied()),
+                want,
+                "{typed}"
+            );
+        }
+        let many: Vec<String> = (0..20_000).map(|i| format!("ws-{i}")).collect();
+        assert_eq!(
+            close_names("ws-1x", many.iter().map(String::as_str)).len(),
+            3
+        );
+        let page = empty_workspace(
+            &Chrome {
+                email: "e",
+                csrf: "c",
+                grant: &crate::operator::roles::Grant::ROOT,
+                now: 0,
+            },
+            "prod-netwrok",
+            "https://sg",
+            &["prod-network", "<b>"],
+        )
+        .into_string();
+        assert!(
+            page.contains(
+                r#"Did you mean <a href="/ui/workspaces/prod-network">prod-network</a> or <a"#
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains("&lt;b&gt;") && !page.contains("<b>"),
+            "{page}"
+        );
+    }
 
     #[test]
     fn an_sso_user_without_a_role_is_told_to_ask_for_a_group_mapping_not_a_token() {

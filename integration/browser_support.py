@@ -79,6 +79,32 @@ def browser(tmp_path):
     shutil.rmtree(profile, ignore_errors=True)
 
 
+# Words (split at whitespace and after `-` and `/`, where a line may break) in headings, header cells, fact names and values,
+# badges and the code in table cells that are split across lines although the word
+# fits in its element's width (its pieces' widths added up): `word-break: break-all` or a column `overflow-wrap:
+# anywhere` squeezed (`ver / sion`, `tf/prod / - / network`). At most 5, as text.
+BROKEN_WORDS = """
+const found = [];
+for (const el of document.querySelectorAll('h1, th, dt, dd, .badge, td code, label')) {
+  const width = el.getBoundingClientRect().width;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node && found.length < 5; node = walker.nextNode()) {
+    const re = /[^\\s\\/-]+[\\/-]?/g;
+    for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
+      const r = document.createRange();
+      r.setStart(node, m.index);
+      r.setEnd(node, m.index + m[0].length);
+      const rects = [...r.getClientRects()];
+      const tops = new Set(rects.map(q => Math.round(q.top)));
+      const long = rects.reduce((sum, q) => sum + q.width, 0);
+      if (tops.size > 1 && long < width - 1) found.push(m[0] + ' in <' + el.tagName.toLowerCase() + '>');
+    }
+  }
+}
+return found;
+"""
+
+
 class Page:
     """The browser, with waits on visible text (never fixed sleeps)."""
 
@@ -151,6 +177,8 @@ class Page:
         return found
 
     def check(self, name: str) -> dict:
+        # (also: no word of a heading, header cell, label, badge, fact or table name
+        # is split across lines when it would fit on one: see BROKEN_WORDS)
         """The checks every page gets, at desktop and phone width: no sideways
         scrolling, no serious or critical axe-core violation, a screenshot of each
         (`<name>-desktop.png`, `<name>-phone.png`). Ends at desktop width."""
@@ -163,6 +191,8 @@ class Page:
                     assert inner <= PHONE[0] + 10, f"the window did not shrink to a phone ({inner}px)"
                 wide = self.d.execute_script("return document.documentElement.scrollWidth")
                 assert wide <= inner, f"{name} at {label}: {wide}px wide in a {inner}px window"
+                broken = self.d.execute_script(BROKEN_WORDS)
+                assert not broken, f"{name} at {label}: words broken mid-word though they fit a line: {broken}"
                 shots[label] = self.shot(f"{name}-{label}")
                 violations = self.axe()
                 assert not violations, f"{name} at {label}: axe-core found\n" + "\n".join(

@@ -3267,6 +3267,7 @@ async fn the_encryption_column_says_at_rest_and_client_side_apart() {
     assert_eq!(code, 200, "{text}");
     let one: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(one["key_generation"], 0, "{one}");
+}
 
 #[tokio::test]
 async fn the_audit_filter_finds_freezes_by_their_words_and_a_bad_time_keeps_the_form() {

@@ -143,6 +143,14 @@ def without(url: str, name: str) -> str:
     return urllib.parse.urlunsplit(u._replace(query=urllib.parse.urlencode(q)))
 
 
+def assert_no_role(result):
+    """The provider signed the user in, but no group maps to a role: the page says to ask
+    for a group mapping (403) and opens nothing, hands out nothing."""
+    status, _, body = result
+    assert status == 403 and 'id="sso-no-role"' in body, (status, body[:400])
+    assert "code=" not in body and "sgs_" not in body
+
+
 def assert_refused(result):
     status, _, body = result
     assert status == 401 and REFUSED in body, (status, body[:400])
@@ -393,9 +401,10 @@ def test_a_session_follows_the_users_groups_at_the_provider(tmp_path, check_bina
                                headers={"Origin": s.server.url})
         assert status == 303
         assert len(ended(s)) == 1 and s.snapshot() == after
-        # Signing in again is refused as for anyone without a mapped group.
+        # Signing in again is refused as for anyone without a mapped group: the page
+        # says to ask for a group mapping (403), opens nothing and hands out nothing.
         url, jar = callback_url(s, "tess")
-        assert_refused(request("GET", url, jar))
+        assert_no_role(request("GET", url, jar))
         assert s.snapshot() == after
 
         # Back in a group; signed in. The session's provider tokens are a row of the
@@ -442,7 +451,7 @@ def test_groups_can_come_from_userinfo(tmp_path, check_binary):
                     " ON s.operator_id = g.operator_id WHERE s.subject = 'tess'") == [("operator", "team-a-*")]
         before = s.snapshot()
         url, jar = callback_url(s, "nora")
-        assert_refused(request("GET", url, jar))
+        assert_no_role(request("GET", url, jar))
         assert s.snapshot() == before
     finally:
         s.server.stop()

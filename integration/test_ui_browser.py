@@ -246,7 +246,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
                                ("08d-error-no-page", "/ui/no-such-page", "Error 404"),
                                ("08e-error-post-only", f"/ui/workspaces/{ws_name}/versions/1/nope", "Error"),
                                ("08f-empty-workspace", "/ui/workspaces/never-written", "never-written"),
-                               ("08g-tokens", "/ui/workspace-tokens", "No live token"),
+                               ("08g-tokens", "/ui/workspace-tokens", "Workspace tokens"),
                                ("08h-keys", "/ui/keys", "data key generation")):
         page.open(path)
         page.wait_text(OPERATOR, needle)

@@ -250,10 +250,16 @@ def test_operator_unlock_frees_one_plan_holder_or_all(server, ws_name):
     assert "3 plans (shared)" in text, text
     metrics = http("GET", f"{server.url}/metrics").text()
     assert ws_name in metrics
-    # The operator's unlock frees the holder it was shown (the oldest), audited.
-    cli(server, "workspace", "unlock", ws_name, "--yes")
-    left = server.query("SELECT lock_id FROM tf_plan_locks WHERE workspace = ?", (ws_name,))
-    assert len(left) == 2, left
-    forced = server.query("SELECT count(*) FROM audit WHERE scope = ? AND event = 'tf.lock_forced'",
-                          (f"tf/{ws_name}",))[0][0]
-    assert forced == 1
+    forced = lambda: server.query(  # noqa: E731
+        "SELECT count(*) FROM audit WHERE scope = ? AND event = 'tf.lock_forced'", (f"tf/{ws_name}",))[0][0]
+    left = lambda: server.query(  # noqa: E731
+        "SELECT lock_id FROM tf_plan_locks WHERE workspace = ?", (ws_name,))
+    # Without saying which, the operator's unlock lists the holders and frees none.
+    refused = cli(server, "workspace", "unlock", ws_name, "--yes", ok=False)
+    assert refused.returncode != 0 and "--lock-id" in refused.stderr, refused
+    assert len(left()) == 3 and forced() == 0
+    # One holder by its lock ID, audited once; then every holder, each audited.
+    cli(server, "workspace", "unlock", ws_name, "--lock-id", b["ID"], "--yes")
+    assert sorted(r[0] for r in left()) == sorted([a["ID"], c["ID"]]) and forced() == 1
+    cli(server, "workspace", "unlock", ws_name, "--all", "--yes")
+    assert left() == [] and forced() == 3

@@ -84,9 +84,9 @@ def test_timeline_and_writers_with_real_terraform(server, ws_name, make_tf):
         assert "@" in (r["lock_who"] or ""), r
         assert r["written_by"] == f"{r['lock_who']} (apply) via tf:{ws_name}", r
     assert [r["changes"] for r in rows] == [
-        {"added": 0, "changed": 0, "removed": 1},
-        {"added": 0, "changed": 1, "removed": 0},
-        {"added": 6, "changed": 0, "removed": 0},
+        {"added": 0, "changed": 0, "removed": 1, "moved": 0},
+        {"added": 0, "changed": 1, "removed": 0, "moved": 0},
+        {"added": 6, "changed": 0, "removed": 0, "moved": 0},
     ]
     lines = json_lines(cli(server, "workspace", "timeline", ws_name, "terraform_data.many[1]", "--json").stdout)
     assert [line["writer"] for line in lines] == [f"tf:{ws_name}"] * 2

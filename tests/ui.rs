@@ -3388,3 +3388,98 @@ async fn a_mistyped_workspace_suggests_only_close_names_the_reader_may_see() {
         }
     }
 }
+
+/// Issue 38: the consumers of `dev-a` (`dev-b`, and `prod-x` outside `dev-*`), as
+/// an unlimited admin sets them; the session cookie of each of [`role_env`]'s operators.
+async fn consumers_env() -> (Env, impl Fn(&str) -> String) {
+    let (env, sessions) = role_env().await;
+    let set = env
+        .server
+        .app
+        .operator
+        .set_consumers(
+            "dev-a",
+            vec!["dev-b".into(), "prod-x".into()],
+            ACTOR,
+            &stategate::operator::roles::Grant::ROOT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(set, ["dev-b", "prod-x"]);
+    let cookie = move |email: &str| sessions.iter().find(|s| s.0 == email).unwrap().3.clone();
+    (env, cookie)
+}
+
+#[tokio::test]
+async fn an_admin_sees_a_workspaces_consumers_as_links_and_how_to_change_them() {
+    let (env, cookie) = consumers_env().await;
+    let page = env
+        .page("/ui/workspaces/dev-a", &cookie("admin@x.io"))
+        .await;
+    assert!(page.contains(r#"id="consumers""#), "{page}");
+    for name in ["dev-b", "prod-x"] {
+        assert!(
+            page.contains(&format!(r#"<a href="/ui/workspaces/{name}">{name}</a>"#)),
+            "{name} not linked on {page}"
+        );
+    }
+    assert!(
+        page.contains("stategate workspace consumers set dev-a"),
+        "{page}"
+    );
+    assert!(!page.contains("neither see nor remove"), "{page}");
+    // A workspace with none says so.
+    let page = env
+        .page("/ui/workspaces/prod-x", &cookie("admin@x.io"))
+        .await;
+    assert!(
+        page.contains(r#"id="consumers""#)
+            && page.contains("No workspace reads this workspace’s outputs."),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn viewers_and_operators_are_not_shown_the_consumers_card() {
+    let (env, cookie) = consumers_env().await;
+    // Only who may administer the workspace (the guard's rule for the consumers routes).
+    for (email, shown) in [
+        ("viewer@x.io", false),
+        ("viewer-dev@x.io", false),
+        ("operator@x.io", false),
+        ("operator-dev@x.io", false),
+        ("admin-dev@x.io", true),
+        ("admin@x.io", true),
+    ] {
+        let page = env.page("/ui/workspaces/dev-a", &cookie(email)).await;
+        for what in [
+            r#"id="consumers""#,
+            "consumers set",
+            r#"href="/ui/workspaces/dev-b""#,
+        ] {
+            assert_eq!(page.contains(what), shown, "{email}: {what} on {page}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_limited_admin_sees_no_consumer_outside_its_patterns() {
+    let (env, cookie) = consumers_env().await;
+    let page = env
+        .page("/ui/workspaces/dev-a", &cookie("admin-dev@x.io"))
+        .await;
+    let card = page
+        .split(r#"id="consumers""#)
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_else(|| panic!("no consumers card on {page}"));
+    assert!(
+        card.contains(r#"<a href="/ui/workspaces/dev-b">dev-b</a>"#),
+        "{card}"
+    );
+    // The one it may not see: counted, never named, never a link.
+    assert!(card.contains("&lt;hidden workspace&gt;"), "{card}");
+    assert!(!card.contains("/ui/workspaces/&lt;"), "{card}");
+    assert!(card.contains("you can neither see nor remove it"), "{card}");
+    assert!(!page.contains("prod-x"), "{page}");
+}

@@ -775,6 +775,13 @@ async fn page(
             } else {
                 None
             };
+            // Who may read its outputs: for whoever may administer it (the guard's
+            // rule for the consumers routes), names it may not see redacted.
+            let consumers = if chrome.may(crate::operator::roles::Action::Administer, w) {
+                Some(ops.consumers(w, chrome.grant).await?)
+            } else {
+                None
+            };
             ok(pages::workspace(
                 chrome,
                 &summary,
@@ -782,6 +789,7 @@ async fn page(
                 shown,
                 drift.as_ref(),
                 tokens.as_deref(),
+                consumers.as_deref(),
                 &app.client_url,
             ))
         }

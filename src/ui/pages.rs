@@ -701,7 +701,10 @@ fn rollback_form(ws: &WorkspaceSummary, default_to: Option<i64>) -> Markup {
     }
 }
 
-/// `drift`: the workspace's configured drift check, if it has one.
+/// `drift`: the workspace's configured drift check, if it has one. `consumers`: the
+/// workspaces that may read its outputs, as `operator::Operations::consumers` gives
+/// them to the reader (shown only when it may administer the workspace).
+#[allow(clippy::too_many_arguments)]
 pub fn workspace(
     chrome: &Chrome,
     ws: &WorkspaceSummary,
@@ -709,6 +712,7 @@ pub fn workspace(
     shown: Option<Notice>,
     drift: Option<&CheckSummary>,
     tokens: Option<&[crate::tofu::credentials::WorkspaceToken]>,
+    consumers: Option<&[String]>,
     base_url: &str,
 ) -> Markup {
     let live: Vec<i64> = versions
@@ -748,8 +752,44 @@ pub fn workspace(
             (allow_write_form(chrome, &ws.name))
         }
         @if let Some(tokens) = tokens { (token_card(chrome, &ws.name, tokens)) }
+        @if let Some(consumers) = consumers {
+            @if chrome.may(Action::Administer, &ws.name) { (consumers_card(&ws.name, consumers)) }
+        }
     };
     layout(&ws.name, Some(chrome), body)
+}
+
+/// The workspaces that may read `ws`'s outputs through the outputs route, each a link
+/// (a name hidden from the reader, `operator::redact`, is not one), and how to change
+/// them. Read-only: changes go through the CLI or the admin API.
+fn consumers_card(ws: &str, consumers: &[String]) -> Markup {
+    html! {
+        section.card #consumers {
+            h2 { "Consumers" }
+            p.muted {
+                "Workspaces whose credential may read this workspace’s outputs (the outputs route, "
+                code { "docs/access.md" } ")."
+            }
+            @if consumers.is_empty() {
+                p { "No workspace reads this workspace’s outputs." }
+            } @else {
+                ul.consumers { @for c in consumers {
+                    li { @if crate::names::validate_workspace(c).is_ok() {
+                        a href=(ws_href(c)) { (c) }
+                    } @else {
+                        span.muted { (c) }
+                    } }
+                } }
+            }
+            p.muted {
+                "Change them with " code { "stategate workspace consumers set " (ws) " NAME,…" }
+                " or the admin API (" code { "PUT /api/v1/admin/workspaces/" (ws) "/consumers" } ")."
+                @if consumers.iter().any(|c| c == crate::operator::redact::HIDDEN_WORKSPACE) {
+                    " A consumer outside your workspace patterns is kept: you can neither see nor remove it."
+                }
+            }
+        }
+    }
 }
 
 pub(super) fn unix_when(at: Option<i64>, now: i64) -> Markup {
@@ -1788,6 +1828,7 @@ mod tests {
                 None,
                 None,
                 Some(std::slice::from_ref(&evil_token)),
+                Some(&[evil.to_string(), "app".to_string()]),
                 evil,
             ),
             version(

@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod address;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod crypto;

@@ -994,7 +994,7 @@ impl pingora::services::background::BackgroundService for RetentionService {
 impl RetentionService {
     async fn pass(&self) {
         {
-            let now = time::OffsetDateTime::now_utc();
+            let now = crate::clock::now_utc();
             // Garbage is only reported here, never deleted (see `run_retention`).
             match self
                 .store
@@ -1008,7 +1008,7 @@ impl RetentionService {
                         unreferenced_blobs: garbage.swept.len() as u64,
                         errors: (pruned.blob_errors.len() + garbage.errors.len()) as u64,
                     };
-                    let unix = time::OffsetDateTime::now_utc().unix_timestamp() as f64;
+                    let unix = crate::clock::now_utc().unix_timestamp() as f64;
                     self.metrics.record_retention(result, unix);
                     tracing::info!(
                         pruned_versions = pruned.pruned.len(),
@@ -1067,7 +1067,7 @@ impl BackupService {
             return std::time::Duration::ZERO;
         };
         self.metrics.record_backup(newest);
-        let age = time::OffsetDateTime::now_utc().unix_timestamp() - newest;
+        let age = crate::clock::now_utc().unix_timestamp() - newest;
         self.every
             .saturating_sub(std::time::Duration::from_secs(age.max(0) as u64))
     }

@@ -215,59 +215,9 @@ pub fn parse_id(text: &str) -> Result<String, TokenError> {
     }
 }
 
-/// Now, in the unix seconds `expires_at` is kept in.
-pub fn now() -> i64 {
-    now_ms().div_euclid(1000)
-}
-
-/// Now, in unix milliseconds (a followed single sign-on session's times, the clock a
-/// node compares with its index's).
-pub fn now_ms() -> i64 {
-    i64::try_from(time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000)
-        .unwrap_or(i64::MAX)
-        .saturating_add(SHIFT_MS.load(std::sync::atomic::Ordering::Relaxed))
-}
-
-/// What a test adds to this process's clock (0 otherwise): a node whose clock stepped.
-static SHIFT_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
-/// Shifts this process's clock ([`now`], [`now_ms`]) by `ms`, as a clock step on the
-/// machine would. For tests only: nothing in the server calls it.
-#[doc(hidden)]
-pub fn shift_clock_for_tests(ms: i64) {
-    SHIFT_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Why this node's clock may not be trusted right now (`None`: it may). Set by the
-/// clock check of a node sharing a PostgreSQL index (`store::db`), on opening and on
-/// every pass after; while set, every judgment that depends on what has expired
-/// (tokens, sessions, freezes, leases, housekeeping claims) is refused (503) rather
-/// than made by a clock the other nodes do not share.
-static DISTRUSTED: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
-
-/// Records the outcome of a clock check: `Some(why)` distrusts this node's clock,
-/// `None` trusts it again.
-pub fn judge_clock(why: Option<String>) {
-    let mut slot = DISTRUSTED
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    match (&*slot, &why) {
-        (None, Some(why)) => tracing::error!(
-            "{why}; refusing expiry-dependent requests (503) until it is back within bounds"
-        ),
-        (Some(_), None) => tracing::info!("this node's clock is back within bounds; serving again"),
-        _ => {}
-    }
-    *slot = why;
-}
-
-/// Why this node's clock is not trusted, if it is not ([`judge_clock`]).
-pub fn clock_distrusted() -> Option<String> {
-    DISTRUSTED
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
-}
+// The clock lives on the ground floor (`crate::clock`); these names stay for the
+// modules above that read it through `tokens`.
+pub use crate::clock::{clock_distrusted, judge_clock, now, now_ms, shift_clock_for_tests};
 
 /// A token to issue.
 #[derive(Debug, Clone, Copy)]

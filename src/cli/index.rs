@@ -124,7 +124,7 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     let rt = runtime()?;
     rt.block_on(async {
         let store = installation::open_state_store(config).await?;
-        let now = time::OffsetDateTime::now_utc();
+        let now = stategate::clock::now_utc();
         let bar = spinner("applying the retention policy");
         let (pruned, swept) = store
             .run_retention(policy, now, dry_run, sweep_garbage)

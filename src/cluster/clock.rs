@@ -17,7 +17,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> i64 {
-        OffsetDateTime::now_utc().unix_timestamp()
+        crate::clock::now()
     }
 }
 

@@ -227,7 +227,7 @@ struct SweepMark {
 }
 
 fn now_unix() -> i64 {
-    time::OffsetDateTime::now_utc().unix_timestamp()
+    crate::clock::now_utc().unix_timestamp()
 }
 
 fn unix_of(rfc3339: &str) -> Option<i64> {

@@ -122,7 +122,7 @@ impl Notifier {
     /// Sends `event` (a JSON object; `timestamp` is added) to every URL on a spawned
     /// task; the handle resolves when every URL was delivered to or given up on.
     pub fn send(&self, mut event: serde_json::Value) -> tokio::task::JoinHandle<Vec<Delivery>> {
-        let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let timestamp = crate::clock::now_utc().unix_timestamp();
         if let Some(fields) = event.as_object_mut() {
             fields.insert("timestamp".into(), timestamp.into());
         }

@@ -154,7 +154,7 @@ impl ConditionalGuard {
             secret: known.secret.expose(),
             region: self.keys.region(),
         };
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let now = crate::clock::now_utc().unix_timestamp();
         let verdict = sigv4::verify_covering(
             request.method.as_str(),
             request.uri.path(),

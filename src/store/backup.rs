@@ -226,7 +226,7 @@ pub async fn take_backup_from(
     blobs: &dyn BlobStore,
     root: &RootKey,
 ) -> Result<BackupInfo, BackupError> {
-    let now = OffsetDateTime::now_utc();
+    let now = crate::clock::now_utc();
     let id = new_id(now);
     let db = tokio::task::spawn_blocking(snapshot)
         .await

@@ -441,7 +441,7 @@ impl Db {
                 "PostgreSQL runs with fsync = off: a commit it acknowledges may not survive a crash, so stategate will not use it".into(),
             ));
         }
-        judge_clock(clock_skew(&writer_conn, crate::tokens::now_ms)?)
+        judge_clock(clock_skew(&writer_conn, crate::clock::now_ms)?)
             .map_err(|why| DbError::Task(format!("{why}, and start again")))?;
         writer_conn.begin_write()?;
         for schema in schemas {
@@ -524,9 +524,9 @@ impl Db {
             return Ok(());
         }
         let skew = self
-            .read(|conn| clock_skew(conn, crate::tokens::now_ms))
+            .read(|conn| clock_skew(conn, crate::clock::now_ms))
             .await?;
-        crate::tokens::judge_clock(judge_clock(skew).err());
+        crate::clock::judge_clock(judge_clock(skew).err());
         Ok(())
     }
 

@@ -671,7 +671,7 @@ pub async fn retire(
             .max_by_key(|r| r.generation)
             .and_then(|r| super::audit::parse_instant(&r.created_at).ok());
         if newest_at.is_some_and(|at| {
-            time::OffsetDateTime::now_utc() - at < time::Duration::seconds(RETIRE_AFTER_SECONDS)
+            crate::clock::now_utc() - at < time::Duration::seconds(RETIRE_AFTER_SECONDS)
         }) {
             return Err(RingError::Refused(format!(
                 "the newest generation was added less than {RETIRE_AFTER_SECONDS} s ago; a server may not have started using it yet. Retry in a moment; nothing was changed"

@@ -108,7 +108,7 @@ impl VersionRow {
 }
 
 pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
+    crate::clock::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .expect("current time formats")
 }

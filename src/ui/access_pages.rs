@@ -5,8 +5,7 @@
 
 use maud::{html, Markup};
 
-use super::layout::{layout, Chrome};
-use super::pages::unix_when;
+use super::layout::{layout, unix_when, Chrome};
 use crate::keys::KeyStatus;
 use crate::tofu::credentials::WorkspaceToken;
 

@@ -140,6 +140,20 @@ pub fn when(rfc3339: &str, now: i64) -> Markup {
     }
 }
 
+/// [`when`] of a Unix time; `–` for none.
+pub fn unix_when(at: Option<i64>, now: i64) -> Markup {
+    let text = at
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        });
+    match text {
+        Some(t) => when(&t, now),
+        None => html! { "–" },
+    }
+}
+
 /// `812 B`, `4.2 KiB`, `1.5 MiB`.
 pub fn size(bytes: i64) -> String {
     match bytes {

@@ -14,7 +14,7 @@ use crate::operator::{ClusterSummary, LockState, RollbackPreview, WorkspaceSumma
 use crate::store::audit::{event_matches, AuditRow};
 use crate::store::VersionRow;
 
-use super::layout::{ago, dash, exact_pattern, layout, size, when, ws_href, Chrome};
+use super::layout::{ago, dash, exact_pattern, layout, size, unix_when, when, ws_href, Chrome};
 
 /// A finished action, reported on the workspace page after its redirect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -789,19 +789,6 @@ fn consumers_card(ws: &str, consumers: &[String]) -> Markup {
                 }
             }
         }
-    }
-}
-
-pub(super) fn unix_when(at: Option<i64>, now: i64) -> Markup {
-    let text = at
-        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        });
-    match text {
-        Some(t) => when(&t, now),
-        None => html! { "–" },
     }
 }
 

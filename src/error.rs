@@ -126,6 +126,15 @@ impl From<StoreError> for Error {
     }
 }
 
+impl From<crate::crypto::off_thread::WorkerGone> for Error {
+    fn from(_: crate::crypto::off_thread::WorkerGone) -> Self {
+        Error::Internal {
+            public: "internal error; nothing was written".into(),
+            detail: "the body's hashing thread stopped before its digest".into(),
+        }
+    }
+}
+
 impl From<crate::names::InvalidName> for Error {
     fn from(e: crate::names::InvalidName) -> Self {
         Error::Invalid(e.to_string())

@@ -22,15 +22,6 @@ const QUEUED_PIECES: usize = 16;
 #[derive(Debug)]
 pub struct WorkerGone;
 
-impl From<WorkerGone> for crate::error::Error {
-    fn from(_: WorkerGone) -> Self {
-        crate::error::Error::Internal {
-            public: "internal error; nothing was written".into(),
-            detail: "the body's hashing thread stopped before its digest".into(),
-        }
-    }
-}
-
 pub struct OffThreadHash<D: Digest> {
     state: State<D>,
 }

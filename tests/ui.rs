@@ -3234,6 +3234,12 @@ async fn the_encryption_column_says_at_rest_and_client_side_apart() {
         list[at..at + list[at..].find("</tr>").unwrap()].to_string()
     };
     let prod = row("prod");
+    // The list names who wrote each newest version (issue 38, item 12).
+    assert!(list.contains("<th>Written by</th>"), "{list}");
+    assert!(
+        prod.contains(r#"<td data-label="Written by">tf:prod</td>"#),
+        "{prod}"
+    );
     assert!(prod.contains("At rest: AES-256-GCM"), "{prod}");
     assert!(prod.contains("OpenTofu encryption: no"), "{prod}");
     assert!(

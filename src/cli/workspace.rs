@@ -732,7 +732,7 @@ fn lock_text(lock: &LockState) -> String {
     format!(
         "{} {} {}{stale}",
         lock.who,
-        lock.operation,
+        stategate::operator::operation_name(&lock.operation),
         age(lock.age_seconds)
     )
 }
@@ -760,6 +760,7 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
                 opt(w.serial),
                 opt(w.size),
                 when_opt(w.updated_at.as_deref()),
+                w.written_by.clone().unwrap_or_else(|| "-".into()),
                 // At rest every version is sealed; the client may encrypt it too.
                 match w.encryption {
                     Some(_) => stategate::operator::at_rest(w.key_generation),
@@ -792,6 +793,7 @@ pub fn workspace_table(rows: &[WorkspaceSummary]) -> String {
             "SERIAL",
             "SIZE",
             "UPDATED",
+            "WRITTEN BY",
             "AT REST",
             "OPENTOFU ENCRYPTION",
             "LOCK",
@@ -1148,6 +1150,7 @@ mod tests {
                 serial: Some(2),
                 size: Some(10),
                 updated_at: Some("t".into()),
+                written_by: Some("me@box (apply) via tf:a".into()),
                 deleted: false,
                 lock: Some(lock),
                 plans: Vec::new(),
@@ -1161,6 +1164,7 @@ mod tests {
                 serial: None,
                 size: Some(0),
                 updated_at: Some("t".into()),
+                written_by: Some("me@box (apply) via tf:a".into()),
                 deleted: true,
                 lock: None,
                 plans: Vec::new(),
@@ -1172,11 +1176,13 @@ mod tests {
         let text = workspace_table(&rows);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("WORKSPACE  VERSION"), "{text}");
-        assert!(
-            lines[1].ends_with("me@box OperationTypeApply 66m STALE"),
-            "{text}"
-        );
+        assert!(lines[1].ends_with("me@box apply 66m STALE"), "{text}");
         assert!(lines[2].contains("4 (deleted)"), "{text}");
+        // Who wrote the newest version, in words; the lock's operation too (issue 38,
+        // item 12: `workspace list` printed `OperationTypeApply`, no writer).
+        assert!(lines[0].contains("UPDATED  WRITTEN BY"), "{text}");
+        assert!(lines[1].contains(" me@box (apply) via tf:a "), "{text}");
+        assert!(!text.contains("OperationType"), "{text}");
         // Encryption sits before the lock, at rest and client-side apart (issue 38,
         // item 11: "plaintext" read as "stored unencrypted"); a deleted state has none.
         assert!(
@@ -1228,6 +1234,7 @@ mod tests {
             serial: Some(2),
             size: Some(10),
             updated_at: Some("t".into()),
+            written_by: None,
             deleted: false,
             lock: None,
             plans: Vec::new(),
@@ -1253,7 +1260,7 @@ mod tests {
         });
         let text = workspace_table(&[row]);
         assert!(
-            text.contains("frozen until unfrozen (incident 42); me@box OperationTypeApply 60s"),
+            text.contains("frozen until unfrozen (incident 42); me@box apply 60s"),
             "{text}"
         );
     }

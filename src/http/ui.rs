@@ -232,7 +232,7 @@ fn error_page(chrome: Option<&Chrome>, e: impl Into<EdgeError>) -> Answer {
             let operation: String = field("Operation");
             (
                 e.to_string(),
-                Some((field("Who"), pages::operation_name(&operation).to_string())),
+                Some((field("Who"), crate::operator::operation_name(&operation))),
             )
         }
         (other, None) => (operator_words(other), None),

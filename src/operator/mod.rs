@@ -137,6 +137,9 @@ pub struct WorkspaceSummary {
     pub serial: Option<i64>,
     pub size: Option<i64>,
     pub updated_at: Option<String>,
+    /// Who wrote the newest version, in words ([`written_by`]); `None` when only a lock
+    /// exists.
+    pub written_by: Option<String>,
     pub deleted: bool,
     /// The exclusive holder, or (while plans share the lock) one entry standing for
     /// them all: the oldest plan's, its `Info` naming every holder.
@@ -177,6 +180,7 @@ impl WorkspaceSummary {
             serial: None,
             size: None,
             updated_at: None,
+            written_by: None,
             deleted: false,
             lock: None,
             plans: Vec::new(),
@@ -298,9 +302,12 @@ pub fn version_changes(row: &VersionRow) -> Option<VersionChanges> {
     Some(out)
 }
 
-/// Terraform's `OperationTypeApply` as a person says it (`apply`); anything else as sent.
+/// Terraform's lock operation as a person says it (`OperationTypeApply` → `apply`,
+/// `OperationTypeInvalid` → `unknown operation`); anything else as sent. The UI, the CLI
+/// and history's "written by" all say it this way.
 pub fn operation_name(operation: &str) -> String {
     match operation.strip_prefix("OperationType") {
+        Some("Invalid") => "unknown operation".into(),
         Some(rest) if !rest.is_empty() => rest.to_lowercase(),
         _ => operation.to_string(),
     }
@@ -449,6 +456,7 @@ pub fn workspace_rows(
                 serial: row.serial,
                 size: Some(row.size),
                 updated_at: Some(row.created_at.clone()),
+                written_by: Some(written_by(&row.actor, &row.facts)),
                 deleted: row.is_tombstone(),
                 lock: None,
                 plans: Vec::new(),

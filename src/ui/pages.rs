@@ -67,20 +67,6 @@ pub enum Shown {
     RevealUsed,
 }
 
-/// Terraform's lock operation as an operator says it: `OperationTypeApply` → `apply`.
-pub fn operation_name(operation: &str) -> &str {
-    match operation {
-        "OperationTypeApply" => "apply",
-        "OperationTypePlan" => "plan",
-        "OperationTypeRefresh" => "refresh",
-        "OperationTypeInvalid" => "unknown operation",
-        other => other
-            .strip_prefix("OperationType")
-            .filter(|rest| !rest.is_empty())
-            .unwrap_or(other),
-    }
-}
-
 pub fn version_href(workspace: &str, version: i64) -> String {
     format!("{}/versions/{version}", ws_href(workspace))
 }
@@ -102,7 +88,7 @@ fn lock_summary(lock: &LockState, now: i64) -> Markup {
         " "
         span { (lock.who) }
         " · "
-        span.muted { (operation_name(&lock.operation)) }
+        span.muted { (crate::operator::operation_name(&lock.operation)) }
         " · "
         "locked " (when(&lock.created_at, now))
     }
@@ -222,7 +208,7 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
             div.table-wrap { table {
                 thead { tr {
                     th { "Workspace" } th { "Encryption" } th { "Lock" } th.num { "Version" } th.num.hide-narrow { "Serial" }
-                    th.num.hide-narrow { "Size" } th { "Updated" }
+                    th.num.hide-narrow { "Size" } th { "Updated" } th { "Written by" }
                 } }
                 tbody { @for w in rows { tr {
                     td data-label="Workspace" {
@@ -252,6 +238,7 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                     td.num.hide-narrow data-label="Serial" { (dash(w.serial)) }
                     td.num.hide-narrow data-label="Size" { (dash(w.size.map(size))) }
                     td data-label="Updated" { @match &w.updated_at { Some(t) => (when(t, chrome.now)), None => "–" } }
+                    td data-label="Written by" { @match &w.written_by { Some(who) => (who), None => span.muted { "–" } } }
                 } } }
             } }
         }
@@ -327,13 +314,13 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
             }
             dl.facts {
                 dt { "Who" } dd { (lock.who) }
-                dt { "Operation" } dd { (operation_name(&lock.operation)) }
+                dt { "Operation" } dd { (crate::operator::operation_name(&lock.operation)) }
                 dt { "Held since" } dd { (when(&lock.created_at, chrome.now)) }
                 dt { "Lock ID" } dd { code { (lock.id) } }
             }
             @if chrome.may(Action::Operate, &ws.name) {
                 p {
-                    "Force-unlocking breaks " strong { (lock.who) } "’s " (operation_name(&lock.operation))
+                    "Force-unlocking breaks " strong { (lock.who) } "’s " (crate::operator::operation_name(&lock.operation))
                     ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
                     "Only do this when that run is dead."
                 }
@@ -653,7 +640,7 @@ fn locked_refusal(lock: &LockState) -> Markup {
     html! {
         p.notice.warn {
             "Rollback is refused while the workspace is locked by " strong { (lock.who) }
-            " (" (operation_name(&lock.operation)) ", " (ago(lock.age_seconds)) ")."
+            " (" (crate::operator::operation_name(&lock.operation)) ", " (ago(lock.age_seconds)) ")."
         }
     }
 }
@@ -1387,7 +1374,9 @@ fn detail_value(key: &str, value: &Value, ws: Option<&str>, names: bool, now: i6
             _ => html! { (n) },
         },
         Value::String(text) if text.is_empty() => html! { span.muted { "none" } },
-        Value::String(text) if leaf == "operation" => html! { (operation_name(text)) },
+        Value::String(text) if leaf == "operation" => {
+            html! { (crate::operator::operation_name(text)) }
+        }
         Value::String(text) => workspace_link(text),
         Value::Bool(b) => html! { (if *b { "yes" } else { "no" }) },
         Value::Null => html! { span.muted { "none" } },
@@ -1692,6 +1681,7 @@ mod tests {
             serial: Some(1),
             size: Some(1),
             updated_at: Some(evil.into()),
+            written_by: Some(evil.into()),
             deleted: false,
             lock: Some(lock),
             plans: Vec::new(),

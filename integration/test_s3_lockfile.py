@@ -110,6 +110,8 @@ def test_use_lockfile_with_the_users_own_key_gets_terraforms_lock_error(own_gara
                              STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE=token_file)
     direct = boto3_s3(env["STATEGATE_S3_ENDPOINT"], user)
     key = f"lockfile/{uuid.uuid4().hex[:8]}/terraform.tfstate"
+    # The token works: startup checked it and said nothing.
+    assert "cannot look up the store's keys" not in srv.log_text()
 
     # The first apply takes and releases its lock file through stategate: the object is
     # checked as alice's key (stategate's own key may not read her bucket).
@@ -191,6 +193,10 @@ def test_without_the_admin_api_a_users_key_is_refused_with_the_fix_in_the_log(ow
           "STATEGATE_UPSTREAM_GARAGE_ADMIN_TOKEN_FILE": str(bad_token)}, "GetKeyInfo"),
     ]:
         srv = server_factory.new(env, **extra)
+        if extra:
+            # A token the admin API refuses is said at startup, naming the scope.
+            started = srv.log_text()
+            assert "cannot look up the store's keys" in started and "GetKeyInfo" in started, started[-3000:]
         assert attempt(srv) == 403, extra
         log = srv.log_text()
         assert fix in log, log[-3000:]

@@ -187,12 +187,21 @@ async fn conditional_guard_for(config: &Config) -> anyhow::Result<Option<Conditi
         return Ok(None);
     }
     let seconds = std::time::Duration::from_secs;
-    Ok(Some(ConditionalGuard::new(
+    let guard = ConditionalGuard::new(
         &config.store.s3,
         garage_admin_for(config)?,
         seconds(config.upstream.conditional_turn_wait_seconds),
         seconds(config.upstream.conditional_turn_hold_seconds),
-    )))
+    );
+    // Said at startup, not found at the first racing `terraform apply`. Not fatal: the
+    // store may be down now, and only conditional writes with users' own keys need it.
+    if let Err(why) = guard.check_key_lookup().await {
+        tracing::warn!(
+            error = why,
+            "upstream.garage_admin_endpoint / upstream.garage_admin_token_file: stategate cannot look up the store's keys (the token needs the GetKeyInfo scope: garage admin-token create --scope GetKeyInfo); until it can, a conditional write signed with a user's own key that fails its precondition gets 403, not 412"
+        );
+    }
+    Ok(Some(guard))
 }
 
 /// Garage's admin API and its token, when configured (both or neither: the

@@ -171,6 +171,11 @@ impl ConditionalGuard {
         }
     }
 
+    /// [`StoreKeys::check_lookup`].
+    pub async fn check_key_lookup(&self) -> Result<(), String> {
+        self.keys.check_lookup().await
+    }
+
     /// Whether keys other than stategate's own are looked up at the store.
     pub fn looks_up_other_keys(&self) -> bool {
         self.keys.looks_up_others()

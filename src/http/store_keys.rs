@@ -118,6 +118,20 @@ impl StoreKeys {
         &self.region
     }
 
+    /// Asks the admin API about stategate's own key, as a lookup would, so a wrong
+    /// endpoint, token or scope is found at startup rather than at the first
+    /// conditional write. `Err(why)`: what is wrong (never the token).
+    pub async fn check_lookup(&self) -> Result<(), String> {
+        let Some(lookup) = &self.garage else {
+            return Ok(());
+        };
+        match lookup.fetch(&self.own.access_key_id).await? {
+            Some(secret) if secret.expose() == self.own.secret.expose() => Ok(()),
+            Some(_) => Err("the admin API's secret for stategate's own key is not the configured one (is it this store's admin API?)".into()),
+            None => Err("the admin API does not know stategate's own key (is it this store's admin API?)".into()),
+        }
+    }
+
     /// Whether keys other than stategate's own can be looked up.
     pub fn looks_up_others(&self) -> bool {
         self.garage.is_some()

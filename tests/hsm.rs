@@ -453,8 +453,15 @@ struct Attack {
 /// kept plan applied with `stategate drift apply`. `run_as`: `drift_settings.run_as`.
 fn drift_attack(run_as: Option<&str>) -> Attack {
     use std::os::unix::fs::PermissionsExt;
-    // Not under /tmp: the sandbox's private /tmp would hide it all, proving nothing.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Not under /tmp: the sandbox's private /tmp would hide it all, proving nothing (a
+    // checkout under /tmp, as some CI runners make, works in /var/tmp instead).
+    let target_tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let base = if target_tmp.starts_with("/tmp") {
+        std::path::Path::new("/var/tmp")
+    } else {
+        target_tmp
+    };
+    let dir = tempfile::tempdir_in(base).unwrap();
     // Reachable by an unprivileged `run_as` user (the check's dir must be).
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let hsm = Hsm::new(&dir.path().join("hsm"));

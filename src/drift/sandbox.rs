@@ -293,8 +293,35 @@ fn bwrap_args(m: &Mounts) -> Vec<OsString> {
     opt("--dev", &[Path::new("/dev")]);
     opt("--proc", &[Path::new("/proc")]);
     // A private /tmp every user may write to, as the real one (the child may be run_as).
+    let tmp = Path::new("/tmp");
     opt("--perms", &[Path::new("1777")]);
-    opt("--tmpfs", &[Path::new("/tmp")]);
+    opt("--tmpfs", &[tmp]);
+    // What is bound back inside the private /tmp (a check's dir or binary kept there)
+    // gets its parents made by bubblewrap with the real ones' modes, often 0700: a
+    // `run_as` user must be able to pass them (their names are all it learns).
+    let passable = |target: &Path, a: &mut Vec<OsString>| {
+        if m.drop_to.is_none() {
+            return;
+        }
+        let mut parents: Vec<&Path> = target
+            .ancestors()
+            .skip(1)
+            .filter(|p| p.starts_with(tmp) && *p != tmp)
+            .collect();
+        parents.reverse();
+        for parent in parents {
+            a.extend(["--perms".into(), "0755".into(), "--dir".into()]);
+            a.push(parent.as_os_str().to_os_string());
+        }
+    };
+    passable(&m.dir, &mut a);
+    for path in &m.readable {
+        passable(path, &mut a);
+    }
+    let mut opt = |flag: &str, paths: &[&Path]| {
+        a.push(flag.into());
+        a.extend(paths.iter().map(|p| p.as_os_str().to_os_string()));
+    };
     opt("--bind", &[&m.dir, &m.dir]);
     for path in &m.readable {
         opt("--ro-bind", &[path, path]);
@@ -348,6 +375,53 @@ mod tests {
     fn this_process_can_be_made_non_dumpable() {
         forbid_dumps().unwrap();
         assert!(!is_dumpable());
+    }
+
+    /// A check kept under `/tmp` (a CI checkout there) run as another user: bubblewrap
+    /// makes the parents of what is bound back into the private `/tmp` with the real
+    /// ones' modes, so each is made passable (0755) first, or the child cannot reach its
+    /// own directory or binary (exit 126).
+    #[test]
+    fn what_is_bound_back_into_the_private_tmp_is_reachable_by_a_run_as_user() {
+        let p = PathBuf::from;
+        let args = |drop_to| -> Vec<String> {
+            bwrap_args(&Mounts {
+                dir: p("/tmp/ci/checkout/infra"),
+                work: None,
+                readable: vec![p("/tmp/ci/bin/tofu"), p("/usr/bin/tofu")],
+                hidden_dirs: vec![],
+                hidden_files: vec![],
+                drop_to,
+            })
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+        };
+        let dropped = args(Some((p("/usr/bin/setpriv"), 65534, 65534)));
+        let at = |needle: &[&str]| {
+            dropped
+                .windows(needle.len())
+                .position(|w| w == needle)
+                .unwrap_or_else(|| panic!("{needle:?} in {dropped:?}"))
+        };
+        let tmp = at(&["--tmpfs", "/tmp"]);
+        let ci = at(&["--perms", "0755", "--dir", "/tmp/ci"]);
+        let checkout = at(&["--perms", "0755", "--dir", "/tmp/ci/checkout"]);
+        let bin = at(&["--perms", "0755", "--dir", "/tmp/ci/bin"]);
+        let dir = at(&["--bind", "/tmp/ci/checkout/infra", "/tmp/ci/checkout/infra"]);
+        let binary = at(&["--ro-bind", "/tmp/ci/bin/tofu", "/tmp/ci/bin/tofu"]);
+        assert!(
+            tmp < ci && ci < checkout && checkout < dir && bin < binary,
+            "{dropped:?}"
+        );
+        assert!(
+            !dropped
+                .iter()
+                .any(|a| a == "/usr" || a == "/tmp/ci/checkout/infra/.."),
+            "only parents inside /tmp: {dropped:?}"
+        );
+        // The server's own user needs none of it.
+        assert!(!args(None).iter().any(|a| a == "0755"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 #   4. cargo build
 #   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported) and a
 #      PostgreSQL on loopback (STATEGATE_TEST_POSTGRES_URL, STATEGATE_E2E_POSTGRES_DIR)
-#   6. cargo test
+#   6. cargo test --no-fail-fast (one failing test binary does not hide the others)
 #   7. the real-Terraform end-to-end suite (integration/, pytest); its screenshots go
 #      to $STATEGATE_ARTIFACTS (a new temp dir unless set), printed in the summary
 #   8. the same suite's index-facing modules again with the index on PostgreSQL
@@ -112,7 +112,7 @@ if ! step "start postgres (for cargo test and the e2e suite)" start_postgres; th
     true  # the harness printed the server log's tail
 fi
 
-step "cargo test" cargo test
+step "cargo test" cargo test --no-fail-fast
 
 run_e2e() {
     local rc=0

@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import urllib.parse
@@ -26,7 +27,8 @@ MODULES = Path(os.environ.get("STATEGATE_TEST_OIDC_DIR",
 CALLBACK = "/ui/login/oidc/callback"
 REFUSED = "not a valid operator token or single sign-on"
 CLIENT_SECRET = "test-client-secret-7f3a9c"
-REFUSED = "not a valid operator token or single sign-on"
+# How long a provider may take to listen (it takes well under a second).
+START_SECONDS = 30
 
 
 class Provider:
@@ -39,14 +41,25 @@ class Provider:
         if not (MODULES / "oidc-provider" / "package.json").exists():
             pytest.fail(f"oidc-provider is not installed in {MODULES}; run scripts/setup-test-deps.sh")
         self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [node, str(PROVIDER_JS), str(MODULES), redirect_uri, CLIENT_SECRET, str(skew_seconds)],
-            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **(env or {})})
-        line = self.proc.stdout.readline().decode().strip()
-        if not line.startswith("PORT="):
-            self.stop()
-            pytest.fail(f"the provider did not start: {line!r}\n{log.read_text(errors='replace')}")
+        # A node that hangs before it listens (seen once in ~20 starts: every thread in
+        # a futex wait, nothing printed) would hang the whole suite on the read: each
+        # start is given START_SECONDS, and a hung one is killed and started once more.
+        line = ""
+        for _attempt in range(2):
+            self.proc = subprocess.Popen(
+                [node, str(PROVIDER_JS), str(MODULES), redirect_uri, CLIENT_SECRET, str(skew_seconds)],
+                stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL,
+                start_new_session=True, env={**os.environ, **(env or {})})
+            ready, _, _ = select.select([self.proc.stdout], [], [], START_SECONDS)
+            line = self.proc.stdout.readline().decode().strip() if ready else ""
+            if line.startswith("PORT="):
+                break
+            self.proc.kill()
+            self.proc.wait(10)
+        else:
+            self.log.close()
+            pytest.fail(f"the provider did not start within {START_SECONDS}s (twice): {line!r}\n"
+                        f"{log.read_text(errors='replace')}")
         self.url = f"http://127.0.0.1:{int(line[5:])}"
 
     def set_groups(self, subject: str, groups: list[str]):

@@ -1,5 +1,5 @@
 //! Startup and background services: turn a [`Config`] into a running gateway. The
-//! installation (data dir, DEK, SQLite, blob store) is opened by
+//! installation (data dir, root key, index, blob store) is opened by
 //! `crate::installation`, the same way the operator commands open it; this module
 //! wires the application, the pass-through and the pingora services around it.
 

@@ -1,6 +1,6 @@
 //! The admin commands: operators, and the cluster API's orgs, users, tokens, clusters
-//! and the audit log. Each opens the database in the data dir (the server may keep
-//! running: SQLite has one writer at a time) and calls `cluster::identity`,
+//! and the audit log. Each opens the index (the data dir's SQLite, or the PostgreSQL
+//! database `[index]` names; the server may keep running: writes are serialized) and calls `cluster::identity`,
 //! `operator::identity` or `store::audit`; nothing here decides policy. Changes go
 //! through the writer, listings through the reader connection. A revocation is
 //! recorded in the blob store (`tokens::RevocationLog`) before it commits, so a restore

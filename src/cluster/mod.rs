@@ -2,7 +2,7 @@
 //!
 //! Org-scoped admin routes around a provisioning CLI's `tofu` runs: acquire the
 //! cluster's lease, pull state, heartbeat, push state, release. State versions live on
-//! the same engine as the workspace backend (immutable sealed blobs + SQLite rows,
+//! the same engine as the workspace backend (immutable sealed blobs + index rows,
 //! scope `cluster/<uuid>`, sealed under a key derived from `ADJ_STATE_ENC_KEY`);
 //! leases are rows in `cluster_leases`. Every rule that decides whether a push may be
 //! stored (lock holder, lineage, serial, content) runs again inside the commit

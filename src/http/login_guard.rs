@@ -2,7 +2,7 @@
 //! server's own login page (login CSRF: a cross-site form would log the victim in as
 //! the attacker's operator), it is not one too many from its client or from everyone
 //! (429 with `Retry-After`), and the token has an operator token's shape, so guessing
-//! never costs a job on the single SQLite writer. Also the one rule for where a login
+//! never costs a job on the index's single writer. Also the one rule for where a login
 //! may send the browser afterwards: a page of the UI, never another site.
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
-//! SQLite: the connection pair every table lives behind (the version index and the
-//! audit log are this module's; the APIs bring their own tables, see `crate::schema`).
+//! The index's connections, SQLite or PostgreSQL: the pair every table lives behind
+//! (the version index and the audit log are this module's; the APIs bring their own
+//! tables, see `crate::schema`).
 //!
 //! One writer thread owns the only read-write connection. Jobs queue on a channel;
 //! the writer takes every job waiting, runs each in its own SAVEPOINT inside one

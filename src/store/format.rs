@@ -1,5 +1,5 @@
 //! The on-store blob format: a plaintext header that makes the blob self-describing
-//! (so the SQLite index can be rebuilt from the store alone), then the sealed state.
+//! (so the index can be rebuilt from the store alone), then the sealed state.
 //!
 //! Today's blobs are `SGB2`, written and read in chunks so a state of any size passes
 //! through bounded memory:

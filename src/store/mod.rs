@@ -1,4 +1,5 @@
-//! Storage engine: immutable encrypted blobs plus a SQLite version index.
+//! Storage engine: immutable encrypted blobs plus a version index (SQLite on one node,
+//! PostgreSQL shared by several).
 //!
 //! Writing a version is: seal the content, put it under a fresh key, then commit
 //! the version row in one transaction that re-runs the caller's guard (lock

@@ -140,11 +140,7 @@ async fn a_revoked_tokens_idle_lock_is_released_after_its_lease_and_audited_once
     let s = server().await;
     let secret = token(&s, "ci-job").await;
     lock(&s, "ci-web", Some(&secret), lock_info("L1")).await;
-    s.app
-        .tofu
-        .revoke_token("ci-job", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "ci-job").await;
 
     clock.ahead(LEASE / 2);
     assert_eq!(expire(&s).await, [], "within its lease");
@@ -202,11 +198,7 @@ async fn a_live_token_a_derived_credential_and_an_unlisted_workspace_keep_their_
     lock(&s, "ci-derived", None, lock_info("DERIVED")).await;
     // A lease on a workspace outside every policy: its gone token's lock stays.
     lock(&s, "prod-web", Some(&gone), lock_info("OUTSIDE")).await;
-    s.app
-        .tofu
-        .revoke_token("gone", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "gone").await;
 
     clock.ahead(30 * 24 * 3600);
     assert_eq!(expire(&s).await, []);
@@ -232,11 +224,7 @@ async fn idle_time_runs_from_the_credentials_last_use() {
     clock.ahead(10 * LEASE);
     let read = s.tf_as("GET", "ci-busy", Some(&secret));
     assert_eq!(status(read).await.0, 404, "authenticated: no state yet");
-    s.app
-        .tofu
-        .revoke_token("busy", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "busy").await;
 
     clock.ahead(10 * LEASE + LEASE / 2);
     assert_eq!(
@@ -262,11 +250,7 @@ async fn plan_holders_are_released_one_by_one() {
     lock(&s, "ci-plans", Some(&a), plan_info("PA")).await;
     lock(&s, "ci-plans", Some(&b), plan_info("PB")).await;
     lock(&s, "ci-plans", None, plan_info("PD")).await;
-    s.app
-        .tofu
-        .revoke_token("plan-a", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "plan-a").await;
 
     clock.ahead(LEASE + 5);
     let released = expire(&s).await;
@@ -277,11 +261,7 @@ async fn plan_holders_are_released_one_by_one() {
     );
     assert_eq!(holders(&s, "ci-plans"), ["PB", "PD"]);
 
-    s.app
-        .tofu
-        .revoke_token("plan-b", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "plan-b").await;
     let released = expire(&s).await;
     assert_eq!(released.len(), 1, "{released:?}");
     assert_eq!(released[0].lock_id, "PB");
@@ -362,17 +342,22 @@ async fn without_a_policy_nothing_is_ever_released() {
     let s = TestServer::start().await;
     let secret = token(&s, "ci-job").await;
     lock(&s, "ci-web", Some(&secret), lock_info("L1")).await;
-    s.app
-        .tofu
-        .revoke_token("ci-job", "operator:test")
-        .await
-        .unwrap();
+    revoke(&s, "ci-job").await;
     clock.ahead(365 * 24 * 3600);
     assert_eq!(expire(&s).await, []);
     assert_eq!(holders(&s, "ci-web"), ["L1"]);
 }
 
 /// A bad lease or pattern refuses the configuration, and the server, naming it.
+/// Revokes the issued token `name`, as an operator would.
+async fn revoke(s: &TestServer, name: &str) {
+    s.app
+        .tofu
+        .revoke_token(name, "operator:test")
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_bad_policy_is_refused_with_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();

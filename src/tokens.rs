@@ -282,18 +282,10 @@ pub fn stored(
 ) -> Result<Option<Stored>, crate::store::sql::Error> {
     let presented = hash(secret);
     let found: Option<Stored> = conn
-        .prepare_cached(
-            "SELECT sha256, name, expires_at, revoked_at IS NOT NULL FROM tokens
-              WHERE sha256 = ?1 AND kind = ?2",
-        )?
-        .query_row(params![presented, kind.as_str()], |r| {
-            Ok(Stored {
-                sha256: r.get(0)?,
-                name: r.get(1)?,
-                expires_at: r.get(2)?,
-                revoked: r.get(3)?,
-            })
-        })
+        .prepare_cached(&format!(
+            "SELECT {STORED_COLUMNS} FROM tokens WHERE sha256 = ?1 AND kind = ?2"
+        ))?
+        .query_row(params![presented, kind.as_str()], Stored::from_row)
         .optional()?;
     // The index found the row by the hash; the comparison that decides is constant time.
     Ok(found.filter(|s| bool::from(s.sha256.as_bytes().ct_eq(presented.as_bytes()))))
@@ -308,7 +300,19 @@ pub struct Stored {
     pub revoked: bool,
 }
 
+/// The columns [`Stored::from_row`] reads, in its order.
+const STORED_COLUMNS: &str = "sha256, name, expires_at, revoked_at IS NOT NULL";
+
 impl Stored {
+    fn from_row(r: &crate::store::sql::Row<'_>) -> Result<Stored, crate::store::sql::Error> {
+        Ok(Stored {
+            sha256: r.get(0)?,
+            name: r.get(1)?,
+            expires_at: r.get(2)?,
+            revoked: r.get(3)?,
+        })
+    }
+
     /// Not revoked and not expired at `now` (unix seconds).
     pub fn is_live(&self, now: i64) -> bool {
         !self.revoked && self.expires_at.is_none_or(|at| at > now)
@@ -322,18 +326,10 @@ pub fn named(
     name: &str,
 ) -> Result<Vec<Stored>, crate::store::sql::Error> {
     let rows = conn
-        .prepare_cached(
-            "SELECT sha256, name, expires_at, revoked_at IS NOT NULL FROM tokens
-              WHERE kind = ?1 AND name = ?2",
-        )?
-        .query_map(params![kind.as_str(), name], |r| {
-            Ok(Stored {
-                sha256: r.get(0)?,
-                name: r.get(1)?,
-                expires_at: r.get(2)?,
-                revoked: r.get(3)?,
-            })
-        })?
+        .prepare_cached(&format!(
+            "SELECT {STORED_COLUMNS} FROM tokens WHERE kind = ?1 AND name = ?2"
+        ))?
+        .query_map(params![kind.as_str(), name], Stored::from_row)?
         .collect();
     rows
 }

@@ -2545,19 +2545,29 @@ async fn the_tokens_and_keys_pages_show_what_the_cli_does() {
         "{page}"
     );
     assert!(!page.contains(&secret));
+    // From the tokens page too: without the confirmation, or without the CSRF token,
+    // nothing is revoked.
+    let path = format!("/ui/workspace-tokens/{}/revoke", ci.id);
+    let unconfirmed = env.post(&path, &cookie, &[("csrf", &csrf)]).await;
+    assert_eq!(unconfirmed.status, 400, "{}", unconfirmed.body);
+    let forged = env.post(&path, &cookie, &[("confirm", "yes")]).await;
+    assert_ne!(forged.status, 303, "{}", forged.body);
+    let url = env.server.url("prod");
+    let (code, _) = status(
+        reqwest::Client::new()
+            .get(&url)
+            .basic_auth("x", Some(&secret)),
+    )
+    .await;
+    assert_eq!(code, 200, "still live");
     // Revoked from the tokens page: back to it, and the credential is refused.
     let done = env
-        .post(
-            &format!("/ui/workspace-tokens/{}/revoke", ci.id),
-            &cookie,
-            &[("csrf", &csrf), ("confirm", "yes")],
-        )
+        .post(&path, &cookie, &[("csrf", &csrf), ("confirm", "yes")])
         .await;
     assert_eq!(
         (done.status, done.location()),
         (303, Some("/ui/workspace-tokens?token_revoked=1"))
     );
-    let url = env.server.url("prod");
     let (code, _) = status(
         reqwest::Client::new()
             .get(&url)

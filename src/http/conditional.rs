@@ -141,7 +141,7 @@ impl ConditionalGuard {
     /// (412): otherwise the answer would tell whoever sent it, with stategate's
     /// authority, whether an object exists.
     pub async fn signer(&self, request: &RequestHeader) -> Signer {
-        let Some((claimed, _)) = sigv4::claimed_key(request.uri.query(), &request.headers) else {
+        let Some(claimed) = sigv4::claimed_key(request.uri.query(), &request.headers) else {
             return Signer::Unknown;
         };
         let known = match self.keys.find(&claimed).await {

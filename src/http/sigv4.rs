@@ -146,14 +146,14 @@ pub fn verify_covering(
     }
 }
 
-/// The access key id and region a request's signature claims (header or presigned
-/// query), before anything is verified: which key to look up. `None` when the request
-/// is unsigned or its claim is malformed.
-pub fn claimed_key(raw_query: Option<&str>, headers: &HeaderMap) -> Option<(String, String)> {
+/// The access key id a request's signature claims (header or presigned query), before
+/// anything is verified: which key to look up. `None` when the request is unsigned or
+/// its claim is malformed.
+pub fn claimed_key(raw_query: Option<&str>, headers: &HeaderMap) -> Option<String> {
     let query = parse_query(raw_query.unwrap_or("")).ok()?;
     let claim = claim(&query, headers).ok()?;
     let scope = parse_scope(claim.credential).ok()?;
-    Some((scope.access_key_id.to_string(), scope.region.to_string()))
+    Some(scope.access_key_id.to_string())
 }
 
 /// One decoded query parameter: name and value as bytes.

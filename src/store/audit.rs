@@ -362,10 +362,9 @@ fn stems(word: &str) -> Vec<String> {
     out
 }
 
-/// Is `wanted` a word of the name in another form? The same word, inflected (see
-/// [`stems`]), or its undoing with `un` (`freeze` finds `unfrozen`).
-fn same_word(wanted: &str, part: &str) -> bool {
-    let wanted = stems(wanted);
+/// Is a word whose forms are `wanted` ([`stems`]) a part of the name in another form?
+/// The same word, inflected, or its undoing with `un` (`freeze` finds `unfrozen`).
+fn same_word(wanted: &[String], part: &str) -> bool {
     let found = |part: &str| stems(part).iter().any(|s| wanted.contains(s));
     found(part) || part.strip_prefix("un").is_some_and(found)
 }
@@ -389,7 +388,10 @@ pub fn word_matches(event: &str, filter: &str) -> bool {
         return false;
     }
     let parts: Vec<&str> = event.split(['.', '_']).filter(|p| !p.is_empty()).collect();
-    words.iter().all(|w| parts.iter().any(|p| same_word(w, p)))
+    words.iter().all(|w| {
+        let wanted = stems(w);
+        parts.iter().any(|p| same_word(&wanted, p))
+    })
 }
 
 /// The names among the declared kinds ([`EVENTS`]) and `logged` (the kinds in the log)

@@ -690,12 +690,12 @@ pub fn lease_candidates(
         .into_iter()
         .map(|(ws, lock, at, credential)| (ws, lock, at, credential, false));
     for (workspace, lock, at, credential, shared) in exclusive.chain(plans) {
-        if policies.lease_of(&workspace).is_none() || leasable(credential.as_deref()).is_none() {
-            continue;
-        }
-        let Some(credential) = credential else {
+        let Some(credential) = credential.filter(|c| leasable(Some(c)).is_some()) else {
             continue;
         };
+        if policies.lease_of(&workspace).is_none() {
+            continue;
+        }
         out.push(LeaseCandidate {
             taken: unix(&at),
             workspace,

@@ -112,11 +112,7 @@ pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
     let pin: AuthPin = match (&p.pin, &p.pin_file) {
         (Some(pin), _) => AuthPin::from(pin.expose()),
         (None, Some(path)) => {
-            use std::io::Read;
-            let mut text =
-                zeroize::Zeroizing::new(String::with_capacity(MAX_PIN_FILE_BYTES as usize));
-            std::fs::File::open(path)
-                .and_then(|f| f.take(MAX_PIN_FILE_BYTES).read_to_string(&mut text))
+            let text = read_secret_file(path, MAX_PIN_FILE_BYTES)
                 .with_context(|| format!("cannot read key.pkcs11.pin_file {}", path.display()))?;
             AuthPin::from(text.trim_end_matches(['\r', '\n']))
         }
@@ -1127,6 +1123,21 @@ pub fn index_files(db: &Path) -> [std::path::PathBuf; 3] {
         std::path::PathBuf::from(name)
     };
     [db.to_path_buf(), with("-wal"), with("-shm")]
+}
+
+/// A file that holds a secret (a PIN, an admin token), read whole into a buffer that is
+/// zeroed when dropped, at most `max` bytes of it (a longer file is cut there). Its
+/// contents never appear in an error.
+pub fn read_secret_file(
+    path: &std::path::Path,
+    max: u64,
+) -> std::io::Result<zeroize::Zeroizing<String>> {
+    use std::io::Read;
+    let mut text = zeroize::Zeroizing::new(String::with_capacity(max as usize));
+    std::fs::File::open(path)?
+        .take(max)
+        .read_to_string(&mut text)?;
+    Ok(text)
 }
 
 #[cfg(test)]

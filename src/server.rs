@@ -215,10 +215,12 @@ fn garage_admin_for(
     ) else {
         return Ok(None);
     };
-    let token = std::fs::read_to_string(file).map_err(|e| {
+    // Garage's admin tokens are ~60 characters; a larger file is not one.
+    let token = crate::installation::read_secret_file(file, 4096).map_err(|e| {
         anyhow::anyhow!(
-            "upstream.garage_admin_token_file: cannot read {}: {e}",
-            file.display()
+            "upstream.garage_admin_token_file: cannot read {}: {}",
+            file.display(),
+            e.kind()
         )
     })?;
     let token = token.trim();

@@ -1274,14 +1274,20 @@ async fn shared_cycles(
         let (api, stop, ws) = (api.clone(), stop.clone(), ws.to_string());
         plans.push(tokio::spawn(async move {
             let mut st = CycleStats::default();
+            // A refused LOCK is retried with the same LockInfo, as Terraform's
+            // -lock-timeout does (a waiting apply is known by its ID).
+            let mut refused: Option<Bytes> = None;
             while !stop.load(Relaxed) {
-                let info = lock_info("OperationTypePlan");
+                let info = refused
+                    .take()
+                    .unwrap_or_else(|| lock_info("OperationTypePlan"));
                 let t = Instant::now();
                 let (status, text) = api.send("LOCK", &ws, "", info.clone()).await;
                 match status {
                     StatusCode::OK => st.lock.push(t.elapsed()),
                     StatusCode::LOCKED => {
                         st.refused += 1;
+                        refused = Some(info);
                         tokio::time::sleep(retry).await;
                         continue;
                     }
@@ -1304,8 +1310,11 @@ async fn shared_cycles(
         tokio::spawn(async move {
             let mut st = CycleStats::default();
             let mut serial = 1;
+            let mut refused: Option<Bytes> = None;
             while !stop.load(Relaxed) {
-                let id_info = lock_info("OperationTypeApply");
+                let id_info = refused
+                    .take()
+                    .unwrap_or_else(|| lock_info("OperationTypeApply"));
                 let id = serde_json::from_slice::<serde_json::Value>(&id_info).unwrap()["ID"]
                     .as_str()
                     .unwrap()
@@ -1316,6 +1325,7 @@ async fn shared_cycles(
                     StatusCode::OK => st.lock.push(t.elapsed()),
                     StatusCode::LOCKED => {
                         st.refused += 1;
+                        refused = Some(id_info);
                         tokio::time::sleep(retry).await;
                         continue;
                     }

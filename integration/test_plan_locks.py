@@ -149,6 +149,58 @@ def test_parallel_plans_share_and_applies_wait(server, ws_name, make_tf, method)
     assert shared == 5, shared
 
 
+@pytest.mark.parametrize("method", ["LOCK", "POST"])
+def test_a_waiting_apply_is_not_starved_by_plans_back_to_back(server, ws_name, make_tf, method):
+    """Writer preference: once an apply waiting with -lock-timeout has retried, new
+    plans wait for it instead of joining the holders, so plans overlapping back to back
+    cannot keep it out."""
+    ws = server.workspace(ws_name)
+    env = _env(ws, method)
+    seed = make_tf("seed", env)
+    seed.write(GATED)
+    seed.init()
+    seed.apply("-var=gate=v0")
+    dirs = []
+    for name in ("first", "impatient", "patient"):
+        tf = make_tf(name, env)
+        tf.write(GATED)
+        tf.init()
+        dirs.append(tf)
+    first, impatient, patient = dirs
+
+    holding = _gated(first, "plan", "-no-color", "-lock-timeout=0s")
+    _wait(lambda: _count(server, "tf_plan_locks", ws_name) == 1, "the first plan's lock")
+    applier = make_tf("apply", env)
+    applier.write(GATED)
+    applier.init()
+    apply = applier.start("apply", "-auto-approve", "-input=false", "-no-color",
+                          "-lock-timeout=180s", "-var=gate=v1")
+    # Terraform retries a refused LOCK after 1 s: from its second try it is waiting.
+    _wait(lambda: server.query("SELECT count(*) FROM tf_lock_waiters WHERE workspace = ? AND tries >= 2",
+                               (ws_name,))[0][0] == 1, "the apply waiting")
+
+    # A plan that will not wait is refused, and Terraform shows why.
+    res = impatient.plan("-lock-timeout=0s", "-var=gate=x", check=False)
+    assert res.returncode != 0 and LOCK_ERR in res.output, res
+    assert "OperationTypeApply" in res.output and "is waiting for this lock" in res.output, res
+    # One that will wait does not join the holder while the apply waits ...
+    late = _gated(patient, "plan", "-no-color", "-lock-timeout=180s")
+    time.sleep(3)
+    assert _count(server, "tf_plan_locks", ws_name) == 1, "a new plan joined ahead of the waiting apply"
+    assert apply.poll() is None and late.poll() is None
+
+    # ... the holder finishes, the apply runs, and then the plan gets its turn.
+    rc, out = _release(holding, "p0")
+    assert rc == 0, out
+    rc, out = _finish(apply)
+    assert rc == 0 and "1 changed" in out, out
+    assert _input(ws.get().json()) == "v1"
+    rc, out = _release(late, "v1")
+    assert rc == 0 and "No changes" in out, out
+    assert _count(server, "tf_plan_locks", ws_name) == 0
+    assert server.query("SELECT count(*) FROM tf_lock_waiters WHERE workspace = ?", (ws_name,))[0][0] == 0
+
+
 def _plan_info(lock_id=None, who="planner@test"):
     return lock_info(lock_id, who=who, operation="OperationTypePlan")
 

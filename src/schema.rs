@@ -2,7 +2,7 @@
 //!
 //! Each table is defined beside the rules that use it: `store` owns `versions` and
 //! `audit` (`store::db::SCHEMA`; `store::audit::SCHEMA` makes it append-only), `tofu`
-//! owns `tf_locks` and `tf_plan_locks` (`tofu::SCHEMA`) `tf_write_overrides` (`tofu::guard::SCHEMA`), `tf_state_encryption` (`tofu::posture::SCHEMA`), `tf_freezes` (`tofu::freeze::SCHEMA`), `tf_moves` (`tofu::moves::SCHEMA`) and `tf_ci_tokens` (`tofu::ci_identity::SCHEMA`), `cluster` owns orgs, principals, clusters and
+//! owns `tf_locks`, `tf_plan_locks` and `tf_lock_waiters` (`tofu::SCHEMA`) `tf_write_overrides` (`tofu::guard::SCHEMA`), `tf_state_encryption` (`tofu::posture::SCHEMA`), `tf_freezes` (`tofu::freeze::SCHEMA`), `tf_moves` (`tofu::moves::SCHEMA`) and `tf_ci_tokens` (`tofu::ci_identity::SCHEMA`), `cluster` owns orgs, principals, clusters and
 //! leases (`cluster::SCHEMA`), `operator` owns operators (`operator::SCHEMA`), `tokens`
 //! owns every issued secret: cluster-API and operator tokens and UI sessions
 //! (`tokens::SCHEMA`, which also moves older databases' token tables into it), `drift`
@@ -91,6 +91,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("key_fingerprint", "1"),
     ("tf_locks", "1"),
     ("tf_plan_locks", "1"),
+    ("tf_lock_waiters", "1"),
     ("tf_run_credentials", "1"),
     ("tf_write_overrides", "1"),
     ("tf_state_encryption", "1"),

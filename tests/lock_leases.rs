@@ -1,9 +1,10 @@
-//! Leases for CI locks (issue 41): on a workspace a `[[lock_policy]]` names, the
-//! housekeeping pass (`TofuBackend::expire_leased_locks`) releases a lock only when the
-//! credential that took it is provably gone AND the lock has been idle longer than the
-//! lease. Time moves through the one clock seam (`tokens::shift_clock_for_tests`), which
-//! is the process's: this file is a test binary of its own, and its tests take turns
-//! on the clock ([`Shifted`]).
+//! Leases for CI locks, and writer preference over plan locks (issue 41). On a
+//! workspace a `[[lock_policy]]` names, the housekeeping pass
+//! (`TofuBackend::expire_leased_locks`) releases a lock only when the credential that
+//! took it is provably gone AND the lock has been idle longer than the lease. Time
+//! moves through the one clock seam (`tokens::shift_clock_for_tests`), which is the
+//! process's: this file is a test binary of its own, and its tests take turns on the
+//! clock ([`Shifted`]).
 
 mod common;
 
@@ -408,4 +409,102 @@ async fn a_bad_policy_is_refused_with_what_is_wrong() {
         let err = built.err().expect("refused");
         assert!(err.to_string().contains(says), "{policy}: {err}");
     }
+}
+
+/// LOCKs (or UNLOCKs) `workspace` with its own credential; the status and the body.
+async fn try_lock(s: &TestServer, method: &str, workspace: &str, body: String) -> (u16, String) {
+    status(s.tf(method, workspace).body(body)).await
+}
+
+/// The writer waiting on `workspace` and how often it was refused, if one is recorded.
+fn waiter(s: &TestServer, workspace: &str) -> Option<(String, i64)> {
+    s.db()
+        .query_row(
+            "SELECT lock_id, tries FROM tf_lock_waiters WHERE workspace = ?1",
+            [workspace],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()
+}
+
+/// Writer preference (issue 41): plans taken back to back would otherwise keep the
+/// workspace shared for ever, and an apply waiting with `-lock-timeout` never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retrying_apply_keeps_new_plans_out_until_it_has_run() {
+    let _clock = Shifted::take().await;
+    let s = server().await;
+    let ws = "prod-busy";
+    for id in ["P1", "P2"] {
+        lock(&s, ws, None, plan_info(id)).await;
+    }
+
+    // An apply refused once (`-lock-timeout=0`) has given up: plans still join.
+    let (code, text) = try_lock(&s, "LOCK", ws, lock_info("A")).await;
+    assert_eq!(code, 423, "{text}");
+    assert!(text.contains("shared by 2 plan(s)"), "{text}");
+    lock(&s, ws, None, plan_info("P3")).await;
+
+    // Retrying, it is waiting: a new plan is refused, told which writer it waits for,
+    // with an ID its own -lock-timeout retries on; the holders keep their locks.
+    let (code, _) = try_lock(&s, "LOCK", ws, lock_info("A")).await;
+    assert_eq!(code, 423);
+    assert_eq!(waiter(&s, ws), Some(("A".into(), 2)));
+    let (code, text) = try_lock(&s, "LOCK", ws, plan_info("P4")).await;
+    assert_eq!(code, 423, "{text}");
+    let shown: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(shown["ID"], "P1", "{text}");
+    let why = shown["Info"].as_str().unwrap();
+    assert!(
+        why.starts_with("OperationTypeApply A (tester@host) is waiting for this lock")
+            && why.contains("shared by 3 plan(s)"),
+        "{why}"
+    );
+    lock(&s, ws, None, plan_info("P1")).await; // a holder's retry is still its own
+    assert_eq!(holders(&s, ws), ["P1", "P2", "P3"]);
+
+    // The plans finish; until the apply's next try nobody holds, and plans still wait.
+    for id in ["P1", "P2", "P3"] {
+        let (code, text) = try_lock(&s, "UNLOCK", ws, plan_info(id)).await;
+        assert_eq!(code, 200, "{text}");
+    }
+    let (code, text) = try_lock(&s, "LOCK", ws, plan_info("P4")).await;
+    assert_eq!(code, 423, "{text}");
+    assert!(
+        text.contains(r#""ID":"A""#),
+        "the waiting writer's ID: {text}"
+    );
+    assert!(holders(&s, ws).is_empty());
+
+    // The apply takes the lock (its record goes), runs, and the plans share again.
+    lock(&s, ws, None, lock_info("A")).await;
+    assert_eq!(waiter(&s, ws), None);
+    let (code, _) = try_lock(&s, "LOCK", ws, plan_info("P4")).await;
+    assert_eq!(code, 423, "the apply holds the lock");
+    let (code, text) = try_lock(&s, "UNLOCK", ws, lock_info("A")).await;
+    assert_eq!(code, 200, "{text}");
+    lock(&s, ws, None, plan_info("P4")).await;
+    lock(&s, ws, None, plan_info("P5")).await;
+    assert_eq!(holders(&s, ws), ["P4", "P5"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_stopped_retrying_holds_plans_back_for_its_window_only() {
+    let clock = Shifted::take().await;
+    let s = server().await;
+    let ws = "prod-gave-up";
+    lock(&s, ws, None, plan_info("P1")).await;
+    for _ in 0..2 {
+        assert_eq!(try_lock(&s, "LOCK", ws, lock_info("A")).await.0, 423);
+    }
+    // Retries keep the record fresh: 12 s on it is seen again, so at 35 s from the
+    // start (past one window from the first refusals) plans are still kept out.
+    clock.ahead(12);
+    assert_eq!(try_lock(&s, "LOCK", ws, lock_info("A")).await.0, 423);
+    assert_eq!(waiter(&s, ws), Some(("A".into(), 3)));
+    clock.ahead(35);
+    assert_eq!(try_lock(&s, "LOCK", ws, plan_info("P2")).await.0, 423);
+    // It stops retrying: one window after its last try, plans join again.
+    clock.ahead(12 + 31);
+    lock(&s, ws, None, plan_info("P2")).await;
+    assert_eq!(holders(&s, ws), ["P1", "P2"]);
 }

@@ -88,6 +88,37 @@ async fn a_lock_is_one_row_for_every_node_and_a_write_needs_its_holder() {
     assert!(body.contains("\"serial\":1"), "{body}");
 }
 
+/// Writer preference across nodes (issue 41): an apply retrying through one node keeps
+/// new plans out on the other, because the waiting writer is a row of the shared index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_waiting_on_one_node_keeps_plans_out_on_the_other() {
+    let Some(url) = new_database() else { return };
+    let (a, b) = (node(&url).await, node(&url).await);
+    let ws = "busy";
+    let plan = |id: &str| lock_info(id).replace("OperationTypeApply", "OperationTypePlan");
+    let lock = |server: &TestServer, body: String| status(server.tf("LOCK", ws).body(body));
+    assert_eq!(lock(&a, plan("P1")).await.0, 200);
+    assert_eq!(lock(&b, plan("P2")).await.0, 200);
+    for _ in 0..2 {
+        assert_eq!(lock(&a, lock_info("A")).await.0, 423, "plans hold it");
+    }
+    let (code, body) = lock(&b, plan("P3")).await;
+    assert_eq!(code, 423, "{body}");
+    assert!(body.contains("is waiting for this lock"), "{body}");
+    for (server, id) in [(&b, "P1"), (&a, "P2")] {
+        let (code, body) = status(server.tf("UNLOCK", ws).body(plan(id))).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    assert_eq!(lock(&b, lock_info("A")).await.0, 200, "the apply's turn");
+    let waiting = with_conn(&url, |c| {
+        c.query_row("SELECT count(*) FROM tf_lock_waiters", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap()
+    });
+    assert_eq!(waiting, 0, "taking the lock clears its record");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_itself_keeps_the_audit_log_and_finished_runs_append_only() {
     let Some(url) = new_database() else { return };

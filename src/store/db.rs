@@ -927,6 +927,7 @@ mod tests {
             "SELECT * FROM versions WHERE scope = ?1 AND version = ?2",
             "SELECT * FROM tf_locks WHERE workspace = ?1",
             "SELECT * FROM tf_plan_locks WHERE workspace = ?1",
+            "SELECT * FROM tf_lock_waiters WHERE workspace = ?1",
             // every LOCK and every unlocked write (tofu::freeze)
             "SELECT * FROM tf_freezes WHERE workspace = ?1",
             "SELECT * FROM audit WHERE scope = ?1 AND (?2 IS NULL OR event = ?2) ORDER BY id DESC LIMIT ?3",

@@ -36,6 +36,18 @@ CREATE TABLE IF NOT EXISTS tf_plan_locks (
     credential  TEXT,
     PRIMARY KEY (workspace, lock_id)
 ) WITHOUT ROWID;
+-- The exclusive LOCK (an apply) last refused because plans held the workspace: once
+-- it has retried, and while it keeps retrying (seen within WAITING_WINDOW_MS), no new
+-- plan joins, so plans taken back to back cannot keep it out for ever. Taking the
+-- lock clears it; a writer that gave up simply stops being seen.
+CREATE TABLE IF NOT EXISTS tf_lock_waiters (
+    workspace   TEXT PRIMARY KEY,
+    lock_id     TEXT NOT NULL,
+    info        TEXT NOT NULL,
+    seen_ms     INTEGER NOT NULL,
+    -- refusals of this lock_id in a row, each within the window of the one before
+    tries       INTEGER NOT NULL
+) WITHOUT ROWID;
 "#;
 
 /// The one `Operation` that shares the lock: what Terraform and OpenTofu send for
@@ -44,6 +56,18 @@ pub const PLAN_OPERATION: &str = "OperationTypePlan";
 
 /// Most plan holders of one workspace at once; one more is refused (423).
 pub const MAX_PLAN_HOLDERS: usize = 64;
+
+/// How long an exclusive LOCK refused because plans hold the workspace keeps new
+/// plans out ([`Lock::Wait`]), from its latest refusal. Terraform and OpenTofu retry a
+/// refused LOCK (`-lock-timeout`) after 1, 2, 4, 8 and then every 16 seconds, so a
+/// writer still retrying is seen again well within it; one that gave up stops holding
+/// plans back at most this long after its last try.
+pub const WAITING_WINDOW_MS: i64 = 30_000;
+
+/// A waiting writer seen more recently than this is not recorded again when the
+/// snapshot a LOCK is first judged on already shows it: its retry is refused from
+/// there, as other refusals are, without a write.
+pub const WAITING_REFRESH_MS: i64 = 10_000;
 
 /// Whether a LockInfo asks for a shared plan lock: its `Operation` is exactly
 /// [`PLAN_OPERATION`].
@@ -171,20 +195,148 @@ pub enum Lock {
     Refuse,
     /// A plan, but [`MAX_PLAN_HOLDERS`] plans hold it already: 423.
     TooMany,
+    /// Not a plan, and plans hold it: 423 naming them, and this LOCK is recorded as
+    /// the waiting writer, which keeps new plans out while it retries.
+    Wait,
+    /// A plan, no exclusive holder, but a writer is waiting ([`Waiting`]): 423 saying
+    /// so; the plan retries once the writer has had its turn.
+    Yield,
 }
 
-/// A LOCK with `lock_id`, a plan when `plan` ([`is_plan`]).
-pub fn decide_lock(held: &Holders, lock_id: &str, plan: bool) -> Lock {
+/// A LOCK with `lock_id`, a plan when `plan` ([`is_plan`]), while `waiting` (a
+/// writer waiting and still in force, [`Waiting::in_force`]) or not.
+pub fn decide_lock(held: &Holders, waiting: bool, lock_id: &str, plan: bool) -> Lock {
     match (&held.exclusive, plan) {
         (Some(holder), _) if holder.id == lock_id => Lock::AlreadyHeld,
         (Some(_), _) => Lock::Refuse,
         (None, true) if held.plan(lock_id).is_some() => Lock::AlreadyHeld,
+        // Writer preference: without it, plans overlapping back to back keep the
+        // workspace shared for ever and a waiting apply never runs.
+        (None, true) if waiting => Lock::Yield,
         (None, true) if held.plans.len() >= MAX_PLAN_HOLDERS => Lock::TooMany,
         (None, true) => Lock::Share,
         (None, false) if held.plans.is_empty() => Lock::Take,
-        // Also an exclusive LOCK reusing a plan holder's ID: it never upgrades.
-        (None, false) => Lock::Refuse,
+        // An exclusive LOCK reusing a plan holder's ID never upgrades, and does not
+        // hold other plans back.
+        (None, false) if held.plan(lock_id).is_some() => Lock::Refuse,
+        (None, false) => Lock::Wait,
     }
+}
+
+/// The writer waiting for a workspace's plans to finish ([`Lock::Wait`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub lock: HeldLock,
+    /// When its LOCK was last refused, unix milliseconds.
+    pub seen_ms: i64,
+    /// How many times in a row its LOCK was refused.
+    pub tries: i64,
+}
+
+impl Waiting {
+    /// Whether it keeps new plans out at `now_ms`: it has retried (one LOCK refused
+    /// once, `-lock-timeout=0`, has given up already and holds nobody back), and was
+    /// seen within [`WAITING_WINDOW_MS`]. (A time ahead of `now_ms`, another node's
+    /// clock within the bound the clock check keeps, counts as just seen.)
+    pub fn in_force(&self, now_ms: i64) -> bool {
+        self.tries >= 2 && now_ms.saturating_sub(self.seen_ms) < WAITING_WINDOW_MS
+    }
+
+    /// Whether a snapshot showing it may refuse its own retry without recording it
+    /// again ([`WAITING_REFRESH_MS`]).
+    pub fn fresh_for(&self, lock_id: &str, now_ms: i64) -> bool {
+        self.in_force(now_ms)
+            && self.lock.id == lock_id
+            && now_ms.saturating_sub(self.seen_ms) < WAITING_REFRESH_MS
+    }
+}
+
+/// What a plan kept out by the waiting writer is shown ([`Lock::Yield`]): the holders'
+/// LockInfo (the waiting writer's when nobody holds the lock any more), so its
+/// `-lock-timeout` keeps retrying, with `Info` naming the writer it waits for.
+pub fn yielded(held: &Holders, waiting: &HeldLock) -> HeldLock {
+    let base = held.shown().unwrap_or_else(|| waiting.clone());
+    let mut info: serde_json::Value = serde_json::from_str(&base.info).unwrap_or_default();
+    let writer: serde_json::Value = serde_json::from_str(&waiting.info).unwrap_or_default();
+    let field = |value: &serde_json::Value, name: &str, most: usize| -> String {
+        value[name]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(most)
+            .collect()
+    };
+    let operation = field(&writer, "Operation", 64);
+    let who = field(&writer, "Who", 64);
+    let id: String = waiting.id.chars().take(64).collect();
+    let before = field(&info, "Info", 1024);
+    let mut text = format!(
+        "{operation} {id} ({who}) is waiting for this lock: new plans wait until it has run"
+    );
+    if !before.is_empty() && base.id != waiting.id {
+        text.push_str(&format!("; {before}"));
+    }
+    if info.is_object() {
+        info["Info"] = text.into();
+    }
+    HeldLock {
+        id: base.id,
+        info: info.to_string(),
+    }
+}
+
+/// The writer waiting on `workspace`, in force or not ([`Waiting::in_force`]).
+pub fn waiting(
+    conn: &Connection,
+    workspace: &str,
+) -> Result<Option<Waiting>, crate::store::sql::Error> {
+    conn.prepare_cached(
+        "SELECT lock_id, info, seen_ms, tries FROM tf_lock_waiters WHERE workspace = ?1",
+    )?
+    .query_row([workspace], |r| {
+        Ok(Waiting {
+            lock: HeldLock {
+                id: r.get(0)?,
+                info: r.get(1)?,
+            },
+            seen_ms: r.get(2)?,
+            tries: r.get(3)?,
+        })
+    })
+    .optional()
+}
+
+/// Records a refusal of `lock` as the writer waiting on `workspace`, at `now_ms`: one
+/// more try of the same writer (seen within the window), or a new writer replacing any
+/// other (the latest refused writer is the one that holds plans back).
+pub fn put_waiting(
+    conn: &Connection,
+    workspace: &str,
+    lock: &HeldLock,
+    now_ms: i64,
+) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached(
+        "INSERT INTO tf_lock_waiters (workspace, lock_id, info, seen_ms, tries) VALUES (?1, ?2, ?3, ?4, 1) \
+         ON CONFLICT (workspace) DO UPDATE SET \
+         tries = CASE WHEN tf_lock_waiters.lock_id = excluded.lock_id AND tf_lock_waiters.seen_ms > ?5 \
+                 THEN tf_lock_waiters.tries + 1 ELSE 1 END, \
+         lock_id = excluded.lock_id, info = excluded.info, seen_ms = excluded.seen_ms",
+    )?
+    .execute(params![
+        workspace,
+        lock.id,
+        lock.info,
+        now_ms,
+        now_ms.saturating_sub(WAITING_WINDOW_MS)
+    ])?;
+    Ok(())
+}
+
+/// Forgets the writer waiting on `workspace` (it took the lock).
+pub fn clear_waiting(conn: &Connection, workspace: &str) -> Result<(), crate::store::sql::Error> {
+    conn.prepare_cached("DELETE FROM tf_lock_waiters WHERE workspace = ?1")?
+        .execute([workspace])?;
+    Ok(())
 }
 
 /// What an UNLOCK does, given the current holders.
@@ -766,28 +918,123 @@ mod tests {
     fn lock_decisions() {
         let many: Vec<String> = (0..MAX_PLAN_HOLDERS).map(|i| format!("p{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        // (holders, LOCK with ID, a plan?, expected)
-        let table: Vec<(Holders, &str, bool, Lock)> = vec![
-            (Holders::default(), "a", false, Lock::Take),
-            (Holders::default(), "a", true, Lock::Share),
-            (exclusive("a"), "a", false, Lock::AlreadyHeld),
-            (exclusive("a"), "b", false, Lock::Refuse),
-            (exclusive("a"), "b", true, Lock::Refuse),
-            (plans(&["p"]), "q", true, Lock::Share),
-            (plans(&["p", "q"]), "q", true, Lock::AlreadyHeld),
-            (plans(&["p"]), "a", false, Lock::Refuse),
-            // an exclusive LOCK under a plan holder's own ID never upgrades it
-            (plans(&["p"]), "p", false, Lock::Refuse),
-            (plans(&many), "new", true, Lock::TooMany),
-            (plans(&many), "p3", true, Lock::AlreadyHeld),
+        // (holders, a writer waiting?, LOCK with ID, a plan?, expected)
+        let table: Vec<(Holders, bool, &str, bool, Lock)> = vec![
+            (Holders::default(), false, "a", false, Lock::Take),
+            (Holders::default(), false, "a", true, Lock::Share),
+            (exclusive("a"), false, "a", false, Lock::AlreadyHeld),
+            (exclusive("a"), false, "b", false, Lock::Refuse),
+            (exclusive("a"), false, "b", true, Lock::Refuse),
+            (plans(&["p"]), false, "q", true, Lock::Share),
+            (plans(&["p", "q"]), false, "q", true, Lock::AlreadyHeld),
+            // an apply while plans hold waits, and keeps new plans out meanwhile
+            (plans(&["p"]), false, "a", false, Lock::Wait),
+            (plans(&["p"]), true, "a", false, Lock::Wait),
+            (plans(&["p"]), true, "q", true, Lock::Yield),
+            (Holders::default(), true, "q", true, Lock::Yield),
+            // a plan already holding keeps its lock; the waiting writer takes a free one
+            (plans(&["p", "q"]), true, "q", true, Lock::AlreadyHeld),
+            (Holders::default(), true, "a", false, Lock::Take),
+            (exclusive("a"), true, "q", true, Lock::Refuse),
+            (exclusive("a"), true, "a", false, Lock::AlreadyHeld),
+            // an exclusive LOCK under a plan holder's own ID never upgrades it, nor
+            // keeps other plans out
+            (plans(&["p"]), false, "p", false, Lock::Refuse),
+            (plans(&many), false, "new", true, Lock::TooMany),
+            (plans(&many), true, "new", true, Lock::Yield),
+            (plans(&many), false, "p3", true, Lock::AlreadyHeld),
         ];
-        for (holders, id, plan, expected) in table {
+        for (holders, waiting, id, plan, expected) in table {
             assert_eq!(
-                decide_lock(&holders, id, plan),
+                decide_lock(&holders, waiting, id, plan),
                 expected,
-                "{holders:?} <- {id} (plan {plan})"
+                "{holders:?} <- {id} (plan {plan}, writer waiting {waiting})"
             );
         }
+    }
+
+    #[test]
+    fn a_waiting_writer_is_in_force_for_its_window() {
+        let once = Waiting {
+            lock: held("a"),
+            seen_ms: 100_000,
+            tries: 1,
+        };
+        for now in [100_000, 100_001, 99_000] {
+            assert!(!once.in_force(now), "a LOCK refused once has given up");
+            assert!(!once.fresh_for("a", now));
+        }
+        let w = Waiting { tries: 2, ..once };
+        let table = [
+            (100_000, true, true),
+            (100_000 + WAITING_REFRESH_MS - 1, true, true),
+            (100_000 + WAITING_REFRESH_MS, true, false),
+            (100_000 + WAITING_WINDOW_MS - 1, true, false),
+            (100_000 + WAITING_WINDOW_MS, false, false),
+            // another node's clock slightly ahead: just seen
+            (99_000, true, true),
+            (i64::MAX, false, false),
+            (i64::MIN, true, true),
+        ];
+        for (now, in_force, fresh) in table {
+            assert_eq!(w.in_force(now), in_force, "in force at {now}");
+            assert_eq!(w.fresh_for("a", now), fresh, "fresh at {now}");
+            assert!(!w.fresh_for("b", now), "another writer's retry is recorded");
+        }
+    }
+
+    #[test]
+    fn a_writer_is_recorded_once_per_refusal_and_in_force_once_it_retries() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let tries = |conn: &Connection| waiting(conn, "ws").unwrap().map(|w| (w.lock.id, w.tries));
+        // (writer, now, expected (writer, tries) afterwards)
+        let steps: &[(&str, i64, (&str, i64))] = &[
+            ("a", 1_000, ("a", 1)),
+            ("a", 2_000, ("a", 2)),
+            ("a", 18_000, ("a", 3)),
+            // another writer refused: it is the one waiting now, from its first try
+            ("b", 19_000, ("b", 1)),
+            ("b", 20_000, ("b", 2)),
+            // the same writer back after the window lapsed starts again
+            ("b", 20_000 + WAITING_WINDOW_MS + 1, ("b", 1)),
+        ];
+        for &(writer, now, (id, n)) in steps {
+            put_waiting(&conn, "ws", &held(writer), now).unwrap();
+            assert_eq!(tries(&conn), Some((id.to_string(), n)), "{writer} at {now}");
+        }
+        assert_eq!(waiting(&conn, "other").unwrap(), None);
+        clear_waiting(&conn, "ws").unwrap();
+        assert_eq!(tries(&conn), None);
+    }
+
+    #[test]
+    fn a_plan_kept_out_is_shown_the_holders_and_the_writer_it_waits_for() {
+        let writer = HeldLock {
+            id: "apply-1".into(),
+            info: r#"{"ID":"apply-1","Operation":"OperationTypeApply","Who":"ci@runner"}"#.into(),
+        };
+        let shown = yielded(&plans(&["p", "q"]), &writer);
+        let info: serde_json::Value = serde_json::from_str(&shown.info).unwrap();
+        assert_eq!(
+            shown.id, "p",
+            "the oldest holder's ID, so -lock-timeout retries"
+        );
+        assert_eq!(info["ID"], "p");
+        let text = info["Info"].as_str().unwrap();
+        assert!(
+            text.starts_with("OperationTypeApply apply-1 (ci@runner) is waiting for this lock"),
+            "{text}"
+        );
+        assert!(text.contains("shared by 2 plan(s)"), "{text}");
+        // nobody holds any more: the writer's own LockInfo, its Info saying why
+        let shown = yielded(&Holders::default(), &writer);
+        let info: serde_json::Value = serde_json::from_str(&shown.info).unwrap();
+        assert_eq!(
+            (shown.id.as_str(), &info["ID"]),
+            ("apply-1", &serde_json::json!("apply-1"))
+        );
+        assert!(info["Info"].as_str().unwrap().contains("new plans wait"));
     }
 
     #[test]

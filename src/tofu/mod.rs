@@ -157,25 +157,38 @@ fn lock_summary(lock: &HeldLock) -> serde_json::Value {
 /// What a LOCK with `lock_id` meets in the writer's transaction on `conn`: the 423 of
 /// a freeze (for anyone but the holder retrying: the holder's retry stays theirs,
 /// nobody else takes a frozen lock) or of another holder, else whether it takes the
-/// lock or already holds it. An expired freeze met here is ended (`freeze_in_force`).
+/// lock, already holds it, or waits for plans ([`Lock::Wait`], refused once recorded;
+/// the holders it was refused by come with it). An expired freeze met here is ended
+/// (`freeze_in_force`).
 fn judge_lock(
     conn: &Connection,
     workspace: &str,
     lock_id: &str,
     plan: bool,
-) -> Result<Lock, Error> {
+) -> Result<(Lock, Holders), Error> {
     let held = holders(conn, workspace).map_err(DbError::from)?;
-    judge_lock_on(held, || freeze_in_force(conn, workspace), lock_id, plan)
+    let waiting = lock::waiting(conn, workspace).map_err(DbError::from)?;
+    let waiting = waiting.filter(|w| w.in_force(crate::clock::now_ms()));
+    let decision = judge_lock_on(
+        &held,
+        waiting.as_ref(),
+        || freeze_in_force(conn, workspace),
+        lock_id,
+        plan,
+    )?;
+    Ok((decision, held))
 }
 
-/// [`judge_lock`]'s rule over the lock rows `held` and the freeze `freeze` finds.
+/// [`judge_lock`]'s rule over the lock rows `held`, the writer `waiting` (in force) and
+/// the freeze `freeze` finds.
 fn judge_lock_on(
-    held: Holders,
+    held: &Holders,
+    waiting: Option<&lock::Waiting>,
     freeze: impl FnOnce() -> Result<Option<Freeze>, Error>,
     lock_id: &str,
     plan: bool,
 ) -> Result<Lock, Error> {
-    let decision = decide_lock(&held, lock_id, plan);
+    let decision = decide_lock(held, waiting.is_some(), lock_id, plan);
     if decision != Lock::AlreadyHeld {
         if let Some(f) = freeze()? {
             return Err(frozen(&f));
@@ -183,12 +196,13 @@ fn judge_lock_on(
     }
     // The holder is shown only to a refused contender (for plan holders it is a
     // summary built from their LockInfos): a granted LOCK builds none.
-    let shown = match decision {
-        Lock::Refuse | Lock::TooMany => held.shown(),
+    let shown = match (decision, waiting) {
+        (Lock::Refuse | Lock::TooMany, _) => held.shown(),
+        (Lock::Yield, Some(w)) => Some(lock::yielded(held, &w.lock)),
         _ => None,
     };
     match (decision, shown) {
-        (Lock::Refuse, Some(holder)) => Err(locked_by(holder)),
+        (Lock::Refuse | Lock::Yield, Some(holder)) => Err(locked_by(holder)),
         (Lock::TooMany, Some(holder)) => Err(too_many_plans(holder)),
         (decision, _) => Ok(decision),
     }
@@ -218,6 +232,7 @@ fn too_many_plans(shown: HeldLock) -> Error {
 #[derive(Debug, Clone)]
 pub struct LockSeen {
     held: Holders,
+    waiting: Option<lock::Waiting>,
     freeze: Option<Freeze>,
 }
 
@@ -225,6 +240,7 @@ impl crate::store::db::Weigh for LockSeen {
     fn weight(&self) -> usize {
         let held: usize = (self.held.exclusive.iter())
             .chain(&self.held.plans)
+            .chain(self.waiting.iter().map(|w| &w.lock))
             .map(|h| h.id.len() + h.info.len())
             .sum();
         let freeze = self.freeze.as_ref().map_or(0, |f| {
@@ -237,14 +253,30 @@ impl crate::store::db::Weigh for LockSeen {
 impl LockSeen {
     fn read(conn: &Connection, workspace: &str) -> Result<LockSeen, crate::store::sql::Error> {
         let held = holders(conn, workspace)?;
+        let waiting = lock::waiting(conn, workspace)?;
         let freeze = freeze::freeze_of(conn, workspace)?;
-        Ok(LockSeen { held, freeze })
+        Ok(LockSeen {
+            held,
+            waiting,
+            freeze,
+        })
     }
 
+    /// The snapshot's answer: a refusal, or what the writer is to judge again. A writer
+    /// waiting for plans is refused from here too while the snapshot shows its last
+    /// refusal recent ([`lock::Waiting::fresh_for`]); else the writer records it.
     fn judge(self, lock_id: &str, plan: bool) -> Result<Lock, Error> {
+        let now = crate::clock::now_ms();
         // An expired freeze is simply not in force here (the writer ends it).
-        let in_force = self.freeze.filter(|f| f.in_force(unix_now()));
-        judge_lock_on(self.held, || Ok(in_force), lock_id, plan)
+        let in_force = self.freeze.filter(|f| f.in_force(now.div_euclid(1000)));
+        let waiting = self.waiting.filter(|w| w.in_force(now));
+        let decision = judge_lock_on(&self.held, waiting.as_ref(), || Ok(in_force), lock_id, plan)?;
+        match (decision, self.held.shown()) {
+            (Lock::Wait, Some(shown)) if waiting.is_some_and(|w| w.fresh_for(lock_id, now)) => {
+                Err(locked_by(shown))
+            }
+            (decision, _) => Ok(decision),
+        }
     }
 }
 
@@ -1889,25 +1921,39 @@ impl TofuBackend {
             }
         };
         seen.judge(&wanted.id, plan)?;
-        self.db
-            .write(move |conn| -> Result<(), Error> {
-                let decision = judge_lock(conn, &ws, &wanted.id, plan)?;
+        let refused = self
+            .db
+            .write(move |conn| -> Result<Option<HeldLock>, Error> {
+                let (decision, held) = judge_lock(conn, &ws, &wanted.id, plan)?;
                 match decision {
                     Lock::Take => {
-                        lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?
+                        lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
+                        lock::clear_waiting(conn, &ws).map_err(DbError::from)?;
                     }
                     Lock::Share => lock::put_plan_lock(conn, &ws, &wanted, &credential)
                         .map_err(DbError::from)?,
+                    // Refused, but recorded (committed) first, so new plans stay out.
+                    Lock::Wait => {
+                        let now = crate::clock::now_ms();
+                        lock::put_waiting(conn, &ws, &wanted, now).map_err(DbError::from)?;
+                        return Ok(held.shown());
+                    }
                     // The holder retrying after a lost response: already theirs.
-                    Lock::AlreadyHeld | Lock::Refuse | Lock::TooMany => return Ok(()),
+                    Lock::AlreadyHeld | Lock::Refuse | Lock::TooMany | Lock::Yield => {
+                        return Ok(None)
+                    }
                 }
                 let mut payload = lock_summary(&wanted);
                 payload["shared"] = (decision == Lock::Share).into();
                 let entry = audit(&credential, &ws, EVENT_LOCKED, payload);
                 insert_audit(conn, &entry).map_err(DbError::from)?;
-                Ok(())
+                Ok(None)
             })
-            .await
+            .await?;
+        match refused {
+            Some(holders) => Err(locked_by(holders)),
+            None => Ok(()),
+        }
     }
 
     /// Unlock by `who`. An empty body is Terraform's force-unlock (the ID is never sent).

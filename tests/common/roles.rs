@@ -30,12 +30,13 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 }
 
 /// Everything a request could change: versions, the fixture's locks (exclusive and
-/// shared plan holders), moves in progress, audit rows, tokens (issued, CI identity, run
+/// shared plan holders, a writer waiting for plans), moves in progress, audit rows, tokens (issued, CI identity, run
 /// credentials), runs, operators and their SSO caps, write overrides, freezes, consumers,
 /// the resource timeline, the keyring. One count per query.
-pub const CHANGE_COUNTS: [&str; 25] = [
+pub const CHANGE_COUNTS: [&str; 26] = [
     "SELECT count(*) FROM versions",
     "SELECT count(*) FROM tf_locks",
+    "SELECT count(*) FROM tf_lock_waiters",
     "SELECT count(*) FROM tf_locks WHERE lock_id IN ('L-prod-x', 'L-dev-a')",
     "SELECT count(*) FROM tf_plan_locks",
     "SELECT count(*) FROM tf_moves",

@@ -773,52 +773,57 @@ pub fn route(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, 
     if path == "/ui" || path.starts_with(UI_PREFIX) {
         return Ok(Endpoint::Ui(route_ui(method, path, query)));
     }
-    if let Some(rest) = path.strip_prefix(TF_OUTPUTS_PREFIX) {
-        if rest.contains('/') {
-            return Err(Error::NotFound(
-                "no such route; the outputs address is /api/v1/tf/outputs/<workspace>".into(),
-            )
-            .into());
-        }
-        let workspace = WorkspaceName::parse(rest).map_err(Error::from)?;
-        if method != "GET" {
-            return Err(not_allowed(method, "GET"));
-        }
-        return Ok(Endpoint::Tf {
-            workspace,
-            action: TfAction::Outputs,
-        });
+    if path.starts_with(TF_OUTPUTS_PREFIX) || path.starts_with(TF_PREFIX) {
+        return route_tf(method, path, query);
     }
-    let Some(rest) = path.strip_prefix(TF_PREFIX) else {
-        return Ok(Endpoint::Upstream);
+    Ok(Endpoint::Upstream)
+}
+
+/// The Terraform backend's routes, found in [`ROUTES`] as every other surface's are:
+/// a path or method the table does not list is never answered as a backend action.
+fn route_tf(method: &str, path: &str, query: Option<&str>) -> Result<Endpoint, EdgeError> {
+    let outputs = path.starts_with(TF_OUTPUTS_PREFIX);
+    let Some((route, values)) = lookup(Surface::Tf, method, path) else {
+        return Err(Error::NotFound(if outputs {
+            "no such route; the outputs address is /api/v1/tf/outputs/<workspace>".into()
+        } else {
+            "no such route; the state address is /api/v1/tf/state/<workspace>".into()
+        })
+        .into());
     };
-    let (workspace, is_lock_path) = match rest.split_once('/') {
-        None => (rest, false),
-        Some((ws, "lock")) => (ws, true),
-        Some(_) => {
-            return Err(Error::NotFound(
-                "no such route; the state address is /api/v1/tf/state/<workspace>".into(),
-            )
-            .into())
-        }
-    };
-    // The backend's name check has always come first: a name reveals nothing.
-    let workspace = WorkspaceName::parse(workspace).map_err(Error::from)?;
-    let action = match (is_lock_path, method) {
-        (false, "GET") => TfAction::Get,
-        (false, "POST") => TfAction::Write {
+    // The backend's name check has always come first (before the method): a name
+    // reveals nothing.
+    let workspace = WorkspaceName::parse(at(&values, 0)).map_err(Error::from)?;
+    let allowed = tf_methods(route.path);
+    if route.method != method {
+        return Err(not_allowed(method, allowed));
+    }
+    let action = match (route.path, route.method) {
+        ("/api/v1/tf/outputs/{ws}", "GET") => TfAction::Outputs,
+        ("/api/v1/tf/state/{ws}", "GET") => TfAction::Get,
+        ("/api/v1/tf/state/{ws}", "POST") => TfAction::Write {
             lock_id: query_param(query, "ID").filter(|id| !id.is_empty()),
         },
-        (false, "LOCK") => TfAction::Lock,
-        (false, "UNLOCK") => TfAction::Unlock,
-        (false, "DELETE") => TfAction::Delete,
-        (false, _) => return Err(not_allowed(method, "GET, POST, LOCK, UNLOCK, DELETE")),
+        ("/api/v1/tf/state/{ws}", "LOCK") => TfAction::Lock,
+        ("/api/v1/tf/state/{ws}", "UNLOCK") => TfAction::Unlock,
+        ("/api/v1/tf/state/{ws}", "DELETE") => TfAction::Delete,
         // The GitLab/Gitea convention for proxies that drop WebDAV verbs.
-        (true, "POST" | "LOCK") => TfAction::Lock,
-        (true, "DELETE" | "UNLOCK") => TfAction::Unlock,
-        (true, _) => return Err(not_allowed(method, "POST, DELETE, LOCK, UNLOCK")),
+        ("/api/v1/tf/state/{ws}/lock", "POST" | "LOCK") => TfAction::Lock,
+        ("/api/v1/tf/state/{ws}/lock", "DELETE" | "UNLOCK") => TfAction::Unlock,
+        // A route listed without an action here (`every_listed_route_routes` fails).
+        _ => return Err(not_allowed(method, allowed)),
     };
     Ok(Endpoint::Tf { workspace, action })
+}
+
+/// The methods a backend path template accepts, as a 405 names them (held to the
+/// table by `tf_methods_are_the_tables`).
+fn tf_methods(template: &str) -> &'static str {
+    match template {
+        "/api/v1/tf/state/{ws}" => "GET, POST, LOCK, UNLOCK, DELETE",
+        "/api/v1/tf/state/{ws}/lock" => "POST, DELETE, LOCK, UNLOCK",
+        _ => "GET",
+    }
 }
 
 /// `{id}/tfstate`, `{id}/lock`, `{id}/lock/heartbeat` under `/v1/clusters/`.
@@ -1966,8 +1971,9 @@ mod tests {
         }
     }
 
-    /// Paths of the Terraform backend and the cluster API are matched by hand: every
-    /// one they accept is in the table (probed with every method and path shape).
+    /// The Terraform backend, the cluster API, health and metrics are found through the
+    /// table (`lookup`), after a prefix: probed with every method and path shape, each
+    /// one answered as a route is in the table, so no match beside it can answer more.
     #[test]
     fn the_table_lists_every_backend_and_cluster_route() {
         let methods = [
@@ -2005,6 +2011,28 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The methods a backend 405 names are exactly the table's for that path.
+    #[test]
+    fn tf_methods_are_the_tables() {
+        let mut templates: Vec<&str> = ROUTES
+            .iter()
+            .filter(|r| r.surface == Surface::Tf)
+            .map(|r| r.path)
+            .collect();
+        templates.dedup();
+        for template in templates {
+            let mut listed: Vec<&str> = ROUTES
+                .iter()
+                .filter(|r| r.surface == Surface::Tf && r.path == template)
+                .map(|r| r.method)
+                .collect();
+            let mut named: Vec<&str> = tf_methods(template).split(", ").collect();
+            listed.sort_unstable();
+            named.sort_unstable();
+            assert_eq!(named, listed, "{template}");
         }
     }
 

@@ -672,6 +672,39 @@ pub async fn serve_listener(
     app: Arc<App>,
     shutdown: ShutdownWatch,
 ) {
+    serve_accepted(listener, app, None, shutdown).await;
+}
+
+/// The TLS acceptor `run` gives its listener for `tls` (certificate, key, and with
+/// `tls.client_ca` the client-certificate verifier and the handshake callback that
+/// attaches a verified certificate's names), for [`serve_tls_listener`].
+pub fn tls_acceptor(
+    tls: &crate::config::TlsConfig,
+) -> anyhow::Result<pingora::listeners::tls::Acceptor> {
+    let settings = listener_tls(tls)?
+        .context("tls.cert_file and tls.key_file are needed for a TLS listener")?;
+    // `build` panics on files it cannot load: `listener_tls` has just loaded them.
+    Ok(settings.build())
+}
+
+/// [`serve_listener`] over TLS (tests: a client certificate reaches the backend only
+/// through a real handshake, as in production). A failed handshake closes the
+/// connection, as pingora's own listener does.
+pub async fn serve_tls_listener(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    acceptor: pingora::listeners::tls::Acceptor,
+    shutdown: ShutdownWatch,
+) {
+    serve_accepted(listener, app, Some(Arc::new(acceptor)), shutdown).await;
+}
+
+async fn serve_accepted(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    tls: Option<Arc<pingora::listeners::tls::Acceptor>>,
+    shutdown: ShutdownWatch,
+) {
     use pingora::apps::HttpServerApp;
     use pingora::protocols::http::ServerSession;
     let conf = Arc::new(ServerConf::default());
@@ -682,6 +715,7 @@ pub async fn serve_listener(
         };
         let proxy = proxy.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             use pingora::protocols::{GetSocketDigest, SocketDigest};
             use std::os::fd::AsRawFd;
@@ -690,7 +724,14 @@ pub async fn serve_listener(
             let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
             let _ = digest.peer_addr.set(Some(peer.into()));
             stream.set_socket_digest(digest);
-            let mut session = ServerSession::new_http1(Box::new(stream));
+            let stream: pingora::protocols::Stream = match &tls {
+                None => Box::new(stream),
+                Some(acceptor) => match acceptor.tls_handshake(stream).await {
+                    Ok(tls) => Box::new(tls),
+                    Err(_) => return,
+                },
+            };
+            let mut session = ServerSession::new_http1(stream);
             session.set_keepalive(Some(60));
             let mut reused = proxy.process_new_http(session, &shutdown).await;
             while let Some((stream, _)) = reused.map(|r| r.consume()) {

@@ -1,11 +1,16 @@
 //! The authorization property, generated from the router's own table
 //! (`stategate::http::router::ROUTES`): for every route × principal (operators of each
-//! role, limited to `dev-*` and not; issued workspace tokens of each scope; a
-//! workspace's own credential; no credential) × target (inside and outside the
-//! patterns, existing and missing), the answer lets the request through exactly when the
-//! permission rules say so — written out here (`operator_may`, `expected`), never asked
-//! of `operator::roles` or `tofu::access`, the code under test — every refusal is the
-//! same bytes, and a refusal changes nothing. Then every path value of
+//! role, limited to `dev-*` and not, by API token and by UI session; operators signed in
+//! by single sign-on; issued workspace tokens of each scope; a workspace's own
+//! credential, a consumer's, drift runs'; client certificates in a real TLS handshake;
+//! CI jobs' OIDC tokens from a real issuer over HTTPS; no credential) × target (inside
+//! and outside the patterns, existing and missing), the answer lets the request through
+//! exactly when the permission rules say so — written out here (`operator_may`,
+//! `scoped_may`, `expected`), never asked of `operator::roles`, `tofu::access`,
+//! `tofu::certificate` or `tofu::ci_identity`, the code under test — every refusal is the
+//! same bytes (a 401 and a UI refusal of a request without a session exactly the
+//! unauthenticated request's), and a refusal changes nothing in the index or the blob
+//! store. Then every path value of
 //! every route is sent spelled otherwise (Unicode spaces before and after, full-width
 //! digits, a leading zero, `+`, overlong, percent-encoded, NUL), raw in the request
 //! line: never let through, the same answer for every principal, nothing changed.
@@ -19,6 +24,12 @@
 //! the table without an entry fails the test, so a new route gets a stated rule.
 
 mod common;
+#[path = "authorization/issuer.rs"]
+mod issuer;
+#[path = "authorization/pki.rs"]
+mod pki;
+
+use std::sync::Arc;
 
 use common::roles::{role_operators, unfinished_runs, ROLE_OPERATORS, SECRET};
 use common::{lock_info, raw_request, state, TestServer};
@@ -162,6 +173,31 @@ enum Principal {
         admin: bool,
         token: String,
     },
+    /// A client certificate the fixture's CA issued, presented in a TLS handshake with
+    /// the server's TLS listener at `addr`: `tf-runner` (granted write on `dev-*`,
+    /// outputs on `prod-*`) or `stranger` (no grant); with `secret`, a wrong bearer
+    /// secret beside it, which alone decides.
+    Certificate {
+        subject: &'static str,
+        secret: Option<String>,
+        addr: String,
+        tls: Arc<rustls::ClientConfig>,
+    },
+    /// A CI job's OIDC token from the fixture's issuer (`granted`: its claims and times
+    /// are those the issuer's rules give write on `dev-*` and read on `prod-*`).
+    Ci {
+        what: &'static str,
+        granted: bool,
+        token: String,
+    },
+    /// An operator signed in by single sign-on: its role and patterns as its groups map
+    /// them, and its UI session cookie (sent at other surfaces too, cookie and bearer).
+    Sso {
+        who: &'static str,
+        role: &'static str,
+        patterns: Option<&'static str>,
+        cookie: String,
+    },
 }
 
 impl Principal {
@@ -176,6 +212,14 @@ impl Principal {
             Principal::OrgMember { org, admin, .. } => {
                 format!("{} of org {org}", if *admin { "admin" } else { "member" })
             }
+            Principal::Certificate {
+                subject, secret, ..
+            } => match secret {
+                Some(_) => format!("certificate {subject} with a wrong secret"),
+                None => format!("certificate {subject}"),
+            },
+            Principal::Ci { what, .. } => format!("CI token {what}"),
+            Principal::Sso { who, .. } => format!("single sign-on session of {who}"),
         }
     }
 
@@ -196,9 +240,55 @@ impl Principal {
             ) => {
                 format!("Authorization: Bearer {secret}\r\n")
             }
+            (Principal::Ci { token, .. }, _) => format!("Authorization: Bearer {token}\r\n"),
+            (Principal::Certificate { secret, .. }, _) => secret
+                .as_ref()
+                .map(|s| format!("Authorization: Bearer {s}\r\n"))
+                .unwrap_or_default(),
+            (Principal::Sso { cookie, .. }, Surface::Ui) => {
+                format!("Cookie: sg_session={cookie}\r\n")
+            }
+            // A session is the UI's only: elsewhere neither its cookie nor its id as a
+            // bearer secret may open anything.
+            (Principal::Sso { cookie, .. }, _) => {
+                format!("Cookie: sg_session={cookie}\r\nAuthorization: Bearer {cookie}\r\n")
+            }
             (Principal::None, _) => String::new(),
         }
     }
+}
+
+/// One raw HTTP/1.1 exchange over TLS with the client certificate of `tls`, as
+/// `common::raw_request` does in the clear: the request line is sent as written.
+async fn tls_request(
+    addr: &str,
+    tls: Arc<rustls::ClientConfig>,
+    head: String,
+    body: Option<Vec<u8>>,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || {
+        let tcp = std::net::TcpStream::connect(&addr).expect("the TLS listener");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("a name");
+        let conn = rustls::ClientConnection::new(tls, name).expect("a TLS client");
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        // A certificate refused in the handshake: no answer at all.
+        if stream.write_all(head.as_bytes()).is_err() {
+            return (0, String::new());
+        }
+        if let Some(body) = body {
+            // The server may answer (and close) before reading it.
+            let _ = stream.write_all(&body);
+        }
+        let mut out = Vec::new();
+        // A close without close_notify still leaves the answer in `out`.
+        let _ = stream.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).to_string();
+        (common::status_line_code(&text), text)
+    })
+    .await
+    .expect("the TLS exchange")
 }
 
 struct Answer {
@@ -229,7 +319,12 @@ async fn send(
         route.method,
         p.headers(route.surface),
     );
-    let (status, text) = raw_request(&server.base, &head, body).await;
+    let (status, text) = match p {
+        Principal::Certificate { addr, tls, .. } => {
+            tls_request(addr, tls.clone(), head, body).await
+        }
+        _ => raw_request(&server.base, &head, body).await,
+    };
     let (headers, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let location = headers
         .lines()
@@ -294,6 +389,37 @@ fn operator_may(role: &str, patterns: Option<&str>, action: Action, target: Targ
     }
 }
 
+/// Is an operator of `role` limited to `patterns` let through a route needing `action`
+/// on `aim`, aimed at (ws, to, run)?
+fn operator_through(
+    role: &str,
+    patterns: Option<&str>,
+    action: Option<Action>,
+    aim: Aim,
+    (ws, to, run): (&str, &str, &str),
+) -> bool {
+    let Some(action) = action else {
+        return true;
+    };
+    let may = |target| operator_may(role, patterns, action, target);
+    match aim {
+        Aim::Nothing => true,
+        Aim::Listing => may(Target::Listing),
+        Aim::Site => may(Target::Site),
+        Aim::Ws => may(Target::Workspace(ws)),
+        Aim::Both => may(Target::Workspace(ws)) && may(Target::Workspace(to)),
+        Aim::Run => {
+            may(Target::Listing) && run_workspace(run).is_none_or(|w| may(Target::Workspace(w)))
+        }
+    }
+}
+
+/// What a workspace credential of `scope` may do (docs/access.md, the scopes table):
+/// `outputs` < `read` < `write`, and none of them DELETEs.
+fn scoped_may(scope: Use, use_: Use) -> bool {
+    use_ != Use::Delete && (use_ == Use::ReadOutputs || use_ <= scope)
+}
+
 /// Is `p` expected through `route` aimed at these values?
 fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool {
     match (need(route), p) {
@@ -310,27 +436,50 @@ fn expected(route: &Route, p: &Principal, ws: &str, to: &str, run: &str) -> bool
         }
         (Need::Cluster, _) => false,
         (Need::Operator(action, aim), Principal::Operator { role, patterns, .. }) => {
-            let Some(action) = action else {
-                return true;
-            };
-            let may = |target| operator_may(role, *patterns, action, target);
-            match aim {
-                Aim::Nothing => true,
-                Aim::Listing => may(Target::Listing),
-                Aim::Site => may(Target::Site),
-                Aim::Ws => may(Target::Workspace(ws)),
-                Aim::Both => may(Target::Workspace(ws)) && may(Target::Workspace(to)),
-                Aim::Run => {
-                    may(Target::Listing)
-                        && run_workspace(run).is_none_or(|w| may(Target::Workspace(w)))
-                }
-            }
+            operator_through(role, *patterns, action, aim, (ws, to, run))
+        }
+        // A single sign-on session is a UI session like a token login's, with the grant
+        // its groups gave (docs/web-ui.md); it is no credential anywhere else.
+        (Need::Operator(action, aim), Principal::Sso { role, patterns, .. }) => {
+            route.surface == Surface::Ui
+                && operator_through(role, *patterns, action, aim, (ws, to, run))
         }
         (Need::Operator(..), _) => false,
         (Need::Backend(use_), Principal::Token { scope, .. }) => {
-            ws.starts_with("dev-")
-                && use_ != Use::Delete
-                && (use_ == Use::ReadOutputs || use_ <= *scope)
+            ws.starts_with("dev-") && scoped_may(*scope, use_)
+        }
+        // docs/access.md, "Client certificates": the first grant for one of its names
+        // whose pattern matches decides, its scope limits it like a token's, and no
+        // certificate deletes. A wrong secret beside it alone decides (refused).
+        (
+            Need::Backend(use_),
+            Principal::Certificate {
+                subject: "tf-runner",
+                secret: None,
+                ..
+            },
+        ) => {
+            let scope = if ws.starts_with("dev-") {
+                Some(Use::Write)
+            } else if ws.starts_with("prod-") {
+                Some(Use::ReadOutputs)
+            } else {
+                None
+            };
+            scope.is_some_and(|scope| scoped_may(scope, use_))
+        }
+        // docs/ci.md: the rules' union (write on `dev-*`, read on `prod-*` for
+        // acme/infra), never DELETE; a token of another repository, or first shown
+        // after it expired, opens nothing.
+        (Need::Backend(use_), Principal::Ci { granted: true, .. }) => {
+            let scope = if ws.starts_with("dev-") {
+                Some(Use::Write)
+            } else if ws.starts_with("prod-") {
+                Some(Use::ReadState)
+            } else {
+                None
+            };
+            scope.is_some_and(|scope| scoped_may(scope, use_))
         }
         (Need::Backend(_), Principal::Workspace { .. }) => ws == "dev-a",
         // A run's credential is its workspace's while the run lives, then nothing.
@@ -452,11 +601,94 @@ const ACME_CLUSTER: &str = "0a0a0a0a-0000-4000-8000-00000000a0a0";
 const GLOBEX_CLUSTER: &str = "0b0b0b0b-0000-4000-8000-00000000b0b0";
 const MISSING_CLUSTER: &str = "0c0c0c0c-0000-4000-8000-00000000c0c0";
 
-async fn fixture() -> (TestServer, Vec<Principal>) {
+/// The fixture's server and principals, and what must live as long as they do: the
+/// certificate files and the TLS listener's shutdown signal.
+struct Fixture {
+    server: TestServer,
+    principals: Vec<Principal>,
+    _keep: (tempfile::TempDir, tokio::sync::watch::Sender<bool>),
+}
+
+/// The single sign-on configuration: its provider is never asked (the sessions are
+/// opened as the login callback opens them and were checked at the provider just now).
+const OIDC: &str = r#"
+issuer_url = "https://id.example.test"
+client_id = "stategate"
+session_max_age_seconds = 3600
+revalidate_seconds = 3600
+[roles]
+platform = "admin"
+auditors = "viewer"
+team-dev = { role = "operator", workspaces = "dev-*" }
+"#;
+const PUBLIC_URL: &str = "https://stategate.test";
+
+async fn fixture() -> Fixture {
+    let files = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = files.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ca = pki::Ca::new("stategate test CA");
+    let ci_issuer = issuer::Issuer::start(&ca);
+    let listener_cert = ca.issue(2, "stategate", &["localhost"], true);
+    let ca_file = file("ca.pem", &ca.pem);
+    let tls = stategate::config::TlsConfig {
+        cert_file: Some(file("server.pem", &listener_cert.cert_pem)),
+        key_file: Some(file("server.key", &listener_cert.key_pem)),
+        client_ca: Some(ca_file.clone()),
+        client_grants: [("dev-*", "write"), ("prod-*", "outputs")]
+            .map(|(workspaces, scope)| stategate::config::ClientGrant {
+                subject: "tf-runner".into(),
+                workspaces: workspaces.into(),
+                scope: scope.into(),
+            })
+            .to_vec(),
+        ..Default::default()
+    };
+    let ci: stategate::config::CiIdentityConfig = toml::from_str(&format!(
+        r#"
+name = "github"
+issuer = "{}"
+audience = "{PUBLIC_URL}"
+ca_file = "{}"
+identity = "{{repository}}@{{ref}}"
+max_run_seconds = 900
+[[rules]]
+claims = {{ repository = "acme/infra" }}
+workspaces = "dev-*"
+scope = "write"
+[[rules]]
+claims = {{ repository = "acme/infra" }}
+workspaces = "prod-*"
+scope = "read"
+"#,
+        ci_issuer.url,
+        ca_file.display()
+    ))
+    .unwrap();
+    let oidc: stategate::config::OidcConfig = toml::from_str(OIDC).unwrap();
     let server = TestServer::start_with(|config| {
         config.cluster.state_enc_key = Some("ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=".into());
+        config.tls = tls;
+        config.ci_identity = vec![ci];
+        config.public_url = Some(PUBLIC_URL.into());
+        config.oidc = Some(oidc.clone());
     })
     .await;
+    // The same gateway over TLS, as `run` builds its listener: client certificates are
+    // verified in the handshake against `tls.client_ca`.
+    let acceptor = stategate::server::tls_acceptor(&server.config.tls).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls_addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(stategate::server::serve_tls_listener(
+        listener,
+        server.app.clone(),
+        acceptor,
+        stopping,
+    ));
     let http = reqwest::Client::new();
     for ws in ["prod-x", "dev-a"] {
         for serial in 1..=2 {
@@ -550,7 +782,171 @@ async fn fixture() -> (TestServer, Vec<Principal>) {
     }
     stategate::tofu::run_credential::revoke(&server.db(), "drift:run-803").unwrap();
     principals.extend(cluster_principals(&server).await);
-    (server, principals)
+    principals.extend(certificate_principals(&ca, &tls_addr).await);
+    principals.extend(ci_principals(&ci_issuer));
+    principals.extend(sso_principals(&server, &oidc).await);
+    Fixture {
+        server,
+        principals,
+        _keep: (files, stop),
+    }
+}
+
+/// A TLS client presenting `identity`, trusting only the fixture's CA.
+fn tls_client(ca: &pki::Ca, identity: &pki::Issued) -> Arc<rustls::ClientConfig> {
+    let (chain, key) = identity.rustls();
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(pki::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(ca.roots())
+            .with_client_auth_cert(chain, key)
+            .unwrap(),
+    )
+}
+
+/// `tf-runner` (granted), `tf-runner` beside a wrong secret, `stranger` (no grant);
+/// first, proof that the listener verifies: another CA's certificate gets no answer.
+async fn certificate_principals(ca: &pki::Ca, addr: &str) -> Vec<Principal> {
+    let other = pki::Ca::new("another CA");
+    let foreign = tls_client(ca, &other.issue(9, "tf-runner", &["tf-runner"], false));
+    let head =
+        "GET /api/v1/tf/outputs/dev-a HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let (status, _) = tls_request(addr, foreign, head.into(), None).await;
+    assert_eq!(
+        status, 0,
+        "another CA's certificate was let into the handshake"
+    );
+    let runner = tls_client(ca, &ca.issue(3, "tf-runner", &["tf-runner"], false));
+    let stranger = tls_client(ca, &ca.issue(4, "stranger", &["stranger"], false));
+    let cert =
+        |subject, secret: Option<&str>, tls: &Arc<rustls::ClientConfig>| Principal::Certificate {
+            subject,
+            secret: secret.map(str::to_string),
+            addr: addr.to_string(),
+            tls: tls.clone(),
+        };
+    vec![
+        cert("tf-runner", None, &runner),
+        cert(
+            "tf-runner",
+            Some("sgw_0000000000000000000000000000000000000000000"),
+            &runner,
+        ),
+        cert("stranger", None, &stranger),
+    ]
+}
+
+/// acme/infra's job token (the rules give it write on `dev-*`, read on `prod-*`),
+/// another repository's, and one of acme/infra's first shown after it expired.
+fn ci_principals(ci_issuer: &issuer::Issuer) -> Vec<Principal> {
+    let now = stategate::tokens::now();
+    let token = |repository: &str, issued: i64, expires: i64| {
+        ci_issuer.token(serde_json::json!({
+            "sub": format!("repo:{repository}:ref:refs/heads/main"),
+            "repository": repository,
+            "ref": "refs/heads/main",
+            "aud": PUBLIC_URL,
+            "iat": issued,
+            "nbf": issued,
+            "exp": expires,
+        }))
+    };
+    vec![
+        Principal::Ci {
+            what: "of acme/infra",
+            granted: true,
+            token: token("acme/infra", now - 5, now + 900),
+        },
+        Principal::Ci {
+            what: "of acme/other",
+            granted: false,
+            token: token("acme/other", now - 5, now + 900),
+        },
+        Principal::Ci {
+            what: "of acme/infra, expired before its first use",
+            granted: false,
+            token: token("acme/infra", now - 3600, now - 1800),
+        },
+    ]
+}
+
+/// Operators signed in by single sign-on, one per mapped group: their sessions are
+/// opened as the login callback opens them once the provider has vouched for the user
+/// (`ui::session::open_sso` with the grant `[oidc.roles]` gives the groups, and the
+/// session followed in `sso_sessions` as checked just now), not through a running
+/// provider: the callback's own exchange is integration/test_oidc.py's. The provider's
+/// tokens sealed in the row are never opened: the next check is an hour away.
+async fn sso_principals(
+    server: &TestServer,
+    oidc: &stategate::config::OidcConfig,
+) -> Vec<Principal> {
+    use stategate::ui::{oidc::Settings, session, sso_rows};
+    let settings = Settings::from_config(oidc, Some(PUBLIC_URL), |_| {
+        Err(std::io::ErrorKind::NotFound.into())
+    })
+    .unwrap();
+    let mut out = Vec::new();
+    for (who, group, role, patterns) in [
+        ("sso-admin@x.io", "platform", "admin", None),
+        ("sso-dev@x.io", "team-dev", "operator", Some("dev-*")),
+        ("sso-viewer@x.io", "auditors", "viewer", None),
+    ] {
+        let grant = settings
+            .roles
+            .grant_for(&[group.to_string()])
+            .expect("a mapped group");
+        let issuer = oidc.issuer_url.clone();
+        let opened = server
+            .app
+            .operator
+            .admin_write(move |c| {
+                let user = stategate::operator::identity::SsoUser {
+                    issuer: &issuer,
+                    subject: who,
+                    name: who,
+                    grant: &grant,
+                };
+                let now = stategate::tokens::now();
+                let opened = session::open_sso(c, user, Some(who), 3600, now)?.expect("a session");
+                let now_ms = stategate::tokens::now_ms();
+                sso_rows::follow(
+                    c,
+                    &opened.session.sha256,
+                    who,
+                    b"sealed provider tokens",
+                    now_ms,
+                    now_ms + 3_600_000,
+                )?;
+                Ok(opened)
+            })
+            .await
+            .unwrap();
+        out.push(Principal::Sso {
+            who,
+            role,
+            patterns,
+            cookie: opened.cookie_value,
+        });
+    }
+    out
+}
+
+/// Everything a request could change: the index's counts (`CHANGE_COUNTS`) and the
+/// blob store's files.
+fn changes(db: &stategate::store::sql::Connection, blobs: &std::path::Path) -> (Vec<i64>, usize) {
+    fn files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => files(&e.path()),
+                    _ => 1,
+                })
+                .sum()
+        })
+    }
+    (common::roles::snapshot_of(db), files(blobs))
 }
 
 /// acme's admin (who pushes acme's state here) and member, globex's admin; the two
@@ -598,7 +994,11 @@ async fn cluster_principals(server: &TestServer) -> Vec<Principal> {
 
 #[tokio::test]
 async fn every_route_answers_as_the_permission_rules_say() {
-    let (server, principals) = fixture().await;
+    let Fixture {
+        server,
+        principals,
+        _keep,
+    } = fixture().await;
     let started = std::time::Instant::now();
     // Each rule is stated (a route without one panics here, before any request).
     for route in ROUTES {
@@ -614,13 +1014,17 @@ async fn every_route_answers_as_the_permission_rules_say() {
     let mut order: Vec<&Route> = ROUTES.iter().filter(|r| r.surface == Surface::Tf).collect();
     order.extend(ROUTES.iter().filter(|r| r.surface != Surface::Tf));
     let db = server.db();
-    let mut baseline = common::roles::snapshot_of(&db);
+    let blobs = server.config.local_store_path();
+    let mut baseline = changes(&db, &blobs);
     for route in order {
         if matches!(need(route), Need::Public) {
             continue;
         }
-        // Operators and one token at the admin API and the UI; the workspace
-        // credentials, one operator and nobody at the backend.
+        // Operators (by token, by session, by single sign-on), one token, the granted
+        // certificate and CI token at the admin API and the UI; the workspace
+        // credentials, certificates, CI tokens, single sign-on sessions, one operator
+        // and nobody at the backend. Nobody asks first (its answer is what every
+        // unauthenticated refusal must be).
         let asking: Vec<&Principal> = principals
             .iter()
             .filter(|p| match (route.surface, p) {
@@ -631,6 +1035,13 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 (_, Principal::Token { scope, .. }) => *scope == Use::Write,
                 (
                     _,
+                    Principal::Certificate {
+                        subject, secret, ..
+                    },
+                ) => *subject == "tf-runner" && secret.is_none(),
+                (_, Principal::Ci { granted, .. }) => *granted,
+                (
+                    _,
                     Principal::Workspace { .. }
                     | Principal::Consumer { .. }
                     | Principal::Run { .. },
@@ -638,8 +1049,10 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 _ => true,
             })
             .collect();
+        assert!(matches!(asking.first(), Some(Principal::None)));
         for (ws, to, run) in targets(route) {
             let (path, query) = fill(route, ws, to, run);
+            let mut unauthenticated: Option<Answer> = None;
             for p in &asking {
                 let a = send(&server, p, route, &path, query.as_deref()).await;
                 let what = format!(
@@ -657,15 +1070,29 @@ async fn every_route_answers_as_the_permission_rules_say() {
                 );
                 if got {
                     through += 1;
-                    baseline = common::roles::snapshot_of(&db);
+                    baseline = changes(&db, &blobs);
                     continue;
                 }
                 refused += 1;
                 assert_eq!(
-                    common::roles::snapshot_of(&db),
+                    changes(&db, &blobs),
                     baseline,
                     "{what}: a refusal changed something"
                 );
+                let Some(bare) = &unauthenticated else {
+                    unauthenticated = Some(a);
+                    continue;
+                };
+                // A credential that is refused (401) is refused exactly as no credential
+                // is; at the UI, anything but a session is no session at all.
+                let sessionless = !matches!(p, Principal::Operator { .. } | Principal::Sso { .. });
+                if a.status == 401 || (route.surface == Surface::Ui && sessionless) {
+                    assert_eq!(
+                        (a.status, &a.body, &a.location),
+                        (bare.status, &bare.body, &bare.location),
+                        "{what}: refused otherwise than without a credential"
+                    );
+                }
                 match (route.surface, a.status) {
                     (Surface::Admin, 403) => assert_eq!(a.body, admin_refusal, "{what}"),
                     (Surface::Ui, 403) => {
@@ -700,16 +1127,31 @@ async fn every_route_answers_as_the_permission_rules_say() {
 
 #[tokio::test]
 async fn no_other_spelling_of_a_value_is_let_through() {
-    let (server, principals) = fixture().await;
+    let Fixture {
+        server,
+        principals,
+        _keep,
+    } = fixture().await;
     let started = std::time::Instant::now();
-    // A limited operator and the unlimited admin at the admin API and the UI; a
-    // `dev-*` write token and dev-a's own credential at the backend.
+    // A limited operator and the unlimited admin at the admin API and the UI (and the
+    // limited single sign-on operator at the UI); a `dev-*` write token, dev-a's own
+    // credential, the granted certificate and CI token at the backend.
     let asking = |surface: Surface| -> Vec<&Principal> {
         principals
             .iter()
             .filter(|p| match (surface, p) {
                 (Surface::Tf, Principal::Token { scope, .. }) => *scope == Use::Write,
                 (Surface::Tf, Principal::Workspace { .. }) => true,
+                (
+                    Surface::Tf,
+                    Principal::Certificate {
+                        subject: "tf-runner",
+                        secret: None,
+                        ..
+                    },
+                ) => true,
+                (Surface::Tf, Principal::Ci { granted, .. }) => *granted,
+                (Surface::Ui, Principal::Sso { who, .. }) => *who == "sso-dev@x.io",
                 (Surface::Tf, _) => false,
                 (_, Principal::Operator { email, .. }) => {
                     ["operator-dev@x.io", "admin@x.io"].contains(email)
@@ -719,9 +1161,10 @@ async fn no_other_spelling_of_a_value_is_let_through() {
             .collect()
     };
     let db = server.db();
+    let blobs = server.config.local_store_path();
     let mut sent = 0;
     for route in ROUTES {
-        let before = common::roles::snapshot_of(&db);
+        let before = changes(&db, &blobs);
         for placeholder in ["ws", "to", "run", "version", "from", "token", "id"] {
             let braced = format!("{{{placeholder}}}");
             let in_query = route.query.contains(&braced);
@@ -786,7 +1229,7 @@ async fn no_other_spelling_of_a_value_is_let_through() {
             }
         }
         assert_eq!(
-            common::roles::snapshot_of(&db),
+            changes(&db, &blobs),
             before,
             "{} {}: changed something",
             route.method,

@@ -30,10 +30,11 @@ pub fn expected_allowed(role: &str, patterns: Option<&str>, least: &str, aim: Ai
 }
 
 /// Everything a request could change: versions, the fixture's locks (exclusive and
-/// shared plan holders, a writer waiting for plans), moves in progress, audit rows, tokens (issued, CI identity, run
-/// credentials), runs, operators and their SSO caps, write overrides, freezes, consumers,
-/// the resource timeline, the keyring. One count per query.
-pub const CHANGE_COUNTS: [&str; 26] = [
+/// shared plan holders, a writer waiting for plans), moves in progress, audit rows,
+/// tokens (issued, CI identity, run credentials), runs, operators and their SSO caps,
+/// write overrides, freezes, consumers, the resource timeline, the keyring, single
+/// sign-on sign-ins and followed sessions. One count per query.
+pub const CHANGE_COUNTS: [&str; 29] = [
     "SELECT count(*) FROM versions",
     "SELECT count(*) FROM tf_locks",
     "SELECT count(*) FROM tf_lock_waiters",
@@ -60,6 +61,9 @@ pub const CHANGE_COUNTS: [&str; 26] = [
     "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
     "SELECT count(*) FROM cluster_leases",
     "SELECT coalesce(sum(heartbeat_at), 0) FROM cluster_leases",
+    "SELECT count(*) FROM sso_logins",
+    "SELECT count(*) FROM sso_sessions",
+    "SELECT coalesce(sum(checked_ms + checking_until), 0) FROM sso_sessions",
 ];
 
 /// [`CHANGE_COUNTS`], read in one statement on `db` (the authorization property reads

@@ -175,8 +175,9 @@ enum Principal {
     },
     /// A client certificate the fixture's CA issued, presented in a TLS handshake with
     /// the server's TLS listener at `addr`: `tf-runner` (granted write on `dev-*`,
-    /// outputs on `prod-*`) or `stranger` (no grant); with `secret`, a wrong bearer
-    /// secret beside it, which alone decides.
+    /// outputs on `prod-*`) or `stranger` (no grant, though its common name is
+    /// `tf-runner`: a certificate with SANs is known by those only); with `secret`, a
+    /// wrong bearer secret beside it, which alone decides.
     Certificate {
         subject: &'static str,
         secret: Option<String>,
@@ -805,8 +806,9 @@ fn tls_client(ca: &pki::Ca, identity: &pki::Issued) -> Arc<rustls::ClientConfig>
     )
 }
 
-/// `tf-runner` (granted), `tf-runner` beside a wrong secret, `stranger` (no grant);
-/// first, proof that the listener verifies: another CA's certificate gets no answer.
+/// `tf-runner` (granted), `tf-runner` beside a wrong secret, `stranger` (no grant; its
+/// CN names the grant's subject, its SAN does not); first, proof that the listener
+/// verifies: another CA's certificate gets no answer.
 async fn certificate_principals(ca: &pki::Ca, addr: &str) -> Vec<Principal> {
     let other = pki::Ca::new("another CA");
     let foreign = tls_client(ca, &other.issue(9, "tf-runner", &["tf-runner"], false));
@@ -818,7 +820,7 @@ async fn certificate_principals(ca: &pki::Ca, addr: &str) -> Vec<Principal> {
         "another CA's certificate was let into the handshake"
     );
     let runner = tls_client(ca, &ca.issue(3, "tf-runner", &["tf-runner"], false));
-    let stranger = tls_client(ca, &ca.issue(4, "stranger", &["stranger"], false));
+    let stranger = tls_client(ca, &ca.issue(4, "tf-runner", &["stranger"], false));
     let cert =
         |subject, secret: Option<&str>, tls: &Arc<rustls::ClientConfig>| Principal::Certificate {
             subject,

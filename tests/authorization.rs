@@ -271,6 +271,9 @@ async fn tls_request(
     let addr = addr.to_string();
     tokio::task::spawn_blocking(move || {
         let tcp = std::net::TcpStream::connect(&addr).expect("the TLS listener");
+        // A server that never answers fails the test rather than holding CI up.
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .expect("a read timeout");
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("a name");
         let conn = rustls::ClientConnection::new(tls, name).expect("a TLS client");
         let mut stream = rustls::StreamOwned::new(conn, tcp);

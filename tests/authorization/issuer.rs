@@ -17,8 +17,8 @@ pub struct Issuer {
 }
 
 impl Issuer {
-    /// Serves until the test process ends (one thread, one connection at a time: the
-    /// keys are read once and kept).
+    /// Serves until the test process ends, a thread per connection (a client that
+    /// stalls holds up only its own, for at most 10 s).
     pub fn start(ca: &Ca) -> Issuer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
         let url = format!("https://{}/ci", listener.local_addr().expect("its address"));
@@ -38,31 +38,12 @@ impl Issuer {
                 .with_single_cert(chain, private)
                 .expect("the issuer's certificate"),
         );
+        let documents = Arc::new((discovery, jwks));
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(tcp) = conn else { continue };
-                let Ok(tls) = rustls::ServerConnection::new(config.clone()) else {
-                    continue;
-                };
-                let mut stream = rustls::StreamOwned::new(tls, tcp);
-                let Some(path) = request_path(&mut stream) else {
-                    continue;
-                };
-                let body = match path.as_str() {
-                    "/ci/.well-known/openid-configuration" => Some(&discovery),
-                    "/ci/jwks" => Some(&jwks),
-                    _ => None,
-                };
-                let answer = match body {
-                    Some(b) => format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
-                        b.len()
-                    ),
-                    None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into(),
-                };
-                let _ = stream.write_all(answer.as_bytes());
-                stream.conn.send_close_notify();
-                let _ = stream.flush();
+                let (config, documents) = (config.clone(), documents.clone());
+                std::thread::spawn(move || serve(tcp, config, &documents.0, &documents.1));
             }
         });
         Issuer { url, key }
@@ -73,6 +54,33 @@ impl Issuer {
         claims["iss"] = self.url.clone().into();
         self.key.sign(&claims)
     }
+}
+
+/// Answers one connection's one request: the discovery document, the JWKS, or 404.
+fn serve(tcp: std::net::TcpStream, config: Arc<rustls::ServerConfig>, discovery: &str, jwks: &str) {
+    let _ = tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let Ok(tls) = rustls::ServerConnection::new(config) else {
+        return;
+    };
+    let mut stream = rustls::StreamOwned::new(tls, tcp);
+    let Some(path) = request_path(&mut stream) else {
+        return;
+    };
+    let body = match path.as_str() {
+        "/ci/.well-known/openid-configuration" => Some(discovery),
+        "/ci/jwks" => Some(jwks),
+        _ => None,
+    };
+    let answer = match body {
+        Some(b) => format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            b.len()
+        ),
+        None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into(),
+    };
+    let _ = stream.write_all(answer.as_bytes());
+    stream.conn.send_close_notify();
+    let _ = stream.flush();
 }
 
 /// The path of one request's head (read to its blank line, at most 16 KiB).

@@ -101,7 +101,7 @@ impl From<StoreError> for Error {
                 tracing::warn!(error = %detail, "the index could not begin a write");
                 Error::Unavailable("the index is temporarily unavailable; retry".into())
             }
-            StoreError::Db(DbError::Sqlite(ref sql)) if sql.is_connection_lost() => {
+            StoreError::Db(DbError::Sql(ref sql)) if sql.is_connection_lost() => {
                 tracing::warn!(error = %sql, "the index's database is unreachable");
                 Error::Unavailable("the index is temporarily unavailable; retry".into())
             }

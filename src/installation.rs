@@ -1,7 +1,8 @@
 //! One installation on disk — the data dir, its keys, its index and its blob store —
 //! opened the same way for `serve` and for every operator command: the DEK
 //! (`load_root_key`), the cluster key (`load_cluster_key`), both as `scope_keys`, the
-//! database with every schema, and the blob store proven reachable and writable.
+//! index with every schema (through `store::index`, which alone knows its kind), and
+//! the blob store proven reachable and writable.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
 //! for its whole life (one server per data dir), and a command that writes a new index
@@ -21,6 +22,8 @@ use crate::crypto::{wrapped, RootKey};
 use crate::drift::DriftService;
 use crate::keys::{KeySource, Keyring};
 use crate::store::blob::create_private_dir;
+use crate::store::copy::TableCopy;
+use crate::store::index::{Index, MigrateTo};
 use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
@@ -393,15 +396,8 @@ pub async fn rewrap(
 /// index is older than the ring or lost. A generation that does not unwrap stops here.
 pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
     let fixed = key_service(config, root);
-    let db = config.db_path();
-    // A PostgreSQL index: one connection kept for the reloads, made again if it breaks.
-    let postgres = postgres_url(config).map(|url| {
-        (
-            url.to_string(),
-            config.index.ca_file.clone(),
-            std::sync::Mutex::new(None::<crate::store::sql::Connection>),
-        )
-    });
+    // Asked again on every reload: one kept connection to a shared index.
+    let index = Index::of(config).rereader();
     let describe = fixed.describe();
     // The key file is read again on every load (see `key_service`); the root itself is
     // not captured (it owns this loader), only what it wraps with when the file is gone.
@@ -411,40 +407,7 @@ pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyh
             Some(s) => Arc::new(s),
             None => fixed.clone(),
         };
-        if let Some((url, ca_file, kept)) = &postgres {
-            // On a thread of its own: a load may be asked for on an async runtime's
-            // thread, where the PostgreSQL client cannot block (`store::db`).
-            return std::thread::scope(|s| {
-                s.spawn(|| {
-                    let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
-                    if kept.as_ref().is_none_or(|c| c.is_broken()) {
-                        *kept = Some(crate::store::sql::Connection::connect_postgres(
-                            url,
-                            ca_file.as_deref(),
-                        )?);
-                    }
-                    let conn = kept.as_ref().ok_or("no connection to the index")?;
-                    crate::store::keyring::load(conn, &copies, service.as_ref())
-                })
-                .join()
-                .unwrap_or_else(|_| Err("loading the keyring panicked".into()))
-            });
-        }
-        if !db.exists() {
-            return crate::store::keyring::load(
-                &crate::store::sql::Connection::open_in_memory().map_err(|e| e.to_string())?,
-                &copies,
-                service.as_ref(),
-            );
-        }
-        let conn = crate::store::sql::Connection::open_with_flags(
-            &db,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| e.to_string())?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(|e| e.to_string())?;
-        crate::store::keyring::load(&conn, &copies, service.as_ref())
+        index.read(|conn| crate::store::keyring::load(conn, &copies, service.as_ref()))
     }))
     .with_context(|| format!("cannot open the keyring with {describe}"))?;
     check_recorded_key(config, root)?;
@@ -492,36 +455,13 @@ fn foreign_key(config: &Config, root: &RootKey, place: &str, recorded: &str) -> 
     )
 }
 
-/// Runs `f` on a connection of its own to the index, if there is one (a SQLite file
-/// opened read-only, or the PostgreSQL database on a thread of its own).
+/// Runs `f` on a connection of its own to the index, if there is one
+/// (`store::index::Index::read`).
 fn read_index<T: Send>(
     config: &Config,
     f: impl FnOnce(&crate::store::sql::Connection) -> Result<T, crate::store::sql::Error> + Send,
 ) -> anyhow::Result<Option<T>> {
-    use crate::store::sql::Connection;
-    if let Some(url) = postgres_url(config) {
-        let ca_file = config.index.ca_file.clone();
-        return std::thread::scope(|s| {
-            s.spawn(move || {
-                let conn = Connection::connect_postgres(url, ca_file.as_deref())
-                    .map_err(anyhow::Error::msg)?;
-                Ok(Some(f(&conn)?))
-            })
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the index panicked")))
-        })
-        .context("cannot read the index on PostgreSQL (index.url)");
-    }
-    let path = config.db_path();
-    if !path.exists() {
-        return Ok(None);
-    }
-    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .with_context(|| format!("cannot open the index {}", path.display()))?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    Ok(Some(f(&conn).with_context(|| {
-        format!("cannot read the index {}", path.display())
-    })?))
+    Ok(Index::of(config).read(f)?)
 }
 
 /// Refuses a root key other than the one the index recorded (every command and
@@ -705,7 +645,7 @@ pub async fn record_key_in(
     blobs: &dyn BlobStore,
 ) -> anyhow::Result<()> {
     let fp = root.fingerprint();
-    let conn = crate::store::sql::Connection::open(into)
+    let conn = crate::store::index::open_new_file(into)
         .with_context(|| format!("cannot open the new index {}", into.display()))?;
     crate::store::keyring::set_fingerprint(&conn, &fp)
         .with_context(|| format!("cannot record the key's fingerprint in {}", into.display()))?;
@@ -784,160 +724,38 @@ pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     Ok(StateStore::new(db, blobs))
 }
 
-/// The database in the data dir with every schema (`crate::schema`). The data dir must exist.
+/// This installation's index with every schema (`crate::schema::INDEX`). The data dir
+/// must exist.
 pub fn open_database(config: &Config) -> anyhow::Result<Db> {
-    match postgres_url(config) {
-        Some(url) => crate::schema::open_postgres(url, config.index.ca_file.as_deref())
-            .context("cannot open the index on PostgreSQL (index.url)"),
-        None => crate::schema::open_db(&config.db_path())
-            .with_context(|| format!("cannot open database {}", config.db_path().display())),
-    }
+    Ok(Index::of(config).open(&crate::schema::INDEX)?)
 }
 
 /// A consistent snapshot of this installation's index, as a SQLite database file's
-/// bytes, for a backup: `VACUUM INTO` of the data dir's SQLite file, or a PostgreSQL
-/// index copied in one snapshot into a scratch file in the data dir and verified
-/// (`schema::copy_index`). Blocking; each call takes a new one.
+/// bytes, for a backup (`store::index::Index::snapshot`; scratch files go into the data
+/// dir). Blocking; each call takes a new one.
 pub fn index_snapshot(
     config: &Config,
 ) -> impl Fn() -> Result<Vec<u8>, crate::store::backup::BackupError> + Send + Sync + 'static {
-    use crate::store::backup::{snapshot, snapshot_by_copy, BackupError};
-    let scratch_dir = config.data_dir.clone();
-    let db_path = config.db_path();
-    let server = postgres_url(config).map(|url| (url.to_string(), config.index.ca_file.clone()));
-    move || match &server {
-        None => snapshot(&db_path, &scratch_dir),
-        Some((url, ca_file)) => {
-            let from = crate::store::sql::Connection::connect_postgres(url, ca_file.as_deref())
-                .map_err(BackupError::Io)?;
-            keep_through_pauses(&from).map_err(|e| BackupError::Io(e.to_string()))?;
-            let made: bool = from
-                .query_row("SELECT to_regclass('versions') IS NOT NULL", [], |r| {
-                    r.get(0)
-                })
-                .map_err(BackupError::Snapshot)?;
-            if !made {
-                return Err(BackupError::Io(
-                    "the PostgreSQL database holds no index yet (no node has opened it): nothing to back up".into(),
-                ));
-            }
-            snapshot_by_copy(&from, &scratch_dir, |from, into| {
-                crate::schema::copy_index(from, into)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            })
-        }
-    }
+    Index::of(config).snapshot(&crate::schema::INDEX, &config.data_dir)
 }
 
-/// `index migrate` and a backup hold one transaction open while they read and compare
-/// a whole table on the other side: the server must not end the session for pausing
-/// (`sql::IDLE_IN_TRANSACTION` guards against frozen nodes, not against this).
-fn keep_through_pauses(conn: &crate::store::sql::Connection) -> anyhow::Result<()> {
-    conn.execute_batch("SET idle_in_transaction_session_timeout = 0")?;
-    Ok(())
-}
-
-/// The PostgreSQL index's connection string, when the index is there (`[index]`).
-fn postgres_url(config: &Config) -> Option<&str> {
-    match config.index.kind {
-        crate::config::IndexKind::Postgres => config.index.url.as_ref().map(|u| u.expose()),
-        crate::config::IndexKind::Sqlite => None,
-    }
-}
-
-/// Whether the installation has an index yet: a SQLite file in the data dir, or a
-/// PostgreSQL database (always there: the server made it, or `serve` will).
+/// Whether the installation has an index yet (`store::index::Index::exists`).
 pub fn has_index(config: &Config) -> bool {
-    postgres_url(config).is_some() || config.db_path().exists()
+    Index::of(config).exists()
 }
 
-/// Where `stategate index migrate` copies the index to.
-pub enum MigrateTo {
-    /// From the data dir's SQLite file into an empty PostgreSQL database.
-    Postgres { url: String },
-    /// From the configured PostgreSQL database into a new SQLite file.
-    Sqlite { path: std::path::PathBuf },
+/// Copies every table of this installation's index into `to`, verified table by table
+/// (`store::index::Index::migrate`); refused while a server uses the source (for the
+/// data dir's SQLite file, the data dir's lock proves none does).
+pub fn migrate_index(config: &Config, to: MigrateTo) -> anyhow::Result<Vec<TableCopy>> {
+    let hold = || hold_without_server(config).map_err(|e| format!("{e:#}"));
+    Ok(Index::of(config).migrate(to, &crate::schema::INDEX, hold)?)
 }
 
-/// Copies every table of this installation's index into `to` in one transaction (the
-/// schema made there first), then reads both back and compares each table
-/// (`store::copy`); on any difference nothing is committed. Refused while a server
-/// uses the source: for SQLite, one holding the data dir; for PostgreSQL, any other
-/// stategate session on the database (`pg_stat_activity`).
-pub fn migrate_index(
-    config: &Config,
-    to: MigrateTo,
-) -> anyhow::Result<Vec<crate::store::copy::TableCopy>> {
-    use crate::store::sql::Connection;
-    let copy = crate::schema::copy_index;
-    // Off any async runtime: the PostgreSQL client blocks on a runtime of its own.
-    std::thread::scope(|s| {
-        s.spawn(|| match to {
-            MigrateTo::Postgres { url } => {
-                anyhow::ensure!(
-                    postgres_url(config).is_none(),
-                    "this installation's index is already on PostgreSQL (index.kind = \"postgres\")"
-                );
-                let _held = hold_without_server(config)?.context(
-                    "a stategate server is running on this data dir: stop it first, so that no write is left behind",
-                )?;
-                let path = config.db_path();
-                anyhow::ensure!(path.exists(), "no index at {}", path.display());
-                let from = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-                let into = Connection::connect_postgres(&url, config.index.ca_file.as_deref())
-                    .map_err(anyhow::Error::msg)?;
-                keep_through_pauses(&into)?;
-                copy(&from, &into)
-            }
-            MigrateTo::Sqlite { path } => {
-                let url = postgres_url(config).context(
-                    "this installation's index is SQLite; `--to sqlite` copies a PostgreSQL index",
-                )?;
-                anyhow::ensure!(!path.exists(), "{} exists: name a new file", path.display());
-                let from = Connection::connect_postgres(url, config.index.ca_file.as_deref())
-                    .map_err(anyhow::Error::msg)?;
-                keep_through_pauses(&from)?;
-                let others: i64 = from.query_row(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                     AND application_name = ?1 AND pid <> pg_backend_pid()",
-                    [crate::store::sql::APPLICATION_NAME],
-                    |r| r.get(0),
-                )?;
-                anyhow::ensure!(
-                    others == 0,
-                    "{others} other stategate sessions use this database: stop every server on it first, so that no write is left behind"
-                );
-                // One snapshot of the source for the whole copy.
-                from.begin_read()?;
-                let into = Connection::open(&path)?;
-                crate::store::db::restrict_to_owner(&path);
-                let report = copy(&from, &into);
-                if report.is_err() {
-                    let _ = std::fs::remove_file(&path);
-                }
-                report
-            }
-        })
-        .join()
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the copy panicked")))
-    })
-}
-
-/// Refuses what writes a SQLite index (a rebuild, a restore) on an installation whose
-/// index is on PostgreSQL, naming the way there: the same command under a recovery
-/// configuration whose index is SQLite, then `index migrate` into a new database.
+/// Refuses what writes a new index file (a rebuild, a restore) on an installation whose
+/// index is not one (`store::index::Index::require_file`).
 pub fn require_sqlite_index(config: &Config, what: &str) -> anyhow::Result<()> {
-    match postgres_url(config) {
-        Some(_) => anyhow::bail!(
-            "{what} writes a SQLite index; this installation's index is on PostgreSQL \
-             (index.kind = \"postgres\"): run it under a recovery configuration with the \
-             same store and key and index.kind = \"sqlite\", then copy the result into an \
-             empty PostgreSQL database with `stategate index migrate --to postgres URL` \
-             (docs/several-nodes.md, \"Backups and recovery\")"
-        ),
-        None => Ok(()),
-    }
+    Ok(Index::of(config).require_file(what)?)
 }
 
 /// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index
@@ -1035,34 +853,10 @@ pub fn hold_without_server(config: &Config) -> anyhow::Result<Option<DataDirLock
     try_lock(config, Holder::Writer)
 }
 
-/// At a clean stop, once no request is left: copies the whole write-ahead log of a
-/// SQLite index into the database file and empties it (`wal_checkpoint(TRUNCATE)`), so
-/// the database file alone is the index (a lost `stategate.db` can be restored in place
-/// next to an empty log). Nothing to do on PostgreSQL; a failure is logged.
+/// At a clean stop, once no request is left: the index's last words on disk
+/// (`store::index::Index::checkpoint_at_stop`); a failure is logged.
 pub fn checkpoint_at_stop(config: &Config) {
-    if postgres_url(config).is_some() {
-        return;
-    }
-    let path = config.db_path();
-    let done = (|| -> anyhow::Result<bool> {
-        let conn = rusqlite::Connection::open_with_flags(
-            &path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(std::time::Duration::from_secs(2))?;
-        // (busy, log frames, checkpointed frames): busy = 1 when a reader held it back.
-        let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
-        Ok(busy == 0)
-    })();
-    match done {
-        Ok(true) => tracing::info!(index = %path.display(), "index checkpointed"),
-        Ok(false) => {
-            tracing::warn!(index = %path.display(), "the index's write-ahead log could not be emptied at stop (a reader held it); it is replayed at the next start")
-        }
-        Err(e) => {
-            tracing::warn!(index = %path.display(), error = %e, "cannot checkpoint the index at stop; its write-ahead log is replayed at the next start")
-        }
-    }
+    Index::of(config).checkpoint_at_stop()
 }
 
 /// What a command resolved as its installation, for a person to check before it acts
@@ -1070,14 +864,7 @@ pub fn checkpoint_at_stop(config: &Config) {
 /// address clients are told, and whether a server runs on the data dir. Opens and
 /// creates nothing; shows no secret (a PostgreSQL URL by host and database only).
 pub fn describe(config: &Config) -> Vec<(&'static str, String)> {
-    let index = match postgres_url(config) {
-        Some(url) => {
-            let rest = url.split_once("://").map_or(url, |(_, r)| r);
-            let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-            format!("PostgreSQL {}", rest.split('?').next().unwrap_or(rest))
-        }
-        None => format!("SQLite {}", config.db_path().display()),
-    };
+    let index = Index::of(config).describe();
     let store = match config.store.kind {
         StoreKind::Local => format!("local directory {}", config.local_store_path().display()),
         StoreKind::S3 => format!(
@@ -1112,17 +899,6 @@ fn running_server(config: &Config) -> Option<String> {
         Some((role, pid)) if role == "serve" => Some(pid),
         _ => None,
     }
-}
-
-/// The index files SQLite keeps beside `db` (its write-ahead log and shared memory):
-/// a new index must not meet an old log.
-pub fn index_files(db: &Path) -> [std::path::PathBuf; 3] {
-    let with = |suffix: &str| {
-        let mut name = db.as_os_str().to_owned();
-        name.push(suffix);
-        std::path::PathBuf::from(name)
-    };
-    [db.to_path_buf(), with("-wal"), with("-shm")]
 }
 
 /// A file that holds a secret (a PIN, an admin token), read whole into a buffer that is
@@ -1168,13 +944,5 @@ mod tests {
         assert!(hold_without_server(&config).unwrap().is_none());
         drop(writer);
         hold_for_serving(&config).unwrap();
-    }
-
-    #[test]
-    fn index_files_are_the_database_its_log_and_its_shared_memory() {
-        let [db, wal, shm] = index_files(Path::new("/d/stategate.db"));
-        assert_eq!(db, Path::new("/d/stategate.db"));
-        assert_eq!(wal, Path::new("/d/stategate.db-wal"));
-        assert_eq!(shm, Path::new("/d/stategate.db-shm"));
     }
 }

@@ -15,6 +15,7 @@
 use std::path::Path;
 
 use crate::crypto::RootKey;
+use crate::store::index::Schema;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{Db, DbError};
 
@@ -71,12 +72,20 @@ pub fn postgres() -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// Opens the index on PostgreSQL at `url` with every schema applied (no migration but
-/// the columns an owner's PostgreSQL schema adds where they are missing, e.g.
-/// `store::db::postgres_schema`).
+/// Opens the index on PostgreSQL at `url` with every schema applied ([`INDEX`]).
 pub fn open_postgres(url: &str, ca_file: Option<&Path>) -> Result<Db, DbError> {
-    Db::open_postgres(url, ca_file, &postgres().map_err(DbError::Task)?)
+    INDEX.open_postgres(url, ca_file)
 }
+
+/// Every table of the index, for `store::index`: what it opens, migrates, copies and
+/// snapshots.
+pub const INDEX: Schema = Schema {
+    all: ALL,
+    postgres,
+    migrations: MIGRATIONS,
+    tables: TABLES,
+    identities: IDENTITIES,
+};
 
 /// Every table of [`ALL`], in an order that satisfies their foreign keys, with the
 /// order a copy inserts its rows in (`store::copy`, `stategate index migrate`):
@@ -124,38 +133,6 @@ pub const TABLES: &[(&str, &str)] = &[
 /// The tables whose `id` the database numbers (an identity column on PostgreSQL).
 pub const IDENTITIES: &[&str] = &["audit", "orgs", "principals", "operators", "drift_runs"];
 
-/// Applies every schema for `conn`'s database, in the caller's transaction (a copy's
-/// new database: no migration, as it holds no earlier release's tables).
-pub fn apply(conn: &crate::store::sql::Connection) -> Result<(), DbError> {
-    match conn.dialect() {
-        crate::store::sql::Dialect::Sqlite => {
-            for schema in ALL {
-                conn.execute_batch(schema)?;
-            }
-        }
-        crate::store::sql::Dialect::Postgres => {
-            for schema in postgres().map_err(DbError::Task)? {
-                conn.execute_batch(&schema)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Copies the whole index from `from` into `into`: every schema made on `into` and
-/// every table copied in one write transaction there, then verified table by table
-/// (`store::copy`). What `index migrate` does, and a backup of a PostgreSQL index.
-pub fn copy_index(
-    from: &crate::store::sql::Connection,
-    into: &crate::store::sql::Connection,
-) -> anyhow::Result<Vec<crate::store::copy::TableCopy>> {
-    into.begin_write()?;
-    apply(into)?;
-    let report = crate::store::copy::copy_tables(from, into, TABLES, IDENTITIES)?;
-    into.end_transaction(true)?;
-    Ok(report)
-}
-
 /// The kinds of scope the `versions` table holds, with the root each one's blobs are
 /// sealed under: workspaces under the DEK, clusters under `ADJ_STATE_ENC_KEY` (when
 /// configured). The index rebuild and backup verification open blobs with these.
@@ -180,27 +157,12 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// One migration: changes a table of an earlier release in place.
-pub type Migration = fn(&crate::store::sql::Connection) -> Result<(), crate::store::sql::Error>;
+pub use crate::store::index::Migration;
 
-/// Opens (creating if needed) the database at `path` with every migration and schema
-/// applied.
+/// Opens (creating if needed) the SQLite index at `path` with every migration and
+/// schema applied ([`INDEX`]).
 pub fn open_db(path: &Path) -> Result<Db, DbError> {
-    migrate(path)?;
-    Db::open(path, ALL)
-}
-
-/// Runs [`MIGRATIONS`] in one immediate transaction (two processes opening the same
-/// old database do not both alter it).
-fn migrate(path: &Path) -> Result<(), DbError> {
-    let conn = crate::store::sql::Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
-    // Immediate: the writer's transaction (on drop without a commit, it rolls back).
-    conn.begin_write()?;
-    for migration in MIGRATIONS {
-        migration(&conn)?;
-    }
-    conn.end_transaction(true)?;
-    Ok(())
+    INDEX.open_file(path)
 }
 
 #[cfg(test)]

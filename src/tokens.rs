@@ -96,20 +96,15 @@ DROP TABLE ui_sessions;
 /// runs before the schemas, inside their transaction. The old table is renamed first
 /// (so the only reference to it is its own `parent`), and dropped once copied.
 pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
-    let sql: Option<String> = conn
-        .query_row(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tokens'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let Some(sql) = sql else { return Ok(()) };
+    let Some(sql) = conn.table_definition("tokens")? else {
+        return Ok(());
+    };
     if sql.contains("'workspace'") {
         return Ok(());
     }
+    conn.defer_foreign_keys()?;
     conn.execute_batch(
-        "PRAGMA defer_foreign_keys = ON;
-         ALTER TABLE tokens RENAME TO tokens_v1;
+        "ALTER TABLE tokens RENAME TO tokens_v1;
          CREATE TABLE tokens (
             sha256      TEXT PRIMARY KEY,
             kind        TEXT NOT NULL CHECK (kind IN ('principal', 'operator', 'session', 'workspace')),
@@ -181,8 +176,9 @@ pub enum TokenError {
     NotFound { what: &'static str, id: String },
     #[error("no randomness available from the OS: {0}")]
     Random(String),
+    /// A statement of the index failed.
     #[error("database error: {0}")]
-    Sqlite(#[from] crate::store::sql::Error),
+    Sql(#[from] crate::store::sql::Error),
 }
 
 /// Hex SHA-256 of a secret: the only form a secret is stored or looked up in.

@@ -12,6 +12,7 @@ use clap::Subcommand;
 
 use stategate::config::Config;
 use stategate::installation;
+use stategate::store::index::{self, Index, MigrateTo};
 use stategate::store::retention::Retention;
 use stategate::store::{backup, rebuild};
 use stategate::tokens;
@@ -68,23 +69,8 @@ pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
 }
 
 pub fn migrate(config: &Config, to: &str, target: String, json: bool) -> anyhow::Result<()> {
-    let (to, next) = match to {
-        "postgres" => (
-            installation::MigrateTo::Postgres { url: target },
-            "set [index] kind = \"postgres\" and url (or STATEGATE_INDEX, STATEGATE_INDEX_URL) on every node, then start them".to_string(),
-        ),
-        _ => {
-            let path = PathBuf::from(&target);
-            let live = config.db_path();
-            let next = format!(
-                "remove any old {live} with its -wal and -shm files (an old WAL must never meet the new file), \
-                 move {} to {live}, set [index] kind = \"sqlite\" (remove index.url), then start the server",
-                path.display(),
-                live = live.display()
-            );
-            (installation::MigrateTo::Sqlite { path }, next)
-        }
-    };
+    let to = MigrateTo::parse(to, target)?;
+    let next = to.next_step(&config.db_path());
     let report = installation::migrate_index(config, to)?;
     let rows: Vec<_> = report
         .iter()
@@ -214,7 +200,7 @@ fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
 /// frames in it. A clean stop empties the log (`installation::checkpoint_at_stop`), and
 /// an empty log and its shared memory belong to no database: [`claim_into`] removes them.
 fn leftover_index(db: &Path) -> Option<PathBuf> {
-    let [db, wal, _] = installation::index_files(db);
+    let [db, wal, _] = index::files(db);
     if db.exists() {
         return Some(db);
     }
@@ -245,7 +231,7 @@ fn claim_into(
     check_into(config, into, what)?;
     // An empty log left by a clean stop, and its shared memory: a new index must not
     // meet them.
-    for file in installation::index_files(into).iter().skip(1) {
+    for file in index::files(into).iter().skip(1) {
         match std::fs::remove_file(file) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("cannot remove {}", file.display()))
@@ -390,10 +376,7 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
             old.id, config.backup.keep
         );
     }
-    let index = match config.index.kind {
-        stategate::config::IndexKind::Postgres => "the PostgreSQL index".to_string(),
-        stategate::config::IndexKind::Sqlite => config.db_path().display().to_string(),
-    };
+    let index = Index::of(config).name();
     eprintln!(
         "backed up {index} into {} as {}",
         blobs.describe(),

@@ -111,7 +111,7 @@ pub enum AdminError {
 
 impl From<crate::store::sql::Error> for AdminError {
     fn from(e: crate::store::sql::Error) -> Self {
-        AdminError::Db(DbError::Sqlite(e))
+        AdminError::Db(DbError::Sql(e))
     }
 }
 
@@ -121,7 +121,7 @@ impl From<TokenError> for AdminError {
             TokenError::BadId => AdminError::Invalid(e.to_string()),
             TokenError::NotFound { .. } => AdminError::NotFound(e.to_string()),
             TokenError::Random(detail) => AdminError::Random(detail),
-            TokenError::Sqlite(e) => AdminError::from(e),
+            TokenError::Sql(e) => AdminError::from(e),
         }
     }
 }

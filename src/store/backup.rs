@@ -518,7 +518,7 @@ async fn complete_timeline(
         .await
         .map_err(|e| match e {
             rebuild::RebuildError::Blob(e) => BackupError::Blob(e),
-            rebuild::RebuildError::Sqlite(e) => BackupError::Write(e),
+            rebuild::RebuildError::Sql(e) => BackupError::Write(e),
             other => BackupError::Io(other.to_string()),
         })?;
     let mut conn = Connection::open(path).map_err(BackupError::Write)?;

@@ -21,8 +21,9 @@ use tokio::sync::oneshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
+    /// A statement of the index (SQLite or PostgreSQL) failed.
     #[error("database error: {0}")]
-    Sqlite(#[from] crate::store::sql::Error),
+    Sql(#[from] crate::store::sql::Error),
     #[error("database writer has stopped")]
     WriterGone,
     /// The write transaction could not begin (the database is unreachable): nothing ran.
@@ -34,7 +35,7 @@ pub enum DbError {
 
 impl From<rusqlite::Error> for DbError {
     fn from(e: rusqlite::Error) -> Self {
-        DbError::Sqlite(e.into())
+        DbError::Sql(e.into())
     }
 }
 

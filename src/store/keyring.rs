@@ -166,7 +166,7 @@ pub enum RingError {
 
 impl From<crate::store::sql::Error> for RingError {
     fn from(e: crate::store::sql::Error) -> Self {
-        RingError::Db(DbError::Sqlite(e))
+        RingError::Db(DbError::Sql(e))
     }
 }
 

@@ -14,6 +14,7 @@ pub mod copy;
 pub mod db;
 pub mod format;
 pub mod history;
+pub mod index;
 pub mod keyring;
 pub mod metered;
 pub mod rebuild;
@@ -77,7 +78,7 @@ pub enum StoreError {
 
 impl From<crate::store::sql::Error> for StoreError {
     fn from(e: crate::store::sql::Error) -> Self {
-        StoreError::Db(DbError::Sqlite(e))
+        StoreError::Db(DbError::Sql(e))
     }
 }
 

@@ -65,7 +65,7 @@ pub enum RebuildError {
     #[error(transparent)]
     Blob(#[from] BlobError),
     #[error("cannot write the new index: {0}")]
-    Sqlite(#[from] crate::store::sql::Error),
+    Sql(#[from] crate::store::sql::Error),
 }
 
 /// The AEAD root of each kind of scope, by the scope's prefix. The kinds are the APIs'

@@ -7,8 +7,10 @@
 //! `if postgres`. The statements are written in the dialect both databases share:
 //! `?N` placeholders (rewritten to `$N` for PostgreSQL), `ON CONFLICT … DO`,
 //! `RETURNING`, `CAST(… AS BIGINT)`. What differs beyond that (how a write transaction
-//! is taken, a table's DDL types, the append-only triggers) is decided here and in
-//! [`crate::store::db`], the only other module that knows which database it talks to.
+//! is taken, a table's DDL types, the append-only triggers, what a migration reads of
+//! the catalog) is decided here and in [`crate::store::db`]; which database an
+//! installation's index is, and what only one kind does with it (snapshot, copy,
+//! checkpoint), in [`crate::store::index`]. Nothing outside `store/` asks.
 //!
 //! Values cross as [`ValueRef`]s, SQLite's five storage classes. A PostgreSQL
 //! parameter is encoded as the type the server inferred for it (an integer into an
@@ -511,6 +513,44 @@ impl Connection {
         };
         self.query_row(sql, [name], |r| r.get::<_, i64>(0))
             .map(|n| n > 0)
+    }
+
+    /// The columns of the table `name`, in order; none when it does not exist (an
+    /// owner's migration asks what an earlier release's table lacks).
+    pub fn table_columns(&self, name: &str) -> Result<Vec<String>> {
+        let sql = match self.dialect() {
+            Dialect::Sqlite => "SELECT name FROM pragma_table_info(?1)",
+            Dialect::Postgres => "SELECT column_name FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = ?1 ORDER BY ordinal_position",
+        };
+        self.prepare(sql)?
+            .query_map([name], |r| r.get(0))?
+            .collect()
+    }
+
+    /// The statement that created the table `name`, where the database keeps it
+    /// (SQLite); `None` when the table does not exist, and always on PostgreSQL,
+    /// which keeps none (no earlier release's table there needs rebuilding).
+    pub fn table_definition(&self, name: &str) -> Result<Option<String>> {
+        match self.dialect() {
+            Dialect::Sqlite => self
+                .query_row(
+                    "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                    [name],
+                    |r| r.get(0),
+                )
+                .optional(),
+            Dialect::Postgres => Ok(None),
+        }
+    }
+
+    /// Checks foreign keys at the commit, not at each statement, for the rest of the
+    /// transaction (a migration that renames and rebuilds a table others refer to).
+    pub fn defer_foreign_keys(&self) -> Result<()> {
+        self.execute_batch(match self.dialect() {
+            Dialect::Sqlite => "PRAGMA defer_foreign_keys = ON",
+            Dialect::Postgres => "SET CONSTRAINTS ALL DEFERRED",
+        })
     }
 
     /// Starts a (deferred) transaction, rolled back unless committed.

@@ -622,7 +622,7 @@ impl super::TofuBackend {
                     Some(&name),
                 )
                 .map_err(|e| match e {
-                    tokens::TokenError::Sqlite(e) => db_error(e),
+                    tokens::TokenError::Sql(e) => db_error(e),
                     other => Error::Internal {
                         public: "cannot issue a token; see the server log".into(),
                         detail: other.to_string(),
@@ -713,7 +713,7 @@ impl super::TofuBackend {
                 }
                 match tokens::find_unrevoked(c, tokens::Kind::Workspace, &wanted, "token") {
                     Ok(found) => Ok(Some(found)),
-                    Err(tokens::TokenError::Sqlite(e)) => Err(e),
+                    Err(tokens::TokenError::Sql(e)) => Err(e),
                     Err(_) => Ok(None),
                 }
             })

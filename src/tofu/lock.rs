@@ -162,12 +162,7 @@ pub fn plans_summary(plans: &[HeldLock]) -> HeldLock {
 /// Brings a `tf_locks` table of an earlier release up to [`SCHEMA`] (the `credential`
 /// column; its existing locks record none). Nothing when the table is new or current.
 pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
-    let columns = |table: &str| -> Result<Vec<String>, crate::store::sql::Error> {
-        conn.prepare("SELECT name FROM pragma_table_info(?1)")?
-            .query_map([table], |r| r.get(0))?
-            .collect()
-    };
-    let existing = columns("tf_locks")?;
+    let existing = conn.table_columns("tf_locks")?;
     if !existing.is_empty() && !existing.iter().any(|c| c == "credential") {
         conn.execute_batch("ALTER TABLE tf_locks ADD COLUMN credential TEXT")?;
     }

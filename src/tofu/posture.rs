@@ -138,7 +138,7 @@ pub async fn recompute(
 ) -> Result<usize, crate::store::rebuild::RebuildError> {
     let mut facts = Vec::new();
     {
-        let conn = Connection::open(into)?;
+        let conn = crate::store::index::open_new_file(into)?;
         for row in rows {
             let (Some(workspace), Some(blob_key)) = (
                 row.scope.strip_prefix(crate::tofu::SCOPE_PREFIX),
@@ -172,8 +172,7 @@ pub async fn recompute(
             }
         }
     }
-    let conn = Connection::open(into)?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
+    let conn = crate::store::index::open_new_file(into)?;
     let tx = conn.transaction()?;
     for (workspace, version, body) in &facts {
         record(&tx, workspace, *version, body)?;

@@ -23,7 +23,7 @@ use crate::drift::DriftService;
 use crate::keys::{KeySource, Keyring};
 use crate::store::blob::create_private_dir;
 use crate::store::copy::TableCopy;
-use crate::store::index::{Index, MigrateTo};
+use crate::store::index::{Index, MigrateTo, NewIndex};
 use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
@@ -752,10 +752,11 @@ pub fn migrate_index(config: &Config, to: MigrateTo) -> anyhow::Result<Vec<Table
     Ok(Index::of(config).migrate(to, &crate::schema::INDEX, hold)?)
 }
 
-/// Refuses what writes a new index file (a rebuild, a restore) on an installation whose
-/// index is not one (`store::index::Index::require_file`).
-pub fn require_sqlite_index(config: &Config, what: &str) -> anyhow::Result<()> {
-    Ok(Index::of(config).require_file(what)?)
+/// Where a rebuild or a restore writes the new index: `--into`, parsed once for this
+/// installation's kind (`store::index::Index::new_index`: a new SQLite file, or an
+/// empty PostgreSQL database written through a scratch file in the data dir).
+pub fn new_index(config: &Config, into: &Path) -> anyhow::Result<NewIndex> {
+    Ok(Index::of(config).new_index(into, &config.data_dir, &crate::schema::INDEX)?)
 }
 
 /// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index

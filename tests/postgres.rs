@@ -708,3 +708,122 @@ async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
         ["tf.frozen", "tf.unfrozen", "tf.freeze_expired"]
     );
 }
+
+/// The `stategate` binary on a PostgreSQL installation (`index.url` = `url`) whose
+/// data dir, store and key are `node`'s: (exit code, stdout, stderr).
+fn cli(node: &TestServer, url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("STATEGATE_DATA_DIR", &node.config.data_dir)
+        .env("STATEGATE_DEK", common::DEK)
+        .env("STATEGATE_INDEX", "postgres")
+        .env("STATEGATE_INDEX_URL", url)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `SELECT count(*) …` on the database at `url`.
+fn count(url: &str, sql: &'static str) -> i64 {
+    with_conn(url, move |c| c.query_row(sql, [], |r| r.get(0)).unwrap())
+}
+
+/// `index rebuild` and `restore` on a PostgreSQL installation write into an empty
+/// PostgreSQL database named by `--into`: from the store alone, and from a backup plus
+/// the version written after it. A node on the restored database serves the newest
+/// state. A database that holds an index, or a file path, is refused and nothing is
+/// written; the scratch file in the data dir is gone afterwards; no password is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuild_and_restore_write_a_postgres_index_from_the_store_alone_and_a_backup() {
+    let Some(url) = new_database() else { return };
+    let live = node(&url).await;
+    let write = |serial: u64| status(live.tf("POST", "prod").body(state(serial, "l", "")));
+    for serial in 1..=2 {
+        assert_eq!(write(serial).await.0, 200);
+    }
+    let (code, _, err) = cli(&live, &url, &["backup"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(write(3).await.0, 200, "a version after the backup");
+    let password = |text: &str| {
+        let secret = url.split_once("://").and_then(|(_, r)| r.split_once('@'));
+        secret.is_some_and(|(user, _)| user.contains(':') && text.contains(user))
+    };
+
+    // From the store alone.
+    let Some(rebuilt) = new_database() else {
+        return;
+    };
+    let (code, out, err) = cli(&live, &url, &["index", "rebuild", "--into", &rebuilt]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("3 version(s) of 1 scope(s)"), "{out}");
+    assert!(out.contains("set index.url to PostgreSQL "), "{out}");
+    assert!(!password(&out) && !password(&err), "{out}{err}");
+    assert_eq!(count(&rebuilt, "SELECT count(*) FROM versions"), 3);
+    assert_eq!(count(&rebuilt, "SELECT count(*) FROM key_fingerprint"), 1);
+    assert_eq!(
+        count(&rebuilt, "SELECT count(*) FROM tf_state_encryption"),
+        3
+    );
+
+    // From the newest backup and the version written after it.
+    let Some(restored) = new_database() else {
+        return;
+    };
+    let (code, out, err) = cli(&live, &url, &["restore", "--into", &restored]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Added 1 version(s)"), "{out}");
+    assert_eq!(count(&restored, "SELECT count(*) FROM versions"), 3);
+    assert_eq!(
+        count(
+            &restored,
+            "SELECT count(*) FROM audit WHERE event = 'index.restored'"
+        ),
+        1
+    );
+    let scratch = std::fs::read_dir(&live.config.data_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".new-index-"))
+        .count();
+    assert_eq!(scratch, 0, "the scratch files are gone");
+
+    // Refused, writing nothing: a database holding an index (the live one, used by a
+    // node besides; the rebuilt one), and a file path.
+    for into in [&url, &rebuilt] {
+        for command in [&["index", "rebuild", "--into"][..], &["restore", "--into"]] {
+            let (code, _, err) = cli(&live, &url, &[command, &[into.as_str()]].concat());
+            assert_eq!(code, 1, "{command:?} {err}");
+            assert!(
+                err.contains("holds an index already") || err.contains("other stategate sessions"),
+                "{err}"
+            );
+        }
+    }
+    let file = live.dir.path().join("new.db");
+    let (code, _, err) = cli(&live, &url, &["restore", "--into", file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("URL of an empty PostgreSQL") || err.contains("by its URL"),
+        "{err}"
+    );
+    assert!(!file.exists());
+    assert_eq!(count(&rebuilt, "SELECT count(*) FROM versions"), 3);
+
+    // A node on the restored index, over the same store, serves the newest state.
+    let blobs = live.config.local_store_path();
+    let back = TestServer::start_with(move |c| {
+        c.index.kind = IndexKind::Postgres;
+        c.index.url = Some(restored.into());
+        c.store.path = Some(blobs);
+    })
+    .await;
+    let (code, body) = status(back.tf("GET", "prod")).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"serial\":3"), "{body}");
+}

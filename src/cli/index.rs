@@ -24,10 +24,12 @@ use super::output::{
 #[derive(Subcommand)]
 pub enum IndexCommand {
     /// Rebuild the version index from the blob store alone into a NEW database file
-    /// (the live one is never touched); prints how to swap it in.
+    /// (the live one is never touched), or with index.kind = "postgres" into an empty
+    /// PostgreSQL database; prints how to swap it in.
     Rebuild {
         /// Path of the new database file (must not exist, or the live index's path
-        /// when it is gone and no server runs on the data dir).
+        /// when it is gone and no server runs on the data dir); with index.kind =
+        /// "postgres", the URL of an empty PostgreSQL database.
         #[arg(long)]
         into: PathBuf,
     },
@@ -60,10 +62,7 @@ pub enum BackupCommand {
 
 pub fn run_index(config: &Config, command: IndexCommand) -> anyhow::Result<()> {
     match command {
-        IndexCommand::Rebuild { into } => {
-            installation::require_sqlite_index(config, "stategate index rebuild")?;
-            rebuild(config, &into)
-        }
+        IndexCommand::Rebuild { into } => rebuild(config, &into),
         IndexCommand::Migrate { to, target, json } => migrate(config, &to, target, json),
     }
 }
@@ -242,24 +241,6 @@ fn claim_into(
     Ok(Some(lock))
 }
 
-/// How to put a new database file in place of the live one (nothing to do when it was
-/// written there).
-fn print_swap(config: &Config, into: &Path, in_place: bool) {
-    if in_place {
-        println!(
-            "It is the index of {} already (no server was running there): start stategate.",
-            config.data_dir.display()
-        );
-        return;
-    }
-    println!(
-        "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
-         mv {} {live}; start stategate.",
-        into.display(),
-        live = config.db_path().display()
-    );
-}
-
 /// The workspace root with every keyring generation, including those only the
 /// store's copies hold (a lost or older index), and the scope keys over it.
 fn roots_with_ring(
@@ -277,6 +258,8 @@ fn roots_with_ring(
 }
 
 pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
+    let new = installation::new_index(config, into)?;
+    let into = new.file();
     check_into(config, into, "rebuild")?;
     let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
@@ -310,12 +293,13 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
     if opened || (report.rows.is_empty() && report.skipped.is_empty()) {
         rt.block_on(installation::record_key_in(into, &dek, &*blobs))?;
     }
+    new.finish(&stategate::schema::INDEX)?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
         "Rebuilt the version index from {} into {}: {} version(s) of {} scope(s).",
         blobs.describe(),
-        into.display(),
+        new.describe(),
         report.rows.len(),
         scopes.len()
     );
@@ -350,7 +334,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
          and their tokens, web UI sessions, drift run history, and the cluster API's orgs, \
          users, tokens, clusters and leases. `stategate restore` (from a backup) has them."
     );
-    print_swap(config, into, claimed.is_some());
+    println!("{}", new.next_step(&config.db_path(), claimed.is_some()));
     Ok(())
 }
 
@@ -432,7 +416,8 @@ fn reapply_narrowings(
 
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
-    installation::require_sqlite_index(config, "stategate restore")?;
+    let new = installation::new_index(config, into)?;
+    let into = new.file();
     check_into(config, into, "restore")?;
     if into.exists() {
         bail!(
@@ -515,13 +500,14 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
         &keys,
         &report.added,
     ))?;
+    new.finish(&stategate::schema::INDEX)?;
     println!(
         "Restored backup {} (taken {}, sealed under data key generation {}) from {} into {}.",
         chosen.id,
         chosen.taken_at,
         generation.map_or("?".to_string(), |g| g.to_string()),
         blobs.describe(),
-        into.display()
+        new.describe()
     );
     println!(
         "Added {} version(s) committed after the backup; dropped {} row(s) whose blob was pruned since.",
@@ -574,6 +560,6 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
          restored; revocations, role, cap and consumers changes are).",
         chosen.taken_at
     );
-    print_swap(config, into, claimed.is_some());
+    println!("{}", new.next_step(&config.db_path(), claimed.is_some()));
     Ok(())
 }

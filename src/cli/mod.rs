@@ -84,7 +84,8 @@ enum Command {
         /// A backup id (see `stategate backup list`) or `latest`.
         #[arg(long, default_value = "latest")]
         from: String,
-        /// Path of the new database file (must not exist).
+        /// Path of the new database file (must not exist); with index.kind =
+        /// "postgres", the URL of an empty PostgreSQL database.
         #[arg(long)]
         into: PathBuf,
     },

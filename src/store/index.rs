@@ -373,21 +373,50 @@ impl Index {
         })
     }
 
-    /// Refuses what writes a SQLite index (a rebuild, a restore) on an installation
-    /// whose index is on PostgreSQL, naming the way there: the same command under a
-    /// recovery configuration whose index is SQLite, then `index migrate` into a new
-    /// database.
-    pub fn require_file(&self, what: &str) -> Result<(), IndexError> {
-        match &self.at {
-            At::File(_) => Ok(()),
-            At::Postgres { .. } => Err(IndexError::Refused(format!(
-                "{what} writes a SQLite index; this installation's index is on PostgreSQL \
-                 (index.kind = \"postgres\"): run it under a recovery configuration with the \
-                 same store and key and index.kind = \"sqlite\", then copy the result into an \
-                 empty PostgreSQL database with `stategate index migrate --to postgres URL` \
-                 (docs/several-nodes.md, \"Backups and recovery\")"
-            ))),
-        }
+    /// Where a rebuild or a restore writes the new index, `--into` parsed once for
+    /// this installation's kind: for a SQLite index, a new file (checked by the caller,
+    /// which knows the data dir's lock); for a PostgreSQL index, an empty PostgreSQL
+    /// database by its URL (a new one, or the configured one while it holds no index),
+    /// written through a scratch file in `scratch_dir` that [`NewIndex::finish`] copies
+    /// into it. Refused before any work when the database holds an index or another
+    /// stategate session uses it.
+    pub fn new_index(
+        &self,
+        into: &Path,
+        scratch_dir: &Path,
+        schema: &Schema,
+    ) -> Result<NewIndex, IndexError> {
+        let At::Postgres { url: live } = &self.at else {
+            return Ok(NewIndex {
+                file: into.to_path_buf(),
+                server: None,
+            });
+        };
+        let url = into
+            .to_str()
+            .filter(|t| t.starts_with("postgres://") || t.starts_with("postgresql://"))
+            .ok_or_else(|| {
+                IndexError::Refused(
+                    "this installation's index is on PostgreSQL (index.kind = \"postgres\"): \
+                     --into names an empty PostgreSQL database by its URL (postgres://…): a new \
+                     one, or the configured one while it holds no index"
+                        .into(),
+                )
+            })?;
+        crate::store::blob::create_private_dir(scratch_dir).map_err(failed_by(format!(
+            "cannot create {}",
+            scratch_dir.display()
+        )))?;
+        let server = Server {
+            url: Secret::from(url.to_string()),
+            ca_file: self.ca_file.clone(),
+            live: url == live.expose(),
+        };
+        server.check_empty(schema)?;
+        Ok(NewIndex {
+            file: scratch_dir.join(format!(".new-index-{}.db", uuid::Uuid::new_v4().simple())),
+            server: Some(server),
+        })
     }
 
     /// At a clean stop, once no request is left: copies the whole write-ahead log of a
@@ -465,6 +494,183 @@ impl Rereader {
             }
         }
     }
+}
+
+/// A new index a rebuild or a restore writes ([`Index::new_index`]).
+pub struct NewIndex {
+    /// The SQLite file the rebuild or restore writes: the new index itself, or a
+    /// scratch file in the data dir that [`NewIndex::finish`] copies into `server`.
+    file: PathBuf,
+    server: Option<Server>,
+}
+
+/// An empty PostgreSQL database a new index goes into.
+struct Server {
+    url: Secret,
+    ca_file: Option<PathBuf>,
+    /// The installation's own database (`index.url`).
+    live: bool,
+}
+
+impl NewIndex {
+    /// The SQLite file the rebuild or the restore writes (must not exist yet).
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// Where the new index ends up, for a person (a PostgreSQL database by host and
+    /// database only).
+    pub fn describe(&self) -> String {
+        match &self.server {
+            None => self.file.display().to_string(),
+            Some(server) => Index {
+                at: At::Postgres {
+                    url: server.url.clone(),
+                },
+                ca_file: None,
+            }
+            .describe(),
+        }
+    }
+
+    /// Once the file is complete: into PostgreSQL, the file is copied into the
+    /// database in one transaction and verified table by table ([`Schema::copy`]; on
+    /// any difference nothing is committed), refused if the database gained an index
+    /// or a stategate session meanwhile; the scratch file is removed either way. A new
+    /// SQLite file is already the index: nothing to do.
+    pub fn finish(&self, schema: &Schema) -> Result<Vec<TableCopy>, IndexError> {
+        let Some(server) = &self.server else {
+            return Ok(Vec::new());
+        };
+        on_own_thread(|| {
+            let from =
+                Connection::open_with_flags(&self.file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                    .map_err(failed_by(format!(
+                        "cannot open the new index {}",
+                        self.file.display()
+                    )))?;
+            let into = server.connect()?;
+            keep_through_pauses(&into)
+                .map_err(failed_by("cannot prepare the PostgreSQL session"))?;
+            server.check_alone(&into)?;
+            Ok(schema.copy(&from, &into)?)
+        })
+    }
+
+    /// What the operator does next (`live`: the data dir's SQLite file; `in_place`:
+    /// the rebuild or restore wrote there, as no server was running).
+    pub fn next_step(&self, live: &Path, in_place: bool) -> String {
+        match &self.server {
+            Some(server) if server.live => "It is this installation's index already (index.url; no stategate session used it): start the nodes.".into(),
+            Some(_) => format!(
+                "To use it: stop every node; set index.url to {} on each (STATEGATE_INDEX_URL); start them.",
+                self.describe()
+            ),
+            None if in_place => format!(
+                "It is the index of {} already (no server was running there): start stategate.",
+                live.parent().unwrap_or(live).display()
+            ),
+            None => format!(
+                "To use it: stop stategate; move {live}, {live}-wal and {live}-shm aside (keep them); \
+                 mv {} {live}; start stategate.",
+                self.file.display(),
+                live = live.display()
+            ),
+        }
+    }
+}
+
+/// A scratch file is removed however the rebuild or the restore ended (it holds the
+/// index: token hashes, the audit log).
+impl Drop for NewIndex {
+    fn drop(&mut self) {
+        if self.server.is_some() {
+            for file in files(&self.file) {
+                let _ = std::fs::remove_file(file);
+            }
+            let mut journal = self.file.as_os_str().to_owned();
+            journal.push("-journal");
+            let _ = std::fs::remove_file(PathBuf::from(journal));
+        }
+    }
+}
+
+impl Server {
+    fn connect(&self) -> Result<Connection, IndexError> {
+        Connection::connect_postgres(self.url.expose(), self.ca_file.as_deref())
+            .map_err(IndexError::Refused)
+    }
+
+    /// Refused while another stategate session uses the database (a node would write
+    /// beside the copy).
+    fn check_alone(&self, conn: &Connection) -> Result<(), IndexError> {
+        let others =
+            other_sessions(conn).map_err(failed_by("cannot list the database's sessions"))?;
+        if others != 0 {
+            return Err(IndexError::Refused(format!(
+                "{others} other stategate sessions use {}: stop every node on it first",
+                self.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refused when the database holds an index already (a row in any table) or
+    /// another stategate session uses it; nothing is written.
+    fn check_empty(&self, schema: &Schema) -> Result<(), IndexError> {
+        on_own_thread(|| {
+            let conn = self.connect()?;
+            self.check_alone(&conn)?;
+            let failed = |e: crate::store::sql::Error| IndexError::Failed {
+                what: format!("cannot read {}", self.name()),
+                source: Box::new(e),
+            };
+            let mut held = Vec::new();
+            for (table, _) in schema.tables {
+                if conn.table_exists(table).map_err(failed)? {
+                    let rows: i64 = conn
+                        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                        .map_err(failed)?;
+                    if rows > 0 {
+                        held.push(format!("{table} ({rows} rows)"));
+                    }
+                }
+            }
+            if !held.is_empty() {
+                return Err(IndexError::Refused(format!(
+                    "{} holds an index already ({}): a rebuild or a restore writes only into an empty database; name a new one",
+                    self.name(),
+                    held.join(", ")
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "the database {}",
+            Index {
+                at: At::Postgres {
+                    url: self.url.clone()
+                },
+                ca_file: None,
+            }
+            .describe()
+        )
+    }
+}
+
+/// Runs `f` on a thread of its own: the PostgreSQL client blocks on a runtime of its
+/// own, so never on an async runtime's thread.
+fn on_own_thread<T: Send>(
+    f: impl FnOnce() -> Result<T, IndexError> + Send,
+) -> Result<T, IndexError> {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| Err(IndexError::Refused("the index's thread panicked".into())))
+    })
 }
 
 /// Where `stategate index migrate` copies the index to.

@@ -736,9 +736,10 @@ fn count(url: &str, sql: &'static str) -> i64 {
 
 /// `index rebuild` and `restore` on a PostgreSQL installation write into an empty
 /// PostgreSQL database named by `--into`: from the store alone, and from a backup plus
-/// the version written after it. A node on the restored database serves the newest
-/// state. A database that holds an index, or a file path, is refused and nothing is
-/// written; the scratch file in the data dir is gone afterwards; no password is printed.
+/// the version written after it, or into the configured database while it holds no
+/// index. A node on the restored database serves the newest state. A database that
+/// holds an index, or a file path, is refused and nothing is written; the scratch file
+/// in the data dir is gone afterwards; no password is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuild_and_restore_write_a_postgres_index_from_the_store_alone_and_a_backup() {
     let Some(url) = new_database() else { return };
@@ -814,6 +815,16 @@ async fn rebuild_and_restore_write_a_postgres_index_from_the_store_alone_and_a_b
     );
     assert!(!file.exists());
     assert_eq!(count(&rebuilt, "SELECT count(*) FROM versions"), 3);
+
+    // Into the configured database itself, while no node has opened it: in place.
+    let Some(empty) = new_database() else { return };
+    let (code, out, err) = cli(&live, &empty, &["index", "rebuild", "--into", &empty]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("It is this installation's index already"),
+        "{out}"
+    );
+    assert_eq!(count(&empty, "SELECT count(*) FROM versions"), 3);
 
     // A node on the restored index, over the same store, serves the newest state.
     let blobs = live.config.local_store_path();

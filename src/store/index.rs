@@ -742,11 +742,19 @@ fn has_versions_table(conn: &Connection) -> Result<bool, crate::store::sql::Erro
     })
 }
 
-/// How many other stategate sessions use this PostgreSQL database.
+/// How many stategate sessions of other processes use this PostgreSQL database (this
+/// command's own, e.g. the keyring's kept connection, are not another's).
 fn other_sessions(conn: &Connection) -> Result<i64, crate::store::sql::Error> {
+    // Integers this process's own connections reported: no text of anyone else's.
+    let own: String = crate::store::sql::own_sessions()
+        .iter()
+        .map(|pid| format!(" AND pid <> {pid}"))
+        .collect();
     conn.query_row(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND application_name = ?1 AND pid <> pg_backend_pid()",
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = ?1 AND pid <> pg_backend_pid(){own}"
+        ),
         [crate::store::sql::APPLICATION_NAME],
         |r| r.get(0),
     )

@@ -1010,6 +1010,22 @@ struct PgConn {
     state: Cell<PgTransaction>,
     /// A statement failed in the open transaction and no savepoint undid it.
     failed: Cell<bool>,
+    /// The server's process for this session, while it is one of [`own_sessions`].
+    backend: Option<i32>,
+}
+
+/// The server-side processes of this process's own open PostgreSQL sessions.
+static OWN_SESSIONS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// The server-side process ids (`pg_backend_pid`) of this process's own open
+/// PostgreSQL sessions, so that a check for *another* stategate on a database (`index
+/// migrate`, a rebuild or a restore into one) does not count the command's own, such
+/// as the keyring's kept connection.
+pub fn own_sessions() -> Vec<i32> {
+    OWN_SESSIONS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1032,6 +1048,12 @@ pub const PG_WRITE_LOCK: i64 = 0x7374_6174_6567_6174;
 /// of its own there.
 impl Drop for PgConn {
     fn drop(&mut self) {
+        if let Some(pid) = self.backend {
+            let mut own = OWN_SESSIONS.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = own.iter().position(|p| *p == pid) {
+                own.swap_remove(at);
+            }
+        }
         self.statements.get_mut().clear();
         if let Some(client) = self.client.get_mut().take() {
             if tokio::runtime::Handle::try_current().is_ok() {
@@ -1110,11 +1132,23 @@ impl PgConn {
         client
             .batch_execute(&settings)
             .map_err(|e| format!("PostgreSQL refused the session settings ({settings}): {e}"))?;
+        // Best effort: a session not listed only makes a check more cautious.
+        let backend = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .ok()
+            .and_then(|row| row.try_get::<_, i32>(0).ok());
+        if let Some(pid) = backend {
+            OWN_SESSIONS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(pid);
+        }
         Ok(PgConn {
             client: RefCell::new(Some(client)),
             statements: RefCell::new(HashMap::new()),
             state: Cell::new(PgTransaction::None),
             failed: Cell::new(false),
+            backend,
         })
     }
 

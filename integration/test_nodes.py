@@ -628,7 +628,8 @@ def test_a_postgresql_index_is_backed_up_by_one_node_and_restored_into_a_new_dat
     takes one on demand. After the database is lost, a recovery configuration on SQLite
     (the same store and key) restores the newest backup and `index migrate` copies it
     into a new PostgreSQL database: a node on that serves the newest state and the
-    lock held when the backup was taken."""
+    lock held when the backup was taken. The nodes' own configuration, pointed at a new
+    empty database, restores into it directly, with the same result."""
     a, b = two_nodes(postgres, garage_env, tmp_path, env={"STATEGATE_BACKUP_INTERVAL_SECONDS": "1"})
     lost_url = a.extra_env["STATEGATE_INDEX_URL"]
     # A database no node has opened holds no index: refused, nothing put in the store.
@@ -686,3 +687,25 @@ def test_a_postgresql_index_is_backed_up_by_one_node_and_restored_into_a_new_dat
         assert refused.status == 423 and refused.json()["ID"] == held["ID"], refused
     finally:
         c.stop()
+
+    # The direct way: the nodes' own configuration, pointed at a new empty database,
+    # restores into it in place (no SQLite, no migrate); a rebuild from the store alone
+    # goes into another new database.
+    direct_url = postgres.new_database()
+    d = Server(data_dir=tmp_path / "node-d", store="s3", s3_env=garage_env,
+               extra_env={**a.extra_env, "STATEGATE_INDEX_URL": direct_url,
+                          "STATEGATE_BACKUP_INTERVAL_SECONDS": "0"})
+    d.data_dir.mkdir(parents=True)
+    restored = cli(d, "restore", "--into", direct_url)
+    assert "this installation's index already" in restored.stdout, restored.stdout
+    rebuilt = cli(d, "index", "rebuild", "--into", postgres.new_database())
+    assert "2 version(s) of 1 scope(s)" in rebuilt.stdout and "set index.url to" in rebuilt.stdout, rebuilt.stdout
+    assert not [f for f in d.data_dir.iterdir() if f.name.startswith(".new-index-")]
+    d.start()
+    try:
+        state = json.loads(d.workspace(name).get().body)
+        assert (state["serial"], state["outputs"]["marker"]["value"]) == (2, "s2")
+        refused = d.workspace(name + "-held").lock(lock_info())
+        assert refused.status == 423 and refused.json()["ID"] == held["ID"], refused
+    finally:
+        d.stop()

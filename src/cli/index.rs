@@ -3,7 +3,8 @@
 //! `restore` (a new index from a backup plus every version after it). Each opens what
 //! it needs through `stategate::installation` and calls the engine; a new index is
 //! only ever written into a new file, or into the live path when no index and no
-//! server is there.
+//! server is there (with a PostgreSQL index: into an empty database no other
+//! stategate uses, `store::index::NewIndex`).
 
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,9 @@
 //! ask plain questions — is there an index, open it with every schema (an earlier
 //! release's migrated first), read it on a connection of its own, take a consistent
 //! snapshot of it for a backup, copy it whole into the other kind (`index migrate`),
-//! checkpoint it at a clean stop, say where it is without its secret — and never
-//! learn which kind answered. Below this module `sql` and `db` speak both dialects;
+//! checkpoint it at a clean stop, say where it is without its secret, where a rebuild
+//! or a restore writes a new one ([`NewIndex`]: a new SQLite file, or an empty
+//! PostgreSQL database filled from one) — and never learn which kind answered. Below this module `sql` and `db` speak both dialects;
 //! above it, owners write one statement for both (a test holds every module outside
 //! `store/` to that: `no_index_kind_outside_the_store`).
 //!
@@ -386,23 +387,31 @@ impl Index {
         scratch_dir: &Path,
         schema: &Schema,
     ) -> Result<NewIndex, IndexError> {
+        let url = into
+            .to_str()
+            .filter(|t| t.starts_with("postgres://") || t.starts_with("postgresql://"));
         let At::Postgres { url: live } = &self.at else {
+            // Never read as a path: an error naming that file would print the password.
+            if url.is_some() {
+                return Err(IndexError::Refused(
+                    "this installation's index is SQLite: --into names a new file; to move \
+                     the index to PostgreSQL, use `stategate index migrate --to postgres URL`"
+                        .into(),
+                ));
+            }
             return Ok(NewIndex {
                 file: into.to_path_buf(),
                 server: None,
             });
         };
-        let url = into
-            .to_str()
-            .filter(|t| t.starts_with("postgres://") || t.starts_with("postgresql://"))
-            .ok_or_else(|| {
-                IndexError::Refused(
-                    "this installation's index is on PostgreSQL (index.kind = \"postgres\"): \
+        let url = url.ok_or_else(|| {
+            IndexError::Refused(
+                "this installation's index is on PostgreSQL (index.kind = \"postgres\"): \
                      --into names an empty PostgreSQL database by its URL (postgres://…): a new \
                      one, or the configured one while it holds no index"
-                        .into(),
-                )
-            })?;
+                    .into(),
+            )
+        })?;
         crate::store::blob::create_private_dir(scratch_dir).map_err(failed_by(format!(
             "cannot create {}",
             scratch_dir.display()
@@ -872,6 +881,39 @@ mod tests {
         assert_eq!(db, Path::new("/d/stategate.db"));
         assert_eq!(wal, Path::new("/d/stategate.db-wal"));
         assert_eq!(shm, Path::new("/d/stategate.db-shm"));
+    }
+
+    /// `--into` is read once for the installation's kind, before anything is opened: a
+    /// file for SQLite (a PostgreSQL URL refused without echoing it), a URL for
+    /// PostgreSQL (a path refused).
+    #[test]
+    fn a_new_index_is_a_file_or_a_database_by_its_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config {
+            data_dir: dir.path().join("data"),
+            ..Config::default()
+        };
+        let new = |config: &Config, into: &str| {
+            Index::of(config).new_index(Path::new(into), dir.path(), &crate::schema::INDEX)
+        };
+        let file = new(&config, "/x/new.db").ok().unwrap();
+        assert_eq!(file.file(), Path::new("/x/new.db"));
+        assert_eq!(file.describe(), "/x/new.db");
+        let err = new(&config, "postgres://u:hunter2@db/x")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("index migrate") && !err.contains("hunter2"),
+            "{err}"
+        );
+        config.index.kind = IndexKind::Postgres;
+        config.index.url = Some("postgres://u:hunter2@db/sg".into());
+        let err = new(&config, "/x/new.db").err().unwrap().to_string();
+        assert!(
+            err.contains("by its URL") && !err.contains("hunter2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -707,7 +707,7 @@ pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     })
 }
 
-/// The storage engine as `serve` opens it: data dir, SQLite (all schemas), the blob
+/// The storage engine as `serve` opens it: data dir, the index (all schemas), the blob
 /// store, proven reachable and writable. Also used by the operator commands.
 pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
     create_private_dir(&config.data_dir)

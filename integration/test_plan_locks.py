@@ -83,21 +83,26 @@ def _input(state: dict):
     raise KeyError("a")
 
 
-@pytest.mark.parametrize("method", ["LOCK", "POST"])
-def test_parallel_plans_share_and_applies_wait(server, ws_name, make_tf, method):
-    ws = server.workspace(ws_name)
-    env = _env(ws, method)
+def _seeded(make_tf, env: dict, *names: str) -> list:
+    """A workspace whose state holds gate = v0, and one initialised directory per name."""
     seed = make_tf("seed", env)
     seed.write(GATED)
     seed.init()
     seed.apply("-var=gate=v0")
-
-    plans = []
-    for i in range(4):
-        tf = make_tf(f"plan{i}", env)
+    dirs = []
+    for name in names:
+        tf = make_tf(name, env)
         tf.write(GATED)
         tf.init()
-        plans.append(tf)
+        dirs.append(tf)
+    return dirs
+
+
+@pytest.mark.parametrize("method", ["LOCK", "POST"])
+def test_parallel_plans_share_and_applies_wait(server, ws_name, make_tf, method):
+    ws = server.workspace(ws_name)
+    env = _env(ws, method)
+    plans = _seeded(make_tf, env, *(f"plan{i}" for i in range(4)))
     # Four plans at once, none willing to wait for a lock.
     running = [_gated(tf, "plan", "-no-color", "-lock-timeout=0s", "-out=saved.tfplan") for tf in plans]
     _wait(lambda: _count(server, "tf_plan_locks", ws_name) == 4, "four plan holders")
@@ -156,17 +161,7 @@ def test_a_waiting_apply_is_not_starved_by_plans_back_to_back(server, ws_name, m
     cannot keep it out."""
     ws = server.workspace(ws_name)
     env = _env(ws, method)
-    seed = make_tf("seed", env)
-    seed.write(GATED)
-    seed.init()
-    seed.apply("-var=gate=v0")
-    dirs = []
-    for name in ("first", "impatient", "patient"):
-        tf = make_tf(name, env)
-        tf.write(GATED)
-        tf.init()
-        dirs.append(tf)
-    first, impatient, patient = dirs
+    first, impatient, patient = _seeded(make_tf, env, "first", "impatient", "patient")
 
     holding = _gated(first, "plan", "-no-color", "-lock-timeout=0s")
     _wait(lambda: _count(server, "tf_plan_locks", ws_name) == 1, "the first plan's lock")

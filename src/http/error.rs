@@ -272,16 +272,6 @@ mod tests {
     /// or the edge error, and no match arm yields a status code; `error.rs` has none.
     #[test]
     fn only_http_knows_http_statuses() {
-        fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    rust_files(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
         /// `=> 404`-like arms: a status chosen by a match.
         fn status_arm(line: &str) -> bool {
             line.match_indices("=>").any(|(i, _)| {
@@ -294,13 +284,11 @@ mod tests {
                         .is_none_or(|c| !c.is_ascii_alphanumeric() && *c != b'_')
             })
         }
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files);
-        assert!(files.len() > 20, "found the sources");
-        let http = src.join("http");
-        for file in files.iter().filter(|f| !f.starts_with(&http)) {
-            let text = std::fs::read_to_string(file).unwrap();
+        let http = crate::source_root().join("http");
+        for (file, text) in crate::source_files()
+            .iter()
+            .filter(|(f, _)| !f.starts_with(&http))
+        {
             for (n, line) in text.lines().enumerate() {
                 let at = format!("{}:{}", file.display(), n + 1);
                 for word in ["http_status", "HttpError", "EdgeError"] {
@@ -309,7 +297,7 @@ mod tests {
                 assert!(!status_arm(line), "{at} maps to a status: {line}");
             }
         }
-        let domain = std::fs::read_to_string(src.join("error.rs")).unwrap();
+        let domain = std::fs::read_to_string(crate::source_root().join("error.rs")).unwrap();
         assert!(!domain.contains("u16"), "error.rs holds no status");
         assert!(
             status_arm("Error::X => 404,") && !status_arm("x => 4000") && !status_arm("x => 40")

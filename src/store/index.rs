@@ -783,16 +783,6 @@ mod tests {
     /// `#[cfg(test)]` may build what they check.
     #[test]
     fn no_index_kind_outside_the_store() {
-        fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    rust_files(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
         /// SQL one kind alone understands.
         const ONE_KIND_SQL: &[&str] = &[
             "sqlite_master",
@@ -837,15 +827,14 @@ mod tests {
             });
             lines[..tests.unwrap_or(lines.len())].to_vec()
         }
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files);
-        assert!(files.len() > 20, "found the sources");
+        let src = crate::source_root();
         let store = src.join("store");
-        for file in files.iter().filter(|f| !f.starts_with(&store)) {
-            let text = std::fs::read_to_string(file).unwrap();
+        for (file, text) in crate::source_files()
+            .iter()
+            .filter(|(f, _)| !f.starts_with(&store))
+        {
             let config = file == &src.join("config.rs");
-            for (n, line) in production(&text).into_iter().enumerate() {
+            for (n, line) in production(text).into_iter().enumerate() {
                 let code = line.trim_start();
                 if code.starts_with("//") {
                     continue;

@@ -5,8 +5,9 @@ Each fixture in tests/fixtures/upgrade/ is a small data dir (and, for a PostgreS
 index, a pg_dump of it) written by an earlier release's binary through the real
 Terraform CLI (integration/upgrade_fixture.py says how and what). The current binary
 serves it, and every version, the held lock, the operator and its token, the workspace
-token, consumers, the freeze and the backup must be there as the old release left them;
-then a real `terraform apply` writes the next version.
+token, consumers, the freeze, the cluster API's principal, state and lease, and the
+backups must be there as the old release left them (each where the fixture's manifest
+records it); then a real `terraform apply` writes the next version.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import json
 import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 import postgres_harness
-from harness import REPO, Server, Tf, cli, data_resource, http, lock_info, tf_base_env
+from harness import REPO, Server, Tf, cli, data_resource, http, json_lines, lock_info, tf_base_env
 
+# Short, so the lease the old release left held is stale and another admin takes it over.
+CLUSTER_LEASE_STALE = 2
 FIXTURES = sorted(p for p in (REPO / "tests" / "fixtures" / "upgrade").iterdir() if p.is_dir())
 
 
@@ -54,6 +58,9 @@ def _open(fixture: Path, tmp: Path, request) -> tuple[Server, dict]:
                         "-f", str(fixture / "index.sql"), url],
                        check=True, capture_output=True, text=True)
         extra = {"STATEGATE_INDEX": "postgres", "STATEGATE_INDEX_URL": url}
+    if "cluster" in manifest["features"]:
+        extra.update(ADJ_STATE_ENC_KEY=manifest["cluster"]["state_enc_key"],
+                     STATEGATE_CLUSTER_LEASE_STALE_SECONDS=str(CLUSTER_LEASE_STALE))
     return Server(tmp / "data", "local", extra_env=extra), manifest
 
 
@@ -91,12 +98,22 @@ def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixtur
                 listed = cli(server, "workspace", "consumers", "list", ws).stdout.split()
                 assert listed == consumers
         if "freeze" in m["features"]:
-            assert "frozen" in cli(server, "workspace", "freezes").stdout
+            freezes = json_lines(cli(server, "workspace", "freezes", "--json").stdout)
+            assert [(f["workspace"], f["reason"]) for f in freezes] == [("frozen", "fixture freeze")], freezes
 
-        # The old release's backup restores under this one.
+        if "cluster" in m["features"]:
+            _cluster_goes_on(server, m["cluster"])
+
+        # Every backup the old release left in the store is still listed, whatever the
+        # index (this server may have added its own), and on SQLite the old release's
+        # newest restores under this one (restore writes SQLite only).
+        left = {p.name.removesuffix(".sgdb") for p in (tmp_path / "data").rglob("*.sgdb")}
+        assert left, "the fixture holds no backup"
+        listed = {b["id"] for b in json_lines(cli(server, "backup", "list", "--json").stdout)}
+        assert left <= listed, (sorted(left - listed), sorted(listed))
         if m["index"] == "sqlite":
             restored = tmp_path / "restored.db"
-            cli(server, "restore", "--into", str(restored))
+            cli(server, "restore", "--from", max(left), "--into", str(restored))
             assert restored.exists()
 
         # Terraform goes on: the held lock released by its holder, then the next apply.
@@ -111,3 +128,33 @@ def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixtur
         assert json.loads(ws.get().body)["serial"] == m["states"]["prod"]["serial"] + 1
     finally:
         server.stop()
+
+
+def _cluster_goes_on(server: Server, c: dict):
+    """The old release's org, principal token, cluster state and held lease are there;
+    another admin of the org takes the stale lease over from the old holder and pushes
+    the next state."""
+    base = f"{server.url}/v1/clusters/{c['id']}"
+    got = http("GET", f"{base}/tfstate", bearer=c["token"])
+    assert got.status == 200 and hashlib.sha256(got.body).hexdigest() == c["sha256"], got
+    headers = {k.lower(): v for k, v in got.headers.items()}
+    assert headers.get("x-stategate-serial") == str(c["serial"]), headers
+    listed = json_lines(cli(server, "admin", "cluster", "list", "--org", c["org"], "--json").stdout)
+    assert [x["id"] for x in listed] == [c["id"]], listed
+    other = cli(server, "admin", "user", "create", "--org", c["org"], "--email", "next@fixture",
+                "--role", "admin").stdout.strip()
+    r = http("POST", f"{base}/lock", {"operation": "provision", "host": "after-upgrade"}, bearer=other)
+    if r.status == 409:  # the fixture was written moments ago: its lease is not stale yet
+        assert r.json()["holder_email"] == c["email"], r
+        time.sleep(CLUSTER_LEASE_STALE + 1.1)
+        r = http("POST", f"{base}/lock", {"operation": "provision", "host": "after-upgrade"}, bearer=other)
+    assert r.status == 200, r
+    audit = json_lines(cli(server, "admin", "audit", "list", "--cluster", c["id"], "--json").stdout)
+    stolen = [a for a in audit if a["event"] == "cluster.state_lock_stolen"]
+    assert [a["payload"]["previous_holder"]["holder_email"] for a in stolen] == [c["email"]], audit
+    body = json.loads(got.body)
+    body["serial"] += 1
+    nxt = json.dumps(body, separators=(",", ":")).encode()
+    assert http("PUT", f"{base}/tfstate", nxt, bearer=other).status == 200
+    again = http("GET", f"{base}/tfstate", bearer=c["token"])
+    assert again.status == 200 and again.body == nxt, again

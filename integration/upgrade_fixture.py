@@ -8,6 +8,8 @@ What it writes, through the old binary and the real Terraform CLI only:
 - `prod`: three applies (versions 1-3); `staging`: one apply, then a lock held;
 - an admin operator (its token), a workspace token (`sgw_`, read on `prod`), a
   consumer list and a freeze, where the old release has them;
+- where the old release has the cluster API: an org, an admin principal (its `sgp_`
+  token), a cluster with two pushed states and its lease left held;
 - a backup in the store;
 then a clean stop, and:
 - `data.tar.gz`: the data dir (its `dek`, the local store, and the SQLite index unless
@@ -22,8 +24,10 @@ the release before it, so every earlier layout keeps being opened by CI.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -49,6 +53,34 @@ def apply(server: Server, workdir: Path, workspace: str, value: str):
     tf.apply()
 
 
+def cluster_state(serial: int, marker: str) -> bytes:
+    return json.dumps({"version": 4, "terraform_version": "1.15.5", "serial": serial, "lineage": "fixture-cluster",
+                       "outputs": {"marker": {"value": marker, "type": "string"}}, "resources": []},
+                      separators=(",", ":")).encode()
+
+
+def add_cluster(server: Server, manifest: dict):
+    """An org, its admin principal, a cluster with two pushed states, the lease left
+    held (it reads as stale by the time the fixture is opened)."""
+    cli(server, "admin", "org", "create", "fixture-org")
+    created = cli(server, "admin", "user", "create", "--org", "fixture-org", "--email", "lead@fixture",
+                  "--role", "admin")
+    token = next(t for t in created.stdout.split() if t.startswith("sgp_"))
+    cluster = cli(server, "admin", "cluster", "create", "--org", "fixture-org", "--name", "fixture")
+    cluster_id = cluster.stdout.split()[-1]
+    base = f"{server.url}/v1/clusters/{cluster_id}"
+    r = http("POST", f"{base}/lock", {"operation": "provision", "host": "fixture-host"}, bearer=token)
+    assert r.status == 200, r
+    for serial in (1, 2):
+        body = cluster_state(serial, f"cluster-{serial}")
+        r = http("PUT", f"{base}/tfstate", body, bearer=token)
+        assert r.status == 200, r
+    manifest["cluster"] = {"state_enc_key": server.extra_env["ADJ_STATE_ENC_KEY"], "org": "fixture-org",
+                           "id": cluster_id, "email": "lead@fixture", "token": token,
+                           "sha256": hashlib.sha256(body).hexdigest(), "serial": 2}
+    manifest["features"].append("cluster")
+
+
 def make(name: str, postgres: str | None) -> Path:
     out = FIXTURES / name
     if out.exists():
@@ -58,6 +90,9 @@ def make(name: str, postgres: str | None) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         extra = {"STATEGATE_INDEX": "postgres", "STATEGATE_INDEX_URL": postgres} if postgres else {}
+        # The cluster API's state key (unset, every cluster route answers 503): this
+        # fixture's own, recorded in the manifest for the test to serve it with.
+        extra["ADJ_STATE_ENC_KEY"] = base64.b64encode(os.urandom(32)).decode()
         server = Server(tmp / "data", "local", extra_env=extra).start()
         manifest: dict = {"release": version, "index": "postgres" if postgres else "sqlite",
                           "features": []}
@@ -85,6 +120,8 @@ def make(name: str, postgres: str | None) -> Path:
             if has_command(server, "workspace", "freeze"):
                 cli(server, "workspace", "freeze", "frozen", "--reason", "fixture freeze")
                 manifest["features"].append("freeze")
+            if has_command(server, "admin", "cluster", "create"):
+                add_cluster(server, manifest)
             cli(server, "backup")
             manifest["states"] = {}
             for ws in ("prod", "staging"):

@@ -10,7 +10,20 @@
 //! `--phases floor,cycles,get,rss,scale,big,timeline` (default all); `--cells 64x1,8x8`
 //! (the cycle phase's clients×workspaces cells to run, `64x1-5ms` the paced one; default
 //! all); `--postgres URL` (default `$STATEGATE_BENCH_POSTGRES_URL`; a PostgreSQL where
-//! the index phase makes its databases). With `STATEGATE_BENCH_S3_ENDPOINT`,
+//! the index phase makes its databases); `--credential bearer,jwt,jwt-job` (what the
+//! cycle phase's clients present; default `bearer`, the workspace's derived bearer):
+//! `jwt` is a CI identity token per client for the whole cell (the check with the
+//! issuer's key and the token's first-seen record already held), `jwt-job` a new token
+//! for every cycle (each cycle a new CI job, its first request writing the token's
+//! first-seen record). With either, each cell runs with the bearer first, then with each
+//! token kind on fresh workspaces of the same server, and a ratio row compares them
+//! (`--rounds N`: that sequence N times per cell, each token kind against the bearer of
+//! its own round, so a drift of the machine's speed falls on both alike); the
+//! server is given a `[[ci_identity]]` issuer, `integration/ci_issuer.py` started with
+//! `--python PATH` (default `$STATEGATE_BENCH_PYTHON`, else `python3`, which needs the
+//! `cryptography` package): a real issuer on loopback serving discovery and JWKS over
+//! HTTPS under its own CA, which the server fetches as it would GitHub's, and which mints
+//! the GitHub Actions-shaped RS256 tokens. With `STATEGATE_BENCH_S3_ENDPOINT`,
 //! `_BUCKET`, `_ACCESS_KEY_ID`, `_SECRET_ACCESS_KEY` (and `_REGION`, default `garage`) the
 //! floor also times raw PUT/GET of 100 KiB objects on that store.
 //!
@@ -103,6 +116,49 @@ struct Opts {
     phases: Vec<String>,
     cells: Option<Vec<String>>,
     postgres: Option<String>,
+    /// What the cycle phase's clients present, in the order run (the bearer first).
+    credentials: Vec<Cred>,
+    /// How many times each cell runs its credential sequence.
+    rounds: usize,
+    python: PathBuf,
+}
+
+/// A credential kind the cycle phase can present (`--credential`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cred {
+    /// The workspace's derived bearer (what every other phase presents).
+    Bearer,
+    /// One CI identity token per client for the whole cell.
+    Jwt,
+    /// A new CI identity token for every cycle.
+    JwtJob,
+}
+
+impl Cred {
+    fn parse(name: &str) -> Cred {
+        match name {
+            "bearer" => Cred::Bearer,
+            "jwt" => Cred::Jwt,
+            "jwt-job" => Cred::JwtJob,
+            other => panic!("--credential {other:?}: use bearer, jwt or jwt-job"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Cred::Bearer => "bearer",
+            Cred::Jwt => "jwt",
+            Cred::JwtJob => "jwt-job",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Cred::Bearer => "workspace bearer",
+            Cred::Jwt => "CI identity JWT, one per client",
+            Cred::JwtJob => "CI identity JWT, a new one per cycle",
+        }
+    }
 }
 
 impl Opts {
@@ -114,6 +170,10 @@ impl Opts {
         let mut phases = "floor,cycles,get,rss,scale,big,timeline,index".to_string();
         let mut cells = None;
         let mut postgres = std::env::var("STATEGATE_BENCH_POSTGRES_URL").ok();
+        let mut credentials = vec![Cred::Bearer];
+        let mut rounds = 1;
+        let mut python = std::env::var_os("STATEGATE_BENCH_PYTHON")
+            .map_or_else(|| PathBuf::from("python3"), PathBuf::from);
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             match arg.as_str() {
@@ -127,6 +187,24 @@ impl Opts {
                     cells = Some(list.split(',').map(str::to_string).collect());
                 }
                 "--postgres" => postgres = args.next(),
+                "--credential" => {
+                    let list = args.next().expect("--credential LIST (e.g. jwt,jwt-job)");
+                    // The bearer always runs first: the token kinds are stated against it.
+                    credentials = vec![Cred::Bearer];
+                    for c in list.split(',').map(Cred::parse) {
+                        if !credentials.contains(&c) {
+                            credentials.push(c);
+                        }
+                    }
+                }
+                "--rounds" => {
+                    rounds = args
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .filter(|n| *n > 0)
+                        .expect("--rounds N (1 or more)")
+                }
+                "--python" => python = PathBuf::from(args.next().expect("--python PATH")),
                 "--bench" => {} // cargo bench passes it
                 other => panic!("unknown argument {other:?} (see the header of benches/load.rs)"),
             }
@@ -145,7 +223,15 @@ impl Opts {
             phases: phases.split(',').map(str::to_string).collect(),
             cells,
             postgres,
+            credentials,
+            rounds,
+            python,
         }
+    }
+
+    /// Whether the cycle phase presents CI identity tokens (the server then trusts an issuer).
+    fn uses_jwt(&self) -> bool {
+        self.credentials.iter().any(|c| *c != Cred::Bearer)
     }
 
     fn runs(&self, phase: &str) -> bool {
@@ -686,6 +772,123 @@ fn cpu_seconds_of(stat: &str) -> f64 {
 }
 
 // ---------------------------------------------------------------------------------------
+// A CI identity issuer
+
+/// The audience the harness's tokens carry and its `[[ci_identity]]` accepts.
+const CI_AUDIENCE: &str = "https://stategate.bench";
+
+/// Runs `integration/ci_issuer.py`'s issuer (argv: its directory, the audience) and
+/// mints on request: a line `COUNT RUN` on stdin answers COUNT tokens, one a line, with
+/// GitHub Actions' claims for `acme/infra` on `refs/heads/main`, `run_id` `RUN-k`, an
+/// hour of validity (a cell's tokens must not expire in it).
+const ISSUER_DRIVER: &str = r#"
+import json, sys
+from pathlib import Path
+from ci_issuer import Issuer
+issuer = Issuer(Path(sys.argv[1]))
+print(json.dumps({"issuer": issuer.url("gh"), "ca_file": str(issuer.ca_file)}), flush=True)
+for line in sys.stdin:
+    count, run = line.split()
+    for k in range(int(count)):
+        print(issuer.mint("gh", issuer.github(sys.argv[2], run_id=f"{run}-{k}", lifetime=3600)))
+    sys.stdout.flush()
+"#;
+
+/// A real OIDC issuer on loopback (the integration tests' own, in its Python process):
+/// its discovery document and JWKS over HTTPS under its own CA, which the server reads
+/// as it reads GitHub's, and RS256 tokens it signs.
+struct CiIssuer {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    url: String,
+    ca_file: PathBuf,
+}
+
+impl CiIssuer {
+    fn start(opts: &Opts) -> CiIssuer {
+        use std::io::BufRead as _;
+        let dir = opts.base.join("ci-issuer");
+        let mut child = Command::new(&opts.python)
+            .args(["-u", "-c", ISSUER_DRIVER])
+            .arg(&dir)
+            .arg(CI_AUDIENCE)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/integration"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start the CI issuer with {} (--python): {e}",
+                    opts.python.display()
+                )
+            });
+        LIVE.lock().unwrap().0.push(child.id());
+        let stdin = child.stdin.take().expect("issuer stdin");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("issuer stdout"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("the issuer's first line");
+        let started: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| {
+            panic!("the CI issuer did not start (needs the `cryptography` package): {line:?}")
+        });
+        CiIssuer {
+            child,
+            stdin,
+            stdout,
+            url: started["issuer"].as_str().expect("issuer URL").to_string(),
+            ca_file: PathBuf::from(started["ca_file"].as_str().expect("CA file")),
+        }
+    }
+
+    /// `count` tokens of distinct runs `run-0` … (the server records each by its hash).
+    fn mint(&mut self, count: usize, run: &str) -> Vec<String> {
+        use std::io::BufRead as _;
+        writeln!(self.stdin, "{count} {run}").expect("ask the issuer");
+        self.stdin.flush().expect("ask the issuer");
+        (0..count)
+            .map(|_| {
+                let mut line = String::new();
+                self.stdout.read_line(&mut line).expect("a minted token");
+                let token = line.trim().to_string();
+                assert!(token.starts_with("eyJ"), "not a token: {token:?}");
+                token
+            })
+            .collect()
+    }
+
+    /// The server's configuration: this issuer, and one rule granting `write` on every
+    /// workspace of the run to `acme/infra`'s main branch (the GitHub claims minted).
+    fn config(&self, run: &str) -> String {
+        format!(
+            r#"[[ci_identity]]
+name = "github"
+issuer = "{}"
+audience = "{CI_AUDIENCE}"
+ca_file = "{}"
+identity = "{{repository}}@{{ref}}#run {{run_id}}"
+max_run_seconds = 3600
+
+[[ci_identity.rules]]
+claims = {{ repository = "acme/infra", ref = "refs/heads/main" }}
+workspaces = "{run}-*"
+scope = "write"
+"#,
+            self.url,
+            self.ca_file.display()
+        )
+    }
+}
+
+impl Drop for CiIssuer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Requests
 
 fn run_id() -> String {
@@ -901,6 +1104,9 @@ struct Api {
     client: Client,
     url: String,
     root: RootKey,
+    /// A CI identity token presented instead of the workspace's bearer, as Terraform
+    /// sends `TF_HTTP_PASSWORD` (HTTP Basic).
+    token: Option<Arc<str>>,
 }
 
 impl Api {
@@ -912,16 +1118,19 @@ impl Api {
                 .unwrap(),
             url: url.to_string(),
             root: RootKey::from_bytes(DEK),
+            token: None,
         }
     }
 
     fn request(&self, method: &str, ws: &str, query: &str) -> reqwest::RequestBuilder {
-        self.client
-            .request(
-                Method::from_bytes(method.as_bytes()).unwrap(),
-                format!("{}/api/v1/tf/state/{ws}{query}", self.url),
-            )
-            .bearer_auth(self.root.workspace_bearer(ws))
+        let request = self.client.request(
+            Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}/api/v1/tf/state/{ws}{query}", self.url),
+        );
+        match &self.token {
+            Some(token) => request.basic_auth("ci", Some(&**token)),
+            None => request.bearer_auth(self.root.workspace_bearer(ws)),
+        }
     }
 
     async fn send(&self, method: &str, ws: &str, query: &str, body: Bytes) -> (StatusCode, Bytes) {
@@ -999,20 +1208,32 @@ impl Body {
     }
 }
 
+/// What the clients of [`cycles`] present.
+#[derive(Clone)]
+enum Presented {
+    /// The workspace's derived bearer.
+    Bearer,
+    /// Client `i` presents token `i` in every request of the cell.
+    PerClient(Arc<Vec<String>>),
+    /// Each cycle takes a token of its own from the pool (kept across its refused
+    /// LOCKs' retries, as one CI job keeps its token).
+    PerCycle(Arc<std::sync::Mutex<Vec<String>>>),
+}
+
 /// LOCK → POST (`body`) → UNLOCK cycles by `clients` tasks for `cell`; client `i` uses
-/// workspace `i % workspaces`. A LOCK refused (423: another client holds it) is retried
-/// after `retry`.
+/// workspace `i % workspaces`, presenting `presented`. A LOCK refused (423: another
+/// client holds it) is retried after `retry`.
 /// With [`Body::Big`], each workspace first gets one untimed write of the whole state
 /// (every instance added: its time is `CycleStats::first`), so the timed cycles
 /// change a few instances each, as applies of a large configuration do.
 async fn cycles(
     apis: &[Api],
     prefix: &str,
-    clients: usize,
-    workspaces: usize,
+    (clients, workspaces): (usize, usize),
     body: Body,
     cell: Duration,
     retry: Duration,
+    presented: &Presented,
 ) -> CycleStats {
     // Like Terraform, each write sends the workspace's current serial + 1 and its lineage
     // (the write guard refuses anything else); the lock orders the clients of one workspace.
@@ -1034,7 +1255,11 @@ async fn cycles(
     let mut tasks = Vec::new();
     for c in 0..clients {
         // Over several nodes, each client talks to one of them (as behind a balancer).
-        let api = apis[c % apis.len()].clone();
+        let mut api = apis[c % apis.len()].clone();
+        if let Presented::PerClient(tokens) = presented {
+            api.token = Some(tokens[c].as_str().into());
+        }
+        let presented = presented.clone();
         let (stop, serials, body) = (stop.clone(), serials.clone(), body.clone());
         let w = c % workspaces;
         let ws = format!("{prefix}-w{w}");
@@ -1046,7 +1271,15 @@ async fn cycles(
                 Body::Big(big) => big.resources.clone(),
                 Body::Pad(_) => Vec::new(),
             };
+            let mut new_job = true;
             while !stop.load(Relaxed) {
+                if let (Presented::PerCycle(pool), true) = (&presented, new_job) {
+                    let token = pool.lock().unwrap().pop().expect(
+                        "the minted tokens ran out (the pool is twice the bearer's cycles)",
+                    );
+                    api.token = Some(token.into());
+                    new_job = false;
+                }
                 let id = uuid::Uuid::new_v4().to_string();
                 let info = Bytes::from(format!(
                     r#"{{"ID":"{id}","Operation":"OperationTypeApply","Info":"","Who":"bench@load","Version":"1.15.0","Created":"2026-01-01T00:00:00Z","Path":""}}"#
@@ -1080,6 +1313,7 @@ async fn cycles(
                 assert_eq!(status, StatusCode::OK, "UNLOCK {ws}: {text:?}");
                 st.unlock.push(t.elapsed());
                 st.cycles += 1;
+                new_job = true;
             }
             st
         }));
@@ -1136,11 +1370,28 @@ async fn gets(api: &Api, ws: &str, clients: usize, expect: usize, cell: Duration
 // ---------------------------------------------------------------------------------------
 // Phases
 
+/// A CI identity token's first request (untimed): reads the issuer's keys when none are
+/// held, and writes the token's first-seen record.
+async fn warm_token(api: &Api, ws: &str, token: &str) {
+    let api = Api {
+        token: Some(token.into()),
+        ..api.clone()
+    };
+    let r = api.request("GET", ws, "").send().await.expect("GET");
+    // No state yet: 404 once the token is accepted (a refused one is a 401).
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "the CI token was not accepted"
+    );
+}
+
 async fn cycle_phase(
     opts: &Opts,
     server: &Server,
     run: &str,
     floors: Option<&Floors>,
+    mut issuer: Option<&mut CiIssuer>,
     report: &mut Report,
 ) {
     println!("\n== LOCK → POST (100 KiB) → UNLOCK cycles");
@@ -1163,50 +1414,100 @@ async fn cycle_phase(
         if !opts.runs_cell(clients, workspaces, retry_us) {
             continue;
         }
-        let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
-        let st = cycles(
-            std::slice::from_ref(api),
-            &format!("{run}-c{i}"),
-            clients,
-            workspaces,
-            Body::Pad(100 * KIB),
-            opts.cell(),
-            Duration::from_micros(retry_us),
-        )
-        .await;
-        let server_cpu = server.cpu_seconds() - server_cpu;
-        let own_cpu = cpu_seconds_of("/proc/self/stat") - own_cpu;
-        let rate = st.cycles as f64 / st.elapsed;
-        let floor = floors.map_or(0.0, |f| f.fsync_for(clients.min(workspaces)));
-        // One client can go no faster than the durable steps of a cycle in sequence.
-        let steps = match floors {
-            Some(f) if clients == 1 => format!("; {} of the cycle floor", ratio(rate, f.cycle)),
-            _ => String::new(),
-        };
-        let paced = match retry_us {
-            500 => String::new(),
-            us => format!(", refused LOCKs retried after {} ms", us / 1000),
-        };
-        report.row(
-            format!("cycles, {clients} client(s), {workspaces} workspace(s){paced}"),
+        // The cell's bearer run: what each token kind is stated against.
+        let mut bearer: Option<(f64, f64, u64)> = None;
+        let sequence = (0..opts.rounds).flat_map(|r| opts.credentials.iter().map(move |c| (r, *c)));
+        for (round, cred) in sequence {
+            // Fresh workspaces per credential kind and round; the bearer's first keep
+            // their old names.
+            let prefix = match (round, cred) {
+                (0, Cred::Bearer) => format!("{run}-c{i}"),
+                (r, other) => format!("{run}-c{i}-{}{r}", other.name()),
+            };
+            let presented = match (cred, issuer.as_deref_mut()) {
+                (Cred::Bearer, _) => Presented::Bearer,
+                (Cred::Jwt, Some(issuer)) => {
+                    let tokens = issuer.mint(clients, &prefix);
+                    for (c, token) in tokens.iter().enumerate() {
+                        warm_token(api, &format!("{prefix}-w{}", c % workspaces), token).await;
+                    }
+                    Presented::PerClient(Arc::new(tokens))
+                }
+                (Cred::JwtJob, Some(issuer)) => {
+                    // The key is held (a token of its own fetched it); the cycles' tokens are new.
+                    let warm = issuer.mint(1, &format!("{prefix}-warm"));
+                    warm_token(api, &format!("{prefix}-warm"), &warm[0]).await;
+                    let cycles = bearer.map_or(opts.secs as u64 * 1000, |b| b.2);
+                    let pool = issuer.mint(2 * cycles as usize + 2 * clients + 64, &prefix);
+                    Presented::PerCycle(Arc::new(std::sync::Mutex::new(pool)))
+                }
+                (_, None) => unreachable!("a CI issuer is started for --credential jwt"),
+            };
+            let (server_cpu, own_cpu) = (server.cpu_seconds(), cpu_seconds_of("/proc/self/stat"));
+            let st = cycles(
+                std::slice::from_ref(api),
+                &prefix,
+                (clients, workspaces),
+                Body::Pad(100 * KIB),
+                opts.cell(),
+                Duration::from_micros(retry_us),
+                &presented,
+            )
+            .await;
+            let server_cpu = server.cpu_seconds() - server_cpu;
+            let own_cpu = cpu_seconds_of("/proc/self/stat") - own_cpu;
+            let rate = st.cycles as f64 / st.elapsed;
+            let server_per_cycle = server_cpu * 1e6 / st.cycles.max(1) as f64;
+            let presenting = match (opts.uses_jwt(), opts.rounds) {
+                (false, _) => String::new(),
+                (true, 1) => format!(", {}", cred.describe()),
+                (true, _) => format!(", {}, round {}", cred.describe(), round + 1),
+            };
+            let floor = floors.map_or(0.0, |f| f.fsync_for(clients.min(workspaces)));
+            // One client can go no faster than the durable steps of a cycle in sequence.
+            let steps = match floors {
+                Some(f) if clients == 1 => format!("; {} of the cycle floor", ratio(rate, f.cycle)),
+                _ => String::new(),
+            };
+            let paced = match retry_us {
+                500 => String::new(),
+                us => format!(", refused LOCKs retried after {} ms", us / 1000),
+            };
+            report.row(
+            format!("cycles, {clients} client(s), {workspaces} workspace(s){paced}{presenting}"),
             format!(
-                "{rate:.0}/s (LOCK {}; POST {}; UNLOCK {}; {} LOCKs refused; CPU/cycle: server {:.0} µs, load generator {:.0} µs{steps})",
+                "{rate:.0}/s (LOCK {}; POST {}; UNLOCK {}; {} LOCKs refused; CPU/cycle: server {server_per_cycle:.0} µs, load generator {:.0} µs{steps})",
                 st.lock.ms(),
                 st.post.ms(),
                 st.unlock.ms(),
                 st.refused,
-                server_cpu * 1e6 / st.cycles.max(1) as f64,
                 own_cpu * 1e6 / st.cycles.max(1) as f64,
             ),
             format!("{floor:.0} fsyncs/s ({} writer(s))", clients.min(workspaces).min(64)),
             ratio(rate, floor),
         );
-        if let (Some(f), 1) = (floors, clients) {
-            // One client waits for each cycle's durable steps in turn, and before the
-            // blob's fsync the body must be scanned, hashed and sealed: no server can
-            // make one client's cycle shorter than both.
-            let ceiling = 1.0 / (1.0 / f.cycle + 1.0 / f.post_cpu_serial);
-            report.row(
+            match (cred, bearer) {
+            (Cred::Bearer, _) => bearer = Some((rate, server_per_cycle, st.cycles)),
+            (_, Some((bearer_rate, bearer_cpu, _))) => report.row(
+                format!("… {} vs workspace bearer: {clients} client(s), {workspaces} workspace(s){paced}", presenting.trim_start_matches(", ")),
+                format!(
+                    "{rate:.0} vs {bearer_rate:.0} cycles/s; server CPU/cycle {server_per_cycle:.0} vs {bearer_cpu:.0} µs ({})",
+                    ratio(server_per_cycle, bearer_cpu)
+                ),
+                "cycles/s of the bearer".into(),
+                ratio(rate, bearer_rate),
+            ),
+            (_, None) => {}
+        }
+            if cred != Cred::Bearer || round > 0 {
+                continue;
+            }
+            if let (Some(f), 1) = (floors, clients) {
+                // One client waits for each cycle's durable steps in turn, and before the
+                // blob's fsync the body must be scanned, hashed and sealed: no server can
+                // make one client's cycle shorter than both.
+                let ceiling = 1.0 / (1.0 / f.cycle + 1.0 / f.post_cpu_serial);
+                report.row(
                 "ceiling: 1 client if a cycle were only its durable steps and its POST's CPU floor before the fsync",
                 format!(
                     "{ceiling:.0}/s ({:.0} µs durable steps + {:.0} µs scan, SHA-256 and seal)",
@@ -1216,16 +1517,16 @@ async fn cycle_phase(
                 format!("{floor:.0} fsyncs/s"),
                 ratio(ceiling, floor),
             );
-        }
-        if let (Some(f), true) = (floors, workspaces > 1) {
-            // Every cycle needs its POST's CPU floor and its blob write's CPU on some
-            // core, and the load generator (on the same cores here) its measured share:
-            // no server can go faster. (Commits are left out: group commit shares them.)
-            let generator = own_cpu / st.cycles.max(1) as f64;
-            let write = f.write_cpu_for(workspaces);
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-            let ceiling = cores / (1.0 / f.post_cpu + write + generator);
-            report.row(
+            }
+            if let (Some(f), true) = (floors, workspaces > 1) {
+                // Every cycle needs its POST's CPU floor and its blob write's CPU on some
+                // core, and the load generator (on the same cores here) its measured share:
+                // no server can go faster. (Commits are left out: group commit shares them.)
+                let generator = own_cpu / st.cycles.max(1) as f64;
+                let write = f.write_cpu_for(workspaces);
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+                let ceiling = cores / (1.0 / f.post_cpu + write + generator);
+                report.row(
                 format!("ceiling: {clients} clients if the server spent only the POST CPU floor and a blob write's CPU per cycle"),
                 format!(
                     "{ceiling:.0}/s ({cores:.0} cores; {:.0} µs POST floor + {:.0} µs blob write + {:.0} µs load generator per cycle)",
@@ -1236,6 +1537,7 @@ async fn cycle_phase(
                 format!("{floor:.0} fsyncs/s"),
                 ratio(ceiling, floor),
             );
+            }
         }
     }
 }
@@ -1581,11 +1883,11 @@ async fn probe(api: &Api, prefix: &str, round: usize, cell: Duration, into: &mut
     let st = cycles(
         std::slice::from_ref(api),
         &format!("{prefix}-r{round}"),
-        1,
-        1,
+        (1, 1),
         Body::Pad(100 * KIB),
         cell,
         Duration::from_micros(500),
+        &Presented::Bearer,
     )
     .await;
     let ws = format!("{prefix}-get");
@@ -1771,11 +2073,11 @@ async fn big_phase(opts: &Opts, run: &str, report: &mut Report) {
         let st = cycles(
             std::slice::from_ref(api),
             &format!("{run}-big{i}"),
-            clients,
-            workspaces,
+            (clients, workspaces),
             Body::Big(big.clone()),
             opts.cell(),
             Duration::from_micros(500),
+            &Presented::Bearer,
         )
         .await;
         // The first writes are not in the cell's rate, but their CPU is in both counters.
@@ -2161,10 +2463,29 @@ async fn main() {
     };
     if opts.runs("cycles") || opts.runs("get") {
         let dir = tempfile::tempdir_in(&opts.base).unwrap();
-        let server = Server::start(&opts, dir.path()).await;
+        // With CI identity tokens the same server trusts a real issuer, so the bearer
+        // and the tokens are measured on one server, one after the other.
+        let mut issuer = (opts.uses_jwt() && opts.runs("cycles")).then(|| CiIssuer::start(&opts));
+        let server = match &issuer {
+            Some(issuer) => {
+                let config = opts.base.join("ci-identity.toml");
+                std::fs::write(&config, issuer.config(&run)).unwrap();
+                let env = [("STATEGATE_CONFIG", config.display().to_string())];
+                Server::start_with(&opts, dir.path(), &env).await
+            }
+            None => Server::start(&opts, dir.path()).await,
+        };
         let api = Api::new(&server.url);
         if opts.runs("cycles") {
-            cycle_phase(&opts, &server, &run, floors.as_ref(), &mut report).await;
+            cycle_phase(
+                &opts,
+                &server,
+                &run,
+                floors.as_ref(),
+                issuer.as_mut(),
+                &mut report,
+            )
+            .await;
             shared_plan_phase(&opts, &server, &run, &mut report).await;
         }
         if opts.runs("get") {
@@ -2292,11 +2613,11 @@ async fn index_phase(opts: &Opts, run: &str, report: &mut Report) {
             let st = cycles(
                 &apis,
                 &format!("{run}-ix{s}-{i}"),
-                clients,
-                workspaces,
+                (clients, workspaces),
                 Body::Pad(100 * KIB),
                 opts.cell(),
                 Duration::from_micros(500),
+                &Presented::Bearer,
             )
             .await;
             let rate = st.cycles as f64 / st.elapsed;

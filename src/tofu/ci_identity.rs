@@ -30,6 +30,17 @@
 //!
 //! Who: `ci:<name>:<identity>`, the identity written from the claims by the issuer's
 //! `identity` template (printable ASCII only), in lock rows, versions and the audit.
+//!
+//! What it costs: a token's signature is checked once. A token accepted for a request
+//! is kept by its SHA-256 (at most [`MAX_CHECKED`], with what its check established and
+//! the generation of its issuer's keys it was checked under), so the same token's later
+//! requests skip parsing and the signature check — an RS256 check is a good part of a
+//! small request's CPU, and a Terraform run sends each request with the same token.
+//! Only the signature's verdict is kept: its times, rules and window are judged again
+//! on every request, and once the issuer's keys are read again (a new generation,
+//! whatever the JWKS holds) every kept token is checked again under the keys then held,
+//! so a key taken out of the JWKS stops its tokens as soon as it would without this.
+//! A token refused is never kept.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,6 +97,8 @@ const MAX_IDENTITY_LEN: usize = 300;
 const MAX_RECORDS: i64 = 100_000;
 /// Records this node remembers (a cache of rows that never change).
 const MAX_REMEMBERED: usize = 10_000;
+/// Accepted tokens whose signature check this node keeps (each ~3 KiB of claims).
+pub const MAX_CHECKED: usize = 1024;
 
 /// Whether `secret` has a JWT's shape (three base64url parts, a JSON header), within
 /// [`MAX_TOKEN_LEN`]: only such a secret is judged here.
@@ -366,6 +379,9 @@ fn grant(rules: &[Rule], claims: &Map<String, Value>, workspace: &str) -> Option
 #[derive(Default)]
 struct Keys {
     keys: Vec<CoreJsonWebKey>,
+    /// One more at every successful JWKS read: a signature checked under an older
+    /// generation is checked again.
+    generation: u64,
     fetched: Option<Instant>,
     attempted: Option<Instant>,
 }
@@ -489,34 +505,48 @@ impl Issuer {
         })
     }
 
-    fn held(&self, kid: &str) -> (Option<CoreJsonWebKey>, bool) {
+    /// The key `kid` if held, with the generation of the keys it is one of.
+    fn held(&self, kid: &str) -> Option<(CoreJsonWebKey, u64)> {
         let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let key = keys
-            .keys
+        keys.keys
             .iter()
             .find(|k| k.key_id().is_some_and(|id| id.as_str() == kid))
-            .cloned();
-        let stale = keys.fetched.is_some_and(|at| at.elapsed() > KEYS_MAX_AGE)
-            && keys.attempted.is_none_or(|at| at.elapsed() > MIN_REFRESH);
-        (key, stale)
+            .map(|key| (key.clone(), keys.generation))
     }
 
-    /// The key `kid`: held, or after one JWKS read (at most one per [`MIN_REFRESH`]).
-    async fn key(self: &Arc<Self>, kid: &str) -> Option<CoreJsonWebKey> {
-        let (key, stale) = self.held(kid);
-        if let Some(key) = key {
-            if stale {
-                let issuer = Arc::clone(self);
-                tokio::spawn(async move {
-                    if let Ok(_turn) = issuer.refresh.try_lock() {
-                        issuer.refresh_keys().await;
-                    }
-                });
-            }
+    fn generation(&self) -> u64 {
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation
+    }
+
+    /// Reads the keys again, in the background, when those held are an hour old.
+    fn refresh_if_stale(self: &Arc<Self>) {
+        let stale = {
+            let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+            keys.fetched.is_some_and(|at| at.elapsed() > KEYS_MAX_AGE)
+                && keys.attempted.is_none_or(|at| at.elapsed() > MIN_REFRESH)
+        };
+        if stale {
+            let issuer = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Ok(_turn) = issuer.refresh.try_lock() {
+                    issuer.refresh_keys().await;
+                }
+            });
+        }
+    }
+
+    /// The key `kid` and its generation: held, or after one JWKS read (at most one per
+    /// [`MIN_REFRESH`]).
+    async fn key(self: &Arc<Self>, kid: &str) -> Option<(CoreJsonWebKey, u64)> {
+        if let Some(key) = self.held(kid) {
+            self.refresh_if_stale();
             return Some(key);
         }
         let _turn = self.refresh.lock().await;
-        if let (Some(key), _) = self.held(kid) {
+        if let Some(key) = self.held(kid) {
             return Some(key);
         }
         let recent = {
@@ -527,7 +557,7 @@ impl Issuer {
             return None;
         }
         self.refresh_keys().await;
-        self.held(kid).0
+        self.held(kid)
     }
 
     /// Reads the JWKS again; on failure the keys held stay (an outage of the issuer
@@ -538,16 +568,20 @@ impl Issuer {
             .unwrap_or_else(|p| p.into_inner())
             .attempted = Some(Instant::now());
         match self.fetch_keys().await {
-            Ok(fetched) => {
-                let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-                keys.keys = fetched;
-                keys.fetched = Some(Instant::now());
-            }
+            Ok(fetched) => self.hold_keys(fetched),
             Err(why) => tracing::warn!(
                 issuer = %self.name,
                 "ci_identity: cannot read the issuer's keys ({why}); its tokens are refused until they can be read"
             ),
         }
+    }
+
+    /// Holds `fetched` as the issuer's keys, a new generation.
+    fn hold_keys(&self, fetched: Vec<CoreJsonWebKey>) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.keys = fetched;
+        keys.generation = keys.generation.wrapping_add(1);
+        keys.fetched = Some(Instant::now());
     }
 
     async fn fetch_keys(&self) -> Result<Vec<CoreJsonWebKey>, String> {
@@ -613,13 +647,24 @@ impl Issuer {
 /// A token whose signature, issuer, audience and times held at `now`.
 pub struct Verified {
     issuer: Arc<Issuer>,
-    claims: Map<String, Value>,
+    claims: Arc<Map<String, Value>>,
     /// `ci:<name>:<identity>` without the `ci:`.
     identity: String,
     /// Hex SHA-256 of the token.
     hash: String,
     /// Within its own validity (else only its recorded window admits it).
     fresh: bool,
+    /// The generation of the issuer's keys its signature was checked under.
+    generation: u64,
+}
+
+/// What the signature check of an accepted token established (see "What it costs").
+#[derive(Clone)]
+struct Checked {
+    issuer: Arc<Issuer>,
+    claims: Arc<Map<String, Value>>,
+    identity: String,
+    generation: u64,
 }
 
 impl Verified {
@@ -638,6 +683,8 @@ pub struct CiIdentities {
     issuers: Vec<Arc<Issuer>>,
     /// Token hash → end of its window: rows that never change once written.
     remembered: Mutex<HashMap<String, i64>>,
+    /// Token hash → its signature check, for tokens accepted (at most [`MAX_CHECKED`]).
+    checked: Mutex<HashMap<String, Checked>>,
 }
 
 impl CiIdentities {
@@ -673,6 +720,7 @@ impl CiIdentities {
         Ok(CiIdentities {
             issuers,
             remembered: Mutex::default(),
+            checked: Mutex::default(),
         })
     }
 
@@ -687,6 +735,13 @@ impl CiIdentities {
     /// The token, if a configured issuer signed it for one of its audiences and it is
     /// valid at `now` or expired (its window is judged by [`Self::admit`]).
     pub async fn verify(&self, token: &[u8], now: i64) -> Option<Verified> {
+        if !is_token_shaped(token) {
+            return None;
+        }
+        let hash = crate::tokens::hash(token);
+        if let Some(verified) = self.checked_before(&hash, now) {
+            return Some(verified);
+        }
         let parsed = parse(token)?;
         let iss = parsed.claims.get("iss")?.as_str()?;
         let issuer = self.issuers.iter().find(|i| i.issuer == iss)?;
@@ -695,17 +750,65 @@ impl CiIdentities {
         }
         let fresh = validity(&parsed.claims, now)?;
         let identity = render_identity(&issuer.identity, &parsed.claims)?;
-        let key = issuer.key(&parsed.kid).await?;
+        let (key, generation) = issuer.key(&parsed.kid).await?;
         // Checks the key's type and `use`/`alg` against the token's algorithm first.
         key.verify_signature(&parsed.alg, parsed.signed, &parsed.signature)
             .ok()?;
         Some(Verified {
             issuer: Arc::clone(issuer),
             identity: format!("{}:{identity}", issuer.name),
-            hash: crate::tokens::hash(token),
-            claims: parsed.claims,
+            hash,
+            claims: Arc::new(parsed.claims),
             fresh,
+            generation,
         })
+    }
+
+    /// A token accepted before, whose signature was checked under the issuer's keys
+    /// still held: verified without its signature, its times judged at `now` again.
+    fn checked_before(&self, hash: &str, now: i64) -> Option<Verified> {
+        let checked = self
+            .checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(hash)
+            .cloned()?;
+        if checked.generation != checked.issuer.generation() {
+            return None;
+        }
+        checked.issuer.refresh_if_stale();
+        let fresh = validity(&checked.claims, now)?;
+        Some(Verified {
+            issuer: checked.issuer,
+            claims: checked.claims,
+            identity: checked.identity,
+            hash: hash.to_string(),
+            fresh,
+            generation: checked.generation,
+        })
+    }
+
+    /// Keeps an accepted token's signature check (see "What it costs").
+    fn keep(&self, token: &Verified) {
+        let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        if checked
+            .get(&token.hash)
+            .is_some_and(|c| c.generation == token.generation)
+        {
+            return;
+        }
+        if checked.len() >= MAX_CHECKED {
+            checked.clear();
+        }
+        checked.insert(
+            token.hash.clone(),
+            Checked {
+                issuer: Arc::clone(&token.issuer),
+                claims: Arc::clone(&token.claims),
+                identity: token.identity.clone(),
+                generation: token.generation,
+            },
+        );
     }
 
     /// Is `token` inside its window at `now`? A fresh token is (and its first-seen
@@ -713,9 +816,28 @@ impl CiIdentities {
     /// only when its record says so. Call it only for a request about to be let
     /// through: it may write.
     pub async fn admit(&self, db: &Db, token: &Verified, now: i64) -> Result<bool, DbError> {
-        if let Some(until) = self.recall(&token.hash) {
-            return Ok(token.fresh || now < until);
+        let until = match self.recall(&token.hash) {
+            Some(until) => until,
+            None => match self.first_admit(db, token, now).await? {
+                Some(until) => until,
+                None => return Ok(false),
+            },
+        };
+        let admitted = token.fresh || now < until;
+        if admitted {
+            self.keep(token);
         }
+        Ok(admitted)
+    }
+
+    /// The end of `token`'s window, recorded now if it is fresh and has none (its
+    /// first accepted request); none for an expired token never recorded.
+    async fn first_admit(
+        &self,
+        db: &Db,
+        token: &Verified,
+        now: i64,
+    ) -> Result<Option<i64>, DbError> {
         let hash = token.hash.clone();
         let until = if token.fresh {
             let identity = token.identity.clone();
@@ -729,11 +851,11 @@ impl CiIdentities {
         } else {
             match db.read_quick(move |c| recorded_until(c, &hash)).await? {
                 Some(until) => until,
-                None => return Ok(false),
+                None => return Ok(None),
             }
         };
         self.remember(&token.hash, until);
-        Ok(token.fresh || now < until)
+        Ok(Some(until))
     }
 
     fn recall(&self, hash: &str) -> Option<i64> {
@@ -990,5 +1112,107 @@ mod tests {
         assert_eq!(record(&conn, "g", "gh:b", 201, 300).unwrap(), 300);
         assert_eq!(recorded_until(&conn, "h").unwrap(), None);
         assert_eq!(identity_accepted_until(&conn, "gh:a").unwrap(), None);
+    }
+
+    /// An issuer whose ES256 key (made here with ring) is held as after a JWKS read,
+    /// and a signer of its tokens.
+    fn held_issuer() -> (CiIdentities, impl Fn(&Value) -> String) {
+        use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+        let config: CiIdentityConfig = toml::from_str(
+            r#"
+name = "gh"
+issuer = "https://issuer.test"
+audience = "https://stategate.test"
+identity = "{repository}#run {run_id}"
+max_run_seconds = 600
+[[rules]]
+claims = { repository = "acme/infra" }
+workspaces = "prod-*"
+scope = "write"
+"#,
+        )
+        .unwrap();
+        let ci = CiIdentities::from_config(&[config]).unwrap();
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
+        // The public point: 0x04 ‖ x ‖ y.
+        let point = pair.public_key().as_ref().to_vec();
+        let jwk: CoreJsonWebKey = serde_json::from_value(json!({
+            "kty": "EC", "crv": "P-256", "kid": "k1", "use": "sig", "alg": "ES256",
+            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+            "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
+        }))
+        .unwrap();
+        ci.issuers[0].hold_keys(vec![jwk]);
+        let sign = move |claims: &Value| {
+            let head = URL_SAFE_NO_PAD.encode(json!({"alg": "ES256", "kid": "k1"}).to_string());
+            let body = URL_SAFE_NO_PAD.encode(claims.to_string());
+            let signed = format!("{head}.{body}");
+            let sig = pair.sign(&rng, signed.as_bytes()).unwrap();
+            format!("{signed}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+        };
+        (ci, sign)
+    }
+
+    #[tokio::test]
+    async fn an_accepted_tokens_signature_is_checked_once_per_key_generation() {
+        let (ci, sign) = held_issuer();
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db"), &[SCHEMA]).unwrap();
+        let now = 1_000_000;
+        let claims = |run: u32, exp: i64| {
+            json!({"iss": "https://issuer.test", "aud": "https://stategate.test",
+                   "repository": "acme/infra", "run_id": run, "iat": now, "exp": exp})
+        };
+        let token = sign(&claims(1, now + 300));
+        let hash = crate::tokens::hash(token.as_bytes());
+
+        // Verified but not yet accepted: nothing is kept.
+        let first = ci.verify(token.as_bytes(), now).await.unwrap();
+        assert!(first.credential("prod-web").is_some());
+        assert!(ci.checked_before(&hash, now).is_none());
+        assert!(ci.admit(&db, &first, now).await.unwrap());
+
+        // Accepted: the same token is verified without its signature, its times and
+        // rules judged again at each request.
+        let again = ci.checked_before(&hash, now + 10).expect("kept");
+        assert!(again.fresh);
+        assert_eq!(again.identity, "gh:acme/infra#run 1");
+        assert!(again.credential("prod-web").is_some());
+        assert!(again.credential("dev").is_none(), "the rules still decide");
+        let later = now + 300 + LEEWAY + 1;
+        let expired = ci.verify(token.as_bytes(), later).await.unwrap();
+        assert!(!expired.fresh, "past its exp: only its window admits it");
+        assert!(
+            ci.admit(&db, &expired, later).await.unwrap(),
+            "inside its window"
+        );
+        let after = now + 600 + 1;
+        let gone = ci.verify(token.as_bytes(), after).await.unwrap();
+        assert!(
+            !ci.admit(&db, &gone, after).await.unwrap(),
+            "past its window"
+        );
+
+        // Another token, even with the same claims and a bad signature, is checked in full.
+        let forged = format!("{}.{}", token.rsplit_once('.').unwrap().0, "AAAA");
+        assert!(ci.verify(forged.as_bytes(), now).await.is_none());
+
+        // The keys read again (a new generation): every kept token is checked again,
+        // under the keys then held — here without the key it was signed with.
+        ci.issuers[0].hold_keys(Vec::new());
+        assert!(ci.checked_before(&hash, now).is_none());
+        assert!(ci.verify(token.as_bytes(), now).await.is_none());
+
+        // A token refused is never kept: expired and never recorded.
+        let (ci, sign) = held_issuer();
+        let stale = sign(&claims(2, now - 60));
+        let verified = ci.verify(stale.as_bytes(), now).await.unwrap();
+        assert!(!ci.admit(&db, &verified, now).await.unwrap());
+        assert!(ci
+            .checked_before(&crate::tokens::hash(stale.as_bytes()), now)
+            .is_none());
     }
 }

@@ -634,7 +634,8 @@ async fn a_node_with_another_key_or_none_is_refused_by_the_shared_index() {
 }
 
 /// The audit event filter's SQL on PostgreSQL finds what `event_matches` says, the
-/// words rule (`moved`, `freeze`) included: both spellings of the rule agree.
+/// words rule (`moved`, `freeze`) and the folding of ASCII case (`Move`, `FREEZE`)
+/// included: both spellings of the rule agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
     use stategate::store::audit::{event_matches, list_audit_filtered, AuditFilter};
@@ -649,6 +650,8 @@ async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
         "tf.freeze_expired",
         "cluster.state_lock_broken",
         "tf.locking*",
+        "Legacy.Resources_Moved",
+        "tf.\u{c9}TAT",
     ];
     let filters = [
         "move",
@@ -663,6 +666,12 @@ async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
         "tf.lock%",
         "move*",
         "MOVE",
+        "Move",
+        "FREEZE",
+        "TF.LOCK",
+        "legacy.res",
+        "\u{c9}tat",
+        "\u{e9}tat",
         "expired",
         "tf.locking*",
     ];
@@ -702,11 +711,21 @@ async fn the_audit_event_filter_agrees_with_its_rule_on_postgres() {
             .filter(|e| event_matches(e, f))
             .collect()
     };
-    assert_eq!(find("moved"), ["tf.resources_moved", "tf.move_abandoned"]);
     assert_eq!(
-        find("freeze"),
+        find("moved"),
+        [
+            "tf.resources_moved",
+            "tf.move_abandoned",
+            "Legacy.Resources_Moved"
+        ]
+    );
+    assert_eq!(find("Move"), find("move"));
+    assert_eq!(
+        find("FREEZE"),
         ["tf.frozen", "tf.unfrozen", "tf.freeze_expired"]
     );
+    // Only ASCII letters fold, on PostgreSQL too.
+    assert_eq!(find("\u{e9}tat"), Vec::<&str>::new());
 }
 
 /// The `stategate` binary on a PostgreSQL installation (`index.url` = `url`) whose

@@ -3328,6 +3328,19 @@ async fn the_audit_filter_finds_freezes_by_their_words_and_a_bad_time_keeps_the_
         ("unfreeze", &["tf.unfrozen"], &["tf.frozen<"]),
         ("tf.unfrozen", &["tf.unfrozen"], &["tf.frozen<"]),
         ("moved", &[], &["tf.frozen"]),
+        // Whatever the case typed.
+        (
+            "FREEZE",
+            &["tf.frozen", "tf.unfrozen"],
+            &["tf.state_written"],
+        ),
+        (
+            "Frozen",
+            &["tf.frozen", "tf.unfrozen"],
+            &["tf.lock_acquired"],
+        ),
+        ("UnFreeze", &["tf.unfrozen"], &["tf.frozen<"]),
+        ("TF.UNFROZEN", &["tf.unfrozen"], &["tf.frozen<"]),
     ];
     for (event, has, lacks) in table {
         let page = env.page(&format!("/ui/audit?event={event}"), &cookie).await;

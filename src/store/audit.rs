@@ -224,7 +224,8 @@ pub struct AuditFilter {
     /// after a dot it begins (`tf.lock` finds `tf.lock_acquired`, `rollback` finds
     /// `tf.rollback`), and names each of whose words (split on `.` and `_`) is a word
     /// of the name in another form (`move` finds `tf.resources_moved`, `freeze` finds
-    /// `tf.frozen` and `tf.unfrozen`). Taken literally (no wildcards).
+    /// `tf.frozen` and `tf.unfrozen`). Taken literally (no wildcards), whatever the
+    /// case of its ASCII letters (`Move` and `FREEZE` find what `move`, `freeze` do).
     pub event: Option<String>,
     /// Rows whose event begins with this text are left out (the UI hides `ui.login`).
     pub exclude: Option<String>,
@@ -270,18 +271,24 @@ fn glob_literal(text: &str) -> String {
 /// The event filter's conditions: `?2` begins the event or one of its parts after a
 /// dot, or the event is one of the names in `?8` (a JSON array of text: the names
 /// [`word_matches`] finds, resolved in Rust by [`names_by_words`]); `?7` begins no
-/// event shown. Case-sensitive as event names are, and `_` is literal: SQLite's GLOB
-/// (the filters bracketed by [`glob_literal`]), PostgreSQL's `starts_with` and
-/// `strpos` (the filters as they are). `?2`, `?7` and `?8` are text.
+/// event shown. `?2` matches whatever its case (an operator types `Move` or `FREEZE`):
+/// it arrives in ASCII lower case and is compared with the event in ASCII lower case —
+/// SQLite's `lower` folds ASCII only, and PostgreSQL's does too under the `C`
+/// collation — so both databases fold exactly as [`event_matches`] does. `?7` (the
+/// code's own `ui.login`) is compared as it is. `_` is literal: SQLite's GLOB (the
+/// filters bracketed by [`glob_literal`]), PostgreSQL's `starts_with` and `strpos`
+/// (the filters as they are). `?2`, `?7` and `?8` are text.
 fn event_conditions(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => {
-            "(CAST(?2 AS TEXT) IS NULL OR event GLOB ?2 || '*' OR event GLOB '*.' || ?2 || '*'
+            "(CAST(?2 AS TEXT) IS NULL OR lower(event) GLOB ?2 || '*'
+              OR lower(event) GLOB '*.' || ?2 || '*'
               OR event IN (SELECT value FROM json_each(?8)))
             AND (CAST(?7 AS TEXT) IS NULL OR event NOT GLOB ?7 || '*')"
         }
         Dialect::Postgres => {
-            "(CAST(?2 AS TEXT) IS NULL OR starts_with(event, ?2) OR strpos(event, '.' || ?2) > 0
+            "(CAST(?2 AS TEXT) IS NULL OR starts_with(lower(event COLLATE \"C\"), ?2)
+              OR strpos(lower(event COLLATE \"C\"), '.' || ?2) > 0
               OR event IN (SELECT jsonb_array_elements_text(CAST(CAST(?8 AS TEXT) AS JSONB))))
             AND (CAST(?7 AS TEXT) IS NULL OR NOT starts_with(event, ?7))"
         }
@@ -321,14 +328,17 @@ fn listing_sql(with_scope: bool, dialect: Dialect) -> String {
 }
 
 /// Does the event filter `filter` find `event`? The rule [`list_audit_filtered`]'s SQL
-/// applies: it begins the name, or one of its parts after a dot (as typed: `tf.lock`,
-/// `rollb`), or [`word_matches`] (the words in another form: `moved`, `freeze`).
+/// applies: it begins the name, or one of its parts after a dot (`tf.lock`, `rollb`),
+/// or [`word_matches`] (the words in another form: `moved`, `freeze`). Whatever the
+/// case of either: ASCII letters compare folded (`Move`, `FREEZE`, `TF.LOCK` find what
+/// their lower case finds), anything else exactly.
 pub fn event_matches(event: &str, filter: &str) -> bool {
-    event.starts_with(filter)
+    let (event, filter) = (event.to_ascii_lowercase(), filter.to_ascii_lowercase());
+    event.starts_with(&filter)
         || event
             .match_indices('.')
-            .any(|(i, _)| event[i + 1..].starts_with(filter))
-        || word_matches(event, filter)
+            .any(|(i, _)| event[i + 1..].starts_with(&filter))
+        || word_matches(&event, &filter)
 }
 
 /// A filter longer than this, or of more words, finds nothing by its words (it still
@@ -373,11 +383,14 @@ fn same_word(wanted: &[String], part: &str) -> bool {
 /// only; a filter with any other character has no words) is, in some form, one of the
 /// event's parts split the same way. `moved` finds `tf.resources_moved` and
 /// `tf.move_abandoned`; `tf.frozen` finds `tf.frozen`, `tf.unfrozen` and
-/// `tf.freeze_expired`; `lock` finds `cluster.state_lock_broken`.
+/// `tf.freeze_expired`; `lock` finds `cluster.state_lock_broken`. ASCII letters compare
+/// folded, as in [`event_matches`] (`MOVED` finds `tf.resources_moved`).
 pub fn word_matches(event: &str, filter: &str) -> bool {
     if filter.len() > MAX_FILTER_LEN {
         return false;
     }
+    // After the length bound, so the copies are bounded too.
+    let (event, filter) = (event.to_ascii_lowercase(), filter.to_ascii_lowercase());
     let words: Vec<&str> = filter.split(['.', '_']).filter(|w| !w.is_empty()).collect();
     if words.is_empty()
         || words.len() > MAX_FILTER_WORDS
@@ -443,7 +456,11 @@ pub fn list_audit_filtered(
         Dialect::Sqlite => glob_literal(filter),
         Dialect::Postgres => filter.to_string(),
     };
-    let event = filter.event.as_deref().map(literal);
+    // Lower case, as the SQL compares the event (see `event_conditions`).
+    let event = filter
+        .event
+        .as_deref()
+        .map(|f| literal(&f.to_ascii_lowercase()));
     let exclude = filter.exclude.as_deref().map(literal);
     // The words rule over every name the log may hold, resolved here so the SQL
     // compares names only (one skip scan of `audit_by_event`, one seek per kind).
@@ -692,7 +709,26 @@ mod tests {
             (Some("expired"), None, &["tf.freeze_expired"]),
             (Some("mo"), None, &["tf.move_abandoned"]),
             (Some("movement"), None, &[]),
-            (Some("MOVE"), None, &[]),
+            // Whatever the case: what the lower case finds.
+            (
+                Some("MOVE"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (
+                Some("Move"),
+                None,
+                &["tf.resources_moved", "tf.move_abandoned"],
+            ),
+            (
+                Some("FREEZE"),
+                None,
+                &["tf.frozen", "tf.unfrozen", "tf.freeze_expired"],
+            ),
+            (Some("UnFrozen"), None, &["tf.unfrozen"]),
+            (Some("Tf.Rollback"), None, &["tf.rollback"]),
+            (Some("ROLLB"), None, &["tf.rollback"]),
+            (Some("MOVEMENT"), None, &[]),
             (Some("move*"), None, &[]),
             (Some("lock%"), None, &[]),
             (
@@ -701,7 +737,13 @@ mod tests {
                 &["cluster.state_lock_broken", "state.revealed"],
             ),
             (Some("ollback"), None, &[]),
-            (Some("TF.LOCK"), None, &[]),
+            (
+                Some("TF.LOCK"),
+                None,
+                &["tf.lock_acquired", "tf.lock_forced", "tf.locking*"],
+            ),
+            (Some("TF.LOCKING*"), None, &["tf.locking*"]),
+            (Some("TF.LOCK%"), None, &[]),
             // Wildcards and LIKE's characters are taken literally.
             (Some("*"), None, &[]),
             (Some("tf.locking*"), None, &["tf.locking*"]),
@@ -758,6 +800,64 @@ mod tests {
         sorted.sort();
         assert_eq!(kinds, sorted);
         assert_eq!(event_kinds(&conn, 2).unwrap(), sorted[..2]);
+    }
+
+    /// The filter finds the same whatever the case of its ASCII letters, and of the
+    /// name's (a kind an earlier release wrote in another case); other letters compare
+    /// exactly, in the SQL as in the Rust rule.
+    #[test]
+    fn event_filters_fold_ascii_case_and_nothing_else() {
+        let conn = audit_db();
+        let events = [
+            "tf.resources_moved",
+            "tf.frozen",
+            "Legacy.Resources_Moved",
+            "tf.\u{c9}TAT",
+        ];
+        for event in events {
+            conn.execute(
+                "INSERT INTO audit (at, actor, scope, event, payload) VALUES ('2026-03-01T10:00:00Z', 't', 'tf/a', ?1, '{}')",
+                params![event],
+            )
+            .unwrap();
+        }
+        // (filter, events found oldest first)
+        let table: &[(&str, &[&str])] = &[
+            ("move", &["tf.resources_moved", "Legacy.Resources_Moved"]),
+            ("Move", &["tf.resources_moved", "Legacy.Resources_Moved"]),
+            ("MOVED", &["tf.resources_moved", "Legacy.Resources_Moved"]),
+            ("legacy", &["Legacy.Resources_Moved"]),
+            ("LEGACY.RES", &["Legacy.Resources_Moved"]),
+            (
+                "resources_MOVED",
+                &["tf.resources_moved", "Legacy.Resources_Moved"],
+            ),
+            ("freeze", &["tf.frozen"]),
+            ("FREEZE", &["tf.frozen"]),
+            ("Frozen", &["tf.frozen"]),
+            // Only ASCII letters fold: É and é are different letters to the filter.
+            ("\u{c9}tat", &["tf.\u{c9}TAT"]),
+            ("\u{c9}TAT", &["tf.\u{c9}TAT"]),
+            ("\u{e9}tat", &[]),
+        ];
+        for (filter, want) in table {
+            let listed = AuditFilter {
+                event: Some(filter.to_string()),
+                ..AuditFilter::default()
+            };
+            let got: Vec<String> = list_audit_filtered(&conn, &listed, 100)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.event)
+                .collect();
+            assert_eq!(&got, want, "{filter}");
+            let by_rule: Vec<&str> = events
+                .iter()
+                .copied()
+                .filter(|e| event_matches(e, filter))
+                .collect();
+            assert_eq!(&by_rule, want, "{filter}");
+        }
     }
 
     /// Both listings and the kinds walk an index or the log by id, never sort it.

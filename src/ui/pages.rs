@@ -1546,7 +1546,10 @@ mod tests {
             ("tf.freeze_expired", "frozen", true),
             ("tf.frozen", "unfreeze", false),
             ("ui.login", "ui.login", true),
-            ("ui.login", "UI", false),
+            ("ui.login", "UI", true),
+            ("tf.resources_moved", "Move", true),
+            ("tf.unfrozen", "FREEZE", true),
+            ("tf.frozen", "UNFREEZE", false),
         ] {
             assert_eq!(event_matches(event, filter), want, "{event} {filter}");
         }

@@ -105,6 +105,50 @@ return found;
 """
 
 
+def ui_page_routes() -> list[dict]:
+    """Every web UI page: the `GET` routes of the `ui` surface in the binary's own route
+    table (`stategate routes`, `http::router::ROUTES`), but the stylesheet and the icon
+    (files, not pages). A page added to the table is walked without anyone listing it."""
+    import json
+    import subprocess
+
+    from harness import stategate_bin
+    out = subprocess.run([str(stategate_bin()), "routes"], stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    pages = [r for r in json.loads(out) if r["surface"] == "ui" and r["method"] == "GET"
+             and not r["path"].startswith("/ui/static/") and r["path"].startswith("/ui")]
+    assert len(pages) >= 10, f"the route table has too few UI pages: {pages}"
+    return pages
+
+
+def fill_route(route: dict, values: dict) -> str:
+    """The route's path and required query with each `{name}` replaced by `values[name]`
+    (as `Route::fill` does); a name without a value fails, naming it."""
+    import re
+
+    def fill(template: str) -> str:
+        def value(m):
+            assert m.group(1) in values, f"no fixture for {{{m.group(1)}}} in {route}"
+            return str(values[m.group(1)])
+        return re.sub(r"\{([a-z_]+)\}", value, template)
+    path = fill(route["path"])
+    return path + ("?" + fill(route["query"]) if route["query"] else "")
+
+# The innermost elements whose right edge is past the window's width (at most 5).
+OVERFLOWING = """
+const inner = arguments[0], out = [];
+for (const el of document.body.querySelectorAll('*')) {
+  const r = el.getBoundingClientRect();
+  if (r.right > inner + 0.5 && ![...el.children].some(c => c.getBoundingClientRect().right > inner + 0.5)) {
+    out.push('<' + el.tagName.toLowerCase() + (el.className ? '.' + el.className : '') + '> ' +
+             Math.round(r.right) + 'px: ' + el.textContent.trim().slice(0, 60));
+    if (out.length >= 5) break;
+  }
+}
+return out;
+"""
+
+
 class Page:
     """The browser, with waits on visible text (never fixed sleeps)."""
 
@@ -190,7 +234,10 @@ class Page:
                 if label == "phone":
                     assert inner <= PHONE[0] + 10, f"the window did not shrink to a phone ({inner}px)"
                 wide = self.d.execute_script("return document.documentElement.scrollWidth")
-                assert wide <= inner, f"{name} at {label}: {wide}px wide in a {inner}px window"
+                if wide > inner:
+                    # Name what sticks out, so the failure says what to fix.
+                    out = self.d.execute_script(OVERFLOWING, inner)
+                    raise AssertionError(f"{name} at {label}: {wide}px wide in a {inner}px window: {out}")
                 broken = self.d.execute_script(BROKEN_WORDS)
                 assert not broken, f"{name} at {label}: words broken mid-word though they fit a line: {broken}"
                 shots[label] = self.shot(f"{name}-{label}")

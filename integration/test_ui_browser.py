@@ -16,6 +16,9 @@ and axe-core finds nothing serious or critical; its screenshots go to
 `$STATEGATE_ARTIFACTS` (default a temp dir). With STATEGATE_UPDATE_SCREENSHOT=1 the
 workspace page's also replaces docs/ui-workspace.png (the README's).
 
+`test_every_ui_page_route_in_a_real_browser` walks every UI `GET` page of the route
+table (`stategate routes`), so a page nobody added to a list is checked all the same.
+
 A keyboard-only operator logs in, opens a diff, rolls back and force-unlocks with TAB,
 typing and ENTER alone, the focus visible at every stop.
 A viewer limited to `dev-*` (made with `--role viewer --workspaces 'dev-*'`) sees its
@@ -29,7 +32,9 @@ a client of the same operations the store-parametrized suites already cover.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import Page, artifacts_dir, browser  # noqa: F401 (a fixture)
+from browser_support import Page, artifacts_dir, browser, fill_route, ui_page_routes  # noqa: F401 (a fixture)
 from harness import BACKEND_HTTP, Server, data_resource, lock_info, stategate_bin, cli
 
 OPERATOR = "ui-e2e@example.com"
@@ -390,3 +395,73 @@ def test_keyboard_only_operator(ui_server, browser, make_tf):
     page.wait_text("The lock was released.", "Not locked.")
     page.shot("unlocked")
     assert ws.lock(lock_info(who="next")).status == 200, "the workspace can be locked again"
+
+
+def test_every_ui_page_route_in_a_real_browser(browser, check_binary, make_tf, tf_env, tmp_path):
+    """Every GET page of the UI in the route table (`stategate routes`, not a list kept
+    here) gets `Page.check` — axe-core clean and no word broken mid-word, at desktop and
+    phone width — with its path values filled from real fixtures: a workspace Terraform
+    wrote twice, a drift run (skipped: the workspace was locked). Walked signed out
+    (the login and sign-on pages) and signed in (the rest); every route must have been
+    checked at its own address in one of the two walks, so a new page cannot hide behind
+    a redirect."""
+    from harness import venv_dir
+    ws_name = "walk-prod-network"
+    operator = "walker@example.com"
+    cfg = tmp_path / "drift.toml"
+    cfg.write_text("[[drift]]\n" + f"workspace = {json.dumps(ws_name)}\n"
+                   + f"dir = {json.dumps(str(tmp_path / 'w'))}\n"
+                   + f"binary = {json.dumps(str(venv_dir() / 'bin' / 'terraform'))}\n"
+                   + "interval_seconds = 0\n")
+    server = Server(data_dir=tmp_path / "data", store="local", extra_env={"STATEGATE_CONFIG": str(cfg)}).start()
+    try:
+        ws = server.workspace(ws_name)
+        tf = make_tf("w", ws.env)
+        tf.write(config("v-one"))
+        tf.init()
+        tf.apply()
+        tf.write(config("v-two"))
+        tf.apply()
+        held = lock_info(who="someone-applying@elsewhere")
+        assert ws.lock(held).status == 200
+        skipped = json.loads(cli(server, "drift", "run", ws_name, "--json").stdout)
+        assert skipped["outcome"] == "skipped_locked", skipped
+        assert ws.unlock(held).status == 200
+        token = cli(server, "admin", "operator", "create", "--email", operator).stdout.strip().splitlines()[-1]
+        values = {"ws": ws_name, "version": 2, "from": 1, "run": skipped["id"]}
+
+        routes = ui_page_routes()
+        page = Page(browser, server.url, artifacts_dir("every-page"))
+        checked: set[str] = set()  # the addresses checked, path and query
+        at_own: set[str] = set()  # the route templates checked at their own address
+        faults: list[str] = []
+
+        def walk(signed_in: bool):
+            for n, route in enumerate(routes):
+                target = fill_route(route, values)
+                page.open(target)
+                page.Wait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+                landed = browser.current_url.removeprefix(server.url)
+                if landed == target:
+                    at_own.add(route["path"])
+                if landed in checked:
+                    continue  # already checked, reached by a redirect or another route
+                if signed_in:
+                    page.wait_text(operator)
+                name = re.sub(r"[^a-z0-9]+", "-", landed.lower()).strip("-") or "root"
+                checked.add(landed)
+                try:
+                    page.check(f"{'in' if signed_in else 'out'}-{n:02d}-{name}")
+                except AssertionError as e:  # every page's faults in one run
+                    faults.append(f"{landed}: {e}")
+
+        walk(signed_in=False)
+        page.open("/ui/login")
+        page.login(token)
+        page.wait_text(operator)
+        walk(signed_in=True)
+        assert not faults, "\n".join(faults)
+        missed = [r["path"] for r in routes if r["path"] not in at_own]
+        assert not missed, f"pages never checked at their own address: {missed}"
+    finally:
+        server.stop()

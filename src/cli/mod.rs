@@ -108,6 +108,11 @@ enum Command {
         #[command(subcommand)]
         command: admin::AdminCommand,
     },
+    /// Print the route table (every route stategate answers itself: surface, method,
+    /// path and query templates) as JSON. For tests that walk every route, so a new
+    /// page is covered without anyone listing it; hidden, as no operator needs it.
+    #[command(hide = true)]
+    Routes,
 }
 
 /// Parses the command line and runs it. Errors end the process with one line on
@@ -134,6 +139,10 @@ pub fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // The route table is the binary's own: no configuration or installation is read.
+    if matches!(cli.command, Command::Routes) {
+        return print_routes();
+    }
     let config = Config::load(cli.config.as_deref()).context("invalid configuration")?;
     // Named: by a config file, or by STATEGATE_DATA_DIR. Otherwise it is the per-user
     // default, which is where a forgotten --config lands.
@@ -180,7 +189,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin { command } => admin::run(&config, command),
         Command::Drift { command } => drift::run(&config, command),
         Command::Key { command } => key::run(&config, command),
+        Command::Routes => print_routes(),
     }
+}
+
+/// `stategate routes`: `http::router::ROUTES` as one JSON array.
+fn print_routes() -> anyhow::Result<()> {
+    let routes: Vec<serde_json::Value> = stategate::http::router::ROUTES
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "surface": r.surface.name(),
+                "method": r.method,
+                "path": r.path,
+                "query": r.query,
+            })
+        })
+        .collect();
+    println!("{}", serde_json::Value::from(routes));
+    Ok(())
 }
 
 #[cfg(test)]

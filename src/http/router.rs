@@ -44,6 +44,21 @@ pub enum Surface {
     Ui,
 }
 
+impl Surface {
+    /// The surface's name where a tool reads the route table (`stategate routes`): the
+    /// browser walk takes every `ui` GET page from it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Surface::Health => "health",
+            Surface::Metrics => "metrics",
+            Surface::Tf => "tf",
+            Surface::Cluster => "cluster",
+            Surface::Admin => "admin",
+            Surface::Ui => "ui",
+        }
+    }
+}
+
 /// One route: a method and a path template whose `{…}` segments are values —
 /// `{ws}`/`{to}` a workspace name, `{run}` a drift run id, `{version}`/`{from}` a
 /// version (a number, or `latest` in the admin API's path), `{token}` a workspace

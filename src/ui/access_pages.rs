@@ -5,7 +5,7 @@
 
 use maud::{html, Markup};
 
-use super::layout::{layout, unix_when, Chrome};
+use super::layout::{breakable_path, layout, unix_when, Chrome};
 use crate::keys::KeyStatus;
 use crate::tofu::credentials::WorkspaceToken;
 
@@ -82,7 +82,7 @@ pub fn keys(chrome: &Chrome, status: &KeyStatus) -> Markup {
     let body = html! {
         h1 { "Keys" }
         p {
-            "The root key is kept by " strong { (status.key_service) } ". New writes are sealed under data key generation "
+            "The root key is kept by " strong { (breakable_path(&status.key_service)) } ". New writes are sealed under data key generation "
             strong { (status.data_generation) } "; workspace credentials are derived from generation "
             strong { (status.credentials_generation) } "."
         }

@@ -179,6 +179,14 @@ pub fn exact_pattern(text: &str) -> String {
         .collect()
 }
 
+/// A file path (or any `/`-separated text) that may wrap after each `/` (a `wbr`) and,
+/// through the `path` class, inside a part only when that part alone is wider than the
+/// line: a long data dir on a phone wraps at its slashes, not mid-name, and never
+/// makes the page scroll sideways.
+pub fn breakable_path(text: &str) -> Markup {
+    html! { span.path { @for part in text.split_inclusive('/') { (part) wbr; } } }
+}
+
 pub fn ws_href(workspace: &str) -> String {
     format!("/ui/workspaces/{workspace}")
 }
@@ -186,6 +194,23 @@ pub fn ws_href(workspace: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_wraps_after_its_slashes_and_is_escaped() {
+        for (text, html) in [
+            (
+                "/var/lib/dek",
+                r#"<span class="path">/<wbr>var/<wbr>lib/<wbr>dek<wbr></span>"#,
+            ),
+            (
+                "file <x>",
+                r#"<span class="path">file &lt;x&gt;<wbr></span>"#,
+            ),
+            ("", r#"<span class="path"></span>"#),
+        ] {
+            assert_eq!(breakable_path(text).into_string(), html, "{text}");
+        }
+    }
 
     #[test]
     fn relative_times_and_sizes() {

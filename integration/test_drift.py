@@ -247,6 +247,7 @@ def test_locked_workspace_is_skipped_and_bad_checks_are_errors(server_factory, w
     skipped = run_check(server, ws_name)
     assert skipped["outcome"] == "skipped_locked", skipped
     assert "someone-applying@elsewhere" in skipped["message"], skipped
+    assert skipped["locked_by"] == "someone-applying@elsewhere", skipped
     again = ws.lock(lock_info())
     assert again.status == 423 and again.json()["ID"] == holder["ID"], "the holder was not disturbed"
     assert metric(server, "stategate_drift_status", ws_name) is None, "a skipped check says nothing"

@@ -426,6 +426,7 @@ def test_every_ui_page_route_in_a_real_browser(browser, check_binary, make_tf, t
         assert ws.lock(held).status == 200
         skipped = json.loads(cli(server, "drift", "run", ws_name, "--json").stdout)
         assert skipped["outcome"] == "skipped_locked", skipped
+        assert skipped["locked_by"] == "someone-applying@elsewhere", skipped
         assert ws.unlock(held).status == 200
         token = cli(server, "admin", "operator", "create", "--email", operator).stdout.strip().splitlines()[-1]
         values = {"ws": ws_name, "version": 2, "from": 1, "run": skipped["id"]}
@@ -463,5 +464,9 @@ def test_every_ui_page_route_in_a_real_browser(browser, check_binary, make_tf, t
         assert not faults, "\n".join(faults)
         missed = [r["path"] for r in routes if r["path"] not in at_own]
         assert not missed, f"pages never checked at their own address: {missed}"
+        # The skipped run's page names the holder from the run's recorded field.
+        page.open(f"/ui/drift/{skipped['id']}")
+        page.wait_text("Skipped because the workspace was locked by someone-applying@elsewhere;")
+        assert page.css("#skipped strong").text == "someone-applying@elsewhere"
     finally:
         server.stop()

@@ -154,6 +154,7 @@ pub const MIGRATIONS: &[Migration] = &[
     crate::tokens::migrate,
     crate::store::db::migrate,
     crate::store::timeline::migrate,
+    crate::drift::outcomes::migrate,
 ];
 
 /// One migration: changes a table of an earlier release in place.

@@ -308,6 +308,10 @@ async fn a_locked_workspace_is_skipped_and_its_holder_kept() {
     assert_eq!(lock.status(), 200);
     let run = drift.check_now("prod", "test").await.unwrap();
     assert_eq!(run.outcome, Some(Outcome::SkippedLocked));
+    // The holder is recorded as a field of the run (what pages show), and reads back.
+    assert_eq!(run.locked_by.as_deref(), Some("tester@host"));
+    let stored = drift.run(run.id).await.unwrap();
+    assert_eq!(stored.locked_by.as_deref(), Some("tester@host"));
     let holder = server.app.tofu.lock_holder("prod").await.unwrap().unwrap();
     assert_eq!(holder.id, "holder-1", "the holder was not disturbed");
     assert!(

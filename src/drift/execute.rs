@@ -346,6 +346,9 @@ impl DriftService {
                 changes: report.changes,
                 plan_expires_at: expires,
                 output_blob: None,
+                // The child's own `-lock-timeout` says only that the lock was held, not
+                // by whom (`skip_if_locked` records the holder it reads).
+                locked_by: None,
             },
             Some(text),
         )
@@ -386,6 +389,9 @@ impl DriftService {
                         "the workspace is locked by {:?} ({}, lock {}); nothing was disturbed",
                         lock.who, lock.operation, lock.id
                     ),
+                    // Recorded as a field too: pages show the holder from it, never
+                    // by reading the message back.
+                    locked_by: Some(lock.who.trim().to_string()).filter(|w| !w.is_empty()),
                     ..Finished::default()
                 })
             }

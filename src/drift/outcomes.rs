@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS drift_runs (
     serial          INTEGER,
     lineage         TEXT,
     output_blob     TEXT,
-    plan_expires_at INTEGER
+    plan_expires_at INTEGER,
+    locked_by       TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS drift_one_active_run
     ON drift_runs (workspace) WHERE finished_at IS NULL;
@@ -71,10 +72,43 @@ BEGIN SELECT RAISE(ABORT, 'drift history is append-only: a pruning record cannot
 "#
 );
 
-/// [`SCHEMA`] for PostgreSQL: the same tables, spelled for it, and the same
-/// append-only rules as trigger functions (`TRUNCATE` refused too).
+/// [`SCHEMA`] for PostgreSQL: the same tables, spelled for it, the columns added since
+/// (an index an earlier release made lacks them; `IF NOT EXISTS` keeps this
+/// idempotent), and the same append-only rules as trigger functions (`TRUNCATE`
+/// refused too).
 pub fn postgres_schema() -> Result<String, String> {
-    Ok(crate::store::sql::postgres_ddl(drift_tables!())? + POSTGRES_TRIGGERS)
+    Ok(crate::store::sql::postgres_ddl(drift_tables!())?
+        + POSTGRES_ADDED_COLUMNS
+        + POSTGRES_TRIGGERS)
+}
+
+/// The `drift_runs` columns added after its first release, which an earlier release's
+/// table gets by [`migrate`] (SQLite) or [`POSTGRES_ADDED_COLUMNS`]. NULL in the rows
+/// it already holds: a finished row is final (the append-only triggers), so an old
+/// `skipped_locked` run is never rewritten, and its message still names the holder.
+const ADDED_RUN_COLUMNS: &[(&str, &str)] = &[("locked_by", "TEXT")];
+
+const POSTGRES_ADDED_COLUMNS: &str = r#"
+ALTER TABLE drift_runs ADD COLUMN IF NOT EXISTS locked_by TEXT COLLATE "C";
+"#;
+
+/// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_RUN_COLUMNS`] that an earlier
+/// release's SQLite `drift_runs` lacks. Idempotent; a database without the table is
+/// left to [`SCHEMA`]. (`ALTER TABLE … ADD COLUMN` fires no trigger and changes no row.)
+pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
+    let present: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('drift_runs')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    for (name, kind) in ADDED_RUN_COLUMNS {
+        if !present.iter().any(|p| p == name) {
+            conn.execute_batch(&format!("ALTER TABLE drift_runs ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// PostgreSQL's append-only triggers of the history tables (see [`postgres_schema`]).
@@ -150,6 +184,11 @@ pub struct Run {
     pub output_blob: Option<String>,
     /// Until when (Unix time) the kept plan of a drifted check may be approved.
     pub plan_expires_at: Option<i64>,
+    /// Who held the workspace's lock when a `skipped_locked` check met it (the lock's
+    /// `Who`), recorded as such so a page shows it without reading the message; `None`
+    /// for every other run, when the holder was not known (the child's own
+    /// `-lock-timeout` ran out), or in a run an earlier release wrote.
+    pub locked_by: Option<String>,
     /// The apply run that approved this check's plan.
     pub applied_by: Option<i64>,
     /// A drifted check whose kept plan may be approved now (set by `DriftService`).
@@ -165,7 +204,7 @@ const COLUMNS: &str =
     "r.id, r.workspace, r.kind, r.trigger, r.applies, r.started_at, r.finished_at,
     r.exit_code, r.outcome, r.message, r.to_add, r.to_change, r.to_destroy, r.serial, r.lineage,
     r.output_blob, r.plan_expires_at,
-    (SELECT a.id FROM drift_runs a WHERE a.applies = r.id)";
+    (SELECT a.id FROM drift_runs a WHERE a.applies = r.id), r.locked_by";
 
 /// Sets `state_moved` on in_sync/drifted runs whose workspace's newest version
 /// (tombstones included) has another serial or lineage than the run planned against.
@@ -222,6 +261,7 @@ fn row_to_run(r: &crate::store::sql::Row<'_>) -> Result<Run, crate::store::sql::
         output_blob: r.get(15)?,
         plan_expires_at: r.get(16)?,
         applied_by: r.get(17)?,
+        locked_by: r.get(18)?,
         approvable: false,
         state_moved: false,
     })
@@ -286,6 +326,8 @@ pub struct Finished {
     pub changes: Option<Changes>,
     pub output_blob: Option<String>,
     pub plan_expires_at: Option<i64>,
+    /// A `skipped_locked` check's lock holder ([`Run::locked_by`]).
+    pub locked_by: Option<String>,
 }
 
 /// Completes an unfinished run; `false` when it was already finished (never changed).
@@ -297,7 +339,8 @@ pub fn finish_run(
     let c = done.changes;
     let changed = conn.execute(
         "UPDATE drift_runs SET finished_at = ?2, exit_code = ?3, outcome = ?4, message = ?5,
-                to_add = ?6, to_change = ?7, to_destroy = ?8, output_blob = ?9, plan_expires_at = ?10
+                to_add = ?6, to_change = ?7, to_destroy = ?8, output_blob = ?9, plan_expires_at = ?10,
+                locked_by = ?11
           WHERE id = ?1 AND finished_at IS NULL",
         params![
             id,
@@ -309,7 +352,8 @@ pub fn finish_run(
             c.map(|c| c.change),
             c.map(|c| c.destroy),
             done.output_blob,
-            done.plan_expires_at
+            done.plan_expires_at,
+            done.locked_by
         ],
     )?;
     Ok(changed == 1)
@@ -540,6 +584,69 @@ mod tests {
             message: "m".into(),
             ..Finished::default()
         }
+    }
+
+    /// A `skipped_locked` check's holder is a column of its row, read back as such; an
+    /// earlier release's table gets the column on open (twice is a no-op), its finished
+    /// rows untouched (NULL holder, message as written: they are final).
+    #[test]
+    fn the_lock_holder_is_recorded_and_an_earlier_releases_runs_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stategate.db");
+        let earlier = SCHEMA.replace(",\n    locked_by       TEXT", "");
+        assert_ne!(
+            earlier, SCHEMA,
+            "the earlier table is the one without the column"
+        );
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(&earlier).unwrap();
+        let message = r#"the workspace is locked by "ana" (apply, lock L1); nothing was disturbed"#;
+        let id = start_run(&old, "prod", Kind::Check, "schedule", None, None, None)
+            .unwrap()
+            .unwrap();
+        let skipped = Finished {
+            outcome: Some(Outcome::SkippedLocked),
+            message: message.into(),
+            ..Finished::default()
+        };
+        old.execute(
+            "UPDATE drift_runs SET finished_at = 't', outcome = 'skipped_locked', message = ?2 WHERE id = ?1",
+            params![id, message],
+        )
+        .unwrap();
+        drop(old);
+        for _ in 0..2 {
+            drop(crate::schema::open_db(&path).unwrap());
+            let conn = Connection::open(&path).unwrap();
+            let run = get_run(&conn, id).unwrap().unwrap();
+            assert_eq!(run.outcome, Some(Outcome::SkippedLocked));
+            assert_eq!(run.message.as_deref(), Some(message));
+            assert_eq!(run.locked_by, None);
+        }
+        let conn = Connection::open(&path).unwrap();
+        let next = start_run(&conn, "prod", Kind::Check, "schedule", None, None, None)
+            .unwrap()
+            .unwrap();
+        let held = Finished {
+            locked_by: Some("ci@runner-7".into()),
+            ..skipped
+        };
+        assert!(finish_run(&conn, next, &held).unwrap());
+        let run = get_run(&conn, next).unwrap().unwrap();
+        assert_eq!(run.locked_by.as_deref(), Some("ci@runner-7"));
+        assert_eq!(
+            list_runs(&conn, Some("prod"), 10).unwrap()[0].locked_by,
+            run.locked_by
+        );
+        // Final like every other column of a finished run.
+        let err = conn
+            .execute(
+                "UPDATE drift_runs SET locked_by = 'x' WHERE id = ?1",
+                [next],
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("append-only"), "{err}");
     }
 
     #[test]

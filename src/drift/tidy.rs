@@ -366,6 +366,7 @@ mod tests {
             output_blob: output_blob.map(Into::into),
             plan_expires_at: None,
             applied_by: None,
+            locked_by: None,
             approvable,
             state_moved: false,
         }

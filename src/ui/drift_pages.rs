@@ -39,31 +39,6 @@ fn outcome_badge(outcome: Option<Outcome>) -> Markup {
     html! { span class=(format!("badge outcome {class}")) { (o.as_str()) } }
 }
 
-/// Who held the lock a `skipped_locked` run met, when its message names them (the
-/// drift service writes `the workspace is locked by "<who>" (…)`); `None` when it
-/// does not (the child's `-lock-timeout` ran out) or the name is empty.
-fn locked_by(message: &str) -> Option<String> {
-    let quoted = message.split_once("locked by ")?.1;
-    let rest = quoted.strip_prefix('"')?;
-    // The name as `{:?}` wrote it: up to the first unescaped quote.
-    let mut end = None;
-    let mut escaped = false;
-    for (i, c) in rest.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '"' => {
-                end = Some(i);
-                break;
-            }
-            _ => {}
-        }
-    }
-    let who: String = serde_json::from_str(&format!("\"{}\"", &rest[..end?])).ok()?;
-    let who = who.trim().to_string();
-    (!who.is_empty()).then_some(who)
-}
-
 fn changes_text(c: Option<Changes>) -> String {
     c.map_or_else(
         || "–".into(),
@@ -365,7 +340,11 @@ pub fn run(chrome: &Chrome, run: &Run, output: &RunOutput) -> Markup {
                 Some(Outcome::SkippedLocked) => {
                     dt { "Not planned" } dd #skipped {
                         "Skipped because the workspace was locked"
-                        @if let Some(who) = run.message.as_deref().and_then(locked_by) { " by " strong { (who) } }
+                        // The holder as recorded (`Run::locked_by`); a run an earlier
+                        // release wrote has none, and its message, shown below, names it.
+                        @if let Some(who) = run.locked_by.as_deref().map(str::trim).filter(|w| !w.is_empty()) {
+                            " by " strong { (who) }
+                        }
                         "; nothing was disturbed. The next check runs as scheduled, or run one now."
                     }
                 }
@@ -451,6 +430,7 @@ mod tests {
             output_blob: None,
             plan_expires_at: Some(i64::MAX),
             applied_by: None,
+            locked_by: Some(evil.into()),
             approvable: true,
             state_moved: true,
         }
@@ -467,51 +447,87 @@ mod tests {
         let by_service = r#"the workspace is locked by "ana@box \"<b>\"" (OperationTypeApply, lock L1); nothing was disturbed"#;
         let by_child =
             "the workspace lock is held (the child's -lock-timeout ran out); nothing was disturbed";
-        // (outcome, message, on the page, not on the page)
-        type Row<'a> = (Outcome, &'a str, &'a [&'a str], &'a [&'a str]);
+        // (outcome, message, recorded holder, on the page, not on the page)
+        type Row<'a> = (
+            Outcome,
+            &'a str,
+            Option<&'a str>,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
         let table: &[Row] = &[
             (
                 Outcome::SkippedLocked,
                 by_service,
+                Some(r#"ana@box "<b>""#),
                 &["Skipped because the workspace was locked by <strong>ana@box &quot;&lt;b&gt;&quot;</strong>;"],
                 &["Planned against", "serial 4", "state changed since"],
+            ),
+            // The holder comes from the recorded field, never from the message: a
+            // message naming someone else does not change who is shown.
+            (
+                Outcome::SkippedLocked,
+                r#"the workspace is locked by "mallory" (x)"#,
+                Some("ana"),
+                &["locked by <strong>ana</strong>;"],
+                &["<strong>mallory"],
             ),
             (
                 Outcome::SkippedLocked,
                 by_child,
+                None,
                 &["Skipped because the workspace was locked; nothing was disturbed."],
                 &["Planned against", " by <strong>"],
+            ),
+            // A run an earlier release wrote: no recorded holder, so none in bold, and
+            // its message (which names the holder) still on the page.
+            (
+                Outcome::SkippedLocked,
+                by_service,
+                None,
+                &[
+                    "Skipped because the workspace was locked; nothing was disturbed.",
+                    "the workspace is locked by &quot;ana@box",
+                ],
+                &[" by <strong>"],
+            ),
+            // An empty or blank recorded name says nothing.
+            (
+                Outcome::SkippedLocked,
+                by_child,
+                Some("  "),
+                &["Skipped because the workspace was locked; nothing was disturbed."],
+                &[" by <strong>"],
             ),
             (
                 Outcome::SkippedFrozen,
                 "frozen",
+                None,
                 &["Skipped because the workspace was frozen"],
                 &["Planned against"],
             ),
-            (Outcome::InSync, "no changes", &["Planned against", "serial 4"], &["Skipped"]),
+            (Outcome::InSync, "no changes", None, &["Planned against", "serial 4"], &["Skipped"]),
         ];
-        for (outcome, message, has, lacks) in table {
+        for (outcome, message, holder, has, lacks) in table {
             let r = Run {
                 message: Some((*message).into()),
+                locked_by: holder.map(str::to_string),
                 approvable: false,
                 ..run_with(Some(*outcome), "x")
             };
             let page = run(&chrome, &r, &RunOutput::Absent).into_string();
             for want in *has {
-                assert!(page.contains(want), "{outcome:?}: {want} not on {page}");
+                assert!(
+                    page.contains(want),
+                    "{outcome:?} {holder:?}: {want} not on {page}"
+                );
             }
             for not in *lacks {
-                assert!(!page.contains(not), "{outcome:?}: {not} on {page}");
+                assert!(
+                    !page.contains(not),
+                    "{outcome:?} {holder:?}: {not} on {page}"
+                );
             }
-        }
-        for (message, want) in [
-            (by_service, Some(r#"ana@box "<b>""#)),
-            (by_child, None),
-            (r#"locked by "" (x)"#, None),
-            (r#"locked by "unterminated"#, None),
-            ("locked by nobody", None),
-        ] {
-            assert_eq!(locked_by(message).as_deref(), want, "{message}");
         }
     }
 

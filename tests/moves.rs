@@ -222,6 +222,16 @@ async fn every_refused_move_changes_nothing() {
         ("src", "held", a(), 423, "run-1"),
         ("held", "src", a(), 423, "run-1"),
         ("src", "frozen", a(), 423, "window"),
+        // A frozen source is refused as well, and before its state is read: an address
+        // it does not hold gets the freeze's refusal, not a 400.
+        ("frozen", "src", a(), 423, "window"),
+        (
+            "frozen",
+            "src",
+            json!({"addresses": ["terraform_data.zz"]}),
+            423,
+            "window",
+        ),
         ("src", "dst", json!({"addresses": []}), 400, "at least one"),
         (
             "src",
@@ -292,6 +302,9 @@ async fn every_refused_move_changes_nothing() {
         1
     );
     assert_eq!(env.server.count("SELECT count(*) FROM tf_freezes"), 1);
+    // No refused move left its record behind (it is written with the locks, in the
+    // transaction the freeze check rolled back).
+    assert_eq!(env.server.count("SELECT count(*) FROM tf_moves"), 0);
     // A body larger than any valid move is refused before it is read whole.
     let huge = json!({"addresses": vec!["x".repeat(1000); 3000]});
     let before = env.snapshot();

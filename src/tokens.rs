@@ -584,6 +584,8 @@ async fn put_record<T: serde::Serialize>(
         actor: actor.into(),
         parent: None,
         facts: Default::default(),
+        // What `encode` seals under decides the generation named in the blob.
+        key_gen: 0,
     };
     let sealed = format::encode(&root.blob_key(scope), &header, &body)?;
     blobs.put(key, Bytes::from(sealed)).await?;

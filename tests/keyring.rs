@@ -277,6 +277,105 @@ async fn rotate_and_reseal_while_serving_lose_nothing_and_refuse_nothing() {
     }
 }
 
+/// `versions.key_gen` of every version of `workspace`, beside its blob key.
+fn recorded_generations(server: &TestServer, workspace: &str) -> Vec<(String, Option<i64>)> {
+    let conn = server.db();
+    let mut stmt = conn
+        .prepare("SELECT blob_key, key_gen FROM versions WHERE scope = ?1 ORDER BY version")
+        .unwrap();
+    stmt.query_map([format!("tf/{workspace}")], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Issue 38: "at rest: AES-GCM under generation N" in listings too. The index records
+/// each version's data key generation as its blob's header names it (written, then
+/// resealed), so `workspace list`, the UI list and `--json` show it without reading a
+/// blob; a row an earlier release wrote (no generation recorded) shows none in a
+/// listing and its header's on the workspace's own page.
+#[tokio::test]
+async fn listings_show_the_key_generation_the_index_records_with_each_version() {
+    use stategate::operator::roles::Grant;
+    let server = TestServer::start().await;
+    assert_eq!(post(&server, "prod", 1).await, 200);
+    let op = cli(&server).await;
+    assert_eq!(
+        keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    op.root.reload().unwrap();
+    post_until_generation(&server, "app", 1, 1).await;
+    for ws in ["prod", "app"] {
+        for (key, recorded) in recorded_generations(&server, ws) {
+            let named = i64::from(generation_of(&server, &key).await);
+            assert_eq!(recorded, Some(named), "{ws} {key}");
+        }
+    }
+    let listed = |rows: Vec<stategate::operator::WorkspaceSummary>| -> Vec<(String, Option<u32>)> {
+        rows.into_iter()
+            .map(|w| (w.name, w.key_generation))
+            .collect()
+    };
+    let ops = &server.app.operator;
+    assert_eq!(
+        listed(ops.list_workspaces(&Grant::ROOT).await.unwrap()),
+        [("app".to_string(), Some(1)), ("prod".to_string(), Some(0))]
+    );
+    // Resealed under 1: the rows say so too.
+    op.reseal().await;
+    for (key, recorded) in recorded_generations(&server, "prod") {
+        assert_eq!(recorded, Some(1), "{key}");
+        assert_eq!(generation_of(&server, &key).await, 1);
+    }
+    assert_eq!(
+        listed(ops.list_workspaces(&Grant::ROOT).await.unwrap()),
+        [("app".to_string(), Some(1)), ("prod".to_string(), Some(1))]
+    );
+    // A row as an earlier release wrote it: unknown in the listing, read from the
+    // header for the workspace's own page.
+    server
+        .db()
+        .execute(
+            "UPDATE versions SET key_gen = NULL WHERE scope = 'tf/prod'",
+            [],
+        )
+        .unwrap();
+    let list = listed(ops.list_workspaces(&Grant::ROOT).await.unwrap());
+    assert_eq!(list[1], ("prod".to_string(), None));
+    assert_eq!(ops.workspace("prod").await.unwrap().key_generation, Some(1));
+    // The CLI's listing says the generation in words (and --json carries the number).
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("STATEGATE_DATA_DIR", &server.config.data_dir)
+            .env("STATEGATE_DEK", common::DEK)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (code, out, err) = run(&["workspace", "list"]);
+    assert_eq!(code, 0, "{err}");
+    let app = out.lines().find(|l| l.starts_with("app ")).unwrap();
+    assert!(app.contains("AES-256-GCM, key generation 1"), "{out}");
+    let (code, json, err) = run(&["workspace", "list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let app: serde_json::Value = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["name"] == "app")
+        .unwrap();
+    assert_eq!(app["key_generation"], 1, "{app}");
+}
+
 /// `POST keys/retire` of `generation` through the admin API: (status, body).
 async fn retire(env: &AdminEnv, generation: u32) -> (u16, String) {
     env.admin(

@@ -87,6 +87,7 @@ async fn rebuild_reproduces_the_live_index_from_blobs() {
             actor: "x".into(),
             parent: None,
             facts: Default::default(),
+            key_gen: 0,
         };
         let blob = format::encode(
             &RootKey::from_bytes([1; 32]).blob_key("tf/prod"),

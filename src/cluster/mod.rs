@@ -453,6 +453,7 @@ mod tests {
             actor: "a@x".into(),
             facts: Default::default(),
             changes: None,
+            key_generation: None,
         }
     }
 

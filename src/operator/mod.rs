@@ -152,8 +152,9 @@ pub struct WorkspaceSummary {
     /// without a live state.
     pub encryption: Option<crate::tofu::posture::Posture>,
     /// The data key generation its newest version is sealed under at rest (AES-256-GCM,
-    /// [`at_rest`]), read from that blob's header: only for one workspace
-    /// ([`Operations::workspace`]), never in a listing (one read per workspace).
+    /// [`at_rest`]), as the index recorded it with the version (listings read no
+    /// blob); `None` without a live version, and, in a listing, for a version an
+    /// earlier release wrote ([`Operations::workspace`] reads that one's header).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_generation: Option<u32>,
 }
@@ -462,7 +463,9 @@ pub fn workspace_rows(
                 plans: Vec::new(),
                 frozen: None,
                 encryption: None,
-                key_generation: None,
+                // As the index recorded it (no blob read); unknown for a tombstone
+                // and in a row an earlier release wrote.
+                key_generation: row.key_generation.filter(|_| !row.is_tombstone()),
             },
         );
     }
@@ -605,9 +608,10 @@ impl Operations {
     }
 
     /// One workspace's summary (404 when it has neither versions nor a lock).
-    /// With the data key generation of its newest version (best effort: a blob whose
-    /// header cannot be read is logged and leaves it unknown; reading the version says
-    /// what is wrong).
+    /// With the data key generation of its newest version: the index's, or, for a row
+    /// an earlier release wrote, its blob's header (best effort: a blob whose header
+    /// cannot be read is logged and leaves it unknown; reading the version says what
+    /// is wrong).
     pub async fn workspace(&self, workspace: &str) -> Result<WorkspaceSummary, Error> {
         validate_workspace(workspace)?;
         let mut found = self
@@ -616,7 +620,7 @@ impl Operations {
             .into_iter()
             .find(|w| w.name == workspace)
             .ok_or_else(|| Error::NotFound(format!("workspace {workspace:?} has no versions")))?;
-        if !found.deleted && found.version.is_some() {
+        if !found.deleted && found.version.is_some() && found.key_generation.is_none() {
             let scope = crate::tofu::scope(workspace);
             match self.tofu.store().current_key_generation(&scope).await {
                 Ok(g) => found.key_generation = g,
@@ -1231,6 +1235,7 @@ mod tests {
                 changed: 0,
                 removed,
             }),
+            key_generation: None,
         };
         let to = |ws: &str| crate::store::WriteFacts {
             moved_to: Some(ws.into()),

@@ -137,6 +137,8 @@ pub fn seal(root: &RootKey, id: &str, snapshot: &[u8], now: &str) -> Result<Vec<
         actor: "stategate backup".into(),
         parent: None,
         facts: Default::default(),
+        // What `encode` seals under decides the generation named in the blob.
+        key_gen: 0,
     };
     format::encode(&root.blob_key(&scope), &header, snapshot)
 }
@@ -453,8 +455,8 @@ fn complete(
             .filter(|r| r.sha256.is_some() && r.sha256 == *sha256);
         if let Some(row) = same {
             tx.execute(
-                "UPDATE versions SET blob_key = ?3 WHERE scope = ?1 AND version = ?2",
-                crate::store::sql::params![scope, version, row.blob_key],
+                "UPDATE versions SET blob_key = ?3, key_gen = ?4 WHERE scope = ?1 AND version = ?2",
+                crate::store::sql::params![scope, version, row.blob_key, row.key_generation],
             )
             .map_err(write)?;
             resealed.push((scope.clone(), *version));

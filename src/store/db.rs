@@ -67,6 +67,9 @@ CREATE TABLE IF NOT EXISTS versions (
     res_added      INTEGER,
     res_changed    INTEGER,
     res_removed    INTEGER,
+    -- The data key generation its blob is sealed under (the header names the same);
+    -- NULL: a tombstone, or a row an earlier release wrote.
+    key_gen        INTEGER,
     PRIMARY KEY (scope, version)
 ) WITHOUT ROWID;
 
@@ -97,11 +100,12 @@ const ADDED_VERSION_COLUMNS: &[(&str, &str)] = &[
     ("res_removed", "INTEGER"),
     ("moved_to", "TEXT"),
     ("moved_from", "TEXT"),
+    ("key_gen", "INTEGER"),
 ];
 
 /// [`SCHEMA`] for PostgreSQL (`crate::schema::postgres`): the same tables, and the
 /// columns added since the first release that had a PostgreSQL index (a move's
-/// `moved_to`/`moved_from`), which an index an earlier release made lacks. PostgreSQL
+/// `moved_to`/`moved_from`, the blob's `key_gen`), which an index an earlier release made lacks. PostgreSQL
 /// adds a column only where it is missing (`IF NOT EXISTS`), so this is idempotent.
 pub fn postgres_schema() -> Result<String, String> {
     Ok(crate::store::sql::postgres_ddl(SCHEMA)? + POSTGRES_ADDED_COLUMNS)
@@ -110,6 +114,7 @@ pub fn postgres_schema() -> Result<String, String> {
 const POSTGRES_ADDED_COLUMNS: &str = r#"
 ALTER TABLE versions ADD COLUMN IF NOT EXISTS moved_to TEXT COLLATE "C";
 ALTER TABLE versions ADD COLUMN IF NOT EXISTS moved_from TEXT COLLATE "C";
+ALTER TABLE versions ADD COLUMN IF NOT EXISTS key_gen INTEGER;
 "#;
 
 /// Migration (`crate::schema::MIGRATIONS`): adds [`ADDED_VERSION_COLUMNS`] that an
@@ -966,6 +971,8 @@ mod tests {
             assert_eq!(rows[0].actor, "tf:prod");
             assert_eq!(rows[0].facts, crate::store::WriteFacts::default());
             assert_eq!(rows[0].changes, None);
+            // No key generation recorded: read from the blob's header where needed.
+            assert_eq!(rows[0].key_generation, None);
         }
     }
 

@@ -115,6 +115,11 @@ pub struct BlobHeader {
     pub parent: Option<String>,
     #[serde(flatten)]
     pub facts: WriteFacts,
+    /// The data key generation that sealed it (SGB2: its stream header's; SGB1: 0).
+    /// Never serialized here: the stream header carries it, and an SGB1 header is
+    /// always generation 0.
+    #[serde(skip)]
+    pub key_gen: u32,
 }
 
 /// Who a blob is, known before its first byte is written.
@@ -174,6 +179,8 @@ pub enum FormatError {
 /// Seals a body chunk by chunk as it arrives. Holds at most one chunk of plaintext.
 pub struct Sealer {
     aead: ChunkAead,
+    /// The data key generation the chunks are sealed under (named in the header).
+    key_gen: u32,
     header: Vec<u8>,
     pending: Vec<u8>,
     sha: Sha,
@@ -201,12 +208,19 @@ impl Sealer {
         });
         let sealer = Sealer {
             aead,
+            key_gen,
             header: header.clone(),
             pending: Vec::with_capacity(2 * CHUNK_SIZE),
             sha: Sha::Hashing(Box::default()),
             size: 0,
         };
         Ok((sealer, Bytes::from(header)))
+    }
+
+    /// The data key generation this blob is sealed under: what the index records
+    /// beside the version (`versions.key_gen`), so listings need not read the header.
+    pub fn key_generation(&self) -> u32 {
+        self.key_gen
     }
 
     /// Takes the next piece of plaintext; returns the chunks it completed, sealed
@@ -578,6 +592,7 @@ pub fn read_header(blob: &[u8]) -> Result<BlobHeader, FormatError> {
         actor: header.id.actor,
         parent: header.id.parent,
         facts: header.id.facts,
+        key_gen: header.key_gen,
     })
 }
 
@@ -880,6 +895,7 @@ mod tests {
                 moved_to: Some("dev".into()),
                 moved_from: None,
             },
+            key_gen: 0,
         };
         let blob = encode(&key(), &header, &plain).unwrap();
         assert_eq!(read_header(&blob).unwrap(), header);
@@ -932,6 +948,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".into(),
             actor: "test".into(),
             facts: WriteFacts::default(),
+            key_gen: 0,
         };
         let blob = encode_v1(&key(), &header, &plain);
         assert_eq!(read_header(&blob).unwrap(), header);
@@ -996,10 +1013,15 @@ mod tests {
         });
         let k = root.blob_key("tf/a");
         let (mut sealer, head) = Sealer::new(&k, &id("tf/a", 2)).unwrap();
+        // What the index records with the version is what the header names, and what
+        // a rebuild reads back from the whole blob.
+        assert_eq!(sealer.key_generation(), 2);
         let mut new = head.to_vec();
         new.extend_from_slice(&sealer.push(&plain).unwrap());
         new.extend_from_slice(&sealer.finish(Some(3), Some("l".into())).unwrap().0);
         assert_eq!(key_generation(&new).unwrap(), Some(2));
+        assert_eq!(read_header(&new).unwrap().key_gen, 2);
+        assert_eq!(read_header(&old).unwrap().key_gen, 0);
         let sha = hex::encode(sha2_digest(&plain));
         let open_with = |k: &SealKey, blob: &[u8]| decode(k, blob, "tf/a", 2, Some(&sha));
         assert_eq!(open_with(&k, &new).unwrap(), plain);

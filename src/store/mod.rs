@@ -101,6 +101,11 @@ pub struct VersionRow {
     pub facts: WriteFacts,
     /// What it did to resources; `None` when not known (`store::timeline`).
     pub changes: Option<ChangeCounts>,
+    /// The data key generation its blob is sealed under (the blob's header names the
+    /// same), recorded when the blob is written or resealed so a listing shows it
+    /// without reading a blob; `None` for a tombstone and in rows an earlier release
+    /// wrote (read from the header then: `StateStore::current_key_generation`).
+    pub key_generation: Option<u32>,
 }
 
 impl VersionRow {
@@ -129,7 +134,7 @@ pub fn utc_minutes(unix: i64) -> Option<String> {
 const VERSION_COLUMNS: &str =
     "scope, version, serial, lineage, sha256, size, blob_key, created_at, actor, \
      lock_who, lock_operation, restored_from, res_added, res_changed, res_removed, \
-     moved_to, moved_from";
+     moved_to, moved_from, key_gen";
 
 fn row_to_version(
     row: &crate::store::sql::Row<'_>,
@@ -164,6 +169,10 @@ fn row_to_version(
             }),
             _ => None,
         },
+        // A value no generation can have reads as unknown (the header still says).
+        key_generation: row
+            .get::<_, Option<i64>>(17)?
+            .and_then(|g| u32::try_from(g).ok()),
     })
 }
 
@@ -682,7 +691,7 @@ impl StateStore {
             facts: new.facts.clone(),
         };
         let blob_key = blob_key_for(&new.scope, version);
-        let (mut meta, trailer) = self
+        let (mut meta, trailer, generation) = self
             .store_blob(&blob_key, &id, key, new.check, &mut body)
             .await?;
         // Compared outside the writer thread; the commit checks the base still holds.
@@ -701,6 +710,7 @@ impl StateStore {
             actor: id.actor,
             facts: id.facts,
             changes: None,
+            key_generation: Some(generation),
         };
         let audit = meta.audit;
         let committed = self
@@ -744,7 +754,8 @@ impl StateStore {
     }
 
     /// Streams `body` through `check` and the sealer into a new blob under `blob_key`;
-    /// on any failure nothing is left under the key.
+    /// on any failure nothing is left under the key. With the data key generation the
+    /// blob is sealed under, for its row.
     async fn store_blob<E>(
         &self,
         blob_key: &str,
@@ -752,12 +763,13 @@ impl StateStore {
         key: &SealKey,
         mut check: Box<dyn BodyCheck<E>>,
         body: &mut BodySource<E>,
-    ) -> Result<(BodyMeta, format::Trailer), E>
+    ) -> Result<(BodyMeta, format::Trailer, u32), E>
     where
         E: From<StoreError> + Send + 'static,
     {
         let store_err = |e: BlobError| E::from(StoreError::from(e));
         let (mut sealer, head) = Sealer::new(key, id).map_err(|e| E::from(StoreError::from(e)))?;
+        let generation = sealer.key_generation();
         let mut sink = self.blobs.create(blob_key).await.map_err(store_err)?;
         let sealed = async {
             sink.write(head).await.map_err(store_err)?;
@@ -776,7 +788,7 @@ impl StateStore {
                 .finish(meta.serial, meta.lineage.clone())
                 .map_err(|e| E::from(StoreError::from(e)))?;
             sink.write(tail).await.map_err(store_err)?;
-            Ok::<_, E>((meta, trailer))
+            Ok::<_, E>((meta, trailer, generation))
         }
         .await;
         match sealed {
@@ -823,6 +835,7 @@ impl StateStore {
                     actor,
                     facts: WriteFacts::default(),
                     changes: None,
+                    key_generation: None,
                 };
                 let db = |e| E::from(DbError::from(e));
                 // A deletion removes every resource the state is known to have had.
@@ -909,7 +922,7 @@ impl StateStore {
                 .store_blob(&blob_key, &id, &key, check, &mut body)
                 .await
             {
-                Ok((mut meta, trailer)) => {
+                Ok((mut meta, trailer, generation)) => {
                     written.push(blob_key.clone());
                     let changes =
                         timeline_changes(before.as_ref(), &prior, meta.resources.as_ref());
@@ -926,6 +939,7 @@ impl StateStore {
                         actor: id.actor,
                         facts: id.facts,
                         changes: None,
+                        key_generation: Some(generation),
                     });
                 }
                 Err(e) => {
@@ -1070,7 +1084,7 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::stor
     let known = row.changes.is_some();
     conn.prepare_cached(&format!(
         "INSERT INTO versions ({VERSION_COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
     ))?
     .execute(params![
         row.scope,
@@ -1090,6 +1104,7 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::stor
         known.then_some(counts.removed),
         row.facts.moved_to,
         row.facts.moved_from,
+        row.key_generation,
     ])?;
     Ok(())
 }

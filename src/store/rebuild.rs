@@ -266,6 +266,7 @@ pub(crate) fn row_of(claim: Claim) -> VersionRow {
         actor: h.actor,
         facts: h.facts,
         changes: None,
+        key_generation: Some(h.key_gen),
     }
 }
 
@@ -458,6 +459,7 @@ mod tests {
                 actor: "t".into(),
                 parent: parent.map(str::to_string),
                 facts: Default::default(),
+                key_gen: 0,
             },
         }
     }

@@ -388,6 +388,7 @@ async fn reseal_version(
     }
     let last = opener.finish().map_err(unreadable)?;
     let mut tail = sealer.push(&last)?.to_vec();
+    let sealed_under = sealer.key_generation();
     let (end, trailer) = sealer.finish(row.serial, row.lineage.clone())?;
     tail.extend_from_slice(&end);
     if row.sha256.as_deref().is_some_and(|s| s != trailer.sha256) {
@@ -410,9 +411,11 @@ async fn reseal_version(
             if still.is_none() {
                 return Ok(false);
             }
+            // The row names the new blob's generation with the new blob.
             conn.execute(
-                "UPDATE versions SET blob_key = ?4 WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
-                params![scope, version, old_key, new_key],
+                "UPDATE versions SET blob_key = ?4, key_gen = ?5
+                  WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
+                params![scope, version, old_key, new_key, sealed_under],
             )?;
             insert_audit(
                 conn,

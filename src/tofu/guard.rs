@@ -202,6 +202,7 @@ mod tests {
             actor: String::new(),
             facts: Default::default(),
             changes: None,
+            key_generation: None,
         }
     }
 

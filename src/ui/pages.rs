@@ -216,7 +216,7 @@ pub fn workspaces(chrome: &Chrome, rows: &[WorkspaceSummary], filter: &str) -> M
                         @if w.deleted { span.badge.deleted { "deleted" } }
                     }
                     td data-label="Encryption" { @match &w.encryption {
-                        Some(p) => (encryption_cell(&w.name, p, None)),
+                        Some(p) => (encryption_cell(&w.name, p, w.key_generation)),
                         None => span.muted { "–" },
                     } }
                     td data-label="Lock" {
@@ -919,7 +919,7 @@ fn outline_body(outline: &Outline) -> Markup {
 }
 
 /// A workspace's encryption in the words the CLI uses too: at rest (always; with the
-/// key generation where it was read) and OpenTofu's client-side encryption
+/// key generation where it is known: the index's, or the header's on the workspace page) and OpenTofu's client-side encryption
 /// (`tofu::posture`), with where to read how to turn it on when it is not on.
 fn encryption_cell(ws: &str, p: &crate::tofu::posture::Posture, generation: Option<u32>) -> Markup {
     html! {
@@ -1710,6 +1710,7 @@ mod tests {
                 moved_from: None,
             },
             changes: Some(Default::default()),
+            key_generation: None,
         };
         let rows = [row.clone()];
         let timeline = [crate::store::timeline::TimelineRow {

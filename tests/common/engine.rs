@@ -186,6 +186,7 @@ impl Engine {
             actor: "test".into(),
             parent: None,
             facts: Default::default(),
+            key_gen: 0,
         };
         let blob = format::encode(&self.root.blob_key(scope), &header, body).unwrap();
         let key = stategate::store::blob_key_for(scope, version);

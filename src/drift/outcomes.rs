@@ -96,10 +96,7 @@ ALTER TABLE drift_runs ADD COLUMN IF NOT EXISTS locked_by TEXT COLLATE "C";
 /// release's SQLite `drift_runs` lacks. Idempotent; a database without the table is
 /// left to [`SCHEMA`]. (`ALTER TABLE … ADD COLUMN` fires no trigger and changes no row.)
 pub fn migrate(conn: &Connection) -> Result<(), crate::store::sql::Error> {
-    let present: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('drift_runs')")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let present = conn.table_columns("drift_runs")?;
     if present.is_empty() {
         return Ok(());
     }

@@ -1,8 +1,11 @@
 //! One installation on disk — the data dir, its keys, its index and its blob store —
-//! opened the same way for `serve` and for every operator command: the DEK
-//! (`load_root_key`), the cluster key (`load_cluster_key`), both as `scope_keys`, the
-//! index with every schema (through `store::index`, which alone knows its kind), and
-//! the blob store proven reachable and writable.
+//! opened one way for `serve` and for every operator command: [`Installation::open`]
+//! reads the root key, opens the keyring, the index (with every schema, through
+//! `store::index`, which alone knows its kind) and the blob store (proven reachable and
+//! writable), and builds the services over them. What differs between callers is the
+//! [`Purpose`]: only `serve` may make the key of a new installation; a command needs an
+//! index that is there. The functions below are its steps, public for the index
+//! commands that write a new index and for tests.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
 //! for its whole life (one server per data dir), and a command that writes a new index
@@ -15,19 +18,243 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use crate::cluster::{Clock, ClusterService};
 use crate::config::{Config, KeyServiceKind, StoreKind};
 use crate::crypto::pkcs11::{Pkcs11KeyService, Pkcs11Params};
 use crate::crypto::service::KeyService;
 use crate::crypto::{wrapped, RootKey};
 use crate::drift::DriftService;
 use crate::keys::{KeySource, Keyring};
+use crate::metrics::Metrics;
+use crate::operator::Operations;
 use crate::store::blob::create_private_dir;
 use crate::store::copy::TableCopy;
 use crate::store::index::{Index, MigrateTo, NewIndex};
 use crate::store::keyring::KeyRow;
 use crate::store::rebuild::ScopeKeys;
 use crate::store::{s3::S3Store, BlobStore, Db, LocalStore, StateStore};
+use crate::tofu::ci_identity::CiIdentities;
+use crate::tofu::TofuBackend;
 use cryptoki::types::AuthPin;
+
+/// Why a process opens the installation: what it may create, and how it reads the
+/// keyring. The order of the steps differs by purpose on purpose (which refusal a
+/// person sees first is part of each command's behaviour).
+pub enum Purpose {
+    /// `stategate serve`: the key of a new installation is made here, and only when the
+    /// installation holds no data; the keyring is reconciled with its copies in the
+    /// store, and the key proven against the index's and the store's records.
+    Serve(Box<Serving>),
+    /// An operator command on an existing installation (`workspace`, `drift`): refused
+    /// without an index; the key is read (never made) and its ring attached from the
+    /// index's table before the store is opened.
+    Command,
+    /// `stategate key …`: as [`Purpose::Command`], but the store is opened first and
+    /// the keyring reconciled with its copies there (an index restored from before a
+    /// rotation or a rewrap still opens).
+    Keyring,
+}
+
+/// What `serve` brings to [`Installation::open`], read before anything was opened.
+pub struct Serving {
+    /// The root key `serve` already unwrapped checking the key service
+    /// ([`check_key_service`]): the token is asked once per start.
+    pub unwrapped: Option<RootKey>,
+    /// What cluster leases are timed by (tests pass a `TestClock`).
+    pub clock: Arc<dyn Clock>,
+    /// The blob store's traffic is counted into these.
+    pub metrics: Metrics,
+    /// `[[ci_identity]]`'s trusted issuers.
+    pub ci_identities: CiIdentities,
+}
+
+/// One installation, open: its root key with the keyring attached, its index and blob
+/// store (inside the backend), and the services over them. Services a command may not
+/// need are built on demand ([`Installation::cluster`], [`Installation::drift`]), so a
+/// command reads no configuration it does not use (`ADJ_STATE_ENC_KEY`) and announces
+/// no drift sandbox it does not start.
+#[derive(Clone)]
+pub struct Installation {
+    config: Config,
+    root: RootKey,
+    tofu: TofuBackend,
+    clock: Arc<dyn Clock>,
+}
+
+/// Every service `serve` runs, over one installation.
+pub struct Services {
+    pub tofu: TofuBackend,
+    pub cluster: ClusterService,
+    pub operator: Operations,
+    pub drift: DriftService,
+    pub keys: Keyring,
+}
+
+impl Installation {
+    /// Opens the installation `config` names for `purpose` (see [`Purpose`]): a key that
+    /// does not open, a ring generation that does not unwrap, or a key whose
+    /// fingerprint is not the one the index recorded stops here, before anything is
+    /// written. Must run inside a tokio runtime (the store is probed).
+    pub async fn open(config: &Config, purpose: Purpose) -> anyhow::Result<Installation> {
+        let (root, store, serving) = match purpose {
+            Purpose::Serve(serving) => {
+                let (root, store) = open_for_serving(config, &serving).await?;
+                (root, store, Some(serving))
+            }
+            Purpose::Command => {
+                require_index(config)?;
+                let root = load_root_key(config, false)?;
+                (root, open_state_store(config).await?, None)
+            }
+            Purpose::Keyring => {
+                require_index(config)?;
+                let store = open_state_store(config).await?;
+                let root = read_root_key(config, false)?;
+                open_keyring(config, &root, &store, true).await?;
+                (root, store, None)
+            }
+        };
+        let mut tofu = TofuBackend::new(store, root.clone());
+        let mut clock: Arc<dyn Clock> = Arc::new(crate::cluster::SystemClock);
+        // The server's write and lock policies. The commands keep the backend's
+        // defaults, as they always have (see ARCHITECTURE.md, known exceptions).
+        if let Some(serving) = serving {
+            let downgrade = crate::tofu::posture::DowngradePolicy::parse(
+                &config.tofu.refuse_plaintext_after_encrypted,
+            )
+            .map_err(anyhow::Error::msg)?;
+            let leases = crate::tofu::lock::LeasePolicies::from_config(&config.lock_policy)?;
+            tofu = tofu
+                .with_downgrade_policy(downgrade)
+                .with_ci_identities(serving.ci_identities)
+                .with_lease_policies(leases);
+            clock = serving.clock;
+        }
+        Ok(Installation {
+            config: config.clone(),
+            root,
+            tofu,
+            clock,
+        })
+    }
+
+    /// The root key, its keyring attached.
+    pub fn root(&self) -> &RootKey {
+        &self.root
+    }
+
+    /// The storage engine: the index and the blob store.
+    pub fn store(&self) -> &StateStore {
+        self.tofu.store()
+    }
+
+    /// The Terraform/OpenTofu backend.
+    pub fn tofu(&self) -> &TofuBackend {
+        &self.tofu
+    }
+
+    /// The cluster API's service; reads `ADJ_STATE_ENC_KEY` (invalid: refused).
+    pub fn cluster(&self) -> anyhow::Result<ClusterService> {
+        Ok(ClusterService::new(
+            self.store().clone(),
+            load_cluster_key(&self.config)?,
+            &self.config.cluster,
+            self.clock.clone(),
+        ))
+    }
+
+    /// The day-two operations (the CLI's, the admin API's and the UI's).
+    pub fn operator(&self) -> anyhow::Result<Operations> {
+        Ok(self.operations(self.cluster()?))
+    }
+
+    fn operations(&self, cluster: ClusterService) -> Operations {
+        Operations::new(
+            self.tofu.clone(),
+            cluster,
+            self.config.locks.stale_after_seconds,
+        )
+        .with_max_view_bytes(self.config.max_view_bytes)
+    }
+
+    /// The drift service (drift outputs and kept plans are its). Each call builds one:
+    /// a process wants one, and it logs its sandbox's state when built.
+    pub fn drift(&self) -> DriftService {
+        DriftService::new(&self.config, self.tofu.clone(), self.root.clone())
+    }
+
+    /// The keyring's operations over this installation and `drift`'s artifacts.
+    pub fn keyring(&self, drift: &DriftService) -> Keyring {
+        keyring(&self.config, &self.root, self.store(), drift.clone())
+    }
+
+    /// Both roots by the scope prefix each seals, for `keys::Keyring::reseal`; reads
+    /// `ADJ_STATE_ENC_KEY` (cluster scopes are left alone without it).
+    pub fn scope_keys(&self) -> anyhow::Result<ScopeKeys> {
+        Ok(crate::schema::scope_keys(
+            self.root.clone(),
+            load_cluster_key(&self.config)?,
+        ))
+    }
+
+    /// Every service, for `serve`: one cluster service and one drift service shared.
+    pub fn services(&self) -> anyhow::Result<Services> {
+        let cluster = self.cluster()?;
+        let drift = self.drift();
+        Ok(Services {
+            tofu: self.tofu.clone(),
+            operator: self.operations(cluster.clone()),
+            keys: self.keyring(&drift),
+            cluster,
+            drift,
+        })
+    }
+}
+
+/// `serve`'s opening: a key that is there is read before anything is opened (one that
+/// cannot be used stops startup with nothing touched); a new key only for an
+/// installation with no data at all, made after the store proved reachable (a
+/// misconfigured store must not leave a fresh key behind); then the keyring and the
+/// key's proof against the records.
+async fn open_for_serving(
+    config: &Config,
+    serving: &Serving,
+) -> anyhow::Result<(RootKey, StateStore)> {
+    let root = match &serving.unwrapped {
+        Some(root) => Some(root.clone()),
+        None if has_root_key(config) => Some(read_root_key(config, false)?),
+        None => {
+            // Checked before anything is created, so a refused start leaves nothing.
+            require_no_data(config).await?;
+            None
+        }
+    };
+    let store = open_state_store(config).await?;
+    let store = store.with_blobs(crate::store::metered::MeteredStore::wrap(
+        store.blobs().clone(),
+        serving.metrics.clone(),
+    ));
+    let root = match root {
+        Some(root) => root,
+        None => read_root_key(config, true)?,
+    };
+    // A generation that does not unwrap stops startup here, before anything is
+    // written; so does a key whose fingerprint the index or the store does not record.
+    open_keyring(config, &root, &store, true).await?;
+    verify_root_key(config, &root, &store).await?;
+    Ok((root, store))
+}
+
+/// Operator commands work on an existing installation: never create an empty index.
+pub fn require_index(config: &Config) -> anyhow::Result<()> {
+    if !has_index(config) {
+        anyhow::bail!(
+            "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
+            config.db_path().display()
+        );
+    }
+    Ok(())
+}
 
 /// Loads the DEK from config/env, else from the key file (creating it on first start);
 /// with `key.service = "pkcs11"`, from the wrapped key file, opened by the token (on

@@ -1,6 +1,7 @@
 //! Startup and background services: turn a [`Config`] into a running gateway. The
-//! installation (data dir, root key, index, blob store) is opened by
-//! `crate::installation`, the same way the operator commands open it; this module
+//! installation (data dir, root key, index, blob store) and its services are opened by
+//! `crate::installation::Installation::open`, the one way the operator commands open
+//! it too; this module
 //! wires the application, the pass-through and the pingora services around it.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use crate::http::conditional::ConditionalGuard;
 use crate::http::s3_target::{host_of_url, Addressing};
 use crate::http::upstream::{same_server, Endpoint, Protection, Upstream};
 use crate::http::{App, Gateway};
-use crate::installation::{load_cluster_key, open_state_store, read_root_key};
+use crate::installation::{Installation, Purpose, Services, Serving};
 use crate::metrics::Metrics;
 use crate::store::retention::Retention;
 use crate::store::StateStore;
@@ -53,63 +54,36 @@ async fn build(
             |path| std::fs::read_to_string(path),
         )?),
     };
-    // A key that is there is read before anything is opened: one that cannot be used
-    // stops startup with nothing touched.
-    let root = match root {
-        Some(root) => Some(root),
-        None if crate::installation::has_root_key(config) => Some(read_root_key(config, false)?),
-        None => {
-            // A new key only for an installation with no data at all; checked before
-            // anything is created, so a refused start leaves nothing behind.
-            crate::installation::require_no_data(config).await?;
-            None
-        }
-    };
-    // The store is checked before a key is made (it also creates the data dir): a
-    // misconfigured store must not leave a fresh DEK behind.
+    // The installation: the key read (made only for a new one), the keyring, the
+    // index and the store, the key proven; the store's traffic counted.
     let metrics = Metrics::new();
-    let store = open_state_store(config).await?;
-    let store = store.with_blobs(crate::store::metered::MeteredStore::wrap(
-        store.blobs().clone(),
-        metrics.clone(),
-    ));
-    let root = match root {
-        Some(root) => root,
-        None => read_root_key(config, true)?,
-    };
-    // The keyring's generations (and its copies in the store): a generation that does
-    // not unwrap stops startup here, before anything is written; so does a key whose
-    // fingerprint is not the one the index or the store recorded.
-    crate::installation::open_keyring(config, &root, &store, true).await?;
-    crate::installation::verify_root_key(config, &root, &store).await?;
-    let cluster_key = load_cluster_key(config)?;
-    let cluster =
-        crate::cluster::ClusterService::new(store.clone(), cluster_key, &config.cluster, clock);
-    let store_buffer = store.blobs().write_buffer_bytes();
-    let downgrade =
-        crate::tofu::posture::DowngradePolicy::parse(&config.tofu.refuse_plaintext_after_encrypted)
-            .map_err(anyhow::Error::msg)?;
+    let installation = Installation::open(
+        config,
+        Purpose::Serve(Box::new(Serving {
+            unwrapped: root,
+            clock,
+            metrics: metrics.clone(),
+            ci_identities,
+        })),
+    )
+    .await?;
+    let root = installation.root().clone();
+    let Services {
+        tofu,
+        cluster,
+        operator,
+        drift,
+        keys,
+    } = installation.services()?;
+    let store_buffer = tofu.store().blobs().write_buffer_bytes();
     let sso = match sso_settings {
         None => None,
         Some(settings) => Some(crate::ui::oidc::Sso::new(
             settings,
-            store.index_handle(),
+            tofu.store().index_handle(),
             root.sso_key(),
         )?),
     };
-    let leases = crate::tofu::lock::LeasePolicies::from_config(&config.lock_policy)?;
-    let tofu = TofuBackend::new(store, root.clone())
-        .with_downgrade_policy(downgrade)
-        .with_ci_identities(ci_identities)
-        .with_lease_policies(leases);
-    let drift = crate::drift::DriftService::new(config, tofu.clone(), root.clone());
-    let keys = crate::installation::keyring(config, &root, tofu.store(), drift.clone());
-    let operator = crate::operator::Operations::new(
-        tofu.clone(),
-        cluster.clone(),
-        config.locks.stale_after_seconds,
-    )
-    .with_max_view_bytes(config.max_view_bytes);
     let app = Arc::new(App {
         operator,
         drift,

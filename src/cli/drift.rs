@@ -9,11 +9,9 @@ use clap::Subcommand;
 
 use stategate::config::Config;
 use stategate::drift::{DriftService, Run};
-use stategate::installation;
+use stategate::installation::{self, Purpose};
 
-use super::output::{
-    cli_error, confirmed, json_line, json_lines, operator, require_db, runtime, table, when,
-};
+use super::output::{cli_error, confirmed, json_line, json_lines, operator, table, when};
 
 #[derive(Subcommand)]
 pub enum DriftCommand {
@@ -84,13 +82,11 @@ struct DriftOps {
 
 impl DriftOps {
     fn open(config: &Config) -> anyhow::Result<DriftOps> {
-        require_db(config)?;
-        let root = installation::load_root_key(config, false)?;
-        let rt = runtime()?;
-        let store = rt.block_on(installation::open_state_store(config))?;
-        let tofu = stategate::tofu::TofuBackend::new(store, root.clone());
-        let drift = DriftService::new(config, tofu, root);
-        Ok(DriftOps { rt, drift })
+        let (rt, installation) = super::output::open(config, Purpose::Command)?;
+        Ok(DriftOps {
+            rt,
+            drift: installation.drift(),
+        })
     }
 
     fn run<T>(

@@ -6,25 +6,22 @@
 //! `key rewrap` (a new key file, the ring re-wrapped under it), and `key wrap` (the
 //! root key moved from the plain key file into the wrapped file a PKCS#11 token opens,
 //! `key.service = "pkcs11"`).
-//! Each opens the installation through `stategate::installation` and calls
-//! `stategate::keys` (status, rotate, retire: the admin API's code path too),
-//! `store::reseal` and drift's reseal, or `installation` (rewrap, wrap).
+//! Each opens the installation through `Installation::open` (the keyring reconciled
+//! with its copies in the store) and calls `stategate::keys` (status, rotate, retire:
+//! the admin API's code path too), `store::reseal` and drift's reseal, or
+//! `installation` (rewrap, wrap).
 
 use anyhow::bail;
 use clap::Subcommand;
 
 use stategate::config::Config;
 use stategate::crypto::wrapped::remove_plain_key_file;
-use stategate::crypto::{Purpose, RootKey};
-use stategate::drift::DriftService;
-use stategate::installation::{self, Wrapped};
+use stategate::crypto::Purpose as KeyPurpose;
+use stategate::installation::{self, Installation, Purpose, Wrapped};
 use stategate::keys::Keyring;
 use stategate::store::reseal;
-use stategate::store::StateStore;
 
-use super::output::{
-    advance, cli_error, json_line, operator, progress_bar, require_db, runtime, table,
-};
+use super::output::{advance, cli_error, json_line, open, operator, progress_bar, table};
 
 #[derive(Subcommand)]
 pub enum KeyCommand {
@@ -75,26 +72,28 @@ pub fn run(config: &Config, command: KeyCommand) -> anyhow::Result<()> {
     if let KeyCommand::Wrap { remove } = command {
         return wrap(config, remove);
     }
-    require_db(config)?;
-    let rt = runtime()?;
+    let (rt, installation) = open(config, Purpose::Keyring)?;
     rt.block_on(async {
-        let store = installation::open_state_store(config).await?;
-        let root = installation::read_root_key(config, false)?;
-        installation::open_keyring(config, &root, &store, true).await?;
         match command {
-            KeyCommand::Status { json } => status(config, &store, &root, json).await,
-            KeyCommand::Rotate => rotate(config, &store, &root, Purpose::Data).await,
+            KeyCommand::Status { json } => status(&installation, json).await,
+            KeyCommand::Rotate => rotate(&installation, KeyPurpose::Data).await,
             KeyCommand::RotateCredentials { yes } => {
                 if !yes && !confirmed_phrase()? {
                     bail!("not confirmed; nothing was changed");
                 }
-                rotate(config, &store, &root, Purpose::Credentials).await
+                rotate(&installation, KeyPurpose::Credentials).await
             }
-            KeyCommand::Reseal => reseal_all(config, &store, &root).await,
+            KeyCommand::Reseal => reseal_all(&installation).await,
             KeyCommand::Wrap { remove } => wrap(config, remove),
-            KeyCommand::Retire { generation } => retire(config, &store, &root, generation).await,
+            KeyCommand::Retire { generation } => retire(&installation, generation).await,
             KeyCommand::Rewrap => {
-                let done = installation::rewrap(config, &root, &store, &operator()).await?;
+                let done = installation::rewrap(
+                    config,
+                    installation.root(),
+                    installation.store(),
+                    &operator(),
+                )
+                .await?;
                 json_line(&serde_json::json!({
                     "action": "key.rewrapped",
                     "rewrapped": done.rewrapped,
@@ -125,15 +124,9 @@ fn confirmed_phrase() -> anyhow::Result<bool> {
     Ok(answer.trim() == PHRASE)
 }
 
-/// The drift service over this installation: drift outputs and kept plans are its.
-fn drift(config: &Config, store: &StateStore, root: &RootKey) -> DriftService {
-    let tofu = stategate::tofu::TofuBackend::new(store.clone(), root.clone());
-    DriftService::new(config, tofu, root.clone())
-}
-
 /// The keyring's operations, as the admin API has them (`stategate::keys`).
-fn keys(config: &Config, store: &StateStore, root: &RootKey) -> Keyring {
-    installation::keyring(config, root, store, drift(config, store, root))
+fn keys(installation: &Installation) -> Keyring {
+    installation.keyring(&installation.drift())
 }
 
 /// A census's progress on the terminal (hidden for `--json`).
@@ -145,14 +138,9 @@ fn census_bar(show: bool) -> indicatif::ProgressBar {
     }
 }
 
-async fn status(
-    config: &Config,
-    store: &StateStore,
-    root: &RootKey,
-    json: bool,
-) -> anyhow::Result<()> {
+async fn status(installation: &Installation, json: bool) -> anyhow::Result<()> {
     let bar = census_bar(!json);
-    let status = keys(config, store, root).status(&advance(&bar)).await;
+    let status = keys(installation).status(&advance(&bar)).await;
     bar.finish_and_clear();
     let status = status.map_err(cli_error)?;
     if json {
@@ -209,24 +197,19 @@ async fn status(
     Ok(())
 }
 
-async fn rotate(
-    config: &Config,
-    store: &StateStore,
-    root: &RootKey,
-    purpose: Purpose,
-) -> anyhow::Result<()> {
-    let rotated = keys(config, store, root)
+async fn rotate(installation: &Installation, purpose: KeyPurpose) -> anyhow::Result<()> {
+    let rotated = keys(installation)
         .rotate(purpose, &operator())
         .await
         .map_err(cli_error)?;
     json_line(&rotated)?;
     let generation = rotated.generation;
     match purpose {
-        Purpose::Data => eprintln!(
+        KeyPurpose::Data => eprintln!(
             "data generation {generation} added; every process uses it for new writes within a second. \
              Run `stategate key reseal` to re-encrypt what older generations seal."
         ),
-        Purpose::Credentials => eprintln!(
+        KeyPurpose::Credentials => eprintln!(
             "credentials generation {generation} added: EVERY workspace credential, OpenTofu passphrase \
              and the webhook secret changed. Hand pipelines their new values (`stategate workspace env`), \
              and migrate OpenTofu-encrypted states (docs/keys.md)."
@@ -235,13 +218,13 @@ async fn rotate(
     Ok(())
 }
 
-async fn reseal_all(config: &Config, store: &StateStore, root: &RootKey) -> anyhow::Result<()> {
-    let keys = stategate::schema::scope_keys(root.clone(), installation::load_cluster_key(config)?);
+async fn reseal_all(installation: &Installation) -> anyhow::Result<()> {
+    let keys = installation.scope_keys()?;
     let bar = progress_bar("resealing");
     let done = reseal::reseal(
-        store,
+        installation.store(),
         &keys,
-        root,
+        installation.root(),
         (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
         &operator(),
         &advance(&bar),
@@ -249,7 +232,7 @@ async fn reseal_all(config: &Config, store: &StateStore, root: &RootKey) -> anyh
     .await;
     bar.finish_and_clear();
     let done = done?;
-    let drift = drift(config, store, root).reseal().await?;
+    let drift = installation.drift().reseal().await?;
     let mut line = serde_json::to_value(&done)?;
     line["drift_outputs"] = drift.outputs.into();
     line["drift_plans"] = drift.plans.into();
@@ -263,14 +246,9 @@ async fn reseal_all(config: &Config, store: &StateStore, root: &RootKey) -> anyh
     Ok(())
 }
 
-async fn retire(
-    config: &Config,
-    store: &StateStore,
-    root: &RootKey,
-    generation: u32,
-) -> anyhow::Result<()> {
+async fn retire(installation: &Installation, generation: u32) -> anyhow::Result<()> {
     let bar = census_bar(true);
-    let retired = keys(config, store, root)
+    let retired = keys(installation)
         .retire(generation, &operator(), &advance(&bar))
         .await;
     bar.finish_and_clear();

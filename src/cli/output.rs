@@ -7,6 +7,7 @@ use std::io::{BufRead, IsTerminal, Write};
 
 use stategate::config::Config;
 use stategate::error::Error;
+use stategate::installation::{Installation, Purpose};
 
 /// A single-threaded runtime for one command.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -63,16 +64,21 @@ fn cli_actor(user: Option<&str>, logname: Option<&str>, passwd: &str, uid: Optio
     format!("cli:{name}")
 }
 
-/// Operator commands work on an existing installation: never create an empty index.
+/// Operator commands work on an existing installation: never create an empty index
+/// (`installation::require_index`).
 pub fn require_db(config: &Config) -> anyhow::Result<()> {
-    let path = config.db_path();
-    if !stategate::installation::has_index(config) {
-        anyhow::bail!(
-            "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
-            path.display()
-        );
-    }
-    Ok(())
+    stategate::installation::require_index(config)
+}
+
+/// The installation opened for `purpose` (`Installation::open`, as `serve` opens it),
+/// and the runtime that drives its services for this command.
+pub fn open(
+    config: &Config,
+    purpose: Purpose,
+) -> anyhow::Result<(tokio::runtime::Runtime, Installation)> {
+    let rt = runtime()?;
+    let installation = rt.block_on(Installation::open(config, purpose))?;
+    Ok((rt, installation))
 }
 
 /// The operator-facing message of an engine error (the detail a server would only log).

@@ -5,7 +5,6 @@
 //! line on stderr and a non-zero exit.
 
 use std::io::Write;
-use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -13,7 +12,7 @@ use clap::Subcommand;
 use stategate::address;
 use stategate::config::Config;
 use stategate::error::Error;
-use stategate::installation;
+use stategate::installation::{self, Purpose};
 use stategate::names::validate_workspace;
 use stategate::operator::diff::{Change, StateDiff};
 use stategate::operator::{rolled_back_json, LockState, Operations, WorkspaceSummary};
@@ -370,13 +369,8 @@ fn with_backend<T>(
     config: &Config,
     f: impl AsyncFnOnce(stategate::tofu::TofuBackend) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    require_db(config)?;
-    let root = installation::load_root_key(config, false)?;
-    let rt = runtime()?;
-    rt.block_on(async {
-        let store = installation::open_state_store(config).await?;
-        f(stategate::tofu::TofuBackend::new(store, root)).await
-    })
+    let (rt, installation) = super::output::open(config, Purpose::Command)?;
+    rt.block_on(f(installation.tofu().clone()))
 }
 
 pub fn rotate(config: &Config, workspace: &str, json: bool) -> anyhow::Result<()> {
@@ -663,13 +657,10 @@ pub fn timeline(
 
 pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
-    require_db(config)?;
-    let root = installation::load_root_key(config, false)?;
-    let rt = runtime()?;
+    let (rt, installation) = super::output::open(config, Purpose::Command)?;
     rt.block_on(async {
-        let store = installation::open_state_store(config).await?;
-        let backend = stategate::tofu::TofuBackend::new(store, root);
-        let done = backend
+        let done = installation
+            .tofu()
             .rollback(workspace, to, &operator())
             .await
             .map_err(cli_error)?;
@@ -705,21 +696,11 @@ pub struct Ops {
 
 impl Ops {
     pub fn open(config: &Config) -> anyhow::Result<Ops> {
-        require_db(config)?;
-        let root = installation::load_root_key(config, false)?;
-        let cluster_key = installation::load_cluster_key(config)?;
-        let rt = runtime()?;
-        let store = rt.block_on(installation::open_state_store(config))?;
-        let clusters = stategate::cluster::ClusterService::new(
-            store.clone(),
-            cluster_key,
-            &config.cluster,
-            Arc::new(stategate::cluster::SystemClock),
-        );
-        let tofu = stategate::tofu::TofuBackend::new(store, root);
-        let ops = Operations::new(tofu, clusters, config.locks.stale_after_seconds)
-            .with_max_view_bytes(config.max_view_bytes);
-        Ok(Ops { rt, ops })
+        let (rt, installation) = super::output::open(config, Purpose::Command)?;
+        Ok(Ops {
+            rt,
+            ops: installation.operator()?,
+        })
     }
 
     fn run<T>(&self, f: impl std::future::Future<Output = Result<T, Error>>) -> anyhow::Result<T> {

@@ -1,8 +1,9 @@
 //! The keyring's lifecycle as operations (docs/keys.md): what each data key
-//! generation seals ([`Keyring::status`]), a new generation ([`Keyring::rotate`]) and
-//! the retirement of one nothing needs any more ([`Keyring::retire`]). The one code
-//! path behind `stategate key status|rotate|retire|rotate-credentials` and the admin
-//! API's `keys` routes. The rules are `store::keyring`'s (newest, 5 s after a rotation,
+//! generation seals ([`Keyring::status`]), a new generation ([`Keyring::rotate`]),
+//! everything re-encrypted under the newest ([`Keyring::reseal`]) and the retirement
+//! of one nothing needs any more ([`Keyring::retire`]). The one code path behind
+//! `stategate key status|rotate|reseal|retire|rotate-credentials` and the admin API's
+//! `keys` routes. The rules are `store::keyring`'s (newest, 5 s after a rotation,
 //! "still needed", all in the retire's transaction); the counting is
 //! `store::reseal`'s and `drift`'s. Knows no HTTP; never returns or logs key bytes.
 
@@ -13,8 +14,9 @@ use serde::Serialize;
 
 use crate::crypto::service::KeyService;
 use crate::crypto::{Purpose, RootKey};
-use crate::drift::DriftService;
+use crate::drift::{DriftResealed, DriftService};
 use crate::error::Error;
+use crate::store::rebuild::ScopeKeys;
 use crate::store::reseal::{self, Census, GenerationCounts};
 use crate::store::{keyring, StateStore};
 
@@ -83,6 +85,21 @@ pub struct Retired {
     pub generation: u32,
 }
 
+/// What [`Keyring::reseal`] did: the engine's objects (versions, backups, revocation
+/// records) and drift's (outputs, kept plans). Counts and object names only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Resealed {
+    #[serde(flatten)]
+    pub store: reseal::Resealed,
+    pub drift_outputs: u64,
+    pub drift_plans: u64,
+    /// Drift objects of no recorded run (tidy's to delete): left alone.
+    pub drift_orphans: u64,
+    /// Drift objects already under the newest generation.
+    #[serde(skip)]
+    pub drift_current: u64,
+}
+
 impl Keyring {
     pub fn new(store: StateStore, root: RootKey, drift: DriftService, service: KeySource) -> Self {
         Keyring {
@@ -144,6 +161,41 @@ impl Keyring {
             purpose: purpose.as_str(),
             generation,
             key_service: service.describe(),
+        })
+    }
+
+    /// Re-encrypts everything an older data generation seals under the newest this
+    /// process knows: state versions (each under its scope's root in `scopes`; a scope
+    /// whose root has no generations is always current), backups and revocation
+    /// records (`store::reseal`, audited as `actor`), then drift outputs and kept plans.
+    /// Resumable: stops at the first error with everything before it done.
+    pub async fn reseal(
+        &self,
+        scopes: &ScopeKeys,
+        actor: &str,
+        progress: Progress<'_>,
+    ) -> Result<Resealed, Error> {
+        let store = reseal::reseal(
+            &self.store,
+            scopes,
+            &self.root,
+            (crate::tokens::REVOCATIONS_PREFIX, "revocation/"),
+            actor,
+            progress,
+        )
+        .await?;
+        let DriftResealed {
+            outputs,
+            plans,
+            current,
+            orphans,
+        } = self.drift.reseal().await?;
+        Ok(Resealed {
+            store,
+            drift_outputs: outputs,
+            drift_plans: plans,
+            drift_orphans: orphans,
+            drift_current: current,
         })
     }
 

@@ -7,9 +7,8 @@
 //! root key moved from the plain key file into the wrapped file a PKCS#11 token opens,
 //! `key.service = "pkcs11"`).
 //! Each opens the installation through `Installation::open` (the keyring reconciled
-//! with its copies in the store) and calls `stategate::keys` (status, rotate, retire:
-//! the admin API's code path too), `store::reseal` and drift's reseal, or
-//! `installation` (rewrap, wrap).
+//! with its copies in the store) and calls `stategate::keys` (status, rotate, reseal,
+//! retire: the admin API's code path too) or `installation` (rewrap, wrap).
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -19,7 +18,6 @@ use stategate::crypto::wrapped::remove_plain_key_file;
 use stategate::crypto::Purpose as KeyPurpose;
 use stategate::installation::{self, Installation, Purpose, Wrapped};
 use stategate::keys::Keyring;
-use stategate::store::reseal;
 
 use super::output::{advance, cli_error, json_line, open, operator, progress_bar, table};
 
@@ -219,29 +217,19 @@ async fn rotate(installation: &Installation, purpose: KeyPurpose) -> anyhow::Res
 }
 
 async fn reseal_all(installation: &Installation) -> anyhow::Result<()> {
-    let keys = installation.scope_keys()?;
+    let scopes = installation.scope_keys()?;
     let bar = progress_bar("resealing");
-    let done = reseal::reseal(
-        installation.store(),
-        &keys,
-        installation.root(),
-        (stategate::tokens::REVOCATIONS_PREFIX, "revocation/"),
-        &operator(),
-        &advance(&bar),
-    )
-    .await;
+    let done = keys(installation)
+        .reseal(&scopes, &operator(), &advance(&bar))
+        .await;
     bar.finish_and_clear();
-    let done = done?;
-    let drift = installation.drift().reseal().await?;
-    let mut line = serde_json::to_value(&done)?;
-    line["drift_outputs"] = drift.outputs.into();
-    line["drift_plans"] = drift.plans.into();
-    line["drift_orphans"] = drift.orphans.into();
-    json_line(&line)?;
+    let done = done.map_err(cli_error)?;
+    json_line(&serde_json::to_value(&done)?)?;
+    let store = &done.store;
     eprintln!(
         "resealed {} version(s), {} backup(s), {} revocation record(s), {} drift output(s) and {} kept plan(s) under data generation {}; {} already current, {} changed meanwhile (left alone).",
-        done.versions, done.backups, done.revocation_records, drift.outputs, drift.plans, done.generation,
-        done.current + drift.current, done.raced
+        store.versions, store.backups, store.revocation_records, done.drift_outputs, done.drift_plans, store.generation,
+        store.current + done.drift_current, store.raced
     );
     Ok(())
 }

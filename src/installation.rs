@@ -245,6 +245,14 @@ async fn open_for_serving(
     Ok((root, store))
 }
 
+/// The listings that read the index alone (`workspace history`, `workspace timeline`):
+/// the index must be there; no key is read and the blob store is not opened, so they
+/// answer while the store is down.
+pub fn listings(config: &Config) -> anyhow::Result<crate::operator::Listings> {
+    require_index(config)?;
+    Ok(crate::operator::Listings::new(open_database(config)?))
+}
+
 /// Operator commands work on an existing installation: never create an empty index.
 pub fn require_index(config: &Config) -> anyhow::Result<()> {
     if !has_index(config) {

@@ -16,11 +16,11 @@ use stategate::installation::{self, Purpose};
 use stategate::names::validate_workspace;
 use stategate::operator::diff::{Change, StateDiff};
 use stategate::operator::{rolled_back_json, LockState, Operations, WorkspaceSummary};
-use stategate::store::{history, WriteOutcome};
+use stategate::store::WriteOutcome;
 
 use super::output::{
-    age, cli_error, confirmed, count, json_line, json_lines, listing, operator, require_db,
-    runtime, table, when, when_opt,
+    age, cli_error, confirmed, count, json_line, json_lines, listing, operator, runtime, table,
+    when, when_opt,
 };
 
 #[derive(Subcommand)]
@@ -559,11 +559,13 @@ pub fn history(
     json: bool,
 ) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
-    require_db(config)?;
-    let rt = runtime()?;
-    let db = installation::open_database(config)?;
-    let scope = stategate::tofu::scope(workspace);
-    let rows = rt.block_on(db.read(move |c| history::history_rows(c, &scope, limit)))?;
+    let listings = installation::listings(config)?;
+    let listed = runtime()?.block_on(listings.history(
+        workspace,
+        limit,
+        &stategate::operator::roles::Grant::ROOT,
+    ));
+    let rows = none_when_not_found(listed)?;
     if json {
         if rows.is_empty() {
             eprintln!("workspace {workspace} has no versions");
@@ -619,14 +621,14 @@ pub fn timeline(
             stategate::store::timeline::MAX_TIMELINE_ROWS
         );
     }
-    require_db(config)?;
-    let rt = runtime()?;
-    let db = installation::open_database(config)?;
-    let scope = stategate::tofu::scope(workspace);
-    let owned = address.map(str::to_string);
-    let rows = rt.block_on(db.read(move |c| {
-        stategate::store::timeline::timeline_rows(c, &scope, owned.as_deref(), limit)
-    }))?;
+    let listings = installation::listings(config)?;
+    let listed = runtime()?.block_on(listings.timeline(
+        workspace,
+        address,
+        limit,
+        &stategate::operator::roles::Grant::ROOT,
+    ));
+    let rows = none_when_not_found(listed)?;
     if json {
         let rows: Vec<serde_json::Value> = rows
             .iter()
@@ -653,6 +655,15 @@ pub fn timeline(
             ]
         },
     )
+}
+
+/// A listing of a workspace with no version is empty here: the commands say so on
+/// stderr and exit 0, as they always have.
+fn none_when_not_found<T>(listed: Result<Vec<T>, Error>) -> anyhow::Result<Vec<T>> {
+    match listed {
+        Err(Error::NotFound(_)) => Ok(Vec::new()),
+        other => other.map_err(cli_error),
+    }
 }
 
 pub fn rollback(config: &Config, workspace: &str, to: i64) -> anyhow::Result<()> {

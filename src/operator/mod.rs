@@ -16,6 +16,7 @@
 
 pub mod diff;
 pub mod identity;
+pub mod listings;
 pub mod paths;
 pub mod redact;
 pub mod roles;
@@ -30,13 +31,14 @@ use crate::error::Error;
 use crate::names::validate_workspace;
 use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
-use crate::store::timeline::{TimelineRow, MAX_ADDRESS_LEN, MAX_TIMELINE_ROWS};
+use crate::store::timeline::{TimelineRow, MAX_ADDRESS_LEN};
 use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
 use crate::tofu::freeze::{all_freezes, Freeze};
 use crate::tofu::lock::{all_locks, all_plan_rows, held_lock_since, HeldLock, PlanRow};
 use crate::tofu::{MoveDone, TofuBackend};
 use diff::StateDiff;
 pub use identity::{Operator, SCHEMA};
+pub use listings::Listings;
 use roles::Grant;
 pub use search::{SearchLimits, SearchResults};
 
@@ -632,11 +634,7 @@ impl Operations {
         Ok(found)
     }
 
-    /// The resource timeline of `workspace`: which versions added, changed or removed
-    /// `address` (its instances and, for a module, what it holds) or any address, newest
-    /// first, at most `limit` rows, with who wrote each. An address that is empty,
-    /// longer than any stored one or not printable is refused (400).
-    /// The workspaces moves moved to or from are named as `grant` sees them.
+    /// The resource timeline of `workspace` ([`Listings::timeline`]).
     pub async fn timeline(
         &self,
         workspace: &str,
@@ -644,52 +642,24 @@ impl Operations {
         limit: u32,
         grant: &Grant,
     ) -> Result<Vec<TimelineRow>, Error> {
-        validate_workspace(workspace)?;
-        if let Some(address) = address {
-            check_address(address)?;
-        }
-        if limit == 0 || limit > MAX_TIMELINE_ROWS {
-            return Err(Error::Invalid(format!(
-                "limit must be 1-{MAX_TIMELINE_ROWS}"
-            )));
-        }
-        let scope = crate::tofu::scope(workspace);
-        let store = self.tofu.store();
-        if store.latest(&scope).await?.is_none() {
-            return Err(Error::NotFound(format!(
-                "workspace {workspace:?} has no versions"
-            )));
-        }
-        let mut rows = store.timeline(&scope, address, limit).await?;
-        for row in &mut rows {
-            redact::timeline_row(row, grant);
-        }
-        Ok(rows)
+        self.listings()
+            .timeline(workspace, address, limit, grant)
+            .await
     }
 
-    /// The versions of `workspace`, newest first; the workspaces moves moved to or from
-    /// are named as `grant` sees them.
+    /// The versions of `workspace`, newest first ([`Listings::history`]).
     pub async fn history(
         &self,
         workspace: &str,
         limit: Option<u32>,
         grant: &Grant,
     ) -> Result<Vec<VersionRow>, Error> {
-        validate_workspace(workspace)?;
-        let mut rows = self
-            .tofu
-            .store()
-            .history(&crate::tofu::scope(workspace), limit)
-            .await?;
-        if rows.is_empty() {
-            return Err(Error::NotFound(format!(
-                "workspace {workspace:?} has no versions"
-            )));
-        }
-        for row in &mut rows {
-            redact::write_facts(&mut row.facts, grant);
-        }
-        Ok(rows)
+        self.listings().history(workspace, limit, grant).await
+    }
+
+    /// The listings that read the index alone, as the CLI opens them.
+    fn listings(&self) -> Listings {
+        Listings::new(self.db.clone())
     }
 
     /// A version's content (the newest when `version` is `None`). A deleted workspace,

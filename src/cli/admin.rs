@@ -18,7 +18,7 @@ use stategate::operator::roles::Grant;
 use stategate::store::{audit, blob::create_private_dir, Db};
 use stategate::tokens;
 
-use super::output::{listing, operator, print_token, runtime, when, when_opt};
+use super::output::{cli_error, listing, operator, print_token, runtime, when, when_opt};
 
 #[derive(Subcommand)]
 pub enum AdminCommand {
@@ -248,7 +248,7 @@ pub enum AuditCommand {
         /// Only rows before this time (RFC 3339 or a date).
         #[arg(long, value_parser = stategate::store::audit::parse_instant)]
         until: Option<time::OffsetDateTime>,
-        /// At most this many (the newest).
+        /// At most this many (the newest; 1-1000, as in the admin API).
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -480,17 +480,16 @@ pub fn list_audit(
     limit: u32,
     json: bool,
 ) -> anyhow::Result<()> {
-    // `--scope prod` is the workspace's scope, as in the admin API and the web UI.
-    filter.scope = filter
-        .scope
-        .as_deref()
-        .map(stategate::operator::audit_scope);
+    // `--scope prod` is the workspace's scope (`operator::audit_scope`, applied by
+    // the listing, as in the admin API and the web UI).
     filter.scope = filter.scope.or(cluster.map(|id| {
         let id = uuid::Uuid::parse_str(&id).map_or(id, |u| u.hyphenated().to_string());
         stategate::cluster::scope(&id)
     }));
-    let rows =
-        AdminDb::open(config)?.read(move |c| Ok(audit::list_audit_filtered(c, &filter, limit)?))?;
+    let listings = installation::listings(config)?;
+    let rows = runtime()?
+        .block_on(listings.audit(filter, limit, &Grant::ROOT))
+        .map_err(cli_error)?;
     listing(
         &rows,
         json,

@@ -1,17 +1,20 @@
-//! The listings that read the index alone: a workspace's versions and its resource
-//! timeline. One code path for the CLI, which opens only the index for them (so they
-//! answer while the blob store is down, and need no key), and for [`super::Operations`]
-//! (the admin API and the web UI). Each takes the caller's grant and names the
-//! workspaces a move went to or came from as that grant sees them.
+//! The listings that read the index alone: a workspace's versions, its resource
+//! timeline and the audit log. One code path for the CLI, which opens only the index
+//! for them (so they answer while the blob store is down, and need no key), and for
+//! [`super::Operations`] (the admin API and the web UI). Each takes the caller's grant
+//! and shows only what it sees, other workspaces' names redacted.
 
 use crate::error::Error;
 use crate::names::validate_workspace;
+use crate::store::audit::{list_audit_filtered, AuditFilter, AuditRow};
 use crate::store::history::history_rows;
 use crate::store::timeline::{timeline_rows, TimelineRow, MAX_TIMELINE_ROWS};
 use crate::store::{latest_row, Db, VersionRow};
 
 use super::roles::Grant;
-use super::{check_address, redact};
+use super::{
+    audit_scope, check_address, redact, MAX_AUDIT_LIMIT, MAX_AUDIT_SCANNED, MAX_EVENT_KINDS,
+};
 
 /// The read-only listings over one installation's index.
 #[derive(Clone)]
@@ -89,5 +92,98 @@ impl Listings {
             redact::write_facts(&mut row.facts, grant);
         }
         Ok(rows)
+    }
+
+    /// Audit rows, newest first. An operator limited to workspace patterns sees only
+    /// the rows of the workspaces it sees (`tf/<ws>`), nothing site-wide, and in them
+    /// no other workspace's name (`redact::audit_row`); the log is read page by page
+    /// until `limit` such rows are found or [`MAX_AUDIT_SCANNED`] rows were read (then
+    /// the page is short).
+    pub async fn audit(
+        &self,
+        filter: AuditFilter,
+        limit: u32,
+        grant: &Grant,
+    ) -> Result<Vec<AuditRow>, Error> {
+        let mut rows = self.audit_rows(filter, limit, grant).await?;
+        for row in &mut rows {
+            redact::audit_row(row, grant);
+        }
+        Ok(rows)
+    }
+
+    /// [`Self::audit`]'s rows as stored.
+    async fn audit_rows(
+        &self,
+        filter: AuditFilter,
+        limit: u32,
+        grant: &Grant,
+    ) -> Result<Vec<AuditRow>, Error> {
+        if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
+            return Err(Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")));
+        }
+        let mut filter = filter;
+        filter.scope = filter.scope.as_deref().map(audit_scope);
+        // An event filter no kind in the log answers to would walk the whole log for
+        // nothing (without a scope, the listing reads it by id): answer at once.
+        if let Some(wanted) = filter.event.clone() {
+            let kinds = self.audit_event_kinds().await?;
+            let complete = kinds.len() < MAX_EVENT_KINDS as usize;
+            if complete
+                && !kinds
+                    .iter()
+                    .any(|k| crate::store::audit::event_matches(k, &wanted))
+            {
+                return Ok(Vec::new());
+            }
+        }
+        if !grant.is_limited() {
+            return Ok(self
+                .db
+                .read(move |c| list_audit_filtered(c, &filter, limit))
+                .await?);
+        }
+        let grant = grant.clone();
+        Ok(self
+            .db
+            .read(
+                move |c| -> Result<Vec<AuditRow>, crate::store::sql::Error> {
+                    let visible = |row: &AuditRow| {
+                        row.scope
+                            .strip_prefix(crate::tofu::SCOPE_PREFIX)
+                            .is_some_and(|w| grant.sees(w))
+                    };
+                    // Each page comes oldest first, like the listing itself; `out` is
+                    // newest first until the end.
+                    let mut filter = filter.clone();
+                    let (mut out, mut scanned) = (Vec::new(), 0u32);
+                    while scanned < MAX_AUDIT_SCANNED {
+                        let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;
+                        let Some(oldest) = page.first().map(|r| r.id) else {
+                            break;
+                        };
+                        scanned += page.len() as u32;
+                        let full = page.len() == MAX_AUDIT_LIMIT as usize;
+                        out.extend(page.into_iter().rev().filter(visible));
+                        if out.len() >= limit as usize || !full {
+                            break;
+                        }
+                        filter.before_id = Some(oldest);
+                    }
+                    out.truncate(limit as usize);
+                    out.reverse();
+                    Ok(out)
+                },
+            )
+            .await?)
+    }
+
+    /// The event kinds in the audit log, by name (at most [`MAX_EVENT_KINDS`]): the
+    /// audit page's choices. Names only, the same for every operator.
+    pub async fn audit_event_kinds(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .db
+            .read(|c| crate::store::audit::event_kinds(c, MAX_EVENT_KINDS))
+            .await?)
     }
 }

@@ -29,7 +29,7 @@ use crate::cluster::identity::{list_clusters, AdminError};
 use crate::cluster::{lease::current_lease, ClusterService};
 use crate::error::Error;
 use crate::names::validate_workspace;
-use crate::store::audit::{insert_audit, list_audit_filtered, AuditEntry, AuditFilter, AuditRow};
+use crate::store::audit::{insert_audit, AuditEntry, AuditFilter, AuditRow};
 use crate::store::history::RolledBack;
 use crate::store::timeline::{TimelineRow, MAX_ADDRESS_LEN};
 use crate::store::{latest_row, latest_rows_under, Db, VersionRow};
@@ -1008,97 +1008,19 @@ impl Operations {
         })
     }
 
-    /// Audit rows, newest first. An operator limited to workspace patterns sees only
-    /// the rows of the workspaces it sees (`tf/<ws>`), nothing site-wide, and in them
-    /// no other workspace's name (`redact::audit_row`); the log is read page by page
-    /// until `limit` such rows are found or [`MAX_AUDIT_SCANNED`] rows were read (then
-    /// the page is short).
+    /// Audit rows as `grant` sees them ([`Listings::audit`]).
     pub async fn audit(
         &self,
         filter: AuditFilter,
         limit: u32,
         grant: &Grant,
     ) -> Result<Vec<AuditRow>, Error> {
-        let mut rows = self.audit_rows(filter, limit, grant).await?;
-        for row in &mut rows {
-            redact::audit_row(row, grant);
-        }
-        Ok(rows)
+        self.listings().audit(filter, limit, grant).await
     }
 
-    /// [`Self::audit`]'s rows as stored.
-    async fn audit_rows(
-        &self,
-        filter: AuditFilter,
-        limit: u32,
-        grant: &Grant,
-    ) -> Result<Vec<AuditRow>, Error> {
-        if !(1..=MAX_AUDIT_LIMIT).contains(&limit) {
-            return Err(Error::Invalid(format!("limit must be 1-{MAX_AUDIT_LIMIT}")));
-        }
-        let mut filter = filter;
-        filter.scope = filter.scope.as_deref().map(audit_scope);
-        // An event filter no kind in the log answers to would walk the whole log for
-        // nothing (without a scope, the listing reads it by id): answer at once.
-        if let Some(wanted) = filter.event.clone() {
-            let kinds = self.audit_event_kinds().await?;
-            let complete = kinds.len() < MAX_EVENT_KINDS as usize;
-            if complete
-                && !kinds
-                    .iter()
-                    .any(|k| crate::store::audit::event_matches(k, &wanted))
-            {
-                return Ok(Vec::new());
-            }
-        }
-        if !grant.is_limited() {
-            return Ok(self
-                .db
-                .read(move |c| list_audit_filtered(c, &filter, limit))
-                .await?);
-        }
-        let grant = grant.clone();
-        Ok(self
-            .db
-            .read(
-                move |c| -> Result<Vec<AuditRow>, crate::store::sql::Error> {
-                    let visible = |row: &AuditRow| {
-                        row.scope
-                            .strip_prefix(crate::tofu::SCOPE_PREFIX)
-                            .is_some_and(|w| grant.sees(w))
-                    };
-                    // Each page comes oldest first, like the listing itself; `out` is
-                    // newest first until the end.
-                    let mut filter = filter.clone();
-                    let (mut out, mut scanned) = (Vec::new(), 0u32);
-                    while scanned < MAX_AUDIT_SCANNED {
-                        let page = list_audit_filtered(c, &filter, MAX_AUDIT_LIMIT)?;
-                        let Some(oldest) = page.first().map(|r| r.id) else {
-                            break;
-                        };
-                        scanned += page.len() as u32;
-                        let full = page.len() == MAX_AUDIT_LIMIT as usize;
-                        out.extend(page.into_iter().rev().filter(visible));
-                        if out.len() >= limit as usize || !full {
-                            break;
-                        }
-                        filter.before_id = Some(oldest);
-                    }
-                    out.truncate(limit as usize);
-                    out.reverse();
-                    Ok(out)
-                },
-            )
-            .await?)
-    }
-
-    /// The event kinds in the audit log, by name (at most [`MAX_EVENT_KINDS`]): the
-    /// audit page's choices. Names only, the same for every operator.
+    /// The event kinds in the audit log ([`Listings::audit_event_kinds`]).
     pub async fn audit_event_kinds(&self) -> Result<Vec<String>, Error> {
-        Ok(self
-            .db
-            .read(|c| crate::store::audit::event_kinds(c, MAX_EVENT_KINDS))
-            .await?)
+        self.listings().audit_event_kinds().await
     }
 
     /// Every cluster with its latest version and its lease (age, staleness).

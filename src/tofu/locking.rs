@@ -18,25 +18,28 @@ pub(super) fn lock_summary(lock: &HeldLock) -> serde_json::Value {
 /// a freeze (for anyone but the holder retrying: the holder's retry stays theirs,
 /// nobody else takes a frozen lock) or of another holder, else whether it takes the
 /// lock, already holds it, or waits for plans ([`Lock::Wait`], refused once recorded;
-/// the holders it was refused by come with it). An expired freeze met here is ended
+/// the holders it was refused by come with it), and whether a waiting writer is
+/// recorded (in force or not: taking the lock clears it). An expired freeze met here is ended
 /// (`freeze_in_force`).
 pub(super) fn judge_lock(
     conn: &Connection,
     workspace: &str,
     lock_id: &str,
     plan: bool,
-) -> Result<(Lock, Holders), Error> {
+) -> Result<(Lock, Holders, bool), Error> {
     let held = holders(conn, workspace).map_err(DbError::from)?;
-    let waiting = lock::waiting(conn, workspace).map_err(DbError::from)?;
-    let waiting = waiting.filter(|w| w.in_force(crate::clock::now_ms()));
+    let recorded = lock::waiting(conn, workspace).map_err(DbError::from)?;
+    let in_force = recorded
+        .as_ref()
+        .filter(|w| w.in_force(crate::clock::now_ms()));
     let decision = judge_lock_on(
         &held,
-        waiting.as_ref(),
+        in_force,
         || freeze_in_force(conn, workspace),
         lock_id,
         plan,
     )?;
-    Ok((decision, held))
+    Ok((decision, held, recorded.is_some()))
 }
 
 /// [`judge_lock`]'s rule over the lock rows `held`, the writer `waiting` (in force) and
@@ -486,11 +489,14 @@ impl TofuBackend {
         let refused = self
             .db
             .write(move |conn| -> Result<Option<HeldLock>, Error> {
-                let (decision, held) = judge_lock(conn, &ws, &wanted.id, plan)?;
+                let (decision, held, writer_recorded) = judge_lock(conn, &ws, &wanted.id, plan)?;
                 match decision {
                     Lock::Take => {
                         lock::put_lock(conn, &ws, &wanted, &credential).map_err(DbError::from)?;
-                        lock::clear_waiting(conn, &ws).map_err(DbError::from)?;
+                        // Only when there is one: the common LOCK writes one row.
+                        if writer_recorded {
+                            lock::clear_waiting(conn, &ws).map_err(DbError::from)?;
+                        }
                     }
                     Lock::Share => lock::put_plan_lock(conn, &ws, &wanted, &credential)
                         .map_err(DbError::from)?,

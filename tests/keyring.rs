@@ -347,21 +347,7 @@ async fn listings_show_the_key_generation_the_index_records_with_each_version() 
     assert_eq!(list[1], ("prod".to_string(), None));
     assert_eq!(ops.workspace("prod").await.unwrap().key_generation, Some(1));
     // The CLI's listing says the generation in words (and --json carries the number).
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("STATEGATE_DATA_DIR", &server.config.data_dir)
-            .env("STATEGATE_DEK", common::DEK)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8(out.stdout).unwrap(),
-            String::from_utf8(out.stderr).unwrap(),
-        )
-    };
+    let run = |args: &[&str]| cli_command(&server, args);
     let (code, out, err) = run(&["workspace", "list"]);
     assert_eq!(code, 0, "{err}");
     let app = out.lines().find(|l| l.starts_with("app ")).unwrap();
@@ -389,8 +375,15 @@ async fn retire(env: &AdminEnv, generation: u32) -> (u16, String) {
 /// `stategate key <args>` run as the real binary on the server's data dir, while it
 /// serves: (exit code, stdout, stderr).
 fn key_command(server: &TestServer, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["key"];
+    all.extend_from_slice(args);
+    cli_command(server, &all)
+}
+
+/// `stategate <args>` run as the real binary on the server's data dir, while it
+/// serves: (exit code, stdout, stderr).
+fn cli_command(server: &TestServer, args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
-        .arg("key")
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())

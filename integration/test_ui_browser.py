@@ -55,6 +55,18 @@ def config(value: str) -> str:
             + f'output "db_password" {{\n  value = "pw-{value}"\n  sensitive = true\n}}\n')
 
 
+def applied(make_tf, name: str, env: dict, *values: str):
+    """A Terraform directory `name` that applied `config(v)` for each value in turn."""
+    tf = make_tf(name, env)
+    tf.write(config(values[0]))
+    tf.init()
+    tf.apply()
+    for value in values[1:]:
+        tf.write(config(value))
+        tf.apply()
+    return tf
+
+
 SLOW = 'resource "terraform_data" "slow" {\n  provisioner "local-exec" {\n    command = "sleep 120"\n  }\n}\n'
 
 
@@ -72,13 +84,7 @@ def test_operator_ui_in_a_real_browser(ui_server, browser, make_tf, tmp_path):
     server = ui_server
     ws_name = "ui-e2e-prod"
     ws = server.workspace(ws_name)
-    tf = make_tf("w", ws.env)
-    tf.write(config("v-one"))
-    tf.init()
-    tf.apply()
-    for value in ("v-two", "v-three"):
-        tf.write(config(value))
-        tf.apply()
+    tf = applied(make_tf, "w", ws.env, "v-one", "v-two", "v-three")
     token = cli(server, "admin", "operator", "create", "--email", OPERATOR).stdout.strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
     # An issued workspace token, so the workspace page lists one.
@@ -287,10 +293,7 @@ def test_a_limited_viewer_in_a_real_browser(ui_server, browser, make_tf, tmp_pat
     refused server-side with nothing audited."""
     server = ui_server
     for name in ("dev-web", "prod-web"):
-        tf = make_tf(name, server.workspace(name).env)
-        tf.write(config("v-one"))
-        tf.init()
-        tf.apply()
+        applied(make_tf, name, server.workspace(name).env, "v-one")
     token = cli(server, "admin", "operator", "create", "--email", "viewer@example.com",
                 "--role", "viewer", "--workspaces", "dev-*").stdout.strip().splitlines()[-1]
     assert token.startswith("sgo_"), token
@@ -345,12 +348,7 @@ def test_keyboard_only_operator(ui_server, browser, make_tf):
     server = ui_server
     ws_name = "kb-prod"
     ws = server.workspace(ws_name)
-    tf = make_tf("kb", ws.env)
-    tf.write(config("v-one"))
-    tf.init()
-    tf.apply()
-    tf.write(config("v-two"))
-    tf.apply()
+    applied(make_tf, "kb", ws.env, "v-one", "v-two")
     token = cli(server, "admin", "operator", "create", "--email", "keys@example.com").stdout.strip().splitlines()[-1]
     page = Page(browser, server.url, artifacts_dir("keyboard-only"))
 
@@ -416,12 +414,7 @@ def test_every_ui_page_route_in_a_real_browser(browser, check_binary, make_tf, t
     server = Server(data_dir=tmp_path / "data", store="local", extra_env={"STATEGATE_CONFIG": str(cfg)}).start()
     try:
         ws = server.workspace(ws_name)
-        tf = make_tf("w", ws.env)
-        tf.write(config("v-one"))
-        tf.init()
-        tf.apply()
-        tf.write(config("v-two"))
-        tf.apply()
+        applied(make_tf, "w", ws.env, "v-one", "v-two")
         held = lock_info(who="someone-applying@elsewhere")
         assert ws.lock(held).status == 200
         skipped = json.loads(cli(server, "drift", "run", ws_name, "--json").stdout)

@@ -114,7 +114,10 @@ class Postgres:
         base = f"postgres://{USER}@127.0.0.1:{port}"
         # Plain connections say so: the server offers TLS with a certificate only
         # `ca_file` vouches for (stategate verifies whenever TLS is tried).
-        self._psql(f"{base}/postgres?sslmode=disable", "CREATE DATABASE stategate")
+        # A data dir kept from an earlier start (a reboot, a removed `root`) has it already.
+        admin = f"{base}/postgres?sslmode=disable"
+        if not self._psql(admin, "SELECT 1 FROM pg_database WHERE datname = 'stategate'").strip():
+            self._psql(admin, "CREATE DATABASE stategate")
         (self.root / "url").write_text(f"{base}/stategate?sslmode=disable\n")
         return self.url
 

@@ -105,16 +105,14 @@ def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixtur
             _cluster_goes_on(server, m["cluster"])
 
         # Every backup the old release left in the store is still listed, whatever the
-        # index (this server may have added its own), and on SQLite the old release's
-        # newest restores under this one (restore writes SQLite only).
+        # index (this server may have added its own), and the old release's newest
+        # restores under this one into a new index of the fixture's kind, holding the
+        # versions it held when it was taken.
         left = {p.name.removesuffix(".sgdb") for p in (tmp_path / "data").rglob("*.sgdb")}
         assert left, "the fixture holds no backup"
         listed = {b["id"] for b in json_lines(cli(server, "backup", "list", "--json").stdout)}
         assert left <= listed, (sorted(left - listed), sorted(listed))
-        if m["index"] == "sqlite":
-            restored = tmp_path / "restored.db"
-            cli(server, "restore", "--from", max(left), "--into", str(restored))
-            assert restored.exists()
+        _restore_goes_on(server, m, max(left), tmp_path, request)
 
         # Terraform goes on: the held lock released by its holder, then the next apply.
         assert staging.unlock(lock_info(lock["id"], who="ci@fixture")).status == 200
@@ -128,6 +126,30 @@ def test_an_earlier_release_opens_with_nothing_lost_and_terraform_goes_on(fixtur
         assert json.loads(ws.get().body)["serial"] == m["states"]["prod"]["serial"] + 1
     finally:
         server.stop()
+
+
+def _restore_goes_on(server: Server, m: dict, backup: str, tmp: Path, request):
+    """`restore --from` the old release's backup into a new index of the fixture's kind
+    (a file, or an empty PostgreSQL database): it holds versions of the fixture's
+    workspaces and its own `index.restored` audit row."""
+    if m["index"] == "postgres":
+        into = request.getfixturevalue("postgres").new_database()
+
+        def count(sql: str) -> int:
+            out = subprocess.run([postgres_harness.find_bin("psql"), into.split("?", 1)[0], "-qAtc", sql],
+                                 check=True, capture_output=True, text=True).stdout
+            return int(out.strip())
+    else:
+        into = str(tmp / "restored.db")
+
+        def count(sql: str) -> int:
+            import sqlite3
+            with sqlite3.connect(into) as db:
+                return db.execute(sql).fetchone()[0]
+    cli(server, "restore", "--from", backup, "--into", into)
+    versions = count("SELECT count(*) FROM versions WHERE scope = 'tf/prod'")
+    assert 0 < versions <= m["states"]["prod"]["versions"], versions
+    assert count("SELECT count(*) FROM audit WHERE event = 'index.restored'") == 1
 
 
 def _cluster_goes_on(server: Server, c: dict):

@@ -384,13 +384,7 @@ fn audit_as(
 ) -> Result<(), AdminError> {
     insert_audit(
         conn,
-        &AuditEntry {
-            actor: actor.to_string(),
-            org: Some(org.to_string()),
-            scope,
-            event,
-            payload,
-        },
+        &AuditEntry::new(actor, scope, event, payload).in_org(org),
     )?;
     Ok(())
 }

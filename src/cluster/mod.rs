@@ -75,13 +75,8 @@ impl Authorized {
     }
 
     fn audit(&self, event: &'static str, payload: serde_json::Value) -> AuditEntry {
-        AuditEntry {
-            actor: self.principal.email.clone(),
-            org: Some(self.principal.org.clone()),
-            scope: self.scope(),
-            event,
-            payload,
-        }
+        AuditEntry::new(self.principal.email.clone(), self.scope(), event, payload)
+            .in_org(self.principal.org.clone())
     }
 }
 

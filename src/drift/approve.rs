@@ -83,13 +83,7 @@ impl DriftService {
                 };
                 insert_audit(
                     c,
-                    &AuditEntry {
-                        actor: who.clone(),
-                        org: None,
-                        scope: crate::tofu::scope(&ws),
-                        event: EVENT_APPLY_APPROVED,
-                        payload: serde_json::json!({ "check_run": check_run, "apply_run": id }),
-                    },
+                    &AuditEntry::new(who.clone(), crate::tofu::scope(&ws), EVENT_APPLY_APPROVED, serde_json::json!({ "check_run": check_run, "apply_run": id })),
                 )
                 .map_err(DbError::from)?;
                 Ok(id)

@@ -540,17 +540,16 @@ impl DriftService {
                 if kind == Kind::Apply {
                     insert_audit(
                         c,
-                        &AuditEntry {
-                            actor: format!("drift:run-{id}"),
-                            org: None,
-                            scope: crate::tofu::scope(&ws),
-                            event: EVENT_APPLIED,
-                            payload: serde_json::json!({
+                        &AuditEntry::new(
+                            format!("drift:run-{id}"),
+                            crate::tofu::scope(&ws),
+                            EVENT_APPLIED,
+                            serde_json::json!({
                                 "apply_run": id,
                                 "check_run": applies,
                                 "outcome": recorded.outcome.map(Outcome::as_str),
                             }),
-                        },
+                        ),
                     )?;
                 }
                 let previous = outcomes::previous_status(c, &ws, id)?;

@@ -110,17 +110,16 @@ impl DriftService {
                         if let Some((lock_id, taken_by)) = left {
                             insert_audit(
                                 c,
-                                &AuditEntry {
-                                    actor: run_credential::name_of_run(id),
-                                    org: None,
-                                    scope: crate::tofu::scope(&workspace),
-                                    event: EVENT_LOCK_LEFT,
-                                    payload: serde_json::json!({
+                                &AuditEntry::new(
+                                    run_credential::name_of_run(id),
+                                    crate::tofu::scope(&workspace),
+                                    EVENT_LOCK_LEFT,
+                                    serde_json::json!({
                                         "run": id,
                                         "lock_id": lock_id,
                                         "taken_by": taken_by,
                                     }),
-                                },
+                                ),
                             )?;
                         }
                         Ok(())

@@ -53,6 +53,33 @@ pub struct AuditEntry {
     pub payload: serde_json::Value,
 }
 
+impl AuditEntry {
+    /// An entry of `scope` (`tf/<workspace>`, `operators`, `keyring`, …) by `actor`,
+    /// outside any org: every entry but the cluster API's.
+    pub fn new(
+        actor: impl Into<String>,
+        scope: impl Into<String>,
+        event: &'static str,
+        payload: serde_json::Value,
+    ) -> AuditEntry {
+        AuditEntry {
+            actor: actor.into(),
+            org: None,
+            scope: scope.into(),
+            event,
+            payload,
+        }
+    }
+
+    /// The same entry in `org`'s log (the cluster API's entries: an org admin reads them).
+    pub fn in_org(self, org: impl Into<String>) -> AuditEntry {
+        AuditEntry {
+            org: Some(org.into()),
+            ..self
+        }
+    }
+}
+
 /// What the text at a payload field names, for a reader limited to workspace patterns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Names {

@@ -610,17 +610,11 @@ pub async fn rotate(
         )?;
         insert_audit(
             conn,
-            &AuditEntry {
-                actor,
-                org: None,
-                scope: "keyring".into(),
-                event: "key.rotated",
-                payload: serde_json::json!({
+            &AuditEntry::new(actor, "keyring", "key.rotated", serde_json::json!({
                     "purpose": row.purpose.as_str(),
                     "generation": row.generation,
                     "key_service": service_name,
-                }),
-            },
+                })),
         )?;
         Ok(())
     })
@@ -690,13 +684,7 @@ pub async fn retire(
         )?;
         insert_audit(
             conn,
-            &AuditEntry {
-                actor,
-                org: None,
-                scope: "keyring".into(),
-                event: "key.retired",
-                payload: serde_json::json!({"purpose": "data", "generation": generation}),
-            },
+            &AuditEntry::new(actor, "keyring", "key.retired", serde_json::json!({"purpose": "data", "generation": generation})),
         )?;
         Ok(())
     })
@@ -777,17 +765,11 @@ pub async fn rewrap(
             }
             insert_audit(
                 conn,
-                &AuditEntry {
-                    actor,
-                    org: None,
-                    scope: "keyring".into(),
-                    event: "key.rewrapped",
-                    payload: serde_json::json!({
+                &AuditEntry::new(actor, "keyring", "key.rewrapped", serde_json::json!({
                         "rewrapped": done.rewrapped,
                         "added": done.added,
                         "key_service": new2.describe(),
-                    }),
-                },
+                    })),
             )?;
             Ok(done)
         })

@@ -206,19 +206,18 @@ impl StateStore {
                         }
                         insert_audit(
                             c,
-                            &AuditEntry {
-                                actor: "stategate:retention".into(),
-                                org: None,
-                                scope: scope.clone(),
-                                event: EVENT_PRUNED,
-                                payload: serde_json::json!({
+                            &AuditEntry::new(
+                                "stategate:retention",
+                                scope.clone(),
+                                EVENT_PRUNED,
+                                serde_json::json!({
                                     "count": victims.len(),
                                     "oldest_version": victims.first().map(|v| v.version),
                                     "newest_version": victims.last().map(|v| v.version),
                                     "keep_versions": policy.keep_versions,
                                     "keep_days": policy.keep_days,
                                 }),
-                            },
+                            ),
                         )?;
                         Ok(victims)
                     })

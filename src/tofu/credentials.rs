@@ -380,16 +380,15 @@ pub fn reapply_consumers(
         return Ok(false);
     }
     set_consumers(conn, workspace, &names).map_err(db_error)?;
-    let entry = AuditEntry {
-        actor: actor.to_string(),
-        org: None,
-        scope: super::scope(workspace),
-        event: EVENT_CONSUMERS_SET,
-        payload: serde_json::json!({
+    let entry = AuditEntry::new(
+        actor,
+        super::scope(workspace),
+        EVENT_CONSUMERS_SET,
+        serde_json::json!({
             "consumers": names,
             "reapplied": { "recorded_at": change.recorded_at(), "recorded_by": change.actor },
         }),
-    };
+    );
     insert_audit(conn, &entry).map_err(db_error)?;
     Ok(true)
 }
@@ -531,13 +530,7 @@ pub struct Revoked {
 pub const TOKEN_SCOPE: &str = "workspace-tokens";
 
 fn token_audit(actor: &str, event: &'static str, payload: serde_json::Value) -> AuditEntry {
-    AuditEntry {
-        actor: actor.to_string(),
-        org: None,
-        scope: TOKEN_SCOPE.into(),
-        event,
-        payload,
-    }
+    AuditEntry::new(actor, TOKEN_SCOPE, event, payload)
 }
 
 fn db_error(e: crate::store::sql::Error) -> Error {
@@ -576,13 +569,12 @@ impl super::TofuBackend {
             .write(move |conn| -> Result<u64, Error> {
                 let generation =
                     rotate(conn, &ws, &crate::store::now_rfc3339()).map_err(db_error)?;
-                let entry = AuditEntry {
+                let entry = AuditEntry::new(
                     actor,
-                    org: None,
-                    scope: super::scope(&ws),
-                    event: EVENT_ROTATED,
-                    payload: serde_json::json!({ "generation": generation }),
-                };
+                    super::scope(&ws),
+                    EVENT_ROTATED,
+                    serde_json::json!({ "generation": generation }),
+                );
                 insert_audit(conn, &entry).map_err(db_error)?;
                 Ok(generation)
             })
@@ -823,13 +815,12 @@ impl super::TofuBackend {
             .write(move |conn| -> Result<Vec<String>, Error> {
                 let names = ending(&given, consumers(conn, &ws).map_err(db_error)?, &keep)?;
                 set_consumers(conn, &ws, &names).map_err(db_error)?;
-                let entry = AuditEntry {
+                let entry = AuditEntry::new(
                     actor,
-                    org: None,
-                    scope: super::scope(&ws),
-                    event: EVENT_CONSUMERS_SET,
-                    payload: serde_json::json!({ "consumers": names }),
-                };
+                    super::scope(&ws),
+                    EVENT_CONSUMERS_SET,
+                    serde_json::json!({ "consumers": names }),
+                );
                 insert_audit(conn, &entry).map_err(db_error)?;
                 Ok(names)
             })

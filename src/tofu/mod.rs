@@ -133,13 +133,7 @@ fn audit(
     event: &'static str,
     payload: serde_json::Value,
 ) -> AuditEntry {
-    AuditEntry {
-        actor: actor.to_string(),
-        org: None,
-        scope: scope(workspace),
-        event,
-        payload,
-    }
+    AuditEntry::new(actor, scope(workspace), event, payload)
 }
 
 fn unix_now() -> i64 {

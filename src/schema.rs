@@ -167,8 +167,18 @@ pub fn open_db(path: &Path) -> Result<Db, DbError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A new index file with every schema applied, in a temp dir the caller keeps
+    /// alive: for unit tests elsewhere that want real tables.
+    pub(crate) fn test_index() -> (tempfile::TempDir, crate::store::sql::Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        drop(open_db(&path).unwrap());
+        let conn = crate::store::sql::Connection::open(&path).unwrap();
+        (dir, conn)
+    }
 
     /// A database of the release before `tf_locks.credential`: `open_db` migrates it
     /// (its held lock kept, recording no credential), and opening it again is a no-op.

@@ -822,12 +822,7 @@ pub fn after_restore(
 mod tests {
     use super::*;
 
-    fn db() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        drop(crate::schema::open_db(&path).unwrap());
-        (dir, Connection::open(&path).unwrap())
-    }
+    use crate::schema::tests::test_index as db;
 
     fn new(kind: Kind, owner: i64) -> NewToken<'static> {
         NewToken {

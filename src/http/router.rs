@@ -634,19 +634,6 @@ impl UiRoute {
         }
     }
 
-    /// Served without a session (everything else answers 303 to the login page).
-    pub fn is_public(&self) -> bool {
-        matches!(
-            self,
-            UiRoute::Stylesheet
-                | UiRoute::Favicon
-                | UiRoute::LoginForm
-                | UiRoute::Login
-                | UiRoute::SsoStart
-                | UiRoute::SsoCallback { .. }
-        )
-    }
-
     /// A form POST (bounded `application/x-www-form-urlencoded` body).
     pub fn takes_form(&self) -> bool {
         matches!(

@@ -12,7 +12,7 @@ use super::body::{error_reply, read_body, stream_body, Failure, Handled, Reply, 
 use super::router::TfAction;
 use super::{auth, mtls, App};
 use crate::error::Error;
-use crate::store::BODY_CHANNEL;
+use crate::store::{StateStream, BODY_CHANNEL};
 use crate::tofu::access::{permits, shows_sensitive_outputs, Credential, Use};
 use crate::tofu::{protocol::decode_content_md5, MAX_LOCK_BODY};
 
@@ -107,12 +107,9 @@ impl SmallBody {
 
 /// GET: the current state, streamed.
 async fn get(app: &App, session: &mut Session, workspace: &str) -> Result<Handled, Failure> {
-    let small = SmallBody::read(app, session, 0).await?;
-    let read = small.body.len();
-    let fail = Failure::after_body(read);
-    let Some(state) = app.tofu.get_stream(workspace).await.map_err(&fail)? else {
-        let missing = Error::NotFound(format!("workspace {workspace:?} has no state yet"));
-        return Ok(Handled::done(error_reply(&missing), read).holding(small.held));
+    let (state, read) = match current(app, session, workspace).await? {
+        Ok(current) => current,
+        Err(missing) => return Ok(missing),
     };
     // A few verified chunks are in flight at a time (a blob of an earlier release is
     // opened whole, as before); counted before any is sent.
@@ -132,12 +129,9 @@ async fn outputs(
     workspace: &str,
     who: &Credential,
 ) -> Result<Handled, Failure> {
-    let small = SmallBody::read(app, session, 0).await?;
-    let read = small.body.len();
-    let fail = Failure::after_body(read);
-    let Some(state) = app.tofu.get_stream(workspace).await.map_err(&fail)? else {
-        let missing = Error::NotFound(format!("workspace {workspace:?} has no state yet"));
-        return Ok(Handled::done(error_reply(&missing), read).holding(small.held));
+    let (state, read) = match current(app, session, workspace).await? {
+        Ok(current) => current,
+        Err(missing) => return Ok(missing),
     };
     let held = app
         .body_budget
@@ -145,8 +139,29 @@ async fn outputs(
         .map_err(Failure::after_body(read))?;
     let body = crate::tofu::outputs::of_stream(workspace, state, shows_sensitive_outputs(who))
         .await
-        .map_err(&fail)?;
+        .map_err(Failure::after_body(read))?;
     Ok(Handled::done(Reply::json(200, body), read).holding(held))
+}
+
+/// A read's first step: the request's (empty) body read, then `workspace`'s current
+/// state with the bytes read so far, or the reply that it has none yet.
+async fn current(
+    app: &App,
+    session: &mut Session,
+    workspace: &str,
+) -> Result<Result<(StateStream, usize), Handled>, Failure> {
+    let small = SmallBody::read(app, session, 0).await?;
+    let read = small.body.len();
+    match app.tofu.get_stream(workspace).await {
+        Ok(Some(state)) => Ok(Ok((state, read))),
+        Ok(None) => {
+            let missing = Error::NotFound(format!("workspace {workspace:?} has no state yet"));
+            Ok(Err(
+                Handled::done(error_reply(&missing), read).holding(small.held)
+            ))
+        }
+        Err(e) => Err(Failure::after_body(read)(e)),
+    }
 }
 
 /// POST: the body streams into the store as it arrives (never held whole); the lock

@@ -818,11 +818,12 @@ fn diff_outputs(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn state(resources: Value, outputs: Value) -> Vec<u8> {
+    /// A version-4 state document holding `resources` and `outputs`.
+    pub(crate) fn state(resources: Value, outputs: Value) -> Vec<u8> {
         json!({"version": 4, "serial": 1, "lineage": "l", "resources": resources, "outputs": outputs})
             .to_string()
             .into_bytes()

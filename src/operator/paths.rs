@@ -344,13 +344,8 @@ impl Outline {
 mod tests {
     use super::*;
     use crate::operator::diff::diff_states;
+    use crate::operator::diff::tests::state;
     use serde_json::json;
-
-    fn state(resources: Value, outputs: Value) -> Vec<u8> {
-        json!({"version": 4, "serial": 1, "lineage": "l", "resources": resources, "outputs": outputs})
-            .to_string()
-            .into_bytes()
-    }
 
     fn one(kind: &str, name: &str, attributes: Value, sensitive: Value) -> Value {
         json!([{"mode": "managed", "type": kind, "name": name,

@@ -849,12 +849,7 @@ impl super::TofuBackend {
 mod tests {
     use super::*;
 
-    fn db() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        drop(crate::schema::open_db(&path).unwrap());
-        (dir, Connection::open(&path).unwrap())
-    }
+    use crate::schema::tests::test_index as db;
 
     #[test]
     fn input_rules() {

@@ -283,15 +283,7 @@ fn plans_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
                     td data-label="Held since" { (when(&lock.created_at, chrome.now)) }
                     td data-label="Lock ID" { code { (lock.id) } }
                     td { @if chrome.may(Action::Operate, &ws.name) {
-                        form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
-                            input type="hidden" name="csrf" value=(chrome.csrf);
-                            input type="hidden" name="lock_id" value=(lock.id);
-                            label.check {
-                                input type="checkbox" name="confirm" value="yes" required;
-                                " break this plan’s lock"
-                            }
-                            button.danger type="submit" { "Force unlock" }
-                        }
+                        (force_unlock_form(chrome, &ws.name, &lock.id, " break this plan’s lock"))
                     } }
                 } } }
             }
@@ -324,16 +316,24 @@ fn lock_panel(chrome: &Chrome, ws: &WorkspaceSummary) -> Markup {
                     ": if it is still running, its next state write or unlock fails and its changes may need another apply. "
                     "Only do this when that run is dead."
                 }
-                form.inline method="post" action=(format!("{}/unlock", ws_href(&ws.name))) {
-                    input type="hidden" name="csrf" value=(chrome.csrf);
-                    input type="hidden" name="lock_id" value=(lock.id);
-                    label.check {
-                        input type="checkbox" name="confirm" value="yes" required;
-                        " I understand; break this lock"
-                    }
-                    button.danger type="submit" { "Force unlock" }
-                }
+                (force_unlock_form(chrome, &ws.name, &lock.id, " I understand; break this lock"))
             }
+        }
+    }
+}
+
+/// The form that breaks the lock `lock_id` of `workspace` (one plan's, or the
+/// exclusive one), behind a box the operator ticks saying `confirm`.
+fn force_unlock_form(chrome: &Chrome, workspace: &str, lock_id: &str, confirm: &str) -> Markup {
+    html! {
+        form.inline method="post" action=(format!("{}/unlock", ws_href(workspace))) {
+            input type="hidden" name="csrf" value=(chrome.csrf);
+            input type="hidden" name="lock_id" value=(lock_id);
+            label.check {
+                input type="checkbox" name="confirm" value="yes" required;
+                (confirm)
+            }
+            button.danger type="submit" { "Force unlock" }
         }
     }
 }

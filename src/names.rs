@@ -1,6 +1,7 @@
 //! The one naming rule for the names people choose: workspaces (in URLs, scopes and
 //! derived credentials) and orgs (in scopes and the audit log), and the workspace
-//! patterns that grants are limited to (`prod-*`).
+//! patterns that grants are limited to (`prod-*`); and the rule for the reason an
+//! operator gives (a freeze's, a write override's).
 //!
 //! A name is 1–N characters of `[A-Za-z0-9._-]` starting with a letter or digit:
 //! nothing percent-encoded, no slash, no leading dot, so a name can never mean a path.
@@ -10,6 +11,17 @@
 pub const MAX_WORKSPACE_LEN: usize = 128;
 /// Longest org name accepted.
 pub const MAX_ORG_LEN: usize = 64;
+
+/// Longest reason kept (characters): it travels in LockInfos and audit rows.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// `text` trimmed, if it is a reason an operator may give: 1 to [`MAX_REASON_CHARS`]
+/// characters, none of them a control character (it is shown in terminals and pages).
+pub fn reason(text: &str) -> Option<&str> {
+    let reason = text.trim();
+    let fits = !reason.is_empty() && reason.chars().count() <= MAX_REASON_CHARS;
+    (fits && !reason.chars().any(char::is_control)).then_some(reason)
+}
 
 /// A name that breaks the rule. The message states the rule, never echoes the input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,6 +132,25 @@ pub(crate) fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_is_trimmed_bounded_and_printable() {
+        let longest = "é".repeat(MAX_REASON_CHARS);
+        let too_long = "x".repeat(MAX_REASON_CHARS + 1);
+        let table: &[(&str, Option<&str>)] = &[
+            ("  rotating the DB ", Some("rotating the DB")),
+            (&longest, Some(&longest)),
+            ("", None),
+            (" \t ", None),
+            (&too_long, None),
+            ("line\nbreak", None),
+            ("bell\u{7}", None),
+            ("esc\u{1b}[31m", None),
+        ];
+        for (given, want) in table {
+            assert_eq!(reason(given), *want, "{given:?}");
+        }
+    }
 
     #[test]
     fn the_rule() {

@@ -29,8 +29,7 @@ CREATE TABLE IF NOT EXISTS tf_freezes (
 ) WITHOUT ROWID;
 "#;
 
-/// Longest reason kept (characters): it travels in every refused LockInfo.
-pub const MAX_REASON_CHARS: usize = 500;
+pub use crate::names::MAX_REASON_CHARS;
 /// Longest a freeze may be set for ahead (a year); longer is "until unfrozen".
 pub const MAX_AHEAD_SECONDS: i64 = 366 * 24 * 3600;
 /// The `ID` of the LockInfo a freeze answers with (never a lock a client can hold:
@@ -125,14 +124,9 @@ pub enum BadFreeze {
 
 /// The reason, trimmed, if it is one a LockInfo and an audit row may carry.
 pub fn check_reason(reason: &str) -> Result<String, BadFreeze> {
-    let reason = reason.trim();
-    if reason.is_empty()
-        || reason.chars().count() > MAX_REASON_CHARS
-        || reason.chars().any(char::is_control)
-    {
-        return Err(BadFreeze::Reason);
-    }
-    Ok(reason.to_string())
+    crate::names::reason(reason)
+        .map(str::to_string)
+        .ok_or(BadFreeze::Reason)
 }
 
 /// When a freeze requested at `now` ends: `until` (RFC 3339; seconds may be left

@@ -31,8 +31,7 @@ CREATE TABLE IF NOT EXISTS tf_write_overrides (
 /// Default lifetime of an override, and the longest one may be granted for.
 pub const DEFAULT_OVERRIDE_MINUTES: u32 = 10;
 pub const MAX_OVERRIDE_MINUTES: u32 = 60;
-/// Longest reason kept (characters).
-pub const MAX_REASON_CHARS: usize = 500;
+pub use crate::names::MAX_REASON_CHARS;
 
 /// What a write sends: the body's serial and lineage, and the sha256 of the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,14 +120,9 @@ pub fn check_request(minutes: u32, reason: &str) -> Result<String, BadOverride> 
     if !(1..=MAX_OVERRIDE_MINUTES).contains(&minutes) {
         return Err(BadOverride::Minutes);
     }
-    let reason = reason.trim();
-    if reason.is_empty()
-        || reason.chars().count() > MAX_REASON_CHARS
-        || reason.chars().any(char::is_control)
-    {
-        return Err(BadOverride::Reason);
-    }
-    Ok(reason.to_string())
+    crate::names::reason(reason)
+        .map(str::to_string)
+        .ok_or(BadOverride::Reason)
 }
 
 /// Grants (or replaces) the override of `workspace`; expired rows of any workspace

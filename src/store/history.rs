@@ -166,7 +166,7 @@ impl StateStore {
             .await?)
     }
 
-    /// Version rows of a scope, newest first. Reads SQLite only.
+    /// Version rows of a scope, newest first: the index alone (no blob is opened).
     pub async fn history(
         &self,
         scope: &str,

@@ -84,7 +84,9 @@ async fn build(
             root.sso_key(),
         )?),
     };
+    let sessions = crate::ui::session::Sessions::new(tofu.store().index_handle());
     let app = Arc::new(App {
+        sessions,
         operator,
         drift,
         keys,

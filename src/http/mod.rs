@@ -79,6 +79,8 @@ pub struct App {
     pub login_guard: login_guard::LoginGuard,
     /// What a verified client certificate may do (`[[tls.client_grants]]`).
     pub client_grants: crate::tofu::certificate::Grants,
+    /// The UI's sessions and reveal tickets.
+    pub sessions: crate::ui::session::Sessions,
     /// Single sign-on for the UI (`[oidc]`); `None` when not configured.
     pub sso: Option<crate::ui::oidc::Sso>,
     /// The address Terraform reaches this server at (`address::for_clients`), for the

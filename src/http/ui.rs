@@ -286,17 +286,10 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
     let cookie = cookie_value(session);
     let current = match &cookie {
         None => None,
-        Some(c) => {
-            let c = c.clone();
-            match app
-                .operator
-                .admin_read(move |conn| Ok(session::find(conn, &c, now)?))
-                .await
-            {
-                Ok(found) => found,
-                Err(e) => return (error_page(None, e), 0, false),
-            }
-        }
+        Some(c) => match app.sessions.find(c, now).await {
+            Ok(found) => found,
+            Err(e) => return (error_page(None, e), 0, false),
+        },
     };
     let current = match current {
         Some(me) if me.sso => match sso_checked(app, me).await {
@@ -397,20 +390,11 @@ async fn sso_checked(app: &App, me: UiSession) -> Result<Option<UiSession>, Erro
     match checked {
         Revalidated::Fresh => Ok(Some(me)),
         Revalidated::Unknown(e) => Err(e.into()),
-        Revalidated::Current(grant) => {
-            app.operator
-                .admin_write(move |conn| {
-                    let operator = session::regrant(conn, &me, &grant)?;
-                    Ok(operator.map(|operator| UiSession { operator, ..me }))
-                })
-                .await
-        }
+        Revalidated::Current(grant) => app.sessions.regrant(me, grant).await,
         Revalidated::Ended(why) => {
             tracing::info!(reason = %why, operator = %me.operator.email, "single sign-on session ended");
             let reason = why.audit_reason();
-            app.operator
-                .admin_write(move |conn| session::end_sso(conn, &me, reason))
-                .await?;
+            app.sessions.end_sso(me, reason).await?;
             Ok(None)
         }
     }
@@ -491,9 +475,7 @@ async fn login(app: &App, session: &mut Session, now: i64) -> (Answer, usize, bo
     let opened = if !login_guard::plausible_operator_token(&token) {
         Ok(None)
     } else {
-        app.operator
-            .admin_write(move |conn| session::open(conn, &token, now))
-            .await
+        app.sessions.log_in(token, now).await
     };
     let answer = match opened {
         Ok(Some(opened)) => {
@@ -627,27 +609,9 @@ async fn sso_callback(app: &App, session: &Session, query: CallbackQuery, now: i
             return refused_login(app, vec![clear]);
         }
     };
-    let identity = signed.identity;
-    let grant = signed.grant;
     let lifetime = sso.session_max_age();
-    // Followed from the transaction that opens the session: every node knows it.
-    let follow = sso.follow(identity.subject.clone(), signed.tokens);
-    let opened = app
-        .operator
-        .admin_write(move |conn| {
-            let name = identity.operator_name();
-            let user = crate::operator::identity::SsoUser {
-                issuer: &identity.issuer,
-                subject: &identity.subject,
-                name: &name,
-                grant: &grant,
-            };
-            let opened = session::open_sso(conn, user, identity.email.as_deref(), lifetime, now)?;
-            if let Some(opened) = &opened {
-                follow.record(conn, &opened.session.sha256)?;
-            }
-            Ok(opened)
-        })
+    let opened = sso
+        .open_session(signed.identity, signed.grant, signed.tokens, now)
         .await;
     match opened {
         Ok(Some(opened)) => {
@@ -1016,13 +980,8 @@ async fn action(
     let actor = me.operator.actor();
     match route {
         UiRoute::Logout => {
-            let followed = me.sha256.clone();
-            if let Some(c) = cookie.map(str::to_string) {
-                ops.admin_write(move |conn| {
-                    session::close(conn, &c)?;
-                    Ok(crate::ui::sso_rows::forget(conn, &followed)?)
-                })
-                .await?;
+            if let Some(c) = cookie {
+                app.sessions.log_out(c, &me.sha256).await?;
             }
             Ok(Answer::Redirect(
                 LOGIN.into(),
@@ -1038,12 +997,7 @@ async fn action(
             let w = w.as_str();
             // An unknown, pruned or unreadable version is refused here, as before.
             ops.show(w, Some(v)).await?;
-            let (session, ws) = (me.sha256.clone(), w.to_string());
-            let ticket = ops
-                .admin_write(move |conn| {
-                    Ok(crate::ui::reveal::issue(conn, &session, &ws, v, now())?)
-                })
-                .await?;
+            let ticket = app.sessions.issue_reveal(&me.sha256, w, v, now()).await?;
             let mut q = form_urlencoded::Serializer::new(String::new());
             q.append_pair("reveal", &ticket);
             Ok(redirect(&format!(
@@ -1195,18 +1149,9 @@ async fn version_with_ticket(
 ) -> Result<Answer, EdgeError> {
     let w = name.as_str();
     let ops = &app.operator;
-    let (ticket, session, ws) = (ticket.to_string(), me.sha256.clone(), w.to_string());
-    let taken = ops
-        .admin_write(move |conn| {
-            Ok(crate::ui::reveal::take(
-                conn,
-                &ticket,
-                &session,
-                &ws,
-                v,
-                now(),
-            )?)
-        })
+    let taken = app
+        .sessions
+        .take_reveal(ticket, &me.sha256, w, v, now())
         .await?;
     let need = Some((
         crate::operator::roles::Action::Reveal,

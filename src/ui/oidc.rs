@@ -648,7 +648,7 @@ impl Drop for Claim {
 
 /// A signed-in session to follow ([`Sso::follow`]), recorded in the transaction that
 /// opens it.
-pub struct Follow {
+struct Follow {
     key: SealKey,
     subject: String,
     tokens: ProviderTokens,
@@ -658,7 +658,7 @@ pub struct Follow {
 
 impl Follow {
     /// Follows the session whose id hashes to `session` from now.
-    pub fn record(
+    fn record(
         &self,
         conn: &Connection,
         session: &str,
@@ -961,11 +961,44 @@ impl Sso {
         serde_json::from_slice(&plain).map_err(|_| Refused::NoPending)
     }
 
+    /// Opens the UI session of a user the provider signed in, with `grant`
+    /// (`session::open_sso`), and follows it ([`Follow::record`]) in the same write
+    /// transaction, so every node knows it from the start. `None`, with nothing stored,
+    /// when the user's name belongs to another operator.
+    pub async fn open_session(
+        &self,
+        identity: Identity,
+        grant: Grant,
+        tokens: ProviderTokens,
+        now: i64,
+    ) -> Result<Option<super::session::Opened>, crate::error::Error> {
+        let lifetime = self.session_max_age();
+        let follow = self.follow(identity.subject.clone(), tokens);
+        self.db
+            .write(move |conn| {
+                let name = identity.operator_name();
+                let user = crate::operator::identity::SsoUser {
+                    issuer: &identity.issuer,
+                    subject: &identity.subject,
+                    name: &name,
+                    grant: &grant,
+                };
+                let email = identity.email.as_deref();
+                let opened = super::session::open_sso(conn, user, email, lifetime, now)?;
+                if let Some(opened) = &opened {
+                    follow.record(conn, &opened.session.sha256)?;
+                }
+                Ok(opened)
+            })
+            .await
+            .map_err(crate::operator::admin_error)
+    }
+
     /// What following a signed-in session needs: recorded with
     /// [`Follow::record`] in the transaction that opens the session, so every node
     /// follows it from the start; it ends at logout ([`sso_rows::forget`]), when a
     /// check ends it, or after `session_max_age`.
-    pub fn follow(&self, subject: String, tokens: ProviderTokens) -> Follow {
+    fn follow(&self, subject: String, tokens: ProviderTokens) -> Follow {
         Follow {
             key: self.key.clone(),
             subject,

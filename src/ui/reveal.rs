@@ -101,6 +101,41 @@ pub fn take(
     })
 }
 
+impl super::session::Sessions {
+    /// A new reveal ticket ([`issue`]) for the session whose id hashes to `session`,
+    /// in a write transaction of its own.
+    pub async fn issue_reveal(
+        &self,
+        session: &str,
+        workspace: &str,
+        version: i64,
+        now: i64,
+    ) -> Result<String, crate::error::Error> {
+        let (session, workspace) = (session.to_string(), workspace.to_string());
+        self.write(move |conn| Ok(issue(conn, &session, &workspace, version, now)?))
+            .await
+    }
+
+    /// Uses up a reveal ticket ([`take`]) in a write transaction of its own: true when
+    /// it lets this session's GET of this version through.
+    pub async fn take_reveal(
+        &self,
+        ticket: &str,
+        session: &str,
+        workspace: &str,
+        version: i64,
+        now: i64,
+    ) -> Result<bool, crate::error::Error> {
+        let (ticket, session, workspace) = (
+            ticket.to_string(),
+            session.to_string(),
+            workspace.to_string(),
+        );
+        self.write(move |conn| Ok(take(conn, &ticket, &session, &workspace, version, now)?))
+            .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

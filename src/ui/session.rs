@@ -15,10 +15,13 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::cluster::identity::AdminError;
+use crate::error::Error;
+use crate::operator::admin_error;
 use crate::operator::identity::{
     live_operator_token, operator_by_id, sso_operator, Operator, SsoUser,
 };
 use crate::store::audit::{insert_audit, AuditEntry};
+use crate::store::Db;
 use crate::tokens::{self, Kind, NewToken};
 
 /// Name of the session cookie.
@@ -239,6 +242,69 @@ pub fn close(conn: &Connection, cookie_value: &str) -> Result<(), AdminError> {
         &crate::store::now_rfc3339(),
     )?;
     Ok(())
+}
+
+/// The UI's sessions over the index, for `http::ui`: each operation is one transaction
+/// of its own, composed here, so the edge passes plain values and maps the answer.
+#[derive(Clone)]
+pub struct Sessions {
+    pub(super) db: Db,
+}
+
+impl Sessions {
+    pub fn new(db: Db) -> Sessions {
+        Sessions { db }
+    }
+
+    /// A change to sessions (and their audit rows), in one write transaction.
+    pub(super) async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
+    ) -> Result<T, Error> {
+        self.db.write(f).await.map_err(admin_error)
+    }
+
+    /// The live session `cookie_value` names ([`find`]), on a reader.
+    pub async fn find(&self, cookie_value: &str, now: i64) -> Result<Option<UiSession>, Error> {
+        let cookie_value = cookie_value.to_string();
+        Ok(self.db.read(move |c| find(c, &cookie_value, now)).await?)
+    }
+
+    /// A login with operator `token` ([`open`]).
+    pub async fn log_in(&self, token: Vec<u8>, now: i64) -> Result<Option<Opened>, Error> {
+        self.write(move |conn| open(conn, &token, now)).await
+    }
+
+    /// Logout: the session `cookie_value` names ends, and so does the following of its
+    /// single sign-on (`sso_rows`, keyed by the session's id hash `followed`), in one
+    /// transaction, so no node re-checks a session that has ended.
+    pub async fn log_out(&self, cookie_value: &str, followed: &str) -> Result<(), Error> {
+        let (cookie_value, followed) = (cookie_value.to_string(), followed.to_string());
+        self.write(move |conn| {
+            close(conn, &cookie_value)?;
+            Ok(super::sso_rows::forget(conn, &followed)?)
+        })
+        .await
+    }
+
+    /// The single sign-on session `me` with the grant its provider gives today
+    /// ([`regrant`]); `None` when its operator is gone.
+    pub async fn regrant(
+        &self,
+        me: UiSession,
+        grant: crate::operator::roles::Grant,
+    ) -> Result<Option<UiSession>, Error> {
+        self.write(move |conn| {
+            let operator = regrant(conn, &me, &grant)?;
+            Ok(operator.map(|operator| UiSession { operator, ..me }))
+        })
+        .await
+    }
+
+    /// Ends the single sign-on session `me` for `reason` ([`end_sso`]).
+    pub async fn end_sso(&self, me: UiSession, reason: &'static str) -> Result<(), Error> {
+        self.write(move |conn| end_sso(conn, &me, reason)).await
+    }
 }
 
 /// Does a submitted form's CSRF token match the session's? Constant time.

@@ -959,7 +959,7 @@ pub fn next_key_path(dek: &std::path::Path) -> PathBuf {
 impl Config {
     /// Every bounded number of this configuration, with its key as the file spells it.
     ///
-    /// Long by design: a table, one row per bounded setting, so a new setting's bound
+    /// Long because: a table, one row per bounded setting, so a new setting's bound
     /// sits in one list that the bounds check and its error messages share.
     fn bounds(&self) -> Vec<Bound> {
         use Unit::*;
@@ -1572,7 +1572,7 @@ impl Config {
 
     /// Sets the setting `key` from an environment override's `value` ([`ENV_VARS`]).
     ///
-    /// Long by design: one arm per key an environment variable overrides, the one
+    /// Long because: one arm per key an environment variable overrides, the one
     /// table of them.
     fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
         fn num(value: &str) -> Result<u64, String> {
@@ -1886,7 +1886,7 @@ impl Config {
 
     /// [`Config::secret_paths`] with the process environment given (`SOFTHSM2_CONF`).
     ///
-    /// Long by design: the one list of secret paths, an entry per setting that names a
+    /// Long because: the one list of secret paths, an entry per setting that names a
     /// file holding or unlocking a secret, kept together so none is forgotten.
     pub fn secret_paths_with(
         &self,

@@ -57,3 +57,190 @@ pub(crate) fn source_files() -> Vec<(std::path::PathBuf, String)> {
 pub(crate) fn source_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
+
+/// Rules of the code's shape, checked over the sources (issue 39).
+#[cfg(test)]
+mod source_rules {
+    /// A production function longer than this needs a reason written beside it.
+    const MAX_FN_LINES: usize = 120;
+    /// What the comment directly above a longer function starts its reason with.
+    const REASON: &str = "Long because:";
+    /// Long functions of files another change is splitting, each with why it may wait.
+    /// An entry whose function has since been split is harmless and may go.
+    const WAITING: &[(&str, &str, &str)] = &[(
+        "cli/index.rs",
+        "restore",
+        "the CLI's restore is being split with the rest of cli/ in its own change",
+    )];
+
+    /// The lines of `text` inside `#[cfg(test)]` items (a test module, a test-only
+    /// function), by index. rustfmt puts an item's closing `}` alone on a line at the
+    /// item's indentation, so the first such line ends it.
+    fn test_only(lines: &[&str]) -> Vec<bool> {
+        let mut skip = vec![false; lines.len()];
+        let mut i = 0;
+        while i < lines.len() {
+            if lines[i].trim() == "#[cfg(test)]" {
+                let mut item = i + 1;
+                while item < lines.len() && lines[item].trim_start().starts_with("#[") {
+                    item += 1;
+                }
+                let end = match lines.get(item) {
+                    Some(line) if !line.trim_end().ends_with(';') => {
+                        closing(lines, item, indent(line)).unwrap_or(lines.len() - 1)
+                    }
+                    _ => item.min(lines.len() - 1),
+                };
+                skip[i..=end].iter_mut().for_each(|s| *s = true);
+                i = end;
+            }
+            i += 1;
+        }
+        skip
+    }
+
+    fn indent(line: &str) -> &str {
+        &line[..line.len() - line.trim_start().len()]
+    }
+
+    /// The index of the first line after `from` that is `indent` and `}` alone.
+    fn closing(lines: &[&str], from: usize, indent: &str) -> Option<usize> {
+        (from + 1..lines.len()).find(|&i| {
+            lines[i]
+                .strip_prefix(indent)
+                .is_some_and(|rest| rest == "}")
+        })
+    }
+
+    /// The name of the function a line declares, if it does.
+    fn declared_fn(line: &str) -> Option<&str> {
+        let mut rest = line.trim_start();
+        if let Some(after) = rest.strip_prefix("pub") {
+            rest = match after.strip_prefix('(') {
+                Some(scoped) => scoped.split_once(") ")?.1,
+                None => after.strip_prefix(' ')?,
+            };
+        }
+        for qualifier in ["const ", "async ", "unsafe "] {
+            rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+        }
+        let name = rest.strip_prefix("fn ")?;
+        let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+        (end > 0).then(|| &name[..end])
+    }
+
+    /// Does the comment and attribute block directly above line `at` give a reason?
+    fn reasoned(lines: &[&str], at: usize) -> bool {
+        lines[..at]
+            .iter()
+            .rev()
+            .map(|l| l.trim_start())
+            .take_while(|l| l.starts_with("//") || l.starts_with("#["))
+            .any(|l| l.contains(REASON))
+    }
+
+    /// Every production function of `text` longer than [`MAX_FN_LINES`] with no
+    /// reason above it: (name, first line, length in lines).
+    fn long_functions(text: &str) -> Vec<(String, usize, usize)> {
+        let lines: Vec<&str> = text.lines().collect();
+        let skip = test_only(&lines);
+        let mut found = Vec::new();
+        for (at, line) in lines.iter().enumerate() {
+            let Some(name) = declared_fn(line).filter(|_| !skip[at]) else {
+                continue;
+            };
+            // The signature ends at the line that opens the body (or ends a bodiless
+            // declaration, or holds the whole function).
+            let Some(open) = (at..lines.len()).find(|&i| {
+                let l = lines[i].trim_end();
+                l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+            }) else {
+                continue;
+            };
+            if !lines[open].trim_end().ends_with('{') {
+                continue;
+            }
+            let Some(end) = closing(&lines, open, indent(line)) else {
+                continue;
+            };
+            let length = end - at + 1;
+            if length > MAX_FN_LINES && !reasoned(&lines, at) {
+                found.push((name.to_string(), at + 1, length));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn no_long_function_without_a_reason() {
+        let src = crate::source_root();
+        let mut offenders = Vec::new();
+        for (file, text) in crate::source_files() {
+            let relative = file.strip_prefix(&src).unwrap_or(&file).to_string_lossy();
+            for (name, line, length) in long_functions(&text) {
+                let waiting = WAITING.iter().any(|(f, n, _)| *f == relative && *n == name);
+                if !waiting {
+                    offenders.push(format!(
+                        "src/{relative}:{line}: fn {name} is {length} lines"
+                    ));
+                }
+            }
+        }
+        offenders.sort();
+        assert!(
+            offenders.is_empty(),
+            "functions over {MAX_FN_LINES} lines: split each into named steps, or write \
+             `// {REASON} …` directly above it:\n{}",
+            offenders.join("\n")
+        );
+    }
+
+    /// The scanner itself: what it counts, what it skips, what a reason is.
+    #[test]
+    fn the_scan_counts_bodies_and_skips_tests_and_reasons() {
+        let body = |n: usize| "    let x = 1;\n".repeat(n);
+        let long = format!(
+            "pub(crate) async fn long(\n    a: u8,\n) -> u8 {{\n{}}}\n",
+            body(118)
+        );
+        assert_eq!(long_functions(&long), vec![("long".into(), 1, 122)]);
+        let short = format!("fn short() {{\n{}}}\n", body(118));
+        assert_eq!(long_functions(&short), vec![]);
+        let reasoned = format!("/// Does x.\n// {REASON} one arm per route.\n#[allow(x)]\n{long}");
+        assert_eq!(long_functions(&reasoned), vec![]);
+        let indented: String = long.lines().map(|l| format!("    {l}\n")).collect();
+        let in_tests = format!("#[cfg(test)]\nmod tests {{\n{indented}}}\n");
+        assert_eq!(long_functions(&in_tests), vec![]);
+        let nested = format!("impl X {{\n    fn m() {{\n{}    }}\n}}\n", body(120));
+        assert_eq!(long_functions(&nested), vec![("m".into(), 2, 122)]);
+        let bodiless = "trait T {\n    fn t(&self);\n}\nfn one() { 1 }\n";
+        assert_eq!(long_functions(bodiless), vec![]);
+    }
+
+    /// `http/` passes plain values to domain functions, which own their transactions:
+    /// no handler opens one or holds a connection.
+    #[test]
+    fn http_opens_no_transaction() {
+        const TRANSACTION: &[&str] = &[
+            "admin_write",
+            "admin_read",
+            "index_handle",
+            "Connection",
+            "store::sql",
+            "store::Db",
+        ];
+        let http = crate::source_root().join("http");
+        for (file, text) in crate::source_files()
+            .iter()
+            .filter(|(f, _)| f.starts_with(&http))
+        {
+            let lines: Vec<&str> = text.lines().collect();
+            let skip = test_only(&lines);
+            for (at, line) in lines.iter().enumerate().filter(|(at, _)| !skip[*at]) {
+                if let Some(word) = TRANSACTION.iter().find(|w| line.contains(*w)) {
+                    panic!("{}:{}: `{word}` in http/", file.display(), at + 1);
+                }
+            }
+        }
+    }
+}

@@ -278,8 +278,6 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // Before any secret is loaded: no process of the same user may read this one's
     // environment or memory (`/proc/<pid>/environ`, `mem`), a drift child included.
     crate::drift::sandbox::forbid_dumps().context("cannot make the server non-dumpable")?;
-    // Held until the process ends (the end of `serve` exits the process): a restore into the
-    // data dir checks it to prove no server is running there.
     // The listener's certificate, key and client CA are read before the installation
     // is touched: a file that cannot be used refuses startup, naming its key.
     let tls = listener_tls(&config.tls)?;
@@ -292,19 +290,10 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     // The key it unwrapped (if any) is the one every part of this process uses: the
     // token is asked once per start.
     let unwrapped = crate::installation::check_key_service(&config)?;
+    // Held until the process ends (the end of `serve` exits the process): a restore into the
+    // data dir checks it to prove no server is running there.
     let _serving = crate::installation::hold_for_serving(&config)?;
-    // The startup runtime only probes the store; pingora brings its own runtimes.
-    let (app, root) = {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        rt.block_on(build(
-            &config,
-            Arc::new(crate::cluster::SystemClock),
-            unwrapped,
-        ))?
-    };
+    let (app, root) = build_on_startup_runtime(&config, unwrapped)?;
     crate::address::record_and_log(&config);
     if config.tls.client_ca.is_some() {
         tracing::info!(
@@ -313,10 +302,39 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             "client certificates are verified against tls.client_ca"
         );
     }
-    // On SIGTERM pingora stops accepting, then sleeps `grace_period_seconds` before it
-    // drops its runtimes; `ExitWhenDrained` ends the process as soon as no request is
-    // left, so the sleep is only the bound for requests that do not finish. Runtime
-    // shutdown then waits at most a second for blocking work.
+    let mut server = pingora_server(&config);
+    add_background_services(&mut server, &config, &app, &root);
+    add_gateway(&mut server, &config, app, tls);
+    // `run_forever`, with the log's queue written out before the exit (a fast shutdown
+    // on SIGINT does not pass through the drain, which flushes too).
+    server.run(pingora::server::RunArgs::default());
+    crate::installation::checkpoint_at_stop(&config);
+    crate::log::flush();
+    std::process::exit(0)
+}
+
+/// The app and its root key, built on a small runtime of its own: startup only probes
+/// the store there; pingora brings its own runtimes.
+fn build_on_startup_runtime(
+    config: &Config,
+    unwrapped: Option<RootKey>,
+) -> anyhow::Result<(Arc<App>, RootKey)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(build(
+        config,
+        Arc::new(crate::cluster::SystemClock),
+        unwrapped,
+    ))
+}
+
+/// The pingora server, bootstrapped. On SIGTERM pingora stops accepting, then sleeps
+/// `grace_period_seconds` before it drops its runtimes; `ExitWhenDrained` ends the
+/// process as soon as no request is left, so the sleep is only the bound for requests
+/// that do not finish. Runtime shutdown then waits at most a second for blocking work.
+fn pingora_server(config: &Config) -> Server {
     let conf = ServerConf {
         threads: config.serve_threads(),
         grace_period_seconds: Some(config.shutdown_grace_seconds),
@@ -325,6 +343,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
+    server
+}
+
+/// Every background service: the drain and the clock check on every node; the
+/// housekeeping jobs, each pass on the node holding its claim; the flush of tokens'
+/// last use.
+fn add_background_services(server: &mut Server, config: &Config, app: &Arc<App>, root: &RootKey) {
     server.add_service(pingora::services::background::background_service(
         "drain",
         crate::drain::ExitWhenDrained(app.inflight.clone(), {
@@ -339,6 +364,32 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     ));
     // Nodes sharing a PostgreSQL index run each housekeeping pass on one node at a time.
     let claims = crate::jobs::Claims::of(app.tofu.store());
+    add_housekeeping(server, config, app, root, &claims);
+    server.add_service(pingora::services::background::background_service(
+        "token-last-used",
+        LastUsedService {
+            tofu: app.tofu.clone(),
+            // Held from now on, so the process does not exit before the last flush.
+            holding: std::sync::Mutex::new(Some(app.inflight.enter())),
+        },
+    ));
+    if app.drift.has_checks() {
+        server.add_service(pingora::services::background::background_service(
+            "drift",
+            DriftScheduler(app.drift.clone(), claims),
+        ));
+    }
+}
+
+/// The housekeeping jobs a node runs under their claims: retention and backup when
+/// configured, stale locks, and lock leases when a policy has one.
+fn add_housekeeping(
+    server: &mut Server,
+    config: &Config,
+    app: &Arc<App>,
+    root: &RootKey,
+    claims: &crate::jobs::Claims,
+) {
     if config.retention.interval_seconds > 0 {
         server.add_service(pingora::services::background::background_service(
             "retention",
@@ -355,7 +406,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         server.add_service(pingora::services::background::background_service(
             "backup",
             BackupService {
-                snapshot: std::sync::Arc::new(crate::installation::index_snapshot(&config)),
+                snapshot: std::sync::Arc::new(crate::installation::index_snapshot(config)),
                 claims: claims.clone(),
                 store: app.tofu.store().clone(),
                 root: root.clone(),
@@ -386,20 +437,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             },
         ));
     }
-    server.add_service(pingora::services::background::background_service(
-        "token-last-used",
-        LastUsedService {
-            tofu: app.tofu.clone(),
-            // Held from now on, so the process does not exit before the last flush.
-            holding: std::sync::Mutex::new(Some(app.inflight.enter())),
-        },
-    ));
-    if app.drift.has_checks() {
-        server.add_service(pingora::services::background::background_service(
-            "drift",
-            DriftScheduler(app.drift.clone(), claims),
-        ));
-    }
+}
+
+/// The gateway on `listen` (TLS when configured), and the line that says it listens.
+fn add_gateway(
+    server: &mut Server,
+    config: &Config,
+    app: Arc<App>,
+    tls: Option<pingora::listeners::tls::TlsSettings>,
+) {
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(app));
     let listen = config.listen.to_string();
     match tls {
@@ -414,12 +460,6 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             url: config.base_url(),
         },
     ));
-    // `run_forever`, with the log's queue written out before the exit (a fast shutdown
-    // on SIGINT does not pass through the drain, which flushes too).
-    server.run(pingora::server::RunArgs::default());
-    crate::installation::checkpoint_at_stop(&config);
-    crate::log::flush();
-    std::process::exit(0)
 }
 
 /// Binds `listen` once and lets it go: a busy address (another stategate, another

@@ -183,7 +183,7 @@ fn new_token(body: &[u8]) -> Result<crate::tofu::credentials::NewWorkspaceToken,
 
 /// Runs one admin API action for `who`.
 ///
-/// Long by design: one arm per action of the route table, each a call with plain values;
+/// Long because: one arm per action of the route table, each a call with plain values;
 /// splitting the match would only move the dispatch.
 async fn run(app: &App, who: &Operator, action: AdminAction, body: &[u8]) -> Result<Reply, Error> {
     let ops = &app.operator;

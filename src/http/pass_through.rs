@@ -33,35 +33,11 @@ pub async fn decide(
         return Decision::Answer(error_reply(&no_upstream()));
     };
     let request = session.req_header();
-    let headers = &request.headers;
-    if request.uri.authority().is_some() {
-        // An absolute-form target may name another host than `Host`; S3 clients never send one.
-        return Decision::Answer(s3_reply(
-            400,
-            "InvalidRequest",
-            "absolute-form request targets are not accepted; send the path and a Host header",
-            path,
-        ));
-    }
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|v| v.to_str().ok());
-    let target = match s3_target::resolve(method, path, query, host, headers, &upstream.addressing)
-    {
+    let target = match permitted_target(upstream, request, method, path, query) {
         Ok(target) => target,
-        Err(e) => {
-            let code = match e {
-                TargetError::BadEncoding => "InvalidURI",
-                TargetError::NoHost | TargetError::UnknownHost(_) => "InvalidRequest",
-            };
-            return Decision::Answer(s3_reply(400, code, &e.to_string(), path));
-        }
+        Err(refused) => return Decision::Answer(refused),
     };
-    if let Err(upstream::Denied(message)) = upstream.protection.check(&target) {
-        return Decision::Answer(s3_reply(403, "AccessDenied", message, path));
-    }
-
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let header = |name: &str| request.headers.get(name).and_then(|v| v.to_str().ok());
     let forward = Decision::Forward { turn: None };
     let Some(condition) =
         conditional::precondition(method, header("if-none-match"), header("if-match"))
@@ -71,6 +47,54 @@ pub async fn decide(
     let Some(guard) = app.conditional.as_ref() else {
         return forward;
     };
+    decide_conditional(guard, request, &target, &condition, path).await
+}
+
+/// What the request touches, read as the upstream reads it, when none of it is off
+/// limits; else the S3 error that refuses it (nothing is forwarded).
+fn permitted_target(
+    upstream: &upstream::Upstream,
+    request: &RequestHeader,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+) -> Result<s3_target::Target, Reply> {
+    if request.uri.authority().is_some() {
+        // An absolute-form target may name another host than `Host`; S3 clients never send one.
+        return Err(s3_reply(
+            400,
+            "InvalidRequest",
+            "absolute-form request targets are not accepted; send the path and a Host header",
+            path,
+        ));
+    }
+    let headers = &request.headers;
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let target = s3_target::resolve(method, path, query, host, headers, &upstream.addressing)
+        .map_err(|e| {
+            let code = match e {
+                TargetError::BadEncoding => "InvalidURI",
+                TargetError::NoHost | TargetError::UnknownHost(_) => "InvalidRequest",
+            };
+            s3_reply(400, code, &e.to_string(), path)
+        })?;
+    if let Err(upstream::Denied(message)) = upstream.protection.check(&target) {
+        return Err(s3_reply(403, "AccessDenied", message, path));
+    }
+    Ok(target)
+}
+
+/// A conditional PUT to a permitted target: forwarded under its key's turn when the
+/// condition holds; the precondition's failure told (412) only to a verified signer.
+async fn decide_conditional(
+    guard: &conditional::ConditionalGuard,
+    request: &RequestHeader,
+    target: &s3_target::Target,
+    condition: &conditional::Precondition,
+    path: &str,
+) -> Decision {
     // Before any look at the object: the answer must not tell strangers whether it exists.
     if !may_learn_precondition(request) {
         return Decision::Answer(s3_reply(
@@ -103,17 +127,33 @@ pub async fn decide(
             ))
         }
     };
-    match guard.enter(bucket, key, &condition, signer.as_ref()).await {
+    match guard.enter(bucket, key, condition, signer.as_ref()).await {
         Ok(turn) => Decision::Forward { turn: Some(turn) },
-        Err(conditional::Refusal::Failed) if signer.is_some() => Decision::Answer(s3_reply(
+        Err(refusal) => {
+            Decision::Answer(refusal_reply(guard, refusal, signer.as_ref(), bucket, path))
+        }
+    }
+}
+
+/// The answer to a conditional write the guard refused: 412 only for a verified
+/// signer; a failure the client may not learn reads like a bad signature.
+fn refusal_reply(
+    guard: &conditional::ConditionalGuard,
+    refusal: conditional::Refusal,
+    signer: Option<&super::store_keys::KnownKey>,
+    bucket: &str,
+    path: &str,
+) -> Reply {
+    match refusal {
+        conditional::Refusal::Failed if signer.is_some() => s3_reply(
             412,
             "PreconditionFailed",
             "At least one of the pre-conditions you specified did not hold",
             path,
-        )),
+        ),
         // Signed with a key stategate cannot check (or not validly): the same answer
         // as a bad signature, so the reply says nothing about the object.
-        Err(conditional::Refusal::Failed) => {
+        conditional::Refusal::Failed => {
             let fix = if guard.looks_up_other_keys() {
                 "the key is not one the store's admin API knows, or the signature is not valid"
             } else {
@@ -124,21 +164,21 @@ pub async fn decide(
                 fix,
                 "a conditional write failed its precondition, but its signature could not be verified: answered 403, not 412"
             );
-            Decision::Answer(s3_reply(
+            s3_reply(
                 403,
                 "AccessDenied",
                 "stategate could not verify this request's signature with a key it knows; only such requests learn that a precondition failed",
                 path,
-            ))
+            )
         }
-        Err(conditional::Refusal::Busy) => Decision::Answer(s3_reply(
+        conditional::Refusal::Busy => s3_reply(
             503,
             "SlowDown",
             "another conditional write to this key is in progress; retry",
             path,
-        )),
-        Err(conditional::Refusal::Unverifiable(detail)) => {
-            let as_key = match &signer {
+        ),
+        conditional::Refusal::Unverifiable(detail) => {
+            let as_key = match signer {
                 Some(key) => key.access_key_id.as_str(),
                 None => "stategate's own store key",
             };
@@ -148,12 +188,12 @@ pub async fn decide(
                 key = as_key,
                 "cannot check a conditional write: the object could not be read as this key; give it read access to the bucket (garage bucket allow --read <bucket> --key <key>), or let stategate look up the client's own key (upstream.garage_admin_endpoint)"
             );
-            Decision::Answer(s3_reply(
+            s3_reply(
                 503,
                 "ServiceUnavailable",
                 "stategate could not check the write precondition; retry",
                 path,
-            ))
+            )
         }
     }
 }

@@ -644,7 +644,7 @@ fn text(value: Option<String>) -> Option<String> {
 
 /// The read-only pages.
 ///
-/// Long by design: one arm per page of the route table, each a call with plain values;
+/// Long because: one arm per page of the route table, each a call with plain values;
 /// splitting the match would only move the dispatch.
 async fn page(
     app: &App,
@@ -968,7 +968,7 @@ fn older_href(form: &AuditForm, before: i64) -> String {
 
 /// The state-changing forms (CSRF already checked).
 ///
-/// Long by design: one arm per form of the route table (see [`page`]).
+/// Long because: one arm per form of the route table (see [`page`]).
 async fn action(
     app: &App,
     me: &UiSession,

@@ -871,20 +871,55 @@ impl StateStore {
     where
         E: From<StoreError> + From<DbError> + Send + 'static,
     {
+        let turns = self
+            .take_turns_in_name_order(&news)
+            .await
+            .map_err(E::from)?;
+        let latest = self.newest_rows(&news).await.map_err(E::from)?;
+        let mut written = Vec::with_capacity(news.len());
+        let committed = match self.seal_versions(news, latest, &mut written).await {
+            Ok((rows, timelines)) => self.commit_versions(rows, timelines, guard).await,
+            Err(e) => Err(e),
+        };
+        drop(turns);
+        match committed {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                for key in &written {
+                    self.discard_blob(key).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The write turns of every scope of `news`, taken in name order so two multi-scope
+    /// writes never wait for each other in a circle; refused when a scope repeats.
+    async fn take_turns_in_name_order(
+        &self,
+        news: &[(NewVersion, SealKey)],
+    ) -> Result<Vec<crate::turns::Turn>, StoreError> {
         let mut scopes: Vec<String> = news.iter().map(|(n, _)| n.scope.clone()).collect();
         scopes.sort();
         scopes.dedup();
         if scopes.len() != news.len() {
-            return Err(E::from(StoreError::Contended));
+            return Err(StoreError::Contended);
         }
         let mut turns = Vec::with_capacity(scopes.len());
-        for scope in &scopes {
-            turns.push(self.write_turns.wait(scope.clone()).await);
+        for scope in scopes {
+            turns.push(self.write_turns.wait(scope).await);
         }
+        Ok(turns)
+    }
+
+    /// The newest row of each scope of `news` and the resources it is known to hold,
+    /// read under the turns (the commit checks again that none moved).
+    async fn newest_rows(
+        &self,
+        news: &[(NewVersion, SealKey)],
+    ) -> Result<Vec<(Option<VersionRow>, KeptSummary)>, DbError> {
         let wanted: Vec<String> = news.iter().map(|(n, _)| n.scope.clone()).collect();
-        // The newest row of each scope and the resources it is known to hold.
-        let latest = self
-            .db
+        self.db
             .read_quick(move |c| {
                 wanted
                     .iter()
@@ -892,12 +927,23 @@ impl StateStore {
                     .collect::<Result<Vec<_>, crate::store::sql::Error>>()
             })
             .await
-            .map_err(E::from)?;
+    }
+
+    /// Seals each body into its own new blob (each key pushed to `written` as soon as
+    /// it exists, so a failure later discards it): the rows to insert and each one's
+    /// timeline. Stops at the first failure.
+    async fn seal_versions<E>(
+        &self,
+        news: Vec<(NewVersion, SealKey)>,
+        latest: Vec<(Option<VersionRow>, KeptSummary)>,
+        written: &mut Vec<String>,
+    ) -> Result<(Vec<VersionRow>, Vec<SealedTimeline>), E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+    {
         let mut rows = Vec::with_capacity(news.len());
-        let mut written = Vec::with_capacity(news.len());
-        let mut failed = None;
         let mut timelines = Vec::with_capacity(news.len());
-        for ((new, key), (before, prior)) in news.into_iter().zip(latest.iter().cloned()) {
+        for ((new, key), (before, prior)) in news.into_iter().zip(latest) {
             let version = before.as_ref().map_or(1, |r| r.version + 1);
             let id = BlobIdentity {
                 scope: new.scope.clone(),
@@ -918,77 +964,69 @@ impl StateStore {
                 None,
             ));
             let mut body = BodySource::Whole(new.plaintext.clone());
-            match self
+            let (mut meta, trailer, generation) = self
                 .store_blob(&blob_key, &id, &key, check, &mut body)
-                .await
-            {
-                Ok((mut meta, trailer, generation)) => {
-                    written.push(blob_key.clone());
-                    let changes =
-                        timeline_changes(before.as_ref(), &prior, meta.resources.as_ref());
-                    timelines.push((changes, meta.resources.take()));
-                    rows.push(VersionRow {
-                        scope: id.scope,
-                        version,
-                        serial: meta.serial,
-                        lineage: meta.lineage,
-                        sha256: Some(trailer.sha256),
-                        size: trailer.size,
-                        blob_key: Some(blob_key),
-                        created_at: id.created_at,
-                        actor: id.actor,
-                        facts: id.facts,
-                        changes: None,
-                        key_generation: Some(generation),
-                    });
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
+                .await?;
+            written.push(blob_key.clone());
+            let changes = timeline_changes(before.as_ref(), &prior, meta.resources.as_ref());
+            timelines.push((changes, meta.resources.take()));
+            rows.push(VersionRow {
+                scope: id.scope,
+                version,
+                serial: meta.serial,
+                lineage: meta.lineage,
+                sha256: Some(trailer.sha256),
+                size: trailer.size,
+                blob_key: Some(blob_key),
+                created_at: id.created_at,
+                actor: id.actor,
+                facts: id.facts,
+                changes: None,
+                key_generation: Some(generation),
+            });
         }
-        let committed = match failed {
-            Some(e) => Err(e),
-            None => {
-                let mut inserted = rows;
-                self.db
-                    .write(move |c| -> Result<Vec<VersionRow>, E> {
-                        let mut current = Vec::with_capacity(inserted.len());
-                        for row in &inserted {
-                            let now =
-                                latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
-                            let found = now.as_ref().map_or(0, |r| r.version);
-                            if found != row.version - 1 {
-                                return Err(E::from(StoreError::Moved {
-                                    scope: row.scope.clone(),
-                                    found,
-                                }));
-                            }
-                            current.push(now);
-                        }
-                        guard(c, &current, &inserted)?;
-                        let db = |e| E::from(DbError::from(e));
-                        for (row, (changes, resources)) in inserted.iter_mut().zip(timelines) {
-                            row.changes =
-                                record_timeline(c, row, changes, resources.as_ref()).map_err(db)?;
-                            insert_version(c, row).map_err(db)?;
-                        }
-                        Ok(inserted)
-                    })
-                    .await
-            }
-        };
-        drop(turns);
-        match committed {
-            Ok(rows) => Ok(rows),
-            Err(e) => {
-                for key in &written {
-                    self.discard_blob(key).await;
+        Ok((rows, timelines))
+    }
+
+    /// The one write transaction of a multi-scope write: no scope moved since its
+    /// newest row was read, `guard` accepts (and records its decision), and every row
+    /// is inserted with its timeline; or nothing is.
+    async fn commit_versions<E>(
+        &self,
+        mut inserted: Vec<VersionRow>,
+        timelines: Vec<SealedTimeline>,
+        guard: impl Fn(&Connection, &[Option<VersionRow>], &[VersionRow]) -> Result<(), E>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Result<Vec<VersionRow>, E>
+    where
+        E: From<StoreError> + From<DbError> + Send + 'static,
+    {
+        self.db
+            .write(move |c| -> Result<Vec<VersionRow>, E> {
+                let mut current = Vec::with_capacity(inserted.len());
+                for row in &inserted {
+                    let now = latest_row(c, &row.scope).map_err(|e| E::from(DbError::from(e)))?;
+                    let found = now.as_ref().map_or(0, |r| r.version);
+                    if found != row.version - 1 {
+                        return Err(E::from(StoreError::Moved {
+                            scope: row.scope.clone(),
+                            found,
+                        }));
+                    }
+                    current.push(now);
                 }
-                Err(e)
-            }
-        }
+                guard(c, &current, &inserted)?;
+                let db = |e| E::from(DbError::from(e));
+                for (row, (changes, resources)) in inserted.iter_mut().zip(timelines) {
+                    row.changes =
+                        record_timeline(c, row, changes, resources.as_ref()).map_err(db)?;
+                    insert_version(c, row).map_err(db)?;
+                }
+                Ok(inserted)
+            })
+            .await
     }
 
     /// Best effort: an orphan blob is harmless garbage (no row points at it).
@@ -1003,6 +1041,10 @@ impl StateStore {
 /// to hold: (the version compared with, or 0 for "no live state before"; the changes).
 /// `None` when either side is unknown (then no timeline is recorded for it).
 type TimelineChanges = Option<(i64, Vec<(String, timeline::Change)>)>;
+
+/// A sealed version's timeline, kept for its commit: the changes against the version
+/// before it and the resources it holds.
+type SealedTimeline = (TimelineChanges, Option<ResourceSummary>);
 
 fn timeline_changes(
     latest: Option<&VersionRow>,

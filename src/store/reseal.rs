@@ -325,6 +325,9 @@ enum Outcome {
     Raced,
 }
 
+/// Reseals one version under the newest generation: a new blob is written beside the
+/// old one, the row is switched to it (audited) only if it still names the old one,
+/// and whichever blob lost is deleted.
 async fn reseal_version(
     store: &StateStore,
     key: &SealKey,
@@ -333,107 +336,16 @@ async fn reseal_version(
     actor: &str,
 ) -> Result<Outcome, StoreError> {
     let old = row.blob_key.clone().unwrap_or_default();
-    let unreadable = |reason| StoreError::BlobUnreadable {
-        scope: row.scope.clone(),
-        version: row.version,
-        reason,
-    };
-    let missing = || StoreError::BlobMissing {
-        scope: row.scope.clone(),
-        version: row.version,
-    };
-    let mut reader: BlobReader = store.blobs.read(&old).await?.ok_or_else(missing)?;
-    let mut opener = Opener::new(
-        key,
-        &row.scope,
-        row.version,
-        row.size.max(0) as u64,
-        row.sha256.clone(),
-    );
-    let mut head = Vec::new();
-    let mut pending = Vec::new();
-    let identity = loop {
-        let Some(piece) = reader.chunks.recv().await else {
-            return Err(unreadable(format::FormatError::NotABlob));
-        };
-        let piece = piece?;
-        head.extend_from_slice(&piece);
-        pending.push(piece);
-        if let Some(id) = format::stream_identity(&head).map_err(unreadable)? {
-            break id;
-        }
-    };
-    drop(head);
     let new = blob_key_for(&row.scope, row.version);
-    let (mut sealer, first) = Sealer::new(key, &identity)?;
-    // Dropped unfinished on any error below: nothing appears under `new`.
-    let mut sink = store.blobs.create(&new).await?;
-    sink.write(first).await?;
-    let mut next = pending.into_iter();
-    loop {
-        let piece = match next.next() {
-            Some(piece) => piece,
-            None => match reader.chunks.recv().await {
-                Some(piece) => piece?,
-                None => break,
-            },
-        };
-        let mut sealed = Vec::new();
-        for plain in opener.push(&piece).map_err(unreadable)? {
-            sealed.extend_from_slice(&sealer.push(&plain)?);
-        }
-        if !sealed.is_empty() {
-            sink.write(bytes::Bytes::from(sealed)).await?;
-        }
-    }
-    let last = opener.finish().map_err(unreadable)?;
-    let mut tail = sealer.push(&last)?.to_vec();
-    let sealed_under = sealer.key_generation();
-    let (end, trailer) = sealer.finish(row.serial, row.lineage.clone())?;
-    tail.extend_from_slice(&end);
-    if row.sha256.as_deref().is_some_and(|s| s != trailer.sha256) {
-        return Err(unreadable(format::FormatError::HashMismatch));
-    }
-    sink.write(bytes::Bytes::from(tail)).await?;
-    sink.finish().await?;
-    let (scope, version, to) = (row.scope.clone(), row.version, key.write_generation());
-    let (old_key, new_key, actor) = (old.clone(), new.clone(), actor.to_string());
-    let committed = store
-        .db
-        .write(move |conn| -> Result<bool, StoreError> {
-            let still: Option<i64> = conn
-                .query_row(
-                    "SELECT 1 FROM versions WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
-                    params![scope, version, old_key],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if still.is_none() {
-                return Ok(false);
-            }
-            // The row names the new blob's generation with the new blob.
-            conn.execute(
-                "UPDATE versions SET blob_key = ?4, key_gen = ?5
-                  WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
-                params![scope, version, old_key, new_key, sealed_under],
-            )?;
-            insert_audit(
-                conn,
-                &AuditEntry {
-                    actor,
-                    org: None,
-                    scope: scope.clone(),
-                    event: "key.resealed",
-                    payload: serde_json::json!({
-                        "version": version,
-                        "from_generation": from,
-                        "to_generation": to,
-                    }),
-                },
-            )?;
-            Ok(true)
-        })
-        .await?;
+    let sealed_under = write_resealed(store, key, row, &old, &new).await?;
+    let switch = Switch {
+        old: old.clone(),
+        new: new.clone(),
+        from,
+        to: key.write_generation(),
+        sealed_under,
+    };
+    let committed = switch_row(store, row, switch, actor).await?;
     let garbage = if committed { &old } else { &new };
     let left = match store.blobs.delete(garbage).await {
         Ok(()) => None,
@@ -447,6 +359,153 @@ async fn reseal_version(
     } else {
         Outcome::Raced
     })
+}
+
+/// The error of a version whose blob cannot be read as a sealed state.
+fn unreadable(row: &VersionRow, reason: format::FormatError) -> StoreError {
+    StoreError::BlobUnreadable {
+        scope: row.scope.clone(),
+        version: row.version,
+        reason,
+    }
+}
+
+/// Streams blob `old` of `row`, verified chunk by chunk, into a new blob `new` sealed
+/// under `key`'s write generation with the same identity; the generation it was sealed
+/// under. Fails (leaving nothing under `new`) unless the whole state's hash is the one
+/// the row records.
+async fn write_resealed(
+    store: &StateStore,
+    key: &SealKey,
+    row: &VersionRow,
+    old: &str,
+    new: &str,
+) -> Result<u32, StoreError> {
+    let missing = || StoreError::BlobMissing {
+        scope: row.scope.clone(),
+        version: row.version,
+    };
+    let mut reader: BlobReader = store.blobs.read(old).await?.ok_or_else(missing)?;
+    let mut opener = Opener::new(
+        key,
+        &row.scope,
+        row.version,
+        row.size.max(0) as u64,
+        row.sha256.clone(),
+    );
+    let (identity, pending) = read_identity(&mut reader, row).await?;
+    let (mut sealer, first) = Sealer::new(key, &identity)?;
+    // Dropped unfinished on any error below: nothing appears under `new`.
+    let mut sink = store.blobs.create(new).await?;
+    sink.write(first).await?;
+    let mut next = pending.into_iter();
+    loop {
+        let piece = match next.next() {
+            Some(piece) => piece,
+            None => match reader.chunks.recv().await {
+                Some(piece) => piece?,
+                None => break,
+            },
+        };
+        let mut sealed = Vec::new();
+        for plain in opener.push(&piece).map_err(|e| unreadable(row, e))? {
+            sealed.extend_from_slice(&sealer.push(&plain)?);
+        }
+        if !sealed.is_empty() {
+            sink.write(bytes::Bytes::from(sealed)).await?;
+        }
+    }
+    let last = opener.finish().map_err(|e| unreadable(row, e))?;
+    let mut tail = sealer.push(&last)?.to_vec();
+    let sealed_under = sealer.key_generation();
+    let (end, trailer) = sealer.finish(row.serial, row.lineage.clone())?;
+    tail.extend_from_slice(&end);
+    if row.sha256.as_deref().is_some_and(|s| s != trailer.sha256) {
+        return Err(unreadable(row, format::FormatError::HashMismatch));
+    }
+    sink.write(bytes::Bytes::from(tail)).await?;
+    sink.finish().await?;
+    Ok(sealed_under)
+}
+
+/// The blob's identity from its header, and the chunks read to find it (still to be
+/// opened: the header is part of the first).
+async fn read_identity(
+    reader: &mut BlobReader,
+    row: &VersionRow,
+) -> Result<(format::BlobIdentity, Vec<bytes::Bytes>), StoreError> {
+    let mut head = Vec::new();
+    let mut pending = Vec::new();
+    loop {
+        let Some(piece) = reader.chunks.recv().await else {
+            return Err(unreadable(row, format::FormatError::NotABlob));
+        };
+        let piece = piece?;
+        head.extend_from_slice(&piece);
+        pending.push(piece);
+        if let Some(id) = format::stream_identity(&head).map_err(|e| unreadable(row, e))? {
+            return Ok((id, pending));
+        }
+    }
+}
+
+/// A version's switch from its old blob to the resealed one.
+struct Switch {
+    old: String,
+    new: String,
+    /// The generation the old blob was sealed under, and the one asked for.
+    from: u32,
+    to: u32,
+    /// The generation the new blob is sealed under (recorded in the row).
+    sealed_under: u32,
+}
+
+/// Points `row` at the new blob in one write transaction, audited (`key.resealed`),
+/// only if it still names the old one (a prune or another reseal may have raced):
+/// whether it did.
+async fn switch_row(
+    store: &StateStore,
+    row: &VersionRow,
+    switch: Switch,
+    actor: &str,
+) -> Result<bool, StoreError> {
+    let (scope, version, actor) = (row.scope.clone(), row.version, actor.to_string());
+    store
+        .db
+        .write(move |conn| -> Result<bool, StoreError> {
+            let still: Option<i64> = conn
+                .query_row(
+                    "SELECT 1 FROM versions WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
+                    params![scope, version, switch.old],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if still.is_none() {
+                return Ok(false);
+            }
+            // The row names the new blob's generation with the new blob.
+            conn.execute(
+                "UPDATE versions SET blob_key = ?4, key_gen = ?5
+                  WHERE scope = ?1 AND version = ?2 AND blob_key = ?3",
+                params![scope, version, switch.old, switch.new, switch.sealed_under],
+            )?;
+            insert_audit(
+                conn,
+                &AuditEntry {
+                    actor,
+                    org: None,
+                    scope: scope.clone(),
+                    event: "key.resealed",
+                    payload: serde_json::json!({
+                        "version": version,
+                        "from_generation": switch.from,
+                        "to_generation": switch.to,
+                    }),
+                },
+            )?;
+            Ok(true)
+        })
+        .await
 }
 
 /// Reseals every whole object under `prefix` whose header scope starts with `scope`

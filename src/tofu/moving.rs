@@ -200,7 +200,9 @@ impl TofuBackend {
             .await
     }
 
-    /// The part of [`Self::move_resources`] that runs under both locks.
+    /// The part of [`Self::move_resources`] that runs under both locks: both newest
+    /// states read, the resources moved between them, and both new versions committed
+    /// in one transaction that checks the locks and that neither state changed since.
     pub(super) async fn move_locked(
         &self,
         source: &str,
@@ -210,67 +212,19 @@ impl TofuBackend {
         max_bytes: u64,
         move_id: &str,
     ) -> Result<MoveDone, Error> {
-        let mut read = Vec::with_capacity(2);
-        for (ws, what) in [(source, "from"), (destination, "to")] {
-            let latest = self.store.latest(&scope(ws)).await?;
-            let Some(row) = latest.filter(|r| !r.is_tombstone()) else {
-                return Err(Error::Conflict(format!(
-                    "workspace {ws:?} has no state to move {what} (run terraform apply there first); nothing was moved"
-                )));
-            };
-            read.push(self.read_version(ws, row.version, max_bytes).await?);
-        }
-        let refusal = |why: moves::Refusal| {
-            let name = |side| match side {
-                moves::Side::Source => source,
-                moves::Side::Destination => destination,
-            };
-            match why {
-                moves::Refusal::Missing(list) => Error::Invalid(format!(
-                    "not in the state of {source:?}: {}; nothing was moved",
-                    moves::listing(&list)
-                )),
-                moves::Refusal::Present(list) => Error::Conflict(format!(
-                    "already in the state of {destination:?}: {}; nothing was moved",
-                    moves::listing(&list)
-                )),
-                moves::Refusal::NotAState(side, why) => Error::Conflict(format!(
-                    "the state of {:?} cannot be parsed: {why}; nothing was moved",
-                    name(side)
-                )),
-                moves::Refusal::SerialExhausted(side) => Error::Conflict(format!(
-                    "the state of {:?} has the largest serial stategate stores; nothing was moved",
-                    name(side)
-                )),
-            }
-        };
-        let moved = moves::move_resources(&read[0].1, &read[1].1, addresses).map_err(refusal)?;
-        let seen: Vec<i64> = read.iter().map(|(row, _)| row.version).collect();
-        let new = |ws: &str, body: Vec<u8>, serial: i64, lineage: Option<String>, facts| {
-            let key = self.root.blob_key(&scope(ws));
-            // The new state's resources, for the timeline (held whole anyway).
-            let resources = crate::store::timeline::summarize_whole(
-                crate::tfstate::resource_scan(key.resource_digest_key()),
-                &body,
-            );
-            let version = NewVersion {
-                scope: scope(ws),
-                plaintext: Bytes::from(body),
-                serial: Some(serial),
-                lineage,
-                actor: actor.to_string(),
-                facts,
-                audit: None,
-                resources,
-            };
-            (version, key)
-        };
+        let from = self.state_to_move(source, "from", max_bytes).await?;
+        let to = self.state_to_move(destination, "to", max_bytes).await?;
+        let moved = moves::move_resources(&from.1, &to.1, addresses)
+            .map_err(|why| move_refusal(source, destination, why))?;
+        let instances = moved.instances;
+        let seen = [from.0.version, to.0.version];
         let news = vec![
-            new(
+            self.moved_version(
                 source,
                 moved.source,
                 moved.source_serial,
-                read[0].0.lineage.clone(),
+                from.0.lineage,
+                actor,
                 // Each version says where its resources went or came from: listings
                 // count them as moved, not as added or destroyed.
                 WriteFacts {
@@ -278,56 +232,30 @@ impl TofuBackend {
                     ..Default::default()
                 },
             ),
-            new(
+            self.moved_version(
                 destination,
                 moved.destination,
                 moved.destination_serial,
-                read[1].0.lineage.clone(),
+                to.0.lineage,
+                actor,
                 WriteFacts {
                     moved_from: Some(source.to_string()),
                     ..Default::default()
                 },
             ),
         ];
-        let names = [source.to_string(), destination.to_string()];
-        let (id, by, list) = (move_id.to_string(), actor.to_string(), addresses.to_vec());
-        let instances = moved.instances;
+        let record = MoveRecord {
+            names: [source.to_string(), destination.to_string()],
+            seen,
+            move_id: move_id.to_string(),
+            actor: actor.to_string(),
+            addresses: addresses.to_vec(),
+            instances,
+        };
         let rows = self
             .store
-            .write_versions(news, move |conn, current, rows| -> Result<(), Error> {
-                for ((ws, now), seen) in names.iter().zip(current).zip(&seen) {
-                    // Our lock still holds (not force-unlocked), and nothing was
-                    // written since the states were read.
-                    check_writer(conn, ws, Some(&id))?;
-                    if now.as_ref().map(|r| r.version) != Some(*seen) {
-                        return Err(Error::Conflict(format!(
-                            "{ws} changed while the move ran; nothing was moved, try again"
-                        )));
-                    }
-                }
-                let side = |i: usize| {
-                    serde_json::json!({ "workspace": names[i], "version": rows[i].version, "serial": rows[i].serial })
-                };
-                let entry = audit(
-                    &by,
-                    &names[0],
-                    EVENT_RESOURCES_MOVED,
-                    serde_json::json!({
-                        "from": side(0),
-                        "to": side(1),
-                        "addresses": list.iter().take(100).collect::<Vec<_>>(),
-                        "address_count": list.len(),
-                        "instances": instances,
-                    }),
-                );
-                insert_audit(conn, &entry).map_err(DbError::from)?;
-                // Both new states are plain Terraform states (a move refuses an
-                // encrypted one), so their posture is known without scanning them.
-                for (ws, row) in names.iter().zip(rows) {
-                    posture::record(conn, ws, row.version, &crate::tfstate::BodyEncryption::Plaintext)
-                        .map_err(DbError::from)?;
-                }
-                Ok(())
+            .write_versions(news, move |conn, current, rows| {
+                record.commit(conn, current, rows)
             })
             .await?;
         let side = |ws: &str, row: &VersionRow| MovedSide {
@@ -341,5 +269,137 @@ impl TofuBackend {
             addresses: addresses.to_vec(),
             instances,
         })
+    }
+
+    /// The newest version of workspace `ws` and its state, the move's side `what`;
+    /// refused when it has none (or a tombstone).
+    async fn state_to_move(
+        &self,
+        ws: &str,
+        what: &str,
+        max_bytes: u64,
+    ) -> Result<(VersionRow, Vec<u8>), Error> {
+        let latest = self.store.latest(&scope(ws)).await?;
+        let Some(row) = latest.filter(|r| !r.is_tombstone()) else {
+            return Err(Error::Conflict(format!(
+                "workspace {ws:?} has no state to move {what} (run terraform apply there first); nothing was moved"
+            )));
+        };
+        self.read_version(ws, row.version, max_bytes).await
+    }
+
+    /// One of a move's two new versions, with the resources it holds for the timeline
+    /// (the body is whole in memory anyway) and the key it is sealed with.
+    fn moved_version(
+        &self,
+        ws: &str,
+        body: Vec<u8>,
+        serial: i64,
+        lineage: Option<String>,
+        actor: &str,
+        facts: WriteFacts,
+    ) -> (NewVersion, crate::crypto::SealKey) {
+        let key = self.root.blob_key(&scope(ws));
+        let resources = crate::store::timeline::summarize_whole(
+            crate::tfstate::resource_scan(key.resource_digest_key()),
+            &body,
+        );
+        let version = NewVersion {
+            scope: scope(ws),
+            plaintext: Bytes::from(body),
+            serial: Some(serial),
+            lineage,
+            actor: actor.to_string(),
+            facts,
+            audit: None,
+            resources,
+        };
+        (version, key)
+    }
+}
+
+/// Why a move was refused, in the words of the workspaces it names.
+fn move_refusal(source: &str, destination: &str, why: moves::Refusal) -> Error {
+    let name = |side| match side {
+        moves::Side::Source => source,
+        moves::Side::Destination => destination,
+    };
+    match why {
+        moves::Refusal::Missing(list) => Error::Invalid(format!(
+            "not in the state of {source:?}: {}; nothing was moved",
+            moves::listing(&list)
+        )),
+        moves::Refusal::Present(list) => Error::Conflict(format!(
+            "already in the state of {destination:?}: {}; nothing was moved",
+            moves::listing(&list)
+        )),
+        moves::Refusal::NotAState(side, why) => Error::Conflict(format!(
+            "the state of {:?} cannot be parsed: {why}; nothing was moved",
+            name(side)
+        )),
+        moves::Refusal::SerialExhausted(side) => Error::Conflict(format!(
+            "the state of {:?} has the largest serial stategate stores; nothing was moved",
+            name(side)
+        )),
+    }
+}
+
+/// What a move's commit checks and records: its two workspaces, the versions it read,
+/// its lock, who moved what.
+struct MoveRecord {
+    names: [String; 2],
+    seen: [i64; 2],
+    move_id: String,
+    actor: String,
+    addresses: Vec<String>,
+    instances: usize,
+}
+
+impl MoveRecord {
+    /// The guard of the move's commit (`StateStore::write_versions`): the move's lock
+    /// still holds both workspaces and neither was written since it was read; then
+    /// one audit row and both versions' posture.
+    fn commit(
+        &self,
+        conn: &Connection,
+        current: &[Option<VersionRow>],
+        rows: &[VersionRow],
+    ) -> Result<(), Error> {
+        for ((ws, now), seen) in self.names.iter().zip(current).zip(&self.seen) {
+            // Our lock still holds (not force-unlocked), and nothing was
+            // written since the states were read.
+            check_writer(conn, ws, Some(&self.move_id))?;
+            if now.as_ref().map(|r| r.version) != Some(*seen) {
+                return Err(Error::Conflict(format!(
+                    "{ws} changed while the move ran; nothing was moved, try again"
+                )));
+            }
+        }
+        let side = |i: usize| serde_json::json!({ "workspace": self.names[i], "version": rows[i].version, "serial": rows[i].serial });
+        let entry = audit(
+            &self.actor,
+            &self.names[0],
+            EVENT_RESOURCES_MOVED,
+            serde_json::json!({
+                "from": side(0),
+                "to": side(1),
+                "addresses": self.addresses.iter().take(100).collect::<Vec<_>>(),
+                "address_count": self.addresses.len(),
+                "instances": self.instances,
+            }),
+        );
+        insert_audit(conn, &entry).map_err(DbError::from)?;
+        // Both new states are plain Terraform states (a move refuses an
+        // encrypted one), so their posture is known without scanning them.
+        for (ws, row) in self.names.iter().zip(rows) {
+            posture::record(
+                conn,
+                ws,
+                row.version,
+                &crate::tfstate::BodyEncryption::Plaintext,
+            )
+            .map_err(DbError::from)?;
+        }
+        Ok(())
     }
 }

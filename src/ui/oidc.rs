@@ -279,134 +279,31 @@ fn mapping(group: &str, value: &toml::Value) -> Result<Grant, ConfigError> {
 }
 
 impl Settings {
-    /// Checks `[oidc]` whole; `read_file` reads `client_secret_file`.
+    /// Checks `[oidc]` whole; `read_file` reads `client_secret_file`. The checks run in
+    /// the order of the section's keys, so the first mistake is the one reported.
     pub fn from_config(
         oidc: &OidcConfig,
         public_url: Option<&str>,
         read_file: impl Fn(&Path) -> std::io::Result<String>,
     ) -> Result<Settings, ConfigError> {
-        let issuer = url::Url::parse(oidc.issuer_url.trim()).map_err(|_| {
-            invalid("oidc.issuer_url: not a URL (e.g. https://id.example.com/realms/ops)".into())
-        })?;
-        if !secure_or_loopback(&issuer) {
-            return Err(invalid(
-                "oidc.issuer_url must be https (http only to a loopback address)".into(),
-            ));
-        }
-        if issuer.query().is_some() || issuer.fragment().is_some() {
-            return Err(invalid(
-                "oidc.issuer_url: no query or fragment (the issuer exactly as the provider names it)".into(),
-            ));
-        }
+        check_issuer(oidc)?;
         let client_id = oidc.client_id.trim();
         if client_id.is_empty() {
             return Err(invalid("oidc.client_id is not set".into()));
         }
-        let client_secret = match (&oidc.client_secret, &oidc.client_secret_file) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "oidc.client_secret and oidc.client_secret_file: set one, not both".into(),
-                ))
-            }
-            (Some(secret), None) if secret.is_blank() => {
-                return Err(invalid("oidc.client_secret is empty".into()))
-            }
-            (Some(secret), None) => Some(ClientSecret::new(secret.expose().trim().to_string())),
-            (None, Some(path)) => {
-                // The file's contents never appear in an error.
-                let text = read_file(path).map_err(|e| {
-                    invalid(format!(
-                        "oidc.client_secret_file: cannot read {}: {}",
-                        path.display(),
-                        e.kind()
-                    ))
-                })?;
-                let secret = text.trim();
-                if secret.is_empty() {
-                    return Err(invalid(format!(
-                        "oidc.client_secret_file: {} is empty",
-                        path.display()
-                    )));
-                }
-                Some(ClientSecret::new(secret.to_string()))
-            }
-            (None, None) => None,
-        };
-        let public = public_url
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .ok_or_else(|| {
-                invalid("[oidc] needs public_url (the provider sends the browser back to <public_url>/ui/login/oidc/callback)".into())
-            })?;
-        let public_parsed = url::Url::parse(public)
-            .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))?;
-        if !secure_or_loopback(&public_parsed) {
-            return Err(invalid(
-                "public_url must be https for [oidc] (http only to a loopback address): the provider sends the sign-in code there".into(),
-            ));
-        }
-        let redirect = RedirectUrl::new(format!("{}{CALLBACK_PATH}", public.trim_end_matches('/')))
-            .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))?;
+        let client_secret = client_secret(oidc, read_file)?;
+        let redirect = redirect_url(public_url)?;
         let groups_claim = oidc.groups_claim.trim().to_string();
         if groups_claim.is_empty() {
             return Err(invalid("oidc.groups_claim is empty".into()));
         }
-        let mut scopes = Vec::new();
-        for scope in &oidc.scopes {
-            let ok = !scope.is_empty()
-                && scope
-                    .bytes()
-                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
-            if !ok {
-                return Err(invalid(
-                    "oidc.scopes: each scope is one word of printable ASCII".into(),
-                ));
-            }
-            if scope != "openid" && !scopes.contains(scope) {
-                scopes.push(scope.clone());
-            }
-        }
+        let scopes = scopes(oidc)?;
         let display_name = oidc.display_name.trim();
         if display_name.is_empty() || display_name.chars().count() > 64 {
             return Err(invalid("oidc.display_name: 1-64 characters".into()));
         }
-        if oidc.roles.is_empty() {
-            return Err(invalid(
-                "oidc.roles maps no group to a role, so nobody could sign in (e.g. \"platform-admins\" = \"admin\")".into(),
-            ));
-        }
-        let mut roles = Vec::new();
-        for (group, value) in &oidc.roles {
-            if group.trim().is_empty() {
-                return Err(invalid("oidc.roles: an empty group name".into()));
-            }
-            roles.push((group.clone(), mapping(group, value)?));
-        }
-        // The union a user in every group of one role would get must still be a grant.
-        for role in Role::ALL {
-            let patterns: usize = roles
-                .iter()
-                .filter(|(_, g)| g.role == role)
-                .map(|(_, g)| g.patterns.len())
-                .sum();
-            if patterns > MAX_PATTERNS {
-                return Err(invalid(format!(
-                    "oidc.roles: the {role} mappings name {patterns} workspace patterns together (at most {MAX_PATTERNS})"
-                )));
-            }
-        }
-        let lifetime = crate::ui::session::LIFETIME_SECONDS as u64;
-        if !(60..=lifetime).contains(&oidc.session_max_age_seconds) {
-            return Err(invalid(format!(
-                "oidc.session_max_age_seconds: between 60 and {lifetime} (the UI's session lifetime)"
-            )));
-        }
-        if oidc.revalidate_seconds == 0 || oidc.revalidate_seconds > oidc.session_max_age_seconds {
-            return Err(invalid(
-                "oidc.revalidate_seconds: at least 1 and at most oidc.session_max_age_seconds"
-                    .into(),
-            ));
-        }
+        let roles = role_map(oidc)?;
+        check_lifetimes(oidc)?;
         Ok(Settings {
             session_max_age: oidc.session_max_age_seconds as i64,
             revalidate: Duration::from_secs(oidc.revalidate_seconds),
@@ -424,6 +321,149 @@ impl Settings {
             roles: RoleMap(roles),
         })
     }
+}
+
+/// `oidc.issuer_url` is an https URL (http only to loopback) without query or fragment.
+fn check_issuer(oidc: &OidcConfig) -> Result<(), ConfigError> {
+    let issuer = url::Url::parse(oidc.issuer_url.trim()).map_err(|_| {
+        invalid("oidc.issuer_url: not a URL (e.g. https://id.example.com/realms/ops)".into())
+    })?;
+    if !secure_or_loopback(&issuer) {
+        return Err(invalid(
+            "oidc.issuer_url must be https (http only to a loopback address)".into(),
+        ));
+    }
+    if issuer.query().is_some() || issuer.fragment().is_some() {
+        return Err(invalid(
+            "oidc.issuer_url: no query or fragment (the issuer exactly as the provider names it)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The client secret, given inline or in `client_secret_file` (not both), if any.
+fn client_secret(
+    oidc: &OidcConfig,
+    read_file: impl Fn(&Path) -> std::io::Result<String>,
+) -> Result<Option<ClientSecret>, ConfigError> {
+    Ok(match (&oidc.client_secret, &oidc.client_secret_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "oidc.client_secret and oidc.client_secret_file: set one, not both".into(),
+            ))
+        }
+        (Some(secret), None) if secret.is_blank() => {
+            return Err(invalid("oidc.client_secret is empty".into()))
+        }
+        (Some(secret), None) => Some(ClientSecret::new(secret.expose().trim().to_string())),
+        (None, Some(path)) => {
+            // The file's contents never appear in an error.
+            let text = read_file(path).map_err(|e| {
+                invalid(format!(
+                    "oidc.client_secret_file: cannot read {}: {}",
+                    path.display(),
+                    e.kind()
+                ))
+            })?;
+            let secret = text.trim();
+            if secret.is_empty() {
+                return Err(invalid(format!(
+                    "oidc.client_secret_file: {} is empty",
+                    path.display()
+                )));
+            }
+            Some(ClientSecret::new(secret.to_string()))
+        }
+        (None, None) => None,
+    })
+}
+
+/// Where the provider sends the browser back: `<public_url>/ui/login/oidc/callback`,
+/// so `public_url` must be set, and https (http only to loopback).
+fn redirect_url(public_url: Option<&str>) -> Result<RedirectUrl, ConfigError> {
+    let public = public_url
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| {
+            invalid("[oidc] needs public_url (the provider sends the browser back to <public_url>/ui/login/oidc/callback)".into())
+        })?;
+    let public_parsed = url::Url::parse(public)
+        .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))?;
+    if !secure_or_loopback(&public_parsed) {
+        return Err(invalid(
+            "public_url must be https for [oidc] (http only to a loopback address): the provider sends the sign-in code there".into(),
+        ));
+    }
+    RedirectUrl::new(format!("{}{CALLBACK_PATH}", public.trim_end_matches('/')))
+        .map_err(|_| invalid("public_url: not a URL (needed by [oidc])".into()))
+}
+
+/// The scopes asked for besides `openid` (always asked), each once.
+fn scopes(oidc: &OidcConfig) -> Result<Vec<String>, ConfigError> {
+    let mut scopes = Vec::new();
+    for scope in &oidc.scopes {
+        let ok = !scope.is_empty()
+            && scope
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+        if !ok {
+            return Err(invalid(
+                "oidc.scopes: each scope is one word of printable ASCII".into(),
+            ));
+        }
+        if scope != "openid" && !scopes.contains(scope) {
+            scopes.push(scope.clone());
+        }
+    }
+    Ok(scopes)
+}
+
+/// `oidc.roles`, each group's grant parsed: at least one, and the union a user in
+/// every group of one role would get still a grant.
+fn role_map(oidc: &OidcConfig) -> Result<Vec<(String, Grant)>, ConfigError> {
+    if oidc.roles.is_empty() {
+        return Err(invalid(
+            "oidc.roles maps no group to a role, so nobody could sign in (e.g. \"platform-admins\" = \"admin\")".into(),
+        ));
+    }
+    let mut roles = Vec::new();
+    for (group, value) in &oidc.roles {
+        if group.trim().is_empty() {
+            return Err(invalid("oidc.roles: an empty group name".into()));
+        }
+        roles.push((group.clone(), mapping(group, value)?));
+    }
+    for role in Role::ALL {
+        let patterns: usize = roles
+            .iter()
+            .filter(|(_, g)| g.role == role)
+            .map(|(_, g)| g.patterns.len())
+            .sum();
+        if patterns > MAX_PATTERNS {
+            return Err(invalid(format!(
+                "oidc.roles: the {role} mappings name {patterns} workspace patterns together (at most {MAX_PATTERNS})"
+            )));
+        }
+    }
+    Ok(roles)
+}
+
+/// A sign-on session lasts at most the UI's session lifetime, and is re-checked at
+/// least once in it.
+fn check_lifetimes(oidc: &OidcConfig) -> Result<(), ConfigError> {
+    let lifetime = crate::ui::session::LIFETIME_SECONDS as u64;
+    if !(60..=lifetime).contains(&oidc.session_max_age_seconds) {
+        return Err(invalid(format!(
+            "oidc.session_max_age_seconds: between 60 and {lifetime} (the UI's session lifetime)"
+        )));
+    }
+    if oidc.revalidate_seconds == 0 || oidc.revalidate_seconds > oidc.session_max_age_seconds {
+        return Err(invalid(
+            "oidc.revalidate_seconds: at least 1 and at most oidc.session_max_age_seconds".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Who signed in, as the provider's verified ID token says.

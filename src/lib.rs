@@ -223,7 +223,6 @@ mod source_rules {
     fn http_opens_no_transaction() {
         const TRANSACTION: &[&str] = &[
             "admin_write",
-            "admin_read",
             "index_handle",
             "Connection",
             "store::sql",

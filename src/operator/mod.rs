@@ -583,21 +583,14 @@ impl Operations {
         found.ok_or(Error::OperatorRequired)
     }
 
-    /// A change to operators or users, in one write transaction with its audit row.
+    /// `f` in one write transaction, its error in domain words: for tests and tools
+    /// that set up operators. A surface calls a domain function that owns its
+    /// transaction instead (`http/` may not call this: `http_opens_no_transaction`).
     pub async fn admin_write<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> Result<T, Error> {
         self.db.write(f).await.map_err(admin_error)
-    }
-
-    /// A listing of operators or users, on the reader connection.
-    pub async fn admin_read<T: Send + 'static>(
-        &self,
-        f: impl Fn(&Connection) -> Result<T, AdminError> + Send + 'static,
-    ) -> Result<T, Error> {
-        let read = self.db.read(move |c| Ok(f(c))).await?;
-        read.map_err(admin_error)
     }
 
     /// Every workspace `grant` sees (an operator limited to `dev-*` never learns that

@@ -292,7 +292,7 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
         },
     };
     let current = match current {
-        Some(me) if me.sso => match sso_checked(app, me).await {
+        Some(me) if me.sso => match app.sessions.sso_checked(app.sso.as_ref(), me).await {
             Ok(me) => me,
             Err(e) => return (error_page(None, e), 0, false),
         },
@@ -373,29 +373,6 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
                 .await
                 .unwrap_or_else(|e| error_page(Some(&chrome), e));
             (answer, read, true)
-        }
-    }
-}
-
-/// A single sign-on session, re-checked at the provider when its last check is older
-/// than `oidc.revalidate_seconds` (`ui::oidc`): with the grant the user's groups give
-/// today (a change is audited), or `None` when it has ended (revoked and audited
-/// before anything else happens; the browser is sent to the login page).
-async fn sso_checked(app: &App, me: UiSession) -> Result<Option<UiSession>, Error> {
-    use crate::ui::oidc::{Refused, Revalidated};
-    let checked = match &app.sso {
-        Some(sso) => sso.revalidate(&me.sha256).await,
-        None => Revalidated::Ended(Refused::NotConfigured),
-    };
-    match checked {
-        Revalidated::Fresh => Ok(Some(me)),
-        Revalidated::Unknown(e) => Err(e.into()),
-        Revalidated::Current(grant) => app.sessions.regrant(me, grant).await,
-        Revalidated::Ended(why) => {
-            tracing::info!(reason = %why, operator = %me.operator.email, "single sign-on session ended");
-            let reason = why.audit_reason();
-            app.sessions.end_sso(me, reason).await?;
-            Ok(None)
         }
     }
 }

@@ -202,13 +202,7 @@ fn audit(
     event: &'static str,
     payload: serde_json::Value,
 ) -> Result<(), AdminError> {
-    let entry = AuditEntry {
-        actor: actor.to_string(),
-        org: None,
-        scope: "operators".into(),
-        event,
-        payload,
-    };
+    let entry = AuditEntry::new(actor, "operators", event, payload);
     insert_audit(conn, &entry)?;
     Ok(())
 }

@@ -699,13 +699,12 @@ impl Operations {
         via: Reveal,
     ) -> Result<(VersionRow, Vec<u8>), Error> {
         let (row, body) = self.show(workspace, version).await?;
-        let entry = AuditEntry {
-            actor: who.to_string(),
-            org: None,
-            scope: crate::tofu::scope(workspace),
-            event: EVENT_REVEALED,
-            payload: serde_json::json!({ "version": row.version, "via": via.as_str() }),
-        };
+        let entry = AuditEntry::new(
+            who,
+            crate::tofu::scope(workspace),
+            EVENT_REVEALED,
+            serde_json::json!({ "version": row.version, "via": via.as_str() }),
+        );
         self.db
             .write(move |c| insert_audit(c, &entry).map_err(crate::store::db::DbError::from))
             .await?;

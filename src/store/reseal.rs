@@ -491,17 +491,16 @@ async fn switch_row(
             )?;
             insert_audit(
                 conn,
-                &AuditEntry {
+                &AuditEntry::new(
                     actor,
-                    org: None,
-                    scope: scope.clone(),
-                    event: "key.resealed",
-                    payload: serde_json::json!({
+                    scope.clone(),
+                    "key.resealed",
+                    serde_json::json!({
                         "version": version,
                         "from_generation": switch.from,
                         "to_generation": switch.to,
                     }),
-                },
+                ),
             )?;
             Ok(true)
         })

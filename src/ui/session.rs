@@ -166,13 +166,7 @@ fn audit(
 ) -> Result<(), AdminError> {
     insert_audit(
         conn,
-        &AuditEntry {
-            actor: operator.actor(),
-            org: None,
-            scope: "operators".into(),
-            event,
-            payload,
-        },
+        &AuditEntry::new(operator.actor(), "operators", event, payload),
     )?;
     Ok(())
 }

@@ -114,20 +114,20 @@ impl Installation {
                 (root, store, None)
             }
         };
-        let mut tofu = TofuBackend::new(store, root.clone());
+        // A policy in the config is the installation's, not the server's: a command's
+        // writes are judged as the server judges them. CI identities stay the server's
+        // alone (a command takes no tokens).
+        let downgrade = crate::tofu::posture::DowngradePolicy::parse(
+            &config.tofu.refuse_plaintext_after_encrypted,
+        )
+        .map_err(anyhow::Error::msg)?;
+        let leases = crate::tofu::lock::LeasePolicies::from_config(&config.lock_policy)?;
+        let mut tofu = TofuBackend::new(store, root.clone())
+            .with_downgrade_policy(downgrade)
+            .with_lease_policies(leases);
         let mut clock: Arc<dyn Clock> = Arc::new(crate::cluster::SystemClock);
-        // The server's write and lock policies. The commands keep the backend's
-        // defaults, as they always have (see ARCHITECTURE.md, known exceptions).
         if let Some(serving) = serving {
-            let downgrade = crate::tofu::posture::DowngradePolicy::parse(
-                &config.tofu.refuse_plaintext_after_encrypted,
-            )
-            .map_err(anyhow::Error::msg)?;
-            let leases = crate::tofu::lock::LeasePolicies::from_config(&config.lock_policy)?;
-            tofu = tofu
-                .with_downgrade_policy(downgrade)
-                .with_ci_identities(serving.ci_identities)
-                .with_lease_policies(leases);
+            tofu = tofu.with_ci_identities(serving.ci_identities);
             clock = serving.clock;
         }
         Ok(Installation {

@@ -37,6 +37,8 @@ use crate::tofu::ci_identity::CiIdentities;
 use crate::tofu::TofuBackend;
 use cryptoki::types::AuthPin;
 
+pub mod recovery;
+
 /// Why a process opens the installation: what it may create, and how it reads the
 /// keyring. The order of the steps differs by purpose on purpose (which refusal a
 /// person sees first is part of each command's behaviour).

@@ -8,15 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
 use clap::Subcommand;
 
 use stategate::config::Config;
 use stategate::installation;
-use stategate::store::index::{self, Index, MigrateTo};
+use stategate::store::backup;
+use stategate::store::index::{Index, MigrateTo};
 use stategate::store::retention::Retention;
-use stategate::store::{backup, rebuild};
-use stategate::tokens;
 
 use super::output::{
     advance, json_line, listing, operator, progress_bar, require_db, runtime, spinner, when,
@@ -169,138 +167,22 @@ pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Res
     })
 }
 
-/// Whether `--into` names the live index (also via another spelling of its directory).
-fn is_live(config: &Config, into: &Path) -> bool {
-    let live = config.db_path();
-    into == live
-        || matches!(
-            (into.parent().map(std::fs::canonicalize), live.parent().map(std::fs::canonicalize)),
-            (Some(Ok(a)), Some(Ok(b))) if a == b && into.file_name() == live.file_name()
-        )
-}
-
-/// `--into` names a new file. The live index's path is allowed only when it is gone
-/// (a lost disk) and no server holds the data dir. This is the check without side
-/// effects, run before any work; [`claim_into`] takes the lock before writing.
-fn check_into(config: &Config, into: &Path, what: &str) -> anyhow::Result<()> {
-    if !is_live(config, into) {
-        return Ok(());
-    }
-    if let Some(file) = leftover_index(into) {
-        bail!(
-            "--into {} is the live index and {} exists; {what} into a new file and swap it in",
-            into.display(),
-            file.display()
-        );
-    }
-    Ok(())
-}
-
-/// What of an index is still at `db`: the database file, or a write-ahead log with
-/// frames in it. A clean stop empties the log (`installation::checkpoint_at_stop`), and
-/// an empty log and its shared memory belong to no database: [`claim_into`] removes them.
-fn leftover_index(db: &Path) -> Option<PathBuf> {
-    let [db, wal, _] = index::files(db);
-    if db.exists() {
-        return Some(db);
-    }
-    std::fs::metadata(&wal)
-        .is_ok_and(|m| m.len() > 0)
-        .then_some(wal)
-}
-
-/// For the live index's path: the data dir's lock, proving no server runs there and
-/// keeping one from starting until the new file is complete (`None` for a new file
-/// elsewhere).
-fn claim_into(
-    config: &Config,
-    into: &Path,
-    what: &str,
-) -> anyhow::Result<Option<installation::DataDirLock>> {
-    if !is_live(config, into) {
-        return Ok(None);
-    }
-    let Some(lock) = installation::hold_without_server(config)? else {
-        bail!(
-            "--into {} is the live index and a stategate server is running on {}; {what} into a new file and swap it in",
-            into.display(),
-            config.data_dir.display()
-        );
-    };
-    // Again under the lock: a server that ran meanwhile may have created the index.
-    check_into(config, into, what)?;
-    // An empty log left by a clean stop, and its shared memory: a new index must not
-    // meet them.
-    for file in index::files(into).iter().skip(1) {
-        match std::fs::remove_file(file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("cannot remove {}", file.display()))
-            }
-            _ => {}
-        }
-    }
-    Ok(Some(lock))
-}
-
-/// The workspace root with every keyring generation, including those only the
-/// store's copies hold (a lost or older index), and the scope keys over it.
-fn roots_with_ring(
-    config: &Config,
-    blobs: &dyn stategate::store::BlobStore,
-    rt: &tokio::runtime::Runtime,
-) -> anyhow::Result<(stategate::crypto::RootKey, rebuild::ScopeKeys)> {
-    // The ring is attached once, with the store's copies (`load_root_key` would
-    // attach it from the index alone first).
-    let dek = installation::read_root_key(config, false)?;
-    let copies = rt.block_on(stategate::store::keyring::copies(blobs))?;
-    installation::attach_ring(config, &dek, copies)?;
-    let keys = stategate::schema::scope_keys(dek.clone(), installation::load_cluster_key(config)?);
-    Ok((dek, keys))
-}
-
 pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
-    let new = installation::new_index(config, into)?;
-    let into = new.file();
-    check_into(config, into, "rebuild")?;
-    let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
-    let (dek, keys) = roots_with_ring(config, &*blobs, &rt)?;
-    rt.block_on(installation::check_store_key(config, &dek, &*blobs))?;
-    let claimed = claim_into(config, into, "rebuild")?;
     let bar = progress_bar("verifying blobs");
-    let report = rt.block_on(rebuild::rebuild_index_with_progress(
-        &*blobs,
-        &keys,
-        into,
-        stategate::schema::ALL,
-        &advance(&bar),
-    ));
+    let rebuilt = installation::recovery::rebuild(config, into, &rt, &advance(&bar));
     bar.finish_and_clear();
-    let report = report?;
-    // What the headers do not say: each workspace version's encryption posture, from
-    // its content.
-    let postures = rt.block_on(stategate::tofu::posture::recompute(
-        into,
-        &*blobs,
-        &keys,
-        &report.rows,
-    ))?;
-    // The key opened what it rebuilt (or there was nothing to open): the new index
-    // records it, so `serve` refuses any other.
-    let opened = report
-        .rows
-        .iter()
-        .any(|r| r.scope.starts_with(stategate::tofu::SCOPE_PREFIX));
-    if opened || (report.rows.is_empty() && report.skipped.is_empty()) {
-        rt.block_on(installation::record_key_in(into, &dek, &*blobs))?;
-    }
-    new.finish(&stategate::schema::INDEX)?;
+    let installation::recovery::Rebuilt {
+        report,
+        postures,
+        store,
+        index,
+        next_step,
+    } = rebuilt?;
     let scopes: std::collections::BTreeSet<&str> =
         report.rows.iter().map(|r| r.scope.as_str()).collect();
     println!(
-        "Rebuilt the version index from {} into {}: {} version(s) of {} scope(s).",
-        blobs.describe(),
-        new.describe(),
+        "Rebuilt the version index from {store} into {index}: {} version(s) of {} scope(s).",
         report.rows.len(),
         scopes.len()
     );
@@ -335,7 +217,7 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
          and their tokens, web UI sessions, drift run history, and the cluster API's orgs, \
          users, tokens, clusters and leases. `stategate restore` (from a backup) has them."
     );
-    println!("{}", new.next_step(&config.db_path(), claimed.is_some()));
+    println!("{next_step}");
     Ok(())
 }
 
@@ -382,133 +264,29 @@ pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
     )
 }
 
-/// Applies again, in the restore's transaction, each recorded change the snapshot
-/// predates (audited by `stategate restore`, through the rule's owner); what was
-/// re-applied, for the report.
-fn reapply_narrowings(
-    conn: &stategate::store::sql::Connection,
-    changes: &[tokens::Narrowing],
-    taken_unix: i64,
-) -> Result<Vec<String>, stategate::store::sql::Error> {
-    const ACTOR: &str = "stategate restore";
-    let failed = |e: String| stategate::store::sql::Error::Value(e);
-    let mut out = Vec::new();
-    for change in changes {
-        match change.kind.as_str() {
-            tokens::NARROWING_GRANT => {
-                let applied = stategate::operator::identity::reapply_grant(conn, change, taken_unix, ACTOR)
-                    .map_err(|e| failed(e.to_string()))?;
-                if let Some(email) = applied {
-                    out.push(format!("the role of operator {email} (set {} by {})", change.recorded_at(), change.actor));
-                }
-            }
-            tokens::NARROWING_CONSUMERS => {
-                let applied = stategate::tofu::credentials::reapply_consumers(conn, change, taken_unix, ACTOR)
-                    .map_err(|e| failed(e.to_string()))?;
-                if applied {
-                    out.push(format!("the consumers of workspace {} (set {} by {})", change.subject, change.recorded_at(), change.actor));
-                }
-            }
-            other => return Err(failed(format!("a recorded change of an unknown kind ({other:?}): this stategate is older than the one that recorded it"))),
-        }
-    }
-    Ok(out)
-}
-
 /// `stategate restore`: a NEW database from a backup plus every version committed after it.
 pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
-    let new = installation::new_index(config, into)?;
-    let into = new.file();
-    check_into(config, into, "restore")?;
-    if into.exists() {
-        bail!(
-            "{} already exists; restore only ever writes a new file",
-            into.display()
-        );
-    }
-    let blobs = installation::open_blob_store(config)?;
     let rt = runtime()?;
-    let (dek, keys) = roots_with_ring(config, &*blobs, &rt)?;
-    let stored_key = rt.block_on(installation::check_store_key(config, &dek, &*blobs))?;
-    let chosen = rt.block_on(backup::pick(&*blobs, Some(from)))?;
-    let generation = rt
-        .block_on(stategate::store::reseal::blob_generation(
-            &*blobs,
-            &chosen.key,
-        ))
-        .map_err(anyhow::Error::msg)?;
-    let claimed = claim_into(config, into, "restore")?;
-    // Every revocation ever recorded, so none made after the snapshot is undone.
-    let revocations = rt.block_on(tokens::RevocationLog::new(blobs.clone(), dek.clone()).load())?;
-    // And every recorded role, cap and consumers change: one made after the snapshot
-    // is applied again, as a revocation is.
-    let narrowings = rt.block_on(tokens::NarrowingLog::new(blobs.clone(), dek.clone()).load())?;
-    let taken_unix = chosen.unix_seconds();
-    let restored_at = stategate::store::now_rfc3339();
-    let mut reapplied = tokens::Reapplied::default();
-    let mut narrowed: Vec<String> = Vec::new();
     let bar = progress_bar("adding versions written after the backup");
-    let report = rt.block_on(backup::restore(
-        &*blobs,
-        &dek,
-        &keys,
-        chosen.clone(),
-        into,
-        stategate::schema::MIGRATIONS,
-        stategate::schema::ALL,
-        &advance(&bar),
-        &mut |c| {
-            // The backup opened with this key: the restored index records it.
-            stategate::store::keyring::set_fingerprint(c, &dek.fingerprint())?;
-            reapplied = tokens::after_restore(c, &revocations, &restored_at)?;
-            narrowed = reapply_narrowings(c, &narrowings, taken_unix)?;
-            // The restore itself, with what it re-applied, in the new index's audit log.
-            let revoked: Vec<_> = reapplied
-                .revoked
-                .iter()
-                .map(|(kind, id)| serde_json::json!({ "kind": kind, "token": id }))
-                .collect();
-            stategate::store::audit::insert_audit(
-                c,
-                &stategate::store::audit::AuditEntry {
-                    actor: operator(),
-                    org: None,
-                    scope: "index".into(),
-                    event: "index.restored",
-                    payload: serde_json::json!({
-                        "backup": chosen.id,
-                        "taken_at": chosen.taken_at,
-                        "revocations_reapplied": revoked,
-                        "sessions_ended": reapplied.sessions_ended,
-                        "changes_reapplied": narrowed.len(),
-                    }),
-                },
-            )
-        },
-    ));
+    let restored =
+        installation::recovery::restore(config, from, into, &operator(), &rt, &advance(&bar));
     bar.finish_and_clear();
-    let report = report?;
-    if stored_key.is_none() {
-        rt.block_on(stategate::store::keyring::store_fingerprint(
-            &*blobs,
-            &dek.fingerprint(),
-        ))?;
-    }
-    // The versions added after the backup: their encryption posture, from their content.
-    let postures = rt.block_on(stategate::tofu::posture::recompute(
-        into,
-        &*blobs,
-        &keys,
-        &report.added,
-    ))?;
-    new.finish(&stategate::schema::INDEX)?;
+    let installation::recovery::Restored {
+        backup: chosen,
+        generation,
+        report,
+        postures,
+        reapplied,
+        narrowed,
+        store,
+        index,
+        next_step,
+    } = restored?;
     println!(
-        "Restored backup {} (taken {}, sealed under data key generation {}) from {} into {}.",
+        "Restored backup {} (taken {}, sealed under data key generation {}) from {store} into {index}.",
         chosen.id,
         chosen.taken_at,
         generation.map_or("?".to_string(), |g| g.to_string()),
-        blobs.describe(),
-        new.describe()
     );
     println!(
         "Added {} version(s) committed after the backup; dropped {} row(s) whose blob was pruned since.",
@@ -561,6 +339,6 @@ pub fn restore(config: &Config, from: &str, into: &Path) -> anyhow::Result<()> {
          restored; revocations, role, cap and consumers changes are).",
         chosen.taken_at
     );
-    println!("{}", new.next_step(&config.db_path(), claimed.is_some()));
+    println!("{next_step}");
     Ok(())
 }

@@ -213,6 +213,82 @@ impl Installation {
     }
 }
 
+impl Installation {
+    /// A backup of the index into the store now (`stategate backup`; the server's
+    /// backup job takes the same snapshot on its schedule).
+    pub async fn backup(&self) -> anyhow::Result<crate::store::backup::BackupInfo> {
+        let blobs = self.store().blobs();
+        Ok(crate::store::backup::take_backup_from(
+            index_snapshot(&self.config),
+            &**blobs,
+            &self.root,
+        )
+        .await?)
+    }
+
+    /// Deletes the oldest backups beyond `backup.keep`; the ones deleted.
+    pub async fn keep_newest_backups(
+        &self,
+    ) -> anyhow::Result<Vec<crate::store::backup::BackupInfo>> {
+        let keep = self.config.backup.keep as usize;
+        Ok(crate::store::backup::keep_newest(&**self.store().blobs(), keep).await?)
+    }
+}
+
+/// `stategate workspace env`'s opening: the root key alone, and the workspace's
+/// credential generation from the index when there is one (a workspace is at
+/// generation 0 until rotated; without an index nothing was). The store is not
+/// opened: the lines a client needs are derived, never stored. What it returns holds
+/// the workspace's credential, for the person who asked.
+pub async fn client_env(
+    config: &Config,
+    workspace: &str,
+    opentofu_encryption: bool,
+) -> anyhow::Result<String> {
+    let root = load_root_key(config, false)?;
+    let generation = if has_index(config) {
+        let ws = workspace.to_string();
+        open_database(config)?
+            .read(move |c| crate::tofu::credentials::generation(c, &ws))
+            .await?
+    } else {
+        0
+    };
+    Ok(crate::tofu::client_env(
+        &crate::address::for_clients(config),
+        workspace,
+        &root,
+        generation,
+        opentofu_encryption,
+    ))
+}
+
+/// `stategate drift webhook-secret`'s opening: the root key alone (the secret is
+/// derived from it), so it answers while the store is down.
+pub fn drift_webhook_secret(config: &Config) -> anyhow::Result<String> {
+    Ok(load_root_key(config, false)?.webhook_secret())
+}
+
+/// `stategate prune`'s opening: the index (which must be there) and the store, no key
+/// (retention reads rows and blob names, never content); then the policy applied, or
+/// with `dry_run` only reported.
+pub async fn prune(
+    config: &Config,
+    policy: crate::store::retention::Retention,
+    dry_run: bool,
+    sweep_garbage: bool,
+) -> anyhow::Result<(
+    crate::store::retention::PruneReport,
+    crate::store::retention::SweepReport,
+)> {
+    require_index(config)?;
+    let store = open_state_store(config).await?;
+    let now = crate::clock::now_utc();
+    Ok(store
+        .run_retention(policy, now, dry_run, sweep_garbage)
+        .await?)
+}
+
 /// `serve`'s opening: a key that is there is read before anything is opened (one that
 /// cannot be used stops startup with nothing touched); a new key only for an
 /// installation with no data at all, made after the store proved reachable (a

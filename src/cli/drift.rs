@@ -260,7 +260,6 @@ pub fn apply(config: &Config, run: i64, yes: bool, json: bool) -> anyhow::Result
 }
 
 pub fn webhook_secret(config: &Config) -> anyhow::Result<()> {
-    let root = installation::load_root_key(config, false)?;
-    println!("{}", root.webhook_secret());
+    println!("{}", installation::drift_webhook_secret(config)?);
     Ok(())
 }

@@ -11,14 +11,11 @@ use std::path::{Path, PathBuf};
 use clap::Subcommand;
 
 use stategate::config::Config;
-use stategate::installation;
-use stategate::store::backup;
+use stategate::installation::{self, Purpose};
 use stategate::store::index::{Index, MigrateTo};
 use stategate::store::retention::Retention;
 
-use super::output::{
-    advance, json_line, listing, operator, progress_bar, require_db, runtime, spinner, when,
-};
+use super::output::{advance, json_line, listing, operator, progress_bar, runtime, spinner, when};
 
 #[derive(Subcommand)]
 pub enum IndexCommand {
@@ -103,17 +100,13 @@ pub fn run_backup(config: &Config, command: Option<BackupCommand>) -> anyhow::Re
 }
 
 pub fn prune(config: &Config, dry_run: bool, sweep_garbage: bool) -> anyhow::Result<()> {
-    require_db(config)?;
     let policy = Retention::from_config(&config.retention);
     let rt = runtime()?;
     rt.block_on(async {
-        let store = installation::open_state_store(config).await?;
-        let now = stategate::clock::now_utc();
         let bar = spinner("applying the retention policy");
-        let (pruned, swept) = store
-            .run_retention(policy, now, dry_run, sweep_garbage)
-            .await?;
+        let done = installation::prune(config, policy, dry_run, sweep_garbage).await;
         bar.finish_and_clear();
+        let (pruned, swept) = done?;
         let swept_for_real = sweep_garbage && !dry_run;
         for p in &pruned.pruned {
             json_line(&serde_json::json!({
@@ -223,20 +216,13 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
 
 /// `stategate backup`: a snapshot into the store now, then the oldest beyond `backup.keep` go.
 pub fn backup(config: &Config) -> anyhow::Result<()> {
-    require_db(config)?;
-    let root = installation::load_root_key(config, false)?;
-    let blobs = installation::open_blob_store(config)?;
-    let rt = runtime()?;
+    let (rt, installation) = super::output::open(config, Purpose::Command)?;
     let bar = spinner("taking a backup");
-    let taken = rt.block_on(backup::take_backup_from(
-        installation::index_snapshot(config),
-        &*blobs,
-        &root,
-    ));
+    let taken = rt.block_on(installation.backup());
     bar.finish_and_clear();
     let info = taken?;
     json_line(&info)?;
-    let deleted = rt.block_on(backup::keep_newest(&*blobs, config.backup.keep as usize))?;
+    let deleted = rt.block_on(installation.keep_newest_backups())?;
     for old in &deleted {
         eprintln!(
             "deleted old backup {} (backup.keep = {})",
@@ -246,19 +232,18 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     let index = Index::of(config).name();
     eprintln!(
         "backed up {index} into {} as {}",
-        blobs.describe(),
+        installation.store().blobs().describe(),
         info.key
     );
     Ok(())
 }
 
 pub fn list_backups(config: &Config, json: bool) -> anyhow::Result<()> {
-    let blobs = installation::open_blob_store(config)?;
-    let all = runtime()?.block_on(backup::list_backups(&*blobs))?;
+    let (store, all) = runtime()?.block_on(installation::recovery::backups(config))?;
     listing(
         &all,
         json,
-        &format!("no backups in {}", blobs.describe()),
+        &format!("no backups in {store}"),
         &["BACKUP", "TAKEN", "KEY"],
         |b| vec![b.id.clone(), when(&b.taken_at), b.key.clone()],
     )

@@ -64,12 +64,6 @@ fn cli_actor(user: Option<&str>, logname: Option<&str>, passwd: &str, uid: Optio
     format!("cli:{name}")
 }
 
-/// Operator commands work on an existing installation: never create an empty index
-/// (`installation::require_index`).
-pub fn require_db(config: &Config) -> anyhow::Result<()> {
-    stategate::installation::require_index(config)
-}
-
 /// The installation opened for `purpose` (`Installation::open`, as `serve` opens it),
 /// and the runtime that drives its services for this command.
 pub fn open(

@@ -9,7 +9,6 @@ use std::io::Write;
 use anyhow::bail;
 use clap::Subcommand;
 
-use stategate::address;
 use stategate::config::Config;
 use stategate::error::Error;
 use stategate::installation::{self, Purpose};
@@ -532,22 +531,11 @@ fn consumers(config: &Config, command: ConsumersCommand) -> anyhow::Result<()> {
 
 pub fn env(config: &Config, workspace: &str, opentofu_encryption: bool) -> anyhow::Result<()> {
     validate_workspace(workspace)?;
-    let root = installation::load_root_key(config, false)?;
-    // A workspace is at generation 0 until rotated; without a database nothing was.
-    let generation = if installation::has_index(config) {
-        let db = installation::open_database(config)?;
-        let ws = workspace.to_string();
-        runtime()?.block_on(db.read(move |c| stategate::tofu::credentials::generation(c, &ws)))?
-    } else {
-        0
-    };
-    let lines = stategate::tofu::client_env(
-        &address::for_clients(config),
+    let lines = runtime()?.block_on(installation::client_env(
+        config,
         workspace,
-        &root,
-        generation,
         opentofu_encryption,
-    );
+    ))?;
     print!("{lines}");
     Ok(())
 }

@@ -24,6 +24,14 @@ use crate::tokens;
 
 use super::DataDirLock;
 
+/// The backups in the store, oldest first, and the store as a person reads it
+/// (`stategate backup list`): the store alone, so it answers when the index is lost
+/// and a backup is to be chosen.
+pub async fn backups(config: &Config) -> anyhow::Result<(String, Vec<BackupInfo>)> {
+    let blobs = super::open_blob_store(config)?;
+    Ok((blobs.describe(), backup::list_backups(&*blobs).await?))
+}
+
 /// What a rebuild did, for the command to report.
 pub struct Rebuilt {
     pub report: RebuildReport,

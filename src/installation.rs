@@ -37,6 +37,7 @@ use crate::tofu::ci_identity::CiIdentities;
 use crate::tofu::TofuBackend;
 use cryptoki::types::AuthPin;
 
+pub mod records;
 pub mod recovery;
 
 /// Why a process opens the installation: what it may create, and how it reads the

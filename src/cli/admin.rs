@@ -1,22 +1,22 @@
 //! The admin commands: operators, and the cluster API's orgs, users, tokens, clusters
-//! and the audit log. Each opens the index (the data dir's SQLite, or the PostgreSQL
-//! database `[index]` names; the server may keep running: writes are serialized) and calls `cluster::identity`,
-//! `operator::identity` or `store::audit`; nothing here decides policy. Changes go
-//! through the writer, listings through the reader connection. A revocation is
-//! recorded in the blob store (`tokens::RevocationLog`) before it commits, so a restore
-//! from an older backup cannot undo it.
+//! and the audit log. Each opens the index through `installation::records` (the server
+//! may keep running: writes are serialized) and calls `cluster::identity`,
+//! `operator::identity` or `store::audit` in one transaction; nothing here decides
+//! policy. A revocation or a narrowed role is recorded in the blob store before it
+//! commits (`Records`), so a restore from an older backup cannot undo it.
 
-use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
 use stategate::store::sql::Connection;
 
 use stategate::cluster::identity::{self, AdminError, Role};
 use stategate::config::Config;
-use stategate::installation;
+use stategate::installation::{
+    self,
+    records::{Recorded, Records, RoleChanged},
+};
 use stategate::operator::identity as operators;
 use stategate::operator::roles::Grant;
-use stategate::store::{audit, blob::create_private_dir, Db};
-use stategate::tokens;
+use stategate::store::audit;
 
 use super::output::{cli_error, listing, operator, print_token, runtime, when, when_opt};
 
@@ -328,19 +328,18 @@ pub fn run(config: &Config, command: AdminCommand) -> anyhow::Result<()> {
     }
 }
 
-/// The database in the data dir (created on first use) and a runtime to drive it.
+/// The index, opened for the admin commands (`installation::records`), and a runtime
+/// to drive it.
 struct AdminDb {
     rt: tokio::runtime::Runtime,
-    db: Db,
+    records: Records,
 }
 
 impl AdminDb {
     fn open(config: &Config) -> anyhow::Result<Self> {
-        create_private_dir(&config.data_dir)
-            .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         Ok(AdminDb {
             rt: runtime()?,
-            db: installation::open_database(config)?,
+            records: Records::open(config)?,
         })
     }
 
@@ -349,7 +348,7 @@ impl AdminDb {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> anyhow::Result<T> {
-        self.rt.block_on(self.db.write(f)).map_err(admin_error)
+        self.rt.block_on(self.records.write(f)).map_err(admin_error)
     }
 
     /// A listing, on the reader connection.
@@ -357,54 +356,24 @@ impl AdminDb {
         &self,
         f: impl Fn(&Connection) -> Result<T, AdminError> + Send + 'static,
     ) -> anyhow::Result<T> {
-        let read = self.rt.block_on(self.db.read(move |c| Ok(f(c))));
-        read.map_err(AdminError::from)
-            .and_then(|listed| listed)
-            .map_err(admin_error)
+        self.rt.block_on(self.records.read(f)).map_err(admin_error)
     }
-}
 
-impl AdminDb {
-    /// Records the revocations of `found` in the blob store, before they commit. When
-    /// that cannot be done the revocation still goes ahead (a leaked token must stop
-    /// working now), with a warning saying what a restore would then undo.
-    fn record_revocations(&self, config: &Config, found: &[tokens::Found]) {
-        let recorded = (|| -> anyhow::Result<()> {
-            let root = installation::load_root_key(config, false)?;
-            let log = tokens::RevocationLog::new(installation::open_blob_store(config)?, root);
-            let at = stategate::store::now_rfc3339();
-            for token in found {
-                self.rt.block_on(log.record(token, &at))?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = recorded {
+    /// A change the store records first (`Records`); a warning when it could not.
+    fn recorded<T>(
+        &self,
+        change: impl std::future::Future<Output = Result<Recorded<T>, AdminError>>,
+        what: &str,
+    ) -> anyhow::Result<T> {
+        let Recorded { done, unrecorded } = self.rt.block_on(change).map_err(admin_error)?;
+        if let Some(why) = unrecorded {
             eprintln!(
-                "warning: the revocation is in force but could not be recorded in the blob store \
-                 ({e:#}); a restore from a backup taken before now would undo it: take a backup \
+                "warning: {what} is in force but could not be recorded in the blob store \
+                 ({why}); a restore from a backup taken before now would undo it: take a backup \
                  (`stategate backup`) once the store is reachable"
             );
         }
-    }
-}
-
-impl AdminDb {
-    /// Records `change` in the blob store before it commits; when that cannot be done
-    /// the change still goes ahead (a narrowing must hold now), with a warning.
-    fn record_narrowing(&self, config: &Config, change: &tokens::Narrowing) {
-        let recorded = (|| -> anyhow::Result<()> {
-            let root = installation::load_root_key(config, false)?;
-            let log = tokens::NarrowingLog::new(installation::open_blob_store(config)?, root);
-            self.rt.block_on(log.record(change))?;
-            Ok(())
-        })();
-        if let Err(e) = recorded {
-            eprintln!(
-                "warning: the change is in force but could not be recorded in the blob store \
-                 ({e:#}); a restore from a backup taken before now would undo it: take a backup \
-                 (`stategate backup`) once the store is reachable"
-            );
-        }
+        Ok(done)
     }
 }
 
@@ -539,10 +508,10 @@ pub fn set_role(config: &Config, email: String, role: Role) -> anyhow::Result<()
 
 pub fn disable_user(config: &Config, email: String) -> anyhow::Result<()> {
     let db = AdminDb::open(config)?;
-    let of = email.clone();
-    let found = db.read(move |c| identity::principal_tokens_to_revoke(c, &of))?;
-    db.record_revocations(config, &found);
-    let changed = db.write(move |c| identity::disable_principal(c, &email, &operator()))?;
+    let changed = db.recorded(
+        db.records.disable_principal(email, operator()),
+        "the revocation",
+    )?;
     if !changed {
         eprintln!("the user is already disabled; nothing changed");
     }
@@ -557,10 +526,10 @@ pub fn list_tokens(config: &Config, email: Option<String>, json: bool) -> anyhow
 
 pub fn revoke_token(config: &Config, id: String) -> anyhow::Result<()> {
     let db = AdminDb::open(config)?;
-    let named = id.clone();
-    let (found, _, _) = db.read(move |c| identity::principal_token_to_revoke(c, &named))?;
-    db.record_revocations(config, &[found]);
-    db.write(move |c| identity::revoke_principal_token(c, &id, &operator()))
+    db.recorded(
+        db.records.revoke_principal_token(id, operator()),
+        "the revocation",
+    )
 }
 
 /// The role and patterns are checked before the database is opened: a bad one creates nothing.
@@ -591,17 +560,14 @@ pub fn set_operator_role(
 ) -> anyhow::Result<()> {
     let grant = Grant::parse(role, workspaces)?;
     let db = AdminDb::open(config)?;
-    let named = email.clone();
-    let before = db.read(move |c| operators::standing(c, &named))?;
-    db.record_narrowing(
-        config,
-        &operators::grant_narrowing(&before, &grant, &operator()),
-    );
-    let set = db.write(move |c| operators::set_operator_grant(c, &email, &grant, &operator()))?;
-    let grant = db.read({
-        let email = before.email.clone();
-        move |c| operators::standing(c, &email)
-    })?;
+    let RoleChanged {
+        before,
+        set,
+        after: grant,
+    } = db.recorded(
+        db.records.set_operator_grant(email, grant, operator()),
+        "the change",
+    )?;
     match set {
         operators::RoleSet::Grant => eprintln!(
             "{}: {} of {}",
@@ -664,8 +630,8 @@ pub fn list_operator_tokens(config: &Config, json: bool) -> anyhow::Result<()> {
 
 pub fn revoke_operator_token(config: &Config, id: String) -> anyhow::Result<()> {
     let db = AdminDb::open(config)?;
-    let named = id.clone();
-    let (found, _) = db.read(move |c| operators::operator_token_to_revoke(c, &named))?;
-    db.record_revocations(config, &[found]);
-    db.write(move |c| operators::revoke_operator_token(c, &id, &operator()))
+    db.recorded(
+        db.records.revoke_operator_token(id, operator()),
+        "the revocation",
+    )
 }

@@ -4,8 +4,15 @@
 //! `store::index`, which alone knows its kind) and the blob store (proven reachable and
 //! writable), and builds the services over them. What differs between callers is the
 //! [`Purpose`]: only `serve` may make the key of a new installation; a command needs an
-//! index that is there. The functions below are its steps, public for the index
-//! commands that write a new index and for tests.
+//! index that is there. The config's write policies (downgrade, leases) are the
+//! installation's and hold for every purpose.
+//!
+//! A few commands must answer with less than a whole installation, and have a named
+//! opening here instead of a [`Purpose`] (an [`Installation`] always holds a key and a
+//! store): the index-only listings ([`listings`]) and admin records ([`records`]),
+//! which answer while the store is down; [`client_env`] and [`drift_webhook_secret`]
+//! (the key alone); [`prune`] (index and store, no key); and [`recovery`], which writes
+//! a *new* index where none is. The remaining public steps are for tests.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
 //! for its whole life (one server per data dir), and a command that writes a new index
@@ -48,8 +55,8 @@ pub enum Purpose {
     /// installation holds no data; the keyring is reconciled with its copies in the
     /// store, and the key proven against the index's and the store's records.
     Serve(Box<Serving>),
-    /// An operator command on an existing installation (`workspace`, `drift`): refused
-    /// without an index; the key is read (never made) and its ring attached from the
+    /// An operator command on an existing installation (`workspace`, `drift`,
+    /// `backup`): refused without an index; the key is read (never made) and its ring attached from the
     /// index's table before the store is opened.
     Command,
     /// `stategate key …`: as [`Purpose::Command`], but the store is opened first and
@@ -333,7 +340,7 @@ pub fn listings(config: &Config) -> anyhow::Result<crate::operator::Listings> {
 }
 
 /// Operator commands work on an existing installation: never create an empty index.
-pub fn require_index(config: &Config) -> anyhow::Result<()> {
+fn require_index(config: &Config) -> anyhow::Result<()> {
     if !has_index(config) {
         anyhow::bail!(
             "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
@@ -401,7 +408,7 @@ pub fn read_root_key(config: &Config, create: bool) -> anyhow::Result<RootKey> {
 /// Whether this installation has a root key to read (`dek`, or the key file — the
 /// wrapped one with `key.service = "pkcs11"`); a path that cannot even be looked at
 /// counts as there, so reading it names the problem.
-pub fn has_root_key(config: &Config) -> bool {
+fn has_root_key(config: &Config) -> bool {
     let there = |path: std::path::PathBuf| path.try_exists().unwrap_or(true);
     match config.key.service {
         _ if config.dek.is_some() => true,
@@ -416,7 +423,7 @@ const MAX_PIN_FILE_BYTES: u64 = 4096;
 
 /// The configured PKCS#11 key service, opened: module loaded, token found, logged in,
 /// key found. Every failure names what failed (never the PIN); nothing is written.
-pub fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
+fn open_key_service(config: &Config) -> anyhow::Result<Pkcs11KeyService> {
     let p = config
         .key
         .pkcs11
@@ -708,7 +715,7 @@ pub async fn rewrap(
 /// (re-read on every [`RootKey::reload`] and on a miss), plus `copies`, the
 /// generations kept in the blob store (`store::keyring::copies`), for a data dir whose
 /// index is older than the ring or lost. A generation that does not unwrap stops here.
-pub fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
+fn attach_ring(config: &Config, root: &RootKey, copies: Vec<KeyRow>) -> anyhow::Result<()> {
     let fixed = key_service(config, root);
     // Asked again on every reload: one kept connection to a shared index.
     let index = Index::of(config).rereader();
@@ -791,7 +798,7 @@ fn check_recorded_key(config: &Config, root: &RootKey) -> anyhow::Result<()> {
 }
 
 /// The store's record of the key's fingerprint, refused when it names another key.
-pub async fn check_store_key(
+async fn check_store_key(
     config: &Config,
     root: &RootKey,
     blobs: &dyn BlobStore,
@@ -814,7 +821,7 @@ pub async fn check_store_key(
 /// refused unless the installation holds no data at all (no versions, keyring rows or
 /// fingerprint in the index; no versions and no fingerprint in the store). A
 /// lost key file beside existing data is a missing key, never a new installation.
-pub async fn require_no_data(config: &Config) -> anyhow::Result<()> {
+async fn require_no_data(config: &Config) -> anyhow::Result<()> {
     use crate::store::keyring::{index_has_data, recorded_fingerprint, stored_fingerprint};
     let in_index = read_index(config, index_has_data)?.unwrap_or(false);
     let recorded = read_index(config, recorded_fingerprint)?.flatten();
@@ -903,7 +910,7 @@ async fn prove_key(root: &RootKey, store: &StateStore) -> anyhow::Result<Proof> 
 /// both once the key opens the newest version, or when there is no version at all. An
 /// earlier release's data that the key does not open is never refused (it may be a
 /// damaged blob): the log says so, and nothing is recorded.
-pub async fn verify_root_key(
+async fn verify_root_key(
     config: &Config,
     root: &RootKey,
     store: &StateStore,
@@ -953,11 +960,7 @@ pub async fn verify_root_key(
 /// After a new index was written at `into` with `root` proven against the data (a
 /// rebuild that opened versions with it): records its fingerprint there, and in the
 /// store when the store has none.
-pub async fn record_key_in(
-    into: &Path,
-    root: &RootKey,
-    blobs: &dyn BlobStore,
-) -> anyhow::Result<()> {
+async fn record_key_in(into: &Path, root: &RootKey, blobs: &dyn BlobStore) -> anyhow::Result<()> {
     let fp = root.fingerprint();
     let conn = crate::store::index::open_new_file(into)
         .with_context(|| format!("cannot open the new index {}", into.display()))?;
@@ -1003,7 +1006,7 @@ pub async fn open_keyring(
 
 /// The key cluster states are sealed under (`ADJ_STATE_ENC_KEY`); `None`, also for a
 /// blank value, means the cluster API is not configured.
-pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
+fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
     config
         .cluster
         .state_enc_key
@@ -1014,7 +1017,7 @@ pub fn load_cluster_key(config: &Config) -> anyhow::Result<Option<RootKey>> {
         .context("ADJ_STATE_ENC_KEY (cluster.state_enc_key) is invalid")
 }
 
-pub fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
+fn open_blob_store(config: &Config) -> anyhow::Result<Arc<dyn BlobStore>> {
     Ok(match config.store.kind {
         StoreKind::Local => Arc::new(LocalStore::open(&config.local_store_path())?),
         StoreKind::S3 => Arc::new(S3Store::new(&config.store.s3)),
@@ -1040,7 +1043,7 @@ pub async fn open_state_store(config: &Config) -> anyhow::Result<StateStore> {
 
 /// This installation's index with every schema (`crate::schema::INDEX`). The data dir
 /// must exist.
-pub fn open_database(config: &Config) -> anyhow::Result<Db> {
+fn open_database(config: &Config) -> anyhow::Result<Db> {
     Ok(Index::of(config).open(&crate::schema::INDEX)?)
 }
 
@@ -1054,7 +1057,7 @@ pub fn index_snapshot(
 }
 
 /// Whether the installation has an index yet (`store::index::Index::exists`).
-pub fn has_index(config: &Config) -> bool {
+fn has_index(config: &Config) -> bool {
     Index::of(config).exists()
 }
 
@@ -1069,17 +1072,8 @@ pub fn migrate_index(config: &Config, to: MigrateTo) -> anyhow::Result<Vec<Table
 /// Where a rebuild or a restore writes the new index: `--into`, parsed once for this
 /// installation's kind (`store::index::Index::new_index`: a new SQLite file, or an
 /// empty PostgreSQL database written through a scratch file in the data dir).
-pub fn new_index(config: &Config, into: &Path) -> anyhow::Result<NewIndex> {
+fn new_index(config: &Config, into: &Path) -> anyhow::Result<NewIndex> {
     Ok(Index::of(config).new_index(into, &config.data_dir, &crate::schema::INDEX)?)
-}
-
-/// Both roots, by the scope prefix each seals (`schema::scope_keys`), for the index
-/// rebuild and the restore; cluster scopes are skipped without `ADJ_STATE_ENC_KEY`.
-pub fn scope_keys(config: &Config) -> anyhow::Result<ScopeKeys> {
-    Ok(crate::schema::scope_keys(
-        load_root_key(config, false)?,
-        load_cluster_key(config)?,
-    ))
 }
 
 /// A held `flock` on `<data_dir>/serve.lock`; released when dropped (or the process ends).
@@ -1164,7 +1158,7 @@ pub fn hold_for_serving(config: &Config) -> anyhow::Result<DataDirLock> {
 }
 
 /// The data dir, proven free of servers: `None` while any `stategate serve` holds it.
-pub fn hold_without_server(config: &Config) -> anyhow::Result<Option<DataDirLock>> {
+fn hold_without_server(config: &Config) -> anyhow::Result<Option<DataDirLock>> {
     try_lock(config, Holder::Writer)
 }
 

@@ -11,7 +11,7 @@
 //! opening here instead of a [`Purpose`] (an [`Installation`] always holds a key and a
 //! store): the index-only listings ([`listings`]) and admin records ([`records`]),
 //! which answer while the store is down; [`client_env`] and [`drift_webhook_secret`]
-//! (the key alone); [`prune`] (index and store, no key); and [`recovery`], which writes
+//! (the key alone); [`backup`] (the index only as its snapshot); [`prune`] (index and store, no key); and [`recovery`], which writes
 //! a *new* index where none is. The remaining public steps are for tests.
 //!
 //! The data dir's server lock lives here too: `serve` holds `<data_dir>/serve.lock`
@@ -55,8 +55,8 @@ pub enum Purpose {
     /// installation holds no data; the keyring is reconciled with its copies in the
     /// store, and the key proven against the index's and the store's records.
     Serve(Box<Serving>),
-    /// An operator command on an existing installation (`workspace`, `drift`,
-    /// `backup`): refused without an index; the key is read (never made) and its ring attached from the
+    /// An operator command on an existing installation (`workspace`, `drift`): refused
+    /// without an index; the key is read (never made) and its ring attached from the
     /// index's table before the store is opened.
     Command,
     /// `stategate key …`: as [`Purpose::Command`], but the store is opened first and
@@ -221,26 +221,33 @@ impl Installation {
     }
 }
 
-impl Installation {
-    /// A backup of the index into the store now (`stategate backup`; the server's
-    /// backup job takes the same snapshot on its schedule).
-    pub async fn backup(&self) -> anyhow::Result<crate::store::backup::BackupInfo> {
-        let blobs = self.store().blobs();
-        Ok(crate::store::backup::take_backup_from(
-            index_snapshot(&self.config),
-            &**blobs,
-            &self.root,
-        )
-        .await?)
-    }
+/// What `stategate backup` did: the backup taken, the store it went to, and the
+/// deletion of the oldest beyond `backup.keep` (its own result: the backup stands
+/// either way).
+pub struct BackedUp {
+    pub info: crate::store::backup::BackupInfo,
+    pub store: String,
+    pub deleted: anyhow::Result<Vec<crate::store::backup::BackupInfo>>,
+}
 
-    /// Deletes the oldest backups beyond `backup.keep`; the ones deleted.
-    pub async fn keep_newest_backups(
-        &self,
-    ) -> anyhow::Result<Vec<crate::store::backup::BackupInfo>> {
-        let keep = self.config.backup.keep as usize;
-        Ok(crate::store::backup::keep_newest(&**self.store().blobs(), keep).await?)
-    }
+/// `stategate backup`'s opening: the key and the store, and the index only through its
+/// snapshot (the server's backup job takes the same one) — never opened for writing,
+/// so a PostgreSQL database no node has opened is refused, not given an index.
+pub async fn backup(config: &Config) -> anyhow::Result<BackedUp> {
+    require_index(config)?;
+    let root = load_root_key(config, false)?;
+    let blobs = open_blob_store(config)?;
+    let info =
+        crate::store::backup::take_backup_from(index_snapshot(config), &*blobs, &root).await?;
+    let keep = config.backup.keep as usize;
+    let deleted = crate::store::backup::keep_newest(&*blobs, keep)
+        .await
+        .map_err(anyhow::Error::from);
+    Ok(BackedUp {
+        info,
+        store: blobs.describe(),
+        deleted,
+    })
 }
 
 /// `stategate workspace env`'s opening: the root key alone, and the workspace's

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use clap::Subcommand;
 
 use stategate::config::Config;
-use stategate::installation::{self, Purpose};
+use stategate::installation;
 use stategate::store::index::{Index, MigrateTo};
 use stategate::store::retention::Retention;
 
@@ -216,14 +216,13 @@ pub fn rebuild(config: &Config, into: &Path) -> anyhow::Result<()> {
 
 /// `stategate backup`: a snapshot into the store now, then the oldest beyond `backup.keep` go.
 pub fn backup(config: &Config) -> anyhow::Result<()> {
-    let (rt, installation) = super::output::open(config, Purpose::Command)?;
+    let rt = runtime()?;
     let bar = spinner("taking a backup");
-    let taken = rt.block_on(installation.backup());
+    let taken = rt.block_on(installation::backup(config));
     bar.finish_and_clear();
-    let info = taken?;
-    json_line(&info)?;
-    let deleted = rt.block_on(installation.keep_newest_backups())?;
-    for old in &deleted {
+    let taken = taken?;
+    json_line(&taken.info)?;
+    for old in &taken.deleted? {
         eprintln!(
             "deleted old backup {} (backup.keep = {})",
             old.id, config.backup.keep
@@ -232,8 +231,7 @@ pub fn backup(config: &Config) -> anyhow::Result<()> {
     let index = Index::of(config).name();
     eprintln!(
         "backed up {index} into {} as {}",
-        installation.store().blobs().describe(),
-        info.key
+        taken.store, taken.info.key
     );
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! The operator commands as scripts see them, run as the real binary: `backup`,
-//! `backup list`, `restore`, `admin audit list --since/--until`, `workspace env` with
-//! the recorded address, `admin operator create --role/--workspaces` and `admin operator
-//! list`. Results on stdout, no server log lines, errors one line on
-//! stderr with exit code 1, and a refused restore writes nothing.
+//! `backup list`, `restore`, `admin audit list --since/--until`, `workspace env`
+//! with the recorded address, `admin operator create --role/--workspaces`, `admin
+//! operator list` and a token revocation the store cannot record. Results on
+//! stdout, no server log lines, errors one line on stderr with exit code 1, and a
+//! refused restore writes nothing.
 
 use std::path::Path;
 use std::process::Command;
@@ -836,4 +837,72 @@ fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothi
         "{}",
         audit.stdout
     );
+}
+
+/// A revocation is recorded in the store before it commits (`installation::records`),
+/// silently; when the store cannot take it the token is revoked all the same (a leaked
+/// token must stop working now) and the command says what a restore would undo.
+#[test]
+fn a_revocation_the_store_cannot_record_still_holds_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let email = "ops@example.org";
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "operator", "create", "--email", email],
+    );
+    ok(&run, "operator create");
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "operator", "token", "create", "--email", email],
+    );
+    ok(&run, "second token");
+    let ids = |data: &Path| -> Vec<(String, bool)> {
+        let run = stategate(data, DEK, &["admin", "operator", "token", "list", "--json"]);
+        ok(&run, "token list");
+        run.stdout
+            .lines()
+            .map(|l| {
+                let row: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    row["id"].as_str().unwrap().to_string(),
+                    row["revoked_at"].is_string(),
+                )
+            })
+            .collect()
+    };
+    let listed = ids(&data);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "operator", "token", "revoke", &listed[0].0],
+    );
+    ok(&run, "revoke, recorded");
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+    assert!(
+        std::fs::read_dir(data.join("blobs")).unwrap().count() > 0,
+        "the revocation is recorded in the store"
+    );
+
+    // The store cannot be opened (its directory is a file now).
+    std::fs::remove_dir_all(data.join("blobs")).unwrap();
+    std::fs::write(data.join("blobs"), b"").unwrap();
+    let run = stategate(
+        &data,
+        DEK,
+        &["admin", "operator", "token", "revoke", &listed[1].0],
+    );
+    ok(&run, "revoke, not recorded");
+    assert!(
+        run.stderr.starts_with(
+            "warning: the revocation is in force but could not be recorded in the blob store"
+        ) && run.stderr.contains("`stategate backup`"),
+        "{}",
+        run.stderr
+    );
+    assert!(ids(&data).iter().all(|(_, revoked)| *revoked));
 }

@@ -261,7 +261,7 @@ pub async fn client_env(
     opentofu_encryption: bool,
 ) -> anyhow::Result<String> {
     let root = load_root_key(config, false)?;
-    let generation = if has_index(config) {
+    let generation = if Index::of(config).holds_index()? {
         let ws = workspace.to_string();
         open_database(config)?
             .read(move |c| crate::tofu::credentials::generation(c, &ws))
@@ -346,12 +346,19 @@ pub fn listings(config: &Config) -> anyhow::Result<crate::operator::Listings> {
     Ok(crate::operator::Listings::new(open_database(config)?))
 }
 
-/// Operator commands work on an existing installation: never create an empty index.
+/// Operator commands work on an existing installation: never create an empty index
+/// (on PostgreSQL: never make the tables in a database no node has opened).
 fn require_index(config: &Config) -> anyhow::Result<()> {
-    if !has_index(config) {
+    let index = Index::of(config);
+    if !index.exists() {
         anyhow::bail!(
             "no database at {} (is STATEGATE_DATA_DIR / data_dir right?)",
             config.db_path().display()
+        );
+    }
+    if !index.holds_index()? {
+        anyhow::bail!(
+            "the PostgreSQL database holds no index yet (no node has opened it): start `stategate serve` on it, or `stategate restore --into` it (is index.url right?)"
         );
     }
     Ok(())
@@ -1061,11 +1068,6 @@ pub fn index_snapshot(
     config: &Config,
 ) -> impl Fn() -> Result<Vec<u8>, crate::store::backup::BackupError> + Send + Sync + 'static {
     Index::of(config).snapshot(&crate::schema::INDEX, &config.data_dir)
-}
-
-/// Whether the installation has an index yet (`store::index::Index::exists`).
-fn has_index(config: &Config) -> bool {
-    Index::of(config).exists()
 }
 
 /// Copies every table of this installation's index into `to`, verified table by table

@@ -753,6 +753,34 @@ fn count(url: &str, sql: &'static str) -> i64 {
     with_conn(url, move |c| c.query_row(sql, [], |r| r.get(0)).unwrap())
 }
 
+/// An operator command on a PostgreSQL database no node has opened is refused (or,
+/// `workspace env`, needs none) and makes no table there (`installation::require_index`): only `serve`, a rebuild or a
+/// restore make an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_on_a_database_no_node_opened_is_refused_and_makes_no_table() {
+    let Some(url) = new_database() else { return };
+    let Some(empty) = new_database() else { return };
+    let live = node(&url).await;
+    let commands: [&[&str]; 5] = [
+        &["workspace", "list"],
+        &["workspace", "history", "prod"],
+        &["prune", "--dry-run"],
+        &["backup"],
+        &["key", "status"],
+    ];
+    for args in commands {
+        let (code, _, err) = cli(&live, &empty, args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("holds no index yet"), "{args:?}: {err}");
+    }
+    // `workspace env` needs no index (a workspace is at generation 0 until rotated).
+    let (code, out, err) = cli(&live, &empty, &["workspace", "env", "prod"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("TF_HTTP_PASSWORD"), "{out}");
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
+    assert_eq!(count(&empty, tables), 0);
+}
+
 /// `index rebuild` and `restore` on a PostgreSQL installation write into an empty
 /// PostgreSQL database named by `--into`: from the store alone, and from a backup plus
 /// the version written after it, or into the configured database while it holds no

@@ -181,6 +181,16 @@ impl Index {
         }
     }
 
+    /// Whether an index is there to open: the SQLite file, or on PostgreSQL the tables
+    /// a node made when it first opened the database (the database alone is not one).
+    /// Connects to PostgreSQL; blocking.
+    pub fn holds_index(&self) -> Result<bool, IndexError> {
+        match &self.at {
+            At::File(path) => Ok(path.exists()),
+            At::Postgres { .. } => Ok(self.read(has_versions_table)?.unwrap_or(false)),
+        }
+    }
+
     /// Where it is, for a person checking what a command resolved: `SQLite <path>`,
     /// or `PostgreSQL <host>/<database>` (never the URL's user or password).
     pub fn describe(&self) -> String {

@@ -222,19 +222,18 @@ impl Recorded {
             .collect();
         crate::store::audit::insert_audit(
             c,
-            &crate::store::audit::AuditEntry {
-                actor: actor.to_string(),
-                org: None,
-                scope: "index".into(),
-                event: "index.restored",
-                payload: serde_json::json!({
+            &crate::store::audit::AuditEntry::new(
+                actor,
+                "index",
+                "index.restored",
+                serde_json::json!({
                     "backup": chosen.id,
                     "taken_at": chosen.taken_at,
                     "revocations_reapplied": revoked,
                     "sessions_ended": reapplied.sessions_ended,
                     "changes_reapplied": narrowed.len(),
                 }),
-            },
+            ),
         )?;
         Ok((reapplied, narrowed))
     }

@@ -270,6 +270,26 @@ impl Index {
         }
     }
 
+    /// A read-write connection of its own to the index, usable on any thread (an async
+    /// runtime's too), for a look into it from outside the server's own work — a test's
+    /// rows and counts, whichever kind the configuration names. The SQLite file is
+    /// opened as it is (created if missing); a PostgreSQL round trip runs on a thread
+    /// of its own.
+    pub fn connect(&self) -> Result<Connection, IndexError> {
+        match &self.at {
+            At::File(path) => Connection::open(path).map_err(failed_by(format!(
+                "cannot open the index {}",
+                path.display()
+            ))),
+            At::Postgres { url } => {
+                Connection::connect_postgres_from_any_thread(url.expose(), self.ca_file.as_deref())
+                    .map_err(failed(
+                        "cannot connect to the index on PostgreSQL (index.url)",
+                    ))
+            }
+        }
+    }
+
     /// A reader asked again and again (the keyring's reloads, every second): a
     /// PostgreSQL index keeps one connection, made again if it breaks; a SQLite file
     /// is opened read-only for each read, and a missing one reads as empty.

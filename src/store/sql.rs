@@ -415,6 +415,21 @@ impl Connection {
         })
     }
 
+    /// [`Connection::connect_postgres`] for a caller on an async runtime's thread (a
+    /// test's, a tool's look into the index): every round trip runs on a scoped thread
+    /// of its own, as the client blocks on a runtime of its own, which tokio refuses
+    /// inside another. A thread per round trip: not for the server's own work.
+    pub fn connect_postgres_from_any_thread(
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Connection, String> {
+        let mut pg = on_a_thread_of_its_own(|| PgConn::connect(url, ca_file))?;
+        pg.any_thread = true;
+        Ok(Connection {
+            inner: Inner::Postgres(Box::new(pg)),
+        })
+    }
+
     /// A SQLite database file opened with `flags` (e.g. read-only for a snapshot).
     pub fn open_with_flags(
         path: &std::path::Path,
@@ -688,7 +703,7 @@ impl Connection {
         let fetch = format!("FETCH {SCAN_BATCH} FROM {cursor}");
         let mut scan = || -> Result<()> {
             loop {
-                let rows = pg.noted(pg.client().query(fetch.as_str(), &[]))?;
+                let rows = pg.noted(pg.with_client(|c| c.query(fetch.as_str(), &[])))?;
                 if rows.is_empty() {
                     return Ok(());
                 }
@@ -723,7 +738,7 @@ impl Connection {
     pub fn is_broken(&self) -> bool {
         match &self.inner {
             Inner::Sqlite(_) => false,
-            Inner::Postgres(pg) => pg.client().is_closed(),
+            Inner::Postgres(pg) => pg.with_client(|c| c.is_closed()),
         }
     }
 
@@ -873,7 +888,9 @@ impl Statement<'_> {
         match &mut self.inner {
             StatementInner::Sqlite(s) => Ok(s.get().execute(sqlite_params(&values))?),
             StatementInner::Postgres(pg, stmt) => {
-                let changed = pg.noted(pg.client().execute(stmt, &pg_params(&values).as_refs()))?;
+                let params = pg_params(&values);
+                let params = params.as_refs();
+                let changed = pg.noted(pg.with_client(|c| c.execute(&*stmt, &params)))?;
                 Ok(changed as usize)
             }
         }
@@ -914,7 +931,9 @@ impl Statement<'_> {
                     RowsInner::Sqlite(s.get().query(sqlite_params(&values))?)
                 }
                 StatementInner::Postgres(pg, stmt) => {
-                    let rows = pg.noted(pg.client().query(stmt, &pg_params(&values).as_refs()))?;
+                    let params = pg_params(&values);
+                    let params = params.as_refs();
+                    let rows = pg.noted(pg.with_client(|c| c.query(&*stmt, &params)))?;
                     RowsInner::Postgres(rows.into_iter())
                 }
             },
@@ -1012,6 +1031,17 @@ struct PgConn {
     failed: Cell<bool>,
     /// The server's process for this session, while it is one of [`own_sessions`].
     backend: Option<i32>,
+    /// Every round trip on a scoped thread of its own
+    /// ([`Connection::connect_postgres_from_any_thread`]).
+    any_thread: bool,
+}
+
+/// Runs `f` on a scoped thread and returns what it returns (its panic goes on).
+fn on_a_thread_of_its_own<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 /// The server-side processes of this process's own open PostgreSQL sessions.
@@ -1149,7 +1179,20 @@ impl PgConn {
             state: Cell::new(PgTransaction::None),
             failed: Cell::new(false),
             backend,
+            any_thread: false,
         })
+    }
+
+    /// `f` on the client: here, or on a thread of its own for a connection made for
+    /// any thread.
+    fn with_client<T: Send>(&self, f: impl FnOnce(&mut postgres::Client) -> T + Send) -> T {
+        let mut client = self.client();
+        let client: &mut postgres::Client = &mut client;
+        if self.any_thread {
+            on_a_thread_of_its_own(move || f(client))
+        } else {
+            f(client)
+        }
     }
 
     fn client(&self) -> std::cell::RefMut<'_, postgres::Client> {
@@ -1163,7 +1206,8 @@ impl PgConn {
         if let Some(stmt) = self.statements.borrow().get(sql) {
             return Ok(stmt.clone());
         }
-        let stmt = self.noted(self.client().prepare(&postgres_statement(sql)))?;
+        let text = postgres_statement(sql);
+        let stmt = self.noted(self.with_client(|c| c.prepare(&text)))?;
         let mut cache = self.statements.borrow_mut();
         if cache.len() >= PG_STATEMENT_CACHE {
             cache.clear();
@@ -1173,7 +1217,7 @@ impl PgConn {
     }
 
     fn batch(&self, sql: &str) -> Result<()> {
-        self.noted(self.client().batch_execute(sql))?;
+        self.noted(self.with_client(|c| c.batch_execute(sql)))?;
         Ok(())
     }
 

@@ -1,17 +1,19 @@
-//! The storage engine without the gateway (real SQLite, real local blobs), for
-//! retention and rebuild tests: a store whose deletes are watched, and helpers that
-//! write versions and plant orphan blobs with explicit times.
+//! The storage engine without the gateway (the run's real index — SQLite, or
+//! PostgreSQL on the PostgreSQL pass — and real local blobs), for retention and
+//! rebuild tests: a store whose deletes are watched, and helpers that write versions
+//! and plant orphan blobs with explicit times.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use stategate::config::{Config, IndexConfig};
 use stategate::crypto::RootKey;
-use stategate::schema::open_db;
 use stategate::store::blob::{BlobReader, BlobSink};
 use stategate::store::format::{self, BlobHeader};
 use stategate::store::history::history_rows;
+use stategate::store::index::Index;
 use stategate::store::{
     BlobError, BlobStore, LocalStore, NewVersion, StateStore, StoreError, VersionRow, WriteOutcome,
 };
@@ -21,7 +23,7 @@ use time::OffsetDateTime;
 /// at the blob (it must not: rows go first), and can be told to fail deletes.
 pub struct WatchedStore {
     inner: LocalStore,
-    db_path: std::path::PathBuf,
+    index: Index,
     pub deleted_while_referenced: Mutex<Vec<String>>,
     pub deletes: Mutex<Vec<String>>,
     pub fail_deletes: AtomicBool,
@@ -42,7 +44,7 @@ impl BlobStore for WatchedStore {
         self.inner.read(key).await
     }
     async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        let conn = stategate::store::sql::Connection::open(&self.db_path).unwrap();
+        let conn = self.index.connect().unwrap();
         let refs: i64 = conn
             .query_row(
                 "SELECT count(*) FROM versions WHERE blob_key = ?1",
@@ -79,17 +81,37 @@ pub struct Engine {
     /// The same database, for what tests set up beside the store (identities).
     pub db: stategate::store::Db,
     pub blobs: Arc<WatchedStore>,
+    /// The SQLite file (there only with [`engine_sqlite`] or on the SQLite pass).
     pub db_path: std::path::PathBuf,
+    pub index: Index,
     pub root: RootKey,
 }
 
+/// An engine on this run's index ([`super::test_index`]).
 pub fn engine() -> Engine {
+    engine_on(super::test_index())
+}
+
+/// An engine on a SQLite file in either pass, for a test about the file itself; `why`
+/// says which property of the file.
+pub fn engine_sqlite(why: &str) -> Engine {
+    super::sqlite_only(why);
+    engine_on(IndexConfig::default())
+}
+
+fn engine_on(index: IndexConfig) -> Engine {
     let dir = tempfile::tempdir().unwrap();
-    let db_path = dir.path().join("stategate.db");
-    let db = open_db(&db_path).unwrap();
+    let config = Config {
+        data_dir: dir.path().to_path_buf(),
+        index,
+        ..Config::default()
+    };
+    let db_path = config.db_path();
+    let index = Index::of(&config);
+    let db = index.open(&stategate::schema::INDEX).unwrap();
     let blobs = Arc::new(WatchedStore {
         inner: LocalStore::open(&dir.path().join("blobs")).unwrap(),
-        db_path: db_path.clone(),
+        index: index.clone(),
         deleted_while_referenced: Mutex::new(Vec::new()),
         deletes: Mutex::new(Vec::new()),
         fail_deletes: AtomicBool::new(false),
@@ -99,6 +121,7 @@ pub fn engine() -> Engine {
         db,
         blobs,
         db_path,
+        index,
         root: RootKey::from_bytes([7; 32]),
         dir,
     }
@@ -139,8 +162,9 @@ pub async fn write(
 }
 
 impl Engine {
+    /// A connection of its own to the engine's index (usable on an async thread).
     pub fn conn(&self) -> stategate::store::sql::Connection {
-        stategate::store::sql::Connection::open(&self.db_path).unwrap()
+        self.index.connect().unwrap()
     }
 
     pub fn set_created(&self, scope: &str, version: i64, at: OffsetDateTime) {

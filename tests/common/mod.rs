@@ -21,6 +21,43 @@ pub struct TestServer {
     _shutdown: tokio::sync::watch::Sender<bool>,
 }
 
+/// Whether this run puts the index on PostgreSQL: `STATEGATE_TEST_INDEX=postgres`
+/// (the second pass of `scripts/test-all.sh`); unset or `sqlite`, the data dir's file.
+pub fn postgres_pass() -> bool {
+    match std::env::var("STATEGATE_TEST_INDEX").as_deref() {
+        Err(_) | Ok("" | "sqlite") => false,
+        Ok("postgres") => true,
+        Ok(other) => panic!("STATEGATE_TEST_INDEX={other}: expected sqlite or postgres"),
+    }
+}
+
+/// The index every [`TestServer`] and [`engine::engine`] opens in this run: the data
+/// dir's SQLite file, or (on the PostgreSQL pass) a new empty database of its own,
+/// which the pass requires.
+pub fn test_index() -> stategate::config::IndexConfig {
+    if !postgres_pass() {
+        return stategate::config::IndexConfig::default();
+    }
+    let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").expect(
+        "STATEGATE_TEST_INDEX=postgres needs STATEGATE_TEST_POSTGRES_URL \
+         (scripts/test-all.sh starts one; see docs/testing.md)",
+    );
+    stategate::config::IndexConfig {
+        kind: stategate::config::IndexKind::Postgres,
+        url: Some(create_database(&base).into()),
+        ca_file: None,
+    }
+}
+
+/// A test about the SQLite file itself (its backups as files, its rebuild, an earlier
+/// release's data dir, WAL): it runs on SQLite in both passes. `why` is the one-line
+/// reason, written where the test reads.
+pub fn sqlite_only(why: &str) {
+    if postgres_pass() {
+        eprintln!("on SQLite in the PostgreSQL pass too: {why}");
+    }
+}
+
 pub const DEK: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
 impl TestServer {
@@ -30,6 +67,19 @@ impl TestServer {
 
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
         Self::start_with_clock(adjust, Arc::new(stategate::cluster::SystemClock)).await
+    }
+
+    /// [`TestServer::start_with`] on the data dir's SQLite file in either pass, for a
+    /// test about the file itself; `why` says which property of the file.
+    pub async fn start_sqlite(why: &str, adjust: impl FnOnce(&mut Config)) -> TestServer {
+        sqlite_only(why);
+        Self::start_on(
+            stategate::config::IndexConfig::default(),
+            adjust,
+            Arc::new(stategate::cluster::SystemClock),
+            |_| {},
+        )
+        .await
     }
 
     /// With an injected clock (lease staleness without sleeping).
@@ -59,10 +109,20 @@ impl TestServer {
         clock: Arc<dyn stategate::cluster::Clock>,
         adjust_app: impl FnOnce(&mut App),
     ) -> TestServer {
+        Self::start_on(test_index(), adjust, clock, adjust_app).await
+    }
+
+    async fn start_on(
+        index: stategate::config::IndexConfig,
+        adjust: impl FnOnce(&mut Config),
+        clock: Arc<dyn stategate::cluster::Clock>,
+        adjust_app: impl FnOnce(&mut App),
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config {
             data_dir: dir.path().join("data"),
             dek: Some(DEK.into()),
+            index,
             ..Config::default()
         };
         adjust(&mut config);
@@ -135,8 +195,10 @@ impl TestServer {
             .unwrap();
     }
 
+    /// A connection of its own to this server's index, whichever kind it is (usable
+    /// on the test's async thread): raw SQL here is in the shared dialect.
     pub fn db(&self) -> stategate::store::sql::Connection {
-        stategate::store::sql::Connection::open(self.config.db_path()).unwrap()
+        index_connection(&self.config)
     }
 
     pub fn count(&self, sql: &str) -> i64 {
@@ -182,6 +244,13 @@ pub fn real_component(name: &str, require: &str, what: &str) -> Option<String> {
     None
 }
 
+/// A connection of its own to the index `config` names (see [`TestServer::db`]).
+pub fn index_connection(config: &Config) -> stategate::store::sql::Connection {
+    stategate::store::index::Index::of(config)
+        .connect()
+        .unwrap()
+}
+
 /// A new empty database on the test server; `None` (said) when there is no server.
 pub fn new_postgres_database() -> Option<String> {
     let base = real_component(
@@ -189,10 +258,15 @@ pub fn new_postgres_database() -> Option<String> {
         "STATEGATE_TEST_REQUIRE_POSTGRES",
         "PostgreSQL",
     )?;
+    Some(create_database(&base))
+}
+
+/// A new empty database on the server `base` names; its URL.
+fn create_database(base: &str) -> String {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
     let made = name.clone();
-    let base2 = base.clone();
+    let base2 = base.to_string();
     std::thread::spawn(move || {
         let admin = stategate::store::sql::Connection::connect_postgres(&base2, None).unwrap();
         admin
@@ -201,7 +275,7 @@ pub fn new_postgres_database() -> Option<String> {
     })
     .join()
     .unwrap();
-    Some(with_database(&base, &name))
+    with_database(base, &name)
 }
 
 /// `url` naming database `name` instead (its query, e.g. `?sslmode=disable`, kept).

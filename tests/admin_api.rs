@@ -648,8 +648,10 @@ async fn unlock_is_audited_with_the_operator_and_refused_for_a_changed_lock() {
     env.server
         .db()
         .execute(
-            "UPDATE tf_locks SET created_at = strftime('%Y-%m-%dT%H:%M:%SZ', 'now', '-2 hours')",
-            [],
+            "UPDATE tf_locks SET created_at = ?1",
+            [common::rfc3339(
+                time::OffsetDateTime::now_utc() - time::Duration::hours(2),
+            )],
         )
         .unwrap();
     let list = env.json("GET", "workspaces", None).await;

@@ -17,8 +17,10 @@ fn keys(root: &RootKey) -> ScopeKeys {
     stategate::schema::scope_keys(root.clone(), Some(RootKey::from_bytes(CLUSTER_KEY)))
 }
 
+/// A backup of the engine's index, whichever kind it is, as `serve` takes one.
 async fn take(e: &Engine) -> BackupInfo {
-    backup::take_backup(&e.db_path, e.dir.path(), &*e.blobs, &e.root)
+    let snapshot = e.index.snapshot(&stategate::schema::INDEX, e.dir.path());
+    backup::take_backup_from(snapshot, &*e.blobs, &e.root)
         .await
         .unwrap()
 }
@@ -43,9 +45,13 @@ async fn restore(
     .await
 }
 
-/// Every row of a table, as text, for comparing whole databases.
-fn dump(path: &std::path::Path, sql: &str) -> Vec<String> {
-    let conn = stategate::store::sql::Connection::open(path).unwrap();
+/// Every row of a table, as text, for comparing whole databases: a restored file
+/// (`path`) or the live index (`e.conn()`).
+fn dump_file(path: &std::path::Path, sql: &str) -> Vec<String> {
+    dump(&stategate::store::sql::Connection::open(path).unwrap(), sql)
+}
+
+fn dump(conn: &stategate::store::sql::Connection, sql: &str) -> Vec<String> {
     let mut stmt = conn.prepare(sql).unwrap();
     let n = stmt.column_count();
     stmt.query_map([], |r| {
@@ -121,7 +127,7 @@ async fn restore_gives_back_the_snapshot_and_every_version_after_it() {
     );
     assert!(report.dropped.is_empty() && report.skipped.is_empty());
     // Every version of the live index, with the same blobs, times and actors.
-    assert_eq!(dump(&into, VERSIONS), dump(&e.db_path, VERSIONS));
+    assert_eq!(dump_file(&into, VERSIONS), dump(&e.conn(), VERSIONS));
     // What only the index knows comes back as of the snapshot.
     for table in [
         "SELECT * FROM orgs",
@@ -130,9 +136,9 @@ async fn restore_gives_back_the_snapshot_and_every_version_after_it() {
         "SELECT * FROM tokens",
         "SELECT * FROM audit ORDER BY id",
     ] {
-        let restored = dump(&into, table);
+        let restored = dump_file(&into, table);
         assert!(!restored.is_empty(), "{table}");
-        assert_eq!(restored, dump(&e.db_path, table), "{table}");
+        assert_eq!(restored, dump(&e.conn(), table), "{table}");
     }
     // The old token authenticates against the restored database.
     let restored = stategate::schema::open_db(&into).unwrap();
@@ -160,7 +166,14 @@ async fn refused_restores_write_nothing() {
     let other = engine();
     write(&other.store, "tf/prod", b"{\"p\":1}", Some(1)).await;
     let other_root = RootKey::from_bytes([8; 32]);
-    let other_db = backup::snapshot(&other.db_path, other.dir.path()).unwrap();
+    let other_db = tokio::task::spawn_blocking(
+        other
+            .index
+            .snapshot(&stategate::schema::INDEX, other.dir.path()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     let foreign_id = backup::new_id(time::OffsetDateTime::now_utc());
     let foreign = backup::pick(&*e.blobs, Some(&foreign_id)).await.unwrap();
     let foreign_blob = backup::seal(&other_root, &foreign.id, &other_db, "2026-01-01T00:00:00Z");
@@ -298,14 +311,14 @@ async fn backups_taken_during_writes_and_prunes_restore_exactly_the_live_index()
         .run_retention(policy, time::OffsetDateTime::now_utc(), false, false)
         .await
         .unwrap();
-    let mut live = dump(&e.db_path, VERSIONS);
+    let mut live = dump(&e.conn(), VERSIONS);
     live.sort();
     // Whichever snapshot is restored, the result is the live index now: rows pruned
     // since are dropped (their blobs are gone), versions written since are added.
     for (i, snap) in taken.iter().enumerate() {
         let into = e.dir.path().join(format!("restored-{i}.db"));
         restore(&e, &e.root, snap, &into).await.unwrap();
-        let mut got = dump(&into, VERSIONS);
+        let mut got = dump_file(&into, VERSIONS);
         got.sort();
         assert_eq!(got, live, "snapshot {i}");
     }

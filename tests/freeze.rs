@@ -206,8 +206,8 @@ async fn an_expired_freeze_is_lifted_when_noticed_and_audited() {
     env.server
         .db()
         .execute(
-            "UPDATE tf_freezes SET until = unixepoch() - 1 WHERE workspace = 'prod'",
-            [],
+            "UPDATE tf_freezes SET until = ?1 WHERE workspace = 'prod'",
+            [time::OffsetDateTime::now_utc().unix_timestamp() - 1],
         )
         .unwrap();
     // The first LOCK after it notices: taken, and the expiry audited by stategate.
@@ -231,8 +231,8 @@ async fn an_expired_freeze_is_lifted_when_noticed_and_audited() {
     env.server
         .db()
         .execute(
-            "UPDATE tf_freezes SET until = unixepoch() - 1 WHERE workspace = 'stage'",
-            [],
+            "UPDATE tf_freezes SET until = ?1 WHERE workspace = 'stage'",
+            [time::OffsetDateTime::now_utc().unix_timestamp() - 1],
         )
         .unwrap();
     assert_eq!(env.write("stage", 1, None).await.0, 200);
@@ -247,8 +247,8 @@ async fn an_expired_freeze_is_lifted_when_noticed_and_audited() {
     env.server
         .db()
         .execute(
-            "UPDATE tf_freezes SET until = unixepoch() - 1 WHERE workspace = 'dev'",
-            [],
+            "UPDATE tf_freezes SET until = ?1 WHERE workspace = 'dev'",
+            [time::OffsetDateTime::now_utc().unix_timestamp() - 1],
         )
         .unwrap();
     let (_, text) = env.admin("GET", "freezes", None).await;

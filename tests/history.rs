@@ -244,14 +244,13 @@ async fn rollback_undeletes_and_refuses_when_the_scope_moved() {
         renumber: None,
         summarize: None,
     };
-    let db_path = s.config.db_path();
+    let config = s.config.clone();
     let err = store
         .rollback(request, &key, move |_conn, latest| {
             // First call (before the blob is put): another process (the server, while
             // the CLI rolls back) commits a version right now.
             if latest.map(|r| r.version) == Some(4) {
-                stategate::store::sql::Connection::open(&db_path)
-                    .unwrap()
+                common::index_connection(&config)
                     .execute(
                         "INSERT INTO versions (scope, version, size, created_at, actor) \
                          VALUES ('tf/undel', 5, 0, '2026-01-01T00:00:00Z', 'other')",

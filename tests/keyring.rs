@@ -389,6 +389,7 @@ fn cli_command(server: &TestServer, args: &[&str]) -> (i32, String, String) {
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("STATEGATE_DATA_DIR", &server.config.data_dir)
         .env("STATEGATE_DEK", common::DEK)
+        .envs(common::index_env(&server.config))
         .output()
         .unwrap();
     (
@@ -611,14 +612,7 @@ async fn a_backup_from_before_the_rotation_restores_with_the_rings_copies() {
         assert_eq!(post(&server, "prod", serial).await, 200);
     }
     let op = cli(&server).await;
-    let before = backup::take_backup(
-        &server.config.db_path(),
-        &server.config.data_dir,
-        op.store.blobs().as_ref(),
-        &op.root,
-    )
-    .await
-    .unwrap();
+    let before = common::take_backup(&server.config, op.store.blobs().as_ref(), &op.root).await;
     let before_id = before.id.clone();
     keyring::rotate(&op.store, &op.service, Purpose::Data, "test")
         .await
@@ -942,14 +936,7 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
         .unwrap();
     op.root.reload().unwrap();
     let serial = post_until_generation(&server, "prod", 2, 1).await;
-    let before = backup::take_backup(
-        &server.config.db_path(),
-        &server.config.data_dir,
-        op.store.blobs().as_ref(),
-        &op.root,
-    )
-    .await
-    .unwrap();
+    let before = common::take_backup(&server.config, op.store.blobs().as_ref(), &op.root).await;
     installation::rewrap(&server.config, &op.root, &op.store, "test")
         .await
         .unwrap();
@@ -962,6 +949,8 @@ async fn a_backup_from_before_a_rewrap_restores_and_opens_with_the_new_key_file(
     restored.data_dir = scratch.path().to_path_buf();
     restored.dek_file = Some(server.config.dek_path());
     restored.store.path = Some(server.config.local_store_path());
+    // `restore --into` writes a SQLite file, whichever kind the backup was taken of.
+    restored.index = stategate::config::IndexConfig::default();
     let report = restore(
         after.store.blobs().as_ref(),
         &after.root,

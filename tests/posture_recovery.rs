@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 use common::{state, status, TestServer, DEK};
@@ -19,13 +18,14 @@ fn envelope(serial: u64) -> String {
     )
 }
 
-fn cli(data: &Path, args: &[&str]) -> String {
+fn cli(server: &TestServer, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_stategate"))
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("STATEGATE_DATA_DIR", data)
+        .env("STATEGATE_DATA_DIR", &server.config.data_dir)
         .env("STATEGATE_DEK", DEK)
+        .envs(common::index_env(&server.config))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -37,9 +37,8 @@ fn cli(data: &Path, args: &[&str]) -> String {
     stdout
 }
 
-/// (workspace, version, encrypted) recorded in the index at `db`.
-fn postures(db: &Path) -> Vec<(String, i64, bool)> {
-    let conn = stategate::store::sql::Connection::open(db).unwrap();
+/// (workspace, version, encrypted) recorded in the index `conn` is on.
+fn postures(conn: &stategate::store::sql::Connection) -> Vec<(String, i64, bool)> {
     let mut stmt = conn
         .prepare("SELECT workspace, version, encrypted FROM tf_state_encryption ORDER BY 1, 2")
         .unwrap();
@@ -59,15 +58,14 @@ async fn put(server: &TestServer, ws: &str, body: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuild_and_restore_recompute_the_posture_of_every_version() {
     let server = TestServer::start().await;
-    let data = server.config.data_dir.clone();
     put(&server, "w", state(1, LINEAGE, "")).await;
     put(&server, "w", envelope(2)).await;
     put(&server, "plain", state(1, "l-plain", "")).await;
-    cli(&data, &["backup"]);
+    cli(&server, &["backup"]);
     // Written after the backup: only the blobs know these.
     put(&server, "w", envelope(3)).await;
     put(&server, "plain", state(2, "l-plain", "")).await;
-    let live = postures(&data.join("stategate.db"));
+    let live = postures(&server.db());
     let want = |w: &str, v, e| (w.to_string(), v, e);
     let all = vec![
         want("plain", 1, false),
@@ -79,24 +77,44 @@ async fn rebuild_and_restore_recompute_the_posture_of_every_version() {
     assert_eq!(live, all, "the write path records every version");
 
     // (command, output file, posture rows in it)
-    let rebuilt = server.dir.path().join("rebuilt.db");
-    let restored = server.dir.path().join("restored.db");
-    let table: [(Vec<&str>, &Path, &str); 2] = [
+    // Where a rebuild or restore writes a new index: a new file beside a SQLite index,
+    // a new empty database beside a PostgreSQL one.
+    let new_index = |name: &str| match server.config.index.kind {
+        stategate::config::IndexKind::Sqlite => server
+            .dir
+            .path()
+            .join(format!("{name}.db"))
+            .display()
+            .to_string(),
+        stategate::config::IndexKind::Postgres => common::new_postgres_database().unwrap(),
+    };
+    let (rebuilt, restored) = (new_index("rebuilt"), new_index("restored"));
+    let table: [(Vec<&str>, &str, &str); 2] = [
         (
-            vec!["index", "rebuild", "--into", rebuilt.to_str().unwrap()],
+            vec!["index", "rebuild", "--into", &rebuilt],
             &rebuilt,
             "Recomputed the encryption posture of 5 workspace version(s)",
         ),
         (
-            vec!["restore", "--into", restored.to_str().unwrap()],
+            vec!["restore", "--into", &restored],
             &restored,
             // The backup held three; the two added after it are read from their content.
             "Recomputed the encryption posture of 2 added version(s)",
         ),
     ];
     for (args, into, said) in table {
-        let out = cli(&data, &args);
+        let out = cli(&server, &args);
         assert!(out.contains(said), "{args:?}: {out}");
-        assert_eq!(postures(into), all, "{args:?}");
+        let new = match server.config.index.kind {
+            stategate::config::IndexKind::Sqlite => {
+                stategate::store::sql::Connection::open(into).unwrap()
+            }
+            stategate::config::IndexKind::Postgres => {
+                let mut config = server.config.clone();
+                config.index.url = Some(into.into());
+                common::index_connection(&config)
+            }
+        };
+        assert_eq!(postures(&new), all, "{args:?}");
     }
 }

@@ -614,7 +614,11 @@ async fn data_dir_files_are_owner_only() {
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&s.config.data_dir), 0o700);
     assert_eq!(mode(&s.config.dek_path()), 0o600);
-    assert_eq!(mode(&s.config.db_path()), 0o600);
+    match s.config.index.kind {
+        stategate::config::IndexKind::Sqlite => assert_eq!(mode(&s.config.db_path()), 0o600),
+        // The index is the database server's: the data dir holds no file of it.
+        stategate::config::IndexKind::Postgres => assert!(!s.config.db_path().exists()),
+    }
     for blob in s.blob_files() {
         assert_eq!(mode(blob.parent().unwrap()), 0o700, "{}", blob.display());
     }

@@ -505,9 +505,14 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
     let read = |conn: &stategate::store::sql::Connection| {
         // Each row's columns as SQL literals (NULL included), compared whole.
         let versions: Vec<String> = conn
-            .prepare("SELECT quote(version) || ' ' || quote(actor) || ' ' || quote(lock_who) || ' ' || quote(lock_operation) || ' ' || quote(restored_from) || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) || ' ' || quote(moved_to) || ' ' || quote(moved_from) FROM versions WHERE scope IN ('tf/prod', 'tf/app') ORDER BY scope DESC, version")
+            .prepare("SELECT version, actor, lock_who, lock_operation, restored_from, res_added, res_changed, res_removed, moved_to, moved_from FROM versions WHERE scope IN ('tf/prod', 'tf/app') ORDER BY scope DESC, version")
             .unwrap()
-            .query_map([], |r| r.get(0))
+            .query_map([], |r| {
+                (0..10)
+                    .map(|i| r.get_ref(i).map(literal))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(|cols| cols.join(" "))
+            })
             .unwrap()
             .map(Result::unwrap)
             .collect();
@@ -519,7 +524,7 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
             .map(Result::unwrap)
             .collect();
         let digests: Vec<(String, i64)> = conn
-            .prepare("SELECT scope, version FROM resource_summary_heads")
+            .prepare("SELECT scope, version FROM resource_summary_heads ORDER BY scope")
             .unwrap()
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -549,6 +554,29 @@ async fn writers_and_the_timeline_survive_an_index_rebuild() {
         .unwrap();
     let rebuilt = read(&stategate::store::sql::Connection::open(&into).unwrap());
     assert_eq!(rebuilt, live);
+}
+
+/// A column's value as an SQL literal (SQLite's `quote`), read the same from either
+/// kind of index.
+fn literal(value: stategate::store::sql::ValueRef<'_>) -> String {
+    use stategate::store::sql::ValueRef;
+    match value {
+        ValueRef::Null => "NULL".into(),
+        ValueRef::Integer(i) => i.to_string(),
+        ValueRef::Real(f) => f.to_string(),
+        ValueRef::Text(t) => format!("'{}'", String::from_utf8_lossy(t).replace('\'', "''")),
+        ValueRef::Blob(b) => format!("X'{}'", hex::encode_upper(b)),
+    }
+}
+
+/// A column's value written plainly: text as it is, a blob in upper-case hex.
+fn plain(value: stategate::store::sql::ValueRef<'_>) -> String {
+    use stategate::store::sql::ValueRef;
+    match value {
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+        ValueRef::Blob(b) => hex::encode_upper(b),
+        other => literal(other),
+    }
 }
 
 /// A restore recomputes the resource timeline a snapshot does not have: from a
@@ -594,9 +622,13 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
     let scratch = tempfile::tempdir().unwrap();
     // The live index copied, then cut back to the earlier release's shape.
     let old = scratch.path().join("old.db");
-    s.db()
-        .execute("VACUUM INTO ?1", [old.to_str().unwrap()])
+    let snapshot = stategate::store::index::Index::of(&s.config)
+        .snapshot(&stategate::schema::INDEX, scratch.path());
+    let bytes = tokio::task::spawn_blocking(snapshot)
+        .await
+        .unwrap()
         .unwrap();
+    std::fs::write(&old, bytes).unwrap();
     stategate::store::sql::Connection::open(&old)
         .unwrap()
         .execute_batch(
@@ -609,9 +641,14 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
     let old_snap = backup::take_backup(&old, scratch.path(), &blobs, &s.root)
         .await
         .unwrap();
-    let current_snap = backup::take_backup(&s.config.db_path(), scratch.path(), &blobs, &s.root)
-        .await
-        .unwrap();
+    let current_snap = backup::take_backup_from(
+        stategate::store::index::Index::of(&s.config)
+            .snapshot(&stategate::schema::INDEX, scratch.path()),
+        &blobs,
+        &s.root,
+    )
+    .await
+    .unwrap();
     // After both snapshots: b's second instance removed, a changed, in a later version.
     env.apply(
         "prod",
@@ -639,18 +676,39 @@ async fn a_restore_recomputes_the_timeline_an_earlier_releases_snapshot_lacks() 
     )
     .await;
     let read = |conn: &stategate::store::sql::Connection| {
-        let rows = |sql: &str| -> Vec<String> {
+        // Each row's columns, written plainly and joined by spaces.
+        let rows = |sql: &str, n: usize| -> Vec<String> {
             conn.prepare(sql)
                 .unwrap()
-                .query_map([], |r| r.get(0))
+                .query_map([], |r| {
+                    (0..n)
+                        .map(|i| r.get_ref(i).map(plain))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|cols| cols.join(" "))
+                })
                 .unwrap()
                 .map(Result::unwrap)
                 .collect()
         };
+        // Each kept summary: its scope, version and instance digests (address=HEX, by
+        // address).
+        let mut heads: Vec<String> = Vec::new();
+        for row in rows("SELECT h.scope, h.version, d.address, d.digest FROM resource_summary_heads h JOIN resource_instance_digests d ON d.scope = h.scope ORDER BY h.scope, d.address", 4) {
+            let mut cols = row.splitn(4, ' ');
+            let head = format!("{} {}", cols.next().unwrap(), cols.next().unwrap());
+            let digest = format!("{}={}", cols.next().unwrap(), cols.next().unwrap());
+            match heads.last_mut() {
+                Some(last) if last.starts_with(&format!("{head} ")) => {
+                    last.push(',');
+                    last.push_str(&digest);
+                }
+                _ => heads.push(format!("{head} {digest}")),
+            }
+        }
         (
-            rows("SELECT scope || ' ' || version || ' ' || quote(res_added) || ' ' || quote(res_changed) || ' ' || quote(res_removed) FROM versions ORDER BY scope, version"),
-            rows("SELECT scope || ' ' || version || ' ' || change || ' ' || address FROM resource_changes ORDER BY scope, version, address"),
-            rows("SELECT h.scope || ' ' || h.version || ' ' || (SELECT group_concat(address || '=' || hex(digest), ',') FROM (SELECT address, digest FROM resource_instance_digests d WHERE d.scope = h.scope ORDER BY address)) FROM resource_summary_heads h ORDER BY h.scope"),
+            rows("SELECT scope, version, res_added, res_changed, res_removed FROM versions ORDER BY scope, version", 5),
+            rows("SELECT scope, version, change, address FROM resource_changes ORDER BY scope, version, address", 4),
+            heads,
         )
     };
     let live = read(&s.db());

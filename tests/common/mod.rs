@@ -251,6 +251,32 @@ pub fn index_connection(config: &Config) -> stategate::store::sql::Connection {
         .unwrap()
 }
 
+/// The variables that point a `stategate` command at the index `config` names (none
+/// for the data dir's SQLite file), for a test that runs the binary beside a server.
+pub fn index_env(config: &Config) -> Vec<(&'static str, String)> {
+    match (config.index.kind, &config.index.url) {
+        (stategate::config::IndexKind::Postgres, Some(url)) => vec![
+            ("STATEGATE_INDEX", "postgres".into()),
+            ("STATEGATE_INDEX_URL", url.expose().into()),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// A backup of the index `config` names, as `serve` takes one (a PostgreSQL index
+/// copied into a SQLite snapshot); its scratch files in the data dir.
+pub async fn take_backup(
+    config: &Config,
+    blobs: &dyn stategate::store::BlobStore,
+    root: &RootKey,
+) -> stategate::store::backup::BackupInfo {
+    let snapshot = stategate::store::index::Index::of(config)
+        .snapshot(&stategate::schema::INDEX, &config.data_dir);
+    stategate::store::backup::take_backup_from(snapshot, blobs, root)
+        .await
+        .unwrap()
+}
+
 /// A new empty database on the test server; `None` (said) when there is no server.
 pub fn new_postgres_database() -> Option<String> {
     let base = real_component(
@@ -308,6 +334,15 @@ pub fn files_under(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out.sort();
     out
+}
+
+/// `at` as the index writes its times: RFC 3339 in UTC, to the second.
+pub fn rfc3339(at: time::OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
 }
 
 pub fn state(serial: u64, lineage: &str, resources: &str) -> String {

@@ -51,7 +51,7 @@ pub const CHANGE_COUNTS: [&str; 29] = [
     "SELECT count(*) FROM operator_sso_caps",
     "SELECT count(*) FROM tf_write_overrides",
     "SELECT count(*) FROM tf_freezes",
-    "SELECT coalesce(sum(generation), 0) FROM tf_credential_generations",
+    "SELECT CAST(coalesce(sum(generation), 0) AS BIGINT) FROM tf_credential_generations",
     "SELECT count(*) FROM tf_consumers",
     "SELECT count(*) FROM tf_token_grants",
     "SELECT count(*) FROM resource_changes",
@@ -60,10 +60,10 @@ pub const CHANGE_COUNTS: [&str; 29] = [
     "SELECT count(*) FROM key_generations",
     "SELECT count(*) FROM key_generations WHERE retired_at IS NOT NULL",
     "SELECT count(*) FROM cluster_leases",
-    "SELECT coalesce(sum(heartbeat_at), 0) FROM cluster_leases",
+    "SELECT CAST(coalesce(sum(heartbeat_at), 0) AS BIGINT) FROM cluster_leases",
     "SELECT count(*) FROM sso_logins",
     "SELECT count(*) FROM sso_sessions",
-    "SELECT coalesce(sum(checked_ms + checking_until), 0) FROM sso_sessions",
+    "SELECT CAST(coalesce(sum(checked_ms + checking_until), 0) AS BIGINT) FROM sso_sessions",
 ];
 
 /// [`CHANGE_COUNTS`], read in one statement on `db` (the authorization property reads

@@ -8,9 +8,10 @@
 #   5. a single-node Garage for the Rust tests (STATEGATE_TEST_S3_* exported) and a
 #      PostgreSQL on loopback (STATEGATE_TEST_POSTGRES_URL, STATEGATE_E2E_POSTGRES_DIR)
 #   6. cargo test --no-fail-fast (one failing test binary does not hide the others)
-#   7. the real-Terraform end-to-end suite (integration/, pytest); its screenshots go
+#   7. the in-process suites (tests/*.rs) again with the index on PostgreSQL
+#   8. the real-Terraform end-to-end suite (integration/, pytest); its screenshots go
 #      to $STATEGATE_ARTIFACTS (a new temp dir unless set), printed in the summary
-#   8. the same suite's index-facing modules again with the index on PostgreSQL
+#   9. the same suite's index-facing modules again with the index on PostgreSQL
 # Exits non-zero if any step fails; prints a summary at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +114,17 @@ if ! step "start postgres (for cargo test and the e2e suite)" start_postgres; th
 fi
 
 step "cargo test" cargo test --no-fail-fast
+
+# The in-process suites again, every TestServer's and Engine's index in a new database
+# of that PostgreSQL (tests/common: STATEGATE_TEST_INDEX). All of tests/*.rs, so the
+# list stays derived: a binary that never opens an index passes in seconds, and a test
+# about the SQLite file itself says so and runs on SQLite here too (common::sqlite_only).
+cargo_test_postgres() {
+    local f args=()
+    for f in tests/*.rs; do args+=(--test "$(basename "$f" .rs)"); done
+    STATEGATE_TEST_INDEX=postgres cargo test "${args[@]}" --no-fail-fast
+}
+step "cargo test, the index on PostgreSQL (STATEGATE_TEST_INDEX=postgres)" cargo_test_postgres
 
 run_e2e() {
     local rc=0

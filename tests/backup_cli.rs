@@ -5,6 +5,8 @@
 //! stdout, no server log lines, errors one line on stderr with exit code 1, and a
 //! refused restore writes nothing.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -55,6 +57,9 @@ fn one_line_error(run: &Run, needle: &str, what: &str) {
 
 #[test]
 fn backup_list_restore_and_their_errors() {
+    common::sqlite_only(
+        "the CLI's backup of the data dir's SQLite file and `restore --into` a file",
+    );
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let run = stategate(&data, DEK, &["admin", "org", "create", "acme"]);
@@ -153,6 +158,7 @@ fn backup_list_restore_and_their_errors() {
 
 #[test]
 fn workspace_env_prints_the_address_the_server_recorded() {
+    common::sqlite_only("moves the data dir's SQLite file and its -wal/-shm aside");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -301,6 +307,9 @@ impl Serving {
 /// restore ends), and the tokens nobody revoked still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
+    common::sqlite_only(
+        "swaps a restored SQLite file into a data dir (PostgreSQL's restore: tests/postgres.rs)",
+    );
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let revoked_op = cli(&data, &["admin", "operator", "create", "--email", "gone@x"]);
@@ -384,6 +393,9 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
 /// re-applied by the restore; an operator nobody narrowed keeps what it had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
+    common::sqlite_only(
+        "swaps a restored SQLite file into a data dir (PostgreSQL's restore: tests/postgres.rs)",
+    );
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let demoted = cli(&data, &["admin", "operator", "create", "--email", "d@x"]);
@@ -535,6 +547,7 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
 /// otherwise without writing anything.
 #[test]
 fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
+    common::sqlite_only("`restore --into <data_dir>/stategate.db` beside a leftover -wal");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let blobs = dir.path().join("blobs");
@@ -627,6 +640,7 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
 /// UTC`, never the stored RFC 3339 with nanoseconds — and JSON lines with `--json`.
 #[test]
 fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
+    common::sqlite_only("the CLI on a data dir of its own, whose index is its SQLite file");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     for args in [
@@ -698,6 +712,7 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
 
 #[test]
 fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothing() {
+    common::sqlite_only("the CLI on a data dir of its own, whose index is its SQLite file");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let create = |args: &[&str]| {

@@ -4,6 +4,8 @@
 //! no panic and nothing half-started; "stategate serving" is logged only once the
 //! listener accepts connections.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -248,6 +250,7 @@ fn recorded_fingerprint(db: &Path) -> Option<String> {
 /// with another one, is refused naming it, and no key is made; the right key serves.
 #[test]
 fn a_lost_data_dir_rebuilt_from_the_store_refuses_a_new_or_foreign_key() {
+    common::sqlite_only("`index rebuild` into the data dir's SQLite file");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let blobs = dir.path().join("blobs");
@@ -348,6 +351,7 @@ fn a_lost_data_dir_rebuilt_from_the_store_refuses_a_new_or_foreign_key() {
 /// without it, or with another, is refused.
 #[test]
 fn a_restore_in_place_after_a_clean_stop_is_audited_and_keeps_the_key() {
+    common::sqlite_only("a restore in place beside the SQLite file's leftover -wal/-shm");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let blobs = dir.path().join("blobs");

@@ -85,6 +85,8 @@ pub struct Engine {
     pub db_path: std::path::PathBuf,
     pub index: Index,
     pub root: RootKey,
+    /// Last: the PostgreSQL pass's database goes after the engine.
+    _database: Option<super::TestDatabase>,
 }
 
 /// An engine on this run's index ([`super::test_index`]).
@@ -96,10 +98,10 @@ pub fn engine() -> Engine {
 /// says which property of the file.
 pub fn engine_sqlite(why: &str) -> Engine {
     super::sqlite_only(why);
-    engine_on(IndexConfig::default())
+    engine_on((IndexConfig::default(), None))
 }
 
-fn engine_on(index: IndexConfig) -> Engine {
+fn engine_on((index, database): (IndexConfig, Option<super::TestDatabase>)) -> Engine {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
         data_dir: dir.path().to_path_buf(),
@@ -122,6 +124,7 @@ fn engine_on(index: IndexConfig) -> Engine {
         blobs,
         db_path,
         index,
+        _database: database,
         root: RootKey::from_bytes([7; 32]),
         dir,
     }

@@ -19,6 +19,8 @@ pub struct TestServer {
     pub root: RootKey,
     pub dir: tempfile::TempDir,
     _shutdown: tokio::sync::watch::Sender<bool>,
+    /// Last: the PostgreSQL pass's database goes after everything else of the server.
+    _database: Option<TestDatabase>,
 }
 
 /// Whether this run puts the index on PostgreSQL: `STATEGATE_TEST_INDEX=postgres`
@@ -33,19 +35,58 @@ pub fn postgres_pass() -> bool {
 
 /// The index every [`TestServer`] and [`engine::engine`] opens in this run: the data
 /// dir's SQLite file, or (on the PostgreSQL pass) a new empty database of its own,
-/// which the pass requires.
-pub fn test_index() -> stategate::config::IndexConfig {
+/// which the pass requires, dropped with the returned guard.
+pub fn test_index() -> (stategate::config::IndexConfig, Option<TestDatabase>) {
     if !postgres_pass() {
-        return stategate::config::IndexConfig::default();
+        return (stategate::config::IndexConfig::default(), None);
     }
     let base = std::env::var("STATEGATE_TEST_POSTGRES_URL").expect(
         "STATEGATE_TEST_INDEX=postgres needs STATEGATE_TEST_POSTGRES_URL \
          (scripts/test-all.sh starts one; see docs/testing.md)",
     );
-    stategate::config::IndexConfig {
+    let url = create_database(&base);
+    let index = stategate::config::IndexConfig {
         kind: stategate::config::IndexKind::Postgres,
-        url: Some(create_database(&base).into()),
+        url: Some(url.clone().into()),
         ca_file: None,
+    };
+    (index, Some(TestDatabase { base, url }))
+}
+
+/// A database the PostgreSQL pass made for one test: dropped when the test is done
+/// with it, whatever still holds a session there (hundreds of tests would otherwise
+/// leave hundreds of databases, some 8 MB each, on the server).
+pub struct TestDatabase {
+    base: String,
+    url: String,
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self
+            .url
+            .split('?')
+            .next()
+            .and_then(|path| path.rsplit_once('/'))
+            .map(|(_, name)| name.to_string());
+        let (Some(name), base) = (name, self.base.clone()) else {
+            return;
+        };
+        // Off the test's async runtime, as the PostgreSQL client blocks on its own; a
+        // failure leaves the database behind and fails no test.
+        let dropped = std::thread::spawn(move || {
+            stategate::store::sql::Connection::connect_postgres(&base, None)
+                .map_err(|e| e.to_string())
+                .and_then(|admin| {
+                    admin
+                        .execute_batch(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .map_err(|e| e.to_string())
+                })
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("the test's database stays: {e}");
+        }
     }
 }
 
@@ -74,7 +115,7 @@ impl TestServer {
     pub async fn start_sqlite(why: &str, adjust: impl FnOnce(&mut Config)) -> TestServer {
         sqlite_only(why);
         Self::start_on(
-            stategate::config::IndexConfig::default(),
+            (stategate::config::IndexConfig::default(), None),
             adjust,
             Arc::new(stategate::cluster::SystemClock),
             |_| {},
@@ -113,7 +154,7 @@ impl TestServer {
     }
 
     async fn start_on(
-        index: stategate::config::IndexConfig,
+        (index, database): (stategate::config::IndexConfig, Option<TestDatabase>),
         adjust: impl FnOnce(&mut Config),
         clock: Arc<dyn stategate::cluster::Clock>,
         adjust_app: impl FnOnce(&mut App),
@@ -139,6 +180,7 @@ impl TestServer {
             root: RootKey::from_base64(DEK).unwrap(),
             dir,
             _shutdown: tx,
+            _database: database,
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use stategate::config::{Config, IndexConfig};
+use stategate::config::Config;
 use stategate::crypto::RootKey;
 use stategate::store::blob::{BlobReader, BlobSink};
 use stategate::store::format::{self, BlobHeader};
@@ -81,7 +81,7 @@ pub struct Engine {
     /// The same database, for what tests set up beside the store (identities).
     pub db: stategate::store::Db,
     pub blobs: Arc<WatchedStore>,
-    /// The SQLite file (there only with [`engine_sqlite`] or on the SQLite pass).
+    /// The SQLite file (there only on the SQLite pass).
     pub db_path: std::path::PathBuf,
     pub index: Index,
     pub root: RootKey,
@@ -89,19 +89,9 @@ pub struct Engine {
     _database: Option<super::TestDatabase>,
 }
 
-/// An engine on this run's index ([`super::test_index`]).
+/// An engine on this run's index ([`super::test_index`]), dropped with it.
 pub fn engine() -> Engine {
-    engine_on(super::test_index())
-}
-
-/// An engine on a SQLite file in either pass, for a test about the file itself; `why`
-/// says which property of the file.
-pub fn engine_sqlite(why: &str) -> Engine {
-    super::sqlite_only(why);
-    engine_on((IndexConfig::default(), None))
-}
-
-fn engine_on((index, database): (IndexConfig, Option<super::TestDatabase>)) -> Engine {
+    let (index, database) = super::test_index();
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
         data_dir: dir.path().to_path_buf(),

@@ -90,9 +90,10 @@ impl Drop for TestDatabase {
     }
 }
 
-/// A test about the SQLite file itself (its backups as files, its rebuild, an earlier
-/// release's data dir, WAL): it runs on SQLite in both passes. `why` is the one-line
-/// reason, written where the test reads.
+/// Marks a test about the SQLite file itself (its backups as files, its rebuild, its
+/// WAL), run through the CLI on a data dir of its own: the switch moves only
+/// [`TestServer`]'s and the engine's index, so it runs on SQLite in both passes. `why`
+/// is the one-line reason, printed on the PostgreSQL pass.
 pub fn sqlite_only(why: &str) {
     if postgres_pass() {
         eprintln!("on SQLite in the PostgreSQL pass too: {why}");
@@ -108,19 +109,6 @@ impl TestServer {
 
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
         Self::start_with_clock(adjust, Arc::new(stategate::cluster::SystemClock)).await
-    }
-
-    /// [`TestServer::start_with`] on the data dir's SQLite file in either pass, for a
-    /// test about the file itself; `why` says which property of the file.
-    pub async fn start_sqlite(why: &str, adjust: impl FnOnce(&mut Config)) -> TestServer {
-        sqlite_only(why);
-        Self::start_on(
-            (stategate::config::IndexConfig::default(), None),
-            adjust,
-            Arc::new(stategate::cluster::SystemClock),
-            |_| {},
-        )
-        .await
     }
 
     /// With an injected clock (lease staleness without sleeping).
@@ -150,15 +138,7 @@ impl TestServer {
         clock: Arc<dyn stategate::cluster::Clock>,
         adjust_app: impl FnOnce(&mut App),
     ) -> TestServer {
-        Self::start_on(test_index(), adjust, clock, adjust_app).await
-    }
-
-    async fn start_on(
-        (index, database): (stategate::config::IndexConfig, Option<TestDatabase>),
-        adjust: impl FnOnce(&mut Config),
-        clock: Arc<dyn stategate::cluster::Clock>,
-        adjust_app: impl FnOnce(&mut App),
-    ) -> TestServer {
+        let (index, database) = test_index();
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config {
             data_dir: dir.path().join("data"),

@@ -20,12 +20,18 @@ struct Run {
 }
 
 fn stategate(data: &Path, dek: &str, args: &[&str]) -> Run {
+    stategate_with(data, dek, Vec::new(), args)
+}
+
+/// [`stategate`] with `env` set too (the index a [`Site`] names).
+fn stategate_with(data: &Path, dek: &str, env: Vec<(&str, String)>, args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_stategate"))
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("STATEGATE_DATA_DIR", data)
         .env("STATEGATE_DEK", dek)
+        .envs(env)
         .output()
         .unwrap();
     Run {
@@ -184,12 +190,6 @@ fn workspace_env_prints_the_address_the_server_recorded() {
 /// ADJ_STATE_ENC_KEY of the restore test (the cluster API answers only with one).
 const ENC_KEY: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
 
-fn cli(data: &Path, args: &[&str]) -> String {
-    let run = stategate(data, DEK, args);
-    ok(&run, &args.join(" "));
-    run.stdout.trim().to_string()
-}
-
 /// A real gateway in process over `data` (the data dir the CLI above uses).
 struct Serving {
     base: String,
@@ -209,22 +209,76 @@ fn swap_in(data: &Path, restored: &Path, aside: &Path) {
     std::fs::rename(restored, data.join("stategate.db")).unwrap();
 }
 
-async fn serve(data: &Path) -> Serving {
-    let config = stategate::config::Config {
-        data_dir: data.to_path_buf(),
-        dek: Some(DEK.into()),
-        cluster: stategate::config::ClusterConfig {
-            state_enc_key: Some(ENC_KEY.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let app = stategate::server::build_app(&config).await.unwrap();
+async fn serve(site: &Site) -> Serving {
+    let app = stategate::server::build_app(&site.config()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(stategate::server::serve_listener(listener, app, rx));
     Serving { base, stop }
+}
+
+/// A data dir and its index, as the operator's commands and the server see them: the
+/// run's index (the data dir's SQLite file, or a new PostgreSQL database on the
+/// PostgreSQL pass).
+struct Site {
+    data: std::path::PathBuf,
+    index: stategate::config::IndexConfig,
+    _database: Option<common::TestDatabase>,
+}
+
+impl Site {
+    fn new(dir: &Path) -> Site {
+        let (index, database) = common::test_index();
+        Site {
+            data: dir.join("data"),
+            index,
+            _database: database,
+        }
+    }
+
+    fn config(&self) -> stategate::config::Config {
+        stategate::config::Config {
+            data_dir: self.data.clone(),
+            dek: Some(DEK.into()),
+            cluster: stategate::config::ClusterConfig {
+                state_enc_key: Some(ENC_KEY.into()),
+                ..Default::default()
+            },
+            index: self.index.clone(),
+            ..Default::default()
+        }
+    }
+
+    fn stategate(&self, dek: &str, args: &[&str]) -> Run {
+        stategate_with(&self.data, dek, common::index_env(&self.config()), args)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let run = self.stategate(DEK, args);
+        ok(&run, &args.join(" "));
+        run.stdout.trim().to_string()
+    }
+
+    /// Where `restore --into` writes a new index beside this one: a new file `name` in `dir`,
+    /// or a new empty PostgreSQL database.
+    fn new_index(&self, dir: &Path, name: &str) -> String {
+        match self.index.kind {
+            stategate::config::IndexKind::Sqlite => {
+                dir.join(format!("{name}.db")).display().to_string()
+            }
+            stategate::config::IndexKind::Postgres => common::new_postgres_database().unwrap(),
+        }
+    }
+
+    /// Puts the restored index `restored` in place of the (stopped) live one: the file
+    /// swapped in as docs/operating.md says, or `index.url` set to the restored database.
+    fn swap_in(&mut self, restored: &str, aside: &Path) {
+        match self.index.kind {
+            stategate::config::IndexKind::Sqlite => swap_in(&self.data, Path::new(restored), aside),
+            stategate::config::IndexKind::Postgres => self.index.url = Some(restored.into()),
+        }
+    }
 }
 
 impl Serving {
@@ -307,45 +361,36 @@ impl Serving {
 /// restore ends), and the tokens nobody revoked still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
-    common::sqlite_only(
-        "swaps a restored SQLite file into a data dir (PostgreSQL's restore: tests/postgres.rs)",
-    );
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let revoked_op = cli(&data, &["admin", "operator", "create", "--email", "gone@x"]);
-    let kept_op = cli(&data, &["admin", "operator", "create", "--email", "kept@x"]);
-    cli(&data, &["admin", "org", "create", "acme"]);
-    let revoked_user = cli(
-        &data,
-        &[
-            "admin", "user", "create", "--org", "acme", "--email", "u@x", "--role", "member",
-        ],
-    );
-    let kept_user = cli(&data, &["admin", "token", "create", "--email", "u@x"]);
-    let cluster = cli(&data, &["admin", "cluster", "create", "--org", "acme"]);
+    let mut site = Site::new(dir.path());
+    let revoked_op = site.cli(&["admin", "operator", "create", "--email", "gone@x"]);
+    let kept_op = site.cli(&["admin", "operator", "create", "--email", "kept@x"]);
+    site.cli(&["admin", "org", "create", "acme"]);
+    let revoked_user = site.cli(&[
+        "admin", "user", "create", "--org", "acme", "--email", "u@x", "--role", "member",
+    ]);
+    let kept_user = site.cli(&["admin", "token", "create", "--email", "u@x"]);
+    let cluster = site.cli(&["admin", "cluster", "create", "--org", "acme"]);
 
-    let before = serve(&data).await;
+    let before = serve(&site).await;
     let revoked_session = before.login(&revoked_op).await;
     let kept_session = before.login(&kept_op).await;
-    cli(&data, &["backup"]);
+    site.cli(&["backup"]);
 
     let id = |token: &str| stategate::tokens::id_of(&stategate::tokens::hash(token.as_bytes()));
-    cli(
-        &data,
-        &["admin", "operator", "token", "revoke", &id(&revoked_op)],
-    );
-    cli(&data, &["admin", "token", "revoke", &id(&revoked_user)]);
+    site.cli(&["admin", "operator", "token", "revoke", &id(&revoked_op)]);
+    site.cli(&["admin", "token", "revoke", &id(&revoked_user)]);
     assert_eq!(before.admin(&revoked_op).await, 401);
     assert!(!before.session_live(&revoked_session).await);
     assert_eq!(before.cluster(&cluster, &revoked_user).await, 401);
 
-    let restored = dir.path().join("restored.db");
-    let out = cli(&data, &["restore", "--into", restored.to_str().unwrap()]);
+    let restored = site.new_index(dir.path(), "restored");
+    let out = site.cli(&["restore", "--into", &restored]);
     assert!(out.contains("Re-applied 2 revocation(s)"), "{out}");
     before.stop.send(true).unwrap();
-    swap_in(&data, &restored, &dir.path().join("aside"));
+    site.swap_in(&restored, &dir.path().join("aside"));
 
-    let after = serve(&data).await;
+    let after = serve(&site).await;
     // (case, status, expected)
     let table = [
         (
@@ -375,7 +420,7 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
     );
     // Logging in again works, and the listing still names the revoked tokens.
     assert!(after.session_live(&after.login(&kept_op).await).await);
-    let listed = cli(&data, &["admin", "operator", "token", "list", "--json"]);
+    let listed = site.cli(&["admin", "operator", "token", "list", "--json"]);
     let revoked: Vec<serde_json::Value> = listed
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -393,36 +438,25 @@ async fn a_restore_does_not_undo_revocations_made_after_the_backup() {
 /// re-applied by the restore; an operator nobody narrowed keeps what it had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
-    common::sqlite_only(
-        "swaps a restored SQLite file into a data dir (PostgreSQL's restore: tests/postgres.rs)",
-    );
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let demoted = cli(&data, &["admin", "operator", "create", "--email", "d@x"]);
-    let kept = cli(&data, &["admin", "operator", "create", "--email", "k@x"]);
-    let limited = cli(
-        &data,
-        &[
-            "admin",
-            "operator",
-            "create",
-            "--email",
-            "l@x",
-            "--role",
-            "operator",
-            "--workspaces",
-            "team-*",
-        ],
-    );
-    let sso = cli(&data, &["admin", "operator", "create", "--email", "s@x"]);
-    cli(
-        &data,
-        &["workspace", "consumers", "set", "prod", "app-a,app-b"],
-    );
+    let mut site = Site::new(dir.path());
+    let demoted = site.cli(&["admin", "operator", "create", "--email", "d@x"]);
+    let kept = site.cli(&["admin", "operator", "create", "--email", "k@x"]);
+    let limited = site.cli(&[
+        "admin",
+        "operator",
+        "create",
+        "--email",
+        "l@x",
+        "--role",
+        "operator",
+        "--workspaces",
+        "team-*",
+    ]);
+    let sso = site.cli(&["admin", "operator", "create", "--email", "s@x"]);
+    site.cli(&["workspace", "consumers", "set", "prod", "app-a,app-b"]);
     // Linked as a single sign-on would have linked it (its grant follows its groups).
-    let db = data.join("stategate.db");
-    stategate::store::sql::Connection::open(&db)
-        .unwrap()
+    common::index_connection(&site.config())
         .execute(
             "INSERT INTO operator_sso (operator_id, issuer, subject, last_login_at)
              SELECT id, 'https://id.example.com', 's1', 'then' FROM operators WHERE email = 's@x'",
@@ -430,8 +464,8 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
         )
         .unwrap();
 
-    let before = serve(&data).await;
-    cli(&data, &["backup"]);
+    let before = serve(&site).await;
+    site.cli(&["backup"]);
     // (token, path, status before the narrowing)
     let checks = [
         (&demoted, "keys", 200, 403),
@@ -443,28 +477,21 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
     for (token, path, was, _) in &checks {
         assert_eq!(before.admin_at(token, path).await, *was, "{path} before");
     }
-    cli(
-        &data,
-        &[
-            "admin", "operator", "set-role", "--email", "d@x", "--role", "viewer",
-        ],
-    );
-    cli(
-        &data,
-        &[
-            "admin",
-            "operator",
-            "set-role",
-            "--email",
-            "l@x",
-            "--role",
-            "operator",
-            "--workspaces",
-            "team-a-*",
-        ],
-    );
-    let capped = stategate(
-        &data,
+    site.cli(&[
+        "admin", "operator", "set-role", "--email", "d@x", "--role", "viewer",
+    ]);
+    site.cli(&[
+        "admin",
+        "operator",
+        "set-role",
+        "--email",
+        "l@x",
+        "--role",
+        "operator",
+        "--workspaces",
+        "team-a-*",
+    ]);
+    let capped = site.stategate(
         DEK,
         &[
             "admin", "operator", "set-role", "--email", "s@x", "--role", "viewer",
@@ -472,21 +499,21 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
     );
     ok(&capped, "set-role on a single sign-on operator");
     assert!(capped.stderr.contains("set its cap"), "{}", capped.stderr);
-    cli(&data, &["workspace", "consumers", "set", "prod", "app-a"]);
+    site.cli(&["workspace", "consumers", "set", "prod", "app-a"]);
     for (token, path, _, now) in &checks {
         assert_eq!(before.admin_at(token, path).await, *now, "{path} narrowed");
     }
 
-    let restored = dir.path().join("restored.db");
-    let out = cli(&data, &["restore", "--into", restored.to_str().unwrap()]);
+    let restored = site.new_index(dir.path(), "restored");
+    let out = site.cli(&["restore", "--into", &restored]);
     assert!(
         out.contains("Re-applied 4 role, cap or consumers change(s)"),
         "{out}"
     );
     before.stop.send(true).unwrap();
-    swap_in(&data, &restored, &dir.path().join("aside"));
+    site.swap_in(&restored, &dir.path().join("aside"));
 
-    let after = serve(&data).await;
+    let after = serve(&site).await;
     for (token, path, _, now) in &checks {
         assert_eq!(
             after.admin_at(token, path).await,
@@ -495,10 +522,10 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
         );
     }
     assert_eq!(
-        cli(&data, &["workspace", "consumers", "list", "prod"]),
+        site.cli(&["workspace", "consumers", "list", "prod"]),
         "app-a"
     );
-    let listed = cli(&data, &["admin", "operator", "list", "--json"]);
+    let listed = site.cli(&["admin", "operator", "list", "--json"]);
     let s_row = listed
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -510,7 +537,7 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
         "{listed}"
     );
     // Audited as the restore's: the operators' three, the workspace's one.
-    let audit = cli(&data, &["admin", "audit", "list", "--json"]);
+    let audit = site.cli(&["admin", "audit", "list", "--json"]);
     let reapplied: Vec<serde_json::Value> = audit
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -533,8 +560,8 @@ async fn a_restore_does_not_undo_narrowings_made_after_the_backup() {
         "{audit}"
     );
     // A second restore from the same backup re-applies the same, no more.
-    let again = dir.path().join("again.db");
-    let out = cli(&data, &["restore", "--into", again.to_str().unwrap()]);
+    let again = site.new_index(dir.path(), "again");
+    let out = site.cli(&["restore", "--into", &again]);
     assert!(
         out.contains("Re-applied 4 role, cap or consumers change(s)"),
         "{out}"
@@ -640,9 +667,8 @@ fn restore_into_a_lost_data_dir_only_when_no_index_and_no_server_is_there() {
 /// UTC`, never the stored RFC 3339 with nanoseconds — and JSON lines with `--json`.
 #[test]
 fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
-    common::sqlite_only("the CLI on a data dir of its own, whose index is its SQLite file");
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+    let site = Site::new(dir.path());
     for args in [
         &["admin", "org", "create", "acme"][..],
         &[
@@ -662,7 +688,7 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
         ],
         &["backup"],
     ] {
-        ok(&stategate(&data, DEK, args), &format!("{args:?}"));
+        ok(&site.stategate(DEK, args), &format!("{args:?}"));
     }
     // (listing, its header's first column, the JSON field holding a time)
     let listings: &[(&[&str], &str, &str)] = &[
@@ -679,7 +705,7 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
     ];
     for (args, first_column, time_field) in listings {
         let json_args: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
-        let scripted = stategate(&data, DEK, &json_args);
+        let scripted = site.stategate(DEK, &json_args);
         ok(&scripted, &format!("{json_args:?}"));
         let rows: Vec<serde_json::Value> = scripted
             .stdout
@@ -687,7 +713,7 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {l}: {e}")))
             .collect();
         assert!(!rows.is_empty(), "{args:?}");
-        let table = stategate(&data, DEK, args);
+        let table = site.stategate(DEK, args);
         ok(&table, &format!("{args:?}"));
         let lines: Vec<&str> = table.stdout.lines().collect();
         assert!(
@@ -712,13 +738,12 @@ fn listings_are_tables_with_readable_times_and_json_lines_for_scripts() {
 
 #[test]
 fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothing() {
-    common::sqlite_only("the CLI on a data dir of its own, whose index is its SQLite file");
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+    let site = Site::new(dir.path());
     let create = |args: &[&str]| {
         let mut all = vec!["admin", "operator", "create"];
         all.extend_from_slice(args);
-        stategate(&data, DEK, &all)
+        site.stategate(DEK, &all)
     };
     let run = create(&["--email", "old@x.io"]);
     ok(&run, "create without a role");
@@ -779,7 +804,7 @@ fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothi
         one_line_error(&run, needle, &format!("{args:?}"));
         assert!(run.stdout.is_empty(), "{args:?}: no token printed");
     }
-    let run = stategate(&data, DEK, &["admin", "operator", "list", "--json"]);
+    let run = site.stategate(DEK, &["admin", "operator", "list", "--json"]);
     ok(&run, "operator list");
     let rows: Vec<serde_json::Value> = run
         .stdout
@@ -808,14 +833,14 @@ fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothi
     let set = |args: &[&str]| {
         let mut all = vec!["admin", "operator", "set-role", "--email", "old@x.io"];
         all.extend_from_slice(args);
-        stategate(&data, DEK, &all)
+        site.stategate(DEK, &all)
     };
     one_line_error(&set(&["--role", "boss"]), "unknown role", "set-role boss");
     ok(
         &set(&["--role", "operator", "--workspaces", "prod-*"]),
         "set-role",
     );
-    let run = stategate(&data, DEK, &["admin", "operator", "list"]);
+    let run = site.stategate(DEK, &["admin", "operator", "list"]);
     ok(&run, "operator list as a table");
     let table: Vec<Vec<&str>> = run
         .stdout
@@ -840,11 +865,7 @@ fn operator_create_takes_a_role_and_patterns_and_refuses_bad_ones_creating_nothi
         "{}",
         run.stdout
     );
-    let audit = stategate(
-        &data,
-        DEK,
-        &["admin", "audit", "list", "--scope", "operators"],
-    );
+    let audit = site.stategate(DEK, &["admin", "audit", "list", "--scope", "operators"]);
     ok(&audit, "audit list");
     assert_eq!(
         audit.stdout.matches("admin.operator_created").count(),

@@ -1230,12 +1230,22 @@ async fn a_drift_child_can_read_nothing_of_the_server() {
         !report.contains(&format!("PPID {server_pid}\n")),
         "the server is not the child's parent in its namespace:\n{report}"
     );
+    // On PostgreSQL, the index's URL (its password with it) is a secret of the server too.
+    let index_url = server
+        .config
+        .index
+        .url
+        .as_ref()
+        .map(|u| u.expose().to_string());
     for secret in [
         common::DEK.to_string(),
         server.bearer("other"),
         "STATEGATE_".to_string(),
         "SQLite format".to_string(),
-    ] {
+    ]
+    .into_iter()
+    .chain(index_url)
+    {
         assert!(!report.contains(&secret), "{secret:?} leaked:\n{report}");
     }
     for target in ["environ", "cmdline", "maps", "mem"] {

@@ -164,7 +164,6 @@ fn backup_list_restore_and_their_errors() {
 
 #[test]
 fn workspace_env_prints_the_address_the_server_recorded() {
-    common::sqlite_only("moves the data dir's SQLite file and its -wal/-shm aside");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();

@@ -44,34 +44,27 @@ pub fn test_index() -> (stategate::config::IndexConfig, Option<TestDatabase>) {
         "STATEGATE_TEST_INDEX=postgres needs STATEGATE_TEST_POSTGRES_URL \
          (scripts/test-all.sh starts one; see docs/testing.md)",
     );
-    let url = create_database(&base);
+    let (name, url) = create_database(&base);
     let index = stategate::config::IndexConfig {
         kind: stategate::config::IndexKind::Postgres,
-        url: Some(url.clone().into()),
+        url: Some(url.into()),
         ca_file: None,
     };
-    (index, Some(TestDatabase { base, url }))
+    (index, Some(TestDatabase { base, name }))
 }
 
 /// A database the PostgreSQL pass made for one test: dropped when the test is done
 /// with it, whatever still holds a session there (hundreds of tests would otherwise
 /// leave hundreds of databases, some 8 MB each, on the server).
 pub struct TestDatabase {
+    /// The server's URL, naming the database the test's was made from.
     base: String,
-    url: String,
+    name: String,
 }
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let name = self
-            .url
-            .split('?')
-            .next()
-            .and_then(|path| path.rsplit_once('/'))
-            .map(|(_, name)| name.to_string());
-        let (Some(name), base) = (name, self.base.clone()) else {
-            return;
-        };
+        let (base, name) = (self.base.clone(), self.name.clone());
         // Off the test's async runtime, as the PostgreSQL client blocks on its own; a
         // failure leaves the database behind and fails no test.
         let dropped = std::thread::spawn(move || {
@@ -306,11 +299,11 @@ pub fn new_postgres_database() -> Option<String> {
         "STATEGATE_TEST_REQUIRE_POSTGRES",
         "PostgreSQL",
     )?;
-    Some(create_database(&base))
+    Some(create_database(&base).1)
 }
 
-/// A new empty database on the server `base` names; its URL.
-fn create_database(base: &str) -> String {
+/// A new empty database on the server `base` names: its name and URL.
+fn create_database(base: &str) -> (String, String) {
     let name = format!("t_{}", uuid::Uuid::new_v4().simple());
     // Off the test's async runtime: the PostgreSQL client blocks on a runtime of its own.
     let made = name.clone();
@@ -323,7 +316,8 @@ fn create_database(base: &str) -> String {
     })
     .join()
     .unwrap();
-    with_database(base, &name)
+    let url = with_database(base, &name);
+    (name, url)
 }
 
 /// `url` naming database `name` instead (its query, e.g. `?sslmode=disable`, kept).

@@ -1654,3 +1654,151 @@ async fn a_plaintext_write_onto_an_encrypted_state_is_refused_where_the_policy_s
         409
     );
 }
+
+/// An admin API call by `token`: (status, body).
+async fn admin_post(
+    s: &TestServer,
+    token: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, String) {
+    status(
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/admin/workspaces/{path}", s.base))
+            .bearer_auth(token)
+            .body(body.to_string()),
+    )
+    .await
+}
+
+/// A rollback stores an old version's content as the current state, so the downgrade
+/// policy judges it as it judges a write of that content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_to_a_plaintext_version_over_an_encrypted_state_is_refused_like_a_write() {
+    let s = TestServer::start_with(|c| {
+        c.tofu.refuse_plaintext_after_encrypted = vec!["prod-*".into()];
+    })
+    .await;
+    let token = operator(&s).await;
+    for ws in ["prod-r", "dev-r"] {
+        for body in [
+            state(1, "L", &secret_resource("old")),
+            envelope(2, "main"),
+            envelope(3, "main"),
+        ] {
+            assert_eq!(status(s.tf("POST", ws).body(body)).await.0, 200, "{ws}");
+        }
+    }
+    let current = envelope(3, "main");
+    let before = posture_snapshot(&s);
+    let (code, text) =
+        admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 1})).await;
+    assert_eq!(code, 409, "{text}");
+    let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(reply["refused"], "plaintext_after_encrypted", "{text}");
+    assert_eq!(reply["stored"]["version"], 3, "{text}");
+    assert_eq!(reply["stored"]["encryption"], "encrypted", "{text}");
+    assert_eq!(reply["sent"]["version"], 1, "{text}");
+    assert_eq!(reply["sent"]["encryption"], "plaintext", "{text}");
+    let error = reply["error"].as_str().unwrap();
+    assert!(
+        error.contains("nothing was rolled back") && error.contains("allow-write prod-r"),
+        "{error}"
+    );
+    assert!(!text.contains(SECRET) && !text.contains("q83v"), "{text}");
+    // Nothing changed: no version, no blob, no audit row, no posture row.
+    assert_eq!(posture_snapshot(&s), before);
+    assert_eq!(status(s.tf("GET", "prod-r")).await, (200, current.clone()));
+
+    // A rollback to an encrypted version passes; so does any rollback of a workspace
+    // the policy does not cover.
+    let (code, text) =
+        admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 2})).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        status(s.tf("GET", "prod-r")).await,
+        (200, envelope(2, "main"))
+    );
+    let (code, text) = admin_post(&s, &token, "dev-r/rollback", serde_json::json!({"to": 1})).await;
+    assert_eq!(code, 200, "{text}");
+    assert!(status(s.tf("GET", "dev-r")).await.1.contains(SECRET));
+    assert_eq!(
+        admin_workspace(&s, &token, "dev-r").await["encryption"]["current"],
+        "plaintext"
+    );
+    // The restored version carries the target's posture: still refused from there.
+    let (code, text) =
+        admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 1})).await;
+    assert_eq!(code, 409, "{text}");
+
+    // The operator's override lets exactly one decrypting rollback through, audited.
+    let (code, text) = admin_post(
+        &s,
+        &token,
+        "prod-r/allow-write",
+        serde_json::json!({"reason": "decrypt for the audit"}),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    let (code, text) = admin_post(
+        &s,
+        &token,
+        "prod-r/rollback",
+        serde_json::json!({"to": 1, "from": 4}),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert!(status(s.tf("GET", "prod-r")).await.1.contains(SECRET));
+    assert_eq!(s.count("SELECT count(*) FROM tf_write_overrides"), 0);
+    let (actor, used): (String, String) = s
+        .db()
+        .query_row(
+            "SELECT actor, payload FROM audit WHERE event = 'tf.write_override_used' AND scope = 'tf/prod-r'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let used: serde_json::Value = serde_json::from_str(&used).unwrap();
+    assert_eq!(used["refused"], "plaintext_after_encrypted", "{used}");
+    assert_eq!(used["reason"], "decrypt for the audit", "{used}");
+    assert_eq!(used["sent"]["rollback_to"], 1, "{used}");
+    assert!(actor.contains("ops@example.com"), "{actor}");
+    assert_eq!(
+        admin_workspace(&s, &token, "prod-r").await["encryption"]["current"],
+        "plaintext"
+    );
+    // Used up: back to encrypted, the same rollback is refused again.
+    let (code, text) =
+        admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 2})).await;
+    assert_eq!(code, 200, "{text}");
+    let (code, text) =
+        admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 1})).await;
+    assert_eq!(code, 409, "{text}");
+}
+
+/// A restore brings back the state that was current before the delete, with its
+/// posture: the next plaintext write is judged against an encrypted state again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_encrypted_state_is_guarded_like_the_one_deleted() {
+    let s = TestServer::start_with(|c| {
+        c.tofu.refuse_plaintext_after_encrypted = vec!["prod-*".into()];
+    })
+    .await;
+    let token = operator(&s).await;
+    assert_eq!(
+        status(s.tf("POST", "prod-d").body(envelope(1, "main")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(status(s.tf("DELETE", "prod-d")).await.0, 200);
+    let (code, text) = admin_post(&s, &token, "prod-d/restore", serde_json::json!({})).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        admin_workspace(&s, &token, "prod-d").await["encryption"]["current"],
+        "encrypted"
+    );
+    let (code, text) = status(s.tf("POST", "prod-d").body(state(2, "L", ""))).await;
+    assert_eq!(code, 409, "{text}");
+    assert!(text.contains("plaintext_after_encrypted"), "{text}");
+}

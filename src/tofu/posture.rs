@@ -6,8 +6,9 @@
 //! The fact is recorded per version when it is written (`tf_state_encryption`, owned
 //! here), in the version's own commit, from what the body scanner saw as the body
 //! streamed past (`tfstate::StateScanner::encryption`): nothing is read again to
-//! show it. Versions written before this existed, or by a path that does not scan
-//! (a rollback, a restore, an index rebuild), are "unknown" until the next write.
+//! show it. A rollback or restore stores an old version again, so it copies that
+//! version's fact ([`copy`]). Versions written before this existed, or rebuilt into a
+//! new index, are "unknown" until recomputed ([`recompute`]) or the next write.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -332,7 +333,8 @@ pub fn posture(
 }
 
 /// `tofu.refuse_plaintext_after_encrypted`: the workspaces (patterns) on which a
-/// plaintext write onto an encrypted current state is refused.
+/// plaintext write, or a rollback to a plaintext version, onto an encrypted current
+/// state is refused.
 #[derive(Debug, Clone, Default)]
 pub struct DowngradePolicy(Vec<Pattern>);
 
@@ -354,18 +356,28 @@ impl DowngradePolicy {
     }
 }
 
-/// Would this write be a downgrade the policy refuses? `current_encrypted` is what the
-/// newest live version was recorded as (`None`: not recorded, which never refuses,
-/// as an unjudgeable row never refuses in `guard::decide_successor`).
+/// Would this successor of the current state be a downgrade the policy refuses — a
+/// state write, or a rollback storing an old version again? `current_encrypted` is
+/// what the newest live version was recorded as, `successor_encrypted` what the new
+/// one is (`None`: not recorded, which never refuses, as an unjudgeable row never
+/// refuses in `guard::decide_successor`).
 pub fn is_refused_downgrade(
     policy: &DowngradePolicy,
     workspace: &str,
     current_encrypted: Option<bool>,
-    sent: &BodyEncryption,
+    successor_encrypted: Option<bool>,
 ) -> bool {
-    policy.applies(workspace)
-        && current_encrypted == Some(true)
-        && *sent == BodyEncryption::Plaintext
+    policy.applies(workspace) && is_downgrade(current_encrypted, successor_encrypted)
+}
+
+/// The rule itself, for a caller that already knows the policy covers the workspace.
+pub fn is_downgrade(current_encrypted: Option<bool>, successor_encrypted: Option<bool>) -> bool {
+    current_encrypted == Some(true) && successor_encrypted == Some(false)
+}
+
+/// Whether a body is OpenTofu's encrypted envelope, as the rule above takes it.
+pub fn is_encrypted(body: &BodyEncryption) -> bool {
+    matches!(body, BodyEncryption::OpenTofu { .. })
 }
 
 #[cfg(test)]
@@ -568,11 +580,13 @@ mod tests {
         ];
         for (ws, current, sent, refused) in rows {
             assert_eq!(
-                is_refused_downgrade(&policy, ws, current, &sent),
+                is_refused_downgrade(&policy, ws, current, Some(is_encrypted(&sent))),
                 refused,
                 "{ws} {current:?} {sent:?}"
             );
         }
+        // A rollback's target whose posture is not recorded is not judged.
+        assert!(!is_refused_downgrade(&policy, "prod-a", Some(true), None));
         let err = DowngradePolicy::parse(&["prod/*".into()]).unwrap_err();
         assert!(
             err.contains("prod/*") && err.contains("refuse_plaintext"),

@@ -160,13 +160,13 @@ pub(super) fn guard_write(
         Successor::Refuse(why) => Some(why),
     };
     let live = !row.is_tombstone();
-    let current_encrypted = if live && downgrade.applies(workspace) {
-        posture::of_version(conn, workspace, row.version).map_err(DbError::from)?
-    } else {
-        None
-    };
-    let downgraded =
-        posture::is_refused_downgrade(downgrade, workspace, current_encrypted, &sent.encryption);
+    let downgraded = refuses_downgrade(
+        conn,
+        downgrade,
+        workspace,
+        row,
+        Some(posture::is_encrypted(&sent.encryption)),
+    )?;
     // What the commit records for the version it is about to insert; an identical
     // retry inserts nothing and records nothing.
     let record = |conn: &Connection| -> Result<(), Error> {
@@ -179,31 +179,119 @@ pub(super) fn guard_write(
     if why.is_none() && !downgraded {
         return record(conn);
     }
-    let grant = guard::active_override(conn, workspace, unix_now()).map_err(DbError::from)?;
-    let Some(grant) = grant else {
-        return Err(match why {
+    pass_on_override(
+        conn,
+        workspace,
+        writer,
+        why.map_or(REFUSED_DOWNGRADE, Refusal::as_str),
+        serde_json::json!({ "serial": row.serial, "lineage": row.lineage }),
+        serde_json::json!({ "serial": sent.serial, "lineage": sent.lineage }),
+        || match why {
             Some(why) => refused(workspace, row, sent, why),
             None => refused_downgrade(workspace, row, sent),
-        });
+        },
+    )?;
+    record(conn)
+}
+
+/// The downgrade policy's decision on a successor of `current` (a state write, or a
+/// rollback storing an old version again — one rule for both): refused when the policy
+/// covers `workspace`, `current` is live and recorded encrypted, and the successor is
+/// plaintext. The posture is read only where the policy applies.
+pub(super) fn refuses_downgrade(
+    conn: &Connection,
+    policy: &posture::DowngradePolicy,
+    workspace: &str,
+    current: &VersionRow,
+    successor_encrypted: Option<bool>,
+) -> Result<bool, Error> {
+    let current_encrypted = if !current.is_tombstone() && policy.applies(workspace) {
+        posture::of_version(conn, workspace, current.version).map_err(DbError::from)?
+    } else {
+        None
     };
-    if !in_commit {
-        return Ok(()); // the commit decides again, and uses the override up there
+    Ok(posture::is_refused_downgrade(
+        policy,
+        workspace,
+        current_encrypted,
+        successor_encrypted,
+    ))
+}
+
+/// A change the guard refuses (`refused` names why) goes through only on an operator
+/// override in force, else `refusal()`. Inside the commit (a write transaction) the
+/// override is used up and audited as `tf.write_override_used` by `actor` with the
+/// change; a look before the commit leaves it in place (the commit decides again).
+/// `stored` and `sent` are metadata for the audit row, never content.
+pub(super) fn pass_on_override(
+    conn: &Connection,
+    workspace: &str,
+    actor: &str,
+    refused: &str,
+    stored: serde_json::Value,
+    sent: serde_json::Value,
+    refusal: impl FnOnce() -> Error,
+) -> Result<(), Error> {
+    let grant = guard::active_override(conn, workspace, unix_now()).map_err(DbError::from)?;
+    let Some(grant) = grant else {
+        return Err(refusal());
+    };
+    if !in_write_transaction(conn) {
+        return Ok(());
     }
     guard::delete_override(conn, workspace).map_err(DbError::from)?;
     let entry = audit(
-        writer,
+        actor,
         workspace,
         EVENT_OVERRIDE_USED,
         serde_json::json!({
-            "refused": why.map_or(REFUSED_DOWNGRADE, Refusal::as_str),
+            "refused": refused,
             "granted_by": grant.granted_by,
             "reason": grant.reason,
-            "stored": { "serial": row.serial, "lineage": row.lineage },
-            "sent": { "serial": sent.serial, "lineage": sent.lineage },
+            "stored": stored,
+            "sent": sent,
         }),
     );
     insert_audit(conn, &entry).map_err(DbError::from)?;
-    record(conn)
+    Ok(())
+}
+
+/// The 409 of a rollback to a plaintext version over an encrypted current state where
+/// the downgrade policy applies: the same refusal as a write's, with the command that
+/// lets one through in the message itself (the CLI shows only the message).
+pub(super) fn refused_rollback_downgrade(
+    workspace: &str,
+    current: &VersionRow,
+    to_version: i64,
+) -> Error {
+    let how = format!(
+        "If decrypting it is intended, an operator can allow one such change for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then roll back again. Otherwise roll back to an encrypted version.",
+        guard::DEFAULT_OVERRIDE_MINUTES
+    );
+    let message = format!(
+        "refused: workspace {workspace:?} holds an OpenTofu-encrypted state (version {}) and version {to_version} is plaintext; nothing was rolled back. tofu.refuse_plaintext_after_encrypted covers this workspace, so a rollback may not store its state in clear any more than a write may. {how}",
+        current.version,
+    );
+    tracing::warn!(
+        workspace,
+        refused = REFUSED_DOWNGRADE,
+        to_version,
+        "rollback to a plaintext version over an encrypted state refused"
+    );
+    Error::WriteRefused {
+        message,
+        facts: serde_json::json!({
+            "refused": REFUSED_DOWNGRADE,
+            "stored": {
+                "version": current.version,
+                "serial": current.serial,
+                "lineage": current.lineage,
+                "encryption": "encrypted",
+            },
+            "sent": { "version": to_version, "encryption": "plaintext" },
+            "how_to_proceed": how,
+        }),
+    }
 }
 
 impl StateCheck {
@@ -236,10 +324,13 @@ impl StateCheck {
                         return Err(refused(&self.workspace, row, &sent, why));
                     }
                 }
+                // The rule of `refuses_downgrade`, on the posture the early look read.
                 let downgraded = self.downgrade
                     && !row.is_tombstone()
-                    && pending.seen_encrypted == Some(true)
-                    && sent.encryption == crate::tfstate::BodyEncryption::Plaintext;
+                    && posture::is_downgrade(
+                        pending.seen_encrypted,
+                        Some(posture::is_encrypted(&sent.encryption)),
+                    );
                 if downgraded && !pending.overridable {
                     return Err(refused_downgrade(&self.workspace, row, &sent));
                 }
@@ -336,6 +427,8 @@ impl TofuBackend {
         let scope = scope(workspace);
         let key = self.root.blob_key(&scope);
         let ws = workspace.to_string();
+        let who = actor.to_string();
+        let policy = self.downgrade.clone();
         let request = Rollback {
             scope,
             to_version,
@@ -356,6 +449,26 @@ impl TofuBackend {
                     )));
                 }
                 ensure_unlocked(conn, &ws)?;
+                if let Some(row) = latest {
+                    // Judged as a write of the target's content would be; the target's
+                    // posture is read only where the policy covers the workspace.
+                    let target = if policy.applies(&ws) && !row.is_tombstone() {
+                        posture::of_version(conn, &ws, to_version).map_err(DbError::from)?
+                    } else {
+                        None
+                    };
+                    if refuses_downgrade(conn, &policy, &ws, row, target)? {
+                        pass_on_override(
+                            conn,
+                            &ws,
+                            &who,
+                            REFUSED_DOWNGRADE,
+                            serde_json::json!({ "version": row.version, "serial": row.serial, "lineage": row.lineage }),
+                            serde_json::json!({ "rollback_to": to_version }),
+                            || refused_rollback_downgrade(&ws, row, to_version),
+                        )?;
+                    }
+                }
                 if in_write_transaction(conn) {
                     // The restored content is what it was: its posture carries over
                     // (a later version number only ever replaces this row).
@@ -408,9 +521,10 @@ impl TofuBackend {
         };
         let key = self.root.blob_key(&scope);
         let ws = workspace.to_string();
+        let to_version = live.version;
         let request = Rollback {
             scope,
-            to_version: live.version,
+            to_version,
             actor: actor.to_string(),
             org: None,
             event: EVENT_RESTORED,
@@ -419,8 +533,17 @@ impl TofuBackend {
             summarize: Some(crate::tfstate::resource_scan),
         };
         self.store
-            .rollback(request, &key, move |conn, _latest| {
-                ensure_unlocked(conn, &ws)
+            .rollback(request, &key, move |conn, latest| {
+                ensure_unlocked(conn, &ws)?;
+                // Nothing for the downgrade policy to judge: the current version is a
+                // tombstone (a write onto one is not judged either) and what comes back
+                // is the state that was current before the delete. Its posture carries
+                // over, so the next write is judged against it.
+                if in_write_transaction(conn) {
+                    let new = latest.map_or(0, |r| r.version) + 1;
+                    posture::copy(conn, &ws, to_version, new).map_err(DbError::from)?;
+                }
+                Ok(())
             })
             .await
     }

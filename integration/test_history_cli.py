@@ -1,7 +1,9 @@
 """Operator commands with the real binary and the real Terraform CLI, run while
 `stategate serve` is up on the same data dir: `workspace history`, `workspace rollback`
 (roll-forward, refused while locked, audited), then a normal `terraform apply` on top of
-the rolled-back state; `prune --dry-run` and `index rebuild --into`. Once per store.
+the rolled-back state; `prune --dry-run` and `index rebuild --into`; a rollback to a
+plaintext version over an OpenTofu-encrypted state refused by the downgrade policy
+unless allowed once. Once per store.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import json
 import sqlite3
 import subprocess
 
-from harness import BACKEND_HTTP, data_resource, lock_info, resources_of, stategate_bin, cli, json_lines
+from harness import BACKEND_HTTP, data_resource, http, lock_info, resources_of, stategate_bin, cli, json_lines
+from store_support import tfstate
 
 
 
@@ -118,3 +121,39 @@ def test_history_rollback_then_terraform_apply(server, ws_name, make_tf, tmp_pat
     assert got_rows == live
     again = cli(server, "index", "rebuild", "--into", str(into), ok=False)
     assert again.returncode != 0 and "already exists" in again.stderr
+
+
+# OpenTofu's encrypted envelope (serial and lineage in clear), as the backend receives it.
+ENVELOPE = ('{"serial":%d,"lineage":"L","meta":{"key_provider.pbkdf2.main":'
+            '"eyJzYWx0IjoiYWJjIiwiaXRlcmF0aW9ucyI6NjAwMDAwfQ=="},'
+            '"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}')
+
+
+def test_rollback_to_plaintext_over_encrypted_is_refused_by_the_downgrade_policy(server_factory, ws_name):
+    server = server_factory.new(STATEGATE_TOFU_REFUSE_PLAINTEXT_AFTER_ENCRYPTED=ws_name)
+    ws = server.workspace(ws_name)
+
+    def post(body) -> int:
+        return http("POST", ws.address, body, user=ws.user, password=ws.password).status
+
+    assert post(tfstate(1, "L", "clear-marker")) == 200
+    assert post(ENVELOPE % 2) == 200
+
+    refused = cli(server, "workspace", "rollback", ws_name, "--to", "1", ok=False)
+    assert refused.returncode != 0, refused
+    assert "plaintext" in refused.stderr and "nothing was rolled back" in refused.stderr, refused.stderr
+    assert f"stategate workspace allow-write {ws_name}" in refused.stderr, refused.stderr
+    assert "clear-marker" not in refused.stderr + refused.stdout
+    assert [r["version"] for r in history(server, ws_name)] == [2, 1]
+    assert ws.get().text() == ENVELOPE % 2
+
+    # Allowed once: the rollback goes through, uses the override up and is audited.
+    cli(server, "workspace", "allow-write", ws_name, "--reason", "decrypt deliberately")
+    cli(server, "workspace", "rollback", ws_name, "--to", "1")
+    assert "clear-marker" in ws.get().text()
+    rows = server.query("SELECT event FROM audit WHERE scope = ? ORDER BY id", (f"tf/{ws_name}",))
+    events = [r[0] for r in rows]
+    assert events.count("tf.write_override_used") == 1 and events[-1] == "tf.rollback", events
+    assert post(ENVELOPE % 9) == 200
+    again = cli(server, "workspace", "rollback", ws_name, "--to", "1", ok=False)
+    assert again.returncode != 0 and "plaintext" in again.stderr, again.stderr

@@ -814,6 +814,42 @@ async fn rollback_and_force_unlock_are_confirmed_and_audited_as_the_operator() {
 }
 
 /// The audit table's body of an audit page ("" when no row matched).
+/// The web UI's rollback goes through the same guard as the CLI's and the admin API's:
+/// to a plaintext version over an encrypted state the downgrade policy covers, it is
+/// refused with what to do, and nothing changes.
+#[tokio::test]
+async fn a_rollback_the_downgrade_policy_refuses_changes_nothing() {
+    let env =
+        Env::start_with(|c| c.tofu.refuse_plaintext_after_encrypted = vec!["prod".into()]).await;
+    env.write(
+        "prod",
+        with_output(1, "L", &resource("a", "one"), "out-one"),
+    )
+    .await;
+    // OpenTofu's encrypted envelope (serial and lineage in clear).
+    let envelope = r#"{"serial":2,"lineage":"L","meta":{"key_provider.pbkdf2.main":"eyJzYWx0IjoiYWJjIiwiaXRlcmF0aW9ucyI6NjAwMDAwfQ=="},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}"#;
+    env.write("prod", envelope.to_string()).await;
+    let cookie = env.login().await;
+    let csrf = env.csrf(&cookie).await;
+    let audit = env.audit("tf/prod");
+    let r = env
+        .post(
+            "/ui/workspaces/prod/rollback",
+            &cookie,
+            &[("csrf", csrf.as_str()), ("to", "1"), ("confirm", "prod")],
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.body.contains("nothing was rolled back") && r.body.contains("allow-write prod"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("out-one"), "{}", r.body);
+    assert_eq!(env.versions("prod"), 2);
+    assert_eq!(env.audit("tf/prod"), audit);
+}
+
 fn audit_rows(page: &str) -> &str {
     page.split_once("<tbody>")
         .map_or("", |(_, rows)| rows.split("</tbody>").next().unwrap())

@@ -1690,6 +1690,26 @@ async fn a_rollback_to_a_plaintext_version_over_an_encrypted_state_is_refused_li
         }
     }
     let current = envelope(3, "main");
+    // The preview says so beforehand, in the rollback's own words.
+    let preview = |to: i64| {
+        let request = reqwest::Client::new()
+            .get(format!(
+                "{}/api/v1/admin/workspaces/prod-r/rollback?to={to}",
+                s.base
+            ))
+            .bearer_auth(&token);
+        async move {
+            let (code, text) = status(request).await;
+            assert_eq!(code, 200, "{text}");
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()["refused"].clone()
+        }
+    };
+    let why = preview(1).await;
+    assert!(
+        why.as_str().unwrap().contains("allow-write prod-r"),
+        "{why}"
+    );
+    assert!(preview(2).await.is_null());
     let before = posture_snapshot(&s);
     let (code, text) =
         admin_post(&s, &token, "prod-r/rollback", serde_json::json!({"to": 1})).await;
@@ -1740,6 +1760,7 @@ async fn a_rollback_to_a_plaintext_version_over_an_encrypted_state_is_refused_li
     )
     .await;
     assert_eq!(code, 200, "{text}");
+    assert!(preview(1).await.is_null(), "allowed once");
     let (code, text) = admin_post(
         &s,
         &token,

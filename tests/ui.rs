@@ -832,6 +832,12 @@ async fn a_rollback_the_downgrade_policy_refuses_changes_nothing() {
     let cookie = env.login().await;
     let csrf = env.csrf(&cookie).await;
     let audit = env.audit("tf/prod");
+    // The preview warns before the confirmation.
+    let preview = env.page("/ui/workspaces/prod/rollback?to=1", &cookie).await;
+    assert!(
+        preview.contains(r#"id="rollback-refused""#) && preview.contains("allow-write prod"),
+        "{preview}"
+    );
     let r = env
         .post(
             "/ui/workspaces/prod/rollback",

@@ -103,8 +103,9 @@ pub struct RollbackPreview {
     /// state (it cannot be renumbered).
     /// `None` also when no serial can be made ([`Self::refused`]).
     pub to_serial: Option<i64>,
-    /// Why the rollback would be refused (409) even with no lock held, e.g. no serial
-    /// above the stored ones is left to give the restored state.
+    /// Why the rollback would be refused (409) even with no lock held: no serial above
+    /// the stored ones is left to give the restored state, or the downgrade policy
+    /// refuses a plaintext version over an encrypted one.
     pub refused: Option<String>,
     /// From the current version to the target; `None` when either is not a plain
     /// JSON state (encrypted by the client): the rollback still works, unseen.
@@ -815,11 +816,15 @@ impl Operations {
         let serial = self
             .serial_after_rollback(workspace, &target, &target_body)
             .await?;
+        let downgrade = self
+            .tofu
+            .rollback_refusal(workspace, &latest, target.version)
+            .await?;
         Ok(RollbackPreview {
             from_version: latest.version,
             to_version: target.version,
             to_serial: serial.clone().ok().flatten(),
-            refused: serial.err(),
+            refused: serial.err().or(downgrade),
             diff,
             diff_unavailable,
             lock: self.lock(workspace).await?,

@@ -166,7 +166,8 @@ pub(super) fn guard_write(
         workspace,
         row,
         Some(posture::is_encrypted(&sent.encryption)),
-    )?;
+    )
+    .map_err(DbError::from)?;
     // What the commit records for the version it is about to insert; an identical
     // retry inserts nothing and records nothing.
     let record = |conn: &Connection| -> Result<(), Error> {
@@ -204,9 +205,9 @@ pub(super) fn refuses_downgrade(
     workspace: &str,
     current: &VersionRow,
     successor_encrypted: Option<bool>,
-) -> Result<bool, Error> {
+) -> crate::store::sql::Result<bool> {
     let current_encrypted = if !current.is_tombstone() && policy.applies(workspace) {
-        posture::of_version(conn, workspace, current.version).map_err(DbError::from)?
+        posture::of_version(conn, workspace, current.version)?
     } else {
         None
     };
@@ -216,6 +217,23 @@ pub(super) fn refuses_downgrade(
         current_encrypted,
         successor_encrypted,
     ))
+}
+
+/// Would rolling back from `current` to `to_version` be refused by the downgrade policy
+/// ([`refuses_downgrade`] on the target's recorded posture, read only where the policy
+/// covers the workspace)? The override is not counted here.
+pub(super) fn rollback_downgrades(
+    conn: &Connection,
+    policy: &posture::DowngradePolicy,
+    workspace: &str,
+    current: &VersionRow,
+    to_version: i64,
+) -> crate::store::sql::Result<bool> {
+    if current.is_tombstone() || !policy.applies(workspace) {
+        return Ok(false);
+    }
+    let target = posture::of_version(conn, workspace, to_version)?;
+    refuses_downgrade(conn, policy, workspace, current, target)
 }
 
 /// A change the guard refuses (`refused` names why) goes through only on an operator
@@ -264,14 +282,7 @@ pub(super) fn refused_rollback_downgrade(
     current: &VersionRow,
     to_version: i64,
 ) -> Error {
-    let how = format!(
-        "If decrypting it is intended, an operator can allow one such change for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then roll back again. Otherwise roll back to an encrypted version.",
-        guard::DEFAULT_OVERRIDE_MINUTES
-    );
-    let message = format!(
-        "refused: workspace {workspace:?} holds an OpenTofu-encrypted state (version {}) and version {to_version} is plaintext; nothing was rolled back. tofu.refuse_plaintext_after_encrypted covers this workspace, so a rollback may not store its state in clear any more than a write may. {how}",
-        current.version,
-    );
+    let message = rollback_downgrade_message(workspace, current.version, to_version);
     tracing::warn!(
         workspace,
         refused = REFUSED_DOWNGRADE,
@@ -289,9 +300,25 @@ pub(super) fn refused_rollback_downgrade(
                 "encryption": "encrypted",
             },
             "sent": { "version": to_version, "encryption": "plaintext" },
-            "how_to_proceed": how,
+            "how_to_proceed": rollback_downgrade_how(workspace),
         }),
     }
+}
+
+/// What to do about a rollback the downgrade policy refuses.
+fn rollback_downgrade_how(workspace: &str) -> String {
+    format!(
+        "If decrypting it is intended, an operator can allow one such change for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then roll back again. Otherwise roll back to an encrypted version.",
+        guard::DEFAULT_OVERRIDE_MINUTES
+    )
+}
+
+/// The refusal's message, shown by the rollback and by its preview alike.
+fn rollback_downgrade_message(workspace: &str, current_version: i64, to_version: i64) -> String {
+    format!(
+        "refused: workspace {workspace:?} holds an OpenTofu-encrypted state (version {current_version}) and version {to_version} is plaintext; nothing was rolled back. tofu.refuse_plaintext_after_encrypted covers this workspace, so a rollback may not store its state in clear any more than a write may. {}",
+        rollback_downgrade_how(workspace)
+    )
 }
 
 impl StateCheck {
@@ -452,12 +479,9 @@ impl TofuBackend {
                 if let Some(row) = latest {
                     // Judged as a write of the target's content would be; the target's
                     // posture is read only where the policy covers the workspace.
-                    let target = if policy.applies(&ws) && !row.is_tombstone() {
-                        posture::of_version(conn, &ws, to_version).map_err(DbError::from)?
-                    } else {
-                        None
-                    };
-                    if refuses_downgrade(conn, &policy, &ws, row, target)? {
+                    if rollback_downgrades(conn, &policy, &ws, row, to_version)
+                        .map_err(DbError::from)?
+                    {
                         pass_on_override(
                             conn,
                             &ws,
@@ -478,6 +502,33 @@ impl TofuBackend {
                 Ok(())
             })
             .await
+    }
+
+    /// Why rolling `workspace` back from `latest` to `to_version` would be refused by
+    /// the downgrade policy now (the rollback's own message), for its preview; `None`
+    /// when it would pass, an allow-write override in force included. Reads only.
+    pub async fn rollback_refusal(
+        &self,
+        workspace: &str,
+        latest: &VersionRow,
+        to_version: i64,
+    ) -> Result<Option<String>, Error> {
+        if !self.downgrade.applies(workspace) {
+            return Ok(None);
+        }
+        let (ws, row, policy) = (
+            workspace.to_string(),
+            latest.clone(),
+            self.downgrade.clone(),
+        );
+        let refused = self
+            .db
+            .read(move |c| {
+                Ok(rollback_downgrades(c, &policy, &ws, &row, to_version)?
+                    && guard::active_override(c, &ws, unix_now())?.is_none())
+            })
+            .await?;
+        Ok(refused.then(|| rollback_downgrade_message(workspace, latest.version, to_version)))
     }
 
     /// One version's content, verified like the current one (missing or unreadable is

@@ -885,3 +885,58 @@ async fn rebuild_and_restore_write_a_postgres_index_from_the_store_alone_and_a_b
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"serial\":3"), "{body}");
 }
+
+/// The downgrade policy's rollback guard and a restore's posture on PostgreSQL: a
+/// rollback to a plaintext version over an encrypted state is refused with nothing
+/// written, goes through once allowed (the override used up and audited), and a
+/// restored encrypted state is judged as encrypted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_to_plaintext_over_encrypted_is_refused_on_postgres() {
+    let Some(url) = new_database() else { return };
+    let pg = url.clone();
+    let s = TestServer::start_with(move |c| {
+        c.index.kind = IndexKind::Postgres;
+        c.index.url = Some(pg.into());
+        c.tofu.refuse_plaintext_after_encrypted = vec!["prod".into()];
+    })
+    .await;
+    let envelope = |serial: u64| {
+        format!(
+            r#"{{"serial":{serial},"lineage":"L","meta":{{"key_provider.pbkdf2.main":"eyJzYWx0IjoiYWJjIiwiaXRlcmF0aW9ucyI6NjAwMDAwfQ=="}},"encrypted_data":"q83vEjRWeJCrze8SNFZ4kA==","encryption_version":"v0"}}"#
+        )
+    };
+    for body in [state(1, "L", ""), envelope(2)] {
+        assert_eq!(status(s.tf("POST", "prod").body(body)).await.0, 200);
+    }
+    let tofu = &s.app.tofu;
+    let err = tofu.rollback("prod", 1, "op").await.unwrap_err();
+    assert!(err.to_string().contains("allow-write prod"), "{err}");
+    assert_eq!(count(&url, "SELECT count(*) FROM versions"), 2);
+    tofu.allow_write("prod", 5, "decrypt", "op").await.unwrap();
+    tofu.rollback("prod", 1, "op").await.unwrap();
+    assert_eq!(count(&url, "SELECT count(*) FROM tf_write_overrides"), 0);
+    assert_eq!(
+        count(
+            &url,
+            "SELECT count(*) FROM audit WHERE event = 'tf.write_override_used'"
+        ),
+        1
+    );
+    // Encrypted again, deleted, restored: the restored version is recorded encrypted.
+    assert_eq!(status(s.tf("POST", "prod").body(envelope(9))).await.0, 200);
+    assert_eq!(status(s.tf("DELETE", "prod")).await.0, 200);
+    tofu.restore("prod", "op").await.unwrap();
+    assert_eq!(
+        count(
+            &url,
+            "SELECT count(*) FROM tf_state_encryption WHERE workspace = 'prod' AND version = 6 AND encrypted = 1"
+        ),
+        1
+    );
+    assert_eq!(
+        status(s.tf("POST", "prod").body(state(10, "L", "")))
+            .await
+            .0,
+        409
+    );
+}

@@ -108,6 +108,25 @@ pub(super) fn refused_downgrade(workspace: &str, current: &VersionRow, sent: &Se
         refused = REFUSED_DOWNGRADE,
         "plaintext state write onto an encrypted state refused"
     );
+    downgrade_refusal(
+        message,
+        current,
+        serde_json::json!({ "serial": sent.serial, "lineage": sent.lineage, "encryption": "plaintext" }),
+        format!(
+            "run with the workspace's encryption configuration (TF_ENCRYPTION / the encryption block) so the state is written encrypted. If decrypting it is intended (a deliberate migration to plaintext), an operator can allow one such write for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then retry.",
+            guard::DEFAULT_OVERRIDE_MINUTES
+        ),
+    )
+}
+
+/// The 409 of a change the downgrade policy refuses, a write's or a rollback's: what is
+/// stored, what was sent, how to proceed (never content).
+fn downgrade_refusal(
+    message: String,
+    current: &VersionRow,
+    sent: serde_json::Value,
+    how_to_proceed: String,
+) -> Error {
     Error::WriteRefused {
         message,
         facts: serde_json::json!({
@@ -118,11 +137,8 @@ pub(super) fn refused_downgrade(workspace: &str, current: &VersionRow, sent: &Se
                 "lineage": current.lineage,
                 "encryption": "encrypted",
             },
-            "sent": { "serial": sent.serial, "lineage": sent.lineage, "encryption": "plaintext" },
-            "how_to_proceed": format!(
-                "run with the workspace's encryption configuration (TF_ENCRYPTION / the encryption block) so the state is written encrypted. If decrypting it is intended (a deliberate migration to plaintext), an operator can allow one such write for {} minutes: `stategate workspace allow-write {workspace} --reason \"...\"` or POST /api/v1/admin/workspaces/{workspace}/allow-write; then retry.",
-                guard::DEFAULT_OVERRIDE_MINUTES
-            ),
+            "sent": sent,
+            "how_to_proceed": how_to_proceed,
         }),
     }
 }
@@ -289,20 +305,12 @@ pub(super) fn refused_rollback_downgrade(
         to_version,
         "rollback to a plaintext version over an encrypted state refused"
     );
-    Error::WriteRefused {
+    downgrade_refusal(
         message,
-        facts: serde_json::json!({
-            "refused": REFUSED_DOWNGRADE,
-            "stored": {
-                "version": current.version,
-                "serial": current.serial,
-                "lineage": current.lineage,
-                "encryption": "encrypted",
-            },
-            "sent": { "version": to_version, "encryption": "plaintext" },
-            "how_to_proceed": rollback_downgrade_how(workspace),
-        }),
-    }
+        current,
+        serde_json::json!({ "version": to_version, "encryption": "plaintext" }),
+        rollback_downgrade_how(workspace),
+    )
 }
 
 /// What to do about a rollback the downgrade policy refuses.

@@ -292,10 +292,12 @@ async fn serve(app: &App, session: &mut Session, route: UiRoute) -> (Answer, usi
         },
     };
     let current = match current {
-        Some(me) if me.sso => match app.sessions.sso_checked(app.sso.as_ref(), me).await {
-            Ok(me) => me,
-            Err(e) => return (error_page(None, e), 0, false),
-        },
+        Some(me) if me.sso => {
+            match crate::ui::oidc::recheck_session(app.sso.as_ref(), &app.sessions, me).await {
+                Ok(me) => me,
+                Err(e) => return (error_page(None, e), 0, false),
+            }
+        }
         other => other,
     };
     match (&route, current) {

@@ -1184,6 +1184,32 @@ impl Sso {
     }
 }
 
+/// A single sign-on session, re-checked at the provider when its last check is older
+/// than `oidc.revalidate_seconds` ([`Sso::revalidate`]): with the grant the user's
+/// groups give today (a change is audited), or `None` when it has ended (revoked and
+/// audited before anything else happens). `sso` is `None` when `[oidc]` is not
+/// configured (any more): the session ends.
+pub async fn recheck_session(
+    sso: Option<&Sso>,
+    sessions: &super::session::Sessions,
+    me: super::session::UiSession,
+) -> Result<Option<super::session::UiSession>, crate::error::Error> {
+    let checked = match sso {
+        Some(sso) => sso.revalidate(&me.sha256).await,
+        None => Revalidated::Ended(Refused::NotConfigured),
+    };
+    match checked {
+        Revalidated::Fresh => Ok(Some(me)),
+        Revalidated::Unknown(e) => Err(e.into()),
+        Revalidated::Current(grant) => sessions.regrant(me, grant).await,
+        Revalidated::Ended(why) => {
+            tracing::info!(reason = %why, operator = %me.operator.email, "single sign-on session ended");
+            sessions.end_sso(me, why.audit_reason()).await?;
+            Ok(None)
+        }
+    }
+}
+
 /// A callback value worth looking at: present, not empty, not absurdly long.
 fn bounded(value: Option<&str>) -> Option<&str> {
     value.filter(|v| !v.is_empty() && v.len() <= MAX_PARAM)

@@ -283,7 +283,7 @@ impl Sessions {
 
     /// The single sign-on session `me` with the grant its provider gives today
     /// ([`regrant`]); `None` when its operator is gone.
-    async fn regrant(
+    pub(super) async fn regrant(
         &self,
         me: UiSession,
         grant: crate::operator::roles::Grant,
@@ -295,35 +295,8 @@ impl Sessions {
         .await
     }
 
-    /// A single sign-on session, re-checked at the provider when its last check is
-    /// older than `oidc.revalidate_seconds` (`ui::oidc`): with the grant the user's
-    /// groups give today (a change is audited), or `None` when it has ended (revoked and
-    /// audited before anything else happens). `sso` is `None` when `[oidc]` is not
-    /// configured (any more): the session ends.
-    pub async fn sso_checked(
-        &self,
-        sso: Option<&super::oidc::Sso>,
-        me: UiSession,
-    ) -> Result<Option<UiSession>, Error> {
-        use super::oidc::{Refused, Revalidated};
-        let checked = match sso {
-            Some(sso) => sso.revalidate(&me.sha256).await,
-            None => Revalidated::Ended(Refused::NotConfigured),
-        };
-        match checked {
-            Revalidated::Fresh => Ok(Some(me)),
-            Revalidated::Unknown(e) => Err(e.into()),
-            Revalidated::Current(grant) => self.regrant(me, grant).await,
-            Revalidated::Ended(why) => {
-                tracing::info!(reason = %why, operator = %me.operator.email, "single sign-on session ended");
-                self.end_sso(me, why.audit_reason()).await?;
-                Ok(None)
-            }
-        }
-    }
-
     /// Ends the single sign-on session `me` for `reason` ([`end_sso`]).
-    async fn end_sso(&self, me: UiSession, reason: &'static str) -> Result<(), Error> {
+    pub(super) async fn end_sso(&self, me: UiSession, reason: &'static str) -> Result<(), Error> {
         self.write(move |conn| end_sso(conn, &me, reason)).await
     }
 }

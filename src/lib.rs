@@ -232,4 +232,203 @@ mod source_rules {
             }
         }
     }
+
+    /// A library file's module path (`store/sql.rs` → `store::sql`, `store/mod.rs` →
+    /// `store`, `lib.rs` → the root); `None` for the binary's (`main.rs`, `cli/`).
+    fn module_of(relative: &std::path::Path) -> Option<Vec<String>> {
+        let mut parts: Vec<String> = relative
+            .with_extension("")
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        if parts.first().is_some_and(|p| p == "main" || p == "cli") {
+            return None;
+        }
+        if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+            parts.pop();
+        }
+        Some(parts)
+    }
+
+    /// The modules a file's production code names by a `crate::…` or `super::…` path
+    /// (groups `{a, b::c}` included), as the segments after the root; `at` is the
+    /// file's own module (`super` is its parent, for a `mod.rs` as for any other file).
+    /// Comments are dropped, so a doc link names nothing.
+    fn named_paths(text: &str, at: &[String]) -> Vec<Vec<String>> {
+        let lines: Vec<&str> = text.lines().collect();
+        let skip = test_only(&lines);
+        let code: String = lines
+            .iter()
+            .enumerate()
+            .map(|(n, line)| match (skip[n], line.find("//")) {
+                (true, _) => "",
+                (false, Some(comment)) => &line[..comment],
+                (false, None) => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut found = Vec::new();
+        for (start, _) in code.match_indices("::") {
+            let before = &code[..start];
+            let word_start = before.rfind(|c: char| !ident(c)).map_or(0, |i| i + 1);
+            let root = &before[word_start..];
+            if root != "crate" && root != "super" {
+                continue;
+            }
+            if code[..word_start].ends_with("::") {
+                continue; // `super::super::x` is read from its first `super`
+            }
+            let mut base: Vec<String> = if root == "crate" {
+                Vec::new()
+            } else {
+                at[..at.len().saturating_sub(1)].to_vec()
+            };
+            let mut rest = &code[start + 2..];
+            while let Some(after) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = after;
+            }
+            let head_len = rest
+                .find(|c: char| !ident(c) && c != ':')
+                .unwrap_or(rest.len());
+            let head: Vec<String> = rest[..head_len]
+                .split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            let mut path = base.clone();
+            path.extend(head.iter().cloned());
+            if rest[head_len..].starts_with('{') {
+                let group = &rest[head_len + 1..rest.find('}').unwrap_or(rest.len())];
+                for item in group.split(',') {
+                    let mut each = path.clone();
+                    each.extend(
+                        item.trim()
+                            .split("::")
+                            .take_while(|s| !s.is_empty() && s.chars().all(ident))
+                            .map(str::to_string),
+                    );
+                    found.push(each);
+                }
+            }
+            found.push(path);
+        }
+        found
+    }
+
+    /// No two library files import each other, through any number of files (a circle
+    /// makes a change to one a change to all): every `crate::…`/`super::…` path is an
+    /// arrow to the longest module it names, and the graph has no strongly connected
+    /// part larger than one file.
+    #[test]
+    fn no_import_circle() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let src = crate::source_root();
+        let files = crate::source_files();
+        let mut modules: BTreeMap<Vec<String>, String> = BTreeMap::new();
+        let mut texts = Vec::new();
+        for (file, text) in &files {
+            let relative = file.strip_prefix(&src).unwrap_or(file);
+            if let Some(module) = module_of(relative) {
+                modules.insert(module.clone(), relative.display().to_string());
+                texts.push((module, text));
+            }
+        }
+        let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (module, text) in &texts {
+            let from = &modules[module];
+            let own = arrows.entry(from.clone()).or_default();
+            for path in named_paths(text, module) {
+                let to = (1..=path.len())
+                    .rev()
+                    .find_map(|n| modules.get(&path[..n]))
+                    .filter(|to| *to != from);
+                own.extend(to.cloned());
+            }
+        }
+        // Tarjan's strongly connected components.
+        struct Walk<'a> {
+            arrows: &'a BTreeMap<String, BTreeSet<String>>,
+            index: BTreeMap<&'a str, usize>,
+            low: BTreeMap<&'a str, usize>,
+            stack: Vec<&'a str>,
+            circles: Vec<Vec<&'a str>>,
+        }
+        fn visit<'a>(w: &mut Walk<'a>, at: &'a str) {
+            let n = w.index.len();
+            w.index.insert(at, n);
+            w.low.insert(at, n);
+            w.stack.push(at);
+            for to in w.arrows.get(at).into_iter().flatten() {
+                if !w.index.contains_key(to.as_str()) {
+                    visit(w, to);
+                    let low = w.low[at].min(w.low[to.as_str()]);
+                    w.low.insert(at, low);
+                } else if w.stack.contains(&to.as_str()) {
+                    let low = w.low[at].min(w.index[to.as_str()]);
+                    w.low.insert(at, low);
+                }
+            }
+            if w.low[at] == w.index[at] {
+                let mut part = Vec::new();
+                while let Some(top) = w.stack.pop() {
+                    part.push(top);
+                    if top == at {
+                        break;
+                    }
+                }
+                if part.len() > 1 {
+                    part.sort();
+                    w.circles.push(part);
+                }
+            }
+        }
+        let mut walk = Walk {
+            arrows: &arrows,
+            index: BTreeMap::new(),
+            low: BTreeMap::new(),
+            stack: Vec::new(),
+            circles: Vec::new(),
+        };
+        for file in arrows.keys() {
+            if !walk.index.contains_key(file.as_str()) {
+                visit(&mut walk, file);
+            }
+        }
+        assert!(
+            walk.circles.is_empty(),
+            "files that import each other (move what both need below both): {:?}",
+            walk.circles
+        );
+    }
+
+    /// The import reader itself: paths, groups, `super`, comments and tests.
+    #[test]
+    fn the_import_reader_names_modules() {
+        let at = ["ui".to_string(), "oidc".to_string()];
+        let text = "use super::{session::Sessions, sso_rows};\n\
+                    use crate::store::sql::Connection;\n\
+                    // crate::http::ui is only a comment\n\
+                    fn f() { crate::tofu::scope(\"x\"); }\n\
+                    #[cfg(test)]\nmod tests {\n    use crate::drift::X;\n}\n";
+        let named: Vec<String> = named_paths(text, &at)
+            .iter()
+            .map(|p| p.join("::"))
+            .collect();
+        for want in [
+            "ui::session::Sessions",
+            "ui::sso_rows",
+            "store::sql::Connection",
+            "tofu::scope",
+        ] {
+            assert!(named.iter().any(|n| n == want), "{want} in {named:?}");
+        }
+        assert!(
+            !named
+                .iter()
+                .any(|n| n.starts_with("http") || n.starts_with("drift")),
+            "{named:?}"
+        );
+    }
 }

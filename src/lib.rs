@@ -60,7 +60,7 @@ pub(crate) fn source_root() -> std::path::PathBuf {
 
 /// Rules of the code's shape, checked over the sources (issue 39).
 #[cfg(test)]
-mod source_rules {
+pub(crate) mod source_rules {
     /// A production function longer than this needs a reason written beside it.
     const MAX_FN_LINES: usize = 120;
     /// What the comment directly above a longer function starts its reason with.
@@ -90,6 +90,18 @@ mod source_rules {
             i += 1;
         }
         skip
+    }
+
+    /// The production lines of `text` with their indexes: every line outside a
+    /// `#[cfg(test)]` item ([`test_only`]). What every source scan reads.
+    pub(crate) fn production(text: &str) -> Vec<(usize, &str)> {
+        let lines: Vec<&str> = text.lines().collect();
+        let skip = test_only(&lines);
+        lines
+            .into_iter()
+            .enumerate()
+            .filter(|(n, _)| !skip[*n])
+            .collect()
     }
 
     fn indent(line: &str) -> &str {
@@ -223,9 +235,7 @@ mod source_rules {
             .iter()
             .filter(|(f, _)| f.starts_with(&http))
         {
-            let lines: Vec<&str> = text.lines().collect();
-            let skip = test_only(&lines);
-            for (at, line) in lines.iter().enumerate().filter(|(at, _)| !skip[*at]) {
+            for (at, line) in production(text) {
                 if let Some(word) = TRANSACTION.iter().find(|w| line.contains(*w)) {
                     panic!("{}:{}: `{word}` in http/", file.display(), at + 1);
                 }

@@ -93,16 +93,11 @@ impl Records {
         actor: String,
     ) -> Result<Recorded<()>, AdminError> {
         let named = id.clone();
-        let (found, _, _) = self
-            .read(move |c| identity::principal_token_to_revoke(c, &named))
-            .await?;
-        let unrecorded = self.record_revocations(&[found]).await;
-        self.write(move |c| identity::revoke_principal_token(c, &id, &actor))
-            .await?;
-        Ok(Recorded {
-            done: (),
-            unrecorded,
-        })
+        self.revoke_token(
+            move |c| Ok(identity::principal_token_to_revoke(c, &named)?.0),
+            move |c| identity::revoke_principal_token(c, &id, &actor),
+        )
+        .await
     }
 
     /// Revokes the operator token `id` (recorded first).
@@ -112,12 +107,22 @@ impl Records {
         actor: String,
     ) -> Result<Recorded<()>, AdminError> {
         let named = id.clone();
-        let (found, _) = self
-            .read(move |c| operators::operator_token_to_revoke(c, &named))
-            .await?;
+        self.revoke_token(
+            move |c| Ok(operators::operator_token_to_revoke(c, &named)?.0),
+            move |c| operators::revoke_operator_token(c, &id, &actor),
+        )
+        .await
+    }
+
+    /// Revokes the one token `find` names by `revoke`, recorded in the store first.
+    async fn revoke_token(
+        &self,
+        find: impl Fn(&Connection) -> Result<tokens::Found, AdminError> + Send + 'static,
+        revoke: impl FnOnce(&Connection) -> Result<(), AdminError> + Send + 'static,
+    ) -> Result<Recorded<()>, AdminError> {
+        let found = self.read(find).await?;
         let unrecorded = self.record_revocations(&[found]).await;
-        self.write(move |c| operators::revoke_operator_token(c, &id, &actor))
-            .await?;
+        self.write(revoke).await?;
         Ok(Recorded {
             done: (),
             unrecorded,
@@ -135,13 +140,14 @@ impl Records {
         let named = email.clone();
         let before = self.read(move |c| operators::standing(c, &named)).await?;
         let change = operators::grant_narrowing(&before, &grant, &actor);
-        let unrecorded = self.record(|root, blobs| async move {
-            tokens::NarrowingLog::new(blobs, root)
-                .record(&change)
-                .await?;
-            Ok(())
-        });
-        let unrecorded = unrecorded.await;
+        let unrecorded = self
+            .record(|root, blobs| async move {
+                tokens::NarrowingLog::new(blobs, root)
+                    .record(&change)
+                    .await?;
+                Ok(())
+            })
+            .await;
         let set = self
             .write(move |c| operators::set_operator_grant(c, &email, &grant, &actor))
             .await?;

@@ -681,15 +681,8 @@ impl StateStore {
                 return Ok(Attempt::Done(WriteOutcome::Unchanged(row.clone())));
             }
         }
-        let version = latest.as_ref().map_or(1, |r| r.version + 1);
-        let id = BlobIdentity {
-            scope: new.scope.clone(),
-            version,
-            created_at: now_rfc3339(),
-            actor: new.actor.clone(),
-            parent: latest.as_ref().and_then(|r| r.blob_key.clone()),
-            facts: new.facts.clone(),
-        };
+        let id = successor_identity(&new.scope, &new.actor, &new.facts, latest.as_ref());
+        let version = id.version;
         let blob_key = blob_key_for(&new.scope, version);
         let (mut meta, trailer, generation) = self
             .store_blob(&blob_key, &id, key, new.check, &mut body)
@@ -944,15 +937,8 @@ impl StateStore {
         let mut rows = Vec::with_capacity(news.len());
         let mut timelines = Vec::with_capacity(news.len());
         for ((new, key), (before, prior)) in news.into_iter().zip(latest) {
-            let version = before.as_ref().map_or(1, |r| r.version + 1);
-            let id = BlobIdentity {
-                scope: new.scope.clone(),
-                version,
-                created_at: now_rfc3339(),
-                actor: new.actor.clone(),
-                parent: before.as_ref().and_then(|r| r.blob_key.clone()),
-                facts: new.facts.clone(),
-            };
+            let id = successor_identity(&new.scope, &new.actor, &new.facts, before.as_ref());
+            let version = id.version;
             let blob_key = blob_key_for(&new.scope, version);
             let check: Box<dyn BodyCheck<E>> = Box::new(Known(
                 Some(BodyMeta {
@@ -1153,6 +1139,24 @@ fn insert_version(conn: &Connection, row: &VersionRow) -> Result<(), crate::stor
 
 /// Where every version blob lives in the store (the index rebuild and the sweep list it).
 pub const STATES_PREFIX: &str = "states/";
+
+/// Who the version written now on top of `latest` is: the next number of `scope`, by
+/// `actor`, with `latest`'s blob as its parent (none for the first version).
+fn successor_identity(
+    scope: &str,
+    actor: &str,
+    facts: &WriteFacts,
+    latest: Option<&VersionRow>,
+) -> BlobIdentity {
+    BlobIdentity {
+        scope: scope.to_string(),
+        version: latest.map_or(1, |r| r.version + 1),
+        created_at: now_rfc3339(),
+        actor: actor.to_string(),
+        parent: latest.and_then(|r| r.blob_key.clone()),
+        facts: facts.clone(),
+    }
+}
 
 /// `states/<scope hash>/<version>-<random>.blob`: unique per write, never reused.
 pub fn blob_key_for(scope: &str, version: i64) -> String {

@@ -10,11 +10,10 @@ use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The OS error is in the message and not a `source`, so a printed error chain
+    /// says it once.
+    #[error("cannot read config file {path}: {cause}")]
+    Read { path: String, cause: std::io::Error },
     #[error("config file {path} is invalid: {message}")]
     Parse { path: String, message: String },
     #[error("environment variable {var}={value:?} is invalid: {message}")]
@@ -1528,9 +1527,9 @@ impl Config {
         let mut config = match file {
             Some(path) => {
                 let display = path.display().to_string();
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
                     path: display.clone(),
-                    source,
+                    cause,
                 })?;
                 toml::from_str(&text).map_err(|e| ConfigError::Parse {
                     path: display,
